@@ -1,0 +1,119 @@
+//! Attestation for Asterism: what a node presents to prove what it is, and how a verifier
+//! checks it.
+//!
+//! * [`Issuer`] produces evidence over a [`ReportData`] binding.
+//! * [`Validator`] checks evidence against the binding the verifier computed itself and,
+//!   only on success, returns a [`VerifiedEvidence`]. That type has no public constructor
+//!   and [`Validator`] is sealed, so holding a `VerifiedEvidence` proves a validator of this
+//!   crate accepted the evidence. Whatever releases a secret must take it.
+//! * [`ReportData`] is built only through purpose-specific constructors, so evidence issued
+//!   for one purpose (say, `asterism verify`) can never satisfy another (attested TLS).
+//!
+//! This crate must never depend on an async runtime or a C library: verifiers embed it.
+
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
+
+mod binding;
+mod verified;
+
+#[cfg(feature = "insecure-test-attestation")]
+pub mod test_ed25519;
+
+pub use binding::{Purpose, ReportData, Role};
+pub use verified::{Measurement, VerifiedEvidence};
+
+#[cfg(all(feature = "insecure-test-attestation", not(debug_assertions)))]
+compile_error!(
+    "the `insecure-test-attestation` feature is for development and tests only; \
+     a release build refuses it"
+);
+
+/// Why an [`Issuer`] could not produce evidence.
+#[derive(Debug, thiserror::Error)]
+#[error("{variant}: issuing evidence failed: {message}")]
+pub struct IssueError {
+    /// The variant whose issuer failed.
+    pub variant: &'static str,
+    /// What went wrong, without secrets.
+    pub message: String,
+    /// The underlying cause, when there is one.
+    #[source]
+    pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+/// Why evidence was rejected. The message names what failed (for measurements: index,
+/// expected and observed value) and holds nothing secret, so it may go to the peer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ValidationError {
+    /// The evidence could not be decoded (wrong size, trailing bytes, bad version).
+    #[error("malformed evidence: {0}")]
+    Malformed(String),
+    /// The evidence is for another variant than this validator's.
+    #[error("evidence variant {got:?} does not match validator variant {want:?}")]
+    WrongVariant {
+        /// Variant the validator handles.
+        want: &'static str,
+        /// Variant named in the evidence.
+        got: String,
+    },
+    /// The signing key is not trusted by the configured policy.
+    #[error("untrusted attestation key: {0}")]
+    UntrustedKey(String),
+    /// A signature over the evidence did not verify.
+    #[error("bad signature: {0}")]
+    BadSignature(String),
+    /// The evidence is bound to other report data (another session, role or purpose).
+    #[error("evidence is bound to other report data (another session, role or purpose)")]
+    BindingMismatch,
+    /// An enforced measurement differs from its expected value.
+    #[error("measurement mismatch at index {index}: expected {expected}, observed {observed}")]
+    Measurement {
+        /// Measurement (PCR) index.
+        index: u32,
+        /// Expected value, lower-case hex.
+        expected: String,
+        /// Observed value, lower-case hex.
+        observed: String,
+    },
+    /// A structural or policy check failed (attributes, algorithms, selection, …).
+    #[error("policy: {0}")]
+    Policy(String),
+}
+
+/// Produces evidence that binds `report_data` to the attesting platform.
+///
+/// Implementations may block (a TPM quote takes milliseconds); callers in async code run
+/// them off the reactor when [`Issuer::blocks`] says so.
+pub trait Issuer: Send + Sync {
+    /// The variant name written into the evidence (for example `tpm-quote`).
+    fn variant(&self) -> &'static str;
+
+    /// Produces evidence over `report_data`.
+    fn issue(&self, report_data: &ReportData) -> Result<Vec<u8>, IssueError>;
+
+    /// Whether [`Issuer::issue`] may block the calling thread for long (device I/O).
+    fn blocks(&self) -> bool {
+        true
+    }
+}
+
+/// Checks evidence of one variant against the binding the verifier computed itself.
+///
+/// Sealed: only this crate implements it, so a [`VerifiedEvidence`] always comes from a
+/// real check.
+pub trait Validator: sealed::Sealed + Send + Sync {
+    /// The variant this validator accepts.
+    fn variant(&self) -> &'static str;
+
+    /// Verifies `evidence`; `expected` is the binding the caller computed for this session.
+    fn validate(
+        &self,
+        evidence: &[u8],
+        expected: &ReportData,
+    ) -> Result<VerifiedEvidence, ValidationError>;
+}
+
+pub(crate) mod sealed {
+    /// Prevents implementations of [`super::Validator`] outside this crate.
+    pub trait Sealed {}
+}

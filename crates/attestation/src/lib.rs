@@ -14,12 +14,19 @@
 #![cfg_attr(not(test), deny(clippy::indexing_slicing))]
 
 mod binding;
+pub mod measurements;
+pub mod tpm;
 mod verified;
 
 #[cfg(feature = "insecure-test-attestation")]
 pub mod test_ed25519;
 
 pub use binding::{Purpose, ReportData, Role};
+pub use measurements::{
+    ExpectedPcr, MeasurementMode, Measurements, MeasurementsError, MeasurementsProvider, PcrIndex,
+    ReloadingMeasurements,
+};
+pub use tpm::{AkFingerprint, AkTrust, PlatformCa, TpmQuoteValidator};
 pub use verified::{Measurement, VerifiedEvidence};
 
 #[cfg(all(feature = "insecure-test-attestation", not(debug_assertions)))]

@@ -1,0 +1,647 @@
+//! Expected measurements: which SHA-256 PCR values a node must show, each enforced or
+//! warn-only, loaded from a JSON file and hot-reloaded when the file changes.
+//!
+//! # File format
+//!
+//! ```json
+//! {
+//!   "measurements": {
+//!     "4":  {"expected": "<64 hex digits>", "warnOnly": false},
+//!     "14": {"expected": "<64 hex digits>", "warnOnly": true},
+//!     "15": "<64 hex digits>"
+//!   }
+//! }
+//! ```
+//!
+//! Keys are decimal PCR indices `0..=23` (no sign, no leading zeros). A value is either an
+//! object with `expected` (hex, exactly 32 bytes) and an optional `warnOnly` (default
+//! `false`), or a bare hex string, which means enforced. Unknown keys, duplicate keys,
+//! base64, a `0x` prefix and any other length are refused. At least one PCR must be
+//! enforced: a map that gates nothing would be a silent skip.
+//!
+//! # Resettable PCRs
+//!
+//! In the TCG PC Client Platform TPM Profile, PCR 16 (debug) and PCR 23 (application
+//! support) can be reset with `TPM2_PCR_Reset` from locality 0, that is by any software
+//! with access to the TPM. Such a PCR can be driven to any value whose extend sequence is
+//! known, and to all-zero by a plain reset, so an enforced expectation on it proves nothing
+//! about the boot. An *enforced* value for one of [`RESETTABLE_PCRS`] is therefore refused
+//! on load, **including all-zero** (zero is exactly what a reset produces); a warn-only
+//! value is accepted. PCRs 17–22 are reset only by a dynamic launch (localities 2–4) and
+//! are accepted.
+
+use crate::ValidationError;
+use serde::Deserialize;
+use serde::de::{self, MapAccess, Visitor};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::{Duration, Instant};
+
+/// PCRs that software at locality 0 can reset (PC Client profile): enforcing them is refused.
+pub const RESETTABLE_PCRS: [PcrIndex; 2] = [PcrIndex(16), PcrIndex(23)];
+
+/// Largest measurements file read (a full map is about 3 KiB).
+const MAX_FILE_SIZE: u64 = 1024 * 1024;
+
+/// A PCR index of a PC-client TPM: `0..=23`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PcrIndex(u8);
+
+impl PcrIndex {
+    /// The highest PCR index.
+    pub const MAX: u8 = 23;
+
+    /// `Some` if `i <= 23`.
+    pub const fn new(i: u8) -> Option<Self> {
+        if i <= Self::MAX { Some(Self(i)) } else { None }
+    }
+
+    /// The index as a number.
+    pub const fn get(self) -> u8 {
+        self.0
+    }
+
+    /// All 24 indices, ascending.
+    pub fn all() -> impl Iterator<Item = PcrIndex> {
+        (0..=Self::MAX).map(PcrIndex)
+    }
+
+    /// Whether software can reset this PCR (see [`RESETTABLE_PCRS`]).
+    pub fn is_resettable(self) -> bool {
+        RESETTABLE_PCRS.contains(&self)
+    }
+}
+
+impl TryFrom<u32> for PcrIndex {
+    type Error = MeasurementsError;
+
+    fn try_from(i: u32) -> Result<Self, Self::Error> {
+        u8::try_from(i)
+            .ok()
+            .and_then(PcrIndex::new)
+            .ok_or_else(|| MeasurementsError::BadIndex(i.to_string()))
+    }
+}
+
+impl std::str::FromStr for PcrIndex {
+    type Err = MeasurementsError;
+
+    /// Canonical decimal only: `"4"`, not `"04"`, `"+4"` or `" 4"`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || MeasurementsError::BadIndex(s.to_owned());
+        let canonical = !s.is_empty()
+            && s.len() <= 2
+            && s.bytes().all(|b| b.is_ascii_digit())
+            && (s == "0" || !s.starts_with('0'));
+        if !canonical {
+            return Err(bad());
+        }
+        s.parse::<u8>().ok().and_then(PcrIndex::new).ok_or_else(bad)
+    }
+}
+
+impl fmt::Display for PcrIndex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// Whether a mismatch rejects the evidence or is only reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MeasurementMode {
+    /// A mismatch or a missing value rejects the evidence.
+    Enforce,
+    /// A mismatch is logged and returned as a warning; it never gates.
+    WarnOnly,
+}
+
+/// The expected SHA-256 value of one PCR and what a mismatch means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpectedPcr {
+    /// The expected PCR value.
+    pub expected: [u8; 32],
+    /// Enforce or warn only.
+    pub mode: MeasurementMode,
+}
+
+impl ExpectedPcr {
+    /// An enforced expectation.
+    pub fn enforce(expected: [u8; 32]) -> Self {
+        Self {
+            expected,
+            mode: MeasurementMode::Enforce,
+        }
+    }
+
+    /// A warn-only expectation.
+    pub fn warn_only(expected: [u8; 32]) -> Self {
+        Self {
+            expected,
+            mode: MeasurementMode::WarnOnly,
+        }
+    }
+}
+
+/// Why a measurements map or file was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum MeasurementsError {
+    /// The file could not be read.
+    #[error("reading measurements file {path}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is larger than any sensible measurements file.
+    #[error("measurements file {path} is {size} bytes, at most {MAX_FILE_SIZE} allowed")]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Its size.
+        size: u64,
+    },
+    /// The document is not valid JSON of the documented shape.
+    #[error("measurements JSON: {0}")]
+    Json(#[source] serde_json::Error),
+    /// A key is not a canonical decimal PCR index `0..=23`.
+    #[error("PCR index {0:?} is not a decimal number in 0..=23")]
+    BadIndex(String),
+    /// The same index appears twice.
+    #[error("PCR {0} appears more than once")]
+    DuplicateIndex(PcrIndex),
+    /// An expected value is not hex.
+    #[error("PCR {index}: expected value is not hex: {reason}")]
+    BadHex {
+        /// The PCR.
+        index: PcrIndex,
+        /// What is wrong.
+        reason: String,
+    },
+    /// An expected value is not exactly 32 bytes.
+    #[error("PCR {index}: expected value is {len} bytes, want 32 (SHA-256)")]
+    BadLength {
+        /// The PCR.
+        index: PcrIndex,
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// An enforced value for a PCR any software can reset.
+    #[error(
+        "PCR {0} is resettable by software (PC Client profile); an enforced value proves \
+         nothing, use warnOnly"
+    )]
+    EnforcedResettable(PcrIndex),
+    /// No PCR is enforced, so nothing would gate.
+    #[error("no PCR is enforced; a measurements map must enforce at least one PCR")]
+    NoEnforced,
+}
+
+/// Expected PCR values (SHA-256 bank), by index. Valid by construction: indices `0..=23`,
+/// 32-byte values, no enforced resettable PCR, at least one enforced PCR.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Measurements(BTreeMap<PcrIndex, ExpectedPcr>);
+
+impl Measurements {
+    /// Builds a map; refuses duplicates, enforced resettable PCRs and maps that enforce
+    /// nothing.
+    pub fn new(
+        entries: impl IntoIterator<Item = (PcrIndex, ExpectedPcr)>,
+    ) -> Result<Self, MeasurementsError> {
+        let mut map = BTreeMap::new();
+        for (index, pcr) in entries {
+            if pcr.mode == MeasurementMode::Enforce && index.is_resettable() {
+                return Err(MeasurementsError::EnforcedResettable(index));
+            }
+            if map.insert(index, pcr).is_some() {
+                return Err(MeasurementsError::DuplicateIndex(index));
+            }
+        }
+        if !map.values().any(|p| p.mode == MeasurementMode::Enforce) {
+            return Err(MeasurementsError::NoEnforced);
+        }
+        Ok(Self(map))
+    }
+
+    /// Parses the JSON file format (module documentation).
+    pub fn from_json(bytes: &[u8]) -> Result<Self, MeasurementsError> {
+        let file: FileRepr = serde_json::from_slice(bytes).map_err(MeasurementsError::Json)?;
+        let mut entries = Vec::with_capacity(file.measurements.0.len());
+        for (key, entry) in file.measurements.0 {
+            let index: PcrIndex = key.parse()?;
+            let (hex_value, mode) = match entry {
+                EntryRepr::Bare(h) => (h, MeasurementMode::Enforce),
+                EntryRepr::Full {
+                    expected,
+                    warn_only,
+                } => (
+                    expected,
+                    if warn_only {
+                        MeasurementMode::WarnOnly
+                    } else {
+                        MeasurementMode::Enforce
+                    },
+                ),
+            };
+            let bytes = hex::decode(&hex_value).map_err(|e| MeasurementsError::BadHex {
+                index,
+                reason: e.to_string(),
+            })?;
+            let expected: [u8; 32] =
+                bytes
+                    .as_slice()
+                    .try_into()
+                    .map_err(|_| MeasurementsError::BadLength {
+                        index,
+                        len: bytes.len(),
+                    })?;
+            entries.push((index, ExpectedPcr { expected, mode }));
+        }
+        Self::new(entries)
+    }
+
+    /// Reads and parses a measurements file.
+    pub fn load(path: &Path) -> Result<Self, MeasurementsError> {
+        Self::from_json(&read_bounded(path)?)
+    }
+
+    /// The JSON file format, indices ascending, every entry in object form.
+    pub fn to_json(&self) -> String {
+        let entries: Vec<String> = self
+            .0
+            .iter()
+            .map(|(i, p)| {
+                format!(
+                    "    \"{i}\": {{\"expected\": \"{}\", \"warnOnly\": {}}}",
+                    hex::encode(p.expected),
+                    p.mode == MeasurementMode::WarnOnly
+                )
+            })
+            .collect();
+        format!(
+            "{{\n  \"measurements\": {{\n{}\n  }}\n}}\n",
+            entries.join(",\n")
+        )
+    }
+
+    /// The expectation for one PCR.
+    pub fn get(&self, index: PcrIndex) -> Option<&ExpectedPcr> {
+        self.0.get(&index)
+    }
+
+    /// All expectations, ascending by index.
+    pub fn iter(&self) -> impl Iterator<Item = (PcrIndex, &ExpectedPcr)> {
+        self.0.iter().map(|(i, p)| (*i, p))
+    }
+
+    /// Number of PCRs with an expectation.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Always `false`: a valid map enforces at least one PCR.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Compares observed PCR values with the expectations, ascending by index. PCRs without
+    /// an expectation are ignored.
+    ///
+    /// An enforced mismatch or missing value is an error naming index, expected and
+    /// observed value (the lowest such index). A warn-only mismatch is logged at warn and
+    /// returned as a warning; it never gates.
+    pub fn compare(
+        &self,
+        observed: &BTreeMap<PcrIndex, [u8; 32]>,
+    ) -> Result<Vec<String>, ValidationError> {
+        let mut warnings = Vec::new();
+        for (index, want) in &self.0 {
+            let got = observed.get(index);
+            if got == Some(&want.expected) {
+                continue;
+            }
+            let expected = hex::encode(want.expected);
+            let observed = got.map_or_else(|| "missing".to_owned(), hex::encode);
+            match want.mode {
+                MeasurementMode::Enforce => {
+                    return Err(ValidationError::Measurement {
+                        index: u32::from(index.get()),
+                        expected,
+                        observed,
+                    });
+                }
+                MeasurementMode::WarnOnly => {
+                    tracing::warn!(
+                        pcr = index.get(),
+                        %expected,
+                        %observed,
+                        "warn-only measurement mismatch (accepted)"
+                    );
+                    warnings.push(format!(
+                        "warn-only measurement mismatch at index {index}: expected {expected}, \
+                         observed {observed}"
+                    ));
+                }
+            }
+        }
+        Ok(warnings)
+    }
+
+    /// This map as a fixed [`MeasurementsProvider`].
+    pub fn into_provider(self) -> Arc<dyn MeasurementsProvider> {
+        Arc::new(Fixed(Arc::new(self)))
+    }
+}
+
+/// Where a validator gets its expected measurements from on each validation, so a service
+/// can change them without a restart.
+pub trait MeasurementsProvider: Send + Sync {
+    /// The measurements in force now.
+    fn current(&self) -> Arc<Measurements>;
+}
+
+struct Fixed(Arc<Measurements>);
+
+impl MeasurementsProvider for Fixed {
+    fn current(&self) -> Arc<Measurements> {
+        Arc::clone(&self.0)
+    }
+}
+
+/// Measurements from a file, re-read when its content changes.
+///
+/// [`MeasurementsProvider::current`] checks the file at most once per `min_interval`
+/// (default one second) on the calling thread: it reads the file and, if the bytes
+/// differ from the last bytes seen, parses them. A good file replaces the measurements
+/// (logged at info); a bad or unreadable one keeps the previous good value and is logged
+/// at error once per distinct failure. No background thread, no async runtime. The first
+/// load, in [`ReloadingMeasurements::open`], must succeed.
+pub struct ReloadingMeasurements {
+    path: PathBuf,
+    min_interval: Duration,
+    current: RwLock<Arc<Measurements>>,
+    check: Mutex<CheckState>,
+}
+
+struct CheckState {
+    last_check: Instant,
+    last_seen: [u8; 32],
+    last_error: Option<String>,
+}
+
+impl ReloadingMeasurements {
+    /// Loads `path`; fails if the first load fails.
+    pub fn open(path: impl Into<PathBuf>) -> Result<Self, MeasurementsError> {
+        let path = path.into();
+        let bytes = read_bounded(&path)?;
+        let m = Measurements::from_json(&bytes)?;
+        tracing::info!(path = %path.display(), pcrs = m.len(), "loaded expected measurements");
+        Ok(Self {
+            path,
+            min_interval: Duration::from_secs(1),
+            current: RwLock::new(Arc::new(m)),
+            check: Mutex::new(CheckState {
+                last_check: Instant::now(),
+                last_seen: digest(&bytes),
+                last_error: None,
+            }),
+        })
+    }
+
+    /// Checks the file at most once per `interval` (zero: on every call).
+    pub fn with_min_interval(mut self, interval: Duration) -> Self {
+        self.min_interval = interval;
+        self
+    }
+
+    /// The file being watched.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Checks the file now. `Ok(true)` if new measurements were loaded, `Ok(false)` if the
+    /// content is unchanged; on error the previous measurements stay in force.
+    pub fn reload_now(&self) -> Result<bool, MeasurementsError> {
+        let mut state = self.check.lock().unwrap_or_else(PoisonError::into_inner);
+        state.last_check = Instant::now();
+        self.refresh(&mut state)
+    }
+
+    fn refresh(&self, state: &mut CheckState) -> Result<bool, MeasurementsError> {
+        let result = read_bounded(&self.path).and_then(|bytes| {
+            let seen = digest(&bytes);
+            if seen == state.last_seen {
+                return Ok(false);
+            }
+            state.last_seen = seen;
+            let m = Measurements::from_json(&bytes)?;
+            let pcrs = m.len();
+            *self.current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(m);
+            tracing::info!(path = %self.path.display(), pcrs, "reloaded expected measurements");
+            Ok(true)
+        });
+        match &result {
+            Ok(_) => state.last_error = None,
+            Err(e) => {
+                let msg = error_chain(e);
+                if state.last_error.as_deref() != Some(msg.as_str()) {
+                    tracing::error!(
+                        path = %self.path.display(),
+                        error = %msg,
+                        "measurements reload failed; keeping the previous measurements"
+                    );
+                    state.last_error = Some(msg);
+                }
+            }
+        }
+        result
+    }
+}
+
+impl MeasurementsProvider for ReloadingMeasurements {
+    fn current(&self) -> Arc<Measurements> {
+        // Only one caller checks at a time; the others go on with the current value.
+        if let Ok(mut state) = self.check.try_lock()
+            && state.last_check.elapsed() >= self.min_interval
+        {
+            state.last_check = Instant::now();
+            // Logged inside; the previous value stays in force on error.
+            let _ = self.refresh(&mut state);
+        }
+        Arc::clone(&self.current.read().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+fn digest(bytes: &[u8]) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(bytes).into()
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+fn read_bounded(path: &Path) -> Result<Vec<u8>, MeasurementsError> {
+    use std::io::Read;
+    let io = |source| MeasurementsError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE_SIZE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(io)?;
+    let size = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
+    if size > MAX_FILE_SIZE {
+        return Err(MeasurementsError::TooLarge {
+            path: path.to_owned(),
+            size,
+        });
+    }
+    Ok(bytes)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileRepr {
+    measurements: EntriesRepr,
+}
+
+/// The measurement map as written, in order, duplicates kept (so they can be refused).
+struct EntriesRepr(Vec<(String, EntryRepr)>);
+
+impl<'de> Deserialize<'de> for EntriesRepr {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = EntriesRepr;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a map from PCR index to expected value")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::new();
+                while let Some((k, v)) = map.next_entry::<String, EntryRepr>()? {
+                    if out.len() > usize::from(PcrIndex::MAX) {
+                        return Err(de::Error::custom("more than 24 PCR entries"));
+                    }
+                    out.push((k, v));
+                }
+                Ok(EntriesRepr(out))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+enum EntryRepr {
+    Bare(String),
+    Full { expected: String, warn_only: bool },
+}
+
+impl<'de> Deserialize<'de> for EntryRepr {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = EntryRepr;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(r#"a hex string or {"expected": "<hex>", "warnOnly": <bool>}"#)
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(EntryRepr::Bare(v.to_owned()))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                const FIELDS: &[&str] = &["expected", "warnOnly"];
+                let mut expected: Option<String> = None;
+                let mut warn_only: Option<bool> = None;
+                while let Some(key) = map.next_key::<String>()? {
+                    match key.as_str() {
+                        "expected" if expected.is_some() => {
+                            return Err(de::Error::duplicate_field("expected"));
+                        }
+                        "expected" => expected = Some(map.next_value()?),
+                        "warnOnly" if warn_only.is_some() => {
+                            return Err(de::Error::duplicate_field("warnOnly"));
+                        }
+                        "warnOnly" => warn_only = Some(map.next_value()?),
+                        other => return Err(de::Error::unknown_field(other, FIELDS)),
+                    }
+                }
+                let expected = expected.ok_or_else(|| de::Error::missing_field("expected"))?;
+                Ok(EntryRepr::Full {
+                    expected,
+                    warn_only: warn_only.unwrap_or(false),
+                })
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn idx(i: u8) -> PcrIndex {
+        PcrIndex::new(i).unwrap()
+    }
+
+    #[test]
+    fn index_parsing_is_canonical_decimal() {
+        assert_eq!("0".parse::<PcrIndex>().unwrap(), idx(0));
+        assert_eq!("23".parse::<PcrIndex>().unwrap(), idx(23));
+        for bad in [
+            "24", "04", "+4", " 4", "", "-1", "4.0", "0x4", "255", "1000",
+        ] {
+            assert!(bad.parse::<PcrIndex>().is_err(), "{bad:?}");
+        }
+        assert!(PcrIndex::try_from(24u32).is_err());
+        assert!(PcrIndex::try_from(256u32).is_err());
+    }
+
+    #[test]
+    fn json_round_trips() {
+        let m = Measurements::new([
+            (idx(4), ExpectedPcr::enforce([0xab; 32])),
+            (idx(11), ExpectedPcr::warn_only([0; 32])),
+            (idx(16), ExpectedPcr::warn_only([1; 32])),
+        ])
+        .unwrap();
+        let json = m.to_json();
+        assert!(json.find("\"4\"").unwrap() < json.find("\"11\"").unwrap());
+        assert_eq!(Measurements::from_json(json.as_bytes()).unwrap(), m);
+    }
+
+    #[test]
+    fn compare_reports_lowest_enforced_mismatch_and_warns_for_warn_only() {
+        let m = Measurements::new([
+            (idx(3), ExpectedPcr::warn_only([3; 32])),
+            (idx(4), ExpectedPcr::enforce([4; 32])),
+            (idx(9), ExpectedPcr::enforce([9; 32])),
+        ])
+        .unwrap();
+        let mut obs = BTreeMap::from([(idx(3), [0; 32]), (idx(4), [4; 32]), (idx(9), [9; 32])]);
+        let w = m.compare(&obs).unwrap();
+        assert_eq!(w.len(), 1);
+        assert!(w[0].contains("index 3"));
+        obs.remove(&idx(9));
+        assert_eq!(
+            m.compare(&obs).unwrap_err(),
+            ValidationError::Measurement {
+                index: 9,
+                expected: hex::encode([9; 32]),
+                observed: "missing".into()
+            }
+        );
+    }
+}

@@ -1,0 +1,233 @@
+//! The `tpm-quote` evidence message (protobuf, version 1) and its decoder.
+//!
+//! ```proto
+//! syntax = "proto3";
+//! package asterism.attestation.v1;
+//!
+//! // Evidence of variant "tpm-quote".
+//! message TpmQuoteEvidence {
+//!   uint32 version = 1;                // = 1
+//!   bytes attest = 2;                  // TPMS_ATTEST (TPM_ST_ATTEST_QUOTE), as signed
+//!   bytes signature = 3;               // TPMT_SIGNATURE over attest
+//!   repeated PcrValue pcrs = 4;        // SHA-256 bank, strictly ascending index
+//!   bytes ak_public = 5;               // TPMT_PUBLIC of the attestation key
+//!   repeated bytes ak_cert_chain = 6;  // DER, leaf first; may be empty
+//!   optional bytes event_log = 7;      // TCG event log; carried, not yet interpreted
+//! }
+//!
+//! message PcrValue {
+//!   uint32 index = 1;                  // 0..=23
+//!   bytes value = 2;                   // 32 bytes
+//! }
+//! ```
+//!
+//! Decoding is strict: at most [`MAX_EVIDENCE_SIZE`] bytes, checked before decoding; the
+//! encoding must be canonical (no unknown or repeated scalar fields, minimal varints: the
+//! message must re-encode to exactly as many bytes); the version must be 1; and every
+//! TPM structure must parse exactly.
+
+use super::structures::{TpmsAttest, TpmtPublic, TpmtSignature};
+use super::wire::ParseError;
+use crate::measurements::PcrIndex;
+use prost::Message;
+use std::collections::BTreeMap;
+
+/// The variant name of this evidence.
+pub const VARIANT: &str = "tpm-quote";
+/// The only evidence version this crate reads and writes.
+pub const EVIDENCE_VERSION: u32 = 1;
+/// Largest evidence accepted, checked before anything is decoded.
+pub const MAX_EVIDENCE_SIZE: usize = 64 * 1024;
+/// Most certificates an AK chain may carry (leaf and intermediates).
+pub const MAX_CERT_CHAIN: usize = 4;
+
+/// Wire form of the `tpm-quote` evidence (see the module documentation for the .proto).
+#[derive(Clone, PartialEq, Message)]
+pub struct TpmQuoteEvidence {
+    /// Evidence format version; must be [`EVIDENCE_VERSION`].
+    #[prost(uint32, tag = "1")]
+    pub version: u32,
+    /// `TPMS_ATTEST` bytes exactly as the TPM signed them.
+    #[prost(bytes = "vec", tag = "2")]
+    pub attest: Vec<u8>,
+    /// `TPMT_SIGNATURE` over `attest`.
+    #[prost(bytes = "vec", tag = "3")]
+    pub signature: Vec<u8>,
+    /// SHA-256 bank PCR values, strictly ascending by index.
+    #[prost(message, repeated, tag = "4")]
+    pub pcrs: Vec<PcrValue>,
+    /// `TPMT_PUBLIC` of the attestation key.
+    #[prost(bytes = "vec", tag = "5")]
+    pub ak_public: Vec<u8>,
+    /// DER certificates for the AK, leaf first; may be empty.
+    #[prost(bytes = "vec", repeated, tag = "6")]
+    pub ak_cert_chain: Vec<Vec<u8>>,
+    /// TCG event log, carried along; not interpreted yet.
+    #[prost(bytes = "vec", optional, tag = "7")]
+    pub event_log: Option<Vec<u8>>,
+}
+
+/// One SHA-256 PCR value.
+#[derive(Clone, PartialEq, Message)]
+pub struct PcrValue {
+    /// PCR index, `0..=23`.
+    #[prost(uint32, tag = "1")]
+    pub index: u32,
+    /// The 32-byte value.
+    #[prost(bytes = "vec", tag = "2")]
+    pub value: Vec<u8>,
+}
+
+/// Why `tpm-quote` evidence could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EvidenceError {
+    /// Larger than [`MAX_EVIDENCE_SIZE`].
+    #[error("evidence is {0} bytes, at most {MAX_EVIDENCE_SIZE} allowed")]
+    TooLarge(usize),
+    /// Not a protobuf `TpmQuoteEvidence`.
+    #[error("not a TpmQuoteEvidence message: {0}")]
+    Protobuf(String),
+    /// Valid protobuf, but not the canonical encoding of the message.
+    #[error("evidence is not canonically encoded (unknown or repeated fields, or padding)")]
+    NonCanonical,
+    /// A version other than [`EVIDENCE_VERSION`].
+    #[error("unsupported evidence version {0} (want {EVIDENCE_VERSION})")]
+    UnsupportedVersion(u32),
+    /// `attest` is not a quote `TPMS_ATTEST`.
+    #[error("attest")]
+    Attest(#[source] ParseError),
+    /// `signature` is not a supported `TPMT_SIGNATURE`.
+    #[error("signature")]
+    Signature(#[source] ParseError),
+    /// `ak_public` is not an RSA or ECC `TPMT_PUBLIC`.
+    #[error("ak_public")]
+    AkPublic(#[source] ParseError),
+    /// A PCR index outside `0..=23`.
+    #[error("PCR index {0} out of range 0..=23")]
+    PcrIndex(u32),
+    /// PCR indices not strictly ascending (unordered or repeated).
+    #[error("PCR {0} is out of order or repeated (indices must be strictly ascending)")]
+    PcrOrder(u32),
+    /// A PCR value that is not 32 bytes.
+    #[error("PCR {index} value is {len} bytes, want 32 (SHA-256)")]
+    PcrLength {
+        /// The PCR.
+        index: u32,
+        /// Its length.
+        len: usize,
+    },
+    /// More certificates than [`MAX_CERT_CHAIN`].
+    #[error("AK certificate chain has {0} certificates, at most {MAX_CERT_CHAIN} allowed")]
+    CertChainTooLong(usize),
+}
+
+/// Decoded `tpm-quote` evidence: every structure parsed, nothing verified yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuoteEvidence {
+    /// The `TPMS_ATTEST` bytes as signed.
+    pub attest_bytes: Vec<u8>,
+    /// The parsed quote.
+    pub attest: TpmsAttest,
+    /// The parsed signature.
+    pub signature: TpmtSignature,
+    /// The supplied SHA-256 PCR values.
+    pub pcrs: BTreeMap<PcrIndex, [u8; 32]>,
+    /// The `TPMT_PUBLIC` bytes of the AK as supplied.
+    pub ak_public_bytes: Vec<u8>,
+    /// The parsed AK public area.
+    pub ak_public: TpmtPublic,
+    /// DER certificates, leaf first.
+    pub ak_cert_chain: Vec<Vec<u8>>,
+    /// The event log, if any.
+    pub event_log: Option<Vec<u8>>,
+}
+
+impl QuoteEvidence {
+    /// Decodes and parses evidence bytes (see the module documentation for the rules).
+    pub fn decode(bytes: &[u8]) -> Result<Self, EvidenceError> {
+        if bytes.len() > MAX_EVIDENCE_SIZE {
+            return Err(EvidenceError::TooLarge(bytes.len()));
+        }
+        let wire =
+            TpmQuoteEvidence::decode(bytes).map_err(|e| EvidenceError::Protobuf(e.to_string()))?;
+        if wire.encoded_len() != bytes.len() {
+            return Err(EvidenceError::NonCanonical);
+        }
+        Self::try_from(wire)
+    }
+}
+
+impl TryFrom<TpmQuoteEvidence> for QuoteEvidence {
+    type Error = EvidenceError;
+
+    fn try_from(wire: TpmQuoteEvidence) -> Result<Self, Self::Error> {
+        if wire.version != EVIDENCE_VERSION {
+            return Err(EvidenceError::UnsupportedVersion(wire.version));
+        }
+        if wire.ak_cert_chain.len() > MAX_CERT_CHAIN {
+            return Err(EvidenceError::CertChainTooLong(wire.ak_cert_chain.len()));
+        }
+        let attest = TpmsAttest::parse(&wire.attest).map_err(EvidenceError::Attest)?;
+        let signature = TpmtSignature::parse(&wire.signature).map_err(EvidenceError::Signature)?;
+        let ak_public = TpmtPublic::parse(&wire.ak_public).map_err(EvidenceError::AkPublic)?;
+        let mut pcrs = BTreeMap::new();
+        let mut last: Option<PcrIndex> = None;
+        for p in wire.pcrs {
+            let index = u8::try_from(p.index)
+                .ok()
+                .and_then(PcrIndex::new)
+                .ok_or(EvidenceError::PcrIndex(p.index))?;
+            if last.is_some_and(|l| l >= index) {
+                return Err(EvidenceError::PcrOrder(p.index));
+            }
+            last = Some(index);
+            let value: [u8; 32] =
+                p.value
+                    .as_slice()
+                    .try_into()
+                    .map_err(|_| EvidenceError::PcrLength {
+                        index: p.index,
+                        len: p.value.len(),
+                    })?;
+            pcrs.insert(index, value);
+        }
+        Ok(Self {
+            attest_bytes: wire.attest,
+            attest,
+            signature,
+            pcrs,
+            ak_public_bytes: wire.ak_public,
+            ak_public,
+            ak_cert_chain: wire.ak_cert_chain,
+            event_log: wire.event_log,
+        })
+    }
+}
+
+impl TpmQuoteEvidence {
+    /// Assembles the wire message from already-marshalled TPM structures.
+    pub fn new(
+        attest: Vec<u8>,
+        signature: Vec<u8>,
+        pcrs: &BTreeMap<PcrIndex, [u8; 32]>,
+        ak_public: Vec<u8>,
+        ak_cert_chain: Vec<Vec<u8>>,
+        event_log: Option<Vec<u8>>,
+    ) -> Self {
+        Self {
+            version: EVIDENCE_VERSION,
+            attest,
+            signature,
+            pcrs: pcrs
+                .iter()
+                .map(|(i, v)| PcrValue {
+                    index: u32::from(i.get()),
+                    value: v.to_vec(),
+                })
+                .collect(),
+            ak_public,
+            ak_cert_chain,
+            event_log,
+        }
+    }
+}

@@ -1,0 +1,31 @@
+//! The `tpm-quote` evidence variant: a TPM 2.0 quote over the SHA-256 PCR bank, signed by
+//! an attestation key (AK), with the AK's public area and optionally its certificate chain.
+//!
+//! * [`evidence`]: the versioned protobuf message and its strict decoder;
+//! * [`structures`]: parsers (and marshallers) for `TPMS_ATTEST`, `TPMT_SIGNATURE` and
+//!   `TPMT_PUBLIC`;
+//! * [`TpmQuoteValidator`]: the verification, with a mandatory [`AkTrust`] policy and a
+//!   [`crate::MeasurementsProvider`];
+//! * `soft` (feature `insecure-test-attestation`): a software quote builder for tests and
+//!   benchmarks.
+
+pub mod evidence;
+pub mod structures;
+mod trust;
+mod validator;
+mod wire;
+
+#[cfg(feature = "insecure-test-attestation")]
+pub mod soft;
+
+pub use evidence::{
+    EVIDENCE_VERSION, EvidenceError, MAX_EVIDENCE_SIZE, PcrValue, QuoteEvidence, TpmQuoteEvidence,
+    VARIANT,
+};
+pub use structures::{TpmsAttest, TpmtPublic, TpmtSignature};
+pub use trust::{
+    AkFingerprint, AkTrust, AkTrustError, InsecureAnyAk, MAX_RSA_BITS, MIN_RSA_BITS, PinnedAks,
+    PlatformCa, REQUIRED_AK_ATTRIBUTES,
+};
+pub use validator::TpmQuoteValidator;
+pub use wire::ParseError;

@@ -1,0 +1,541 @@
+//! Which attestation keys (AKs) a verifier trusts, and the AK policy every AK must meet.
+
+use super::structures::{
+    AsymScheme, ECC_NIST_P256, KdfScheme, ObjectAttributes, PublicParams, SymDefObject, TpmtPublic,
+    TpmtSignature, alg,
+};
+use crate::ValidationError;
+use ring::signature::{self, RsaPublicKeyComponents, UnparsedPublicKey};
+use rustls_pki_types::{CertificateDer, SignatureVerificationAlgorithm, TrustAnchor, UnixTime};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeSet;
+use std::fmt;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Smallest RSA AK accepted, in bits.
+pub const MIN_RSA_BITS: u16 = 2048;
+/// Largest RSA AK accepted, in bits (ring verifies up to 8192).
+pub const MAX_RSA_BITS: u16 = 8192;
+
+/// Attributes every AK must have: a restricted signing key that never leaves its TPM.
+pub const REQUIRED_AK_ATTRIBUTES: u32 = ObjectAttributes::RESTRICTED
+    | ObjectAttributes::SIGN
+    | ObjectAttributes::FIXED_TPM
+    | ObjectAttributes::FIXED_PARENT;
+
+/// `tcg-kp-AIKCertificate` (2.23.133.8.3), DER value of the OID.
+const TCG_KP_AIK_CERTIFICATE: &[u8] = &[0x67, 0x81, 0x05, 0x08, 0x03];
+
+/// SHA-256 of an AK's `TPMT_PUBLIC` bytes: what [`AkTrust::Pinned`] pins, and the
+/// identity a verified quote reports. It covers the whole public area (key, attributes,
+/// policy), not just the key.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct AkFingerprint([u8; 32]);
+
+impl AkFingerprint {
+    /// The fingerprint of a `TPMT_PUBLIC` as it appears in the evidence's `ak_public`.
+    pub fn of_public_area(tpmt_public: &[u8]) -> Self {
+        Self(Sha256::digest(tpmt_public).into())
+    }
+
+    /// Parses 64 hex digits.
+    pub fn from_hex(s: &str) -> Result<Self, AkTrustError> {
+        let bytes = hex::decode(s).map_err(|e| AkTrustError::Fingerprint(e.to_string()))?;
+        let arr: [u8; 32] = bytes
+            .as_slice()
+            .try_into()
+            .map_err(|_| AkTrustError::Fingerprint(format!("{} bytes, want 32", bytes.len())))?;
+        Ok(Self(arr))
+    }
+
+    /// The raw digest.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+impl From<[u8; 32]> for AkFingerprint {
+    fn from(b: [u8; 32]) -> Self {
+        Self(b)
+    }
+}
+
+impl fmt::Display for AkFingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&hex::encode(self.0))
+    }
+}
+
+impl fmt::Debug for AkFingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "AkFingerprint({self})")
+    }
+}
+
+/// Why an AK trust policy could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum AkTrustError {
+    /// A platform CA root certificate could not be used as a trust anchor.
+    #[error("platform CA root #{index} is not a usable certificate: {reason}")]
+    BadRoot {
+        /// Position of the root in the input.
+        index: usize,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A platform CA policy needs at least one root.
+    #[error("a platform CA policy needs at least one root certificate")]
+    NoRoots,
+    /// A PEM bundle could not be read.
+    #[error("platform CA PEM: {0}")]
+    Pem(String),
+    /// A fingerprint is not 64 hex digits.
+    #[error("AK fingerprint: {0}")]
+    Fingerprint(String),
+}
+
+/// Platform CA roots that certify AKs (the evidence carries the AK certificate chain).
+///
+/// Chains are verified with `rustls-webpki`: it is maintained with rustls, pure Rust on
+/// ring, builds paths through the supplied intermediates to a root, checks each
+/// certificate's signature, validity period and basicConstraints (CA flag and path length;
+/// a CA certificate is refused as the leaf), name constraints, and refuses unknown critical
+/// extensions. Hand-rolled X.509 path validation on top of a DER parser would re-implement
+/// all of that. Two webpki behaviours are designed around:
+///
+/// * webpki always checks an extended key usage. We require `tcg-kp-AIKCertificate`
+///   (2.23.133.8.3) *if* a certificate of the path carries an EKU extension, and accept
+///   certificates without one (AK certificates often have none). A certificate whose EKU
+///   lists only other purposes (say, TLS server auth) is refused, intermediates included.
+/// * webpki ignores the keyUsage extension of the leaf. That is fine here: what the AK
+///   may sign is bounded by its TPM attributes (restricted signing key), which are checked
+///   before the chain.
+///
+/// Revocation (CRLs) is not checked.
+#[derive(Debug, Clone)]
+pub struct PlatformCa {
+    roots: Vec<TrustAnchor<'static>>,
+}
+
+impl PlatformCa {
+    /// Trusts the given DER root certificates.
+    pub fn from_der<B: AsRef<[u8]>>(
+        roots: impl IntoIterator<Item = B>,
+    ) -> Result<Self, AkTrustError> {
+        let mut anchors = Vec::new();
+        for (index, der) in roots.into_iter().enumerate() {
+            let cert = CertificateDer::from(der.as_ref());
+            let anchor =
+                webpki::anchor_from_trusted_cert(&cert).map_err(|e| AkTrustError::BadRoot {
+                    index,
+                    reason: e.to_string(),
+                })?;
+            anchors.push(anchor.to_owned());
+        }
+        if anchors.is_empty() {
+            return Err(AkTrustError::NoRoots);
+        }
+        Ok(Self { roots: anchors })
+    }
+
+    /// Trusts every certificate in a PEM bundle.
+    pub fn from_pem(pem: &[u8]) -> Result<Self, AkTrustError> {
+        use rustls_pki_types::pem::PemObject;
+        let certs = CertificateDer::pem_slice_iter(pem)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| AkTrustError::Pem(e.to_string()))?;
+        Self::from_der(certs.iter().map(|c| c.as_ref()))
+    }
+
+    fn verify(
+        &self,
+        chain: &[Vec<u8>],
+        ak: &AkKey,
+        now: SystemTime,
+    ) -> Result<(), ValidationError> {
+        let untrusted = |m: String| ValidationError::UntrustedKey(m);
+        let (leaf, intermediates) = chain.split_first().ok_or_else(|| {
+            untrusted("the evidence carries no AK certificate chain (platform CA policy)".into())
+        })?;
+        let leaf_der = CertificateDer::from(leaf.as_slice());
+        let leaf_cert = webpki::EndEntityCert::try_from(&leaf_der)
+            .map_err(|e| untrusted(format!("AK certificate does not parse: {e}")))?;
+        let intermediates: Vec<CertificateDer<'_>> = intermediates
+            .iter()
+            .map(|c| CertificateDer::from(c.as_slice()))
+            .collect();
+        let secs = now
+            .duration_since(UNIX_EPOCH)
+            .map_err(|_| untrusted("system clock is before 1970".into()))?;
+        leaf_cert
+            .verify_for_usage(
+                CHAIN_ALGS,
+                &self.roots,
+                &intermediates,
+                UnixTime::since_unix_epoch(secs),
+                webpki::KeyUsage::required_if_present(TCG_KP_AIK_CERTIFICATE),
+                None,
+                None,
+            )
+            .map_err(|e| untrusted(format!("AK certificate chain is not trusted: {e}")))?;
+        if leaf_cert.subject_public_key_info().as_ref() != ak.spki_der().as_slice() {
+            return Err(untrusted(
+                "the AK certificate's public key is not the key in ak_public".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Signature algorithms accepted on certificates of an AK chain.
+static CHAIN_ALGS: &[&dyn SignatureVerificationAlgorithm] = &[
+    webpki::ring::ECDSA_P256_SHA256,
+    webpki::ring::ECDSA_P256_SHA384,
+    webpki::ring::ECDSA_P384_SHA256,
+    webpki::ring::ECDSA_P384_SHA384,
+    webpki::ring::RSA_PKCS1_2048_8192_SHA256,
+    webpki::ring::RSA_PKCS1_2048_8192_SHA384,
+    webpki::ring::RSA_PKCS1_2048_8192_SHA512,
+    webpki::ring::RSA_PSS_2048_8192_SHA256_LEGACY_KEY,
+    webpki::ring::RSA_PSS_2048_8192_SHA384_LEGACY_KEY,
+    webpki::ring::RSA_PSS_2048_8192_SHA512_LEGACY_KEY,
+];
+
+/// A set of pinned AK fingerprints.
+#[derive(Debug, Clone, Default)]
+pub struct PinnedAks(BTreeSet<AkFingerprint>);
+
+impl PinnedAks {
+    /// Pins exactly `fingerprints`.
+    pub fn new(fingerprints: impl IntoIterator<Item = AkFingerprint>) -> Self {
+        Self(fingerprints.into_iter().collect())
+    }
+
+    /// Whether `fp` is pinned.
+    pub fn contains(&self, fp: &AkFingerprint) -> bool {
+        self.0.contains(fp)
+    }
+}
+
+/// Marker for [`AkTrust::InsecureAnyAk`]; made only by [`AkTrust::insecure_any_ak`].
+#[derive(Debug, Clone)]
+pub struct InsecureAnyAk(());
+
+/// How a verifier decides that an AK belongs to a genuine TPM. A mandatory input of
+/// [`super::TpmQuoteValidator::new`].
+#[derive(Debug, Clone)]
+pub enum AkTrust {
+    /// The evidence carries the AK's certificate chain (leaf first); it must chain to one
+    /// of these roots and the leaf's public key must be the AK.
+    PlatformCa(PlatformCa),
+    /// The SHA-256 of the AK's `TPMT_PUBLIC` must be one of these.
+    Pinned(PinnedAks),
+    /// **Insecure, development only**: any AK that meets the AK policy is trusted, so a
+    /// software key can forge evidence. Logged at warn on every validation.
+    InsecureAnyAk(InsecureAnyAk),
+}
+
+impl AkTrust {
+    /// Trusts AKs certified by `roots`.
+    pub fn platform_ca(roots: PlatformCa) -> Self {
+        Self::PlatformCa(roots)
+    }
+
+    /// Trusts exactly the AKs with these fingerprints.
+    pub fn pinned(fingerprints: impl IntoIterator<Item = AkFingerprint>) -> Self {
+        Self::Pinned(PinnedAks::new(fingerprints))
+    }
+
+    /// **Insecure**: trusts any AK. Evidence then proves nothing about the platform; every
+    /// validation that relies on it logs a warning.
+    pub fn insecure_any_ak() -> Self {
+        tracing::warn!("AK trust policy insecure_any_ak: any attestation key will be accepted");
+        Self::InsecureAnyAk(InsecureAnyAk(()))
+    }
+
+    /// Checks the AK against the policy; returns a warning to carry along when the policy
+    /// is insecure.
+    pub(crate) fn check(
+        &self,
+        ak: &AkKey,
+        fingerprint: &AkFingerprint,
+        chain: &[Vec<u8>],
+        now: SystemTime,
+    ) -> Result<Option<String>, ValidationError> {
+        match self {
+            Self::PlatformCa(ca) => ca.verify(chain, ak, now).map(|()| None),
+            Self::Pinned(pins) if pins.contains(fingerprint) => Ok(None),
+            Self::Pinned(_) => Err(ValidationError::UntrustedKey(format!(
+                "AK {fingerprint} is not pinned"
+            ))),
+            Self::InsecureAnyAk(_) => {
+                tracing::warn!(
+                    ak = %fingerprint,
+                    "insecure_any_ak: accepting an attestation key nobody vouched for"
+                );
+                Ok(Some(format!(
+                    "insecure_any_ak: AK {fingerprint} was not checked against any trust policy"
+                )))
+            }
+        }
+    }
+}
+
+/// An AK public key that passed the AK policy, ready to verify quotes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum AkKey {
+    /// P-256 point, uncompressed (`04 || x || y`), ECDSA-SHA256.
+    EcdsaP256([u8; 65]),
+    /// RSA modulus (no leading zeros) and exponent (no leading zeros), RSASSA-SHA256.
+    RsaSsa { n: Vec<u8>, e: Vec<u8> },
+}
+
+fn policy(msg: impl Into<String>) -> ValidationError {
+    ValidationError::Policy(msg.into())
+}
+
+/// Left-pads a big-endian TPM2B integer to 32 bytes; refuses longer ones.
+fn pad32(what: &str, v: &[u8]) -> Result<[u8; 32], ValidationError> {
+    let mut out = [0u8; 32];
+    let start = 32usize
+        .checked_sub(v.len())
+        .ok_or_else(|| policy(format!("{what} is {} bytes, at most 32 for P-256", v.len())))?;
+    let dst = out
+        .get_mut(start..)
+        .ok_or_else(|| policy(format!("{what}: bad length")))?;
+    dst.copy_from_slice(v);
+    Ok(out)
+}
+
+impl AkKey {
+    /// Applies the AK policy: attributes (restricted, sign, fixedTPM, fixedParent, not
+    /// decrypt), nameAlg SHA-256, no symmetric part, and exactly ECC P-256 with
+    /// ECDSA-SHA256 (KDF null) or RSA 2048–8192 with RSASSA-SHA256.
+    pub(crate) fn from_public(p: &TpmtPublic) -> Result<Self, ValidationError> {
+        let attrs = p.attributes;
+        if !attrs.has(REQUIRED_AK_ATTRIBUTES) {
+            let missing: Vec<&str> = [
+                (ObjectAttributes::RESTRICTED, "restricted"),
+                (ObjectAttributes::SIGN, "sign"),
+                (ObjectAttributes::FIXED_TPM, "fixedTPM"),
+                (ObjectAttributes::FIXED_PARENT, "fixedParent"),
+            ]
+            .into_iter()
+            .filter(|(bit, _)| !attrs.has(*bit))
+            .map(|(_, name)| name)
+            .collect();
+            return Err(policy(format!(
+                "AK objectAttributes {:#010x} lack {}",
+                attrs.0,
+                missing.join(", ")
+            )));
+        }
+        if attrs.has(ObjectAttributes::DECRYPT) {
+            return Err(policy(format!(
+                "AK objectAttributes {:#010x} have decrypt set",
+                attrs.0
+            )));
+        }
+        if p.name_alg != alg::SHA256 {
+            return Err(policy(format!(
+                "AK nameAlg {:#06x} is not SHA-256",
+                p.name_alg
+            )));
+        }
+        let sha256_scheme = |scheme: u16| AsymScheme::Hashed {
+            scheme,
+            hash: alg::SHA256,
+        };
+        match &p.params {
+            PublicParams::Ecc {
+                symmetric,
+                scheme,
+                curve,
+                kdf,
+                x,
+                y,
+            } => {
+                if *symmetric != SymDefObject::Null {
+                    return Err(policy("ECC AK has a symmetric algorithm"));
+                }
+                if *scheme != sha256_scheme(alg::ECDSA) {
+                    return Err(policy(format!(
+                        "ECC AK scheme {scheme:?} is not ECDSA-SHA256"
+                    )));
+                }
+                if *curve != ECC_NIST_P256 {
+                    return Err(policy(format!("ECC AK curve {curve:#06x} is not P-256")));
+                }
+                if *kdf != KdfScheme::Null {
+                    return Err(policy("ECC AK has a KDF"));
+                }
+                let mut point = [0u8; 65];
+                let (tag, xy) = point.split_at_mut(1);
+                let (px, py) = xy.split_at_mut(32);
+                tag.copy_from_slice(&[0x04]);
+                px.copy_from_slice(&pad32("AK x coordinate", x)?);
+                py.copy_from_slice(&pad32("AK y coordinate", y)?);
+                Ok(Self::EcdsaP256(point))
+            }
+            PublicParams::Rsa {
+                symmetric,
+                scheme,
+                key_bits,
+                exponent,
+                modulus,
+            } => {
+                if *symmetric != SymDefObject::Null {
+                    return Err(policy("RSA AK has a symmetric algorithm"));
+                }
+                if *scheme != sha256_scheme(alg::RSASSA) {
+                    return Err(policy(format!(
+                        "RSA AK scheme {scheme:?} is not RSASSA-SHA256"
+                    )));
+                }
+                if !(MIN_RSA_BITS..=MAX_RSA_BITS).contains(key_bits) || key_bits % 8 != 0 {
+                    return Err(policy(format!(
+                        "RSA AK keyBits {key_bits} not a multiple of 8 in {MIN_RSA_BITS}..={MAX_RSA_BITS}"
+                    )));
+                }
+                // The modulus must have exactly keyBits bits.
+                let full = modulus.len() == usize::from(*key_bits / 8)
+                    && modulus.first().is_some_and(|b| b & 0x80 != 0);
+                if !full {
+                    return Err(policy(format!(
+                        "RSA AK modulus is {} bytes or lacks its top bit; keyBits is {key_bits}",
+                        modulus.len()
+                    )));
+                }
+                let e = if *exponent == 0 { 65537 } else { *exponent };
+                let e_bytes = e.to_be_bytes();
+                let skip = e_bytes.iter().take_while(|b| **b == 0).count();
+                let e = e_bytes.get(skip..).unwrap_or_default().to_vec();
+                Ok(Self::RsaSsa {
+                    n: modulus.clone(),
+                    e,
+                })
+            }
+        }
+    }
+
+    /// Verifies a TPM signature over `attest` (the TPM signed SHA-256(attest)).
+    pub(crate) fn verify(&self, attest: &[u8], sig: &TpmtSignature) -> Result<(), ValidationError> {
+        let bad = |m: &str| ValidationError::BadSignature(m.to_owned());
+        match (self, sig) {
+            (Self::EcdsaP256(point), TpmtSignature::Ecdsa { hash, r, s }) => {
+                if *hash != alg::SHA256 {
+                    return Err(bad("ECDSA signature hash is not SHA-256"));
+                }
+                let mut rs = [0u8; 64];
+                let (pr, ps) = rs.split_at_mut(32);
+                pr.copy_from_slice(&pad32("signature r", r)?);
+                ps.copy_from_slice(&pad32("signature s", s)?);
+                UnparsedPublicKey::new(&signature::ECDSA_P256_SHA256_FIXED, point)
+                    .verify(attest, &rs)
+                    .map_err(|_| bad("ECDSA P-256 signature over the quote does not verify"))
+            }
+            (Self::RsaSsa { n, e }, TpmtSignature::RsaSsa { hash, sig }) => {
+                if *hash != alg::SHA256 {
+                    return Err(bad("RSASSA signature hash is not SHA-256"));
+                }
+                RsaPublicKeyComponents { n, e }
+                    .verify(&signature::RSA_PKCS1_2048_8192_SHA256, attest, sig)
+                    .map_err(|_| bad("RSASSA-SHA256 signature over the quote does not verify"))
+            }
+            _ => Err(bad(&format!(
+                "signature scheme {:#06x} does not match the AK's scheme",
+                sig.scheme()
+            ))),
+        }
+    }
+
+    /// The key as a DER SubjectPublicKeyInfo, as a certificate for it would carry it.
+    pub(crate) fn spki_der(&self) -> Vec<u8> {
+        match self {
+            Self::EcdsaP256(point) => {
+                // AlgorithmIdentifier { id-ecPublicKey, prime256v1 }
+                const ALG: &[u8] = &[
+                    0x30, 0x13, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06, 0x08,
+                    0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07,
+                ];
+                spki(ALG, point)
+            }
+            Self::RsaSsa { n, e } => {
+                // AlgorithmIdentifier { rsaEncryption, NULL }
+                const ALG: &[u8] = &[
+                    0x30, 0x0d, 0x06, 0x09, 0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x01,
+                    0x05, 0x00,
+                ];
+                let mut ints = der_uint(n);
+                ints.extend_from_slice(&der_uint(e));
+                spki(ALG, &der_tlv(0x30, &ints))
+            }
+        }
+    }
+}
+
+fn spki(alg_id: &[u8], key: &[u8]) -> Vec<u8> {
+    let mut bits = Vec::with_capacity(key.len() + 1);
+    bits.push(0); // no unused bits
+    bits.extend_from_slice(key);
+    let mut body = alg_id.to_vec();
+    body.extend_from_slice(&der_tlv(0x03, &bits));
+    der_tlv(0x30, &body)
+}
+
+fn der_tlv(tag: u8, content: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(content.len() + 4);
+    out.push(tag);
+    let len = content.len();
+    if len < 0x80 {
+        out.push(len as u8);
+    } else {
+        let bytes = len.to_be_bytes();
+        let skip = bytes.iter().take_while(|b| **b == 0).count();
+        let significant = bytes.get(skip..).unwrap_or_default();
+        out.push(0x80 | significant.len() as u8);
+        out.extend_from_slice(significant);
+    }
+    out.extend_from_slice(content);
+    out
+}
+
+/// A DER INTEGER of an unsigned big-endian value: minimal, with a 0x00 if the top bit is set.
+fn der_uint(v: &[u8]) -> Vec<u8> {
+    let skip = v.iter().take_while(|b| **b == 0).count();
+    let v = v.get(skip..).unwrap_or_default();
+    let mut content = Vec::with_capacity(v.len() + 1);
+    if v.first().is_none_or(|b| b & 0x80 != 0) {
+        content.push(0);
+    }
+    content.extend_from_slice(v);
+    der_tlv(0x02, &content)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn der_integers_are_minimal() {
+        assert_eq!(der_uint(&[0, 0, 1]), vec![2, 1, 1]);
+        assert_eq!(der_uint(&[0x80]), vec![2, 2, 0, 0x80]);
+        assert_eq!(der_uint(&[]), vec![2, 1, 0]);
+        let long = der_tlv(0x04, &[0; 300]);
+        assert_eq!(&long[..4], &[0x04, 0x82, 0x01, 0x2c]);
+    }
+
+    #[test]
+    fn ecdsa_signature_components_longer_than_32_bytes_are_refused() {
+        let key = AkKey::EcdsaP256([4; 65]);
+        let sig = TpmtSignature::Ecdsa {
+            hash: alg::SHA256,
+            r: vec![1; 33],
+            s: vec![1; 32],
+        };
+        assert!(matches!(
+            key.verify(b"x", &sig),
+            Err(ValidationError::Policy(m)) if m.contains("signature r is 33 bytes")
+        ));
+    }
+}

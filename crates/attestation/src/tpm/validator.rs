@@ -1,0 +1,178 @@
+//! The `tpm-quote` validator.
+
+use super::evidence::{QuoteEvidence, VARIANT};
+use super::structures::{QuoteInfo, alg};
+use super::trust::{AkFingerprint, AkKey, AkTrust};
+use crate::measurements::{MeasurementsProvider, PcrIndex};
+use crate::{Measurement, ReportData, ValidationError, Validator, VerifiedEvidence};
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+type Clock = Arc<dyn Fn() -> SystemTime + Send + Sync>;
+
+/// Verifies `tpm-quote` evidence: a TPM 2.0 quote over the SHA-256 PCR bank whose
+/// qualifying data is the expected [`ReportData`], signed by a trusted attestation key.
+///
+/// Steps, in order; the first failure rejects and says what failed:
+///
+/// 1. decode: size cap, canonical protobuf, version 1, every TPM structure parsed exactly
+///    (this checks the `TPMS_ATTEST` magic and the quote type);
+/// 2. AK policy: restricted, sign, fixedTPM, fixedParent, not decrypt; nameAlg SHA-256;
+///    ECC P-256 with ECDSA-SHA256 or RSA 2048–8192 with RSASSA-SHA256;
+/// 3. AK trust: the [`AkTrust`] policy;
+/// 4. the signature over the `TPMS_ATTEST` bytes, with the AK;
+/// 5. the signed PCR selection is exactly one bank, SHA-256, not empty (no SHA-1);
+/// 6. the supplied PCR values cover exactly the signed selection;
+/// 7. `pcrDigest` = SHA-256 of the supplied values in ascending index order;
+/// 8. the qualifying data (`extraData`) equals the expected report data (constant time);
+/// 9. the PCR values against the expected measurements: an enforced mismatch rejects, a
+///    warn-only mismatch is logged and returned as a warning.
+pub struct TpmQuoteValidator {
+    trust: AkTrust,
+    measurements: Arc<dyn MeasurementsProvider>,
+    clock: Clock,
+}
+
+impl TpmQuoteValidator {
+    /// A validator with a mandatory AK trust policy and measurements source (fixed:
+    /// [`crate::Measurements::into_provider`]; hot-reloaded:
+    /// [`crate::ReloadingMeasurements`]).
+    pub fn new(trust: AkTrust, measurements: Arc<dyn MeasurementsProvider>) -> Self {
+        Self {
+            trust,
+            measurements,
+            clock: Arc::new(SystemTime::now),
+        }
+    }
+
+    /// Uses `clock` instead of the system time for certificate validity periods.
+    pub fn with_clock(mut self, clock: impl Fn() -> SystemTime + Send + Sync + 'static) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    fn check(
+        &self,
+        evidence: &[u8],
+        expected: &ReportData,
+    ) -> Result<VerifiedEvidence, ValidationError> {
+        let ev = QuoteEvidence::decode(evidence)
+            .map_err(|e| ValidationError::Malformed(error_chain(&e)))?;
+
+        let ak = AkKey::from_public(&ev.ak_public)?;
+        let fingerprint = AkFingerprint::of_public_area(&ev.ak_public_bytes);
+        let trust_warning =
+            self.trust
+                .check(&ak, &fingerprint, &ev.ak_cert_chain, (self.clock)())?;
+
+        ak.verify(&ev.attest_bytes, &ev.signature)?;
+
+        let selected = signed_sha256_selection(&ev.attest.quote)?;
+        let supplied: BTreeSet<PcrIndex> = ev.pcrs.keys().copied().collect();
+        if supplied != selected {
+            return Err(ValidationError::Policy(format!(
+                "supplied PCRs {} do not match the signed selection {}",
+                list(&supplied),
+                list(&selected)
+            )));
+        }
+        if ev.attest.quote.pcr_digest.as_slice() != pcr_digest(&ev.pcrs).as_slice() {
+            return Err(ValidationError::Policy(
+                "the supplied PCR values do not hash to the signed pcrDigest".into(),
+            ));
+        }
+
+        if !expected.matches(&ev.attest.extra_data) {
+            return Err(ValidationError::BindingMismatch);
+        }
+
+        let mut warnings: Vec<String> = trust_warning.into_iter().collect();
+        warnings.extend(self.measurements.current().compare(&ev.pcrs)?);
+
+        let measurements = ev
+            .pcrs
+            .iter()
+            .map(|(i, v)| Measurement {
+                index: u32::from(i.get()),
+                value: v.to_vec(),
+            })
+            .collect();
+        Ok(VerifiedEvidence::new(
+            VARIANT,
+            fingerprint.to_string(),
+            measurements,
+            warnings,
+        ))
+    }
+}
+
+impl crate::sealed::Sealed for TpmQuoteValidator {}
+
+impl Validator for TpmQuoteValidator {
+    fn variant(&self) -> &'static str {
+        VARIANT
+    }
+
+    fn validate(
+        &self,
+        evidence: &[u8],
+        expected: &ReportData,
+    ) -> Result<VerifiedEvidence, ValidationError> {
+        let result = self.check(evidence, expected);
+        match &result {
+            Ok(v) => tracing::debug!(ak = v.identity(), "tpm-quote evidence accepted"),
+            Err(e) => tracing::info!(reason = %e, "tpm-quote evidence rejected"),
+        }
+        result
+    }
+}
+
+/// The signed selection must be exactly one SHA-256 bank with at least one PCR.
+fn signed_sha256_selection(quote: &QuoteInfo) -> Result<BTreeSet<PcrIndex>, ValidationError> {
+    let banks: Vec<String> = quote
+        .pcr_select
+        .iter()
+        .map(|s| format!("{:#06x}", s.hash))
+        .collect();
+    match quote.pcr_select.as_slice() {
+        [only] if only.hash == alg::SHA256 => {
+            let indices = only.indices();
+            if indices.is_empty() {
+                return Err(ValidationError::Policy("the quote selects no PCRs".into()));
+            }
+            Ok(indices)
+        }
+        _ => Err(ValidationError::Policy(format!(
+            "the signed PCR selection must be exactly the SHA-256 bank (0x000b); found banks [{}]",
+            banks.join(", ")
+        ))),
+    }
+}
+
+/// SHA-256 over the values in ascending index order, as the TPM computes `pcrDigest` for a
+/// single-bank selection.
+fn pcr_digest(pcrs: &BTreeMap<PcrIndex, [u8; 32]>) -> [u8; 32] {
+    let mut h = Sha256::new();
+    for v in pcrs.values() {
+        h.update(v);
+    }
+    h.finalize().into()
+}
+
+fn list(s: &BTreeSet<PcrIndex>) -> String {
+    let v: Vec<String> = s.iter().map(|i| i.to_string()).collect();
+    format!("[{}]", v.join(","))
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

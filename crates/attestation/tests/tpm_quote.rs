@@ -1,0 +1,1 @@
+//! TPM quote validation tests.

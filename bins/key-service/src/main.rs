@@ -1,1 +1,140 @@
-fn main() {}
+//! `asterism-key-service`: derives data keys from the cluster's master secret and serves
+//! them over plaintext gRPC on a Unix socket or a loopback address.
+
+use std::future::Future;
+use std::io::IsTerminal as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use asterism_key_service::{KeyService, Limits, Listen, read_secret_file};
+use asterism_kms::{ClusterKms, MasterSecret, Salt};
+use clap::{ArgAction, Parser, ValueEnum};
+use tokio::signal::unix::{SignalKind, signal};
+use tracing_subscriber::EnvFilter;
+
+/// Derives data keys from the cluster master secret and serves them over gRPC (kms.API).
+#[derive(Debug, Parser)]
+#[command(name = "asterism-key-service", version)]
+struct Args {
+    /// File holding the raw master secret (at least 16 bytes; no access for group or others).
+    #[arg(long, value_name = "PATH", default_value = "/var/config/mastersecret")]
+    master_secret_file: PathBuf,
+
+    /// File holding the raw salt (at least 32 bytes; no access for group or others).
+    #[arg(long, value_name = "PATH", default_value = "/var/config/salt")]
+    salt_file: PathBuf,
+
+    /// Where to listen: `unix:/path/to.sock`, or a loopback `IP:PORT` such as
+    /// `127.0.0.1:9000` or `[::1]:9000`. Other addresses are refused.
+    #[arg(long, value_name = "ADDRESS", default_value = "127.0.0.1:9000")]
+    listen: Listen,
+
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Human)]
+    log_format: LogFormat,
+
+    /// More log output: -v for debug, -vv for trace.
+    #[arg(short, long, action = ArgAction::Count)]
+    verbose: u8,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    /// One human-readable line per event.
+    Human,
+    /// One JSON object per line.
+    Json,
+}
+
+fn init_logging(format: LogFormat, verbose: u8) {
+    let level = match verbose {
+        0 => "info",
+        1 => "debug",
+        _ => "trace",
+    };
+    // Our crates at the chosen level; dependencies (HTTP/2 framing and the like) only warn.
+    let filter = EnvFilter::new(format!(
+        "warn,asterism_key_service={level},asterism_kms={level}"
+    ));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    let installed = match format {
+        LogFormat::Human => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
+    if let Err(err) = installed {
+        eprintln!("cannot install the log subscriber: {err}");
+    }
+}
+
+/// Completes on SIGTERM or SIGINT. The handlers are installed now, before the service is
+/// announced, so an early signal is never fatal.
+fn shutdown_signal() -> anyhow::Result<impl Future<Output = ()>> {
+    let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("received SIGTERM"),
+            _ = int.recv() => tracing::info!("received SIGINT"),
+        }
+    })
+}
+
+fn load_kms(master_secret_file: &Path, salt_file: &Path) -> anyhow::Result<ClusterKms> {
+    let mut bytes = read_secret_file(master_secret_file)?;
+    let master_secret = MasterSecret::new(std::mem::take(&mut *bytes)).with_context(|| {
+        format!(
+            "master secret file {} is unusable",
+            master_secret_file.display()
+        )
+    })?;
+    let mut bytes = read_secret_file(salt_file)?;
+    let salt = Salt::new(std::mem::take(&mut *bytes))
+        .with_context(|| format!("salt file {} is unusable", salt_file.display()))?;
+    Ok(ClusterKms::new(master_secret, salt))
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let shutdown = shutdown_signal()?;
+    let kms = load_kms(&args.master_secret_file, &args.salt_file)?;
+    tracing::info!(
+        master_secret_file = %args.master_secret_file.display(),
+        salt_file = %args.salt_file.display(),
+        "loaded the master secret and salt"
+    );
+    let listener = args.listen.bind().await?;
+    let address = listener
+        .local_addr()
+        .context("cannot read the bound address")?;
+    tracing::info!(listen = %address, "key service listening (plaintext gRPC)");
+    listener
+        .serve(KeyService::new(kms), &Limits::default(), shutdown)
+        .await?;
+    tracing::info!("key service stopped");
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    init_logging(args.log_format, args.verbose);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            tracing::error!(error = %err, "cannot start the async runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            tracing::error!(error = format!("{err:#}"), "key service failed");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,334 @@
+//! Where the service listens, and binding it safely.
+//!
+//! The service speaks plaintext gRPC, so it may only listen where the operating system
+//! decides who can connect: a Unix socket (mode 0600) or a loopback address. Serving
+//! other addresses needs the attested-TLS mode, which will arrive as a further variant of
+//! [`Listen`]; until then such addresses are refused.
+
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use futures::StreamExt;
+use tokio::net::{TcpListener, UnixListener};
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+
+use crate::serve::{Limits, ServeError, serve_with_limits};
+use crate::service::KeyService;
+
+/// A listen address for the plaintext service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Listen {
+    /// `unix:/path/to.sock`: a Unix socket created with mode 0600.
+    Unix(PathBuf),
+    /// `127.0.0.1:PORT`, `[::1]:PORT` (any loopback address; port 0 picks a free port).
+    Tcp(SocketAddr),
+}
+
+/// Why a listen address was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ListenError {
+    /// Neither `unix:/path` nor `IP:PORT`.
+    #[error("`{0}` is neither `unix:/path/to.sock` nor an IP address with a port")]
+    Syntax(String),
+    /// `unix:` without a path.
+    #[error("the Unix socket path is empty")]
+    EmptyPath,
+    /// Plaintext on a non-loopback address.
+    #[error(
+        "refusing to serve plaintext gRPC on {0}: only a Unix socket or a loopback address \
+         (127.0.0.0/8, [::1]) may be used until the attested-TLS mode exists (see docs/atls.md)"
+    )]
+    NotLoopback(SocketAddr),
+}
+
+impl FromStr for Listen {
+    type Err = ListenError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        if let Some(path) = text.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err(ListenError::EmptyPath);
+            }
+            return Ok(Self::Unix(PathBuf::from(path)));
+        }
+        let addr: SocketAddr = text
+            .parse()
+            .map_err(|_| ListenError::Syntax(text.to_owned()))?;
+        if !addr.ip().is_loopback() {
+            return Err(ListenError::NotLoopback(addr));
+        }
+        Ok(Self::Tcp(addr))
+    }
+}
+
+impl fmt::Display for Listen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Unix(path) => write!(f, "unix:{}", path.display()),
+            Self::Tcp(addr) => write!(f, "{addr}"),
+        }
+    }
+}
+
+/// Why binding failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    /// The socket path has no parent directory or no file name.
+    #[error("the socket path {} has no parent directory or file name", .0.display())]
+    BadPath(PathBuf),
+    /// Something other than a socket is at the socket path.
+    #[error("refusing to replace {}: it exists and is not a socket", .0.display())]
+    NotASocket(PathBuf),
+    /// A running server answers on the socket path.
+    #[error("{} is in use: a running server accepts connections on it", .0.display())]
+    InUse(PathBuf),
+    /// A file-system step failed.
+    #[error("cannot {action} {}", path.display())]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// On which path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The TCP address could not be bound.
+    #[error("cannot listen on {addr}")]
+    Tcp {
+        /// The address.
+        addr: SocketAddr,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn io_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> BindError {
+    let path = path.to_owned();
+    move |source| BindError::Io {
+        action,
+        path,
+        source,
+    }
+}
+
+/// A bound listener, ready to serve.
+#[derive(Debug)]
+pub enum Listener {
+    /// A Unix socket; the socket file is removed when this is dropped.
+    Unix {
+        /// The listener.
+        listener: UnixListener,
+        /// The socket file.
+        socket: SocketFile,
+    },
+    /// A loopback TCP listener.
+    Tcp(TcpListener),
+}
+
+impl Listen {
+    /// Binds the address. A Unix socket is created with mode 0600 (it is bound inside a
+    /// fresh 0700 directory, restricted and then moved into place, so it is never reachable
+    /// with wider permissions); a stale socket at the path is replaced, anything else there
+    /// is left alone and reported.
+    pub async fn bind(&self) -> Result<Listener, BindError> {
+        match self {
+            Self::Unix(path) => bind_unix(path),
+            Self::Tcp(addr) => {
+                let listener = TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| BindError::Tcp {
+                        addr: *addr,
+                        source,
+                    })?;
+                Ok(Listener::Tcp(listener))
+            }
+        }
+    }
+}
+
+impl Listener {
+    /// Where the listener listens, for logs and clients (`unix:/path` or `IP:PORT`, with
+    /// the actual port when port 0 was asked for).
+    pub fn local_addr(&self) -> io::Result<Listen> {
+        match self {
+            Self::Unix { socket, .. } => Ok(Listen::Unix(socket.path.clone())),
+            Self::Tcp(listener) => listener.local_addr().map(Listen::Tcp),
+        }
+    }
+
+    /// Serves the key service on this listener until `shutdown` completes (see
+    /// [`serve_with_limits`]). A Unix socket file is removed afterwards.
+    pub async fn serve(
+        self,
+        service: KeyService,
+        limits: &Limits,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), ServeError> {
+        match self {
+            Self::Unix { listener, socket } => {
+                let result =
+                    serve_with_limits(UnixListenerStream::new(listener), service, limits, shutdown)
+                        .await;
+                drop(socket);
+                result
+            }
+            Self::Tcp(listener) => {
+                let incoming = TcpListenerStream::new(listener).map(|accepted| {
+                    accepted.inspect(|stream| {
+                        // Small request/response messages: do not wait for Nagle.
+                        let _ = stream.set_nodelay(true);
+                    })
+                });
+                serve_with_limits(incoming, service, limits, shutdown).await
+            }
+        }
+    }
+}
+
+/// The socket file of a bound Unix listener. Dropping it removes the file, if the file at
+/// the path is still this socket.
+#[derive(Debug)]
+pub struct SocketFile {
+    path: PathBuf,
+    dev: u64,
+    ino: u64,
+}
+
+impl SocketFile {
+    /// The socket path.
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        let ours = std::fs::symlink_metadata(&self.path)
+            .map(|m| m.file_type().is_socket() && m.dev() == self.dev && m.ino() == self.ino)
+            .unwrap_or(false);
+        if ours && let Err(err) = std::fs::remove_file(&self.path) {
+            tracing::warn!(path = %self.path.display(), error = %err, "cannot remove the socket file");
+        }
+    }
+}
+
+fn bind_unix(path: &Path) -> Result<Listener, BindError> {
+    let (Some(parent), Some(_)) = (path.parent(), path.file_name()) else {
+        return Err(BindError::BadPath(path.to_owned()));
+    };
+    let parent = if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    };
+
+    remove_stale_socket(path)?;
+
+    // Bind inside a private directory so that nobody can connect before the mode is set.
+    let nonce = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let private_dir = parent.join(format!(".{}.{:x}", std::process::id(), nonce));
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&private_dir)
+        .map_err(io_err("create the private directory", &private_dir))?;
+    let staged = private_dir.join("s");
+    let result = (|| {
+        let listener = UnixListener::bind(&staged).map_err(io_err("bind", &staged))?;
+        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))
+            .map_err(io_err("set mode 0600 on", &staged))?;
+        std::fs::rename(&staged, path).map_err(io_err("move the socket to", path))?;
+        Ok(listener)
+    })();
+    let cleanup = std::fs::remove_dir_all(&private_dir);
+    let listener = result?;
+    if let Err(err) = cleanup {
+        tracing::warn!(path = %private_dir.display(), error = %err, "cannot remove the private directory");
+    }
+
+    let meta = std::fs::symlink_metadata(path).map_err(io_err("inspect", path))?;
+    tracing::debug!(path = %path.display(), "bound unix socket with mode 0600");
+    Ok(Listener::Unix {
+        listener,
+        socket: SocketFile {
+            path: path.to_owned(),
+            dev: meta.dev(),
+            ino: meta.ino(),
+        },
+    })
+}
+
+/// Removes a socket left behind at `path` by a server that is gone. Refuses if anything
+/// other than a socket is there, or if a server still answers on it.
+fn remove_stale_socket(path: &Path) -> Result<(), BindError> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(err) => return Err(io_err("inspect", path)(err)),
+    };
+    if !meta.file_type().is_socket() {
+        return Err(BindError::NotASocket(path.to_owned()));
+    }
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        return Err(BindError::InUse(path.to_owned()));
+    }
+    tracing::info!(path = %path.display(), "removing a stale socket");
+    std::fs::remove_file(path).map_err(io_err("remove the stale socket", path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_and_unix_addresses_are_accepted() {
+        assert_eq!(
+            "unix:/run/ks.sock".parse::<Listen>(),
+            Ok(Listen::Unix(PathBuf::from("/run/ks.sock")))
+        );
+        for addr in ["127.0.0.1:9000", "127.1.2.3:0", "[::1]:9000"] {
+            assert_eq!(
+                addr.parse::<Listen>(),
+                Ok(Listen::Tcp(addr.parse().unwrap()))
+            );
+        }
+    }
+
+    #[test]
+    fn non_loopback_addresses_are_refused_for_plaintext() {
+        for addr in [
+            "0.0.0.0:9000",
+            "10.0.0.1:9000",
+            "[::]:9000",
+            "192.168.1.1:1",
+        ] {
+            let err = addr.parse::<Listen>().unwrap_err();
+            assert_eq!(err, ListenError::NotLoopback(addr.parse().unwrap()));
+            assert!(err.to_string().contains("docs/atls.md"), "{err}");
+        }
+    }
+
+    #[test]
+    fn malformed_addresses_are_refused() {
+        assert_eq!("unix:".parse::<Listen>(), Err(ListenError::EmptyPath));
+        assert!(matches!(
+            "localhost:9000".parse::<Listen>(),
+            Err(ListenError::Syntax(_))
+        ));
+        assert!(matches!(
+            "127.0.0.1".parse::<Listen>(),
+            Err(ListenError::Syntax(_))
+        ));
+    }
+}

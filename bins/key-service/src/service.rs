@@ -1,0 +1,177 @@
+//! The `kms.API` gRPC handler: decode, derive, map the error.
+
+use std::sync::Arc;
+
+use asterism_kms::{ClusterKms, KeyId, KeyIdError};
+use asterism_proto::kms::api_server::Api;
+use asterism_proto::kms::{GetDataKeyRequest, GetDataKeyResponse};
+use tonic::transport::server::UdsConnectInfo;
+use tonic::{Request, Response, Status};
+
+/// The longest data key the service hands out, in bytes.
+pub const MAX_KEY_LEN: u32 = 4096;
+
+/// Why a `GetDataKey` request was refused before any derivation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    /// The requested length is zero or above [`MAX_KEY_LEN`].
+    #[error("requested key length {requested} is outside 1..={MAX_KEY_LEN}")]
+    Length {
+        /// The requested length.
+        requested: u32,
+    },
+    /// The key ID is empty or malformed.
+    #[error("invalid data key ID: {0}")]
+    KeyId(#[from] KeyIdError),
+}
+
+/// A validated `GetDataKey` request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DataKeyRequest {
+    /// Which key.
+    pub id: KeyId,
+    /// How many bytes, in `1..=MAX_KEY_LEN`.
+    pub len: usize,
+}
+
+impl TryFrom<GetDataKeyRequest> for DataKeyRequest {
+    type Error = RequestError;
+
+    /// Checks the length first and the ID second, as the original does.
+    fn try_from(request: GetDataKeyRequest) -> Result<Self, Self::Error> {
+        if request.length == 0 || request.length > MAX_KEY_LEN {
+            return Err(RequestError::Length {
+                requested: request.length,
+            });
+        }
+        let len = usize::try_from(request.length).map_err(|_| RequestError::Length {
+            requested: request.length,
+        })?;
+        let id = KeyId::parse(&request.data_key_id)?;
+        Ok(Self { id, len })
+    }
+}
+
+/// The key service: answers `GetDataKey` with keys derived by a [`ClusterKms`].
+pub struct KeyService {
+    kms: Arc<ClusterKms>,
+}
+
+impl KeyService {
+    /// A service deriving from `kms`.
+    #[must_use]
+    pub fn new(kms: ClusterKms) -> Self {
+        Self { kms: Arc::new(kms) }
+    }
+}
+
+impl std::fmt::Debug for KeyService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyService").finish_non_exhaustive()
+    }
+}
+
+/// Who sent a request, for the log: the TCP address, or the credentials of a Unix-socket
+/// peer.
+fn peer<T>(request: &Request<T>) -> String {
+    if let Some(addr) = request.remote_addr() {
+        return addr.to_string();
+    }
+    if let Some(info) = request.extensions().get::<UdsConnectInfo>() {
+        return match info.peer_cred {
+            Some(cred) => match cred.pid() {
+                Some(pid) => format!("unix:uid={},pid={pid}", cred.uid()),
+                None => format!("unix:uid={}", cred.uid()),
+            },
+            None => "unix:unknown".to_owned(),
+        };
+    }
+    "unknown".to_owned()
+}
+
+/// Writes an error and all its sources on one line.
+pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[tonic::async_trait]
+impl Api for KeyService {
+    async fn get_data_key(
+        &self,
+        request: Request<GetDataKeyRequest>,
+    ) -> Result<Response<GetDataKeyResponse>, Status> {
+        let peer = peer(&request);
+        let request = DataKeyRequest::try_from(request.into_inner()).map_err(|err| {
+            tracing::warn!(%peer, error = %err, "refused data key request");
+            Status::invalid_argument(err.to_string())
+        })?;
+        let key = self.kms.data_key(&request.id, request.len).map_err(|err| {
+            tracing::error!(
+                %peer,
+                key_id = %request.id,
+                length = request.len,
+                error = %error_chain(&err),
+                "deriving a data key failed"
+            );
+            Status::internal("deriving the data key failed")
+        })?;
+        tracing::info!(%peer, key_id = %request.id, length = request.len, "issued data key");
+        // The response leaves our control here: tonic encodes and frees it unwiped. The
+        // derived key itself is wiped when `key` drops.
+        Ok(Response::new(GetDataKeyResponse {
+            data_key: key.expose_secret().to_vec(),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(id: &str, length: u32) -> GetDataKeyRequest {
+        GetDataKeyRequest {
+            data_key_id: id.to_owned(),
+            length,
+        }
+    }
+
+    #[test]
+    fn lengths_outside_1_to_4096_are_refused() {
+        for length in [0, MAX_KEY_LEN + 1, u32::MAX] {
+            assert_eq!(
+                DataKeyRequest::try_from(request("measurementSecret", length)),
+                Err(RequestError::Length { requested: length })
+            );
+        }
+        for length in [1, 32, MAX_KEY_LEN] {
+            assert!(DataKeyRequest::try_from(request("measurementSecret", length)).is_ok());
+        }
+    }
+
+    #[test]
+    fn length_is_checked_before_the_id() {
+        assert_eq!(
+            DataKeyRequest::try_from(request("", 0)),
+            Err(RequestError::Length { requested: 0 })
+        );
+    }
+
+    #[test]
+    fn empty_and_malformed_ids_are_refused() {
+        assert_eq!(
+            DataKeyRequest::try_from(request("", 32)),
+            Err(RequestError::KeyId(KeyIdError::Empty))
+        );
+        assert!(matches!(
+            DataKeyRequest::try_from(request("a\u{7f}", 32)),
+            Err(RequestError::KeyId(KeyIdError::NotPrintable { offset: 1 }))
+        ));
+    }
+}

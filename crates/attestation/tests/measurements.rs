@@ -1,0 +1,238 @@
+//! The expected-measurements file: strict loading and hot reload.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)] // test code
+
+use asterism_attestation::{
+    ExpectedPcr, MeasurementMode, Measurements, MeasurementsError, MeasurementsProvider, PcrIndex,
+    ReloadingMeasurements,
+};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+
+fn idx(i: u8) -> PcrIndex {
+    PcrIndex::new(i).unwrap()
+}
+
+const A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+const Z: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+fn doc(entries: &str) -> String {
+    format!(r#"{{"measurements": {{{entries}}}}}"#)
+}
+
+#[test]
+fn loads_the_documented_format_including_bare_hex_strings() {
+    let json = doc(&format!(
+        r#""4": {{"expected": "{A}", "warnOnly": false}},
+           "14": {{"expected": "{Z}", "warnOnly": true}},
+           "15": "{Z}",
+           "9": {{"expected": "{}"}}"#,
+        A.to_uppercase()
+    ));
+    let m = Measurements::from_json(json.as_bytes()).unwrap();
+    assert_eq!(m.len(), 4);
+    assert_eq!(m.get(idx(4)).unwrap(), &ExpectedPcr::enforce([0xaa; 32]));
+    assert_eq!(m.get(idx(14)).unwrap().mode, MeasurementMode::WarnOnly);
+    assert_eq!(m.get(idx(15)).unwrap(), &ExpectedPcr::enforce([0; 32]));
+    // warnOnly defaults to enforce; upper-case hex is hex.
+    assert_eq!(m.get(idx(9)).unwrap(), &ExpectedPcr::enforce([0xaa; 32]));
+    let order: Vec<u8> = m.iter().map(|(i, _)| i.get()).collect();
+    assert_eq!(order, vec![4, 9, 14, 15]);
+}
+
+fn refused(entries: &str) -> MeasurementsError {
+    Measurements::from_json(doc(entries).as_bytes()).unwrap_err()
+}
+
+#[test]
+fn rejects_values_that_are_not_hex() {
+    let b64 = "qqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqo=";
+    assert!(matches!(
+        refused(&format!(r#""4": "{b64}""#)),
+        MeasurementsError::BadHex { .. }
+    ));
+    assert!(matches!(
+        refused(&format!(r#""4": "0x{}""#, &A[2..])),
+        MeasurementsError::BadHex { .. }
+    ));
+    assert!(matches!(
+        refused(&format!(r#""4": "{}g""#, &A[1..])),
+        MeasurementsError::BadHex { .. }
+    ));
+    assert!(matches!(refused(r#""4": 5"#), MeasurementsError::Json(_)));
+}
+
+#[test]
+fn rejects_values_that_are_not_32_bytes() {
+    let short = &A[2..];
+    let long = format!("{A}aa");
+    let tdx = format!("{A}{}", &A[..32]); // 48 bytes: a TDX RTMR, not a TPM PCR
+    for v in [short, long.as_str(), tdx.as_str(), ""] {
+        let e = refused(&format!(r#""4": "{v}""#));
+        assert!(
+            matches!(e, MeasurementsError::BadLength { index, len } if index == idx(4) && len == v.len() / 2),
+            "{v}: {e}"
+        );
+    }
+}
+
+#[test]
+fn rejects_indices_outside_0_to_23_and_non_canonical_keys() {
+    for k in ["24", "100", "-1", "04", "x", ""] {
+        let e = refused(&format!(r#""{k}": "{A}""#));
+        assert!(matches!(e, MeasurementsError::BadIndex(_)), "{k}: {e}");
+    }
+}
+
+#[test]
+fn rejects_an_enforced_value_for_a_resettable_pcr_even_all_zero() {
+    for i in ["16", "23"] {
+        for v in [A, Z] {
+            let e = refused(&format!(r#""4": "{A}", "{i}": "{v}""#));
+            assert!(matches!(e, MeasurementsError::EnforcedResettable(_)), "{e}");
+        }
+        // Warn-only is fine.
+        let ok = doc(&format!(
+            r#""4": "{A}", "{i}": {{"expected": "{Z}", "warnOnly": true}}"#
+        ));
+        Measurements::from_json(ok.as_bytes()).unwrap();
+    }
+    // Measurements::new applies the same rule.
+    assert!(Measurements::new([(idx(16), ExpectedPcr::enforce([0; 32]))]).is_err());
+}
+
+#[test]
+fn rejects_duplicates_unknown_fields_and_maps_that_enforce_nothing() {
+    assert!(matches!(
+        refused(&format!(r#""4": "{A}", "4": "{Z}""#)),
+        MeasurementsError::DuplicateIndex(_)
+    ));
+    assert!(matches!(
+        refused(&format!(r#""4": {{"expected": "{A}", "expected": "{Z}"}}"#)),
+        MeasurementsError::Json(_)
+    ));
+    assert!(matches!(
+        refused(&format!(r#""4": {{"expected": "{A}", "warnonly": true}}"#)),
+        MeasurementsError::Json(_)
+    ));
+    assert!(matches!(
+        refused(r#""4": {"warnOnly": true}"#),
+        MeasurementsError::Json(_)
+    ));
+    assert!(matches!(refused(""), MeasurementsError::NoEnforced));
+    assert!(matches!(
+        refused(&format!(r#""4": {{"expected": "{A}", "warnOnly": true}}"#)),
+        MeasurementsError::NoEnforced
+    ));
+    let extra = format!(r#"{{"measurements": {{"4": "{A}"}}, "other": 1}}"#);
+    assert!(Measurements::from_json(extra.as_bytes()).is_err());
+    assert!(Measurements::from_json(b"{}").is_err());
+    assert!(Measurements::from_json(b"not json").is_err());
+}
+
+#[derive(Clone, Default)]
+struct Errors(Arc<Mutex<Vec<String>>>);
+
+struct Text(String);
+impl tracing::field::Visit for Text {
+    fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+        self.0.push_str(&format!("{}={v:?} ", f.name()));
+    }
+}
+
+impl<S: tracing::Subscriber> Layer<S> for Errors {
+    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+        if *event.metadata().level() == tracing::Level::ERROR {
+            let mut t = Text(String::new());
+            event.record(&mut t);
+            self.0.lock().unwrap().push(t.0);
+        }
+    }
+}
+
+fn write(path: &std::path::Path, s: &str) {
+    // Write then rename, as a config-map update does, so a reader never sees half a file.
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, s).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+#[test]
+fn hot_reload_picks_up_a_change_and_a_bad_file_keeps_the_previous_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("measurements.json");
+    write(&path, &doc(&format!(r#""4": "{A}""#)));
+    let errors = Errors::default();
+    let subscriber = tracing_subscriber::registry().with(errors.clone());
+    tracing::subscriber::with_default(subscriber, || {
+        let src = ReloadingMeasurements::open(&path)
+            .unwrap()
+            .with_min_interval(Duration::ZERO);
+        assert_eq!(src.current().get(idx(4)).unwrap().expected, [0xaa; 32]);
+
+        // A good change is picked up by the next current().
+        write(&path, &doc(&format!(r#""4": "{Z}""#)));
+        assert_eq!(src.current().get(idx(4)).unwrap().expected, [0; 32]);
+
+        // A bad change keeps the previous value and logs an error, once.
+        write(&path, &doc(&format!(r#""4": "{}""#, &Z[2..])));
+        assert_eq!(src.current().get(idx(4)).unwrap().expected, [0; 32]);
+        assert_eq!(src.current().get(idx(4)).unwrap().expected, [0; 32]);
+        let logged = errors.0.lock().unwrap().clone();
+        assert_eq!(logged.len(), 1, "{logged:?}");
+        assert!(logged[0].contains("31 bytes"), "{logged:?}");
+        assert!(src.reload_now().is_ok_and(|changed| !changed));
+
+        // A vanished file, too.
+        std::fs::remove_file(&path).unwrap();
+        assert!(matches!(
+            src.reload_now(),
+            Err(MeasurementsError::Io { .. })
+        ));
+        assert_eq!(src.current().get(idx(4)).unwrap().expected, [0; 32]);
+
+        // Fixing the file recovers.
+        write(&path, &doc(&format!(r#""4": "{A}", "9": "{A}""#)));
+        assert_eq!(src.current().len(), 2);
+    });
+}
+
+#[test]
+fn hot_reload_is_rate_limited() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.json");
+    write(&path, &doc(&format!(r#""4": "{A}""#)));
+    let src = ReloadingMeasurements::open(&path)
+        .unwrap()
+        .with_min_interval(Duration::from_secs(3600));
+    write(&path, &doc(&format!(r#""4": "{Z}""#)));
+    // Not checked yet: the interval has not passed.
+    assert_eq!(src.current().get(idx(4)).unwrap().expected, [0xaa; 32]);
+    assert!(src.reload_now().unwrap());
+    assert_eq!(src.current().get(idx(4)).unwrap().expected, [0; 32]);
+}
+
+#[test]
+fn opening_a_bad_file_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.json");
+    assert!(matches!(
+        ReloadingMeasurements::open(&path),
+        Err(MeasurementsError::Io { .. })
+    ));
+    write(&path, r#"{"measurements": {}}"#);
+    assert!(matches!(
+        ReloadingMeasurements::open(&path),
+        Err(MeasurementsError::NoEnforced)
+    ));
+    write(&path, &" ".repeat(1024 * 1024 + 1));
+    assert!(matches!(
+        Measurements::load(&path),
+        Err(MeasurementsError::TooLarge { .. })
+    ));
+}

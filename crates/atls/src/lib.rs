@@ -1,1 +1,274 @@
+//! Session-bound attested TLS (aTLS) for Asterism, on rustls, with tonic glue.
+//!
+//! After a TLS 1.3 handshake, each side that attests sends one EVIDENCE frame whose report
+//! data is `SHA-256("asterism/atls/v1" || role || E)`, where `E` is the connection's TLS
+//! exporter value. Each side that verifies checks that binding and the evidence, answers
+//! with a VERDICT frame, and only then does HTTP/2 start. Evidence captured on one
+//! connection is useless on another (different `E`), and evidence of one role is useless in
+//! the other (different label). The wire format is specified in `docs/atls.md`.
+//!
+//! * [`AtlsServer`] accepts connections; [`AtlsServer::incoming`] feeds tonic's
+//!   `serve_with_incoming*` with streams whose connection info is the verified peer
+//!   ([`AtlsConnectInfo`]); handlers get it with [`verified_peer`].
+//! * [`AtlsConnector`] dials; it is a `tower::Service<Uri>` for tonic's
+//!   `Endpoint::connect_with_connector`.
+//!
+//! This crate is the only one that may depend on rustls. It must never let application
+//! data flow before the exchange has succeeded, and never log evidence or secrets.
 
+#![cfg_attr(not(test), deny(clippy::indexing_slicing))]
+
+mod client;
+mod exchange;
+mod server;
+mod stream;
+mod tls;
+pub mod wire;
+
+pub use asterism_attestation as attestation;
+pub use asterism_attestation::{Issuer, Role, ValidationError, Validator, VerifiedEvidence};
+pub use client::AtlsConnector;
+pub use server::AtlsServer;
+pub use stream::{AtlsConnectInfo, AtlsStream};
+pub use tls::{ALPN_H2, EXPORTER_LABEL};
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use wire::VerdictCode;
+
+/// Default cap on one frame's payload (256 KiB).
+pub const DEFAULT_MAX_FRAME_LEN: usize = 256 * 1024;
+/// Default deadline for the TLS handshake and, separately, for the evidence exchange.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What one side of an aTLS connection does: attest (with an issuer), verify the peer
+/// (with validators), or both, within limits.
+#[derive(Clone)]
+pub struct AtlsConfig {
+    issuer: Option<Arc<dyn Issuer>>,
+    validators: Vec<Arc<dyn Validator>>,
+    max_frame_len: usize,
+    exchange_timeout: Duration,
+    handshake_timeout: Duration,
+}
+
+impl std::fmt::Debug for AtlsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AtlsConfig")
+            .field("issuer", &self.issuer.as_ref().map(|i| i.variant()))
+            .field(
+                "validators",
+                &self
+                    .validators
+                    .iter()
+                    .map(|v| v.variant())
+                    .collect::<Vec<_>>(),
+            )
+            .field("max_frame_len", &self.max_frame_len)
+            .field("exchange_timeout", &self.exchange_timeout)
+            .field("handshake_timeout", &self.handshake_timeout)
+            .finish()
+    }
+}
+
+impl Default for AtlsConfig {
+    fn default() -> Self {
+        Self {
+            issuer: None,
+            validators: Vec::new(),
+            max_frame_len: DEFAULT_MAX_FRAME_LEN,
+            exchange_timeout: DEFAULT_TIMEOUT,
+            handshake_timeout: DEFAULT_TIMEOUT,
+        }
+    }
+}
+
+impl AtlsConfig {
+    /// A side that attests with `issuer` (and does not verify the peer).
+    pub fn attesting(issuer: Arc<dyn Issuer>) -> Self {
+        Self::default().with_issuer(issuer)
+    }
+
+    /// A side that verifies the peer with `validator` (and does not attest).
+    pub fn verifying(validator: Arc<dyn Validator>) -> Self {
+        Self::default().with_validator(validator)
+    }
+
+    /// Attest with `issuer`.
+    pub fn with_issuer(mut self, issuer: Arc<dyn Issuer>) -> Self {
+        self.issuer = Some(issuer);
+        self
+    }
+
+    /// Also accept evidence of `validator`'s variant. With at least one validator, the
+    /// peer must attest.
+    pub fn with_validator(mut self, validator: Arc<dyn Validator>) -> Self {
+        self.validators.push(validator);
+        self
+    }
+
+    /// Cap on one frame's payload, checked before allocation.
+    pub fn with_max_frame_len(mut self, bytes: usize) -> Self {
+        self.max_frame_len = bytes;
+        self
+    }
+
+    /// Deadline for the evidence exchange after the TLS handshake.
+    pub fn with_exchange_timeout(mut self, timeout: Duration) -> Self {
+        self.exchange_timeout = timeout;
+        self
+    }
+
+    /// Deadline for the TLS handshake.
+    pub fn with_handshake_timeout(mut self, timeout: Duration) -> Self {
+        self.handshake_timeout = timeout;
+        self
+    }
+
+    fn check(&self) -> Result<(), AtlsError> {
+        if self.issuer.is_none() && self.validators.is_empty() {
+            return Err(AtlsError::Config(
+                "an aTLS side needs an issuer, a validator, or both".into(),
+            ));
+        }
+        if self.max_frame_len < 1024 {
+            return Err(AtlsError::Config(format!(
+                "max frame length {} is below the 1024-byte minimum",
+                self.max_frame_len
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A peer whose evidence a validator accepted on this very connection.
+///
+/// Only this crate makes one, and only after verification succeeded; handlers that
+/// release secrets take this type.
+#[derive(Clone, Debug)]
+pub struct VerifiedPeer {
+    evidence: VerifiedEvidence,
+    remote_addr: Option<SocketAddr>,
+}
+
+impl VerifiedPeer {
+    /// The verified evidence (variant, attesting key identity, measurements).
+    pub fn evidence(&self) -> &VerifiedEvidence {
+        &self.evidence
+    }
+
+    /// The peer's address, when the transport has one.
+    pub fn remote_addr(&self) -> Option<SocketAddr> {
+        self.remote_addr
+    }
+}
+
+/// Returns the verified peer of the connection `request` arrived on, or
+/// `PermissionDenied` when the connection was not verified (for example, a server that
+/// does not verify clients).
+pub fn verified_peer<T>(request: &tonic::Request<T>) -> Result<&VerifiedPeer, tonic::Status> {
+    request
+        .extensions()
+        .get::<AtlsConnectInfo>()
+        .and_then(|info| info.peer.as_ref())
+        .ok_or_else(|| tonic::Status::permission_denied("peer is not attested"))
+}
+
+/// Everything that can go wrong on an aTLS connection.
+#[derive(Debug, thiserror::Error)]
+pub enum AtlsError {
+    /// The configuration cannot work.
+    #[error("aTLS configuration: {0}")]
+    Config(String),
+    /// Socket I/O failed.
+    #[error("I/O: {0}")]
+    Io(#[source] std::io::Error),
+    /// The peer closed the connection during the exchange.
+    #[error("peer closed the connection during the attestation exchange")]
+    Closed,
+    /// The TLS layer failed (including a TLS 1.2-only peer).
+    #[error("TLS: {0}")]
+    Tls(#[source] rustls::Error),
+    /// A deadline passed.
+    #[error("{stage} did not finish within {after:?}")]
+    Timeout {
+        /// `TLS handshake` or `attestation exchange`.
+        stage: &'static str,
+        /// The deadline.
+        after: std::time::Duration,
+    },
+    /// A frame declared a payload above the cap; nothing was allocated for it.
+    #[error("frame of {claimed} bytes exceeds the {cap}-byte cap")]
+    FrameTooLarge {
+        /// Length in the frame header.
+        claimed: usize,
+        /// The cap.
+        cap: usize,
+    },
+    /// A frame was malformed or out of order.
+    #[error("aTLS protocol: {0}")]
+    Protocol(String),
+    /// The peer speaks another protocol version.
+    #[error("peer speaks aTLS version {0}, this side speaks {v}", v = wire::VERSION)]
+    UnsupportedVersion(u8),
+    /// This side requires evidence and the peer announced none.
+    #[error("peer did not attest, but this side requires evidence")]
+    EvidenceRequired,
+    /// The peer requires evidence and this side has no issuer.
+    #[error("peer requires evidence, but this side has no issuer")]
+    NoIssuer,
+    /// No validator for the evidence variant the peer sent.
+    #[error("no validator for evidence variant {0:?}")]
+    UnknownVariant(String),
+    /// This side could not issue its evidence.
+    #[error(transparent)]
+    Issue(#[from] asterism_attestation::IssueError),
+    /// This side rejected the peer's evidence.
+    #[error("peer evidence rejected: {0}")]
+    Rejected(#[source] ValidationError),
+    /// The peer rejected this side's evidence (or the exchange).
+    #[error("peer refused the exchange ({code:?}): {reason}")]
+    RefusedByPeer {
+        /// The peer's verdict code.
+        code: VerdictCode,
+        /// The peer's reason.
+        reason: String,
+    },
+}
+
+impl AtlsError {
+    pub(crate) fn read(e: std::io::Error) -> Self {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            Self::Closed
+        } else {
+            Self::Io(e)
+        }
+    }
+
+    /// The verdict this side sends to the peer when it fails with this error, if the
+    /// peer waits for one. Reasons are short and never contain secrets.
+    fn verdict(&self) -> (VerdictCode, String) {
+        match self {
+            Self::Rejected(e) => (VerdictCode::Rejected, e.to_string()),
+            Self::EvidenceRequired => (VerdictCode::EvidenceRequired, self.to_string()),
+            Self::UnsupportedVersion(_) => (VerdictCode::UnsupportedVersion, self.to_string()),
+            Self::UnknownVariant(_) => (VerdictCode::UnknownVariant, self.to_string()),
+            Self::Protocol(_) | Self::FrameTooLarge { .. } => {
+                (VerdictCode::ProtocolError, self.to_string())
+            }
+            _ => (VerdictCode::InternalError, "verification failed".into()),
+        }
+    }
+}
+
+impl From<AtlsError> for tonic::Status {
+    fn from(e: AtlsError) -> Self {
+        match e {
+            AtlsError::Rejected(_) | AtlsError::RefusedByPeer { .. } => {
+                tonic::Status::permission_denied(e.to_string())
+            }
+            _ => tonic::Status::unavailable(e.to_string()),
+        }
+    }
+}

@@ -1,0 +1,299 @@
+//! `atls_handshake`: connections per second on loopback, each a fresh TCP + TLS 1.3
+//! connection carrying one gRPC unary call, for
+//!
+//! * (a) plain TLS 1.3 (rustls, same cipher suites and key type) + the call, and
+//! * (b) aTLS with the Ed25519 test issuer (server attests, client verifies) + the call,
+//! * (c) mutual aTLS (both attest and verify), for information,
+//!
+//! measured in one run, with the ratios b/a and c/a. Target: b/a ≥ 0.7.
+//!
+//! Run: `cargo bench -p asterism-atls --features insecure-test-attestation --bench atls_handshake`
+//! Optional environment: `ATLS_BENCH_SECS` (per measurement, default 3),
+//! `ATLS_BENCH_CONCURRENCY` (default 8).
+
+#![allow(
+    missing_docs,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout
+)]
+
+use asterism_atls::attestation::test_ed25519::{InsecureTestIssuer, InsecureTestValidator};
+use asterism_atls::{AtlsConfig, AtlsConnector, AtlsServer};
+use asterism_proto::kms::api_client::ApiClient;
+use asterism_proto::kms::api_server::{Api, ApiServer};
+use asterism_proto::kms::{GetDataKeyRequest, GetDataKeyResponse};
+use hyper_util::rt::TokioIo;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tonic::transport::Endpoint;
+use tonic::transport::server::Connected;
+
+#[derive(Clone)]
+struct Fixed;
+
+#[tonic::async_trait]
+impl Api for Fixed {
+    async fn get_data_key(
+        &self,
+        _request: tonic::Request<GetDataKeyRequest>,
+    ) -> Result<tonic::Response<GetDataKeyResponse>, tonic::Status> {
+        Ok(tonic::Response::new(GetDataKeyResponse {
+            data_key: vec![0u8; 32],
+        }))
+    }
+}
+
+/// A plain TLS server stream that tonic accepts.
+struct PlainTls(tokio_rustls::server::TlsStream<TcpStream>);
+
+impl Connected for PlainTls {
+    type ConnectInfo = ();
+    fn connect_info(&self) {}
+}
+impl AsyncRead for PlainTls {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+impl AsyncWrite for PlainTls {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+async fn plain_server() -> String {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["localhost".into()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![cert.der().clone()],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+        )
+        .unwrap();
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    cfg.send_tls13_tickets = 0;
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<PlainTls, std::io::Error>>(64);
+    tokio::spawn(async move {
+        loop {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let _ = tcp.set_nodelay(true);
+            let acceptor = acceptor.clone();
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                if let Ok(tls) = acceptor.accept(tcp).await {
+                    let _ = tx.send(Ok(PlainTls(tls))).await;
+                }
+            });
+        }
+    });
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(ApiServer::new(Fixed))
+            .serve_with_incoming(tokio_stream::wrappers::ReceiverStream::new(rx)),
+    );
+    format!("http://{addr}")
+}
+
+fn plain_connector() -> impl tower::Service<
+    http::Uri,
+    Response = TokioIo<tokio_rustls::client::TlsStream<TcpStream>>,
+    Error = std::io::Error,
+    Future = impl Send,
+> + Clone
++ Send
++ 'static {
+    // The baseline trusts the server certificate by a dangerous accept-any verifier too,
+    // so both sides of the comparison do the same signature work.
+    #[derive(Debug)]
+    struct AnyCert(rustls::crypto::WebPkiSupportedAlgorithms);
+    impl rustls::client::danger::ServerCertVerifier for AnyCert {
+        fn verify_server_cert(
+            &self,
+            _: &rustls::pki_types::CertificateDer<'_>,
+            _: &[rustls::pki_types::CertificateDer<'_>],
+            _: &rustls::pki_types::ServerName<'_>,
+            _: &[u8],
+            _: rustls::pki_types::UnixTime,
+        ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+            Ok(rustls::client::danger::ServerCertVerified::assertion())
+        }
+        fn verify_tls12_signature(
+            &self,
+            _: &[u8],
+            _: &rustls::pki_types::CertificateDer<'_>,
+            _: &rustls::DigitallySignedStruct,
+        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+            Err(rustls::Error::General("no TLS 1.2".into()))
+        }
+        fn verify_tls13_signature(
+            &self,
+            m: &[u8],
+            c: &rustls::pki_types::CertificateDer<'_>,
+            d: &rustls::DigitallySignedStruct,
+        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls13_signature(m, c, d, &self.0)
+        }
+        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+            self.0.supported_schemes()
+        }
+    }
+    let p = provider();
+    let algs = p.signature_verification_algorithms;
+    let mut cfg = rustls::ClientConfig::builder_with_provider(p)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyCert(algs)))
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    cfg.resumption = rustls::client::Resumption::disabled();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
+    tower::service_fn(move |uri: http::Uri| {
+        let connector = connector.clone();
+        async move {
+            let authority = uri.authority().unwrap().as_str().to_string();
+            let tcp = TcpStream::connect(authority).await?;
+            tcp.set_nodelay(true)?;
+            let tls = connector
+                .connect("localhost".try_into().unwrap(), tcp)
+                .await?;
+            Ok::<_, std::io::Error>(TokioIo::new(tls))
+        }
+    })
+}
+
+async fn atls_server(cfg: AtlsConfig) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = AtlsServer::new(cfg).unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(ApiServer::new(Fixed))
+            .serve_with_incoming(server.incoming(listener)),
+    );
+    format!("http://{addr}")
+}
+
+/// Runs `concurrency` workers that each open a connection, make one call and drop it,
+/// for `secs`; returns connections per second.
+async fn measure<C>(uri: &str, connector: C, concurrency: usize, secs: f64) -> f64
+where
+    C: tower::Service<http::Uri> + Clone + Send + 'static,
+    C::Response: hyper::rt::Read + hyper::rt::Write + Send + Unpin,
+    C::Future: Send,
+    Box<dyn std::error::Error + Send + Sync>: From<C::Error>,
+    C::Error: Send,
+{
+    let done = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs_f64(secs);
+    let mut tasks = Vec::new();
+    for _ in 0..concurrency {
+        let uri = uri.to_string();
+        let connector = connector.clone();
+        let done = done.clone();
+        tasks.push(tokio::spawn(async move {
+            while Instant::now() < deadline {
+                let channel = Endpoint::from_shared(uri.clone())
+                    .unwrap()
+                    .connect_with_connector(connector.clone())
+                    .await
+                    .expect("connect");
+                ApiClient::new(channel)
+                    .get_data_key(GetDataKeyRequest {
+                        data_key_id: "bench".into(),
+                        length: 32,
+                    })
+                    .await
+                    .expect("call");
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+}
+
+fn main() {
+    let secs: f64 = std::env::var("ATLS_BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3.0);
+    let concurrency: usize = std::env::var("ATLS_BENCH_CONCURRENCY")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(8);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let server_issuer = Arc::new(InsecureTestIssuer::from_seed(&[1; 32]).unwrap());
+        let client_issuer = Arc::new(InsecureTestIssuer::from_seed(&[2; 32]).unwrap());
+        let trust_server = Arc::new(InsecureTestValidator::new([server_issuer.public_key()]));
+        let trust_client = Arc::new(InsecureTestValidator::new([client_issuer.public_key()]));
+
+        let plain_uri = plain_server().await;
+        let one_way_uri = atls_server(AtlsConfig::attesting(server_issuer.clone())).await;
+        let mutual_uri = atls_server(
+            AtlsConfig::attesting(server_issuer.clone()).with_validator(trust_client.clone()),
+        )
+        .await;
+        let one_way = AtlsConnector::new(AtlsConfig::verifying(trust_server.clone())).unwrap();
+        let mutual = AtlsConnector::new(
+            AtlsConfig::attesting(client_issuer.clone()).with_validator(trust_server.clone()),
+        )
+        .unwrap();
+
+        // Warm up every path once.
+        measure(&plain_uri, plain_connector(), 2, 0.3).await;
+        measure(&one_way_uri, one_way.clone(), 2, 0.3).await;
+        measure(&mutual_uri, mutual.clone(), 2, 0.3).await;
+
+        println!("atls_handshake: fresh TCP + TLS 1.3 connection + 1 gRPC unary call per iteration, loopback, {} worker threads", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+        for conc in [1, concurrency] {
+            let a = measure(&plain_uri, plain_connector(), conc, secs).await;
+            let b = measure(&one_way_uri, one_way.clone(), conc, secs).await;
+            let c = measure(&mutual_uri, mutual.clone(), conc, secs).await;
+            println!("concurrency {conc:>3}:");
+            println!("  (a) plain TLS 1.3 + call        {a:>9.0} conn/s");
+            println!("  (b) aTLS one-way (test issuer)  {b:>9.0} conn/s   b/a = {:.2}", b / a);
+            println!("  (c) aTLS mutual                 {c:>9.0} conn/s   c/a = {:.2}", c / a);
+        }
+    });
+}

@@ -1,0 +1,570 @@
+//! aTLS over real sockets on loopback: real TLS 1.3, real gRPC, real Ed25519 signatures.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use asterism_atls::attestation::test_ed25519::{InsecureTestIssuer, InsecureTestValidator};
+use asterism_atls::attestation::{IssueError, ReportData};
+use asterism_atls::wire::{self, Hello};
+use asterism_atls::{AtlsConfig, AtlsConnector, AtlsError, AtlsServer, Issuer, verified_peer};
+use asterism_proto::kms::api_client::ApiClient;
+use asterism_proto::kms::api_server::{Api, ApiServer};
+use asterism_proto::kms::{GetDataKeyRequest, GetDataKeyResponse};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tonic::transport::Endpoint;
+
+const SERVER_SEED: [u8; 32] = [0x51; 32];
+const CLIENT_SEED: [u8; 32] = [0xc1; 32];
+
+fn issuer(seed: [u8; 32]) -> Arc<InsecureTestIssuer> {
+    Arc::new(InsecureTestIssuer::from_seed(&seed).unwrap())
+}
+
+fn validator_for(seed: [u8; 32]) -> Arc<InsecureTestValidator> {
+    Arc::new(InsecureTestValidator::new([issuer(seed).public_key()]))
+}
+
+/// A handler that answers with the identity of the verified peer (or "none") and counts
+/// its calls.
+#[derive(Clone, Default)]
+struct Echo {
+    calls: Arc<AtomicUsize>,
+}
+
+#[tonic::async_trait]
+impl Api for Echo {
+    async fn get_data_key(
+        &self,
+        request: tonic::Request<GetDataKeyRequest>,
+    ) -> Result<tonic::Response<GetDataKeyResponse>, tonic::Status> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let who = match verified_peer(&request) {
+            Ok(p) => p.evidence().identity().to_string(),
+            Err(_) => "none".into(),
+        };
+        Ok(tonic::Response::new(GetDataKeyResponse {
+            data_key: who.into_bytes(),
+        }))
+    }
+}
+
+/// Starts a gRPC server behind aTLS on 127.0.0.1:0.
+async fn serve(cfg: AtlsConfig) -> (String, Echo) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = AtlsServer::new(cfg).unwrap();
+    let echo = Echo::default();
+    let svc = ApiServer::new(echo.clone());
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(svc)
+            .serve_with_incoming(server.incoming(listener))
+            .await
+            .unwrap();
+    });
+    (format!("http://{addr}"), echo)
+}
+
+async fn call(uri: &str, connector: AtlsConnector) -> Result<String, tonic::Status> {
+    let channel = Endpoint::from_shared(uri.to_string())
+        .unwrap()
+        .connect_with_connector(connector)
+        .await
+        .map_err(|e| tonic::Status::unavailable(format!("{e:?}")))?;
+    let resp = ApiClient::new(channel)
+        .get_data_key(GetDataKeyRequest {
+            data_key_id: "x".into(),
+            length: 32,
+        })
+        .await?;
+    Ok(String::from_utf8(resp.into_inner().data_key).unwrap())
+}
+
+fn hex_key(seed: [u8; 32]) -> String {
+    issuer(seed)
+        .public_key()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[tokio::test]
+async fn grpc_call_over_one_way_atls_where_the_client_attests() {
+    let (uri, echo) = serve(AtlsConfig::verifying(validator_for(CLIENT_SEED))).await;
+    let connector = AtlsConnector::new(AtlsConfig::attesting(issuer(CLIENT_SEED))).unwrap();
+    let who = call(&uri, connector.clone()).await.unwrap();
+    assert_eq!(
+        who,
+        hex_key(CLIENT_SEED),
+        "handler sees the verified client"
+    );
+    assert_eq!(echo.calls.load(Ordering::SeqCst), 1);
+    assert!(connector.last_verified_peer().is_none());
+}
+
+#[tokio::test]
+async fn grpc_call_over_one_way_atls_where_the_server_attests() {
+    let (uri, _) = serve(AtlsConfig::attesting(issuer(SERVER_SEED))).await;
+    let connector = AtlsConnector::new(AtlsConfig::verifying(validator_for(SERVER_SEED))).unwrap();
+    let who = call(&uri, connector.clone()).await.unwrap();
+    assert_eq!(who, "none", "server does not verify clients in this mode");
+    let peer = connector
+        .last_verified_peer()
+        .expect("client verified the server");
+    assert_eq!(peer.evidence().identity(), hex_key(SERVER_SEED));
+}
+
+#[tokio::test]
+async fn grpc_call_over_mutual_atls() {
+    let (uri, echo) = serve(
+        AtlsConfig::attesting(issuer(SERVER_SEED)).with_validator(validator_for(CLIENT_SEED)),
+    )
+    .await;
+    let connector = AtlsConnector::new(
+        AtlsConfig::attesting(issuer(CLIENT_SEED)).with_validator(validator_for(SERVER_SEED)),
+    )
+    .unwrap();
+    assert_eq!(
+        call(&uri, connector.clone()).await.unwrap(),
+        hex_key(CLIENT_SEED)
+    );
+    assert_eq!(
+        connector
+            .last_verified_peer()
+            .unwrap()
+            .evidence()
+            .identity(),
+        hex_key(SERVER_SEED)
+    );
+    assert_eq!(echo.calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn failed_validation_fails_the_rpc_and_the_handler_never_runs() {
+    let (uri, echo) = serve(AtlsConfig::verifying(validator_for(CLIENT_SEED))).await;
+    // Signed by a key the server does not trust.
+    let connector = AtlsConnector::new(AtlsConfig::attesting(issuer([0x99; 32]))).unwrap();
+    let err = call(&uri, connector).await.unwrap_err();
+    assert!(
+        matches!(
+            err.code(),
+            tonic::Code::Unavailable | tonic::Code::PermissionDenied
+        ),
+        "{err:?}"
+    );
+    // The client learns why from the server's verdict.
+    let direct = AtlsConnector::new(AtlsConfig::attesting(issuer([0x99; 32]))).unwrap();
+    let e = direct
+        .connect_tcp(uri.trim_start_matches("http://"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, AtlsError::RefusedByPeer { code: wire::VerdictCode::Rejected, ref reason } if reason.contains("untrusted")),
+        "{e:?}"
+    );
+    assert_eq!(echo.calls.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_client_that_does_not_attest_is_refused_by_a_verifying_server() {
+    let (uri, echo) = serve(AtlsConfig::verifying(validator_for(CLIENT_SEED))).await;
+    // This client only verifies; it has nothing to present.
+    let connector = AtlsConnector::new(AtlsConfig::verifying(validator_for(SERVER_SEED))).unwrap();
+    let e = connector
+        .connect_tcp(uri.trim_start_matches("http://"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, AtlsError::NoIssuer | AtlsError::Closed),
+        "{e:?}"
+    );
+    assert_eq!(echo.calls.load(Ordering::SeqCst), 0);
+}
+
+/// Wraps the real issuer and keeps a copy of every piece of evidence it produced.
+struct Recording {
+    inner: Arc<InsecureTestIssuer>,
+    seen: Mutex<Vec<Vec<u8>>>,
+}
+
+impl Issuer for Recording {
+    fn variant(&self) -> &'static str {
+        self.inner.variant()
+    }
+    fn issue(&self, rd: &ReportData) -> Result<Vec<u8>, IssueError> {
+        let ev = self.inner.issue(rd)?;
+        self.seen.lock().unwrap().push(ev.clone());
+        Ok(ev)
+    }
+}
+
+/// Ignores the report data and presents evidence captured earlier.
+struct Replaying(Vec<u8>);
+
+impl Issuer for Replaying {
+    fn variant(&self) -> &'static str {
+        asterism_atls::attestation::test_ed25519::VARIANT
+    }
+    fn issue(&self, _rd: &ReportData) -> Result<Vec<u8>, IssueError> {
+        Ok(self.0.clone())
+    }
+}
+
+#[tokio::test]
+async fn evidence_replayed_on_another_connection_is_rejected() {
+    let (uri, echo) = serve(AtlsConfig::verifying(validator_for(CLIENT_SEED))).await;
+    let recording = Arc::new(Recording {
+        inner: issuer(CLIENT_SEED),
+        seen: Mutex::new(Vec::new()),
+    });
+    let honest = AtlsConnector::new(AtlsConfig::attesting(recording.clone())).unwrap();
+    call(&uri, honest).await.unwrap();
+    let captured = recording.seen.lock().unwrap().pop().unwrap();
+
+    let replayer =
+        AtlsConnector::new(AtlsConfig::attesting(Arc::new(Replaying(captured)))).unwrap();
+    let e = replayer
+        .connect_tcp(uri.trim_start_matches("http://"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, AtlsError::RefusedByPeer { code: wire::VerdictCode::Rejected, ref reason } if reason.contains("bound to other report data")),
+        "{e:?}"
+    );
+    assert_eq!(
+        echo.calls.load(Ordering::SeqCst),
+        1,
+        "only the honest call ran"
+    );
+}
+
+/// A raw TLS 1.3 server speaking the aTLS frames by hand, for attacks the real server
+/// would never make.
+async fn raw_tls_server() -> (std::net::SocketAddr, tokio_rustls::TlsAcceptor, TcpListener) {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["x".into()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS13])
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(
+        vec![cert.der().clone()],
+        rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+    )
+    .unwrap();
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    (
+        listener.local_addr().unwrap(),
+        tokio_rustls::TlsAcceptor::from(Arc::new(cfg)),
+        listener,
+    )
+}
+
+#[tokio::test]
+async fn client_evidence_reflected_by_the_server_is_rejected() {
+    // The client trusts its own key too, so only the role label can stop the reflection.
+    let (addr, acceptor, listener) = raw_tls_server().await;
+    let attacker = tokio::spawn(async move {
+        let (tcp, _) = listener.accept().await.unwrap();
+        let mut tls = acceptor.accept(tcp).await.unwrap();
+        let hello = wire::read_hello(&mut tls).await.unwrap();
+        assert!(hello.sends_evidence());
+        let frame = wire::read_evidence(&mut tls, 1 << 16).await.unwrap();
+        let mut out = Vec::new();
+        wire::encode_hello(
+            &mut out,
+            Hello {
+                version: wire::VERSION,
+                flags: wire::FLAG_SENDS_EVIDENCE,
+            },
+        )
+        .unwrap();
+        wire::encode_evidence(&mut out, &frame.variant, &frame.evidence).unwrap();
+        tls.write_all(&out).await.unwrap();
+        tls.flush().await.unwrap();
+        // Hold the connection until the client gives up.
+        let mut sink = Vec::new();
+        let _ = tls.read_to_end(&mut sink).await;
+        sink
+    });
+    let trusted = Arc::new(InsecureTestValidator::new([
+        issuer(CLIENT_SEED).public_key()
+    ]));
+    let connector =
+        AtlsConnector::new(AtlsConfig::attesting(issuer(CLIENT_SEED)).with_validator(trusted))
+            .unwrap();
+    let e = connector.connect_tcp(&addr.to_string()).await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            AtlsError::Rejected(asterism_atls::ValidationError::BindingMismatch)
+        ),
+        "{e:?}"
+    );
+    // The client told the attacker why, in a REJECTED verdict, and sent no application data.
+    let rest = attacker.await.unwrap();
+    assert_eq!(rest.first(), Some(&wire::FRAME_VERDICT));
+    assert_eq!(rest.get(5), Some(&(wire::VerdictCode::Rejected as u8)));
+    let frame_len = 5 + u32::from_be_bytes(rest[1..5].try_into().unwrap()) as usize;
+    assert_eq!(rest.len(), frame_len, "nothing follows the verdict");
+}
+
+/// A raw TLS 1.3 client for attacks the real connector would never make.
+async fn raw_tls_client(
+    addr: std::net::SocketAddr,
+    versions: &[&'static rustls::SupportedProtocolVersion],
+) -> Result<tokio_rustls::client::TlsStream<TcpStream>, std::io::Error> {
+    #[derive(Debug)]
+    struct AnyCert;
+    impl rustls::client::danger::ServerCertVerifier for AnyCert {
+        fn verify_server_cert(
+            &self,
+            _: &rustls::pki_types::CertificateDer<'_>,
+            _: &[rustls::pki_types::CertificateDer<'_>],
+            _: &rustls::pki_types::ServerName<'_>,
+            _: &[u8],
+            _: rustls::pki_types::UnixTime,
+        ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+            Ok(rustls::client::danger::ServerCertVerified::assertion())
+        }
+        fn verify_tls12_signature(
+            &self,
+            _: &[u8],
+            _: &rustls::pki_types::CertificateDer<'_>,
+            _: &rustls::DigitallySignedStruct,
+        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+            Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+        }
+        fn verify_tls13_signature(
+            &self,
+            _: &[u8],
+            _: &rustls::pki_types::CertificateDer<'_>,
+            _: &rustls::DigitallySignedStruct,
+        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+            Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+        }
+        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+            rustls::crypto::ring::default_provider()
+                .signature_verification_algorithms
+                .supported_schemes()
+        }
+    }
+    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(versions)
+    .unwrap()
+    .dangerous()
+    .with_custom_certificate_verifier(Arc::new(AnyCert))
+    .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = TcpStream::connect(addr).await?;
+    tokio_rustls::TlsConnector::from(Arc::new(cfg))
+        .connect("localhost".try_into().unwrap(), tcp)
+        .await
+}
+
+async fn single_accept(
+    cfg: AtlsConfig,
+) -> (
+    std::net::SocketAddr,
+    tokio::task::JoinHandle<Result<(), AtlsError>>,
+) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = AtlsServer::new(cfg).unwrap();
+    let task = tokio::spawn(async move {
+        let (tcp, peer) = listener.accept().await.unwrap();
+        server.accept(tcp, Some(peer)).await.map(|_| ())
+    });
+    (addr, task)
+}
+
+#[tokio::test]
+async fn an_oversized_frame_closes_the_connection_without_allocating_it() {
+    let (addr, server) = single_accept(AtlsConfig::verifying(validator_for(CLIENT_SEED))).await;
+    let mut tls = raw_tls_client(addr, &[&rustls::version::TLS13])
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    wire::encode_hello(
+        &mut out,
+        Hello {
+            version: wire::VERSION,
+            flags: wire::FLAG_SENDS_EVIDENCE,
+        },
+    )
+    .unwrap();
+    // An EVIDENCE header claiming 3 GiB, with no payload behind it. A server that
+    // allocated and waited for the payload would sit here until its deadline instead.
+    out.extend_from_slice(&[wire::FRAME_EVIDENCE, 0xc0, 0, 0, 0]);
+    tls.write_all(&out).await.unwrap();
+    tls.flush().await.unwrap();
+
+    let result = server.await.unwrap();
+    assert!(
+        matches!(
+            result,
+            Err(AtlsError::FrameTooLarge {
+                claimed: 0xc000_0000,
+                cap: asterism_atls::DEFAULT_MAX_FRAME_LEN
+            })
+        ),
+        "{result:?}"
+    );
+    // The server answered with a protocol-error verdict and closed.
+    let mut rest = Vec::new();
+    let _ = tls.read_to_end(&mut rest).await;
+    assert_eq!(rest.first(), Some(&wire::FRAME_HELLO));
+    let verdict = &rest[7..];
+    assert_eq!(verdict.first(), Some(&wire::FRAME_VERDICT));
+    assert_eq!(
+        verdict.get(5),
+        Some(&(wire::VerdictCode::ProtocolError as u8))
+    );
+}
+
+#[tokio::test]
+async fn a_configured_frame_cap_is_enforced() {
+    let cfg = AtlsConfig::verifying(validator_for(CLIENT_SEED)).with_max_frame_len(1024);
+    let (addr, server) = single_accept(cfg).await;
+    let mut tls = raw_tls_client(addr, &[&rustls::version::TLS13])
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    wire::encode_hello(
+        &mut out,
+        Hello {
+            version: wire::VERSION,
+            flags: wire::FLAG_SENDS_EVIDENCE,
+        },
+    )
+    .unwrap();
+    wire::encode_evidence(&mut out, "insecure-test-ed25519", &[0u8; 1100]).unwrap();
+    tls.write_all(&out).await.unwrap();
+    let result = server.await.unwrap();
+    assert!(
+        matches!(result, Err(AtlsError::FrameTooLarge { cap: 1024, .. })),
+        "{result:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_peer_that_never_sends_evidence_is_cut_off_at_the_deadline() {
+    let cfg = AtlsConfig::verifying(validator_for(CLIENT_SEED))
+        .with_exchange_timeout(Duration::from_millis(300));
+    let (addr, server) = single_accept(cfg).await;
+    // Completes the TLS handshake, then stays silent.
+    let mut tls = raw_tls_client(addr, &[&rustls::version::TLS13])
+        .await
+        .unwrap();
+    let result = server.await.unwrap();
+    assert!(
+        matches!(
+            result,
+            Err(AtlsError::Timeout {
+                stage: "attestation exchange",
+                ..
+            })
+        ),
+        "{result:?}"
+    );
+    // The silent client got the server's HELLO and then the end of the connection.
+    let mut rest = Vec::new();
+    let _ = tls.read_to_end(&mut rest).await;
+    assert_eq!(
+        rest,
+        [
+            wire::FRAME_HELLO,
+            0,
+            0,
+            0,
+            2,
+            wire::VERSION,
+            wire::FLAG_REQUIRES_EVIDENCE
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_silent_peer_during_the_tls_handshake_is_cut_off_too() {
+    let cfg = AtlsConfig::verifying(validator_for(CLIENT_SEED))
+        .with_handshake_timeout(Duration::from_millis(300));
+    let (addr, server) = single_accept(cfg).await;
+    let _tcp = TcpStream::connect(addr).await.unwrap();
+    let result = server.await.unwrap();
+    assert!(
+        matches!(
+            result,
+            Err(AtlsError::Timeout {
+                stage: "TLS handshake",
+                ..
+            })
+        ),
+        "{result:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_tls12_only_client_is_refused() {
+    let (addr, server) = single_accept(AtlsConfig::attesting(issuer(SERVER_SEED))).await;
+    let client = raw_tls_client(addr, &[&rustls::version::TLS12]).await;
+    assert!(client.is_err(), "TLS 1.2 handshake must fail");
+    let result = server.await.unwrap();
+    assert!(
+        matches!(
+            result,
+            Err(AtlsError::Tls(rustls::Error::PeerIncompatible(_)))
+        ),
+        "{result:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_peer_speaking_another_version_is_refused() {
+    let (addr, server) = single_accept(AtlsConfig::verifying(validator_for(CLIENT_SEED))).await;
+    let mut tls = raw_tls_client(addr, &[&rustls::version::TLS13])
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    wire::encode_hello(
+        &mut out,
+        Hello {
+            version: 2,
+            flags: 0,
+        },
+    )
+    .unwrap();
+    tls.write_all(&out).await.unwrap();
+    let result = server.await.unwrap();
+    assert!(
+        matches!(result, Err(AtlsError::UnsupportedVersion(2))),
+        "{result:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_side_with_neither_issuer_nor_validator_is_a_configuration_error() {
+    assert!(matches!(
+        AtlsServer::new(AtlsConfig::default()),
+        Err(AtlsError::Config(_))
+    ));
+    assert!(matches!(
+        AtlsConnector::new(AtlsConfig::default()),
+        Err(AtlsError::Config(_))
+    ));
+}

@@ -1,1 +1,95 @@
-fn main() {}
+//! `asterism`: the command-line tool of a cluster's owner.
+//!
+//! Today it can fetch a data key from a key service over attested TLS (`data-key`) and,
+//! in development builds, create an insecure test identity for that (`insecure-test-identity`).
+//! `init`, `verify`, `recover` and `mini` follow.
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+mod data_key;
+mod identity;
+
+#[derive(Parser)]
+#[command(
+    name = "asterism",
+    version,
+    about = "Asterism: attested bootstrapping of confidential Kubernetes clusters"
+)]
+struct Cli {
+    /// Log verbosity (error, warn, info, debug, trace) or a tracing filter.
+    #[arg(long, global = true, default_value = "warn", env = "ASTERISM_LOG")]
+    log: String,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Fetch a data key from a key service over attested TLS.
+    DataKey(data_key::Args),
+    /// Create an Ed25519 test identity (a 32-byte seed file, mode 0600) and print its
+    /// public key. INSECURE: development and tests only.
+    InsecureTestIdentity {
+        /// Where to write the seed. Refuses to overwrite an existing file.
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(&cli.log))
+        .with_writer(std::io::stderr)
+        .init();
+    match run(cli) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::DataKey(args) => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            rt.block_on(data_key::run(args))
+        }
+        Command::InsecureTestIdentity { out } => identity::create(&out),
+    }
+}
+
+/// Reads a 32-byte Ed25519 seed file, refusing one that others can read.
+fn read_seed(path: &std::path::Path) -> Result<zeroize::Zeroizing<[u8; 32]>> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
+    if meta.mode() & 0o077 != 0 {
+        bail!(
+            "{} has mode {:o}, readable by others; run `chmod 600 {}`",
+            path.display(),
+            meta.mode() & 0o777,
+            path.display()
+        );
+    }
+    let bytes = zeroize::Zeroizing::new(
+        std::fs::read(path).with_context(|| format!("reading {}", path.display()))?,
+    );
+    let mut seed = zeroize::Zeroizing::new([0u8; 32]);
+    if bytes.len() != 32 {
+        bail!(
+            "{} must hold exactly 32 bytes, it holds {}",
+            path.display(),
+            bytes.len()
+        );
+    }
+    seed.copy_from_slice(&bytes);
+    Ok(seed)
+}

@@ -6,7 +6,12 @@
 //! binding, and the comparison with expected measurements.
 //!
 //! Run: `cargo bench -p asterism-attestation --features insecure-test-attestation --bench verify`
-#![allow(clippy::print_stdout, clippy::unwrap_used, clippy::expect_used)] // a benchmark binary
+#![allow(
+    clippy::print_stdout,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing
+)] // a benchmark binary
 
 use asterism_attestation::tpm::soft::{SoftAk, SoftTpm};
 use asterism_attestation::{

@@ -1,5 +1,8 @@
 //! The key service over real gRPC, in process: over a Unix socket and over TCP loopback.
 
+// Test helpers outside `#[test]` functions may fail loudly too.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod common;
 
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -106,13 +109,9 @@ async fn serve_accepts_any_connection_stream() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(serve(
-        TcpListenerStream::new(listener),
-        zero_kms(),
-        async {
-            let _ = stopped.await;
-        },
-    ));
+    let task = tokio::spawn(serve(TcpListenerStream::new(listener), zero_kms(), async {
+        let _ = stopped.await;
+    }));
     let mut client = ApiClient::new(tcp_channel(addr, TIMEOUT).await);
     assert_eq!(
         get_key_hex(&mut client, "measurementSecret").await,
@@ -165,7 +164,10 @@ async fn bad_requests_get_invalid_argument() {
 
     // The edges of the accepted range work.
     assert_eq!(
-        get_key(&mut client, "measurementSecret", 1).await.unwrap().len(),
+        get_key(&mut client, "measurementSecret", 1)
+            .await
+            .unwrap()
+            .len(),
         1
     );
     let long = get_key(&mut client, "measurementSecret", MAX_KEY_LEN)
@@ -297,7 +299,10 @@ async fn connections_beyond_the_limit_wait_for_a_free_slot() {
         .await
         .unwrap_err();
     assert!(
-        matches!(status.code(), Code::Cancelled | Code::DeadlineExceeded | Code::Unavailable),
+        matches!(
+            status.code(),
+            Code::Cancelled | Code::DeadlineExceeded | Code::Unavailable
+        ),
         "{status:?}"
     );
 

@@ -1,6 +1,9 @@
 //! The `asterism-key-service` binary as a real process: refusals at start-up, and a run
 //! that serves requests, keeps key material out of its logs and stops on SIGTERM.
 
+// Test helpers outside `#[test]` functions may fail loudly too.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod common;
 
 use std::io::Read;
@@ -183,7 +186,10 @@ fn serves_then_stops_on_sigterm_and_never_logs_key_material() {
         if start.elapsed() > DEADLINE || child.try_wait().unwrap().is_some() {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("the key service did not come up: {}", stderr.join().unwrap());
+            panic!(
+                "the key service did not come up: {}",
+                stderr.join().unwrap()
+            );
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -231,7 +237,10 @@ fn serves_then_stops_on_sigterm_and_never_logs_key_material() {
         ] {
             // A prefix is enough to catch a key printed in full or in part.
             let needle = &encoded[..16];
-            assert!(!logs.contains(needle), "key material {needle} in logs:\n{logs}");
+            assert!(
+                !logs.contains(needle),
+                "key material {needle} in logs:\n{logs}"
+            );
         }
     }
 }

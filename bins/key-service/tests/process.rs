@@ -211,8 +211,9 @@ fn serves_then_stops_on_sigterm_and_never_logs_key_material() {
     });
     drop(runtime);
 
-    let kill = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+    // The shell's built-in `kill`, so that no separate package is needed.
+    let kill = Command::new("sh")
+        .args(["-c", "kill -TERM \"$1\"", "sh", &child.id().to_string()])
         .status()
         .unwrap();
     assert!(kill.success());

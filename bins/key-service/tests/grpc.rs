@@ -7,16 +7,23 @@ mod common;
 
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use asterism_key_service::{BindError, KeyService, Limits, Listen, Listener, MAX_KEY_LEN, serve};
 use asterism_kms::{ClusterKms, MasterSecret, Salt};
 use asterism_proto::kms::api_client::ApiClient;
 use common::*;
+use futures::StreamExt as _;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::Code;
+use tonic::transport::server::Connected;
+use tonic::transport::{Endpoint, Uri};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
@@ -113,6 +120,87 @@ async fn serve_accepts_any_connection_stream() {
         let _ = stopped.await;
     }));
     let mut client = ApiClient::new(tcp_channel(addr, TIMEOUT).await);
+    assert_eq!(
+        get_key_hex(&mut client, "measurementSecret").await,
+        MEASUREMENT_SECRET_ZERO
+    );
+    drop(client);
+    let _ = stop.send(());
+    tokio::time::timeout(TIMEOUT, task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
+/// An in-memory connection with its own connection info, standing in for a wrapped (for
+/// instance attested-TLS) stream.
+struct Pipe(tokio::io::DuplexStream);
+
+#[derive(Clone)]
+struct PipeInfo;
+
+impl Connected for Pipe {
+    type ConnectInfo = PipeInfo;
+
+    fn connect_info(&self) -> PipeInfo {
+        PipeInfo
+    }
+}
+
+impl AsyncRead for Pipe {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Pipe {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().0).poll_shutdown(cx)
+    }
+}
+
+#[tokio::test]
+async fn serve_accepts_wrapped_connections_with_their_own_connect_info() {
+    let (connections, incoming) = tokio::sync::mpsc::channel::<Pipe>(4);
+    let incoming =
+        tokio_stream::wrappers::ReceiverStream::new(incoming).map(Ok::<_, std::io::Error>);
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(serve(incoming, zero_kms(), async {
+        let _ = stopped.await;
+    }));
+    let channel = Endpoint::from_static("http://pipe.invalid")
+        .timeout(TIMEOUT)
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let connections = connections.clone();
+            async move {
+                let (client, server) = tokio::io::duplex(64 * 1024);
+                connections
+                    .send(Pipe(server))
+                    .await
+                    .map_err(|_| std::io::Error::other("server gone"))?;
+                Ok::<_, std::io::Error>(TokioIo::new(client))
+            }
+        }))
+        .await
+        .unwrap();
+    let mut client = ApiClient::new(channel);
     assert_eq!(
         get_key_hex(&mut client, "measurementSecret").await,
         MEASUREMENT_SECRET_ZERO

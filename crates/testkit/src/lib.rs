@@ -1,0 +1,10 @@
+//! Test-only helpers for Asterism. Used as a dev-dependency only; never linked into a
+//! program.
+//!
+//! * [`Swtpm`] runs a real TPM 2.0 emulator (swtpm) for one test: a private state directory,
+//!   free loopback TCP ports, optionally an EK with a certificate, and clean-up on drop.
+//! * [`check_swtpm_installed`] explains what to install when swtpm is missing.
+
+mod swtpm;
+
+pub use swtpm::{Swtpm, SwtpmBuilder, SwtpmError, check_swtpm_installed};

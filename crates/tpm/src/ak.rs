@@ -1,0 +1,271 @@
+//! The attestation key (AK): algorithms, templates and persistent handles.
+//!
+//! **Choice: the AK is a primary key of the owner hierarchy** (as REFERENCE §9.5 describes for
+//! the vTPM issuer), not a child of an SRK. `TPM2_CreatePrimary` derives a primary key
+//! deterministically from the hierarchy's seed and the template, so the same TPM always gives
+//! the same AK until the owner hierarchy is cleared, and no storage key or key blob has to be
+//! kept anywhere. The key is made persistent with `TPM2_EvictControl` so that later loads are
+//! a handle look-up instead of a key generation (an RSA primary takes seconds on some TPMs).
+//!
+//! Templates (TPMT_PUBLIC, nameAlg SHA-256, empty authPolicy, empty auth value):
+//!
+//! | | ECC P-256 (default) | RSA-2048 |
+//! | --- | --- | --- |
+//! | attributes | fixedTPM, fixedParent, sensitiveDataOrigin, userWithAuth, restricted, sign (`0x00050072`) | same |
+//! | scheme | ECDSA with SHA-256 | RSASSA-PKCS1-v1_5 with SHA-256 |
+//! | parameters | curve NIST P-256, symmetric NULL, KDF NULL | 2048 bits, exponent 0 (= 65537), symmetric NULL |
+//! | unique | x and y: 32 zero bytes each | modulus: 256 zero bytes |
+//! | persistent handle | `0x81008F00` | `0x81008F01` |
+//!
+//! The zero-filled `unique` follows the TCG EK-template convention; it makes the template
+//! (and so the derived key) a fixed function of the algorithm.
+
+use tss_esapi::attributes::ObjectAttributesBuilder;
+use tss_esapi::interface_types::algorithm::{HashingAlgorithm, PublicAlgorithm};
+use tss_esapi::interface_types::ecc::EccCurve;
+use tss_esapi::interface_types::key_bits::RsaKeyBits;
+use tss_esapi::structures::{
+    EccParameter, EccPoint, EccScheme, HashScheme, KeyDerivationFunctionScheme, Public,
+    PublicBuilder, PublicEccParametersBuilder, PublicKeyRsa, PublicRsaParametersBuilder,
+    RsaExponent, RsaScheme, SymmetricDefinitionObject,
+};
+
+use crate::error::TpmError;
+
+/// The persistent handle of the ECC AK (REFERENCE §9.5).
+pub const ECC_AK_HANDLE: u32 = 0x8100_8F00;
+/// The persistent handle of the RSA AK (REFERENCE §9.5).
+pub const RSA_AK_HANDLE: u32 = 0x8100_8F01;
+
+/// TPMA_OBJECT of every AK: fixedTPM | fixedParent | sensitiveDataOrigin | userWithAuth |
+/// restricted | sign.
+pub const AK_ATTRIBUTES: u32 = (1 << 1) | (1 << 4) | (1 << 5) | (1 << 6) | (1 << 16) | (1 << 18);
+
+/// The AK's key type and signature scheme.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum AkAlgorithm {
+    /// ECC NIST P-256, ECDSA with SHA-256.
+    #[default]
+    EccP256,
+    /// RSA-2048, RSASSA-PKCS1-v1_5 with SHA-256 (the original's `AttestationKeyRSA`).
+    Rsa2048,
+}
+
+impl AkAlgorithm {
+    /// The conventional persistent handle for this algorithm.
+    pub const fn default_handle(self) -> PersistentHandle {
+        match self {
+            AkAlgorithm::EccP256 => PersistentHandle(ECC_AK_HANDLE),
+            AkAlgorithm::Rsa2048 => PersistentHandle(RSA_AK_HANDLE),
+        }
+    }
+}
+
+/// A handle in the TPM's persistent-object range `0x81000000..=0x81FFFFFF`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PersistentHandle(u32);
+
+impl PersistentHandle {
+    /// The raw handle.
+    pub const fn raw(self) -> u32 {
+        self.0
+    }
+}
+
+impl TryFrom<u32> for PersistentHandle {
+    type Error = TpmError;
+
+    fn try_from(handle: u32) -> Result<Self, Self::Error> {
+        if handle >> 24 == 0x81 {
+            Ok(PersistentHandle(handle))
+        } else {
+            Err(TpmError::InvalidPersistentHandle { handle })
+        }
+    }
+}
+
+/// Which AK to load and where it lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AkConfig {
+    /// Key type and scheme.
+    pub algorithm: AkAlgorithm,
+    /// Where the key is persisted.
+    pub handle: PersistentHandle,
+}
+
+impl AkConfig {
+    /// `algorithm` at its conventional handle.
+    pub const fn new(algorithm: AkAlgorithm) -> Self {
+        AkConfig {
+            algorithm,
+            handle: algorithm.default_handle(),
+        }
+    }
+
+    /// The same key at another persistent handle.
+    pub const fn with_handle(mut self, handle: PersistentHandle) -> Self {
+        self.handle = handle;
+        self
+    }
+}
+
+impl Default for AkConfig {
+    /// ECC P-256 at `0x81008F00`.
+    fn default() -> Self {
+        AkConfig::new(AkAlgorithm::EccP256)
+    }
+}
+
+/// A loaded attestation key: what a verifier needs to know about it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AttestationKey {
+    pub(crate) algorithm: AkAlgorithm,
+    pub(crate) handle: PersistentHandle,
+    pub(crate) public: Vec<u8>,
+    pub(crate) created: bool,
+}
+
+impl AttestationKey {
+    /// The public area, marshalled as a TPMT_PUBLIC (TPM wire encoding, no TPM2B size
+    /// prefix): what evidence carries as the AK public key.
+    pub fn public_area(&self) -> &[u8] {
+        &self.public
+    }
+
+    /// Key type and scheme.
+    pub fn algorithm(&self) -> AkAlgorithm {
+        self.algorithm
+    }
+
+    /// The persistent handle the key lives at.
+    pub fn handle(&self) -> PersistentHandle {
+        self.handle
+    }
+
+    /// Whether this load created (and persisted) the key rather than finding it.
+    pub fn was_created(&self) -> bool {
+        self.created
+    }
+}
+
+/// The AK template for `algorithm` (see the module documentation).
+pub(crate) fn template(algorithm: AkAlgorithm) -> tss_esapi::Result<Public> {
+    let attributes = ObjectAttributesBuilder::new()
+        .with_fixed_tpm(true)
+        .with_fixed_parent(true)
+        .with_sensitive_data_origin(true)
+        .with_user_with_auth(true)
+        .with_restricted(true)
+        .with_sign_encrypt(true)
+        .build()?;
+    let builder = PublicBuilder::new()
+        .with_name_hashing_algorithm(HashingAlgorithm::Sha256)
+        .with_object_attributes(attributes);
+    match algorithm {
+        AkAlgorithm::EccP256 => builder
+            .with_public_algorithm(PublicAlgorithm::Ecc)
+            .with_ecc_parameters(
+                PublicEccParametersBuilder::new()
+                    .with_symmetric(SymmetricDefinitionObject::Null)
+                    .with_ecc_scheme(EccScheme::EcDsa(HashScheme::new(HashingAlgorithm::Sha256)))
+                    .with_curve(EccCurve::NistP256)
+                    .with_key_derivation_function_scheme(KeyDerivationFunctionScheme::Null)
+                    .with_is_signing_key(true)
+                    .with_restricted(true)
+                    .build()?,
+            )
+            .with_ecc_unique_identifier(EccPoint::new(
+                EccParameter::try_from(vec![0u8; 32])?,
+                EccParameter::try_from(vec![0u8; 32])?,
+            ))
+            .build(),
+        AkAlgorithm::Rsa2048 => builder
+            .with_public_algorithm(PublicAlgorithm::Rsa)
+            .with_rsa_parameters(
+                PublicRsaParametersBuilder::new()
+                    .with_symmetric(SymmetricDefinitionObject::Null)
+                    .with_scheme(RsaScheme::RsaSsa(HashScheme::new(HashingAlgorithm::Sha256)))
+                    .with_key_bits(RsaKeyBits::Rsa2048)
+                    .with_exponent(RsaExponent::default())
+                    .with_is_signing_key(true)
+                    .with_restricted(true)
+                    .build()?,
+            )
+            .with_rsa_unique_identifier(PublicKeyRsa::try_from(vec![0u8; 256])?)
+            .build(),
+    }
+}
+
+/// Whether the public area `found` at the AK handle is a key made from `expected`'s template:
+/// same type, name algorithm, attributes, auth policy and parameters. The `unique` field (the
+/// public key itself) is not compared. Returns what differs, or `None` when it matches.
+pub(crate) fn template_mismatch(expected: &Public, found: &Public) -> Option<String> {
+    if expected.object_attributes() != found.object_attributes() {
+        return Some(format!(
+            "attributes {:#010x}, expected {:#010x}",
+            u32::from(found.object_attributes()),
+            u32::from(expected.object_attributes())
+        ));
+    }
+    if expected.name_hashing_algorithm() != found.name_hashing_algorithm() {
+        return Some(format!(
+            "name algorithm {:?}, expected {:?}",
+            found.name_hashing_algorithm(),
+            expected.name_hashing_algorithm()
+        ));
+    }
+    if expected.auth_policy() != found.auth_policy() {
+        return Some("a non-empty auth policy".to_owned());
+    }
+    match (expected, found) {
+        (Public::Ecc { parameters: e, .. }, Public::Ecc { parameters: f, .. }) if e == f => None,
+        (Public::Rsa { parameters: e, .. }, Public::Rsa { parameters: f, .. }) if e == f => None,
+        (Public::Ecc { .. }, Public::Ecc { parameters, .. }) => {
+            Some(format!("ECC parameters {parameters:?}"))
+        }
+        (Public::Rsa { .. }, Public::Rsa { parameters, .. }) => {
+            Some(format!("RSA parameters {parameters:?}"))
+        }
+        _ => Some("another key type".to_owned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tss_esapi::traits::Marshall;
+
+    #[test]
+    fn persistent_handles_are_range_checked() {
+        assert_eq!(
+            PersistentHandle::try_from(ECC_AK_HANDLE).unwrap().raw(),
+            ECC_AK_HANDLE
+        );
+        assert!(matches!(
+            PersistentHandle::try_from(0x8000_0000),
+            Err(TpmError::InvalidPersistentHandle { .. })
+        ));
+        assert_eq!(AkConfig::default().handle.raw(), 0x8100_8F00);
+        assert_eq!(
+            AkConfig::new(AkAlgorithm::Rsa2048).handle.raw(),
+            0x8100_8F01
+        );
+    }
+
+    #[test]
+    fn templates_carry_the_ak_attributes_and_scheme() {
+        let ecc = template(AkAlgorithm::EccP256).unwrap();
+        assert_eq!(u32::from(ecc.object_attributes()), AK_ATTRIBUTES);
+        let bytes = ecc.marshall().unwrap();
+        // type ECC (0x0023), nameAlg SHA-256 (0x000b), attributes.
+        assert_eq!(
+            &bytes[..8],
+            &[0x00, 0x23, 0x00, 0x0b, 0x00, 0x05, 0x00, 0x72]
+        );
+        assert!(template_mismatch(&ecc, &ecc).is_none());
+
+        let rsa = template(AkAlgorithm::Rsa2048).unwrap();
+        assert_eq!(&rsa.marshall().unwrap()[..4], &[0x00, 0x01, 0x00, 0x0b]);
+        assert!(template_mismatch(&ecc, &rsa).is_some());
+    }
+}

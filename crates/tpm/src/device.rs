@@ -1,0 +1,692 @@
+//! The open TPM: every command this crate sends.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+
+use sha1::Sha1;
+use sha2::{Digest as _, Sha256, Sha384, Sha512};
+use tracing::{debug, info, warn};
+use tss_esapi::Context;
+use tss_esapi::abstraction::nv;
+use tss_esapi::constants::CapabilityType;
+use tss_esapi::handles::{
+    KeyHandle, NvIndexTpmHandle, ObjectHandle, PcrHandle, PersistentTpmHandle, TpmHandle,
+};
+use tss_esapi::interface_types::algorithm::HashingAlgorithm;
+use tss_esapi::interface_types::dynamic_handles::Persistent;
+use tss_esapi::interface_types::resource_handles::{Hierarchy, NvAuth, Provision};
+use tss_esapi::interface_types::session_handles::AuthSession;
+use tss_esapi::structures::{
+    AttestInfo, CapabilityData, Data, Digest, DigestValues, PcrSelectionList, PcrSlot,
+    SignatureScheme,
+};
+use tss_esapi::tcti_ldr::{DeviceConfig, NetworkTPMConfig, TctiNameConf};
+use tss_esapi::traits::Marshall;
+
+use crate::ak::{self, AkConfig, AttestationKey, PersistentHandle};
+use crate::config::TpmConfig;
+use crate::ek::EkCertSlot;
+use crate::error::{ResponseCode, TPM_RC_HANDLE, TpmError};
+use crate::pcr::{self, PcrSelection, PcrValue};
+use crate::retry::{RetryAction, RetryPolicy, classify};
+
+/// The most qualifying data (nonce) [`Tpm::quote`] accepts: 32 bytes, one SHA-256 digest.
+///
+/// The TPM's own limit is `sizeof(TPMT_HA)` for its largest hash (34 to 66 bytes depending on
+/// the TPM), and some cloud vTPMs reject anything above 32 (REFERENCE §9.4). Callers hash
+/// their binding to 32 bytes, so 32 is portable and sufficient.
+pub const MAX_QUALIFYING_DATA: usize = 32;
+
+/// The most event data [`Tpm::pcr_event`] accepts: the capacity of a TPM2B_EVENT.
+pub const MAX_EVENT_DATA: usize = 1024;
+
+/// TPM2_PCR_Read returns at most this many digests per call (TPML_DIGEST holds 8).
+const PCR_READ_BATCH: usize = 8;
+
+/// How often a multi-call PCR read is restarted when the PCRs change under it.
+const PCR_READ_ROUNDS: u32 = 4;
+
+/// How many quotes [`Tpm::quote`] takes when the PCRs change between quote and read-back.
+const QUOTE_ATTEMPTS: u32 = 2;
+
+/// First transient object handle (TPM_HT_TRANSIENT << 24).
+const TRANSIENT_FIRST: u32 = 0x8000_0000;
+
+/// A TPM quote and the PCR values it covers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Quote {
+    /// The marshalled TPMS_ATTEST: the content of the TPM2B_ATTEST the TPM returned, without
+    /// its size prefix. This is the exact byte string the signature covers.
+    pub attest: Vec<u8>,
+    /// The marshalled TPMT_SIGNATURE (`sigAlg`, `hash`, then the scheme's fields).
+    pub signature: Vec<u8>,
+    /// The quoted PCR indices of the SHA-256 bank, ascending.
+    pub selection: Vec<u32>,
+    /// The SHA-256 values of those PCRs, ascending by index, read right after the quote and
+    /// checked against the quote's `pcrDigest`.
+    pub pcrs: Vec<(u32, PcrValue)>,
+}
+
+/// An open TPM.
+///
+/// One value owns one TSS context (one connection). It is `Send`, so it can be kept in a
+/// `Mutex` and used from a blocking thread; every method takes `&mut self`, which serialises
+/// commands. There is nothing asynchronous here: a TPM command blocks for milliseconds (a
+/// quote) up to seconds (creating an RSA key).
+///
+/// Every command goes through the same retry loop: busy codes are retried after a bounded
+/// exponential back-off and transient-object exhaustion first flushes the transient objects
+/// this connection sees (see [`crate::retry`]).
+pub struct Tpm {
+    ctx: Context,
+    tcti: String,
+    retry: RetryPolicy,
+    /// ESAPI handles and marshalled public areas of the persistent AKs already looked up on
+    /// this connection, by persistent handle.
+    aks: HashMap<u32, (KeyHandle, Vec<u8>)>,
+}
+
+// The TPM handle must be `Send` so it can live in a `Mutex` shared by a server.
+const _: () = {
+    const fn assert_send<T: Send>() {}
+    assert_send::<Tpm>();
+};
+
+impl fmt::Debug for Tpm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tpm")
+            .field("tcti", &self.tcti)
+            .field("retry", &self.retry)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Tpm {
+    /// Opens the TPM named by `config` with the default [`RetryPolicy`].
+    pub fn open(config: &TpmConfig) -> Result<Self, TpmError> {
+        let tcti = config.to_string();
+        let name_conf = tcti_name_conf(config)?;
+        let ctx = Context::new(name_conf).map_err(|error| match error {
+            tss_esapi::Error::Tss2Error(rc) => TpmError::Open {
+                tcti: tcti.clone(),
+                code: raw_code(rc),
+            },
+            tss_esapi::Error::WrapperError(kind) => TpmError::Binding {
+                operation: "open TPM",
+                detail: kind.to_string(),
+            },
+        })?;
+        debug!(%tcti, "opened TPM");
+        Ok(Tpm {
+            ctx,
+            tcti,
+            retry: RetryPolicy::default(),
+            aks: HashMap::new(),
+        })
+    }
+
+    /// Replaces the retry policy.
+    pub fn with_retry_policy(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// The configuration this TPM was opened with, as text.
+    pub fn tcti(&self) -> &str {
+        &self.tcti
+    }
+
+    /// Loads the attestation key: uses the persistent object at `config.handle` when it
+    /// was made from the AK template, otherwise creates the key (a primary in the owner
+    /// hierarchy, see [`crate::ak`]) and persists it there, evicting whatever object of
+    /// another template occupied the handle.
+    pub fn load_attestation_key(&mut self, config: &AkConfig) -> Result<AttestationKey, TpmError> {
+        let template = self.binding("AK template", ak::template(config.algorithm))?;
+        if let Some((handle, public)) = self.read_persistent(config.handle)? {
+            match ak::template_mismatch(&template, &public) {
+                None => {
+                    debug!(
+                        handle = format_args!("{:#010x}", config.handle.raw()),
+                        "using persistent AK"
+                    );
+                    let public = self.binding("marshal TPMT_PUBLIC", public.marshall())?;
+                    self.aks
+                        .insert(config.handle.raw(), (handle, public.clone()));
+                    return Ok(AttestationKey {
+                        algorithm: config.algorithm,
+                        handle: config.handle,
+                        public,
+                        created: false,
+                    });
+                }
+                Some(mismatch) => {
+                    warn!(
+                        handle = format_args!("{:#010x}", config.handle.raw()),
+                        %mismatch,
+                        "persistent object at the AK handle was not made from the AK template; replacing it"
+                    );
+                    self.evict(handle, config.handle)?;
+                }
+            }
+        }
+        self.create_persistent_ak(config, template)
+    }
+
+    /// Reads SHA-256 PCR values, ascending by index. Several `TPM2_PCR_Read` calls are made
+    /// when more than 8 PCRs are selected; if the TPM's PCR update counter changes between
+    /// them, the whole read starts again so the values are one consistent snapshot.
+    pub fn read_pcrs(
+        &mut self,
+        selection: &PcrSelection,
+    ) -> Result<Vec<(u32, PcrValue)>, TpmError> {
+        for _ in 0..PCR_READ_ROUNDS {
+            if let Some(values) = self.read_pcrs_once(selection)? {
+                return Ok(values);
+            }
+            debug!("PCRs changed during a multi-call read; reading again");
+        }
+        Err(TpmError::UnexpectedResponse {
+            operation: "TPM2_PCR_Read",
+            detail: format!("PCRs kept changing over {PCR_READ_ROUNDS} reads"),
+        })
+    }
+
+    /// Quotes the SHA-256 PCRs in `selection` with `ak`, binding `qualifying_data` (at most
+    /// [`MAX_QUALIFYING_DATA`] bytes) into the TPMS_ATTEST's `extraData`.
+    ///
+    /// The PCR values are read right after the quote. A PCR extended between the two would
+    /// make the values disagree with the signed `pcrDigest` (a verifier recomputes the digest
+    /// and would reject); this function recomputes it too and quotes once more if it differs,
+    /// then gives up with [`TpmError::PcrsChangedDuringQuote`].
+    pub fn quote(
+        &mut self,
+        ak: &AttestationKey,
+        qualifying_data: &[u8],
+        selection: &PcrSelection,
+    ) -> Result<Quote, TpmError> {
+        if qualifying_data.len() > MAX_QUALIFYING_DATA {
+            return Err(TpmError::QualifyingDataTooLong {
+                len: qualifying_data.len(),
+                max: MAX_QUALIFYING_DATA,
+            });
+        }
+        let key = self.ak_handle(ak)?;
+        let pcr_list = self.binding("PCR selection", sha256_selection(&selection.indices()))?;
+        for attempt in 1..=QUOTE_ATTEMPTS {
+            let (attest, signature) = self.run("TPM2_Quote", |ctx| {
+                let data = Data::try_from(qualifying_data.to_vec())?;
+                ctx.execute_with_session(Some(AuthSession::Password), |ctx| {
+                    ctx.quote(key, data, SignatureScheme::Null, pcr_list.clone())
+                })
+            })?;
+            let AttestInfo::Quote { info } = attest.attested() else {
+                return Err(TpmError::UnexpectedResponse {
+                    operation: "TPM2_Quote",
+                    detail: format!("attestation of type {:?}", attest.attestation_type()),
+                });
+            };
+            let signed_digest = info.pcr_digest().value().to_vec();
+            let pcrs = self.read_pcrs(selection)?;
+            if pcr::quote_digest(&pcrs).as_slice() == signed_digest.as_slice() {
+                return Ok(Quote {
+                    attest: self.binding("marshal TPMS_ATTEST", attest.marshall())?,
+                    signature: self.binding("marshal TPMT_SIGNATURE", signature.marshall())?,
+                    selection: selection.indices(),
+                    pcrs,
+                });
+            }
+            warn!(attempt, "PCRs changed between TPM2_Quote and TPM2_PCR_Read");
+        }
+        Err(TpmError::PcrsChangedDuringQuote {
+            attempts: QUOTE_ATTEMPTS,
+        })
+    }
+
+    /// `TPM2_PCR_Extend` of the SHA-256 bank of PCR `index` with `digest`: the PCR becomes
+    /// `SHA-256(old || digest)` ([`crate::pcr::extended`]). Other banks are not touched.
+    pub fn extend_pcr(&mut self, index: u32, digest: &[u8; 32]) -> Result<(), TpmError> {
+        let handle = pcr_handle(index)?;
+        let digests = self.binding("digest", sha256_digest_values(digest))?;
+        self.run("TPM2_PCR_Extend", |ctx| {
+            ctx.execute_with_session(Some(AuthSession::Password), |ctx| {
+                ctx.pcr_extend(handle, digests.clone())
+            })
+        })
+    }
+
+    /// Records `data` in PCR `index` the way `TPM2_PCR_Event` does (REFERENCE §5.2): every
+    /// allocated bank is extended with its own hash of `data`, so the SHA-256 PCR becomes
+    /// `SHA-256(old || SHA-256(data))` ([`crate::pcr::event_extended`]).
+    ///
+    /// The TSS Rust binding has no `TPM2_PCR_Event`, and this crate forbids `unsafe`, so the
+    /// digests are computed here and sent with one `TPM2_PCR_Extend`; the PCR values are the
+    /// same. `data` may be at most [`MAX_EVENT_DATA`] bytes, as for `TPM2_PCR_Event`.
+    pub fn pcr_event(&mut self, index: u32, data: &[u8]) -> Result<(), TpmError> {
+        let handle = pcr_handle(index)?;
+        if data.len() > MAX_EVENT_DATA {
+            return Err(TpmError::EventDataTooLong {
+                len: data.len(),
+                max: MAX_EVENT_DATA,
+            });
+        }
+        let banks = self.banks_with_pcr(index)?;
+        if banks.is_empty() {
+            return Err(TpmError::UnexpectedResponse {
+                operation: "TPM2_GetCapability(PCRS)",
+                detail: format!("no allocated PCR bank contains PCR {index}"),
+            });
+        }
+        let mut digests = DigestValues::new();
+        for bank in banks {
+            let digest = match bank {
+                HashingAlgorithm::Sha1 => Sha1::digest(data).to_vec(),
+                HashingAlgorithm::Sha256 => Sha256::digest(data).to_vec(),
+                HashingAlgorithm::Sha384 => Sha384::digest(data).to_vec(),
+                HashingAlgorithm::Sha512 => Sha512::digest(data).to_vec(),
+                other => {
+                    return Err(TpmError::UnsupportedPcrBank {
+                        algorithm: format!("{other:?}"),
+                    });
+                }
+            };
+            digests.set(bank, self.binding("digest", Digest::try_from(digest))?);
+        }
+        self.run("TPM2_PCR_Extend", |ctx| {
+            ctx.execute_with_session(Some(AuthSession::Password), |ctx| {
+                ctx.pcr_extend(handle, digests.clone())
+            })
+        })
+    }
+
+    /// Reads the DER EK certificate from its NV index, or `None` when the index is not
+    /// defined (the TPM has no certificate of that kind).
+    pub fn read_ek_certificate(&mut self, slot: EkCertSlot) -> Result<Option<Vec<u8>>, TpmError> {
+        if !self.handle_exists(slot.nv_index())? {
+            return Ok(None);
+        }
+        let index = self.binding("NV index", NvIndexTpmHandle::new(slot.nv_index()))?;
+        let read = self.run("TPM2_NV_Read", |ctx| {
+            ctx.execute_with_session(Some(AuthSession::Password), |ctx| {
+                nv::read_full(ctx, NvAuth::Owner, index)
+            })
+        });
+        match read {
+            Ok(der) if der.is_empty() => Ok(None),
+            Ok(der) => Ok(Some(der)),
+            // Undefined between the look-up and the read.
+            Err(TpmError::Tpm { code, .. }) if code.tpm_base() == Some(TPM_RC_HANDLE) => Ok(None),
+            Err(other) => Err(other),
+        }
+    }
+
+    // ---- internals ----
+
+    /// Sends one command through the retry loop.
+    fn run<T>(
+        &mut self,
+        operation: &'static str,
+        mut command: impl FnMut(&mut Context) -> tss_esapi::Result<T>,
+    ) -> Result<T, TpmError> {
+        let mut attempts = 0u32;
+        loop {
+            attempts += 1;
+            let code = match command(&mut self.ctx) {
+                Ok(value) => return Ok(value),
+                Err(tss_esapi::Error::WrapperError(kind)) => {
+                    return Err(TpmError::Binding {
+                        operation,
+                        detail: kind.to_string(),
+                    });
+                }
+                Err(tss_esapi::Error::Tss2Error(rc)) => raw_code(rc),
+            };
+            let action = classify(code);
+            if action == RetryAction::Fail {
+                return Err(TpmError::Tpm { operation, code });
+            }
+            let Some(delay) = self.retry.delay(attempts) else {
+                return Err(TpmError::RetriesExhausted {
+                    operation,
+                    code,
+                    attempts,
+                });
+            };
+            warn!(operation, %code, attempts, ?delay, "transient TPM failure; retrying");
+            if action == RetryAction::FlushAndRetry {
+                self.flush_transient_objects();
+            }
+            std::thread::sleep(delay);
+        }
+    }
+
+    /// Flushes every transient object this connection can see. Behind the kernel resource
+    /// manager (`/dev/tpmrm0`) those are only this connection's own; on a TPM without one
+    /// (swtpm, `/dev/tpm0`) this assumes, as the rest of the crate does, that this process is
+    /// the TPM's only user. This crate itself keeps no transient object between calls.
+    fn flush_transient_objects(&mut self) {
+        let listed = self.ctx.execute_without_session(|ctx| {
+            ctx.get_capability(CapabilityType::Handles, TRANSIENT_FIRST, 64)
+        });
+        let handles = match listed {
+            Ok((CapabilityData::Handles(handles), _)) => handles.into_inner(),
+            Ok(_) => return,
+            Err(error) => {
+                warn!(%error, "cannot list transient objects to flush");
+                return;
+            }
+        };
+        for handle in handles {
+            if let TpmHandle::Transient(transient) = handle {
+                let flushed = self.ctx.execute_without_session(|ctx| {
+                    let object = ctx.tr_from_tpm_public(TpmHandle::Transient(transient))?;
+                    ctx.flush_context(object)
+                });
+                match flushed {
+                    Ok(()) => info!(handle = ?transient, "flushed transient object"),
+                    Err(error) => {
+                        warn!(handle = ?transient, %error, "cannot flush transient object")
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether a persistent object or NV index exists at `handle`. Asking first (instead of
+    /// reading and failing with TPM_RC_HANDLE) keeps the TSS from logging an error for what
+    /// is a normal case.
+    fn handle_exists(&mut self, handle: u32) -> Result<bool, TpmError> {
+        let (data, _) = self.run("TPM2_GetCapability(HANDLES)", |ctx| {
+            ctx.execute_without_session(|ctx| {
+                ctx.get_capability(CapabilityType::Handles, handle, 1)
+            })
+        })?;
+        let CapabilityData::Handles(handles) = data else {
+            return Err(TpmError::UnexpectedResponse {
+                operation: "TPM2_GetCapability(HANDLES)",
+                detail: "not a handle list".to_owned(),
+            });
+        };
+        Ok(handles
+            .first()
+            .is_some_and(|found| u32::from(*found) == handle))
+    }
+
+    /// The ESAPI handle and public area of the persistent object at `handle`, if any.
+    fn read_persistent(
+        &mut self,
+        handle: PersistentHandle,
+    ) -> Result<Option<(KeyHandle, tss_esapi::structures::Public)>, TpmError> {
+        if !self.handle_exists(handle.raw())? {
+            return Ok(None);
+        }
+        let tpm_handle =
+            self.binding("persistent handle", PersistentTpmHandle::new(handle.raw()))?;
+        let object = self.run("TPM2_ReadPublic", |ctx| {
+            ctx.execute_without_session(|ctx| {
+                ctx.tr_from_tpm_public(TpmHandle::Persistent(tpm_handle))
+            })
+        });
+        let object = match object {
+            Ok(object) => object,
+            Err(TpmError::Tpm { code, .. }) if code.tpm_base() == Some(TPM_RC_HANDLE) => {
+                return Ok(None);
+            }
+            Err(other) => return Err(other),
+        };
+        let key = KeyHandle::from(object);
+        let (public, _, _) = self.run("TPM2_ReadPublic", |ctx| {
+            ctx.execute_without_session(|ctx| ctx.read_public(key))
+        })?;
+        Ok(Some((key, public)))
+    }
+
+    /// Removes the persistent object at `handle`.
+    fn evict(&mut self, object: KeyHandle, handle: PersistentHandle) -> Result<(), TpmError> {
+        let tpm_handle =
+            self.binding("persistent handle", PersistentTpmHandle::new(handle.raw()))?;
+        self.aks.remove(&handle.raw());
+        self.run("TPM2_EvictControl", |ctx| {
+            ctx.execute_with_session(Some(AuthSession::Password), |ctx| {
+                ctx.evict_control(
+                    Provision::Owner,
+                    object.into(),
+                    Persistent::Persistent(tpm_handle),
+                )
+            })
+        })?;
+        Ok(())
+    }
+
+    fn create_persistent_ak(
+        &mut self,
+        config: &AkConfig,
+        template: tss_esapi::structures::Public,
+    ) -> Result<AttestationKey, TpmError> {
+        info!(
+            algorithm = ?config.algorithm,
+            handle = format_args!("{:#010x}", config.handle.raw()),
+            "creating attestation key"
+        );
+        let created = self.run("TPM2_CreatePrimary", |ctx| {
+            ctx.execute_with_session(Some(AuthSession::Password), |ctx| {
+                ctx.create_primary(Hierarchy::Owner, template.clone(), None, None, None, None)
+            })
+        })?;
+        let transient = created.key_handle;
+        let public = self.binding("marshal TPMT_PUBLIC", created.out_public.marshall());
+        let tpm_handle = self.binding(
+            "persistent handle",
+            PersistentTpmHandle::new(config.handle.raw()),
+        );
+        let persisted = match (public, tpm_handle) {
+            (Ok(public), Ok(tpm_handle)) => self
+                .run("TPM2_EvictControl", |ctx| {
+                    ctx.execute_with_session(Some(AuthSession::Password), |ctx| {
+                        ctx.evict_control(
+                            Provision::Owner,
+                            ObjectHandle::from(transient),
+                            Persistent::Persistent(tpm_handle),
+                        )
+                    })
+                })
+                .map(|persistent| (public, persistent)),
+            (Err(error), _) | (_, Err(error)) => Err(error),
+        };
+        // The transient copy is no longer needed whether or not persisting worked.
+        if let Err(error) = self
+            .ctx
+            .execute_without_session(|ctx| ctx.flush_context(ObjectHandle::from(transient)))
+        {
+            warn!(%error, "cannot flush the transient AK");
+        }
+        let (public, persistent) = persisted?;
+        self.aks.insert(
+            config.handle.raw(),
+            (KeyHandle::from(persistent), public.clone()),
+        );
+        Ok(AttestationKey {
+            algorithm: config.algorithm,
+            handle: config.handle,
+            public,
+            created: true,
+        })
+    }
+
+    /// The ESAPI handle of the persistent key at `ak`'s handle, looked up once per
+    /// connection, after checking that it still is `ak` (same public area).
+    fn ak_handle(&mut self, ak: &AttestationKey) -> Result<KeyHandle, TpmError> {
+        let raw = ak.handle.raw();
+        if !self.aks.contains_key(&raw) {
+            let Some((key, public)) = self.read_persistent(ak.handle)? else {
+                return Err(TpmError::AkNotFound { handle: raw });
+            };
+            let public = self.binding("marshal TPMT_PUBLIC", public.marshall())?;
+            self.aks.insert(raw, (key, public));
+        }
+        match self.aks.get(&raw) {
+            Some((key, public)) if *public == ak.public => Ok(*key),
+            Some(_) => Err(TpmError::AkReplaced { handle: raw }),
+            None => Err(TpmError::AkNotFound { handle: raw }),
+        }
+    }
+
+    /// The allocated banks whose selection includes PCR `index`.
+    fn banks_with_pcr(&mut self, index: u32) -> Result<Vec<HashingAlgorithm>, TpmError> {
+        let slot = self.binding("PCR slot", PcrSlot::try_from(1u32 << index))?;
+        let (data, _) = self.run("TPM2_GetCapability(PCRS)", |ctx| {
+            ctx.execute_without_session(|ctx| ctx.get_capability(CapabilityType::AssignedPcr, 0, 1))
+        })?;
+        let CapabilityData::AssignedPcr(banks) = data else {
+            return Err(TpmError::UnexpectedResponse {
+                operation: "TPM2_GetCapability(PCRS)",
+                detail: "not a PCR selection list".to_owned(),
+            });
+        };
+        Ok(banks
+            .get_selections()
+            .iter()
+            .filter(|bank| bank.is_selected(slot))
+            .map(|bank| bank.hashing_algorithm())
+            .collect())
+    }
+
+    /// One pass of [`Tpm::read_pcrs`]; `None` when the update counter moved between calls.
+    fn read_pcrs_once(
+        &mut self,
+        selection: &PcrSelection,
+    ) -> Result<Option<Vec<(u32, PcrValue)>>, TpmError> {
+        let mut pending = selection.indices();
+        let mut values = Vec::with_capacity(pending.len());
+        let mut counter = None;
+        while !pending.is_empty() {
+            let batch: Vec<u32> = pending.iter().take(PCR_READ_BATCH).copied().collect();
+            let request = self.binding("PCR selection", sha256_selection(&batch))?;
+            let (update_counter, returned, digests) = self.run("TPM2_PCR_Read", |ctx| {
+                ctx.execute_without_session(|ctx| ctx.pcr_read(request.clone()))
+            })?;
+            if counter.is_some_and(|previous| previous != update_counter) {
+                return Ok(None);
+            }
+            counter = Some(update_counter);
+            let returned: Vec<u32> = returned
+                .get_selections()
+                .iter()
+                .filter(|bank| bank.hashing_algorithm() == HashingAlgorithm::Sha256)
+                .flat_map(|bank| bank.selected())
+                .map(|slot| u32::from(slot).trailing_zeros())
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            let digests = digests.value();
+            if returned.is_empty() || returned.len() != digests.len() {
+                return Err(TpmError::UnexpectedResponse {
+                    operation: "TPM2_PCR_Read",
+                    detail: format!(
+                        "asked for SHA-256 PCRs {batch:?}, got {} values for PCRs {returned:?} \
+                         (is the SHA-256 bank allocated?)",
+                        digests.len()
+                    ),
+                });
+            }
+            for (index, digest) in returned.iter().zip(digests) {
+                let value: PcrValue =
+                    digest
+                        .value()
+                        .try_into()
+                        .map_err(|_| TpmError::UnexpectedResponse {
+                            operation: "TPM2_PCR_Read",
+                            detail: format!(
+                                "PCR {index} is {} bytes, not 32",
+                                digest.value().len()
+                            ),
+                        })?;
+                if !batch.contains(index) {
+                    return Err(TpmError::UnexpectedResponse {
+                        operation: "TPM2_PCR_Read",
+                        detail: format!("PCR {index} returned but not asked for"),
+                    });
+                }
+                values.push((*index, value));
+            }
+            pending.retain(|index| !returned.contains(index));
+        }
+        values.sort_by_key(|(index, _)| *index);
+        Ok(Some(values))
+    }
+
+    fn binding<T>(
+        &self,
+        operation: &'static str,
+        result: tss_esapi::Result<T>,
+    ) -> Result<T, TpmError> {
+        result.map_err(|error| match error {
+            tss_esapi::Error::Tss2Error(rc) => TpmError::Tpm {
+                operation,
+                code: raw_code(rc),
+            },
+            tss_esapi::Error::WrapperError(kind) => TpmError::Binding {
+                operation,
+                detail: kind.to_string(),
+            },
+        })
+    }
+}
+
+/// The raw TSS2_RC inside the binding's response-code type.
+fn raw_code(rc: tss_esapi::constants::response_code::Tss2ResponseCode) -> ResponseCode {
+    use tss_esapi::constants::response_code::Tss2ResponseCode as Rc;
+    ResponseCode::new(match rc {
+        Rc::Success => 0,
+        Rc::FormatZero(code) => code.0,
+        Rc::FormatOne(code) => code.0,
+    })
+}
+
+fn tcti_name_conf(config: &TpmConfig) -> Result<TctiNameConf, TpmError> {
+    let invalid = |kind: tss_esapi::Error| TpmError::Binding {
+        operation: "TCTI configuration",
+        detail: kind.to_string(),
+    };
+    match config {
+        TpmConfig::Device(path) => {
+            let path = path.to_str().ok_or_else(|| TpmError::UnsupportedTcti {
+                tcti: config.to_string(),
+                reason: "the device path is not valid UTF-8",
+            })?;
+            Ok(TctiNameConf::Device(
+                DeviceConfig::from_str(path).map_err(invalid)?,
+            ))
+        }
+        TpmConfig::SwtpmTcp { host, port } => Ok(TctiNameConf::Swtpm(
+            NetworkTPMConfig::from_str(&format!("host={host},port={port}")).map_err(invalid)?,
+        )),
+        TpmConfig::SwtpmUnix(_) => Err(TpmError::UnsupportedTcti {
+            tcti: config.to_string(),
+            reason: "the linked TSS binding (tss-esapi 7) passes only host and port to the \
+                     swtpm TCTI; start swtpm with `--server type=tcp` and use \
+                     `swtpm:host=…,port=…`",
+        }),
+    }
+}
+
+fn pcr_handle(index: u32) -> Result<PcrHandle, TpmError> {
+    let index = pcr::check_index(index)?;
+    PcrHandle::try_from(index).map_err(|_| TpmError::InvalidPcrIndex { index })
+}
+
+fn sha256_selection(indices: &[u32]) -> tss_esapi::Result<PcrSelectionList> {
+    let slots = indices
+        .iter()
+        .map(|index| PcrSlot::try_from(1u32 << index))
+        .collect::<tss_esapi::Result<Vec<_>>>()?;
+    PcrSelectionList::builder()
+        .with_selection(HashingAlgorithm::Sha256, &slots)
+        .build()
+}
+
+fn sha256_digest_values(digest: &[u8; 32]) -> tss_esapi::Result<DigestValues> {
+    let mut values = DigestValues::new();
+    values.set(HashingAlgorithm::Sha256, Digest::try_from(digest.to_vec())?);
+    Ok(values)
+}

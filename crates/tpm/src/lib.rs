@@ -1,0 +1,34 @@
+//! The TPM 2.0 device for Asterism: attestation key, quotes, PCR read/extend/event and EK
+//! certificates, on a hardware TPM (`/dev/tpmrm0`) or an swtpm.
+//!
+//! * [`TpmConfig`] names the TPM (`device:/dev/tpmrm0`, `swtpm:host=…,port=…`).
+//! * [`Tpm::open`] connects; [`Tpm::load_attestation_key`] finds or creates the persistent AK
+//!   ([`ak`] documents the templates and handles).
+//! * [`Tpm::quote`] returns a [`Quote`]: the TPMS_ATTEST and TPMT_SIGNATURE exactly as the TPM
+//!   produced them, plus the quoted SHA-256 PCR values.
+//! * [`Tpm::read_pcrs`], [`Tpm::extend_pcr`], [`Tpm::pcr_event`] and
+//!   [`Tpm::read_ek_certificate`] do what they say.
+//!
+//! Busy TPMs and exhausted transient-object slots are retried with a bounded back-off
+//! ([`retry`]); errors carry the operation and the decoded response code ([`ResponseCode`]).
+//!
+//! This is the only crate that links the TSS C libraries. It issues evidence but never
+//! verifies it (that is pure Rust, elsewhere), holds no secret, reads no environment and
+//! spawns no process. It is blocking by design: callers in async code run it on a blocking
+//! thread.
+
+pub mod ak;
+mod config;
+mod device;
+pub mod ek;
+mod error;
+pub mod pcr;
+pub mod retry;
+
+pub use ak::{AkAlgorithm, AkConfig, AttestationKey, PersistentHandle};
+pub use config::{ConfigError, DEFAULT_DEVICE, DEFAULT_SWTPM_HOST, DEFAULT_SWTPM_PORT, TpmConfig};
+pub use device::{MAX_EVENT_DATA, MAX_QUALIFYING_DATA, Quote, Tpm};
+pub use ek::EkCertSlot;
+pub use error::{Layer, ResponseCode, TpmError};
+pub use pcr::{PcrSelection, PcrValue};
+pub use retry::RetryPolicy;

@@ -1,5 +1,6 @@
 //! `asterism-key-service`: derives data keys from the cluster's master secret and serves
-//! them over plaintext gRPC on a Unix socket or a loopback address.
+//! them over plaintext gRPC on a Unix socket or a loopback address, or over attested TLS
+//! (clients must attest) on any address.
 
 use std::future::Future;
 use std::io::IsTerminal as _;
@@ -25,10 +26,24 @@ struct Args {
     #[arg(long, value_name = "PATH", default_value = "/var/config/salt")]
     salt_file: PathBuf,
 
-    /// Where to listen: `unix:/path/to.sock`, or a loopback `IP:PORT` such as
-    /// `127.0.0.1:9000` or `[::1]:9000`. Other addresses are refused.
+    /// Where to listen for plaintext gRPC: `unix:/path/to.sock`, or a loopback `IP:PORT`
+    /// such as `127.0.0.1:9000` or `[::1]:9000`. Other addresses are refused.
     #[arg(long, value_name = "ADDRESS", default_value = "127.0.0.1:9000")]
     listen: Listen,
+
+    /// Serve over attested TLS on this `IP:PORT` instead (any address): every client must
+    /// present evidence that `--verify-clients` accepts before any request is read.
+    #[arg(long, value_name = "IP:PORT", requires = "verify_clients")]
+    atls_listen: Option<std::net::SocketAddr>,
+
+    /// Evidence variant clients must attest with on `--atls-listen`.
+    #[arg(long, value_enum, requires = "atls_listen")]
+    verify_clients: Option<ClientVariant>,
+
+    /// INSECURE, development only: an Ed25519 public key (64 hex digits) whose
+    /// `insecure-test-ed25519` evidence is accepted. Repeatable.
+    #[arg(long, value_name = "HEX")]
+    insecure_test_trusted_key: Vec<String>,
 
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Human)]
@@ -37,6 +52,12 @@ struct Args {
     /// More log output: -v for debug, -vv for trace.
     #[arg(short, long, action = ArgAction::Count)]
     verbose: u8,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ClientVariant {
+    /// INSECURE: Ed25519 test evidence from pinned keys (development builds only).
+    InsecureTestEd25519,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -55,7 +76,7 @@ fn init_logging(format: LogFormat, verbose: u8) {
     };
     // Our crates at the chosen level; dependencies (HTTP/2 framing and the like) only warn.
     let filter = EnvFilter::new(format!(
-        "warn,asterism_key_service={level},asterism_kms={level}"
+        "warn,asterism_key_service={level},asterism_kms={level},asterism_atls={level},asterism_attestation={level}"
     ));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -105,6 +126,28 @@ async fn run(args: Args) -> anyhow::Result<()> {
         salt_file = %args.salt_file.display(),
         "loaded the master secret and salt"
     );
+    if let Some(addr) = args.atls_listen {
+        let validator = client_validator(&args)?;
+        let server =
+            asterism_atls::AtlsServer::new(asterism_atls::AtlsConfig::verifying(validator))
+                .context("setting up attested TLS")?;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        let address = listener
+            .local_addr()
+            .context("cannot read the bound address")?;
+        tracing::info!(listen = %address, "key service listening (attested TLS, clients must attest)");
+        asterism_key_service::serve_with_limits(
+            server.incoming(listener),
+            KeyService::attested_only(kms),
+            &Limits::default(),
+            shutdown,
+        )
+        .await?;
+        tracing::info!("key service stopped");
+        return Ok(());
+    }
     let listener = args.listen.bind().await?;
     let address = listener
         .local_addr()
@@ -115,6 +158,46 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .await?;
     tracing::info!("key service stopped");
     Ok(())
+}
+
+/// Builds the validator for `--verify-clients`.
+fn client_validator(args: &Args) -> anyhow::Result<std::sync::Arc<dyn asterism_atls::Validator>> {
+    match args.verify_clients {
+        Some(ClientVariant::InsecureTestEd25519) => test_validator(&args.insecure_test_trusted_key),
+        None => anyhow::bail!("--atls-listen needs --verify-clients"),
+    }
+}
+
+#[cfg(feature = "insecure-test-attestation")]
+fn test_validator(keys: &[String]) -> anyhow::Result<std::sync::Arc<dyn asterism_atls::Validator>> {
+    use asterism_atls::attestation::test_ed25519::InsecureTestValidator;
+    if keys.is_empty() {
+        anyhow::bail!("insecure-test-ed25519 needs at least one --insecure-test-trusted-key");
+    }
+    let keys = keys
+        .iter()
+        .map(|k| {
+            let bytes = hex::decode(k)
+                .ok()
+                .and_then(|b| <[u8; 32]>::try_from(b).ok());
+            bytes.with_context(|| format!("--insecure-test-trusted-key {k:?} is not 64 hex digits"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    tracing::warn!(
+        keys = keys.len(),
+        "accepting INSECURE Ed25519 test evidence: clients prove nothing about their platform"
+    );
+    Ok(std::sync::Arc::new(InsecureTestValidator::new(keys)))
+}
+
+#[cfg(not(feature = "insecure-test-attestation"))]
+fn test_validator(
+    _keys: &[String],
+) -> anyhow::Result<std::sync::Arc<dyn asterism_atls::Validator>> {
+    anyhow::bail!(
+        "this build has no insecure test attestation; rebuild with \
+         `--features insecure-test-attestation` (development only)"
+    )
 }
 
 fn main() -> ExitCode {

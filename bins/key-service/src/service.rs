@@ -55,13 +55,28 @@ impl TryFrom<GetDataKeyRequest> for DataKeyRequest {
 /// The key service: answers `GetDataKey` with keys derived by a [`ClusterKms`].
 pub struct KeyService {
     kms: Arc<ClusterKms>,
+    require_attested_peer: bool,
 }
 
 impl KeyService {
     /// A service deriving from `kms`.
     #[must_use]
     pub fn new(kms: ClusterKms) -> Self {
-        Self { kms: Arc::new(kms) }
+        Self {
+            kms: Arc::new(kms),
+            require_attested_peer: false,
+        }
+    }
+
+    /// A service that answers only requests arriving on an attested-TLS connection whose
+    /// peer a validator accepted; every other request gets `PermissionDenied`. Used when
+    /// the service listens on a network address.
+    #[must_use]
+    pub fn attested_only(kms: ClusterKms) -> Self {
+        Self {
+            kms: Arc::new(kms),
+            require_attested_peer: true,
+        }
     }
 }
 
@@ -74,6 +89,13 @@ impl std::fmt::Debug for KeyService {
 /// Who sent a request, for the log: the TCP address, or the credentials of a Unix-socket
 /// peer.
 fn peer<T>(request: &Request<T>) -> String {
+    if let Some(addr) = request
+        .extensions()
+        .get::<asterism_atls::AtlsConnectInfo>()
+        .and_then(|info| info.remote_addr)
+    {
+        return addr.to_string();
+    }
     if let Some(addr) = request.remote_addr() {
         return addr.to_string();
     }
@@ -107,7 +129,17 @@ impl Api for KeyService {
         &self,
         request: Request<GetDataKeyRequest>,
     ) -> Result<Response<GetDataKeyResponse>, Status> {
-        let peer = peer(&request);
+        let mut peer = peer(&request);
+        if self.require_attested_peer {
+            let verified = asterism_atls::verified_peer(&request).inspect_err(|_| {
+                tracing::warn!(%peer, "refused data key request: peer is not attested");
+            })?;
+            peer = format!(
+                "{peer} ({} {})",
+                verified.evidence().variant(),
+                verified.evidence().identity()
+            );
+        }
         let request = DataKeyRequest::try_from(request.into_inner()).map_err(|err| {
             tracing::warn!(%peer, error = %err, "refused data key request");
             Status::invalid_argument(err.to_string())

@@ -236,6 +236,15 @@ impl Swtpm {
                 .open(self.log_path())
                 .map_err(io_error("opening the swtpm log"))?;
             let log_err = log.try_clone().map_err(io_error("opening the swtpm log"))?;
+            // swtpm writes its pid file only once it has bound both ports: the proof that the
+            // ports answer for this process and not for one that took them meanwhile.
+            let pid_file = self.root.join("swtpm.pid");
+            match fs::remove_file(&pid_file) {
+                Ok(()) => {}
+                Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+                Err(error) => return Err(io_error("removing the old swtpm pid file")(error)),
+            }
+            let pid = format!("file={}", pid_file.display());
             let state = format!("dir={}", self.state_dir.display());
             let server = format!("type=tcp,port={port},bindaddr=127.0.0.1");
             let ctrl = format!("type=tcp,port={},bindaddr=127.0.0.1", port + 1);
@@ -249,6 +258,7 @@ impl Swtpm {
                     &server,
                 ])
                 .args(["--ctrl", &ctrl, "--flags", "not-need-init,startup-clear"])
+                .args(["--pid", &pid])
                 .stdin(Stdio::null())
                 .stdout(log)
                 .stderr(log_err)
@@ -256,7 +266,7 @@ impl Swtpm {
                 .map_err(io_error("starting swtpm"))?;
             self.child = Some(child);
             self.port = port;
-            match self.wait_ready() {
+            match self.wait_ready(&pid_file) {
                 Ok(()) => {
                     debug!(port, state_dir = %self.state_dir.display(), "swtpm ready");
                     return Ok(());
@@ -278,18 +288,23 @@ impl Swtpm {
         })
     }
 
-    /// Waits until the control channel answers a capability query.
-    fn wait_ready(&mut self) -> Result<(), String> {
+    /// Waits until our swtpm has bound its ports (its pid file names it) and its control
+    /// channel answers a capability query.
+    fn wait_ready(&mut self, pid_file: &Path) -> Result<(), String> {
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
-            if let Some(child) = self.child.as_mut() {
-                match child.try_wait() {
-                    Ok(Some(status)) => return Err(format!("swtpm exited with {status}")),
-                    Ok(None) => {}
-                    Err(error) => return Err(format!("cannot poll swtpm: {error}")),
-                }
+            let Some(child) = self.child.as_mut() else {
+                return Err("no swtpm process".to_owned());
+            };
+            match child.try_wait() {
+                Ok(Some(status)) => return Err(format!("swtpm exited with {status}")),
+                Ok(None) => {}
+                Err(error) => return Err(format!("cannot poll swtpm: {error}")),
             }
-            let ready = control(self.port + 1, CMD_GET_CAPABILITY).is_ok()
+            let ours =
+                fs::read_to_string(pid_file).is_ok_and(|pid| pid.trim() == child.id().to_string());
+            let ready = ours
+                && control(self.port + 1, CMD_GET_CAPABILITY).is_ok()
                 && TcpStream::connect((Ipv4Addr::LOCALHOST, self.port)).is_ok();
             if ready {
                 return Ok(());
@@ -306,6 +321,10 @@ impl Swtpm {
         let Some(mut child) = self.child.take() else {
             return Ok(());
         };
+        // Only while our process runs is the control port certainly ours.
+        if let Ok(Some(_)) = child.try_wait() {
+            return Ok(());
+        }
         if control(self.port + 1, CMD_SHUTDOWN).is_ok() {
             let deadline = Instant::now() + STOP_TIMEOUT;
             while Instant::now() < deadline {

@@ -142,7 +142,7 @@ impl Tpm {
     /// hierarchy, see [`crate::ak`]) and persists it there, evicting whatever object of
     /// another template occupied the handle.
     pub fn load_attestation_key(&mut self, config: &AkConfig) -> Result<AttestationKey, TpmError> {
-        let template = self.binding("AK template", ak::template(config.algorithm))?;
+        let template = binding("AK template", ak::template(config.algorithm))?;
         if let Some((handle, public)) = self.read_persistent(config.handle)? {
             match ak::template_mismatch(&template, &public) {
                 None => {
@@ -150,9 +150,8 @@ impl Tpm {
                         handle = format_args!("{:#010x}", config.handle.raw()),
                         "using persistent AK"
                     );
-                    let public = self.binding("marshal TPMT_PUBLIC", public.marshall())?;
-                    self.aks
-                        .insert(config.handle.raw(), (handle, public.clone()));
+                    let public = binding("marshal TPMT_PUBLIC", public.marshall())?;
+                    self.remember_ak(config.handle, handle, public.clone());
                     return Ok(AttestationKey {
                         algorithm: config.algorithm,
                         handle: config.handle,
@@ -212,7 +211,7 @@ impl Tpm {
             });
         }
         let key = self.ak_handle(ak)?;
-        let pcr_list = self.binding("PCR selection", sha256_selection(&selection.indices()))?;
+        let pcr_list = binding("PCR selection", sha256_selection(&selection.indices()))?;
         for attempt in 1..=QUOTE_ATTEMPTS {
             let (attest, signature) = self.run("TPM2_Quote", |ctx| {
                 let data = Data::try_from(qualifying_data.to_vec())?;
@@ -230,8 +229,8 @@ impl Tpm {
             let pcrs = self.read_pcrs(selection)?;
             if pcr::quote_digest(&pcrs).as_slice() == signed_digest.as_slice() {
                 return Ok(Quote {
-                    attest: self.binding("marshal TPMS_ATTEST", attest.marshall())?,
-                    signature: self.binding("marshal TPMT_SIGNATURE", signature.marshall())?,
+                    attest: binding("marshal TPMS_ATTEST", attest.marshall())?,
+                    signature: binding("marshal TPMT_SIGNATURE", signature.marshall())?,
                     selection: selection.indices(),
                     pcrs,
                 });
@@ -247,7 +246,7 @@ impl Tpm {
     /// `SHA-256(old || digest)` ([`crate::pcr::extended`]). Other banks are not touched.
     pub fn extend_pcr(&mut self, index: u32, digest: &[u8; 32]) -> Result<(), TpmError> {
         let handle = pcr_handle(index)?;
-        let digests = self.binding("digest", sha256_digest_values(digest))?;
+        let digests = binding("digest", sha256_digest_values(digest))?;
         self.run("TPM2_PCR_Extend", |ctx| {
             ctx.execute_with_session(Some(AuthSession::Password), |ctx| {
                 ctx.pcr_extend(handle, digests.clone())
@@ -290,7 +289,7 @@ impl Tpm {
                     });
                 }
             };
-            digests.set(bank, self.binding("digest", Digest::try_from(digest))?);
+            digests.set(bank, binding("digest", Digest::try_from(digest))?);
         }
         self.run("TPM2_PCR_Extend", |ctx| {
             ctx.execute_with_session(Some(AuthSession::Password), |ctx| {
@@ -305,7 +304,7 @@ impl Tpm {
         if !self.handle_exists(slot.nv_index())? {
             return Ok(None);
         }
-        let index = self.binding("NV index", NvIndexTpmHandle::new(slot.nv_index()))?;
+        let index = binding("NV index", NvIndexTpmHandle::new(slot.nv_index()))?;
         let read = self.run("TPM2_NV_Read", |ctx| {
             ctx.execute_with_session(Some(AuthSession::Password), |ctx| {
                 nv::read_full(ctx, NvAuth::Owner, index)
@@ -420,8 +419,7 @@ impl Tpm {
         if !self.handle_exists(handle.raw())? {
             return Ok(None);
         }
-        let tpm_handle =
-            self.binding("persistent handle", PersistentTpmHandle::new(handle.raw()))?;
+        let tpm_handle = binding("persistent handle", PersistentTpmHandle::new(handle.raw()))?;
         let object = self.run("TPM2_ReadPublic", |ctx| {
             ctx.execute_without_session(|ctx| {
                 ctx.tr_from_tpm_public(TpmHandle::Persistent(tpm_handle))
@@ -443,9 +441,8 @@ impl Tpm {
 
     /// Removes the persistent object at `handle`.
     fn evict(&mut self, object: KeyHandle, handle: PersistentHandle) -> Result<(), TpmError> {
-        let tpm_handle =
-            self.binding("persistent handle", PersistentTpmHandle::new(handle.raw()))?;
-        self.aks.remove(&handle.raw());
+        let tpm_handle = binding("persistent handle", PersistentTpmHandle::new(handle.raw()))?;
+        self.forget_ak(handle, Some(object));
         self.run("TPM2_EvictControl", |ctx| {
             ctx.execute_with_session(Some(AuthSession::Password), |ctx| {
                 ctx.evict_control(
@@ -474,8 +471,8 @@ impl Tpm {
             })
         })?;
         let transient = created.key_handle;
-        let public = self.binding("marshal TPMT_PUBLIC", created.out_public.marshall());
-        let tpm_handle = self.binding(
+        let public = binding("marshal TPMT_PUBLIC", created.out_public.marshall());
+        let tpm_handle = binding(
             "persistent handle",
             PersistentTpmHandle::new(config.handle.raw()),
         );
@@ -501,16 +498,32 @@ impl Tpm {
             warn!(%error, "cannot flush the transient AK");
         }
         let (public, persistent) = persisted?;
-        self.aks.insert(
-            config.handle.raw(),
-            (KeyHandle::from(persistent), public.clone()),
-        );
+        self.remember_ak(config.handle, KeyHandle::from(persistent), public.clone());
         Ok(AttestationKey {
             algorithm: config.algorithm,
             handle: config.handle,
             public,
             created: true,
         })
+    }
+
+    /// Caches the ESAPI handle of the AK at `handle`, closing a previous one.
+    fn remember_ak(&mut self, handle: PersistentHandle, key: KeyHandle, public: Vec<u8>) {
+        self.forget_ak(handle, Some(key));
+        self.aks.insert(handle.raw(), (key, public));
+    }
+
+    /// Drops the cached ESAPI handle for `handle` and closes it (it is only a TSS-side
+    /// reference; the persistent object stays), unless it is `keep`, which is still in use.
+    fn forget_ak(&mut self, handle: PersistentHandle, keep: Option<KeyHandle>) {
+        if let Some((old, _)) = self.aks.remove(&handle.raw())
+            && Some(old) != keep
+        {
+            let mut object = ObjectHandle::from(old);
+            if let Err(error) = self.ctx.tr_close(&mut object) {
+                debug!(%error, "cannot close a stale ESAPI handle");
+            }
+        }
     }
 
     /// The ESAPI handle of the persistent key at `ak`'s handle, looked up once per
@@ -521,8 +534,8 @@ impl Tpm {
             let Some((key, public)) = self.read_persistent(ak.handle)? else {
                 return Err(TpmError::AkNotFound { handle: raw });
             };
-            let public = self.binding("marshal TPMT_PUBLIC", public.marshall())?;
-            self.aks.insert(raw, (key, public));
+            let public = binding("marshal TPMT_PUBLIC", public.marshall())?;
+            self.remember_ak(ak.handle, key, public);
         }
         match self.aks.get(&raw) {
             Some((key, public)) if *public == ak.public => Ok(*key),
@@ -533,7 +546,7 @@ impl Tpm {
 
     /// The allocated banks whose selection includes PCR `index`.
     fn banks_with_pcr(&mut self, index: u32) -> Result<Vec<HashingAlgorithm>, TpmError> {
-        let slot = self.binding("PCR slot", PcrSlot::try_from(1u32 << index))?;
+        let slot = binding("PCR slot", PcrSlot::try_from(1u32 << index))?;
         let (data, _) = self.run("TPM2_GetCapability(PCRS)", |ctx| {
             ctx.execute_without_session(|ctx| ctx.get_capability(CapabilityType::AssignedPcr, 0, 1))
         })?;
@@ -561,7 +574,7 @@ impl Tpm {
         let mut counter = None;
         while !pending.is_empty() {
             let batch: Vec<u32> = pending.iter().take(PCR_READ_BATCH).copied().collect();
-            let request = self.binding("PCR selection", sha256_selection(&batch))?;
+            let request = binding("PCR selection", sha256_selection(&batch))?;
             let (update_counter, returned, digests) = self.run("TPM2_PCR_Read", |ctx| {
                 ctx.execute_without_session(|ctx| ctx.pcr_read(request.clone()))
             })?;
@@ -614,23 +627,20 @@ impl Tpm {
         values.sort_by_key(|(index, _)| *index);
         Ok(Some(values))
     }
+}
 
-    fn binding<T>(
-        &self,
-        operation: &'static str,
-        result: tss_esapi::Result<T>,
-    ) -> Result<T, TpmError> {
-        result.map_err(|error| match error {
-            tss_esapi::Error::Tss2Error(rc) => TpmError::Tpm {
-                operation,
-                code: raw_code(rc),
-            },
-            tss_esapi::Error::WrapperError(kind) => TpmError::Binding {
-                operation,
-                detail: kind.to_string(),
-            },
-        })
-    }
+/// Maps a binding result whose error is not worth retrying (building or marshalling a value).
+fn binding<T>(operation: &'static str, result: tss_esapi::Result<T>) -> Result<T, TpmError> {
+    result.map_err(|error| match error {
+        tss_esapi::Error::Tss2Error(rc) => TpmError::Tpm {
+            operation,
+            code: raw_code(rc),
+        },
+        tss_esapi::Error::WrapperError(kind) => TpmError::Binding {
+            operation,
+            detail: kind.to_string(),
+        },
+    })
 }
 
 /// The raw TSS2_RC inside the binding's response-code type.

@@ -27,8 +27,8 @@
 //! known, and to all-zero by a plain reset, so an enforced expectation on it proves nothing
 //! about the boot. An *enforced* value for one of [`RESETTABLE_PCRS`] is therefore refused
 //! on load, **including all-zero** (zero is exactly what a reset produces); a warn-only
-//! value is accepted. PCRs 17–22 are reset only by a dynamic launch (localities 2–4) and
-//! are accepted.
+//! value is accepted. PCRs 17–22 can be reset only from localities 2–4 (dynamic launch), not
+//! by ordinary software at locality 0, and are accepted.
 
 use crate::ValidationError;
 use serde::Deserialize;

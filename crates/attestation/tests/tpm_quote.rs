@@ -723,6 +723,22 @@ fn rejects_trailing_garbage_and_unknown_fields_in_evidence() {
 }
 
 #[test]
+fn rejects_evidence_with_fields_out_of_order() {
+    // The same fields, version last instead of first: valid protobuf, same length, but
+    // not the one canonical encoding.
+    let (tpm, v) = setup();
+    let ev = tpm.issue(&rd()).unwrap();
+    assert_eq!(&ev[..2], &[1 << 3, 1]);
+    let mut reordered = ev[2..].to_vec();
+    reordered.extend_from_slice(&ev[..2]);
+    assert_eq!(
+        TpmQuoteEvidence::decode(reordered.as_slice()).unwrap(),
+        TpmQuoteEvidence::decode(ev.as_slice()).unwrap()
+    );
+    malformed_err(v.validate(&reordered, &rd()), "not canonically encoded");
+}
+
+#[test]
 fn rejects_trailing_garbage_in_each_tpm_structure() {
     let (tpm, v) = setup();
     let wire = tpm.quote(&rd()).sign(tpm.ak()).unwrap();

@@ -22,9 +22,9 @@
 //! ```
 //!
 //! Decoding is strict: at most [`MAX_EVIDENCE_SIZE`] bytes, checked before decoding; the
-//! encoding must be canonical (no unknown or repeated scalar fields, minimal varints: the
-//! message must re-encode to exactly as many bytes); the version must be 1; and every
-//! TPM structure must parse exactly.
+//! encoding must be canonical (the decoded message must re-encode to exactly the input:
+//! fields in number order, no unknown or repeated scalar fields, minimal varints); the
+//! version must be 1; and every TPM structure must parse exactly.
 
 use super::structures::{TpmsAttest, TpmtPublic, TpmtSignature};
 use super::wire::ParseError;
@@ -88,7 +88,9 @@ pub enum EvidenceError {
     #[error("not a TpmQuoteEvidence message: {0}")]
     Protobuf(String),
     /// Valid protobuf, but not the canonical encoding of the message.
-    #[error("evidence is not canonically encoded (unknown or repeated fields, or padding)")]
+    #[error(
+        "evidence is not canonically encoded (field order, unknown or repeated fields, or padding)"
+    )]
     NonCanonical,
     /// A version other than [`EVIDENCE_VERSION`].
     #[error("unsupported evidence version {0} (want {EVIDENCE_VERSION})")]
@@ -150,7 +152,10 @@ impl QuoteEvidence {
         }
         let wire =
             TpmQuoteEvidence::decode(bytes).map_err(|e| EvidenceError::Protobuf(e.to_string()))?;
-        if wire.encoded_len() != bytes.len() {
+        // One encoding only: fields in number order, no unknown or repeated scalar fields,
+        // minimal varints. Every ordinary protobuf encoder produces exactly this for this
+        // message (no maps, no packed fields), so the check costs interoperability nothing.
+        if wire.encoded_len() != bytes.len() || wire.encode_to_vec() != bytes {
             return Err(EvidenceError::NonCanonical);
         }
         Self::try_from(wire)

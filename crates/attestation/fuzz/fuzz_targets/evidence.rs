@@ -1,0 +1,32 @@
+//! Evidence decoder and the whole validator on arbitrary bytes: must never panic, and
+//! decoded evidence must re-encode canonically.
+#![no_main]
+
+use asterism_attestation::tpm::{AkTrust, QuoteEvidence, TpmQuoteEvidence, TpmQuoteValidator};
+use asterism_attestation::{ExpectedPcr, Measurements, PcrIndex, ReportData, Validator};
+use libfuzzer_sys::fuzz_target;
+use prost::Message;
+use std::sync::OnceLock;
+
+fn validator() -> &'static TpmQuoteValidator {
+    static V: OnceLock<TpmQuoteValidator> = OnceLock::new();
+    V.get_or_init(|| {
+        let m = PcrIndex::new(15)
+            .and_then(|i| Measurements::new([(i, ExpectedPcr::enforce([0; 32]))]).ok());
+        let Some(m) = m else {
+            std::process::abort();
+        };
+        // Any AK, so inputs with a valid signature reach the later checks too.
+        TpmQuoteValidator::new(AkTrust::insecure_any_ak(), m.into_provider())
+    })
+}
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(ev) = QuoteEvidence::decode(data) {
+        // Accepted input is canonical: the wire message re-encodes to the same bytes.
+        let wire = TpmQuoteEvidence::decode(data).ok();
+        assert_eq!(wire.map(|w| w.encode_to_vec()).as_deref(), Some(data));
+        assert!(ev.pcrs.len() <= 24);
+    }
+    let _ = validator().validate(data, &ReportData::verify(b"fuzz"));
+});

@@ -40,6 +40,25 @@ struct Args {
     #[arg(long, value_enum, requires = "atls_listen")]
     verify_clients: Option<ClientVariant>,
 
+    /// `tpm-quote`: PEM file of the platform CA(s) that certify client attestation keys.
+    #[arg(long, value_name = "PATH")]
+    platform_ca: Option<PathBuf>,
+
+    /// `tpm-quote`: accept attestation keys with this fingerprint (SHA-256 of the AK's
+    /// TPMT_PUBLIC, 64 hex digits) instead of a platform CA. Repeatable.
+    #[arg(long, value_name = "HEX")]
+    pinned_ak: Vec<String>,
+
+    /// `tpm-quote`: INSECURE, development only: accept any attestation key (the PCR values
+    /// are still checked). Warned on every connection.
+    #[arg(long)]
+    insecure_any_ak: bool,
+
+    /// `tpm-quote`: the expected measurements (JSON, see docs/attestation.md). The file is
+    /// re-read when it changes.
+    #[arg(long, value_name = "PATH")]
+    measurements: Option<PathBuf>,
+
     /// INSECURE, development only: an Ed25519 public key (64 hex digits) whose
     /// `insecure-test-ed25519` evidence is accepted. Repeatable.
     #[arg(long, value_name = "HEX")]
@@ -56,6 +75,8 @@ struct Args {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum ClientVariant {
+    /// A TPM 2.0 quote (vTPM or hardware TPM) checked against expected measurements.
+    TpmQuote,
     /// INSECURE: Ed25519 test evidence from pinned keys (development builds only).
     InsecureTestEd25519,
 }
@@ -163,9 +184,52 @@ async fn run(args: Args) -> anyhow::Result<()> {
 /// Builds the validator for `--verify-clients`.
 fn client_validator(args: &Args) -> anyhow::Result<std::sync::Arc<dyn asterism_atls::Validator>> {
     match args.verify_clients {
+        Some(ClientVariant::TpmQuote) => tpm_validator(args),
         Some(ClientVariant::InsecureTestEd25519) => test_validator(&args.insecure_test_trusted_key),
         None => anyhow::bail!("--atls-listen needs --verify-clients"),
     }
+}
+
+/// Builds the `tpm-quote` validator: an AK trust policy (exactly one of platform CA,
+/// pinned keys or the insecure any-key option) and hot-reloaded measurements.
+fn tpm_validator(args: &Args) -> anyhow::Result<std::sync::Arc<dyn asterism_atls::Validator>> {
+    use asterism_attestation::{
+        AkFingerprint, AkTrust, PlatformCa, ReloadingMeasurements, TpmQuoteValidator,
+    };
+    let chosen = usize::from(args.platform_ca.is_some())
+        + usize::from(!args.pinned_ak.is_empty())
+        + usize::from(args.insecure_any_ak);
+    if chosen != 1 {
+        anyhow::bail!(
+            "tpm-quote needs exactly one AK trust policy: --platform-ca, --pinned-ak or --insecure-any-ak"
+        );
+    }
+    let trust = if let Some(path) = &args.platform_ca {
+        let pem = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        AkTrust::platform_ca(
+            PlatformCa::from_pem(&pem)
+                .with_context(|| format!("{} holds no usable CA certificate", path.display()))?,
+        )
+    } else if !args.pinned_ak.is_empty() {
+        let pins = args
+            .pinned_ak
+            .iter()
+            .map(|h| AkFingerprint::from_hex(h).with_context(|| format!("--pinned-ak {h:?}")))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        AkTrust::pinned(pins)
+    } else {
+        AkTrust::insecure_any_ak()
+    };
+    let path = args
+        .measurements
+        .as_ref()
+        .context("tpm-quote needs --measurements (expected PCR values are mandatory)")?;
+    let measurements = ReloadingMeasurements::open(path)
+        .with_context(|| format!("loading measurements from {}", path.display()))?;
+    Ok(std::sync::Arc::new(TpmQuoteValidator::new(
+        trust,
+        std::sync::Arc::new(measurements),
+    )))
 }
 
 #[cfg(feature = "insecure-test-attestation")]

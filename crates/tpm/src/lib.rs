@@ -22,6 +22,7 @@ mod config;
 mod device;
 pub mod ek;
 mod error;
+mod issuer;
 pub mod pcr;
 pub mod retry;
 
@@ -30,5 +31,6 @@ pub use config::{ConfigError, DEFAULT_DEVICE, DEFAULT_SWTPM_HOST, DEFAULT_SWTPM_
 pub use device::{MAX_EVENT_DATA, MAX_QUALIFYING_DATA, Quote, Tpm};
 pub use ek::EkCertSlot;
 pub use error::{Layer, ResponseCode, TpmError};
+pub use issuer::TpmIssuer;
 pub use pcr::{PcrSelection, PcrValue};
 pub use retry::RetryPolicy;

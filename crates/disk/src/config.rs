@@ -1,0 +1,332 @@
+//! How the state disk is formatted and unlocked: one value, checked once by
+//! [`DiskConfig::validate`] (which [`crate::StateDisk::open`] calls).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The mapper name of the state disk (REFERENCE §10.1): it is mapped at `/dev/mapper/state`.
+pub const DEFAULT_MAPPER_NAME: &str = "state";
+
+/// The bound on every cryptsetup invocation except a format that wipes integrity tags.
+///
+/// Generous on purpose: one argon2id key check costs about 2 s with the default parameters,
+/// and a key check without a slot number tries every keyslot in turn.
+pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The bound on a format that wipes the whole device to initialise dm-integrity tags
+/// (the wipe writes every sector of the disk).
+pub const DEFAULT_WIPE_TIMEOUT: Duration = Duration::from_secs(2 * 60 * 60);
+
+/// How keyslot passphrases are stretched. Every variant is argon2id (REFERENCE §10.2).
+///
+/// The passphrases this crate handles are 32 uniformly random bytes (a generated initial
+/// passphrase or an HKDF-derived disk key), so the PBKDF is not what stops a guessing attack;
+/// it only sets the cost of every unlock. Cheap forced parameters are therefore acceptable in
+/// tests, and the validator only requires a well-formed argon2id keyslot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pbkdf {
+    /// cryptsetup benchmarks the machine and picks the iteration count that takes
+    /// `iter_time_ms`, within the given memory and thread limits.
+    Argon2idBenchmarked {
+        /// Target unlock time in milliseconds (`--iter-time`).
+        iter_time_ms: u32,
+        /// Maximum memory in KiB (`--pbkdf-memory`).
+        max_memory_kib: u32,
+        /// Parallel threads (`--pbkdf-parallel`; cryptsetup caps it at the online CPUs).
+        parallel: u32,
+    },
+    /// Fixed costs, no benchmark (`--pbkdf-force-iterations`).
+    Argon2idForced {
+        /// Iterations (argon2 time cost).
+        iterations: u32,
+        /// Memory in KiB.
+        memory_kib: u32,
+        /// Parallel threads.
+        parallel: u32,
+    },
+}
+
+impl Pbkdf {
+    /// The original's parameters (REFERENCE §10.2): target 2000 ms, at most 64 MiB, 4 threads.
+    pub const SPEC: Self = Self::Argon2idBenchmarked {
+        iter_time_ms: 2000,
+        max_memory_kib: 65536,
+        parallel: 4,
+    };
+
+    /// The cheapest parameters cryptsetup accepts (4 iterations, 32 KiB, 1 thread), for tests.
+    pub const FAST_FOR_TESTS: Self = Self::Argon2idForced {
+        iterations: 4,
+        memory_kib: 32,
+        parallel: 1,
+    };
+
+    /// The cryptsetup options that select these parameters.
+    pub(crate) fn args(&self) -> Vec<String> {
+        let mut args = vec!["--pbkdf".to_owned(), "argon2id".to_owned()];
+        match *self {
+            Self::Argon2idBenchmarked {
+                iter_time_ms,
+                max_memory_kib,
+                parallel,
+            } => {
+                args.extend([
+                    "--iter-time".to_owned(),
+                    iter_time_ms.to_string(),
+                    "--pbkdf-memory".to_owned(),
+                    max_memory_kib.to_string(),
+                    "--pbkdf-parallel".to_owned(),
+                    parallel.to_string(),
+                ]);
+            }
+            Self::Argon2idForced {
+                iterations,
+                memory_kib,
+                parallel,
+            } => {
+                args.extend([
+                    "--pbkdf-force-iterations".to_owned(),
+                    iterations.to_string(),
+                    "--pbkdf-memory".to_owned(),
+                    memory_kib.to_string(),
+                    "--pbkdf-parallel".to_owned(),
+                    parallel.to_string(),
+                ]);
+            }
+        }
+        args
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let (time, memory, parallel) = match *self {
+            Self::Argon2idBenchmarked {
+                iter_time_ms,
+                max_memory_kib,
+                parallel,
+            } => (iter_time_ms, max_memory_kib, parallel),
+            Self::Argon2idForced {
+                iterations,
+                memory_kib,
+                parallel,
+            } => (iterations, memory_kib, parallel),
+        };
+        // cryptsetup's own limits: argon2 needs at least 32 KiB, 1..=4 threads, and at most
+        // 4 GiB of memory.
+        if time == 0 {
+            return Err(ConfigError::Pbkdf("the time cost must be at least 1"));
+        }
+        if !(32..=4 * 1024 * 1024).contains(&memory) {
+            return Err(ConfigError::Pbkdf(
+                "the memory cost must be between 32 KiB and 4 GiB",
+            ));
+        }
+        if !(1..=4).contains(&parallel) {
+            return Err(ConfigError::Pbkdf(
+                "the parallel cost must be between 1 and 4",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Default for Pbkdf {
+    fn default() -> Self {
+        Self::SPEC
+    }
+}
+
+/// Whether the data segment is authenticated with dm-integrity (`hmac(sha256)`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Integrity {
+    /// Always `hmac-sha256`, as in the original (REFERENCE §10.2). Formatting fails where the
+    /// kernel has no device-mapper, and every header must carry integrity.
+    #[default]
+    HmacSha256,
+    /// `hmac-sha256` where the kernel has device-mapper; otherwise format without integrity
+    /// and log a warning on every such format. Headers with or without integrity pass.
+    /// Meant for local mode.
+    HmacSha256IfAvailable,
+    /// No integrity: confidentiality only. Headers with or without integrity pass.
+    None,
+}
+
+/// What [`crate::StateDisk::unlock`] does when the kernel has no device-mapper.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MissingDeviceMapper {
+    /// Fail: the disk cannot be used without a mapping.
+    #[default]
+    Fail,
+    /// Check the passphrase against the (validated) header instead of mapping the disk,
+    /// report [`crate::Unlocked::KeyChecked`] and log a warning. Meant for local mode on
+    /// machines whose kernel lacks device-mapper.
+    KeyCheckOnly,
+}
+
+/// Everything [`crate::StateDisk`] needs to know. Build it once, for instance from
+/// command-line flags, starting from [`DiskConfig::default`] (production) or
+/// [`DiskConfig::local`] (a local cluster on a development machine).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskConfig {
+    /// The cryptsetup program: a path, or a bare name looked up in `PATH`.
+    pub cryptsetup: PathBuf,
+    /// The device-mapper name used by [`crate::StateDisk::unlock`].
+    pub mapper_name: String,
+    /// Keyslot PBKDF for the first keyslot and every new one.
+    pub pbkdf: Pbkdf,
+    /// dm-integrity on the data segment.
+    pub integrity: Integrity,
+    /// Whether a format with integrity wipes the device to initialise the integrity tags
+    /// (otherwise every sector reads as an I/O error until it is first written).
+    pub integrity_wipe: bool,
+    /// What unlocking does without device-mapper.
+    pub missing_device_mapper: MissingDeviceMapper,
+    /// The device-mapper control node whose presence means the kernel has device-mapper.
+    pub device_mapper_control: PathBuf,
+    /// Where detached header copies are made, each in a fresh private (0700) directory that
+    /// is removed afterwards. A header copy is as large as the header and keyslot areas
+    /// (16 MiB with cryptsetup's defaults); it holds no secret in the clear.
+    pub scratch_dir: PathBuf,
+    /// The bound on each cryptsetup invocation.
+    pub command_timeout: Duration,
+    /// The bound on a format that wipes the device for integrity.
+    pub wipe_timeout: Duration,
+}
+
+impl Default for DiskConfig {
+    /// Production: the original's format parameters, integrity required, device-mapper
+    /// required.
+    fn default() -> Self {
+        Self {
+            cryptsetup: PathBuf::from("cryptsetup"),
+            mapper_name: DEFAULT_MAPPER_NAME.to_owned(),
+            pbkdf: Pbkdf::SPEC,
+            integrity: Integrity::HmacSha256,
+            integrity_wipe: true,
+            missing_device_mapper: MissingDeviceMapper::Fail,
+            device_mapper_control: PathBuf::from("/dev/mapper/control"),
+            scratch_dir: PathBuf::from("/run"),
+            command_timeout: DEFAULT_COMMAND_TIMEOUT,
+            wipe_timeout: DEFAULT_WIPE_TIMEOUT,
+        }
+    }
+}
+
+impl DiskConfig {
+    /// Local mode: like [`DiskConfig::default`], but integrity and the mapping fall back
+    /// (with a warning in the log) where the kernel has no device-mapper.
+    #[must_use]
+    pub fn local() -> Self {
+        Self {
+            integrity: Integrity::HmacSha256IfAvailable,
+            missing_device_mapper: MissingDeviceMapper::KeyCheckOnly,
+            ..Self::default()
+        }
+    }
+
+    /// Checks the values that cryptsetup or the kernel would reject later, or that would
+    /// make a mapper path ambiguous.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.pbkdf.validate()?;
+        let name_ok = !self.mapper_name.is_empty()
+            && self.mapper_name.len() <= 127
+            && self
+                .mapper_name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+            && !self.mapper_name.starts_with('.');
+        if !name_ok {
+            return Err(ConfigError::MapperName);
+        }
+        if self.cryptsetup.as_os_str().is_empty() {
+            return Err(ConfigError::Program);
+        }
+        if self.command_timeout.is_zero() || self.wipe_timeout.is_zero() {
+            return Err(ConfigError::Timeout);
+        }
+        Ok(())
+    }
+}
+
+/// Why a [`DiskConfig`] was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// The PBKDF parameters are outside what cryptsetup accepts.
+    #[error("invalid PBKDF parameters: {0}")]
+    Pbkdf(&'static str),
+    /// The mapper name is empty, too long, or has characters other than `[A-Za-z0-9._-]`.
+    #[error("the mapper name must be 1 to 127 characters of [A-Za-z0-9._-], not starting with '.'")]
+    MapperName,
+    /// The cryptsetup program path is empty.
+    #[error("the cryptsetup program path is empty")]
+    Program,
+    /// A timeout is zero.
+    #[error("timeouts must be longer than zero")]
+    Timeout,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_follow_the_reference_and_validate() {
+        let config = DiskConfig::default();
+        assert_eq!(config.validate(), Ok(()));
+        assert_eq!(config.mapper_name, "state");
+        assert_eq!(config.integrity, Integrity::HmacSha256);
+        assert_eq!(config.missing_device_mapper, MissingDeviceMapper::Fail);
+        assert_eq!(
+            Pbkdf::default().args(),
+            [
+                "--pbkdf",
+                "argon2id",
+                "--iter-time",
+                "2000",
+                "--pbkdf-memory",
+                "65536",
+                "--pbkdf-parallel",
+                "4"
+            ]
+        );
+        assert_eq!(DiskConfig::local().validate(), Ok(()));
+    }
+
+    #[test]
+    fn rejects_mapper_names_that_could_escape_dev_mapper() {
+        for name in ["", "../state", "a/b", ".hidden", "state name"] {
+            let config = DiskConfig {
+                mapper_name: name.to_owned(),
+                ..DiskConfig::default()
+            };
+            assert_eq!(config.validate(), Err(ConfigError::MapperName), "{name:?}");
+        }
+    }
+
+    #[test]
+    fn rejects_pbkdf_costs_cryptsetup_would_refuse() {
+        let bad = [
+            Pbkdf::Argon2idForced {
+                iterations: 0,
+                memory_kib: 32,
+                parallel: 1,
+            },
+            Pbkdf::Argon2idForced {
+                iterations: 4,
+                memory_kib: 16,
+                parallel: 1,
+            },
+            Pbkdf::Argon2idBenchmarked {
+                iter_time_ms: 2000,
+                max_memory_kib: 65536,
+                parallel: 0,
+            },
+        ];
+        for pbkdf in bad {
+            let config = DiskConfig {
+                pbkdf,
+                ..DiskConfig::default()
+            };
+            assert!(config.validate().is_err(), "{pbkdf:?}");
+        }
+    }
+}

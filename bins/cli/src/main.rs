@@ -2,7 +2,7 @@
 //!
 //! Today it can fetch a data key from a key service over attested TLS (`data-key`) and,
 //! in development builds, create an insecure test identity for that (`insecure-test-identity`).
-//! `init`, `verify`, `recover` and `mini` follow.
+//! `init` initialises the first node of a cluster; `verify`, `recover` and `mini` follow.
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
@@ -10,6 +10,8 @@ use std::path::PathBuf;
 
 mod data_key;
 mod identity;
+mod init;
+mod trust;
 
 #[derive(Parser)]
 #[command(
@@ -28,6 +30,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Initialise the first control-plane node of a new cluster.
+    Init(init::Args),
     /// Fetch a data key from a key service over attested TLS.
     DataKey(data_key::Args),
     /// Create an Ed25519 test identity (a 32-byte seed file, mode 0600) and print its
@@ -62,6 +66,20 @@ fn run(cli: Cli) -> Result<()> {
                 .build()
                 .context("starting the async runtime")?;
             rt.block_on(data_key::run(args))
+        }
+        Command::Init(args) => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            let done = rt.block_on(init::run(args))?;
+            // The cluster ID on stdout for scripts; progress went to stderr.
+            let mut stdout = std::io::stdout().lock();
+            std::io::Write::write_fmt(
+                &mut stdout,
+                format_args!("{}\t{}\n", done.cluster_id, done.workspace.display()),
+            )?;
+            Ok(())
         }
         Command::InsecureTestIdentity { out } => identity::create(&out),
     }

@@ -1,0 +1,299 @@
+//! `asterism init`: initialise the first control-plane node.
+//!
+//! The node's evidence is verified against the expected measurements during the attested
+//! TLS exchange, before the request (which carries the master secret) is sent. On success
+//! the cluster's secrets and credentials go into a new workspace directory.
+
+use crate::trust::TrustArgs;
+use anyhow::{Context, Result, bail};
+use asterism_atls::{AtlsConfig, AtlsConnector};
+use asterism_kms::{KmsUri, MasterSecret, Salt};
+use asterism_proto::init::api_client::ApiClient;
+use asterism_proto::init::{InitRequest, init_response};
+use base64::Engine as _;
+use ring::rand::SecureRandom;
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use zeroize::Zeroizing;
+
+/// Arguments of `asterism init`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The first node's InitServer, HOST:PORT.
+    #[arg(long)]
+    pub endpoint: String,
+    /// File holding the init secret (its bcrypt hash is in the node's metadata).
+    #[arg(long, value_name = "PATH")]
+    pub init_secret_file: PathBuf,
+    /// Directory to create for the cluster's secrets and credentials. Must not exist.
+    #[arg(long, value_name = "DIR")]
+    pub workspace: PathBuf,
+    /// Cluster name.
+    #[arg(long, default_value = "asterism")]
+    pub cluster_name: String,
+    /// Kubernetes version to install (passed to the node's Kubernetes driver).
+    #[arg(long, default_value = "v1.31.0")]
+    pub kubernetes_version: String,
+    /// Extra subject alternative names for the API server certificate. Repeatable.
+    #[arg(long = "apiserver-cert-san", value_name = "SAN")]
+    pub apiserver_cert_sans: Vec<String>,
+    /// Deadline for the whole initialisation, in seconds.
+    #[arg(long, default_value_t = 600)]
+    pub timeout_secs: u64,
+    #[command(flatten)]
+    pub trust: TrustArgs,
+}
+
+/// What a successful init produced (for `mini`, which drives init in process).
+#[derive(Debug, Clone)]
+pub struct Initialised {
+    /// The cluster ID, hex.
+    pub cluster_id: String,
+    /// Where the workspace was written.
+    pub workspace: PathBuf,
+}
+
+fn random32() -> Result<Zeroizing<Vec<u8>>> {
+    let mut bytes = Zeroizing::new(vec![0u8; 32]);
+    ring::rand::SystemRandom::new()
+        .fill(&mut bytes)
+        .map_err(|_| anyhow::anyhow!("the system random generator failed"))?;
+    Ok(bytes)
+}
+
+fn read_init_secret(path: &Path) -> Result<Zeroizing<Vec<u8>>> {
+    let bytes = Zeroizing::new(
+        std::fs::read(path)
+            .with_context(|| format!("reading the init secret {}", path.display()))?,
+    );
+    let trimmed = bytes.trim_ascii_end();
+    if trimmed.is_empty() {
+        bail!("the init secret file {} is empty", path.display());
+    }
+    Ok(Zeroizing::new(trimmed.to_vec()))
+}
+
+/// Runs `asterism init`, printing progress to stderr.
+pub async fn run(args: Args) -> Result<Initialised> {
+    if args.workspace.exists() {
+        bail!(
+            "the workspace {} already exists; refusing to overwrite a cluster's secrets \
+             (choose another --workspace or move the old one away)",
+            args.workspace.display()
+        );
+    }
+    let measurements = args.trust.load_measurements()?;
+    let validator = args.trust.validator(measurements)?;
+    let init_secret = read_init_secret(&args.init_secret_file)?;
+
+    let master_secret = random32()?;
+    let salt = random32()?;
+    let measurement_salt = random32()?;
+    let kms_uri = KmsUri::cluster(
+        MasterSecret::new(master_secret.to_vec())?,
+        Salt::new(salt.to_vec())?,
+    )
+    .to_uri_string();
+
+    let deadline = Duration::from_secs(args.timeout_secs);
+    eprintln!(
+        "▸ connecting to {} and verifying the node's evidence",
+        args.endpoint
+    );
+    let connector = AtlsConnector::new(
+        AtlsConfig::verifying(validator)
+            .with_handshake_timeout(Duration::from_secs(30))
+            .with_exchange_timeout(Duration::from_secs(30)),
+    )?;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", args.endpoint))
+        .with_context(|| format!("invalid endpoint {:?}", args.endpoint))?
+        .connect_timeout(Duration::from_secs(30))
+        .connect_with_connector(connector.clone())
+        .await
+        .map_err(|e| explain_connect_error(&args.endpoint, &e))?;
+    if let Some(peer) = connector.last_verified_peer() {
+        eprintln!(
+            "▸ node verified: {} evidence, attestation key {}",
+            peer.evidence().variant(),
+            peer.evidence().identity()
+        );
+    }
+
+    eprintln!("▸ sending the init request; the node is setting up the cluster");
+    let request = InitRequest {
+        kms_uri: kms_uri.to_string(),
+        storage_uri: "storage://no-store".into(),
+        measurement_salt: measurement_salt.to_vec(),
+        kubernetes_version: args.kubernetes_version.clone(),
+        conformance_mode: false,
+        kubernetes_components: Vec::new(),
+        init_secret: init_secret.to_vec(),
+        cluster_name: args.cluster_name.clone(),
+        apiserver_cert_sans: args.apiserver_cert_sans.clone(),
+        service_cidr: String::new(),
+    };
+    let outcome = tokio::time::timeout(deadline, async {
+        let mut stream = ApiClient::new(channel)
+            .init(request)
+            .await
+            .map_err(|s| status_error(&s))?
+            .into_inner();
+        let mut success = None;
+        let mut failure = None;
+        let mut logs = Vec::new();
+        while let Some(msg) = stream.message().await.map_err(|s| status_error(&s))? {
+            match msg.kind {
+                Some(init_response::Kind::InitSuccess(s)) => success = Some(s),
+                Some(init_response::Kind::InitFailure(f)) => failure = Some(f.error),
+                // Bounded: the node sends its own bounded log buffer; cap it here too.
+                Some(init_response::Kind::Log(l)) if logs.len() < 4 << 20 => {
+                    logs.extend_from_slice(&l.log);
+                }
+                Some(init_response::Kind::Log(_)) => {}
+                None => {}
+            }
+        }
+        Ok::<_, anyhow::Error>((success, failure, logs))
+    })
+    .await
+    .with_context(|| format!("initialisation did not finish within {deadline:?}"))??;
+
+    let (success, failure, logs) = outcome;
+    if let Some(error) = failure {
+        if !logs.is_empty() {
+            eprintln!("── log of the node ──────────────────────────────");
+            eprintln!("{}", String::from_utf8_lossy(&logs));
+            eprintln!("─────────────────────────────────────────────────");
+        }
+        bail!("the node reported a failure: {error}");
+    }
+    let success = success.context("the node closed the stream without a result")?;
+    let cluster_id = hex::encode(&success.cluster_id);
+    if success.cluster_id.len() != 32 {
+        bail!(
+            "the node returned a cluster ID of {} bytes, want 32",
+            success.cluster_id.len()
+        );
+    }
+    write_workspace(
+        &args.workspace,
+        &Workspace {
+            kubeconfig: &success.kubeconfig,
+            cluster_id: &cluster_id,
+            master_secret: &master_secret,
+            salt: &salt,
+            measurement_salt: &measurement_salt,
+            endpoint: &args.endpoint,
+        },
+    )?;
+    eprintln!("▸ cluster initialised; cluster ID {cluster_id}");
+    eprintln!("  workspace: {}", args.workspace.display());
+    Ok(Initialised {
+        cluster_id,
+        workspace: args.workspace.clone(),
+    })
+}
+
+fn status_error(s: &tonic::Status) -> anyhow::Error {
+    match s.code() {
+        tonic::Code::FailedPrecondition => anyhow::anyhow!(
+            "the node refused: {} (it is already initialised or joining a cluster)",
+            s.message()
+        ),
+        tonic::Code::Unavailable => anyhow::anyhow!(
+            "the node is unavailable: {} (is its bootstrapper running?)",
+            s.message()
+        ),
+        _ => anyhow::anyhow!("the node refused: {:?}: {}", s.code(), s.message()),
+    }
+}
+
+fn explain_connect_error(endpoint: &str, e: &tonic::transport::Error) -> anyhow::Error {
+    let text = format!("{e:?}");
+    if text.contains("measurement mismatch") {
+        anyhow::anyhow!(
+            "the node at {endpoint} runs other software than expected (its measurements \
+             differ); nothing secret was sent. Details: {text}"
+        )
+    } else if text.contains("untrusted attestation key") || text.contains("certificate") {
+        anyhow::anyhow!(
+            "the node at {endpoint} presented an attestation key the platform CA does not \
+             vouch for; nothing secret was sent. Details: {text}"
+        )
+    } else if text.contains("Connection refused") {
+        anyhow::anyhow!("nothing listens at {endpoint}: is the node's bootstrapper running?")
+    } else {
+        anyhow::anyhow!("could not open an attested connection to {endpoint}: {text}")
+    }
+}
+
+struct Workspace<'a> {
+    kubeconfig: &'a [u8],
+    cluster_id: &'a str,
+    master_secret: &'a [u8],
+    salt: &'a [u8],
+    measurement_salt: &'a [u8],
+    endpoint: &'a str,
+}
+
+/// Writes the workspace into a fresh temporary directory beside `dir` and renames it into
+/// place, so that a crash leaves either nothing or a complete workspace.
+fn write_workspace(dir: &Path, ws: &Workspace<'_>) -> Result<()> {
+    let parent = dir
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    let name = dir
+        .file_name()
+        .context("the workspace path has no final component")?
+        .to_string_lossy();
+    let tmp = parent.join(format!(".{name}.partial-{}", std::process::id()));
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&tmp)
+        .with_context(|| format!("creating {}", tmp.display()))?;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let master = Zeroizing::new(format!(
+        "{{\n  \"key\": \"{}\",\n  \"salt\": \"{}\"\n}}\n",
+        b64.encode(ws.master_secret),
+        b64.encode(ws.salt)
+    ));
+    let cluster = format!(
+        "{{\n  \"clusterID\": \"{}\",\n  \"measurementSalt\": \"{}\",\n  \"initEndpoint\": \"{}\"\n}}\n",
+        ws.cluster_id,
+        hex::encode(ws.measurement_salt),
+        ws.endpoint
+    );
+    let cluster_id_line = format!("{}\n", ws.cluster_id);
+    let files: [(&str, &[u8]); 4] = [
+        ("master-secret.json", master.as_bytes()),
+        ("admin.conf", ws.kubeconfig),
+        ("cluster-id", cluster_id_line.as_bytes()),
+        ("cluster.json", cluster.as_bytes()),
+    ];
+    for (file, contents) in files {
+        let path = tmp.join(file);
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .with_context(|| format!("creating {}", path.display()))?;
+        f.write_all(contents)
+            .and_then(|()| f.sync_all())
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if dir.exists() {
+        let _ = std::fs::remove_dir_all(&tmp);
+        bail!(
+            "the workspace {} appeared while initialising; not overwriting it",
+            dir.display()
+        );
+    }
+    std::fs::rename(&tmp, dir)
+        .with_context(|| format!("moving the workspace into {}", dir.display()))?;
+    Ok(())
+}

@@ -23,8 +23,10 @@ mod device;
 pub mod ek;
 mod error;
 mod issuer;
+pub mod marker;
 pub mod pcr;
 pub mod retry;
+pub mod swtpm;
 
 pub use ak::{AkAlgorithm, AkConfig, AttestationKey, PersistentHandle};
 pub use config::{ConfigError, DEFAULT_DEVICE, DEFAULT_SWTPM_HOST, DEFAULT_SWTPM_PORT, TpmConfig};

@@ -901,6 +901,10 @@ mod tests {
                 v["tokens"]["1"] = json!({"type": "luks2-keyring", "keyslots": ["0"],
                     "key_description": "x"})
             }),
+            ("a second state-disk token", IntegrityRule::Optional, |v| {
+                v["tokens"]["1"] = json!({"type": "constellation-state-disk", "keyslots": [],
+                    "diskIsInitialized": true})
+            }),
             ("token 0 of another type", IntegrityRule::Optional, |v| {
                 v["tokens"]["0"]["type"] = json!("systemd-tpm2")
             }),

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 mod data_key;
 mod identity;
 mod init;
+mod mini;
 mod trust;
 
 #[derive(Parser)]
@@ -34,6 +35,9 @@ enum Command {
     Init(init::Args),
     /// Fetch a data key from a key service over attested TLS.
     DataKey(data_key::Args),
+    /// A local cluster on this machine: swtpm per node, LUKS2 image files, real services.
+    #[command(subcommand)]
+    Mini(MiniCommand),
     /// Create an Ed25519 test identity (a 32-byte seed file, mode 0600) and print its
     /// public key. INSECURE: development and tests only.
     InsecureTestIdentity {
@@ -41,6 +45,16 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
+}
+
+#[derive(Subcommand)]
+enum MiniCommand {
+    /// Build and start a local cluster (one control plane, N workers).
+    Up(mini::UpArgs),
+    /// Show the nodes and the processes of a local cluster.
+    Status(mini::DirArgs),
+    /// Stop every process of a local cluster.
+    Down(mini::DirArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -81,6 +95,15 @@ fn run(cli: Cli) -> Result<()> {
             )?;
             Ok(())
         }
+        Command::Mini(MiniCommand::Up(args)) => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            rt.block_on(mini::up(args))
+        }
+        Command::Mini(MiniCommand::Status(args)) => mini::status(args),
+        Command::Mini(MiniCommand::Down(args)) => mini::down(args),
         Command::InsecureTestIdentity { out } => identity::create(&out),
     }
 }

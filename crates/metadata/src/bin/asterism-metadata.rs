@@ -1,0 +1,82 @@
+//! `asterism-metadata`: the local cluster's metadata service (plain HTTP), answering
+//! `GET /self`, `/peers`, `/endpoint` and `/initsecrethash` from a JSON file.
+
+use std::io::IsTerminal as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use asterism_metadata::{MetadataConfig, MetadataServer};
+use clap::Parser;
+use tokio::signal::unix::{SignalKind, signal};
+use tracing_subscriber::EnvFilter;
+
+/// Serves instance metadata over plain HTTP; `GET /self` answers by the caller's source
+/// address.
+#[derive(Debug, Parser)]
+#[command(name = "asterism-metadata", version)]
+struct Args {
+    /// Address to listen on.
+    #[arg(long, value_name = "IP:PORT", default_value = "127.0.10.254:8080")]
+    listen: SocketAddr,
+
+    /// JSON file `{"instances": [InstanceMetadata…], "initSecretHash": "$2b$…"}`.
+    #[arg(long, value_name = "PATH")]
+    config: PathBuf,
+
+    /// More log output: -v for debug.
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    verbose: u8,
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+    let config = MetadataConfig::load(&args.config)
+        .with_context(|| format!("loading {}", args.config.display()))?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let address = listener.local_addr().context("reading the bound address")?;
+    tracing::info!(listen = %address, instances = config.instances.len(), "metadata service listening");
+    MetadataServer::new(config)
+        .serve(listener, async move {
+            tokio::select! {
+                _ = term.recv() => tracing::info!("received SIGTERM"),
+                _ = int.recv() => tracing::info!("received SIGINT"),
+            }
+        })
+        .await
+        .context("serving")?;
+    tracing::info!("metadata service stopped");
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let level = if args.verbose > 0 { "debug" } else { "info" };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::new(format!("warn,asterism_metadata={level}")))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the async runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "metadata service failed");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,282 @@
+//! The metadata service and client over real loopback sockets. Clients bind to
+//! `127.0.10.x` source addresses, so `/self` matching by source address is exercised for
+//! real.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use asterism_metadata::{
+    HttpMetadata, InstanceMetadata, MAX_RESPONSE_LEN, Metadata, MetadataConfig, MetadataError,
+    MetadataServer, Role,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+fn instance(name: &str, role: Role, ip: &str) -> InstanceMetadata {
+    InstanceMetadata {
+        name: name.into(),
+        provider_id: format!("asterism-local:///{name}"),
+        role,
+        vpc_ip: ip.into(),
+        secondary_ip_range: String::new(),
+        alias_ip_ranges: vec![],
+    }
+}
+
+fn config() -> MetadataConfig {
+    MetadataConfig {
+        instances: vec![
+            instance("cp-0", Role::ControlPlane, "127.0.10.1"),
+            instance("worker-0", Role::Worker, "127.0.10.2"),
+            instance("worker-1", Role::Worker, "127.0.10.3"),
+        ],
+        init_secret_hash: "$2b$10$0123456789012345678901uJ3d4f5g6h7j8k9l0z1x2c3v4b5n6m".into(),
+    }
+}
+
+struct Running {
+    addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Running {
+    async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+    }
+}
+
+async fn start(config: MetadataConfig) -> Running {
+    let listener = TcpListener::bind("127.0.10.254:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = oneshot::channel();
+    let task = tokio::spawn(MetadataServer::new(config).serve(listener, async {
+        let _ = rx.await;
+    }));
+    Running {
+        addr,
+        stop: Some(tx),
+        task,
+    }
+}
+
+fn client(addr: SocketAddr, from: &str) -> HttpMetadata {
+    HttpMetadata::new(&format!("http://{addr}"))
+        .unwrap()
+        .with_local_address(from.parse::<IpAddr>().unwrap())
+}
+
+#[tokio::test]
+async fn self_answers_each_node_with_its_own_record_by_source_address() {
+    let server = start(config()).await;
+    for (from, name, role) in [
+        ("127.0.10.1", "cp-0", Role::ControlPlane),
+        ("127.0.10.2", "worker-0", Role::Worker),
+        ("127.0.10.3", "worker-1", Role::Worker),
+    ] {
+        let me = client(server.addr, from).self_instance().await.unwrap();
+        assert_eq!((me.name.as_str(), me.role), (name, role), "from {from}");
+        assert_eq!(me.vpc_ip, from);
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn self_from_an_address_outside_the_metadata_is_not_found() {
+    let server = start(config()).await;
+    let err = client(server.addr, "127.0.10.77")
+        .self_instance()
+        .await
+        .unwrap_err();
+    assert!(err.is_not_found(), "{err:?}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn peers_endpoint_and_init_secret_hash_round_trip() {
+    let server = start(config()).await;
+    let c = client(server.addr, "127.0.10.2");
+    assert_eq!(c.list().await.unwrap(), config().instances);
+    assert_eq!(c.control_plane_endpoint().await.unwrap(), "127.0.10.1");
+    assert_eq!(
+        c.init_secret_hash().await.unwrap(),
+        config().init_secret_hash
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn endpoint_without_a_control_plane_is_not_found() {
+    let mut cfg = config();
+    cfg.instances.retain(|i| i.role == Role::Worker);
+    let server = start(cfg).await;
+    let err = client(server.addr, "127.0.10.2")
+        .control_plane_endpoint()
+        .await
+        .unwrap_err();
+    assert!(err.is_not_found(), "{err:?}");
+    server.stop().await;
+}
+
+/// A one-shot raw HTTP server that answers the first request with `response` (or never,
+/// when `None`).
+async fn raw_server(response: Option<Vec<u8>>) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut buf = vec![0u8; 4096];
+        let _ = s.read(&mut buf).await;
+        match response {
+            Some(r) => {
+                let _ = s.write_all(&r).await;
+                let _ = s.shutdown().await;
+            }
+            None => tokio::time::sleep(Duration::from_secs(30)).await,
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn the_client_checks_the_http_status_unlike_the_original() {
+    let body = r#"{"Name":"evil","VPCIP":"127.0.0.1"}"#;
+    let addr = raw_server(Some(
+        format!(
+            "HTTP/1.1 500 Internal Server Error\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .into_bytes(),
+    ))
+    .await;
+    let err = HttpMetadata::new(&format!("http://{addr}"))
+        .unwrap()
+        .self_instance()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, MetadataError::Status { status: 500, .. }),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_response_above_one_mebibyte_is_refused_declared_or_streamed() {
+    let big = vec![b' '; MAX_RESPONSE_LEN + 1];
+    let mut declared =
+        format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", big.len()).into_bytes();
+    declared.extend_from_slice(&big);
+    let addr = raw_server(Some(declared)).await;
+    let err = HttpMetadata::new(&format!("http://{addr}"))
+        .unwrap()
+        .list()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, MetadataError::BodyTooLarge { .. }), "{err:?}");
+
+    // Without a length: the body is read until the connection closes, and cut at the cap.
+    let mut streamed = b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n".to_vec();
+    streamed.extend_from_slice(&big);
+    let addr = raw_server(Some(streamed)).await;
+    let err = HttpMetadata::new(&format!("http://{addr}"))
+        .unwrap()
+        .list()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, MetadataError::BodyTooLarge { .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn a_silent_server_hits_the_deadline() {
+    let addr = raw_server(None).await;
+    let err = HttpMetadata::new(&format!("http://{addr}"))
+        .unwrap()
+        .with_timeout(Duration::from_millis(300))
+        .list()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, MetadataError::Timeout { .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn malformed_json_is_a_decode_error() {
+    let addr = raw_server(Some(
+        b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n[1,2]".to_vec(),
+    ))
+    .await;
+    let err = HttpMetadata::new(&format!("http://{addr}"))
+        .unwrap()
+        .list()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, MetadataError::Decode { .. }), "{err:?}");
+}
+
+#[test]
+fn only_plain_http_urls_are_accepted() {
+    for bad in [
+        "https://127.0.0.1:1",
+        "127.0.0.1:8080",
+        "http://",
+        "http://h:1/?q=1",
+    ] {
+        assert!(HttpMetadata::new(bad).is_err(), "{bad}");
+    }
+    assert!(HttpMetadata::new("http://127.0.10.254:8080/").is_ok());
+}
+
+#[test]
+fn the_binary_serves_its_config_file_and_stops_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("metadata.json");
+    std::fs::write(&path, serde_json::to_vec(&config()).unwrap()).unwrap();
+    let port = std::net::TcpListener::bind("127.0.10.254:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr: SocketAddr = format!("127.0.10.254:{port}").parse().unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_asterism-metadata"))
+        .args(["--listen", &addr.to_string(), "--config"])
+        .arg(&path)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let me = rt.block_on(async {
+        let c = client(addr, "127.0.10.3");
+        let start = std::time::Instant::now();
+        loop {
+            match c.self_instance().await {
+                Ok(me) => break me,
+                Err(e) if start.elapsed() > Duration::from_secs(20) => panic!("{e:?}"),
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    });
+    assert_eq!(me.name, "worker-1");
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let start = std::time::Instant::now();
+    let exit = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(start.elapsed() < Duration::from_secs(15), "did not stop");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(exit.success(), "{exit:?}");
+}

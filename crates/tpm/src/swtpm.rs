@@ -662,8 +662,13 @@ impl SwtpmProcess {
                 None => free_port_pair()?,
             };
             match Self::spawn_once(config, detached, port) {
-                Ok(process) => {
-                    write_atomically(&config.port_file(), format!("{port}\n").as_bytes())?;
+                Ok(mut process) => {
+                    let recorded = format!("{port}\n");
+                    if let Err(error) = write_atomically(&config.port_file(), recorded.as_bytes()) {
+                        // Without its port file a detached swtpm could not be found again.
+                        let _ = process.stop_process();
+                        return Err(error);
+                    }
                     info!(
                         pid = process.pid,
                         port,
@@ -950,9 +955,7 @@ fn process_matches(pid: u32, config: &SwtpmConfig, port: u16) -> bool {
         .is_some_and(|name| name == "swtpm");
     let state = config.state_arg();
     let server = SwtpmConfig::server_arg(port);
-    is_swtpm
-        && args.contains(&state.as_os_str())
-        && args.contains(&OsStr::new(&server))
+    is_swtpm && args.contains(&state.as_os_str()) && args.contains(&OsStr::new(&server))
 }
 
 fn remove_if_present(path: &Path) -> Result<(), SwtpmError> {

@@ -1,0 +1,165 @@
+//! `asterism-provision`: plays the cloud provider for local clusters.
+//!
+//! A cloud provider manufactures each machine's TPM (endorsement keys and their
+//! certificates), certifies an attestation key (AK) of each vTPM with its platform CA, and
+//! publishes the expected measurements of its images. This tool does the same for swtpm
+//! TPMs on one machine:
+//!
+//! * `platform-ca init`: a local platform CA (ECDSA P-256 key, mode 0600, and a self-signed
+//!   CA certificate);
+//! * `node`: manufactures an swtpm state directory, creates and persists the AK, certifies
+//!   it with the platform CA, reads the PCRs, writes what a verifier needs and checks that a
+//!   quote of the new TPM is accepted with exactly those files;
+//! * `node-marker status|mark`: reads or sets the node marker in PCR 15.
+//!
+//! Progress goes to stderr; the only output on stdout is the answer of `node-marker`. Keys
+//! never appear in the output.
+
+mod ca;
+mod files;
+mod marker;
+mod node;
+mod spki;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Parser)]
+#[command(
+    name = "asterism-provision",
+    version,
+    about = "Plays the cloud provider for local Asterism clusters: platform CA, node TPMs \
+             (swtpm) with certified attestation keys, expected measurements"
+)]
+struct Cli {
+    /// Log verbosity (error, warn, info, debug, trace) or a tracing filter.
+    #[arg(long, global = true, default_value = "warn", env = "ASTERISM_LOG")]
+    log: String,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The local platform CA that certifies attestation keys.
+    PlatformCa {
+        #[command(subcommand)]
+        command: PlatformCaCommand,
+    },
+    /// Provision a node's TPM: manufacture an swtpm state directory, create and certify the
+    /// attestation key, write the files a verifier needs.
+    Node(NodeArgs),
+    /// Read or set the node marker (PCR 15) of a running TPM.
+    NodeMarker {
+        #[command(subcommand)]
+        command: MarkerCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum PlatformCaCommand {
+    /// Create a platform CA in DIR: `platform-ca.key` (PKCS#8, mode 0600) and
+    /// `platform-ca.pem` (self-signed CA certificate). Refuses to overwrite either.
+    Init {
+        /// The CA directory (created with mode 0700 if missing).
+        #[arg(long)]
+        dir: PathBuf,
+    },
+}
+
+/// Arguments of `node`.
+#[derive(clap::Args)]
+struct NodeArgs {
+    /// The swtpm state directory to manufacture: must be missing or empty (created with
+    /// mode 0700).
+    #[arg(long)]
+    state_dir: PathBuf,
+    /// The platform CA directory (`platform-ca init`). Its `ek-ca/` subdirectory holds the
+    /// TPM manufacturer CA that signs the EK certificates (created on first use).
+    #[arg(long)]
+    ca_dir: PathBuf,
+    /// The attestation key's algorithm.
+    #[arg(long, value_enum, default_value_t = AkKind::Ecc)]
+    ak: AkKind,
+    /// Where to write ak-cert.der, ak-public.bin, measurements.json and platform-ca.pem
+    /// (created if missing; none of them may exist yet).
+    #[arg(long)]
+    out: PathBuf,
+    /// Validity of the AK certificate, in days.
+    #[arg(long, default_value_t = 3650, value_parser = clap::value_parser!(u32).range(1..=36500))]
+    validity_days: u32,
+}
+
+/// The AK algorithms.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum AkKind {
+    /// ECC NIST P-256, ECDSA-SHA256, persistent handle 0x81008F00.
+    Ecc,
+    /// RSA-2048, RSASSA-SHA256, persistent handle 0x81008F01.
+    Rsa,
+}
+
+#[derive(Subcommand)]
+enum MarkerCommand {
+    /// Print `bootstrapped` or `not-bootstrapped` on stdout (PCR 15 not all zero or zero).
+    Status {
+        /// The TPM, e.g. `swtpm:host=127.0.0.1,port=2321` or `device:/dev/tpmrm0`.
+        #[arg(long)]
+        tpm: String,
+        /// Also say whether PCR 15 is what this cluster ID (64 hex digits) gives.
+        #[arg(long)]
+        cluster_id: Option<String>,
+    },
+    /// Mark the node as bootstrapped into a cluster: PCR_Event(15, cluster ID). Refuses a
+    /// node that is marked already.
+    Mark {
+        /// The TPM, e.g. `swtpm:host=127.0.0.1,port=2321` or `device:/dev/tpmrm0`.
+        #[arg(long)]
+        tpm: String,
+        /// The cluster ID, 64 hex digits.
+        #[arg(long)]
+        cluster_id: String,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(&cli.log))
+        .with_writer(std::io::stderr)
+        .init();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::PlatformCa {
+            command: PlatformCaCommand::Init { dir },
+        } => ca::init(&dir),
+        Command::Node(args) => node::provision(&args),
+        Command::NodeMarker { command } => match command {
+            MarkerCommand::Status { tpm, cluster_id } => {
+                marker::status(&tpm, cluster_id.as_deref())
+            }
+            MarkerCommand::Mark { tpm, cluster_id } => marker::mark(&tpm, &cluster_id),
+        },
+    }
+}
+
+/// A progress line on stderr.
+macro_rules! progress {
+    ($($arg:tt)*) => {
+        eprintln!("asterism-provision: {}", format_args!($($arg)*))
+    };
+}
+pub(crate) use progress;

@@ -1,0 +1,109 @@
+//! The boot phase (the disk-mapper's job in the original, REFERENCE §10.5/§10.6, folded in
+//! here for local mode): decide from PCR 15 and the state disk what this boot is.
+
+use std::fs::OpenOptions;
+use std::path::Path;
+
+use asterism_disk::{DiskUuid, generate_initial_passphrase};
+use asterism_metadata::Metadata;
+use tracing::{info, warn};
+
+use crate::files::{self, FileError};
+use crate::node::{Node, StepError, blocking, exists};
+
+/// What kind of boot this is.
+#[derive(Debug)]
+pub(crate) enum Boot {
+    /// PCR 15 is marked, the disk is initialized and the node state is there: nothing to do
+    /// (the `none` driver has no kubelet to start).
+    AlreadyBootstrapped,
+    /// PCR 15 is marked but the node never finished bootstrapping (a crash after the node
+    /// lock). Only a reboot can clear the marker.
+    Interrupted,
+    /// A reboot of an initialized node: rejoin.
+    Rejoin,
+    /// A new (or reset) disk, formatted now with a first-boot passphrase: initialise or
+    /// join.
+    Fresh(DiskUuid),
+}
+
+/// Creates the sparse state disk image of `size` bytes if it does not exist (the disk a
+/// cloud provider would attach). An existing image is left alone.
+pub fn prepare_state_image(path: &Path, size: u64) -> Result<(), FileError> {
+    if let Some(parent) = path.parent() {
+        files::create_dirs(parent)?;
+    }
+    match OpenOptions::new().write(true).create_new(true).open(path) {
+        Ok(file) => {
+            file.set_len(size).map_err(|source| FileError {
+                what: "cannot size the state disk image",
+                path: path.to_path_buf(),
+                source,
+            })?;
+            info!(image = %path.display(), size, "created a new state disk image");
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(source) => Err(FileError {
+            what: "cannot create the state disk image",
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+impl<M: Metadata + 'static> Node<M> {
+    /// Reads PCR 15 and the disk and, for a new disk, formats it.
+    pub(crate) async fn boot_phase(&self) -> Result<Boot, StepError> {
+        let marker = self.marker.clone();
+        let marked = blocking(move || marker.is_marked()).await?;
+        let disk = self.disk.clone();
+        let initialized = blocking(move || disk.is_initialized()).await?;
+        info!(
+            step = "boot",
+            pcr15_marked = marked,
+            disk_initialized = initialized,
+            "inspected the node marker and the state disk"
+        );
+        if marked {
+            if initialized && exists(&self.dir().node_state()) {
+                return Ok(Boot::AlreadyBootstrapped);
+            }
+            return Ok(Boot::Interrupted);
+        }
+        if initialized {
+            return Ok(Boot::Rejoin);
+        }
+        self.format_fresh().await.map(Boot::Fresh)
+    }
+
+    /// First boot (or a disk marked for reset): a fresh file system (the `state/` directory
+    /// emptied), a random first-boot passphrase in `state/initial.key` (0400), then the
+    /// LUKS2 format.
+    async fn format_fresh(&self) -> Result<DiskUuid, StepError> {
+        let state = self.dir().state();
+        if exists(&state) {
+            // `state/` stands for the file system on the disk: a new disk has none of it.
+            std::fs::remove_dir_all(&state).map_err(|source| FileError {
+                what: "cannot empty the state directory",
+                path: state.clone(),
+                source,
+            })?;
+            warn!(dir = %state.display(), "emptied the state directory of the previous disk");
+        }
+        files::create_dirs(&state)?;
+        let passphrase = generate_initial_passphrase()?;
+        // Written before the format: a crash in between leaves a key for a disk that is
+        // still "new", which the next boot formats again with a fresh key.
+        files::write_atomic(
+            &self.dir().initial_key(),
+            passphrase.expose_secret(),
+            files::KEY_FILE_MODE,
+        )?;
+        info!(step = "format", "formatting the state disk (first boot)");
+        let disk = self.disk.clone();
+        let uuid = blocking(move || disk.format_new(&passphrase)).await?;
+        info!(step = "format", uuid = %uuid, "formatted the state disk with a first-boot passphrase");
+        Ok(uuid)
+    }
+}

@@ -1,0 +1,122 @@
+//! Dialling a join service over aTLS from the node's own address.
+//!
+//! The join service tells nodes apart by source address (as cloud services do by VPC IP),
+//! so the TCP connection is bound to the node's IP before it connects.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use asterism_atls::{AtlsConfig, AtlsConnector, AtlsError, Validator};
+use asterism_attestation::Issuer;
+use hyper_util::rt::TokioIo;
+use std::sync::Arc;
+use tokio::net::TcpSocket;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+/// Why a join service could not be reached.
+#[derive(Debug, thiserror::Error)]
+pub enum DialError {
+    /// The aTLS configuration is unusable.
+    #[error("aTLS setup: {0}")]
+    Atls(#[from] AtlsError),
+    /// The endpoint is not a valid URI.
+    #[error("invalid endpoint {0}")]
+    Endpoint(String),
+    /// The connection failed (TCP, TLS, or the attestation exchange).
+    #[error("cannot connect to {addr}")]
+    Connect {
+        /// The endpoint.
+        addr: SocketAddr,
+        /// The cause.
+        #[source]
+        source: tonic::transport::Error,
+    },
+}
+
+/// How the node dials join services: it attests with its issuer and, in mutual mode,
+/// verifies the join service's evidence.
+#[derive(Clone)]
+pub struct Dialer {
+    connector: AtlsConnector,
+    local_ip: IpAddr,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for Dialer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dialer")
+            .field("local_ip", &self.local_ip)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Dialer {
+    /// A dialer from `local_ip` that attests with `issuer` and, if given, requires the
+    /// peer's evidence to satisfy `verify_peer`. `timeout` bounds the TCP connect, the TLS
+    /// handshake and the attestation exchange each.
+    pub fn new(
+        issuer: Arc<dyn Issuer>,
+        verify_peer: Option<Arc<dyn Validator>>,
+        local_ip: IpAddr,
+        timeout: Duration,
+    ) -> Result<Self, DialError> {
+        let mut cfg = AtlsConfig::attesting(issuer)
+            .with_handshake_timeout(timeout)
+            .with_exchange_timeout(timeout);
+        if let Some(v) = verify_peer {
+            cfg = cfg.with_validator(v);
+        }
+        Ok(Self {
+            connector: AtlsConnector::new(cfg)?,
+            local_ip,
+            timeout,
+        })
+    }
+
+    /// Whether the dialer verifies the join service (mutual mode).
+    #[must_use]
+    pub fn local_ip(&self) -> IpAddr {
+        self.local_ip
+    }
+
+    /// Opens an attested channel to `addr`, with `rpc_timeout` on every request.
+    pub async fn channel(
+        &self,
+        addr: SocketAddr,
+        rpc_timeout: Duration,
+    ) -> Result<Channel, DialError> {
+        let connector = self.connector.clone();
+        let local = SocketAddr::new(self.local_ip, 0);
+        let connect_timeout = self.timeout;
+        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|_| DialError::Endpoint(addr.to_string()))?
+            .connect_timeout(connect_timeout)
+            .timeout(rpc_timeout);
+        endpoint
+            .connect_with_connector(tower::service_fn(move |_: Uri| {
+                let connector = connector.clone();
+                async move {
+                    let socket = if local.is_ipv4() {
+                        TcpSocket::new_v4()
+                    } else {
+                        TcpSocket::new_v6()
+                    }
+                    .map_err(AtlsError::Io)?;
+                    socket.bind(local).map_err(AtlsError::Io)?;
+                    let tcp = tokio::time::timeout(connect_timeout, socket.connect(addr))
+                        .await
+                        .map_err(|_| AtlsError::Timeout {
+                            stage: "TCP connect",
+                            after: connect_timeout,
+                        })?
+                        .map_err(AtlsError::Io)?;
+                    let _ = tcp.set_nodelay(true);
+                    let stream = connector.connect(tcp, Some(addr)).await?;
+                    Ok::<_, AtlsError>(TokioIo::new(stream))
+                }
+            }))
+            .await
+            .map_err(|source| DialError::Connect { addr, source })
+    }
+}

@@ -1,0 +1,204 @@
+//! The external effects the bootstrapper has, each behind a narrow trait: the node marker
+//! (PCR 15 of the TPM), the state disk (cryptsetup), and Kubernetes (a driver).
+//!
+//! All of them are blocking or slow; the flows call the blocking ones on blocking threads.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use asterism_disk::{DataKey, DiskError, DiskUuid, StateDisk, Unlocked};
+use asterism_kms::ClusterId;
+use asterism_tpm::marker::{self, MarkerError};
+use asterism_tpm::{Tpm, TpmConfig, TpmError};
+use futures::future::BoxFuture;
+use zeroize::Zeroizing;
+
+use crate::node_state::Role;
+
+/// The node marker: PCR 15 (REFERENCE §5.2, §5.3).
+pub trait NodeMarker: Send + Sync {
+    /// Whether the node has been marked (PCR 15 is not all zero).
+    fn is_marked(&self) -> Result<bool, MarkError>;
+    /// Extends the cluster ID into PCR 15.
+    fn mark(&self, cluster_id: &ClusterId) -> Result<(), MarkError>;
+}
+
+/// Why the marker could not be read or set.
+#[derive(Debug, thiserror::Error)]
+pub enum MarkError {
+    /// The TPM could not be opened.
+    #[error("cannot open the TPM")]
+    Open(#[source] TpmError),
+    /// Reading or extending PCR 15 failed.
+    #[error(transparent)]
+    Marker(#[from] MarkerError),
+}
+
+/// The marker on a TPM, opened for each operation (the TPM is shared with the attestation
+/// issuer, which holds its own connection).
+#[derive(Debug, Clone)]
+pub struct TpmMarker {
+    config: TpmConfig,
+}
+
+impl TpmMarker {
+    /// The marker of the TPM `config` names.
+    #[must_use]
+    pub fn new(config: TpmConfig) -> Self {
+        Self { config }
+    }
+}
+
+impl NodeMarker for TpmMarker {
+    fn is_marked(&self) -> Result<bool, MarkError> {
+        let mut tpm = Tpm::open(&self.config).map_err(MarkError::Open)?;
+        Ok(marker::is_node_bootstrapped(&mut tpm)?)
+    }
+
+    fn mark(&self, cluster_id: &ClusterId) -> Result<(), MarkError> {
+        let mut tpm = Tpm::open(&self.config).map_err(MarkError::Open)?;
+        Ok(marker::mark_node_bootstrapped(
+            &mut tpm,
+            cluster_id.as_bytes(),
+        )?)
+    }
+}
+
+/// The state disk operations the bootstrapper needs (REFERENCE §10.4–10.8).
+pub trait DiskOps: Send + Sync {
+    /// Whether the disk holds an initialized state disk.
+    fn is_initialized(&self) -> Result<bool, DiskError>;
+    /// Formats a new disk with `passphrase` in its first keyslot; returns its UUID.
+    fn format_new(&self, passphrase: &DataKey) -> Result<DiskUuid, DiskError>;
+    /// The LUKS UUID, lower case.
+    fn uuid(&self) -> Result<DiskUuid, DiskError>;
+    /// Replaces `old` by `new` safely and marks the disk initialized.
+    fn replace_passphrase(&self, old: &DataKey, new: &DataKey) -> Result<(), DiskError>;
+    /// Marks the disk for reset: the next boot formats it.
+    fn mark_for_reset(&self) -> Result<(), DiskError>;
+    /// Unlocks the disk: maps it, or (without device-mapper, or when mapping is not
+    /// wanted) checks the key.
+    fn unlock(&self, passphrase: &DataKey) -> Result<Unlocked, DiskError>;
+}
+
+/// How [`LuksDisk`] unlocks a disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnlockMode {
+    /// Check the key against the validated header; map nothing. Local mode, where the node
+    /// directory's `state/` stands for the mounted disk.
+    KeyCheck,
+    /// Map the disk with device-mapper (falling back to a key check where the disk
+    /// configuration allows it).
+    Map,
+}
+
+/// The real state disk, through `asterism-disk`.
+pub struct LuksDisk {
+    disk: StateDisk,
+    unlock: UnlockMode,
+}
+
+impl LuksDisk {
+    /// Wraps an opened state disk.
+    #[must_use]
+    pub fn new(disk: StateDisk, unlock: UnlockMode) -> Self {
+        Self { disk, unlock }
+    }
+}
+
+impl DiskOps for LuksDisk {
+    fn is_initialized(&self) -> Result<bool, DiskError> {
+        self.disk.is_initialized()
+    }
+
+    fn format_new(&self, passphrase: &DataKey) -> Result<DiskUuid, DiskError> {
+        self.disk.format_new(passphrase).map(|f| f.uuid)
+    }
+
+    fn uuid(&self) -> Result<DiskUuid, DiskError> {
+        self.disk.uuid()
+    }
+
+    fn replace_passphrase(&self, old: &DataKey, new: &DataKey) -> Result<(), DiskError> {
+        self.disk.replace_passphrase(old, new)
+    }
+
+    fn mark_for_reset(&self) -> Result<(), DiskError> {
+        self.disk.mark_for_reset()
+    }
+
+    fn unlock(&self, passphrase: &DataKey) -> Result<Unlocked, DiskError> {
+        match self.unlock {
+            UnlockMode::Map => self.disk.unlock(passphrase),
+            UnlockMode::KeyCheck => {
+                if self.disk.check_key(passphrase)? {
+                    Ok(Unlocked::KeyChecked)
+                } else {
+                    Err(DiskError::WrongPassphrase {
+                        path: self.disk.path().to_path_buf(),
+                    })
+                }
+            }
+        }
+    }
+}
+
+/// What the Kubernetes driver needs to set up the first control-plane node.
+#[derive(Debug, Clone)]
+pub struct ClusterInit {
+    /// The cluster name (`constellation` when the request left it empty).
+    pub cluster_name: String,
+    /// The Kubernetes version the owner asked for.
+    pub kubernetes_version: String,
+    /// Extra subject alternative names of the API server certificate.
+    pub apiserver_cert_sans: Vec<String>,
+    /// The service CIDR (may be empty: the default).
+    pub service_cidr: String,
+    /// Keep kube-proxy (conformance mode).
+    pub conformance_mode: bool,
+    /// The node's address: the API server's address.
+    pub node_ip: IpAddr,
+    /// The node's name.
+    pub node_name: String,
+    /// Where the cluster PKI lives (`state/kubernetes/pki`).
+    pub pki_dir: PathBuf,
+}
+
+/// What the Kubernetes driver needs to join the node to the cluster.
+#[derive(Debug)]
+pub struct ClusterJoin {
+    /// `host:6443` of an API server.
+    pub api_server_endpoint: String,
+    /// The bootstrap token (secret).
+    pub token: Zeroizing<String>,
+    /// `sha256:<hex>` of the cluster CA's public key.
+    pub discovery_token_ca_cert_hash: String,
+    /// The node's role.
+    pub role: Role,
+    /// The node's name.
+    pub node_name: String,
+    /// Where the cluster PKI lives (`state/kubernetes/pki`).
+    pub pki_dir: PathBuf,
+}
+
+/// A Kubernetes driver failed.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct DriverError(pub String);
+
+/// Sets up Kubernetes on the node: `kubeadm` in production, `none` in local mode
+/// (docs/design/local-cluster.md).
+pub trait KubernetesDriver: Send + Sync {
+    /// The driver's name, for logs.
+    fn name(&self) -> &'static str;
+
+    /// Initialises the cluster on this (first control-plane) node and returns the admin
+    /// kubeconfig (secret: it holds the admin's private key).
+    fn init<'a>(
+        &'a self,
+        params: &'a ClusterInit,
+    ) -> BoxFuture<'a, Result<Zeroizing<Vec<u8>>, DriverError>>;
+
+    /// Joins this node to the cluster.
+    fn join<'a>(&'a self, params: &'a ClusterJoin) -> BoxFuture<'a, Result<(), DriverError>>;
+}

@@ -1,0 +1,325 @@
+//! The InitServer (`init.API/Init`, REFERENCE §3): the owner initialises the first
+//! control-plane node over aTLS, with the node attesting.
+//!
+//! Changes from the original:
+//! * a failure after the node lock marks the disk for reset and ends the process non-zero
+//!   (REFERENCE §14 item 4);
+//! * failure logs are this process's own bounded log buffer, sent only to a caller that
+//!   presented the right init secret (§14 item 5);
+//! * the work after the lock runs to its end even if the caller goes away;
+//! * a second Init after the lock gets `FailedPrecondition` as the call's status.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use asterism_kms::{
+    ClusterId, ClusterKms, KeyId, KmsUri, MEASUREMENT_SALT_LEN, STATE_DISK_KEY_LEN, StorageUri,
+    derive_cluster_id,
+};
+use asterism_metadata::Metadata;
+use asterism_proto::init::api_server::Api;
+use asterism_proto::init::{
+    InitFailureResponse, InitRequest, InitResponse, InitSuccessResponse, LogResponseType,
+    init_response,
+};
+use futures::Stream;
+use tokio::sync::{mpsc, oneshot};
+use tonic::{Request, Response, Status};
+use tracing::{info, warn};
+use zeroize::Zeroizing;
+
+use crate::effects::ClusterInit;
+use crate::lock::Holder;
+use crate::logbuf;
+use crate::node::{LOG_CHUNK_SIZE, Node, StepError, blocking, chain};
+use crate::node_state::{NodeState, Role};
+use crate::run::Event;
+
+/// The cluster name when the request leaves it empty (REFERENCE §3.2 step 11).
+pub const DEFAULT_CLUSTER_NAME: &str = "constellation";
+/// The longest init secret considered (bcrypt uses only the first 72 bytes anyway).
+const MAX_INIT_SECRET: usize = 1024;
+/// The message a caller with a wrong init secret gets: nothing more.
+const WRONG_SECRET: &str = "invalid init secret";
+
+/// The `init.API` service.
+pub(crate) struct InitService<M> {
+    node: Arc<Node<M>>,
+    init_secret_hash: String,
+    events: mpsc::UnboundedSender<Event>,
+}
+
+impl<M: Metadata + 'static> InitService<M> {
+    pub(crate) fn new(
+        node: Arc<Node<M>>,
+        init_secret_hash: String,
+        events: mpsc::UnboundedSender<Event>,
+    ) -> Self {
+        Self {
+            node,
+            init_secret_hash,
+            events,
+        }
+    }
+}
+
+/// The parsed, checked request: everything Init needs after the secret check.
+struct Checked {
+    kms: ClusterKms,
+    measurement_salt: [u8; MEASUREMENT_SALT_LEN],
+    cluster_id: ClusterId,
+    params: ClusterInit,
+}
+
+type InitStream = Pin<Box<dyn Stream<Item = Result<InitResponse, Status>> + Send>>;
+
+fn failure(error: String) -> InitResponse {
+    InitResponse {
+        kind: Some(init_response::Kind::InitFailure(InitFailureResponse {
+            error,
+        })),
+    }
+}
+
+fn stream_of(messages: Vec<InitResponse>) -> InitStream {
+    Box::pin(futures::stream::iter(messages.into_iter().map(Ok)))
+}
+
+/// The failure message followed by the log buffer in chunks: only for authenticated
+/// callers.
+fn failure_with_logs(error: String, logs: &logbuf::LogBuffer) -> Vec<InitResponse> {
+    let snapshot = logs.snapshot();
+    let mut out = vec![failure(error)];
+    out.extend(
+        logbuf::chunks(&snapshot, LOG_CHUNK_SIZE).map(|log| InitResponse {
+            kind: Some(init_response::Kind::Log(LogResponseType { log })),
+        }),
+    );
+    out
+}
+
+impl<M: Metadata + 'static> InitService<M> {
+    /// Checks the request after the init secret: KMS URI (cluster KMS only), storage URI,
+    /// measurement salt; derives the cluster ID. Errors are for the (authenticated) caller.
+    fn check(&self, req: &mut InitRequest) -> Result<Checked, String> {
+        let kms_uri = Zeroizing::new(std::mem::take(&mut req.kms_uri));
+        let kms = KmsUri::parse(&kms_uri).map_err(|e| format!("KMS URI: {e}"))?;
+        let storage = if req.storage_uri.is_empty() {
+            StorageUri::NoStore
+        } else {
+            StorageUri::parse(&req.storage_uri).map_err(|e| format!("storage URI: {e}"))?
+        };
+        let kms = kms
+            .into_kms(&storage)
+            .map_err(|e| format!("KMS setup: {e}"))?;
+        let measurement_salt = <[u8; MEASUREMENT_SALT_LEN]>::try_from(
+            req.measurement_salt.as_slice(),
+        )
+        .map_err(|_| {
+            format!(
+                "the measurement salt has {} bytes, {MEASUREMENT_SALT_LEN} are required",
+                req.measurement_salt.len()
+            )
+        })?;
+        let measurement_secret = kms
+            .data_key(&KeyId::MeasurementSecret, 32)
+            .map_err(|e| format!("deriving the measurement secret: {e}"))?;
+        let cluster_id = derive_cluster_id(&measurement_secret, &measurement_salt)
+            .map_err(|e| format!("deriving the cluster ID: {e}"))?;
+        let cluster_name = if req.cluster_name.is_empty() {
+            DEFAULT_CLUSTER_NAME.to_owned()
+        } else {
+            req.cluster_name.clone()
+        };
+        let node_name = self
+            .node
+            .identity
+            .get()
+            .map_or_else(|| self.node.config.node_ip.to_string(), |i| i.name.clone());
+        Ok(Checked {
+            kms,
+            measurement_salt,
+            cluster_id,
+            params: ClusterInit {
+                cluster_name,
+                kubernetes_version: req.kubernetes_version.clone(),
+                apiserver_cert_sans: req.apiserver_cert_sans.clone(),
+                service_cidr: req.service_cidr.clone(),
+                conformance_mode: req.conformance_mode,
+                node_ip: self.node.config.node_ip,
+                node_name,
+                pki_dir: self.node.dir().kubernetes_pki(),
+            },
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl<M: Metadata + 'static> Api for InitService<M> {
+    type InitStream = InitStream;
+
+    async fn init(
+        &self,
+        request: Request<InitRequest>,
+    ) -> Result<Response<Self::InitStream>, Status> {
+        let peer = request.remote_addr();
+        let mut req = request.into_inner();
+        info!(step = "init", peer = ?peer, "received an Init request");
+
+        // 1. The init secret, against the bcrypt hash from the metadata. Constant time is
+        //    inside bcrypt's verify. A wrong secret gets a generic failure and no logs.
+        let secret = Zeroizing::new(std::mem::take(&mut req.init_secret));
+        let hash = self.init_secret_hash.clone();
+        let verified = if secret.is_empty() || secret.len() > MAX_INIT_SECRET {
+            false
+        } else {
+            tokio::task::spawn_blocking(move || bcrypt::verify(&*secret, &hash).unwrap_or(false))
+                .await
+                .unwrap_or(false)
+        };
+        if !verified {
+            warn!(step = "init", peer = ?peer, "refused an Init: wrong init secret (no logs sent)");
+            return Ok(Response::new(stream_of(vec![failure(WRONG_SECRET.into())])));
+        }
+        info!(step = "init", "init secret verified");
+
+        // 2–3. The KMS, the measurement salt, the cluster ID. Still before the lock: a
+        //      mistake here leaves the server up for a corrected Init.
+        let checked = match self.check(&mut req) {
+            Ok(c) => c,
+            Err(message) => {
+                warn!(step = "init", error = %message, "refused an Init request");
+                return Ok(Response::new(stream_of(failure_with_logs(
+                    format!("invalid init request: {message}"),
+                    &self.node.logs,
+                ))));
+            }
+        };
+        info!(step = "init", cluster_id = %checked.cluster_id, "derived the cluster ID");
+
+        // 4. The node lock.
+        if self.node.lock.is_taken() {
+            return Err(Status::failed_precondition(
+                "node is already being activated",
+            ));
+        }
+        let node = self.node.clone();
+        let cluster_id = checked.cluster_id;
+        let locked = blocking(move || node.lock.try_lock_once(Holder::Init, &cluster_id)).await;
+        let (tx, rx) = oneshot::channel();
+        match locked {
+            Ok(false) => {
+                return Err(Status::failed_precondition(
+                    "node is already being activated",
+                ));
+            }
+            Ok(true) => {
+                // 5. Stop the JoinClient.
+                let _ = self.events.send(Event::InitLocked);
+                let node = self.node.clone();
+                let events = self.events.clone();
+                // The rest runs to its end even if the caller disconnects.
+                tokio::spawn(async move {
+                    let result = activate(&node, checked).await;
+                    let (responses, outcome) = match result {
+                        Ok((kubeconfig, cluster_id)) => (
+                            vec![InitResponse {
+                                kind: Some(init_response::Kind::InitSuccess(InitSuccessResponse {
+                                    kubeconfig: kubeconfig.to_vec(),
+                                    owner_id: Vec::new(),
+                                    cluster_id: cluster_id.as_bytes().to_vec(),
+                                })),
+                            }],
+                            Ok(cluster_id),
+                        ),
+                        Err(e) => {
+                            node.reset_after_failure(&e).await;
+                            let message = format!(
+                                "initialization failed after the point of no return: {}; \
+                                 the state disk is marked for reset, reboot the node",
+                                chain(&e)
+                            );
+                            (failure_with_logs(message, &node.logs), Err(e))
+                        }
+                    };
+                    let _ = tx.send(responses);
+                    let _ = events.send(Event::InitDone(outcome));
+                });
+            }
+            Err(e) => {
+                // The lock is taken but PCR 15 could not be marked: past the point of no
+                // return all the same.
+                let _ = self.events.send(Event::InitLocked);
+                self.node.reset_after_failure(&e).await;
+                let message = format!(
+                    "initialization failed after the point of no return: {}",
+                    chain(&e)
+                );
+                let responses = failure_with_logs(message, &self.node.logs);
+                let _ = self.events.send(Event::InitDone(Err(e)));
+                return Ok(Response::new(stream_of(responses)));
+            }
+        }
+        let stream = futures::stream::once(async move { rx.await.unwrap_or_default() })
+            .flat_map(|responses| futures::stream::iter(responses.into_iter().map(Ok)));
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+use futures::StreamExt as _;
+
+/// REFERENCE §3.2 steps 6–13, after the lock.
+async fn activate<M: Metadata + 'static>(
+    node: &Arc<Node<M>>,
+    checked: Checked,
+) -> Result<(Zeroizing<Vec<u8>>, ClusterId), StepError> {
+    let timeout = node.config.activation_timeout;
+    tokio::time::timeout(timeout, activate_steps(node, checked))
+        .await
+        .map_err(|_| StepError::Timeout(timeout))?
+}
+
+async fn activate_steps<M: Metadata + 'static>(
+    node: &Arc<Node<M>>,
+    checked: Checked,
+) -> Result<(Zeroizing<Vec<u8>>, ClusterId), StepError> {
+    let Checked {
+        kms,
+        measurement_salt,
+        cluster_id,
+        params,
+    } = checked;
+
+    // 6. The disk passphrase: key-<lowercase uuid>, re-keyed safely.
+    let disk = node.disk.clone();
+    let uuid = blocking(move || disk.uuid()).await?;
+    let disk_key = kms.data_key(&KeyId::Disk(uuid.clone()), STATE_DISK_KEY_LEN)?;
+    info!(step = "disk", uuid = %uuid, "derived the state disk key");
+    node.rekey_disk(disk_key).await?;
+
+    // 8–10. The emergency SSH CA and this node's host certificate.
+    let seed = kms.data_key(&KeyId::EmergencySshCa, 32)?;
+    let mut principals = vec![node.config.node_ip.to_string()];
+    if let Some(identity) = node.identity.get() {
+        principals.push(identity.name.clone());
+    }
+    principals.extend(params.apiserver_cert_sans.iter().cloned());
+    node.write_ssh_from_ca_seed(&seed, &principals).await?;
+    drop(seed);
+
+    // 12. Kubernetes.
+    info!(step = "kubernetes", driver = node.driver.name(), cluster = %params.cluster_name, "initialising Kubernetes");
+    let kubeconfig = node.driver.init(&params).await?;
+    info!(step = "kubernetes", "Kubernetes initialised");
+
+    // 7. The node state, written last: its presence says the node finished bootstrapping.
+    let state = NodeState {
+        role: Role::ControlPlane,
+        measurement_salt,
+    };
+    state.write(&node.dir().node_state())?;
+    info!(step = "node-state", role = %state.role, "wrote the node state");
+    // 13.
+    info!(step = "done", cluster_id = %cluster_id, "the node is initialised");
+    Ok((kubeconfig, cluster_id))
+}

@@ -1,0 +1,55 @@
+//! The Asterism node bootstrapper (`asterism-bootstrapper`): runs on every node at boot
+//! until the node is part of the cluster.
+//!
+//! * **Boot phase** ([`run`] first): PCR 15 and the state disk say what this boot is. A
+//!   marked node is already bootstrapped; an initialized disk means a reboot, which asks a
+//!   join service for a rejoin ticket, unlocks the disk and re-marks PCR 15; a new disk is
+//!   formatted with a random first-boot passphrase.
+//! * **InitServer** (`init.API/Init` on `<node ip>:9000`, aTLS, the node attests) and
+//!   **JoinClient** (to `<control-plane ip>:30090`, aTLS, the node attests and optionally
+//!   verifies the join service) run in parallel and meet at the **node lock**: the first
+//!   to take it marks PCR 15 with the cluster ID (the point of no return), stops the other,
+//!   re-keys the state disk with the cluster-derived key, writes the node's files and calls
+//!   the Kubernetes driver.
+//! * A failure after the point of no return marks the state disk for reset and ends the
+//!   run with [`Failure::AfterLock`] (exit status [`EXIT_RESET`]).
+//!
+//! External effects sit behind narrow traits ([`NodeMarker`], [`DiskOps`],
+//! [`KubernetesDriver`], `asterism_metadata::Metadata`, `asterism_attestation::Issuer`).
+//!
+//! This crate must never log or return a secret (init secret, KMS URI, keys, tokens), never
+//! send its logs to a caller that did not present the right init secret, and never take a
+//! step past the node lock without marking the disk for reset when it fails.
+
+pub mod boot;
+mod dial;
+mod driver;
+mod effects;
+pub mod files;
+mod init;
+mod join;
+mod lock;
+mod logbuf;
+mod node;
+pub mod node_state;
+mod pki;
+mod run;
+
+pub use boot::prepare_state_image;
+pub use dial::{DialError, Dialer};
+pub use driver::NoneDriver;
+pub use effects::{
+    ClusterInit, ClusterJoin, DiskOps, DriverError, KubernetesDriver, LuksDisk, MarkError,
+    NodeMarker, TpmMarker, UnlockMode,
+};
+pub use init::DEFAULT_CLUSTER_NAME;
+pub use lock::{Holder, LockError, NodeLock};
+pub use logbuf::{DEFAULT_LOG_BUFFER_BYTES, LogBuffer, LogBufferLayer};
+pub use node::{
+    Config, DEFAULT_ACTIVATION_TIMEOUT, DEFAULT_INIT_PORT, DEFAULT_JOIN_PORT,
+    DEFAULT_RETRY_INTERVAL, DEFAULT_RPC_TIMEOUT, DEFAULT_STATE_DISK_SIZE, Identity, LOG_CHUNK_SIZE,
+    Node, StepError, error_chain,
+};
+pub use node_state::{NodeDir, NodeState, Role};
+pub use pki::PkiError;
+pub use run::{EXIT_FAILED, EXIT_RESET, EXIT_STOPPED, Failure, Outcome, run};

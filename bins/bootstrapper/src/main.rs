@@ -1,0 +1,401 @@
+//! `asterism-bootstrapper`: bootstraps one node (boot phase, then InitServer and JoinClient
+//! until the node lock is taken and the node is initialised or joined).
+//!
+//! Exit status: 0 bootstrapped (or already was), 1 failed before the point of no return,
+//! 2 usage error, 3 failed after the point of no return (state disk marked for reset;
+//! reboot the node), 4 stopped by a signal before the node lock.
+
+use std::future::Future;
+use std::io::IsTerminal as _;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use asterism_bootstrapper::{
+    Config, KubernetesDriver, LogBuffer, LuksDisk, Node, NodeDir, TpmMarker, UnlockMode,
+};
+use asterism_disk::{DiskConfig, Integrity, Pbkdf, StateDisk};
+use asterism_metadata::HttpMetadata;
+use asterism_tpm::{AkConfig, PcrSelection, Tpm, TpmConfig, TpmIssuer};
+use clap::{Parser, ValueEnum};
+use tokio::signal::unix::{SignalKind, signal};
+use tracing::Level;
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+
+/// Bootstraps this node into a cluster: serves Init on the node's address and, in parallel,
+/// asks the cluster's join services for a join ticket; whichever comes first wins.
+#[derive(Debug, Parser)]
+#[command(name = "asterism-bootstrapper", version)]
+struct Args {
+    /// The node directory (`state.img`, `state/`, `attestation/`, …).
+    #[arg(long, value_name = "DIR")]
+    node_dir: PathBuf,
+
+    /// The node's address: the InitServer listens on it, and connections to join services
+    /// leave from it.
+    #[arg(long, value_name = "IP")]
+    node_ip: IpAddr,
+
+    /// The TPM: `device:/dev/tpmrm0`, `swtpm:host=127.0.0.1,port=2321`, …
+    #[arg(long, value_name = "TCTI", default_value = "device:/dev/tpmrm0")]
+    tpm: TpmConfig,
+
+    /// The AK certificate (DER) sent with the node's evidence; default
+    /// `<node dir>/attestation/ak-cert.der` if it exists.
+    #[arg(long, value_name = "PATH")]
+    ak_cert: Option<PathBuf>,
+
+    /// The metadata service.
+    #[arg(long, value_name = "URL", default_value = "http://127.0.10.254:8080")]
+    metadata_url: String,
+
+    /// The InitServer port.
+    #[arg(long, value_name = "PORT", default_value_t = asterism_bootstrapper::DEFAULT_INIT_PORT)]
+    init_port: u16,
+
+    /// The join service port on control-plane nodes.
+    #[arg(long, value_name = "PORT", default_value_t = asterism_bootstrapper::DEFAULT_JOIN_PORT)]
+    join_port: u16,
+
+    /// How Kubernetes is set up.
+    #[arg(long, value_enum, default_value_t = Driver::None)]
+    kubernetes_driver: Driver,
+
+    /// Pause between join (and rejoin) rounds: `30s`, `1s`, `500ms`.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    join_retry_interval: Duration,
+
+    /// Deadline of one metadata call, aTLS connection or join RPC.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    rpc_timeout: Duration,
+
+    /// Mutual aTLS: verify the join service's evidence against these measurements (JSON,
+    /// docs/attestation.md; re-read when it changes). Needs --platform-ca.
+    #[arg(long, value_name = "PATH", requires = "platform_ca")]
+    verify_join_service_measurements: Option<PathBuf>,
+
+    /// PEM file of the platform CA(s) that certify the join service's attestation key.
+    #[arg(
+        long,
+        value_name = "PATH",
+        requires = "verify_join_service_measurements"
+    )]
+    platform_ca: Option<PathBuf>,
+
+    /// The size of a new state disk image, in MiB.
+    #[arg(long, value_name = "MIB", default_value_t = 64)]
+    state_disk_size_mib: u64,
+
+    /// dm-integrity on the state disk: `required` (production), `if-available` (falls back
+    /// with a warning where the kernel has no device-mapper), `none`.
+    #[arg(long, value_enum, default_value_t = IntegrityArg::IfAvailable)]
+    state_disk_integrity: IntegrityArg,
+
+    /// How a reboot unlocks the state disk: `key-check` (local mode: check the key, map
+    /// nothing) or `map` (device-mapper).
+    #[arg(long, value_enum, default_value_t = UnlockArg::KeyCheck)]
+    state_disk_unlock: UnlockArg,
+
+    /// argon2id iterations of the disk keyslots (forced; no benchmark). Without it the
+    /// original's parameters are used (2 s target, 64 MiB, 4 threads).
+    #[arg(long, value_name = "N", requires = "pbkdf_memory_kib")]
+    pbkdf_iterations: Option<u32>,
+
+    /// argon2id memory of the disk keyslots, KiB (with --pbkdf-iterations).
+    #[arg(long, value_name = "KIB", requires = "pbkdf_iterations")]
+    pbkdf_memory_kib: Option<u32>,
+
+    /// argon2id threads of the disk keyslots (with --pbkdf-iterations).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pbkdf_parallel: u32,
+
+    /// The cheapest argon2id parameters (4 iterations, 32 KiB, 1 thread). The disk keys are
+    /// 32 random bytes, so this costs no security against guessing, only unlock time; for
+    /// local clusters and tests.
+    #[arg(long, conflicts_with = "pbkdf_iterations")]
+    insecure_fast_disk_kdf: bool,
+
+    /// The cryptsetup program.
+    #[arg(long, value_name = "PATH", default_value = "cryptsetup")]
+    cryptsetup: PathBuf,
+
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Human)]
+    log_format: LogFormat,
+
+    /// How many KiB of this process's log lines a failed Init streams back (to a caller
+    /// with the right init secret only).
+    #[arg(long, value_name = "KIB", default_value_t = 256)]
+    log_buffer_kib: usize,
+
+    /// More log output: -v for debug.
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    verbose: u8,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Driver {
+    /// No Kubernetes: a cluster CA and an admin kubeconfig on init, nothing on join
+    /// (docs/design/local-cluster.md).
+    None,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum IntegrityArg {
+    Required,
+    IfAvailable,
+    None,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum UnlockArg {
+    KeyCheck,
+    Map,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    /// One human-readable line per event.
+    Human,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `30s`, `1s`, `500ms`, `2m`.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (number, unit) = s
+        .find(|c: char| !c.is_ascii_digit())
+        .map_or((s, ""), |i| s.split_at(i));
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration like 30s or 500ms"))?;
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" | "" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.saturating_mul(60)),
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (ms, s, m)")),
+    };
+    if d.is_zero() {
+        return Err("the duration must be longer than zero".into());
+    }
+    Ok(d)
+}
+
+fn init_logging(format: LogFormat, verbose: u8, buffer: &LogBuffer) {
+    let level = if verbose > 0 { "debug" } else { "info" };
+    let filter = EnvFilter::new(format!(
+        "warn,asterism_bootstrapper={level},asterism_disk={level},asterism_tpm={level},asterism_atls={level},asterism_attestation={level},asterism_metadata={level}"
+    ));
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    // The buffer keeps the same lines the log shows (never secrets: nothing logs them).
+    let buffer_filter = EnvFilter::new(
+        "warn,asterism_bootstrapper=info,asterism_disk=info,asterism_tpm=info,asterism_atls=info,asterism_attestation=info,asterism_metadata=info",
+    );
+    let registry = tracing_subscriber::registry().with(tracing_subscriber::Layer::with_filter(
+        buffer.layer(Level::INFO),
+        buffer_filter,
+    ));
+    let installed = match format {
+        LogFormat::Human => registry
+            .with(tracing_subscriber::Layer::with_filter(fmt, filter))
+            .try_init(),
+        LogFormat::Json => registry
+            .with(tracing_subscriber::Layer::with_filter(
+                fmt.json().flatten_event(true),
+                filter,
+            ))
+            .try_init(),
+    };
+    if let Err(err) = installed {
+        eprintln!("cannot install the log subscriber: {err}");
+    }
+}
+
+/// Completes on SIGTERM or SIGINT; handlers are installed at once.
+fn shutdown_signal() -> anyhow::Result<impl Future<Output = ()> + Send + 'static> {
+    let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("received SIGTERM"),
+            _ = int.recv() => tracing::info!("received SIGINT"),
+        }
+    })
+}
+
+fn disk_config(args: &Args, dir: &NodeDir) -> DiskConfig {
+    let pbkdf = if args.insecure_fast_disk_kdf {
+        tracing::warn!(
+            "using the cheapest argon2id parameters for the state disk (--insecure-fast-disk-kdf)"
+        );
+        Pbkdf::FAST_FOR_TESTS
+    } else if let (Some(iterations), Some(memory_kib)) =
+        (args.pbkdf_iterations, args.pbkdf_memory_kib)
+    {
+        Pbkdf::Argon2idForced {
+            iterations,
+            memory_kib,
+            parallel: args.pbkdf_parallel,
+        }
+    } else {
+        Pbkdf::SPEC
+    };
+    DiskConfig {
+        cryptsetup: args.cryptsetup.clone(),
+        pbkdf,
+        integrity: match args.state_disk_integrity {
+            IntegrityArg::Required => Integrity::HmacSha256,
+            IntegrityArg::IfAvailable => Integrity::HmacSha256IfAvailable,
+            IntegrityArg::None => Integrity::None,
+        },
+        scratch_dir: dir.run(),
+        ..DiskConfig::local()
+    }
+}
+
+fn join_service_validator(
+    args: &Args,
+) -> anyhow::Result<Option<Arc<dyn asterism_atls::Validator>>> {
+    use asterism_attestation::{AkTrust, PlatformCa, ReloadingMeasurements, TpmQuoteValidator};
+    let (Some(measurements), Some(ca)) =
+        (&args.verify_join_service_measurements, &args.platform_ca)
+    else {
+        tracing::warn!(
+            "the join service's evidence is not verified (no --verify-join-service-measurements): the node trusts whichever join service answers"
+        );
+        return Ok(None);
+    };
+    let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
+    let trust = AkTrust::platform_ca(
+        PlatformCa::from_pem(&pem)
+            .with_context(|| format!("{} holds no usable CA certificate", ca.display()))?,
+    );
+    let measurements = ReloadingMeasurements::open(measurements)
+        .with_context(|| format!("loading measurements from {}", measurements.display()))?;
+    tracing::info!("the join service must attest (mutual aTLS)");
+    Ok(Some(Arc::new(TpmQuoteValidator::new(
+        trust,
+        Arc::new(measurements),
+    ))))
+}
+
+async fn run(args: Args, logs: LogBuffer) -> anyhow::Result<u8> {
+    let shutdown = shutdown_signal()?;
+    let dir = NodeDir::new(&args.node_dir);
+    tracing::info!(node_dir = %dir.root().display(), node_ip = %args.node_ip, tpm = %args.tpm, "bootstrapper starting");
+
+    let ak_cert = args.ak_cert.clone().or_else(|| {
+        let default = dir.root().join("attestation/ak-cert.der");
+        default.exists().then_some(default)
+    });
+    let chain = match &ak_cert {
+        Some(path) => {
+            vec![std::fs::read(path).with_context(|| format!("reading {}", path.display()))?]
+        }
+        None => {
+            tracing::warn!("no AK certificate: verifiers must pin this node's AK");
+            Vec::new()
+        }
+    };
+    let tpm_config = args.tpm.clone();
+    let issuer = tokio::task::spawn_blocking(move || {
+        let tpm = Tpm::open(&tpm_config)?;
+        TpmIssuer::new(tpm, &AkConfig::default(), PcrSelection::all(), chain)
+    })
+    .await
+    .context("the TPM task failed")?
+    .context("cannot load the attestation key from the TPM")?;
+    tracing::info!(ak = %asterism_attestation::AkFingerprint::of_public_area(issuer.ak_public()), "loaded the attestation key");
+
+    let image = dir.state_image();
+    asterism_bootstrapper::prepare_state_image(&image, args.state_disk_size_mib * 1024 * 1024)?;
+    asterism_bootstrapper::files::create_dirs(&dir.run())?;
+    let disk = StateDisk::open(&image, disk_config(&args, &dir))
+        .with_context(|| format!("opening the state disk {}", image.display()))?;
+    let unlock = match args.state_disk_unlock {
+        UnlockArg::KeyCheck => UnlockMode::KeyCheck,
+        UnlockArg::Map => UnlockMode::Map,
+    };
+
+    let metadata = HttpMetadata::new(&args.metadata_url)
+        .context("--metadata-url")?
+        .with_local_address(args.node_ip)
+        .with_timeout(args.rpc_timeout);
+    let driver: Arc<dyn KubernetesDriver> = match args.kubernetes_driver {
+        Driver::None => Arc::new(asterism_bootstrapper::NoneDriver::new()),
+    };
+    let mut config = Config::new(dir, args.node_ip);
+    config.init_port = args.init_port;
+    config.join_port = args.join_port;
+    config.retry_interval = args.join_retry_interval;
+    config.rpc_timeout = args.rpc_timeout;
+    config.state_disk_size = args.state_disk_size_mib * 1024 * 1024;
+    config.verify_join_service = join_service_validator(&args)?;
+
+    let node = Arc::new(Node::new(
+        config,
+        Arc::new(TpmMarker::new(args.tpm.clone())),
+        Arc::new(LuksDisk::new(disk, unlock)),
+        Arc::new(issuer),
+        metadata,
+        driver,
+        logs,
+    ));
+    match asterism_bootstrapper::run(node, shutdown).await {
+        Ok(outcome) => {
+            tracing::info!(?outcome, "done");
+            Ok(outcome.exit_code())
+        }
+        Err(failure) => {
+            tracing::error!(error = %asterism_bootstrapper::error_chain(&failure), "bootstrapping failed");
+            Ok(failure.exit_code())
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let logs = LogBuffer::new(args.log_buffer_kib.saturating_mul(1024));
+    init_logging(args.log_format, args.verbose, &logs);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            tracing::error!(error = %err, "cannot start the async runtime");
+            return ExitCode::from(asterism_bootstrapper::EXIT_FAILED);
+        }
+    };
+    match runtime.block_on(run(args, logs)) {
+        Ok(code) => ExitCode::from(code),
+        Err(err) => {
+            tracing::error!(error = format!("{err:#}"), "bootstrapper failed");
+            ExitCode::from(asterism_bootstrapper::EXIT_FAILED)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_as_the_flags_document() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("1s"), Ok(Duration::from_secs(1)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("1h").is_err());
+        assert!(parse_duration("fast").is_err());
+    }
+}

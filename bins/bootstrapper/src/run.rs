@@ -1,0 +1,330 @@
+//! The orchestrator (REFERENCE §1.3): boot phase, then InitServer and JoinClient in
+//! parallel until one of them has taken the node lock and finished.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use asterism_atls::{AtlsConfig, AtlsServer};
+use asterism_kms::ClusterId;
+use asterism_metadata::Metadata;
+use asterism_proto::init::api_server::ApiServer;
+use tokio::sync::{mpsc, watch};
+use tracing::{error, info, warn};
+
+use crate::boot::Boot;
+use crate::init::InitService;
+use crate::join::{JoinEnd, RejoinError};
+use crate::node::{Node, StepError, blocking, chain};
+
+/// How long a stopping InitServer may take to deliver its last response.
+const SERVER_DRAIN: Duration = Duration::from_secs(10);
+
+/// How a run ended well.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The owner initialised this node as the cluster's first control-plane node.
+    Initialized(ClusterId),
+    /// The node joined an existing cluster.
+    Joined(ClusterId),
+    /// A reboot: the node got its disk key back and re-marked PCR 15.
+    Rejoined(ClusterId),
+    /// PCR 15 was already marked: nothing to do.
+    AlreadyBootstrapped,
+    /// Stopped by a signal before the node lock; nothing irreversible happened.
+    Stopped,
+}
+
+impl Outcome {
+    /// The process exit status: 0, or [`EXIT_STOPPED`] for [`Outcome::Stopped`].
+    #[must_use]
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Stopped => EXIT_STOPPED,
+            _ => 0,
+        }
+    }
+}
+
+/// Exit status: a failure before the point of no return (nothing irreversible happened;
+/// running again is safe).
+pub const EXIT_FAILED: u8 = 1;
+/// Exit status: a failure after the point of no return; the state disk is marked for reset
+/// and the node must be rebooted (its TPM reset) before it can bootstrap again.
+pub const EXIT_RESET: u8 = 3;
+/// Exit status: stopped by SIGTERM/SIGINT before the node lock.
+pub const EXIT_STOPPED: u8 = 4;
+
+/// How a run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Failure {
+    /// Before the point of no return: nothing irreversible happened.
+    #[error("bootstrapping failed before the point of no return")]
+    BeforeLock(#[source] StepError),
+    /// After the point of no return: the state disk is marked for reset.
+    #[error(
+        "bootstrapping failed after the point of no return; the state disk is marked for reset"
+    )]
+    AfterLock(#[source] StepError),
+    /// PCR 15 is marked but the node never finished bootstrapping (a crash after the node
+    /// lock); the state disk is marked for reset.
+    #[error(
+        "the node was marked (PCR 15) but never finished bootstrapping; the state disk is marked for reset: reboot the node"
+    )]
+    Interrupted,
+}
+
+impl Failure {
+    /// The process exit status.
+    #[must_use]
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::BeforeLock(_) => EXIT_FAILED,
+            Self::AfterLock(_) | Self::Interrupted => EXIT_RESET,
+        }
+    }
+}
+
+/// Runs the bootstrapper on `node` until it is bootstrapped, failed, or `shutdown`
+/// completes before the node lock.
+pub async fn run<M: Metadata + 'static>(
+    node: Arc<Node<M>>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<Outcome, Failure> {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    // The signal only stops flows that have not passed the node lock.
+    let signal_node = node.clone();
+    let signal_stop = stop_tx.clone();
+    let signal = tokio::spawn(async move {
+        shutdown.await;
+        if signal_node.lock.is_taken() {
+            warn!("stop requested after the point of no return: finishing the activation first");
+        } else {
+            info!("stop requested: stopping before the node lock");
+            let _ = signal_stop.send(true);
+        }
+    });
+    let result = run_inner(node, stop_rx).await;
+    signal.abort();
+    result
+}
+
+async fn run_inner<M: Metadata + 'static>(
+    node: Arc<Node<M>>,
+    stop: watch::Receiver<bool>,
+) -> Result<Outcome, Failure> {
+    let uuid = match node.boot_phase().await.map_err(Failure::BeforeLock)? {
+        Boot::AlreadyBootstrapped => {
+            info!(
+                "PCR 15 is marked and the node state is present: the node is already bootstrapped; nothing to do (the none driver has no kubelet to start)"
+            );
+            return Ok(Outcome::AlreadyBootstrapped);
+        }
+        Boot::Interrupted => {
+            error!("PCR 15 is marked, but the node never finished bootstrapping");
+            reset_if_initialized(&node).await;
+            return Err(Failure::Interrupted);
+        }
+        Boot::Rejoin => {
+            return match node.rejoin(stop).await {
+                Ok(Some(id)) => Ok(Outcome::Rejoined(id)),
+                Ok(None) => Ok(Outcome::Stopped),
+                Err(RejoinError::Before(e)) => Err(Failure::BeforeLock(e)),
+                Err(RejoinError::Incomplete(e)) => {
+                    error!(error = %chain(&e), "the rejoined disk holds no complete node state");
+                    node.reset_after_failure(&e).await;
+                    Err(Failure::Interrupted)
+                }
+            };
+        }
+        Boot::Fresh(uuid) => uuid,
+    };
+    bootstrap(node, uuid, stop).await
+}
+
+async fn reset_if_initialized<M: Metadata + 'static>(node: &Arc<Node<M>>) {
+    let disk = node.disk.clone();
+    if matches!(blocking(move || disk.is_initialized()).await, Ok(true)) {
+        let e = StepError::Ticket("interrupted bootstrap".into());
+        node.reset_after_failure(&e).await;
+    }
+}
+
+/// What the flows tell the orchestrator.
+#[derive(Debug)]
+pub(crate) enum Event {
+    /// An Init took the node lock: stop the JoinClient.
+    InitLocked,
+    /// The Init after the lock finished (on failure the disk is already marked for reset).
+    InitDone(Result<ClusterId, StepError>),
+    /// The JoinClient ended.
+    JoinDone(Result<JoinEnd, StepError>),
+    /// The InitServer stopped.
+    ServerDone(Result<(), String>),
+}
+
+/// InitServer and JoinClient in parallel (REFERENCE §1.3).
+async fn bootstrap<M: Metadata + 'static>(
+    node: Arc<Node<M>>,
+    uuid: asterism_kms::DiskUuid,
+    stop: watch::Receiver<bool>,
+) -> Result<Outcome, Failure> {
+    // The init-secret hash must be known before serving (REFERENCE §3.1).
+    let hash = init_secret_hash(&node, stop.clone())
+        .await
+        .map_err(Failure::BeforeLock)?;
+    let Some(hash) = hash else {
+        return Ok(Outcome::Stopped);
+    };
+    // The SSH host key exists before the flows start (sshd-keygen does this before the
+    // original's bootstrapper starts).
+    node.ensure_host_key().await.map_err(Failure::BeforeLock)?;
+
+    // The InitServer: aTLS where the node attests; no client evidence (the owner is
+    // authenticated by the init secret).
+    let addr = SocketAddr::new(node.config.node_ip, node.config.init_port);
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+        Failure::BeforeLock(StepError::File(crate::files::FileError {
+            what: "cannot listen on",
+            path: addr.to_string().into(),
+            source: e,
+        }))
+    })?;
+    let server = AtlsServer::new(AtlsConfig::attesting(node.issuer.clone()))
+        .map_err(|e| Failure::BeforeLock(StepError::Ticket(format!("aTLS setup: {e}"))))?;
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    let (stop_init_tx, mut stop_init_rx) = watch::channel(false);
+    let service = InitService::new(node.clone(), hash, events_tx.clone());
+    let mut outer_stop = stop.clone();
+    let init_shutdown = async move {
+        tokio::select! {
+            _ = stop_init_rx.wait_for(|s| *s) => {},
+            _ = outer_stop.wait_for(|s| *s) => {},
+        }
+    };
+    let incoming = server.incoming(listener);
+    let server_events = events_tx.clone();
+    let mut server_task = tokio::spawn(async move {
+        let served = tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(Duration::from_secs(15)))
+            .add_service(ApiServer::new(service))
+            .serve_with_incoming_shutdown(incoming, init_shutdown)
+            .await
+            .map_err(|e| chain(&e));
+        let _ = server_events.send(Event::ServerDone(served));
+    });
+    info!(step = "serve", listen = %addr, "InitServer listening (aTLS, the node attests)");
+
+    // The JoinClient, stopped by the InitServer's lock or by the signal.
+    let (stop_join_tx, stop_join_rx) = watch::channel(false);
+    let mut outer_stop = stop.clone();
+    let forward = stop_join_tx.clone();
+    let forwarder = tokio::spawn(async move {
+        let _ = outer_stop.wait_for(|s| *s).await;
+        let _ = forward.send(true);
+    });
+    let join_events = events_tx;
+    let join_node = node.clone();
+    let join_stop_init = stop_init_tx.clone();
+    let join_task = tokio::spawn(async move {
+        let ended = join_node
+            .join_client(uuid, stop_join_rx, join_stop_init)
+            .await;
+        let _ = join_events.send(Event::JoinDone(ended));
+    });
+
+    let mut server_running = true;
+    let mut join_running = true;
+    let outcome = loop {
+        let Some(event) = events.recv().await else {
+            break Err(Failure::BeforeLock(StepError::Task(
+                "every flow ended without a result".into(),
+            )));
+        };
+        match event {
+            Event::InitLocked => {
+                let _ = stop_join_tx.send(true);
+            }
+            Event::InitDone(result) => {
+                break result.map(Outcome::Initialized).map_err(Failure::AfterLock);
+            }
+            Event::JoinDone(Ok(JoinEnd::Joined(id))) => break Ok(Outcome::Joined(id)),
+            Event::JoinDone(Err(e)) => {
+                error!(error = %chain(&e), "the JoinClient failed");
+                break Err(if node.lock.is_taken() {
+                    Failure::AfterLock(e)
+                } else {
+                    Failure::BeforeLock(e)
+                });
+            }
+            Event::JoinDone(Ok(JoinEnd::Stopped | JoinEnd::LostRace)) => {
+                join_running = false;
+                if !server_running && !node.lock.is_taken() {
+                    break Ok(Outcome::Stopped);
+                }
+            }
+            Event::ServerDone(result) => {
+                server_running = false;
+                if let Err(e) = &result {
+                    error!(error = %e, "the InitServer failed");
+                }
+                if !node.lock.is_taken() {
+                    if *stop.borrow() {
+                        if !join_running {
+                            break Ok(Outcome::Stopped);
+                        }
+                    } else {
+                        break Err(Failure::BeforeLock(StepError::Task(
+                            "the InitServer stopped unexpectedly".into(),
+                        )));
+                    }
+                }
+            }
+        }
+    };
+    let _ = stop_init_tx.send(true);
+    let _ = stop_join_tx.send(true);
+    if server_running {
+        drain(&mut server_task).await;
+    }
+    forwarder.abort();
+    if join_running {
+        // Stopped before its lock attempt, or finished: either way nothing is left to do.
+        let _ = tokio::time::timeout(SERVER_DRAIN, join_task).await;
+    }
+    outcome
+}
+
+/// Waits for the InitServer to deliver its last responses and stop.
+async fn drain(server: &mut tokio::task::JoinHandle<()>) {
+    if tokio::time::timeout(SERVER_DRAIN, &mut *server)
+        .await
+        .is_err()
+    {
+        warn!("the InitServer did not stop in time; closing it");
+        server.abort();
+    } else {
+        info!("InitServer stopped");
+    }
+}
+
+/// Fetches the init-secret hash from the metadata, retrying until it is there or stop.
+async fn init_secret_hash<M: Metadata + 'static>(
+    node: &Arc<Node<M>>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<Option<String>, StepError> {
+    loop {
+        match tokio::time::timeout(node.config.rpc_timeout, node.metadata.init_secret_hash()).await
+        {
+            Ok(Ok(hash)) if !hash.trim().is_empty() => return Ok(Some(hash.trim().to_owned())),
+            Ok(Ok(_)) => warn!("the metadata has no init-secret hash"),
+            Ok(Err(e)) => warn!(error = %chain(&e), "cannot fetch the init-secret hash"),
+            Err(_) => warn!("the metadata did not answer in time"),
+        }
+        tokio::select! {
+            () = tokio::time::sleep(node.config.retry_interval) => {},
+            _ = stop.wait_for(|s| *s) => return Ok(None),
+        }
+    }
+}

@@ -264,13 +264,16 @@ impl SwtpmConfig {
         Ok(self)
     }
 
-    /// Appends swtpm's log to `path` (an absolute path without comma) instead of
-    /// `<run dir>/swtpm.log`.
-    pub fn with_log_file(mut self, path: impl Into<PathBuf>) -> Result<Self, SwtpmError> {
-        let path = path.into();
-        if !path.is_absolute() || path.as_os_str().as_bytes().contains(&b',') {
+    /// Appends swtpm's log to `path` (made absolute against the current directory; it must
+    /// not contain a comma) instead of `<run dir>/swtpm.log`.
+    pub fn with_log_file(mut self, path: impl AsRef<Path>) -> Result<Self, SwtpmError> {
+        let path = std::path::absolute(path.as_ref()).map_err(io_error(format!(
+            "resolving the swtpm log file {}",
+            path.as_ref().display()
+        )))?;
+        if path.as_os_str().as_bytes().contains(&b',') {
             return Err(invalid(format!(
-                "the swtpm log file {} must be an absolute path without comma",
+                "the swtpm log file {} contains a comma, which swtpm's option syntax cannot carry",
                 path.display()
             )));
         }

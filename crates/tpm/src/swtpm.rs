@@ -18,6 +18,10 @@
 //!   is dropped; [`SwtpmProcess::start_detached`] lets swtpm daemonise itself (its own
 //!   session, parent init) and leaves it running; [`SwtpmProcess::attach`] finds a detached
 //!   swtpm again from its pid and port files, so that another process can use or stop it.
+//!   A detached process is recognised by its command line (`/proc/<pid>/cmdline`: an
+//!   `swtpm` on this state directory and port), so a recycled pid is never shut down; it is
+//!   stopped over its control channel, and killed with the `kill` program (this crate has
+//!   no `unsafe` for a signal call) only if it does not exit.
 //!
 //! swtpm listens on `127.0.0.1` only: the command port `P` and the control port `P + 1` (the
 //! TSS swtpm TCTI derives the latter). It runs with `--flags not-need-init,startup-clear`,

@@ -306,7 +306,7 @@ pub async fn up(args: UpArgs) -> Result<()> {
         });
     }
     let cp = nodes.first().context("no nodes")?;
-    let platform_ca = ca_dir.join("ca.pem");
+    let platform_ca = ca_dir.join("platform-ca.pem");
     let measurements = cp.dir.join("attestation/measurements.json");
 
     // 3. Metadata service with the instances and the init secret's bcrypt hash.

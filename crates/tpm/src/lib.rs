@@ -8,14 +8,17 @@
 //!   produced them, plus the quoted SHA-256 PCR values.
 //! * [`Tpm::read_pcrs`], [`Tpm::extend_pcr`], [`Tpm::pcr_event`] and
 //!   [`Tpm::read_ek_certificate`] do what they say.
+//! * [`TpmIssuer`] turns quotes into `tpm-quote` evidence for attested TLS.
+//! * [`marker`] is the node marker in PCR 15; [`swtpm`] manages swtpm processes for local
+//!   clusters and tests.
 //!
 //! Busy TPMs and exhausted transient-object slots are retried with a bounded back-off
 //! ([`retry`]); errors carry the operation and the decoded response code ([`ResponseCode`]).
 //!
 //! This is the only crate that links the TSS C libraries. It issues evidence but never
-//! verifies it (that is pure Rust, elsewhere), holds no secret, reads no environment and
-//! spawns no process. It is blocking by design: callers in async code run it on a blocking
-//! thread.
+//! verifies it (that is pure Rust, elsewhere), holds no secret and reads no environment.
+//! Only the [`swtpm`] module spawns processes (the TPM emulator). It is blocking by design:
+//! callers in async code run it on a blocking thread.
 
 pub mod ak;
 mod config;

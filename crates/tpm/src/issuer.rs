@@ -3,7 +3,7 @@
 //! Lives here rather than in `asterism-attestation` because it needs the TPM device, and
 //! only this crate may link the TSS libraries; the verifier side stays pure Rust.
 
-use crate::{AkConfig, AttestationKey, PcrSelection, Tpm, TpmError};
+use crate::{AkConfig, AttestationKey, PcrSelection, Tpm, TpmConfig, TpmError};
 use asterism_attestation::tpm::{EVIDENCE_VERSION, PcrValue, TpmQuoteEvidence, VARIANT};
 use asterism_attestation::{IssueError, Issuer, ReportData};
 use prost::Message;
@@ -16,7 +16,7 @@ use std::sync::Mutex;
 /// on swtpm, so callers in async code run [`Issuer::issue`] on a blocking thread (the
 /// aTLS crate does, because [`Issuer::blocks`] is true).
 pub struct TpmIssuer {
-    device: Mutex<(Tpm, AttestationKey)>,
+    device: Mutex<Device>,
     ak_public: Vec<u8>,
     selection: PcrSelection,
     ak_cert_chain: Vec<Vec<u8>>,
@@ -31,7 +31,37 @@ impl std::fmt::Debug for TpmIssuer {
     }
 }
 
+/// How the issuer reaches the TPM.
+enum Device {
+    /// One connection for the issuer's lifetime (fastest).
+    Held(Box<Tpm>, AttestationKey),
+    /// A new connection for every quote, closed right after: for TPMs that serve one client
+    /// at a time (swtpm over TCP) and are shared between processes.
+    PerUse(TpmConfig, AkConfig),
+}
+
 impl TpmIssuer {
+    /// Like [`TpmIssuer::new`], but connects to the TPM for each quote and disconnects
+    /// right after, so that other processes can use a TPM that serves one client at a time
+    /// (swtpm). Costs a connection and an AK load (a persistent handle) per quote.
+    pub fn connecting_per_use(
+        config: TpmConfig,
+        ak: AkConfig,
+        selection: PcrSelection,
+        ak_cert_chain: Vec<Vec<u8>>,
+    ) -> Result<Self, TpmError> {
+        let ak_public = {
+            let mut tpm = Tpm::open(&config)?;
+            tpm.load_attestation_key(&ak)?.public_area().to_vec()
+        };
+        Ok(Self {
+            ak_public,
+            device: Mutex::new(Device::PerUse(config, ak)),
+            selection,
+            ak_cert_chain,
+        })
+    }
+
     /// Loads (or creates and persists) the AK described by `ak` on `tpm` and quotes
     /// `selection` on every [`Issuer::issue`]. `ak_cert_chain` (DER, leaf first) is sent
     /// along so that verifiers can check the AK against their platform CA.
@@ -44,7 +74,7 @@ impl TpmIssuer {
         let key = tpm.load_attestation_key(ak)?;
         Ok(Self {
             ak_public: key.public_area().to_vec(),
-            device: Mutex::new((tpm, key)),
+            device: Mutex::new(Device::Held(Box::new(tpm), key)),
             selection,
             ak_cert_chain,
         })
@@ -75,9 +105,19 @@ impl Issuer for TpmIssuer {
                 .device
                 .lock()
                 .map_err(|_| Self::fail("the TPM lock is poisoned", None))?;
-            let (tpm, key) = &mut *guard;
-            tpm.quote(key, report_data.as_bytes(), &self.selection)
-                .map_err(|e| Self::fail("quoting the PCRs failed", Some(e)))?
+            match &mut *guard {
+                Device::Held(tpm, key) => tpm.quote(key, report_data.as_bytes(), &self.selection),
+                Device::PerUse(config, ak) => Tpm::open(config).and_then(|mut tpm| {
+                    let key = tpm.load_attestation_key(ak)?;
+                    if key.public_area() != self.ak_public.as_slice() {
+                        return Err(TpmError::AkReplaced {
+                            handle: ak.handle.raw(),
+                        });
+                    }
+                    tpm.quote(&key, report_data.as_bytes(), &self.selection)
+                }),
+            }
+            .map_err(|e| Self::fail("quoting the PCRs failed", Some(e)))?
         };
         let evidence = TpmQuoteEvidence {
             version: EVIDENCE_VERSION,

@@ -1,0 +1,25 @@
+//! The certificate authorities of an Asterism cluster, as pure functions:
+//!
+//! * [`ssh`]: the emergency SSH CA (an Ed25519 key from the `ca_emergency_ssh` data key),
+//!   OpenSSH host certificates (REFERENCE §3.5), host keys and the SSH wire format;
+//! * [`x509`]: the cluster (Kubernetes) CA, kubelet keys and CSRs (§4.4), checked CSR
+//!   signing (§6.6), the admin client certificate, and the discovery hash (§6.5);
+//! * [`kubeconfig`]: an admin kubeconfig.
+//!
+//! Nothing here does network I/O or reads the environment; the only file operation is
+//! writing private key files (mode 0600). Private keys are secret types: not `Clone`,
+//! redacted in `Debug`, wiped on drop. This crate must never log key material.
+
+mod der;
+mod files;
+pub mod kubeconfig;
+pub mod ssh;
+pub mod x509;
+
+pub use files::write_private;
+pub use kubeconfig::{Kubeconfig, render_admin_kubeconfig};
+pub use ssh::{HostCertificate, HostKey, SshCa, SshError, parse_wire_public_key, wire_public_key};
+pub use x509::{
+    CertifiedKey, ClusterCa, CsrError, KubeletCsr, KubeletKeyAndCsr, PrivateKeyPem, X509Error,
+    discovery_hash, kubelet_key_and_csr, pem_encode,
+};

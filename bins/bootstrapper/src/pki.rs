@@ -2,21 +2,29 @@
 //! key and certificate, the emergency SSH CA's public key, the kubelet key and CSR.
 
 use std::net::IpAddr;
+use std::time::SystemTime;
 
 use asterism_disk::DataKey;
 use asterism_metadata::Metadata;
+use asterism_pki::{SshCa, SshError, X509Error};
 use tracing::info;
 use zeroize::Zeroizing;
 
-use crate::files;
-use crate::node::{Node, StepError};
+use crate::files::{self, FileError};
+use crate::node::{Node, StepError, exists};
+
+/// The largest SSH host key file read back.
+const MAX_HOST_KEY_FILE: u64 = 16 * 1024;
 
 /// A certificate or key could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum PkiError {
-    /// The PKI library refused.
-    #[error("PKI: {0}")]
-    Pki(String),
+    /// An SSH key or certificate.
+    #[error("SSH")]
+    Ssh(#[from] SshError),
+    /// An X.509 key, CSR or certificate.
+    #[error("X.509")]
+    X509(#[from] X509Error),
 }
 
 /// The node's SSH host key, as the join request carries it.
@@ -34,19 +42,43 @@ pub struct KubeletCsr {
     pub key_pem: Zeroizing<Vec<u8>>,
 }
 
-/// A new ECDSA P-256 kubelet key and its CSR (REFERENCE §4.4).
+/// A new ECDSA P-256 kubelet key and its CSR with the node's IP (REFERENCE §4.4).
 pub fn kubelet_csr(node_name: &str, ip: IpAddr) -> Result<KubeletCsr, PkiError> {
-    let _ = (node_name, ip);
-    Err(PkiError::Pki("asterism-pki is not available yet".into()))
+    let made = asterism_pki::kubelet_key_and_csr(node_name, &[ip])?;
+    Ok(KubeletCsr {
+        csr_der: made.csr_der,
+        key_pem: Zeroizing::new(made.key_pem.expose_secret().as_bytes().to_vec()),
+    })
 }
 
 impl<M: Metadata + 'static> Node<M> {
     /// Loads the SSH host key from `state/ssh/ssh_host_ed25519_key`, generating it (0600)
     /// if it is missing, as `sshd-keygen` does before the original's bootstrapper starts.
     pub(crate) async fn ensure_host_key(&self) -> Result<HostKey, StepError> {
+        Ok(HostKey {
+            public_wire: self
+                .load_or_make_host_key()?
+                .public_key_wire()
+                .map_err(PkiError::from)?,
+        })
+    }
+
+    fn load_or_make_host_key(&self) -> Result<asterism_pki::HostKey, StepError> {
         let path = self.dir().ssh_host_key();
-        let _ = path;
-        Err(PkiError::Pki("asterism-pki is not available yet".into()).into())
+        if exists(&path) {
+            let bytes = Zeroizing::new(files::read_capped(&path, MAX_HOST_KEY_FILE)?);
+            let text = std::str::from_utf8(&bytes).map_err(|_| FileError {
+                what: "the SSH host key is not text:",
+                path: path.clone(),
+                source: std::io::Error::other("not UTF-8"),
+            })?;
+            return Ok(asterism_pki::HostKey::from_openssh(text).map_err(PkiError::from)?);
+        }
+        let key = asterism_pki::HostKey::generate().map_err(PkiError::from)?;
+        let text = key.to_openssh().map_err(PkiError::from)?;
+        files::write_atomic(&path, text.as_bytes(), files::SECRET_MODE)?;
+        info!(step = "ssh", path = %path.display(), "generated the SSH host key");
+        Ok(key)
     }
 
     /// REFERENCE §3.2 steps 8–10: the emergency SSH CA from its seed; its public key into
@@ -56,8 +88,20 @@ impl<M: Metadata + 'static> Node<M> {
         seed: &DataKey,
         principals: &[String],
     ) -> Result<(), StepError> {
-        let _ = (seed, principals, files::PUBLIC_MODE);
-        info!(step = "ssh", "writing the SSH CA key and host certificate");
-        Err(PkiError::Pki("asterism-pki is not available yet".into()).into())
+        let ca = SshCa::from_seed(seed).map_err(PkiError::from)?;
+        let host = self.load_or_make_host_key()?;
+        let cert = ca
+            .sign_host_certificate(host.public_key(), principals, SystemTime::now())
+            .and_then(|c| c.to_authorized_keys_line())
+            .map_err(PkiError::from)?;
+        let dir = self.dir();
+        files::write_atomic(
+            &dir.ssh_ca_pub(),
+            ca.authorized_keys_line().as_bytes(),
+            files::PUBLIC_MODE,
+        )?;
+        files::write_atomic(&dir.ssh_host_cert(), cert.as_bytes(), files::PUBLIC_MODE)?;
+        info!(step = "ssh", principals = ?principals, "wrote the emergency SSH CA key and the host certificate");
+        Ok(())
     }
 }

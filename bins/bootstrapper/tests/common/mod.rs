@@ -1,0 +1,231 @@
+//! A node for the tests: a real swtpm, a real LUKS2 image file driven by cryptsetup, real
+//! aTLS on loopback, real bcrypt; metadata in memory.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use asterism_atls::{AtlsConfig, AtlsConnector};
+use asterism_attestation::{AkFingerprint, AkTrust, Measurements, TpmQuoteValidator};
+use asterism_bootstrapper::{
+    Config, KubernetesDriver, LogBuffer, LuksDisk, Node, NodeDir, NoneDriver, TpmMarker, UnlockMode,
+};
+use asterism_disk::{DiskConfig, Integrity, Pbkdf, StateDisk};
+use asterism_metadata::{InstanceMetadata, Role, StaticMetadata};
+use asterism_testkit::Swtpm;
+use asterism_tpm::{AkConfig, PcrSelection, Tpm, TpmIssuer};
+use std::io::Write as _;
+use tonic::transport::Channel;
+
+pub const INIT_SECRET: &[u8] = b"correct horse battery staple";
+
+/// A bcrypt hash of [`INIT_SECRET`] (cost 4: cheap, still real bcrypt).
+pub fn init_secret_hash() -> String {
+    bcrypt::hash(INIT_SECRET, 4).unwrap()
+}
+
+/// A free TCP port on `ip`.
+pub fn free_port(ip: IpAddr) -> u16 {
+    std::net::TcpListener::bind(SocketAddr::new(ip, 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub fn instance(name: &str, role: Role, ip: IpAddr) -> InstanceMetadata {
+    InstanceMetadata {
+        name: name.into(),
+        provider_id: format!("asterism-local:///{name}"),
+        role,
+        vpc_ip: ip.to_string(),
+        ..InstanceMetadata::default()
+    }
+}
+
+/// One test node.
+pub struct TestNode {
+    pub swtpm: Swtpm,
+    pub dir: tempfile::TempDir,
+    pub node_dir: NodeDir,
+    pub ip: IpAddr,
+    pub init_port: u16,
+    pub ak_public: Vec<u8>,
+}
+
+impl TestNode {
+    pub fn new(ip: &str) -> Self {
+        let swtpm = Swtpm::start().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let node_dir = NodeDir::new(dir.path().join("node"));
+        let ip: IpAddr = ip.parse().unwrap();
+        let init_port = free_port(ip);
+        let issuer = self_issuer(&swtpm);
+        let ak_public = issuer.ak_public().to_vec();
+        Self {
+            swtpm,
+            dir,
+            node_dir,
+            ip,
+            init_port,
+            ak_public,
+        }
+    }
+
+    pub fn disk_config(&self) -> DiskConfig {
+        DiskConfig {
+            pbkdf: Pbkdf::FAST_FOR_TESTS,
+            integrity: Integrity::None,
+            scratch_dir: self.node_dir.run(),
+            device_mapper_control: self.dir.path().join("no-device-mapper"),
+            ..DiskConfig::local()
+        }
+    }
+
+    pub fn image(&self) -> PathBuf {
+        self.node_dir.state_image()
+    }
+
+    /// The node, with `metadata` and `driver`.
+    pub fn node(
+        &self,
+        metadata: StaticMetadata,
+        driver: Arc<dyn KubernetesDriver>,
+        join_port: u16,
+        verify_join_service: Option<Arc<dyn asterism_atls::Validator>>,
+    ) -> Arc<Node<StaticMetadata>> {
+        self.node_with_logs(
+            metadata,
+            driver,
+            join_port,
+            verify_join_service,
+            LogBuffer::default(),
+        )
+    }
+
+    /// Like [`TestNode::node`], with the log buffer a failed Init streams back.
+    pub fn node_with_logs(
+        &self,
+        metadata: StaticMetadata,
+        driver: Arc<dyn KubernetesDriver>,
+        join_port: u16,
+        verify_join_service: Option<Arc<dyn asterism_atls::Validator>>,
+        logs: LogBuffer,
+    ) -> Arc<Node<StaticMetadata>> {
+        asterism_bootstrapper::prepare_state_image(&self.image(), 32 * 1024 * 1024).unwrap();
+        asterism_bootstrapper::files::create_dirs(&self.node_dir.run()).unwrap();
+        let disk = StateDisk::open(self.image(), self.disk_config()).unwrap();
+        let mut config = Config::new(self.node_dir.clone(), self.ip);
+        config.init_port = self.init_port;
+        config.join_port = join_port;
+        config.retry_interval = Duration::from_millis(200);
+        config.rpc_timeout = Duration::from_secs(10);
+        config.verify_join_service = verify_join_service;
+        Arc::new(Node::new(
+            config,
+            Arc::new(TpmMarker::new(self.swtpm.config())),
+            Arc::new(LuksDisk::new(disk, UnlockMode::KeyCheck)),
+            Arc::new(self_issuer(&self.swtpm)),
+            metadata,
+            driver,
+            logs,
+        ))
+    }
+
+    pub fn none_driver() -> Arc<dyn KubernetesDriver> {
+        Arc::new(NoneDriver::new())
+    }
+
+    /// PCR 15 of the node's TPM.
+    pub fn pcr15(&self) -> [u8; 32] {
+        let mut tpm = Tpm::open(&self.swtpm.config()).unwrap();
+        asterism_tpm::marker::read_marker_pcr(&mut tpm).unwrap()
+    }
+
+    /// A validator that accepts this node's TPM with PCR 15 all zero (a fresh node).
+    pub fn validator(&self) -> Arc<TpmQuoteValidator> {
+        self.validator_with(|_| true)
+    }
+
+    /// A validator for this node's AK and its current PCRs whose index passes `keep`.
+    pub fn validator_with(&self, keep: impl Fn(u32) -> bool) -> Arc<TpmQuoteValidator> {
+        let mut tpm = Tpm::open(&self.swtpm.config()).unwrap();
+        let pcrs = tpm.read_pcrs(&PcrSelection::all()).unwrap();
+        let entries: Vec<String> = pcrs
+            .iter()
+            .filter(|(i, _)| (*i <= 7 || *i == 15) && keep(*i))
+            .map(|(i, v)| format!("\"{i}\": \"{}\"", hex::encode(v)))
+            .collect();
+        let json = format!("{{\"measurements\": {{{}}}}}", entries.join(", "));
+        let measurements = Measurements::from_json(json.as_bytes()).unwrap();
+        Arc::new(TpmQuoteValidator::new(
+            AkTrust::pinned([AkFingerprint::of_public_area(&self.ak_public)]),
+            measurements.into_provider(),
+        ))
+    }
+
+    /// An aTLS channel to the node's InitServer that verifies the node first.
+    pub async fn init_channel(&self) -> Channel {
+        let connector = AtlsConnector::new(AtlsConfig::verifying(self.validator())).unwrap();
+        let addr = SocketAddr::new(self.ip, self.init_port);
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            match tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+                .unwrap()
+                .connect_with_connector(connector.clone())
+                .await
+            {
+                Ok(channel) => return channel,
+                Err(e) if std::time::Instant::now() < deadline => {
+                    let _ = e;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("cannot reach the InitServer: {e:?}"),
+            }
+        }
+    }
+}
+
+/// A TPM issuer on `swtpm` (a connection of its own).
+pub fn self_issuer(swtpm: &Swtpm) -> TpmIssuer {
+    let tpm = Tpm::open(&swtpm.config()).unwrap();
+    TpmIssuer::new(tpm, &AkConfig::default(), PcrSelection::all(), Vec::new()).unwrap()
+}
+
+/// Whether `key` opens the LUKS image, asked of the cryptsetup program directly.
+pub fn opens(image: &Path, key: &[u8]) -> bool {
+    let mut child = Command::new("cryptsetup")
+        .args(["open", "--test-passphrase", "--key-file", "-"])
+        .arg(image)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(key).unwrap();
+    child.wait().unwrap().success()
+}
+
+/// Token 0 of the image, as the cryptsetup program reports it.
+pub fn token0(image: &Path) -> String {
+    let out = Command::new("cryptsetup")
+        .args(["token", "export", "--token-id", "0"])
+        .arg(image)
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The LUKS UUID of the image.
+pub fn luks_uuid(image: &Path) -> String {
+    let out = Command::new("cryptsetup")
+        .arg("luksUUID")
+        .arg(image)
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}

@@ -1,0 +1,324 @@
+//! The InitServer end to end: a real swtpm, a real LUKS2 image, real aTLS on loopback, real
+//! bcrypt, driven by a test client that verifies the node's TPM quote before it sends
+//! anything secret.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use asterism_bootstrapper::{
+    ClusterInit, ClusterJoin, DriverError, Failure, KubernetesDriver, NodeState, Outcome, Role,
+};
+use asterism_kms::{ClusterKms, KeyId, KmsUri, MasterSecret, Salt, derive_cluster_id};
+use asterism_metadata::{Role as MetaRole, StaticMetadata};
+use asterism_proto::init::api_client::ApiClient;
+use asterism_proto::init::{InitRequest, InitResponse, init_response};
+use common::*;
+use futures::future::BoxFuture;
+use tonic::transport::Channel;
+use zeroize::Zeroizing;
+
+const MASTER: [u8; 32] = [0x11; 32];
+const SALT: [u8; 32] = [0x22; 32];
+const MEASUREMENT_SALT: [u8; 32] = [0x33; 32];
+
+fn kms() -> ClusterKms {
+    ClusterKms::new(
+        MasterSecret::new(MASTER.to_vec()).unwrap(),
+        Salt::new(SALT.to_vec()).unwrap(),
+    )
+}
+
+fn request(secret: &[u8]) -> InitRequest {
+    let uri = KmsUri::cluster(
+        MasterSecret::new(MASTER.to_vec()).unwrap(),
+        Salt::new(SALT.to_vec()).unwrap(),
+    );
+    InitRequest {
+        kms_uri: uri.to_uri_string().to_string(),
+        storage_uri: "storage://no-store".into(),
+        measurement_salt: MEASUREMENT_SALT.to_vec(),
+        kubernetes_version: "v1.31.0".into(),
+        init_secret: secret.to_vec(),
+        cluster_name: "test".into(),
+        ..InitRequest::default()
+    }
+}
+
+/// Sends Init and collects the whole stream.
+async fn init(channel: Channel, req: InitRequest) -> Result<Vec<InitResponse>, tonic::Status> {
+    let mut stream = ApiClient::new(channel).init(req).await?.into_inner();
+    let mut out = Vec::new();
+    while let Some(m) = stream.message().await? {
+        out.push(m);
+    }
+    Ok(out)
+}
+
+fn metadata(node: &TestNode) -> StaticMetadata {
+    StaticMetadata::new(vec![instance("cp-0", MetaRole::ControlPlane, node.ip)])
+        .with_self("cp-0")
+        .with_init_secret_hash(init_secret_hash())
+}
+
+fn expected_cluster_id() -> [u8; 32] {
+    let secret = kms().data_key(&KeyId::MeasurementSecret, 32).unwrap();
+    *derive_cluster_id(&secret, &MEASUREMENT_SALT)
+        .unwrap()
+        .as_bytes()
+}
+
+fn logs_of(responses: &[InitResponse]) -> Vec<Vec<u8>> {
+    responses
+        .iter()
+        .filter_map(|r| match &r.kind {
+            Some(init_response::Kind::Log(l)) => Some(l.log.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn failure_of(responses: &[InitResponse]) -> Option<String> {
+    responses.iter().find_map(|r| match &r.kind {
+        Some(init_response::Kind::InitFailure(f)) => Some(f.error.clone()),
+        _ => None,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn init_happy_path_rekeys_the_disk_marks_pcr15_and_returns_kubeconfig_and_cluster_id() {
+    let t = TestNode::new("127.0.11.1");
+    let node = t.node(metadata(&t), TestNode::none_driver(), 1, None);
+    let started = std::time::Instant::now();
+    let run = tokio::spawn(asterism_bootstrapper::run(node, std::future::pending()));
+
+    let channel = t.init_channel().await;
+    let responses = init(channel, request(INIT_SECRET)).await.unwrap();
+    let outcome = run.await.unwrap().unwrap();
+    eprintln!(
+        "init: bootstrapper start to initialised in {:?}",
+        started.elapsed()
+    );
+
+    let success = match responses.first().and_then(|r| r.kind.clone()) {
+        Some(init_response::Kind::InitSuccess(s)) => s,
+        other => panic!("expected success, got {other:?} ({responses:?})"),
+    };
+    assert_eq!(responses.len(), 1);
+    let expected = expected_cluster_id();
+    assert_eq!(success.cluster_id, expected);
+    assert_eq!(outcome, Outcome::Initialized(expected.into()));
+    let kubeconfig = String::from_utf8(success.kubeconfig).unwrap();
+    assert!(kubeconfig.contains("kind: Config"), "{kubeconfig}");
+    assert!(
+        kubeconfig.contains(&format!("https://{}:6443", t.ip)),
+        "{kubeconfig}"
+    );
+
+    // PCR 15 = SHA-256(0^32 || SHA-256(cluster ID)).
+    assert_eq!(
+        t.pcr15(),
+        asterism_tpm::marker::expected_marker_pcr(&expected)
+    );
+
+    // The disk opens with the independently derived key, not with the first-boot key.
+    let uuid = luks_uuid(&t.image());
+    assert_eq!(uuid, uuid.to_lowercase());
+    let disk_key = kms().data_key(&KeyId::disk(&uuid).unwrap(), 32).unwrap();
+    assert!(opens(&t.image(), disk_key.expose_secret()));
+    assert!(!t.node_dir.initial_key().exists());
+    assert!(token0(&t.image()).contains("\"diskIsInitialized\":true"));
+
+    // Node state, byte for byte.
+    let state = std::fs::read_to_string(t.node_dir.node_state()).unwrap();
+    assert_eq!(
+        state,
+        NodeState {
+            role: Role::ControlPlane,
+            measurement_salt: MEASUREMENT_SALT
+        }
+        .to_json()
+    );
+    // SSH files and the cluster CA.
+    assert!(
+        std::fs::read_to_string(t.node_dir.ssh_ca_pub())
+            .unwrap()
+            .starts_with("ssh-ed25519 ")
+    );
+    assert!(
+        std::fs::read_to_string(t.node_dir.ssh_host_cert())
+            .unwrap()
+            .starts_with("ssh-ed25519-cert-v01@openssh.com ")
+    );
+    assert!(t.node_dir.kubernetes_pki().join("ca.crt").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_wrong_init_secret_is_refused_without_logs_and_a_corrected_init_then_works() {
+    let t = TestNode::new("127.0.11.2");
+    let node = t.node(metadata(&t), TestNode::none_driver(), 1, None);
+    let run = tokio::spawn(asterism_bootstrapper::run(node, std::future::pending()));
+
+    let channel = t.init_channel().await;
+    let refused = init(channel.clone(), request(b"wrong secret"))
+        .await
+        .unwrap();
+    assert_eq!(failure_of(&refused).as_deref(), Some("invalid init secret"));
+    assert!(logs_of(&refused).is_empty(), "no logs for a wrong secret");
+    assert_eq!(refused.len(), 1);
+    assert_eq!(t.pcr15(), [0; 32], "nothing happened");
+
+    // The server is still up: the corrected Init works.
+    let responses = init(t.init_channel().await, request(INIT_SECRET))
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            responses.first().and_then(|r| r.kind.as_ref()),
+            Some(init_response::Kind::InitSuccess(_))
+        ),
+        "{responses:?}"
+    );
+    assert!(matches!(run.await.unwrap(), Ok(Outcome::Initialized(_))));
+}
+
+/// A driver that waits until released, then fails or succeeds.
+struct GateDriver {
+    gate: tokio::sync::Semaphore,
+    fail: bool,
+}
+
+impl KubernetesDriver for GateDriver {
+    fn name(&self) -> &'static str {
+        "gate"
+    }
+
+    fn init<'a>(
+        &'a self,
+        _params: &'a ClusterInit,
+    ) -> BoxFuture<'a, Result<Zeroizing<Vec<u8>>, DriverError>> {
+        Box::pin(async move {
+            let _permit = self.gate.acquire().await;
+            if self.fail {
+                Err(DriverError("kubeadm init failed (test driver)".into()))
+            } else {
+                Ok(Zeroizing::new(b"apiVersion: v1\nkind: Config\n".to_vec()))
+            }
+        })
+    }
+
+    fn join<'a>(&'a self, _params: &'a ClusterJoin) -> BoxFuture<'a, Result<(), DriverError>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_second_init_after_the_lock_fails_with_failed_precondition() {
+    let t = TestNode::new("127.0.11.3");
+    let driver = Arc::new(GateDriver {
+        gate: tokio::sync::Semaphore::new(0),
+        fail: false,
+    });
+    let node = t.node(metadata(&t), driver.clone(), 1, None);
+    let run = tokio::spawn(asterism_bootstrapper::run(node, std::future::pending()));
+
+    let channel = t.init_channel().await;
+    let first = tokio::spawn(init(channel.clone(), request(INIT_SECRET)));
+    // Wait until the first Init holds the lock (PCR 15 marked).
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while t.pcr15() == [0; 32] {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first Init never took the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let second = init(channel, request(INIT_SECRET)).await.unwrap_err();
+    assert_eq!(second.code(), tonic::Code::FailedPrecondition);
+    assert_eq!(second.message(), "node is already being activated");
+
+    driver.gate.add_permits(1);
+    let first = first.await.unwrap().unwrap();
+    assert!(matches!(
+        first.first().and_then(|r| r.kind.as_ref()),
+        Some(init_response::Kind::InitSuccess(_))
+    ));
+    assert!(matches!(run.await.unwrap(), Ok(Outcome::Initialized(_))));
+}
+
+// Single-threaded so that this test's log subscriber (thread-local) sees the node's logs.
+#[tokio::test(flavor = "current_thread")]
+async fn a_failure_after_the_lock_marks_the_disk_for_reset_ends_non_zero_and_streams_logs() {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    let logs = asterism_bootstrapper::LogBuffer::default();
+    let _guard = tracing::subscriber::set_default(
+        tracing_subscriber::registry().with(logs.layer(tracing::Level::INFO)),
+    );
+    let t = TestNode::new("127.0.11.4");
+    let driver = Arc::new(GateDriver {
+        gate: tokio::sync::Semaphore::new(1),
+        fail: true,
+    });
+    let node = t.node_with_logs(metadata(&t), driver, 1, None, logs);
+    let run = tokio::spawn(asterism_bootstrapper::run(node, std::future::pending()));
+
+    let responses = init(t.init_channel().await, request(INIT_SECRET))
+        .await
+        .unwrap();
+    let failure = failure_of(&responses).expect("a failure");
+    assert!(
+        failure.contains("after the point of no return"),
+        "{failure}"
+    );
+    assert!(failure.contains("kubeadm init failed"), "{failure}");
+    let logs = logs_of(&responses);
+    assert!(!logs.is_empty(), "an authenticated caller gets the logs");
+    assert!(logs.iter().all(|c| c.len() <= 1024));
+    let text = String::from_utf8(logs.concat()).unwrap();
+    assert!(text.contains("re-keyed the state disk"), "{text}");
+    assert!(text.contains("marking the state disk for reset"), "{text}");
+    // No secret in the logs: neither the init secret nor the KMS URI's key.
+    assert!(!text.contains("correct horse"));
+    assert!(!text.contains("cluster-kms?key"));
+
+    let failed = run.await.unwrap().unwrap_err();
+    assert!(matches!(failed, Failure::AfterLock(_)), "{failed:?}");
+    assert_eq!(failed.exit_code(), asterism_bootstrapper::EXIT_RESET);
+    assert!(token0(&t.image()).contains("\"diskIsInitialized\":false"));
+    assert!(!t.node_dir.node_state().exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_already_bootstrapped_node_does_not_bootstrap_again() {
+    let t = TestNode::new("127.0.11.5");
+    // First run: initialise.
+    let node = t.node(metadata(&t), TestNode::none_driver(), 1, None);
+    let run = tokio::spawn(asterism_bootstrapper::run(node, std::future::pending()));
+    let responses = init(t.init_channel().await, request(INIT_SECRET))
+        .await
+        .unwrap();
+    assert!(failure_of(&responses).is_none(), "{responses:?}");
+    run.await.unwrap().unwrap();
+    let pcr = t.pcr15();
+    let state = std::fs::read(t.node_dir.node_state()).unwrap();
+
+    // Second run, same boot (PCR 15 still marked): nothing happens, no server.
+    let node = t.node(metadata(&t), TestNode::none_driver(), 1, None);
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(60),
+        asterism_bootstrapper::run(node, std::future::pending()),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(outcome, Outcome::AlreadyBootstrapped);
+    assert_eq!(t.pcr15(), pcr, "not marked twice");
+    assert_eq!(std::fs::read(t.node_dir.node_state()).unwrap(), state);
+    assert!(
+        std::net::TcpStream::connect((t.ip, t.init_port)).is_err(),
+        "no InitServer"
+    );
+}

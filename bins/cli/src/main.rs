@@ -13,6 +13,7 @@ mod identity;
 mod init;
 mod mini;
 mod trust;
+mod verify;
 
 #[derive(Parser)]
 #[command(
@@ -33,6 +34,8 @@ struct Cli {
 enum Command {
     /// Initialise the first control-plane node of a new cluster.
     Init(init::Args),
+    /// Fetch fresh evidence from a node and print every PCR with pass or fail.
+    Verify(verify::Args),
     /// Fetch a data key from a key service over attested TLS.
     DataKey(data_key::Args),
     /// A local cluster on this machine: swtpm per node, LUKS2 image files, real services.
@@ -101,6 +104,13 @@ fn run(cli: Cli) -> Result<()> {
                 .build()
                 .context("starting the async runtime")?;
             rt.block_on(mini::up(args))
+        }
+        Command::Verify(args) => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            rt.block_on(verify::run(args))
         }
         Command::Mini(MiniCommand::Status(args)) => mini::status(args),
         Command::Mini(MiniCommand::Down(args)) => mini::down(args),

@@ -25,6 +25,8 @@ const INIT_PORT: u16 = 9000;
 const JOIN_PORT: u16 = 30090;
 /// Port of the join service's metrics and health endpoint.
 const METRICS_PORT: u16 = 9102;
+/// Port of every node's verify service.
+const VERIFY_PORT: u16 = 9090;
 /// How long any one process may take to come up or finish.
 const STEP_DEADLINE: Duration = Duration::from_secs(120);
 
@@ -233,6 +235,7 @@ pub async fn up(args: UpArgs) -> Result<()> {
         "asterism-bootstrapper",
         "asterism-key-service",
         "asterism-join-service",
+        "asterism-verify-service",
     ] {
         if !bin(name).is_file() {
             bail!(
@@ -470,6 +473,27 @@ pub async fn up(args: UpArgs) -> Result<()> {
         results.push(finish_bootstrapper(b, n)?);
     }
 
+    // Every node serves fresh evidence for `asterism verify` (it connects to its TPM per
+    // request, so it can share the swtpm with the join service).
+    for n in &nodes {
+        let log = n.dir.join("log/verify-service.log");
+        let addr = format!("{}:{VERIFY_PORT}", n.ip);
+        spawn_service(
+            &bin("asterism-verify-service"),
+            &os(&[
+                &"--listen",
+                &addr,
+                &"--tpm",
+                &n.tcti,
+                &"--ak-cert",
+                &n.dir.join("attestation/ak-cert.der"),
+            ]),
+            &log,
+            &n.dir.join("run/verify-service.pid"),
+        )?;
+        wait_until("a verify service", &log, || tcp_ready(&addr))?;
+    }
+
     // 7. Check every node independently: the disk opens with the key derived from the
     //    master secret (and no longer with its first-boot passphrase); the join service
     //    lists each worker with its verified attestation key.
@@ -508,7 +532,7 @@ pub async fn up(args: UpArgs) -> Result<()> {
     std::fs::write(dir.join("mini.json"), serde_json::to_vec_pretty(&record)?)?;
     print_table(&record);
     eprintln!(
-        "local cluster up in {:.1} s; workspace {}; stop it with `asterism mini down --dir {}`",
+        "local cluster up in {:.1} s; workspace {}; check a node with `asterism verify --endpoint 127.0.10.2:{VERIFY_PORT} --workspace <workspace> --platform-ca <dir>/platform-ca/platform-ca.pem --measurements <dir>/nodes/worker-0/attestation/measurements.json`; stop it with `asterism mini down --dir {}`",
         started.elapsed().as_secs_f64(),
         workspace.display(),
         args.dir.display()

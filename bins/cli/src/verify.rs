@@ -1,0 +1,149 @@
+//! `asterism verify`: fetch fresh evidence from a node and print every measured PCR with
+//! pass or fail.
+
+use crate::trust::TrustArgs;
+use anyhow::{Context, Result, bail};
+use asterism_attestation::{
+    ExpectedPcr, MeasurementMode, Measurements, PcrIndex, ReportData, TpmQuoteValidator, Validator,
+};
+use asterism_proto::verify::GetAttestationRequest;
+use asterism_proto::verify::api_client::ApiClient;
+use ring::rand::SecureRandom;
+use sha2::{Digest, Sha256};
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Arguments of `asterism verify`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The node's verify service, HOST:PORT.
+    #[arg(long)]
+    endpoint: String,
+    /// The cluster's workspace (for the cluster ID, which a bootstrapped node's PCR 15
+    /// must show). Without it, PCR 15 is expected as in the measurements file.
+    #[arg(long, value_name = "DIR")]
+    workspace: Option<PathBuf>,
+    #[command(flatten)]
+    trust: TrustArgs,
+}
+
+/// `SHA-256(0^32 || SHA-256(cluster ID))`: PCR 15 of a node marked with `cluster_id`.
+fn marker(cluster_id: &[u8]) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update([0u8; 32]);
+    h.update(Sha256::digest(cluster_id));
+    h.finalize().into()
+}
+
+fn cluster_id(workspace: &std::path::Path) -> Result<Vec<u8>> {
+    let path = workspace.join("cluster-id");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let id = hex::decode(text.trim()).with_context(|| format!("{} is not hex", path.display()))?;
+    if id.len() != 32 {
+        bail!("{} holds {} bytes, want 32", path.display(), id.len());
+    }
+    Ok(id)
+}
+
+/// Runs the command; fails when an enforced PCR does not match.
+pub async fn run(args: Args) -> Result<()> {
+    let expected = args.trust.load_measurements()?;
+    let mut expected: Vec<(PcrIndex, ExpectedPcr)> =
+        expected.iter().map(|(i, e)| (i, *e)).collect();
+    let pcr15 = PcrIndex::new(15).context("PCR 15")?;
+    if let Some(ws) = &args.workspace {
+        let want = ExpectedPcr::enforce(marker(&cluster_id(ws)?));
+        expected.retain(|(i, _)| *i != pcr15);
+        expected.push((pcr15, want));
+        expected.sort_by_key(|(i, _)| *i);
+    }
+    // The validator checks the AK, the signature, the digest and the nonce binding; every
+    // PCR is compared below, one by one, so that all are reported. PCR 15 stays enforced
+    // (the validator requires one enforced entry), the rest are compared here.
+    let lenient = Measurements::new(expected.iter().map(|(i, e)| {
+        if *i == pcr15 {
+            (*i, *e)
+        } else {
+            (*i, ExpectedPcr::warn_only(e.expected))
+        }
+    }))?;
+    let validator = TpmQuoteValidator::new(args.trust.ak_trust()?, lenient.into_provider());
+
+    let mut nonce = [0u8; 32];
+    ring::rand::SystemRandom::new()
+        .fill(&mut nonce)
+        .map_err(|_| anyhow::anyhow!("the system random generator failed"))?;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", args.endpoint))
+        .with_context(|| format!("invalid endpoint {:?}", args.endpoint))?
+        .connect_timeout(Duration::from_secs(10))
+        .timeout(Duration::from_secs(30))
+        .connect()
+        .await
+        .with_context(|| format!("connecting to the verify service at {}", args.endpoint))?;
+    let evidence = ApiClient::new(channel)
+        .max_decoding_message_size(128 * 1024)
+        .get_attestation(GetAttestationRequest {
+            nonce: nonce.to_vec(),
+        })
+        .await
+        .map_err(|s| {
+            anyhow::anyhow!(
+                "the verify service refused: {:?}: {}",
+                s.code(),
+                s.message()
+            )
+        })?
+        .into_inner()
+        .attestation;
+    let verified = validator
+        .validate(&evidence, &ReportData::verify(&nonce))
+        .map_err(|e| anyhow::anyhow!("the node's evidence was rejected: {e}"))?;
+
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "node {}: {} evidence, attestation key {} (fresh: bound to this call's nonce)",
+        args.endpoint,
+        verified.variant(),
+        verified.identity()
+    )?;
+    writeln!(
+        out,
+        "{:>4}  {:<6}  {:<64}  EXPECTED",
+        "PCR", "RESULT", "OBSERVED"
+    )?;
+    let mut failed = 0;
+    for (index, want) in &expected {
+        let observed = verified
+            .measurements()
+            .iter()
+            .find(|m| m.index == u32::from(index.get()))
+            .map(|m| hex::encode(&m.value))
+            .unwrap_or_else(|| "(absent)".into());
+        let wanted = hex::encode(want.expected);
+        let result = if observed == wanted {
+            "pass"
+        } else if want.mode == MeasurementMode::WarnOnly {
+            "warn"
+        } else {
+            failed += 1;
+            "FAIL"
+        };
+        let shown = if observed == wanted {
+            String::from("=")
+        } else {
+            wanted
+        };
+        writeln!(
+            out,
+            "{:>4}  {result:<6}  {observed:<64}  {shown}",
+            index.get()
+        )?;
+    }
+    if failed > 0 {
+        bail!("{failed} enforced PCR(s) differ from the expected measurements");
+    }
+    Ok(())
+}

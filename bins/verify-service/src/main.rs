@@ -1,0 +1,141 @@
+//! `asterism-verify-service`: answers `verify.API/GetAttestation` with fresh `tpm-quote`
+//! evidence of this node, bound to the caller's nonce.
+//!
+//! The answer is plain gRPC, like the original verification service: the evidence is
+//! self-authenticating (signed by the TPM over `SHA-256("asterism/verify/v1" || nonce)`),
+//! and `asterism verify` checks it. The purpose label keeps this service from ever signing
+//! a binding that attested TLS would accept.
+
+use anyhow::{Context as _, Result};
+use asterism_attestation::{Issuer, ReportData};
+use asterism_proto::verify::api_server::{Api, ApiServer};
+use asterism_proto::verify::{GetAttestationRequest, GetAttestationResponse};
+use asterism_tpm::{AkConfig, PcrSelection, TpmConfig, TpmIssuer};
+use clap::Parser;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::signal::unix::{SignalKind, signal};
+
+/// Longest nonce accepted, in bytes.
+const MAX_NONCE: usize = 64;
+
+/// Serves fresh attestation evidence of this node to `asterism verify`.
+#[derive(Parser, Debug)]
+#[command(name = "asterism-verify-service", version)]
+struct Args {
+    /// Where to listen, IP:PORT.
+    #[arg(long)]
+    listen: SocketAddr,
+    /// The node's TPM (`device:/dev/tpmrm0`, `swtpm:host=…,port=…`).
+    #[arg(long, default_value = "device:/dev/tpmrm0")]
+    tpm: TpmConfig,
+    /// The AK certificate (DER) to send along, so verifiers can check it against their
+    /// platform CA.
+    #[arg(long)]
+    ak_cert: Option<PathBuf>,
+}
+
+struct Verify {
+    issuer: Arc<TpmIssuer>,
+}
+
+#[tonic::async_trait]
+impl Api for Verify {
+    async fn get_attestation(
+        &self,
+        request: tonic::Request<GetAttestationRequest>,
+    ) -> Result<tonic::Response<GetAttestationResponse>, tonic::Status> {
+        let peer = request.remote_addr();
+        let nonce = request.into_inner().nonce;
+        if nonce.is_empty() || nonce.len() > MAX_NONCE {
+            return Err(tonic::Status::invalid_argument(format!(
+                "the nonce must have 1..={MAX_NONCE} bytes"
+            )));
+        }
+        let issuer = self.issuer.clone();
+        let evidence =
+            tokio::task::spawn_blocking(move || issuer.issue(&ReportData::verify(&nonce)))
+                .await
+                .map_err(|_| tonic::Status::internal("issuing evidence failed"))?
+                .map_err(|e| {
+                    tracing::error!(error = %e, "issuing evidence failed");
+                    tonic::Status::internal("issuing evidence failed")
+                })?;
+        tracing::info!(peer = ?peer, "issued verification evidence");
+        Ok(tonic::Response::new(GetAttestationResponse {
+            attestation: evidence,
+        }))
+    }
+}
+
+async fn run(args: Args) -> Result<()> {
+    let chain = match &args.ak_cert {
+        Some(p) => vec![std::fs::read(p).with_context(|| format!("reading {}", p.display()))?],
+        None => Vec::new(),
+    };
+    let tpm = args.tpm.clone();
+    // Connect per quote: the node's TPM is shared with other processes (one client at a
+    // time on swtpm).
+    let issuer = tokio::task::spawn_blocking(move || {
+        TpmIssuer::connecting_per_use(tpm, AkConfig::default(), PcrSelection::all(), chain)
+    })
+    .await
+    .context("opening the TPM")?
+    .context("opening the TPM and loading the attestation key")?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    tracing::info!(listen = %args.listen, "verify service listening (plain gRPC; evidence is self-authenticating)");
+    let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+    let shutdown = async move {
+        tokio::select! {
+            _ = term.recv() => {},
+            _ = int.recv() => {},
+        }
+    };
+    tonic::transport::Server::builder()
+        .timeout(Duration::from_secs(10))
+        .concurrency_limit_per_connection(4)
+        .add_service(
+            ApiServer::new(Verify {
+                issuer: Arc::new(issuer),
+            })
+            .max_decoding_message_size(1024),
+        )
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            shutdown,
+        )
+        .await
+        .context("serving")?;
+    Ok(())
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the runtime");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(args)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "verify service failed");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

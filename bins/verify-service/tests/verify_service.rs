@@ -1,0 +1,102 @@
+//! The verify service as a real process on a real swtpm: fresh, nonce-bound evidence.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use asterism_attestation::{
+    AkFingerprint, AkTrust, ExpectedPcr, Measurements, PcrIndex, ReportData, TpmQuoteValidator,
+    Validator,
+};
+use asterism_proto::verify::GetAttestationRequest;
+use asterism_proto::verify::api_client::ApiClient;
+use asterism_testkit::Swtpm;
+use asterism_tpm::{AkConfig, PcrSelection, Tpm};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[test]
+fn serves_evidence_bound_to_the_callers_nonce_and_refuses_bad_nonces() {
+    let swtpm = Swtpm::start().unwrap();
+    let (ak_public, pcr0) = {
+        let mut tpm = Tpm::open(&swtpm.config()).unwrap();
+        let ak = tpm.load_attestation_key(&AkConfig::default()).unwrap();
+        let pcr0 = tpm.read_pcrs(&PcrSelection::new([0]).unwrap()).unwrap()[0].1;
+        (ak.public_area().to_vec(), pcr0)
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_asterism-verify-service"))
+        .args(["--listen", &addr, "--tpm", &swtpm.tcti()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let outcome = rt.block_on(async {
+        let start = Instant::now();
+        let channel = loop {
+            match tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+                .unwrap()
+                .connect()
+                .await
+            {
+                Ok(c) => break c,
+                Err(_) if start.elapsed() < Duration::from_secs(20) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await
+                }
+                Err(e) => panic!("verify service did not come up: {e}"),
+            }
+        };
+        let mut client = ApiClient::new(channel);
+        let evidence = client
+            .get_attestation(GetAttestationRequest {
+                nonce: b"nonce-1".to_vec(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .attestation;
+        let empty = client
+            .get_attestation(GetAttestationRequest { nonce: Vec::new() })
+            .await
+            .unwrap_err();
+        let long = client
+            .get_attestation(GetAttestationRequest { nonce: vec![0; 65] })
+            .await
+            .unwrap_err();
+        (evidence, empty.code(), long.code())
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    let (evidence, empty, long) = outcome;
+    assert_eq!(empty, tonic::Code::InvalidArgument);
+    assert_eq!(long, tonic::Code::InvalidArgument);
+
+    let validator = TpmQuoteValidator::new(
+        AkTrust::pinned([AkFingerprint::of_public_area(&ak_public)]),
+        Measurements::new([(PcrIndex::new(0).unwrap(), ExpectedPcr::enforce(pcr0))])
+            .unwrap()
+            .into_provider(),
+    );
+    validator
+        .validate(&evidence, &ReportData::verify(b"nonce-1"))
+        .unwrap();
+    // Bound to the nonce and to the verify purpose: useless for another nonce or for aTLS.
+    assert!(
+        validator
+            .validate(&evidence, &ReportData::verify(b"nonce-2"))
+            .is_err()
+    );
+    assert!(
+        validator
+            .validate(
+                &evidence,
+                &ReportData::atls(asterism_attestation::Role::Client, &[0; 32])
+            )
+            .is_err()
+    );
+}

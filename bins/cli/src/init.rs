@@ -42,6 +42,7 @@ pub struct Args {
     /// Deadline for the whole initialisation, in seconds.
     #[arg(long, default_value_t = 600)]
     pub timeout_secs: u64,
+    /// Which nodes to trust.
     #[command(flatten)]
     pub trust: TrustArgs,
 }

@@ -1,19 +1,13 @@
 //! `asterism`: the command-line tool of a cluster's owner.
 //!
-//! Today it can fetch a data key from a key service over attested TLS (`data-key`) and,
-//! in development builds, create an insecure test identity for that (`insecure-test-identity`).
-//! `init` initialises the first node of a cluster; `verify`, `recover` and `mini` follow.
+//! `init` initialises the first node of a cluster, `verify` checks a node's fresh evidence,
+//! `mini` runs a local cluster, `data-key` fetches a key from a key service over attested
+//! TLS. The commands live in the `asterism` library so that tests can drive them.
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
+use asterism::{data_key, identity, init, mini, verify};
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
-
-mod data_key;
-mod identity;
-mod init;
-mod mini;
-mod trust;
-mod verify;
 
 #[derive(Parser)]
 #[command(
@@ -116,31 +110,4 @@ fn run(cli: Cli) -> Result<()> {
         Command::Mini(MiniCommand::Down(args)) => mini::down(args),
         Command::InsecureTestIdentity { out } => identity::create(&out),
     }
-}
-
-/// Reads a 32-byte Ed25519 seed file, refusing one that others can read.
-fn read_seed(path: &std::path::Path) -> Result<zeroize::Zeroizing<[u8; 32]>> {
-    use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
-    if meta.mode() & 0o077 != 0 {
-        bail!(
-            "{} has mode {:o}, readable by others; run `chmod 600 {}`",
-            path.display(),
-            meta.mode() & 0o777,
-            path.display()
-        );
-    }
-    let bytes = zeroize::Zeroizing::new(
-        std::fs::read(path).with_context(|| format!("reading {}", path.display()))?,
-    );
-    let mut seed = zeroize::Zeroizing::new([0u8; 32]);
-    if bytes.len() != 32 {
-        bail!(
-            "{} must hold exactly 32 bytes, it holds {}",
-            path.display(),
-            bytes.len()
-        );
-    }
-    seed.copy_from_slice(&bytes);
-    Ok(seed)
 }

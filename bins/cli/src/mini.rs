@@ -54,32 +54,50 @@ pub struct DirArgs {
 
 /// What `mini up` recorded about the cluster, in `<dir>/mini.json`.
 #[derive(Serialize, Deserialize, Debug, Clone)]
-struct ClusterRecord {
-    cluster_id: String,
-    nodes: Vec<NodeRecord>,
+pub struct ClusterRecord {
+    /// The cluster ID, hex.
+    pub cluster_id: String,
+    /// One entry per node.
+    pub nodes: Vec<NodeRecord>,
 }
 
+/// The outcome for one node.
 #[derive(Serialize, Deserialize, Debug, Clone)]
-struct NodeRecord {
-    name: String,
-    role: String,
-    ip: String,
-    attestation: String,
-    disk_rekeyed: bool,
-    bootstrap_ms: u64,
-    exit: String,
+pub struct NodeRecord {
+    /// Node name.
+    pub name: String,
+    /// `ControlPlane` or `Worker`.
+    pub role: String,
+    /// Its address.
+    pub ip: String,
+    /// Who verified its evidence.
+    pub attestation: String,
+    /// Whether its disk opens with the derived key and not with the first-boot passphrase.
+    pub disk_rekeyed: bool,
+    /// Milliseconds from bootstrapper start to its exit.
+    pub bootstrap_ms: u64,
+    /// `ok` or the bootstrapper's exit status.
+    pub exit: String,
 }
 
-struct Node {
-    name: String,
-    control_plane: bool,
-    ip: String,
-    dir: PathBuf,
-    tcti: String,
+/// One node of a local cluster: its "machine" directory, address and TPM.
+#[derive(Debug, Clone)]
+pub struct Node {
+    /// Node name (`control-plane-0`, `worker-0`, …).
+    pub name: String,
+    /// Whether it is the control-plane node.
+    pub control_plane: bool,
+    /// Its loopback address (`127.0.10.<n>`).
+    pub ip: String,
+    /// Its directory.
+    pub dir: PathBuf,
+    /// TCTI of its swtpm.
+    pub tcti: String,
 }
 
 impl Node {
-    fn role(&self) -> &'static str {
+    /// `ControlPlane` or `Worker`.
+    pub fn role(&self) -> &'static str {
         if self.control_plane {
             "ControlPlane"
         } else {
@@ -225,131 +243,156 @@ fn random_init_secret() -> Result<String> {
     Ok(hex::encode(bytes))
 }
 
-/// `asterism mini up`.
-pub async fn up(args: UpArgs) -> Result<()> {
-    let bins = bin_dir(&args)?;
-    let bin = |name: &str| bins.join(name);
-    for name in [
-        "asterism-provision",
-        "asterism-metadata",
-        "asterism-bootstrapper",
-        "asterism-key-service",
-        "asterism-join-service",
-        "asterism-verify-service",
-    ] {
-        if !bin(name).is_file() {
+/// A local cluster under construction or running: what `mini up` builds step by step, and
+/// what tests drive one step at a time.
+#[derive(Debug)]
+pub struct LocalCluster {
+    /// The cluster directory (absolute).
+    pub dir: PathBuf,
+    bins: PathBuf,
+    /// The nodes; the first is the control plane.
+    pub nodes: Vec<Node>,
+    /// The platform CA certificate (PEM).
+    pub platform_ca: PathBuf,
+    /// The expected measurements of a fresh node.
+    pub measurements: PathBuf,
+    /// What joining nodes expect of the join service.
+    pub join_measurements: PathBuf,
+    /// The init secret (mode 0600).
+    pub init_secret_file: PathBuf,
+    /// Where `asterism init` writes the workspace.
+    pub workspace: PathBuf,
+}
+
+impl LocalCluster {
+    fn bin(&self, name: &str) -> PathBuf {
+        self.bins.join(name)
+    }
+
+    /// Creates the cluster directory, the platform CA and every node's provisioned swtpm
+    /// (started, detached), the init secret, the metadata service (started) and the join
+    /// service's expected measurements.
+    pub fn create(dir: &Path, workers: usize, bins: PathBuf) -> Result<Self> {
+        let bin = |name: &str| bins.join(name);
+        for name in [
+            "asterism-provision",
+            "asterism-metadata",
+            "asterism-bootstrapper",
+            "asterism-key-service",
+            "asterism-join-service",
+            "asterism-verify-service",
+        ] {
+            if !bin(name).is_file() {
+                bail!(
+                    "{} is missing; build everything first: cargo build --workspace (or pass --bin-dir)",
+                    bin(name).display()
+                );
+            }
+        }
+        asterism_tpm::swtpm::check_swtpm_installed(true)
+            .context("swtpm is needed for local clusters")?;
+        if dir.exists() {
             bail!(
-                "{} is missing; build everything first: cargo build --workspace (or pass --bin-dir)",
-                bin(name).display()
+                "{} already exists: run `asterism mini down --dir {0}` and remove it, or choose another --dir",
+                dir.display()
             );
         }
-    }
-    asterism_tpm::swtpm::check_swtpm_installed(true)
-        .context("swtpm is needed for local clusters")?;
-    if args.dir.exists() {
-        bail!(
-            "{} already exists: run `asterism mini down --dir {0}` and remove it, or choose another --dir",
-            args.dir.display()
-        );
-    }
-    std::fs::create_dir_all(&args.dir)?;
-    let dir = abs(&args.dir)?;
-    let run = dir.join("run");
-    let logs = dir.join("log");
-    std::fs::create_dir_all(&run)?;
-    std::fs::create_dir_all(&logs)?;
-    let started = Instant::now();
+        std::fs::create_dir_all(dir)?;
+        let dir = abs(dir)?;
+        let run = dir.join("run");
+        let logs = dir.join("log");
+        std::fs::create_dir_all(&run)?;
+        std::fs::create_dir_all(&logs)?;
 
-    // 1. Platform CA: what a cloud provider uses to vouch for its (v)TPMs.
-    step("creating the local platform CA");
-    let ca_dir = dir.join("platform-ca");
-    run_logged(
-        &bin("asterism-provision"),
-        &os(&[&"platform-ca", &"init", &"--dir", &ca_dir]),
-        &logs.join("provision.log"),
-    )?;
-
-    // 2. Nodes: an swtpm each, provisioned with an AK certified by the platform CA.
-    let mut nodes = Vec::new();
-    for i in 0..=args.workers {
-        let (name, control_plane) = if i == 0 {
-            ("control-plane-0".to_string(), true)
-        } else {
-            (format!("worker-{}", i - 1), false)
-        };
-        let ndir = dir.join("nodes").join(&name);
-        for sub in ["tpm", "attestation", "state", "run", "log"] {
-            std::fs::create_dir_all(ndir.join(sub))?;
-        }
-        step(format!(
-            "provisioning {name}: swtpm with EK, AK certified by the platform CA"
-        ));
+        // Platform CA: what a cloud provider uses to vouch for its (v)TPMs.
+        step("creating the local platform CA");
+        let ca_dir = dir.join("platform-ca");
         run_logged(
             &bin("asterism-provision"),
-            &os(&[
-                &"node",
-                &"--state-dir",
-                &ndir.join("tpm"),
-                &"--ca-dir",
-                &ca_dir,
-                &"--out",
-                &ndir.join("attestation"),
-            ]),
-            &ndir.join("log/provision.log"),
+            &os(&[&"platform-ca", &"init", &"--dir", &ca_dir]),
+            &logs.join("provision.log"),
         )?;
-        let cfg = SwtpmConfig::new(ndir.join("tpm"))?.with_run_dir(ndir.join("run"))?;
-        let swtpm = SwtpmProcess::start_detached(&cfg)
-            .with_context(|| format!("starting swtpm for {name}"))?;
-        nodes.push(Node {
-            name,
-            control_plane,
-            ip: format!("127.0.10.{}", i + 1),
-            dir: ndir,
-            tcti: swtpm.tcti(),
-        });
-    }
-    let cp = nodes.first().context("no nodes")?;
-    let platform_ca = ca_dir.join("platform-ca.pem");
-    let measurements = cp.dir.join("attestation/measurements.json");
 
-    // 3. Metadata service with the instances and the init secret's bcrypt hash.
-    step(format!("starting the metadata service on {METADATA_ADDR}"));
-    let init_secret = random_init_secret()?;
-    let init_secret_file = dir.join("init-secret");
-    write_private(&init_secret_file, init_secret.as_bytes())?;
-    let hash = bcrypt::hash(&init_secret, 10).context("hashing the init secret")?;
-    let instances: Vec<serde_json::Value> = nodes
-        .iter()
-        .map(|n| {
-            serde_json::json!({
-                "Name": n.name, "ProviderID": format!("asterism-local:///{}", n.name),
-                "Role": n.role(), "VPCIP": n.ip, "SecondaryIPRange": "", "AliasIPRanges": [],
+        // Nodes: an swtpm each, provisioned with an AK certified by the platform CA.
+        let mut nodes = Vec::new();
+        for i in 0..=workers {
+            let (name, control_plane) = if i == 0 {
+                ("control-plane-0".to_string(), true)
+            } else {
+                (format!("worker-{}", i - 1), false)
+            };
+            let ndir = dir.join("nodes").join(&name);
+            for sub in ["tpm", "attestation", "state", "run", "log"] {
+                std::fs::create_dir_all(ndir.join(sub))?;
+            }
+            step(format!(
+                "provisioning {name}: swtpm with EK, AK certified by the platform CA"
+            ));
+            run_logged(
+                &bin("asterism-provision"),
+                &os(&[
+                    &"node",
+                    &"--state-dir",
+                    &ndir.join("tpm"),
+                    &"--ca-dir",
+                    &ca_dir,
+                    &"--out",
+                    &ndir.join("attestation"),
+                ]),
+                &ndir.join("log/provision.log"),
+            )?;
+            let cfg = SwtpmConfig::new(ndir.join("tpm"))?.with_run_dir(ndir.join("run"))?;
+            let swtpm = SwtpmProcess::start_detached(&cfg)
+                .with_context(|| format!("starting swtpm for {name}"))?;
+            nodes.push(Node {
+                name,
+                control_plane,
+                ip: format!("127.0.10.{}", i + 1),
+                dir: ndir,
+                tcti: swtpm.tcti(),
+            });
+        }
+        let cp = nodes.first().context("no nodes")?;
+        let platform_ca = ca_dir.join("platform-ca.pem");
+        let measurements = cp.dir.join("attestation/measurements.json");
+
+        // Metadata service with the instances and the init secret's bcrypt hash.
+        step(format!("starting the metadata service on {METADATA_ADDR}"));
+        let init_secret = random_init_secret()?;
+        let init_secret_file = dir.join("init-secret");
+        write_private(&init_secret_file, init_secret.as_bytes())?;
+        let hash = bcrypt::hash(&init_secret, 10).context("hashing the init secret")?;
+        let instances: Vec<serde_json::Value> = nodes
+            .iter()
+            .map(|n| {
+                serde_json::json!({
+                    "Name": n.name, "ProviderID": format!("asterism-local:///{}", n.name),
+                    "Role": n.role(), "VPCIP": n.ip, "SecondaryIPRange": "", "AliasIPRanges": [],
+                })
             })
-        })
-        .collect();
-    let meta_cfg = dir.join("metadata.json");
-    std::fs::write(
-        &meta_cfg,
-        serde_json::to_vec_pretty(
-            &serde_json::json!({"instances": instances, "initSecretHash": hash}),
-        )?,
-    )?;
-    let meta_log = logs.join("metadata.log");
-    spawn_service(
-        &bin("asterism-metadata"),
-        &os(&[&"--listen", &METADATA_ADDR, &"--config", &meta_cfg]),
-        &meta_log,
-        &run.join("metadata.pid"),
-    )?;
-    wait_until("the metadata service", &meta_log, || {
-        tcp_ready(METADATA_ADDR)
-    })?;
+            .collect();
+        let meta_cfg = dir.join("metadata.json");
+        std::fs::write(
+            &meta_cfg,
+            serde_json::to_vec_pretty(
+                &serde_json::json!({"instances": instances, "initSecretHash": hash}),
+            )?,
+        )?;
+        let meta_log = logs.join("metadata.log");
+        spawn_service(
+            &bin("asterism-metadata"),
+            &os(&[&"--listen", &METADATA_ADDR, &"--config", &meta_cfg]),
+            &meta_log,
+            &run.join("metadata.pid"),
+        )?;
+        wait_until("the metadata service", &meta_log, || {
+            tcp_ready(METADATA_ADDR)
+        })?;
 
-    // The join service's own evidence (mutual aTLS) comes from the control-plane TPM after
-    // init, when PCR 15 holds the cluster marker; joining nodes cannot know the cluster ID
-    // yet, so they check every other measured PCR of it.
-    let join_measurements = dir.join("join-service-measurements.json");
-    {
+        // The join service's own evidence (mutual aTLS) comes from the control-plane TPM
+        // after init, when PCR 15 holds the cluster marker; joining nodes cannot know the
+        // cluster ID yet, so they check every other measured PCR of it.
+        let join_measurements = dir.join("join-service-measurements.json");
         let m = asterism_attestation::Measurements::load(&measurements)?;
         let without_marker = asterism_attestation::Measurements::new(
             m.iter()
@@ -357,184 +400,297 @@ pub async fn up(args: UpArgs) -> Result<()> {
                 .map(|(i, e)| (i, *e)),
         )?;
         std::fs::write(&join_measurements, without_marker.to_json())?;
+
+        Ok(Self {
+            workspace: dir.join("workspace"),
+            dir,
+            bins,
+            nodes,
+            platform_ca,
+            measurements,
+            join_measurements,
+            init_secret_file,
+        })
     }
 
-    // 4. The control-plane node boots; the owner initialises it.
-    let cp_boot = start_bootstrapper(
-        &bin("asterism-bootstrapper"),
-        cp,
-        &platform_ca,
-        &join_measurements,
-    )?;
-    let cp_init = format!("{}:{INIT_PORT}", cp.ip);
-    wait_until(
-        "the control-plane bootstrapper",
-        &cp.dir.join("log/bootstrapper.log"),
-        || tcp_ready(&cp_init),
-    )?;
-    step(format!("asterism init → {cp_init}"));
-    let workspace = dir.join("workspace");
-    let done = crate::init::run(crate::init::Args {
-        endpoint: cp_init.clone(),
-        init_secret_file: init_secret_file.clone(),
-        workspace: workspace.clone(),
-        cluster_name: "asterism-mini".into(),
-        kubernetes_version: "v1.31.0".into(),
-        apiserver_cert_sans: Vec::new(),
-        timeout_secs: 120,
-        trust: crate::trust::TrustArgs {
-            platform_ca: Some(platform_ca.clone()),
-            pinned_ak: Vec::new(),
-            measurements: measurements.clone(),
-        },
-    })
-    .await?;
-    let cp_result = finish_bootstrapper(cp_boot, cp)?;
-
-    // 5. Key and join services on the control-plane node.
-    let (master, salt, measurement_salt) = read_workspace(&workspace)?;
-    let secrets = cp.dir.join("run/secrets");
-    std::fs::create_dir_all(&secrets)?;
-    std::fs::set_permissions(&secrets, std::fs::Permissions::from_mode(0o700))?;
-    write_private(&secrets.join("mastersecret"), &master)?;
-    write_private(&secrets.join("salt"), &salt)?;
-    write_private(&secrets.join("measurementSalt"), &measurement_salt)?;
-    let ks_sock = cp.dir.join("run/key-service.sock");
-    step("starting the key service (Unix socket on the control-plane node)");
-    let ks_log = cp.dir.join("log/key-service.log");
-    spawn_service(
-        &bin("asterism-key-service"),
-        &os(&[
-            &"--master-secret-file",
-            &secrets.join("mastersecret"),
-            &"--salt-file",
-            &secrets.join("salt"),
-            &"--listen",
-            &format!("unix:{}", ks_sock.display()),
-        ]),
-        &ks_log,
-        &run.join("key-service.pid"),
-    )?;
-    wait_until("the key service", &ks_log, || ks_sock.exists())?;
-
-    step(format!(
-        "starting the join service on {}:{JOIN_PORT}",
-        cp.ip
-    ));
-    let js_log = cp.dir.join("log/join-service.log");
-    let join_addr = format!("{}:{JOIN_PORT}", cp.ip);
-    let metrics_addr = format!("{}:{METRICS_PORT}", cp.ip);
-    spawn_service(
-        &bin("asterism-join-service"),
-        &os(&[
-            &"--listen",
-            &join_addr,
-            &"--metrics-listen",
-            &metrics_addr,
-            &"--platform-ca",
-            &platform_ca,
-            &"--measurements",
-            &measurements,
-            &"--key-service",
-            &format!("unix:{}", ks_sock.display()),
-            &"--pki-dir",
-            &cp.dir.join("state/kubernetes/pki"),
-            &"--measurement-salt-file",
-            &secrets.join("measurementSalt"),
-            &"--state-dir",
-            &cp.dir.join("run/join-service"),
-            &"--metadata-url",
-            &format!("http://{METADATA_ADDR}"),
-            &"--tpm",
-            &cp.tcti,
-            &"--ak-cert",
-            &cp.dir.join("attestation/ak-cert.der"),
-        ]),
-        &js_log,
-        &run.join("join-service.pid"),
-    )?;
-    wait_until("the join service", &js_log, || {
-        http_get(&metrics_addr, "/healthz").is_ok()
-    })?;
-
-    // 6. Workers boot and join, all at once.
-    step(format!("{} workers join", nodes.len() - 1));
-    let mut booting = Vec::new();
-    for n in nodes.iter().skip(1) {
-        booting.push(start_bootstrapper(
-            &bin("asterism-bootstrapper"),
-            n,
-            &platform_ca,
-            &join_measurements,
-        )?);
-    }
-    let mut results = vec![cp_result];
-    for (b, n) in booting.into_iter().zip(nodes.iter().skip(1)) {
-        results.push(finish_bootstrapper(b, n)?);
+    /// The control-plane node.
+    pub fn control_plane(&self) -> Result<&Node> {
+        self.nodes.first().context("no nodes")
     }
 
-    // Every node serves fresh evidence for `asterism verify` (it connects to its TPM per
-    // request, so it can share the swtpm with the join service).
-    for n in &nodes {
-        let log = n.dir.join("log/verify-service.log");
-        let addr = format!("{}:{VERIFY_PORT}", n.ip);
+    /// Starts the bootstrapper of `node`.
+    pub fn start_bootstrapper(&self, node: &Node) -> Result<Booting> {
+        start_bootstrapper(
+            &self.bin("asterism-bootstrapper"),
+            node,
+            &self.platform_ca,
+            &self.join_measurements,
+        )
+    }
+
+    /// Waits for a bootstrapper to exit: `(milliseconds since its start, "ok" or the exit
+    /// status)`.
+    pub fn finish_bootstrapper(&self, booting: Booting, node: &Node) -> Result<(u64, String)> {
+        finish_bootstrapper(booting, node)
+    }
+
+    /// Boots the control-plane node and runs `asterism init` against it.
+    pub async fn init(&self) -> Result<(crate::init::Initialised, (u64, String))> {
+        let cp = self.control_plane()?;
+        let booting = self.start_bootstrapper(cp)?;
+        let cp_init = format!("{}:{INIT_PORT}", cp.ip);
+        wait_until(
+            "the control-plane bootstrapper",
+            &cp.dir.join("log/bootstrapper.log"),
+            || tcp_ready(&cp_init),
+        )?;
+        step(format!("asterism init → {cp_init}"));
+        let done = crate::init::run(self.init_args()).await?;
+        let result = self.finish_bootstrapper(booting, cp)?;
+        Ok((done, result))
+    }
+
+    /// The arguments `asterism init` gets against this cluster's control plane.
+    pub fn init_args(&self) -> crate::init::Args {
+        let ip = self.nodes.first().map(|n| n.ip.clone()).unwrap_or_default();
+        crate::init::Args {
+            endpoint: format!("{ip}:{INIT_PORT}"),
+            init_secret_file: self.init_secret_file.clone(),
+            workspace: self.workspace.clone(),
+            cluster_name: "asterism-mini".into(),
+            kubernetes_version: "v1.31.0".into(),
+            apiserver_cert_sans: Vec::new(),
+            timeout_secs: 120,
+            trust: crate::trust::TrustArgs {
+                platform_ca: Some(self.platform_ca.clone()),
+                pinned_ak: Vec::new(),
+                measurements: self.measurements.clone(),
+            },
+        }
+    }
+
+    /// Starts the key service on the control-plane node (after init).
+    pub fn start_key_service(&self) -> Result<()> {
+        let cp = self.control_plane()?;
+        let (master, salt, measurement_salt) = read_workspace(&self.workspace)?;
+        let secrets = cp.dir.join("run/secrets");
+        if !secrets.exists() {
+            std::fs::create_dir_all(&secrets)?;
+            std::fs::set_permissions(&secrets, std::fs::Permissions::from_mode(0o700))?;
+            write_private(&secrets.join("mastersecret"), &master)?;
+            write_private(&secrets.join("salt"), &salt)?;
+            write_private(&secrets.join("measurementSalt"), &measurement_salt)?;
+        }
+        let ks_sock = cp.dir.join("run/key-service.sock");
+        step("starting the key service (Unix socket on the control-plane node)");
+        let ks_log = cp.dir.join("log/key-service.log");
         spawn_service(
-            &bin("asterism-verify-service"),
+            &self.bin("asterism-key-service"),
+            &os(&[
+                &"--master-secret-file",
+                &secrets.join("mastersecret"),
+                &"--salt-file",
+                &secrets.join("salt"),
+                &"--listen",
+                &format!("unix:{}", ks_sock.display()),
+            ]),
+            &ks_log,
+            &self.dir.join("run/key-service.pid"),
+        )?;
+        wait_until("the key service", &ks_log, || ks_sock.exists())
+    }
+
+    /// The join service's metrics address.
+    pub fn metrics_addr(&self) -> String {
+        let ip = self.nodes.first().map(|n| n.ip.clone()).unwrap_or_default();
+        format!("{ip}:{METRICS_PORT}")
+    }
+
+    /// Starts the join service on the control-plane node (after the key service).
+    pub fn start_join_service(&self) -> Result<()> {
+        let cp = self.control_plane()?;
+        let secrets = cp.dir.join("run/secrets");
+        step(format!(
+            "starting the join service on {}:{JOIN_PORT}",
+            cp.ip
+        ));
+        let js_log = cp.dir.join("log/join-service.log");
+        let join_addr = format!("{}:{JOIN_PORT}", cp.ip);
+        let metrics_addr = self.metrics_addr();
+        spawn_service(
+            &self.bin("asterism-join-service"),
             &os(&[
                 &"--listen",
-                &addr,
+                &join_addr,
+                &"--metrics-listen",
+                &metrics_addr,
+                &"--platform-ca",
+                &self.platform_ca,
+                &"--measurements",
+                &self.measurements,
+                &"--key-service",
+                &format!("unix:{}", cp.dir.join("run/key-service.sock").display()),
+                &"--pki-dir",
+                &cp.dir.join("state/kubernetes/pki"),
+                &"--measurement-salt-file",
+                &secrets.join("measurementSalt"),
+                &"--state-dir",
+                &cp.dir.join("run/join-service"),
+                &"--metadata-url",
+                &format!("http://{METADATA_ADDR}"),
                 &"--tpm",
-                &n.tcti,
+                &cp.tcti,
                 &"--ak-cert",
-                &n.dir.join("attestation/ak-cert.der"),
+                &cp.dir.join("attestation/ak-cert.der"),
             ]),
-            &log,
-            &n.dir.join("run/verify-service.pid"),
+            &js_log,
+            &self.dir.join("run/join-service.pid"),
         )?;
-        wait_until("a verify service", &log, || tcp_ready(&addr))?;
+        wait_until("the join service", &js_log, || {
+            http_get(&metrics_addr, "/healthz").is_ok()
+        })
     }
 
-    // 7. Check every node independently: the disk opens with the key derived from the
-    //    master secret (and no longer with its first-boot passphrase); the join service
-    //    lists each worker with its verified attestation key.
-    let members: serde_json::Value = http_get(&metrics_addr, "/v1/members")
-        .ok()
-        .and_then(|b| serde_json::from_str(&b).ok())
-        .unwrap_or(serde_json::Value::Null);
-    let kms = asterism_kms::ClusterKms::new(
-        asterism_kms::MasterSecret::new(master.to_vec())?,
-        asterism_kms::Salt::new(salt.to_vec())?,
-    );
-    let mut record = ClusterRecord {
-        cluster_id: done.cluster_id.clone(),
-        nodes: Vec::new(),
-    };
-    for (n, (ms, exit)) in nodes.iter().zip(results) {
-        let disk_rekeyed = disk_rekeyed(&kms, n).unwrap_or_else(|e| {
-            eprintln!("  {}: disk check failed: {e:#}", n.name);
-            false
-        });
-        let attestation = if n.control_plane {
-            "verified by asterism init (tpm-quote)".to_string()
-        } else {
-            member_verdict(&members, &n.name)
-        };
-        record.nodes.push(NodeRecord {
-            name: n.name.clone(),
-            role: n.role().into(),
-            ip: n.ip.clone(),
-            attestation,
-            disk_rekeyed,
-            bootstrap_ms: ms,
-            exit,
-        });
+    /// Stops the join service (SIGKILL: as abrupt as a crash).
+    pub fn kill_join_service(&self) -> Result<()> {
+        let pid_file = self.dir.join("run/join-service.pid");
+        let pid: u32 = std::fs::read_to_string(&pid_file)?.trim().parse()?;
+        signal(pid, "KILL");
+        let start = Instant::now();
+        while alive(pid) && start.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(())
     }
-    std::fs::write(dir.join("mini.json"), serde_json::to_vec_pretty(&record)?)?;
+
+    /// Starts every node's verify service.
+    pub fn start_verify_services(&self) -> Result<()> {
+        for n in &self.nodes {
+            let log = n.dir.join("log/verify-service.log");
+            let addr = format!("{}:{VERIFY_PORT}", n.ip);
+            spawn_service(
+                &self.bin("asterism-verify-service"),
+                &os(&[
+                    &"--listen",
+                    &addr,
+                    &"--tpm",
+                    &n.tcti,
+                    &"--ak-cert",
+                    &n.dir.join("attestation/ak-cert.der"),
+                ]),
+                &log,
+                &n.dir.join("run/verify-service.pid"),
+            )?;
+            wait_until("a verify service", &log, || tcp_ready(&addr))?;
+        }
+        Ok(())
+    }
+
+    /// The members the join service admitted (its `/v1/members`).
+    pub fn members(&self) -> serde_json::Value {
+        http_get(&self.metrics_addr(), "/v1/members")
+            .ok()
+            .and_then(|b| serde_json::from_str(&b).ok())
+            .unwrap_or(serde_json::Value::Null)
+    }
+
+    /// Checks every node independently and records the outcome in `<dir>/mini.json`.
+    pub fn record(&self, cluster_id: &str, results: &[(u64, String)]) -> Result<ClusterRecord> {
+        let (master, salt, _) = read_workspace(&self.workspace)?;
+        let members = self.members();
+        let kms = asterism_kms::ClusterKms::new(
+            asterism_kms::MasterSecret::new(master.to_vec())?,
+            asterism_kms::Salt::new(salt.to_vec())?,
+        );
+        let mut record = ClusterRecord {
+            cluster_id: cluster_id.to_string(),
+            nodes: Vec::new(),
+        };
+        for (n, (ms, exit)) in self.nodes.iter().zip(results) {
+            let disk_rekeyed = disk_rekeyed(&kms, n).unwrap_or_else(|e| {
+                eprintln!("  {}: disk check failed: {e:#}", n.name);
+                false
+            });
+            let attestation = if n.control_plane {
+                "verified by asterism init (tpm-quote)".to_string()
+            } else {
+                member_verdict(&members, &n.name)
+            };
+            record.nodes.push(NodeRecord {
+                name: n.name.clone(),
+                role: n.role().into(),
+                ip: n.ip.clone(),
+                attestation,
+                disk_rekeyed,
+                bootstrap_ms: *ms,
+                exit: exit.clone(),
+            });
+        }
+        std::fs::write(
+            self.dir.join("mini.json"),
+            serde_json::to_vec_pretty(&record)?,
+        )?;
+        Ok(record)
+    }
+
+    /// The derived disk key of `node` (from the workspace's master secret).
+    pub fn derived_disk_key(&self, node: &Node) -> Result<asterism_kms::DataKey> {
+        let (master, salt, _) = read_workspace(&self.workspace)?;
+        let kms = asterism_kms::ClusterKms::new(
+            asterism_kms::MasterSecret::new(master.to_vec())?,
+            asterism_kms::Salt::new(salt.to_vec())?,
+        );
+        let disk = asterism_disk::StateDisk::open(
+            node.dir.join("state.img"),
+            asterism_disk::DiskConfig::local(),
+        )?;
+        let uuid = disk.uuid()?;
+        Ok(kms.data_key(
+            &asterism_kms::KeyId::Disk(uuid),
+            asterism_kms::STATE_DISK_KEY_LEN,
+        )?)
+    }
+
+    /// Stops every process of the cluster.
+    pub fn down(&self) -> Result<()> {
+        down(DirArgs {
+            dir: self.dir.clone(),
+        })
+    }
+}
+
+/// `asterism mini up`.
+pub async fn up(args: UpArgs) -> Result<()> {
+    let started = Instant::now();
+    let cluster = LocalCluster::create(&args.dir, args.workers, bin_dir(&args)?)?;
+    let (done, cp_result) = cluster.init().await?;
+    cluster.start_key_service()?;
+    cluster.start_join_service()?;
+
+    // Workers boot and join, all at once.
+    step(format!("{} workers join", cluster.nodes.len() - 1));
+    let mut booting = Vec::new();
+    for n in cluster.nodes.iter().skip(1) {
+        booting.push(cluster.start_bootstrapper(n)?);
+    }
+    let mut results = vec![cp_result];
+    for (b, n) in booting.into_iter().zip(cluster.nodes.iter().skip(1)) {
+        results.push(cluster.finish_bootstrapper(b, n)?);
+    }
+    cluster.start_verify_services()?;
+
+    // Check every node independently: the disk opens with the key derived from the master
+    // secret (and no longer with its first-boot passphrase); the join service lists each
+    // worker with its verified attestation key.
+    let record = cluster.record(&done.cluster_id, &results)?;
     print_table(&record);
     eprintln!(
-        "local cluster up in {:.1} s; workspace {}; check a node with `asterism verify --endpoint 127.0.10.2:{VERIFY_PORT} --workspace <workspace> --platform-ca <dir>/platform-ca/platform-ca.pem --measurements <dir>/nodes/worker-0/attestation/measurements.json`; stop it with `asterism mini down --dir {}`",
+        "local cluster up in {:.1} s; workspace {}\n  check a node: asterism verify --endpoint 127.0.10.2:{VERIFY_PORT} --workspace {} --platform-ca {} --measurements {}\n  stop it:      asterism mini down --dir {}",
         started.elapsed().as_secs_f64(),
-        workspace.display(),
+        cluster.workspace.display(),
+        cluster.workspace.display(),
+        cluster.platform_ca.display(),
+        cluster.measurements.display(),
         args.dir.display()
     );
     if record
@@ -544,13 +700,15 @@ pub async fn up(args: UpArgs) -> Result<()> {
     {
         bail!(
             "not every node bootstrapped cleanly (see the table and {}/nodes/*/log)",
-            dir.display()
+            cluster.dir.display()
         );
     }
     Ok(())
 }
 
-struct Booting {
+/// A bootstrapper process that has been started.
+#[derive(Debug)]
+pub struct Booting {
     child: Child,
     started: Instant,
 }
@@ -699,7 +857,8 @@ fn member_verdict(members: &serde_json::Value, name: &str) -> String {
     }
 }
 
-fn print_table(r: &ClusterRecord) {
+/// Prints the node table.
+pub fn print_table(r: &ClusterRecord) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "cluster {}", r.cluster_id);
     let _ = writeln!(

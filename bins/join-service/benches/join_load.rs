@@ -1,0 +1,3 @@
+//! Load generator for the join service (see docs/join-service.md); not written yet.
+
+fn main() {}

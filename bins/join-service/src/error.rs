@@ -1,0 +1,185 @@
+//! Every way a ticket request can fail, and the one place that maps them to gRPC status
+//! codes: client mistakes are `INVALID_ARGUMENT` or `PERMISSION_DENIED` with a reason the
+//! node can act on, an unreachable dependency is `UNAVAILABLE`, everything else is
+//! `INTERNAL` with a coarse message (the full chain goes to the log only).
+
+use crate::keys::KeyError;
+use asterism_metadata::MetadataError;
+use tonic::{Code, Status};
+
+/// Why the join service refused a node although it attested.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DenyReason {
+    /// The peer's source address belongs to no instance in the metadata.
+    UnknownPeer,
+    /// The CSR names another node than the instance the peer is.
+    NodeNameMismatch,
+    /// The CSR asks for IP addresses that are not the peer's.
+    IpMismatch,
+    /// `is_control_plane` does not match the instance's role.
+    RoleMismatch,
+    /// The disk UUID is bound to another attestation key.
+    DiskBoundToOtherKey,
+}
+
+impl DenyReason {
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::UnknownPeer => "unknown_peer",
+            Self::NodeNameMismatch => "node_name_mismatch",
+            Self::IpMismatch => "ip_mismatch",
+            Self::RoleMismatch => "role_mismatch",
+            Self::DiskBoundToOtherKey => "disk_bound_to_other_key",
+        }
+    }
+}
+
+/// Why a ticket request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum JoinError {
+    /// The connection was not attested (cannot happen behind aTLS; defensive).
+    #[error("peer is not attested")]
+    NotAttested,
+    /// The request is malformed.
+    #[error("invalid {field}: {detail}")]
+    Invalid {
+        /// Which field.
+        field: &'static str,
+        /// What is wrong (no secrets).
+        detail: String,
+    },
+    /// An authorization check refused the peer.
+    #[error("{detail}")]
+    Denied {
+        /// Which check.
+        reason: DenyReason,
+        /// What it found (no secrets).
+        detail: String,
+    },
+    /// The peer's identity exceeded its request rate.
+    #[error("too many requests from this attestation key")]
+    RateLimited,
+    /// The key service cannot be reached.
+    #[error("key service unavailable")]
+    KeyServiceUnavailable(#[source] KeyError),
+    /// The metadata service cannot be reached.
+    #[error("metadata service unavailable")]
+    MetadataUnavailable(#[source] MetadataError),
+    /// Anything else.
+    #[error("{what}")]
+    Internal {
+        /// What was being done.
+        what: &'static str,
+        /// The cause.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+impl JoinError {
+    /// An internal failure while doing `what`.
+    pub fn internal(
+        what: &'static str,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Self::Internal {
+            what,
+            source: source.into(),
+        }
+    }
+
+    /// The metric label of the refusal.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::NotAttested => "not_attested",
+            Self::Invalid { field, .. } => field,
+            Self::Denied { reason, .. } => reason.label(),
+            Self::RateLimited => "rate_limited",
+            Self::KeyServiceUnavailable(_) => "key_service_unavailable",
+            Self::MetadataUnavailable(_) => "metadata_unavailable",
+            Self::Internal { .. } => "internal",
+        }
+    }
+
+    /// The gRPC status the peer sees.
+    pub fn to_status(&self) -> Status {
+        match self {
+            Self::NotAttested | Self::Denied { .. } => {
+                Status::new(Code::PermissionDenied, self.to_string())
+            }
+            Self::Invalid { .. } => Status::new(Code::InvalidArgument, self.to_string()),
+            Self::RateLimited => Status::new(Code::ResourceExhausted, self.to_string()),
+            Self::KeyServiceUnavailable(_) | Self::MetadataUnavailable(_) => {
+                Status::new(Code::Unavailable, format!("{self}; retry later"))
+            }
+            Self::Internal { .. } => Status::new(Code::Internal, "issuing the ticket failed"),
+        }
+    }
+}
+
+impl From<KeyError> for JoinError {
+    fn from(e: KeyError) -> Self {
+        match e {
+            KeyError::Unavailable(_) => Self::KeyServiceUnavailable(e),
+            other => Self::internal("getting a data key", other),
+        }
+    }
+}
+
+/// The error and its causes, `: `-separated, for the log.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_codes_follow_who_is_at_fault() {
+        let cases = [
+            (JoinError::NotAttested, Code::PermissionDenied),
+            (
+                JoinError::Invalid {
+                    field: "disk_uuid",
+                    detail: "x".into(),
+                },
+                Code::InvalidArgument,
+            ),
+            (
+                JoinError::Denied {
+                    reason: DenyReason::RoleMismatch,
+                    detail: "x".into(),
+                },
+                Code::PermissionDenied,
+            ),
+            (JoinError::RateLimited, Code::ResourceExhausted),
+            (
+                JoinError::from(KeyError::Unavailable("down".into())),
+                Code::Unavailable,
+            ),
+            (
+                JoinError::from(KeyError::Length { want: 32, got: 1 }),
+                Code::Internal,
+            ),
+        ];
+        for (e, code) in cases {
+            assert_eq!(e.to_status().code(), code, "{e:?}");
+        }
+    }
+
+    #[test]
+    fn internal_errors_tell_the_peer_nothing_specific() {
+        let e = JoinError::internal("reading /secret/path", std::io::Error::other("boom"));
+        assert_eq!(e.to_status().message(), "issuing the ticket failed");
+        assert!(chain(&e).contains("boom"));
+    }
+}

@@ -1,0 +1,40 @@
+//! The Asterism join service: nodes that want to join (or rejoin) the cluster connect over
+//! attested TLS, and the service answers `join.API` (`IssueJoinTicket`,
+//! `IssueRejoinTicket`) with their disk key, the measurement secret, a kubelet certificate,
+//! an SSH host certificate, a bootstrap token and, for control-plane nodes, the CA files.
+//!
+//! Attestation proves *what* a node runs; this service adds *who* it is: the peer's source
+//! address must be an instance of the metadata, the CSR must name that instance, the role
+//! must match, and a disk UUID belongs to the first attestation key that asked for it
+//! (REFERENCE §14 item 3). Handlers take the [`asterism_atls::VerifiedPeer`] of the
+//! connection, never raw evidence.
+//!
+//! * [`JoinService`]: the core, generic over [`asterism_metadata::Metadata`],
+//!   [`KeySource`] and [`ClusterState`];
+//! * [`serve`] (aTLS + gRPC) and [`serve_http`] (metrics, health, members);
+//! * [`RedbState`]: the default, persistent cluster state.
+//!
+//! It must never log or return a secret except inside a ticket to the attested node it
+//! belongs to.
+
+mod error;
+mod keys;
+mod metrics;
+mod ratelimit;
+mod serve;
+mod service;
+mod state;
+
+pub use error::{DenyReason, JoinError};
+pub use keys::{KEY_CALL_TIMEOUT, KeyError, KeyServiceAddress, KeyServiceClient, KeySource};
+pub use metrics::Metrics;
+pub use ratelimit::RateLimiter;
+pub use serve::{Limits, serve, serve_http};
+pub use service::{
+    API_SERVER_PORT, CONTROL_PLANE_FILES, JoinConfig, JoinService, METADATA_CACHE_TTL,
+    REQUIRED_CONTROL_PLANE_FILES,
+};
+pub use state::{
+    Admission, BootstrapToken, ClusterState, Member, RedbState, StateError, TOKEN_MIN_REMAINING,
+    TOKEN_TTL,
+};

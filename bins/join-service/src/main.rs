@@ -1,0 +1,304 @@
+//! `asterism-join-service`: verifies joining nodes over attested TLS and issues join and
+//! rejoin tickets; serves metrics, health and the member list on a plain HTTP listener.
+
+use std::io::IsTerminal as _;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use asterism_atls::{AtlsConfig, AtlsServer};
+use asterism_attestation::{
+    AkFingerprint, AkTrust, PlatformCa, ReloadingMeasurements, TpmQuoteValidator,
+};
+use asterism_join_service::{
+    JoinConfig, JoinService, KeyServiceAddress, KeyServiceClient, Limits, Metrics, RedbState,
+};
+use asterism_metadata::HttpMetadata;
+use asterism_pki::ClusterCa;
+use clap::{ArgAction, Parser, ValueEnum};
+use tokio::signal::unix::{SignalKind, signal};
+use tracing_subscriber::EnvFilter;
+
+/// Verifies joining nodes over attested TLS and issues join tickets (join.API).
+#[derive(Debug, Parser)]
+#[command(name = "asterism-join-service", version)]
+struct Args {
+    /// Where to serve join.API over attested TLS (the control-plane node's address).
+    #[arg(long, value_name = "IP:PORT")]
+    listen: SocketAddr,
+
+    /// Host of `api_server_endpoint` in tickets (port 6443). Default: the --listen address.
+    #[arg(long, value_name = "IP")]
+    api_server_host: Option<IpAddr>,
+
+    /// Plain HTTP listener for /metrics, /healthz and /v1/members.
+    #[arg(long, value_name = "IP:PORT")]
+    metrics_listen: Option<SocketAddr>,
+
+    /// The key service: `unix:/path/to.sock` or `http://IP:PORT`.
+    #[arg(long, value_name = "ADDRESS")]
+    key_service: KeyServiceAddress,
+
+    /// The metadata service.
+    #[arg(long, value_name = "URL", default_value = "http://127.0.10.254:8080")]
+    metadata_url: String,
+
+    /// Directory of the cluster CA (`ca.crt`, `ca.key`) and the other control-plane files.
+    #[arg(long, value_name = "DIR")]
+    pki_dir: PathBuf,
+
+    /// File holding the raw measurement salt.
+    #[arg(long, value_name = "PATH")]
+    measurement_salt_file: PathBuf,
+
+    /// Directory of the persistent cluster state (created 0700).
+    #[arg(long, value_name = "DIR")]
+    state_dir: PathBuf,
+
+    /// Expected measurements of joining nodes (JSON, docs/attestation.md); re-read when it
+    /// changes.
+    #[arg(long, value_name = "PATH")]
+    measurements: PathBuf,
+
+    /// PEM file of the platform CA(s) that certify node attestation keys.
+    #[arg(long, value_name = "PATH")]
+    platform_ca: Option<PathBuf>,
+
+    /// Accept attestation keys with this fingerprint (64 hex digits) instead. Repeatable.
+    #[arg(long, value_name = "HEX")]
+    pinned_ak: Vec<String>,
+
+    /// INSECURE, development only: accept any attestation key (PCRs are still checked).
+    #[arg(long)]
+    insecure_any_ak: bool,
+
+    /// Attest this service to nodes that ask (mutual aTLS) with this TPM, e.g.
+    /// `swtpm:host=127.0.0.1,port=2321` or `device:/dev/tpmrm0`.
+    #[arg(long, value_name = "TCTI", requires = "ak_cert")]
+    tpm: Option<String>,
+
+    /// DER certificate of this node's AK (sent with the evidence), with --tpm.
+    #[arg(long, value_name = "PATH", requires = "tpm")]
+    ak_cert: Option<PathBuf>,
+
+    /// Sustained ticket requests per second per attestation key.
+    #[arg(long, value_name = "N", default_value_t = 10.0)]
+    rate_limit_per_second: f64,
+
+    /// Burst of ticket requests per attestation key.
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    rate_limit_burst: u32,
+
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Human)]
+    log_format: LogFormat,
+
+    /// More log output: -v for debug, -vv for trace.
+    #[arg(short, long, action = ArgAction::Count)]
+    verbose: u8,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    /// One human-readable line per event.
+    Human,
+    /// One JSON object per line.
+    Json,
+}
+
+fn init_logging(format: LogFormat, verbose: u8) {
+    let level = match verbose {
+        0 => "info",
+        1 => "debug",
+        _ => "trace",
+    };
+    let filter = EnvFilter::new(format!(
+        "warn,asterism_join_service={level},asterism_atls={level},asterism_attestation={level},asterism_metadata={level}"
+    ));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    let installed = match format {
+        LogFormat::Human => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
+    if let Err(err) = installed {
+        eprintln!("cannot install the log subscriber: {err}");
+    }
+}
+
+fn read_capped(path: &Path, cap: u64) -> anyhow::Result<Vec<u8>> {
+    use std::io::Read as _;
+    let file =
+        std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut bytes = Vec::new();
+    file.take(cap + 1)
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    anyhow::ensure!(
+        bytes.len() as u64 <= cap,
+        "{} is larger than {cap} bytes",
+        path.display()
+    );
+    Ok(bytes)
+}
+
+fn validator(args: &Args) -> anyhow::Result<Arc<TpmQuoteValidator>> {
+    let chosen = usize::from(args.platform_ca.is_some())
+        + usize::from(!args.pinned_ak.is_empty())
+        + usize::from(args.insecure_any_ak);
+    anyhow::ensure!(
+        chosen == 1,
+        "exactly one AK trust policy is needed: --platform-ca, --pinned-ak or --insecure-any-ak"
+    );
+    let trust = if let Some(path) = &args.platform_ca {
+        let pem = read_capped(path, 1024 * 1024)?;
+        AkTrust::platform_ca(
+            PlatformCa::from_pem(&pem)
+                .with_context(|| format!("{} holds no usable CA certificate", path.display()))?,
+        )
+    } else if !args.pinned_ak.is_empty() {
+        let pins = args
+            .pinned_ak
+            .iter()
+            .map(|h| AkFingerprint::from_hex(h).with_context(|| format!("--pinned-ak {h:?}")))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        AkTrust::pinned(pins)
+    } else {
+        tracing::warn!("accepting ANY attestation key (--insecure-any-ak): development only");
+        AkTrust::insecure_any_ak()
+    };
+    let measurements = ReloadingMeasurements::open(&args.measurements)
+        .with_context(|| format!("loading measurements from {}", args.measurements.display()))?;
+    Ok(Arc::new(TpmQuoteValidator::new(
+        trust,
+        Arc::new(measurements),
+    )))
+}
+
+fn atls_config(args: &Args) -> anyhow::Result<AtlsConfig> {
+    let mut config = AtlsConfig::verifying(validator(args)?);
+    if let (Some(tcti), Some(ak_cert)) = (&args.tpm, &args.ak_cert) {
+        let tpm: asterism_tpm::TpmConfig =
+            tcti.parse().with_context(|| format!("--tpm {tcti:?}"))?;
+        let cert = read_capped(ak_cert, 64 * 1024)?;
+        let issuer = asterism_tpm::TpmIssuer::connecting_per_use(
+            tpm,
+            asterism_tpm::AkConfig::default(),
+            asterism_tpm::PcrSelection::all(),
+            vec![cert],
+        )
+        .context("loading the attestation key from the TPM")?;
+        tracing::info!("attesting to nodes that ask (mutual aTLS) with the TPM");
+        config = config.with_issuer(Arc::new(issuer));
+    }
+    Ok(config)
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("received SIGTERM"),
+            _ = int.recv() => tracing::info!("received SIGINT"),
+        }
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+
+    let api_server_host = match args.api_server_host {
+        Some(ip) => ip,
+        None if !args.listen.ip().is_unspecified() => args.listen.ip(),
+        None => anyhow::bail!(
+            "--listen is a wildcard address; name the node's address with --api-server-host"
+        ),
+    };
+    let ca = {
+        let cert = read_capped(&args.pki_dir.join("ca.crt"), 1024 * 1024)?;
+        let key = zeroize::Zeroizing::new(read_capped(&args.pki_dir.join("ca.key"), 1024 * 1024)?);
+        ClusterCa::from_pem(
+            &String::from_utf8_lossy(&cert),
+            std::str::from_utf8(&key).context("ca.key is not PEM text")?,
+        )
+        .with_context(|| format!("loading the cluster CA from {}", args.pki_dir.display()))?
+    };
+    let measurement_salt = read_capped(&args.measurement_salt_file, 4096)?;
+    anyhow::ensure!(
+        !measurement_salt.is_empty(),
+        "the measurement salt file is empty"
+    );
+    let metadata = HttpMetadata::new(&args.metadata_url)?;
+    let keys = KeyServiceClient::new(&args.key_service)?;
+    let state = RedbState::open(&args.state_dir)?;
+    let atls = AtlsServer::new(atls_config(&args)?).context("setting up attested TLS")?;
+    let config = JoinConfig {
+        measurement_salt,
+        api_server_host,
+        pki_dir: args.pki_dir.clone(),
+        rate_per_second: args.rate_limit_per_second,
+        burst: args.rate_limit_burst,
+    };
+    let service = JoinService::new(metadata, keys, state, ca, config, Metrics::new())?;
+
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let http = match args.metrics_listen {
+        Some(addr) => {
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr}"))?;
+            tracing::info!(listen = %l.local_addr()?, "metrics, health and members (plain HTTP)");
+            Some(tokio::spawn(asterism_join_service::serve_http(
+                l,
+                service.clone(),
+                stopped(stop_rx.clone()),
+            )))
+        }
+        None => None,
+    };
+    tracing::info!(listen = %listener.local_addr()?, key_service = ?args.key_service, metadata = %args.metadata_url, "join service listening (attested TLS, nodes must attest)");
+    asterism_join_service::serve(
+        listener,
+        atls,
+        service,
+        &Limits::default(),
+        stopped(stop_rx),
+    )
+    .await
+    .context("the gRPC server failed")?;
+    if let Some(h) = http {
+        let _ = h.await;
+    }
+    tracing::info!("join service stopped");
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    init_logging(args.log_format, args.verbose);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the async runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "join service failed");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,499 @@
+//! The `join.API` handlers: thin tonic glue around [`JoinService`], whose methods take the
+//! [`VerifiedPeer`] of the connection and a decoded request.
+
+use crate::error::{DenyReason, JoinError, chain};
+use crate::keys::KeySource;
+use crate::metrics::Metrics;
+use crate::ratelimit::RateLimiter;
+use crate::state::{Admission, ClusterState, StateError};
+use asterism_atls::VerifiedPeer;
+use asterism_kms::{DataKey, DiskUuid, KeyId, STATE_DISK_KEY_LEN};
+use asterism_metadata::{InstanceMetadata, Metadata, Role, find_by_ip};
+use asterism_pki::{ClusterCa, KubeletCsr, SshCa, SshError, parse_wire_public_key};
+use asterism_proto::join::api_server::Api;
+use asterism_proto::join::{
+    ControlPlaneCertOrKey, IssueJoinTicketRequest, IssueJoinTicketResponse,
+    IssueRejoinTicketRequest, IssueRejoinTicketResponse,
+};
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+use tonic::{Request, Response, Status};
+
+/// Control-plane files (REFERENCE §6.7), relative to the PKI directory.
+pub const CONTROL_PLANE_FILES: [&str; 8] = [
+    "ca.key",
+    "sa.key",
+    "front-proxy-ca.key",
+    "etcd/ca.key",
+    "ca.crt",
+    "sa.pub",
+    "front-proxy-ca.crt",
+    "etcd/ca.crt",
+];
+/// Of those, the ones that must exist (the others are sent when present: in local mode,
+/// without Kubernetes, only the cluster CA exists).
+pub const REQUIRED_CONTROL_PLANE_FILES: [&str; 2] = ["ca.crt", "ca.key"];
+/// Largest control-plane file read.
+pub const MAX_CONTROL_PLANE_FILE_LEN: u64 = 1024 * 1024;
+/// How long a metadata listing is reused.
+pub const METADATA_CACHE_TTL: Duration = Duration::from_secs(1);
+/// Port of the API server in `api_server_endpoint`.
+pub const API_SERVER_PORT: u16 = 6443;
+
+/// Configuration of a [`JoinService`].
+#[derive(Debug, Clone)]
+pub struct JoinConfig {
+    /// The cluster's measurement salt, returned in join tickets.
+    pub measurement_salt: Vec<u8>,
+    /// The host of `api_server_endpoint` (the control-plane node's address).
+    pub api_server_host: IpAddr,
+    /// Where the control-plane files are (`ca.crt`, `ca.key`, …).
+    pub pki_dir: PathBuf,
+    /// Sustained requests per second per attestation key.
+    pub rate_per_second: f64,
+    /// Burst per attestation key.
+    pub burst: u32,
+}
+
+/// The join service: verifies what attestation cannot (who the node is, per the metadata;
+/// which disk it may open) and issues join and rejoin tickets.
+pub struct JoinService<M, K, S> {
+    inner: Arc<Inner<M, K, S>>,
+}
+
+impl<M, K, S> Clone for JoinService<M, K, S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+struct Inner<M, K, S> {
+    metadata: M,
+    keys: K,
+    state: S,
+    ca: ClusterCa,
+    discovery_hash: String,
+    config: JoinConfig,
+    limiter: RateLimiter,
+    metrics: Metrics,
+    instances: Mutex<Option<(Instant, Arc<Vec<InstanceMetadata>>)>>,
+}
+
+/// What the attested peer is.
+struct Peer<'a> {
+    ak: &'a str,
+    ip: IpAddr,
+}
+
+impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
+    /// A service issuing tickets signed by `ca`, with keys from `keys`, identities from
+    /// `metadata` and membership in `state`.
+    pub fn new(
+        metadata: M,
+        keys: K,
+        state: S,
+        ca: ClusterCa,
+        config: JoinConfig,
+        metrics: Metrics,
+    ) -> Result<Self, JoinError> {
+        let discovery_hash = ca
+            .discovery_hash()
+            .map_err(|e| JoinError::internal("computing the discovery hash", e))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                metadata,
+                keys,
+                state,
+                ca,
+                discovery_hash,
+                limiter: RateLimiter::new(config.rate_per_second, config.burst),
+                config,
+                metrics,
+                instances: Mutex::new(None),
+            }),
+        })
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    /// The cluster state.
+    pub fn state(&self) -> &S {
+        &self.inner.state
+    }
+
+    fn peer<'a>(&self, peer: &'a VerifiedPeer) -> Result<Peer<'a>, JoinError> {
+        let ip = peer
+            .remote_addr()
+            .map(|a| a.ip().to_canonical())
+            .ok_or(JoinError::NotAttested)?;
+        let ak = peer.evidence().identity();
+        if !self.inner.limiter.allow(ak, Instant::now()) {
+            return Err(JoinError::RateLimited);
+        }
+        Ok(Peer { ak, ip })
+    }
+
+    /// The instance whose VPC IP is the peer's address.
+    async fn identify(&self, ip: IpAddr) -> Result<InstanceMetadata, JoinError> {
+        let cached = self
+            .inner
+            .instances
+            .lock()
+            .ok()
+            .and_then(|c| c.clone())
+            .filter(|(at, _)| at.elapsed() < METADATA_CACHE_TTL)
+            .map(|(_, list)| list);
+        let list = match cached {
+            Some(list) => list,
+            None => {
+                let list = Arc::new(
+                    self.inner
+                        .metadata
+                        .list()
+                        .await
+                        .map_err(JoinError::MetadataUnavailable)?,
+                );
+                if let Ok(mut c) = self.inner.instances.lock() {
+                    *c = Some((Instant::now(), list.clone()));
+                }
+                list
+            }
+        };
+        find_by_ip(&list, ip)
+            .cloned()
+            .ok_or_else(|| JoinError::Denied {
+                reason: DenyReason::UnknownPeer,
+                detail: format!("no instance in the metadata has address {ip}"),
+            })
+    }
+
+    async fn key(&self, id: KeyId) -> Result<DataKey, JoinError> {
+        Ok(self.inner.keys.data_key(&id, STATE_DISK_KEY_LEN).await?)
+    }
+
+    /// `IssueJoinTicket` (REFERENCE §6.2), with the authorization checks of
+    /// docs/join-service.md in their order.
+    pub async fn issue_join_ticket(
+        &self,
+        verified: &VerifiedPeer,
+        req: IssueJoinTicketRequest,
+    ) -> Result<IssueJoinTicketResponse, JoinError> {
+        let peer = self.peer(verified)?;
+
+        // Decode: anything malformed is the caller's mistake.
+        let disk = DiskUuid::parse(&req.disk_uuid).map_err(|e| JoinError::Invalid {
+            field: "disk_uuid",
+            detail: e.to_string(),
+        })?;
+        let csr = KubeletCsr::parse(&req.certificate_request).map_err(|e| JoinError::Invalid {
+            field: "certificate_request",
+            detail: e.to_string(),
+        })?;
+        let host_key =
+            parse_wire_public_key(&req.host_public_key).map_err(|e| JoinError::Invalid {
+                field: "host_public_key",
+                detail: e.to_string(),
+            })?;
+        let principals = if req.host_certificate_principals.is_empty() {
+            // The original falls back to "ip:port", which is no host name (REFERENCE §14
+            // item 15); the address alone is.
+            vec![peer.ip.to_string()]
+        } else {
+            req.host_certificate_principals
+        };
+
+        // Who is it? The metadata, by source address, decides; attestation alone does not
+        // (REFERENCE §14 item 3).
+        let instance = self.identify(peer.ip).await?;
+        if csr.node_name() != instance.name {
+            return Err(JoinError::Denied {
+                reason: DenyReason::NodeNameMismatch,
+                detail: format!(
+                    "the certificate request names node {:?}, but {} is {:?}",
+                    csr.node_name(),
+                    peer.ip,
+                    instance.name
+                ),
+            });
+        }
+        if let Some(ip) = csr
+            .ip_addresses()
+            .iter()
+            .find(|ip| !instance.has_vpc_ip(**ip))
+        {
+            return Err(JoinError::Denied {
+                reason: DenyReason::IpMismatch,
+                detail: format!(
+                    "the certificate request asks for address {ip}, which is not {}'s",
+                    instance.name
+                ),
+            });
+        }
+        let wants_cp = req.is_control_plane;
+        let role_ok = match instance.role {
+            Role::ControlPlane => wants_cp,
+            Role::Worker => !wants_cp,
+            Role::Unknown => false,
+        };
+        if !role_ok {
+            return Err(JoinError::Denied {
+                reason: DenyReason::RoleMismatch,
+                detail: format!(
+                    "is_control_plane is {wants_cp}, but {} has role {}",
+                    instance.name, instance.role
+                ),
+            });
+        }
+        self.inner
+            .state
+            .check_disk(&disk, peer.ak)
+            .await
+            .map_err(state_error)?;
+
+        // Keys, certificates, files.
+        let (measurement_secret, disk_key, ssh_seed) = futures::try_join!(
+            self.key(KeyId::MeasurementSecret),
+            self.key(KeyId::Disk(disk.clone())),
+            self.key(KeyId::EmergencySshCa),
+        )?;
+        let ssh_ca = SshCa::from_seed(&ssh_seed)
+            .map_err(|e| JoinError::internal("building the SSH CA", e))?;
+        drop(ssh_seed);
+        let now = SystemTime::now();
+        let host_cert = ssh_ca
+            .sign_host_certificate(&host_key, &principals, now)
+            .and_then(|c| c.to_authorized_keys_line())
+            .map_err(|e| match e {
+                SshError::Principals(_) => JoinError::Invalid {
+                    field: "host_certificate_principals",
+                    detail: e.to_string(),
+                },
+                other => JoinError::internal("signing the SSH host certificate", other),
+            })?;
+        let kubelet_cert = self
+            .inner
+            .ca
+            .sign_kubelet(&csr, now)
+            .map_err(|e| JoinError::internal("signing the kubelet certificate", e))?;
+        let control_plane_files = if wants_cp {
+            self.control_plane_files().await?
+        } else {
+            Vec::new()
+        };
+
+        // Record the admission (and bind the disk) atomically; only then release anything.
+        let token = self
+            .inner
+            .state
+            .admit(Admission {
+                name: instance.name.clone(),
+                role: instance.role,
+                ak: peer.ak.to_owned(),
+                disk: disk.clone(),
+                now,
+            })
+            .await
+            .map_err(state_error)?;
+
+        tracing::info!(
+            node = %instance.name,
+            role = %instance.role,
+            peer = %peer.ip,
+            ak = peer.ak,
+            disk = %disk,
+            token_id = token.id(),
+            control_plane_files = control_plane_files.len(),
+            "node joined: issued a join ticket"
+        );
+        Ok(IssueJoinTicketResponse {
+            state_disk_key: disk_key.expose_secret().to_vec(),
+            measurement_salt: self.inner.config.measurement_salt.clone(),
+            measurement_secret: measurement_secret.expose_secret().to_vec(),
+            kubelet_cert: kubelet_cert.into_bytes(),
+            api_server_endpoint: std::net::SocketAddr::new(
+                self.inner.config.api_server_host,
+                API_SERVER_PORT,
+            )
+            .to_string(),
+            token: token.expose_secret().to_owned(),
+            discovery_token_ca_cert_hash: self.inner.discovery_hash.clone(),
+            control_plane_files,
+            kubernetes_version: String::new(),
+            kubernetes_components: Vec::new(),
+            authorized_ca_public_key: ssh_ca.authorized_keys_line().into_bytes(),
+            host_certificate: host_cert.into_bytes(),
+        })
+    }
+
+    /// `IssueRejoinTicket` (REFERENCE §6.3): the disk key and the measurement secret, for a
+    /// node of the metadata whose disk is unbound or bound to its attestation key.
+    pub async fn issue_rejoin_ticket(
+        &self,
+        verified: &VerifiedPeer,
+        req: IssueRejoinTicketRequest,
+    ) -> Result<IssueRejoinTicketResponse, JoinError> {
+        let peer = self.peer(verified)?;
+        let disk = DiskUuid::parse(&req.disk_uuid).map_err(|e| JoinError::Invalid {
+            field: "disk_uuid",
+            detail: e.to_string(),
+        })?;
+        let instance = self.identify(peer.ip).await?;
+        self.inner
+            .state
+            .bind_disk(&disk, peer.ak, SystemTime::now())
+            .await
+            .map_err(state_error)?;
+        let (measurement_secret, disk_key) = futures::try_join!(
+            self.key(KeyId::MeasurementSecret),
+            self.key(KeyId::Disk(disk.clone())),
+        )?;
+        tracing::info!(node = %instance.name, peer = %peer.ip, ak = peer.ak, disk = %disk, "issued a rejoin ticket");
+        Ok(IssueRejoinTicketResponse {
+            state_disk_key: disk_key.expose_secret().to_vec(),
+            measurement_secret: measurement_secret.expose_secret().to_vec(),
+        })
+    }
+
+    async fn control_plane_files(&self) -> Result<Vec<ControlPlaneCertOrKey>, JoinError> {
+        let dir = self.inner.config.pki_dir.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut out = Vec::new();
+            for name in CONTROL_PLANE_FILES {
+                let path = dir.join(name);
+                match read_capped(&path) {
+                    Ok(data) => out.push(ControlPlaneCertOrKey {
+                        name: name.to_owned(),
+                        data,
+                    }),
+                    Err(e)
+                        if e.kind() == std::io::ErrorKind::NotFound
+                            && !REQUIRED_CONTROL_PLANE_FILES.contains(&name) =>
+                    {
+                        tracing::debug!(file = %path.display(), "control-plane file absent; not sent");
+                    }
+                    Err(e) => {
+                        return Err(JoinError::internal(
+                            "reading the control-plane files",
+                            std::io::Error::new(e.kind(), format!("{}: {e}", path.display())),
+                        ));
+                    }
+                }
+            }
+            Ok(out)
+        })
+        .await
+        .map_err(|e| JoinError::internal("reading the control-plane files", e))?
+    }
+
+    /// Logs and counts the outcome of one request and turns it into a gRPC answer; the
+    /// only place errors become statuses.
+    fn finish<T>(
+        &self,
+        kind: &'static str,
+        request_peer: String,
+        started: Instant,
+        result: Result<T, JoinError>,
+    ) -> Result<Response<T>, Status> {
+        let metrics = &self.inner.metrics;
+        metrics.observe(kind, started.elapsed().as_secs_f64());
+        match result {
+            Ok(response) => {
+                metrics.issued(kind);
+                Ok(Response::new(response))
+            }
+            Err(e) => {
+                metrics.rejected(kind, e.reason());
+                let status = e.to_status();
+                match &e {
+                    JoinError::Internal { .. }
+                    | JoinError::KeyServiceUnavailable(_)
+                    | JoinError::MetadataUnavailable(_) => {
+                        tracing::error!(kind, peer = %request_peer, reason = e.reason(), error = %chain(&e), "ticket request failed");
+                    }
+                    _ => {
+                        tracing::warn!(kind, peer = %request_peer, reason = e.reason(), error = %chain(&e), "refused a ticket request");
+                    }
+                }
+                Err(status)
+            }
+        }
+    }
+}
+
+fn state_error(e: StateError) -> JoinError {
+    match e {
+        StateError::DiskBoundToOtherKey { uuid } => JoinError::Denied {
+            reason: DenyReason::DiskBoundToOtherKey,
+            detail: format!("disk {uuid} belongs to another attestation key"),
+        },
+        other => JoinError::internal("updating the cluster state", other),
+    }
+}
+
+fn read_capped(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read as _;
+    let file = std::fs::File::open(path)?;
+    let mut data = Vec::new();
+    file.take(MAX_CONTROL_PLANE_FILE_LEN + 1)
+        .read_to_end(&mut data)?;
+    if data.len() as u64 > MAX_CONTROL_PLANE_FILE_LEN {
+        return Err(std::io::Error::other("larger than 1 MiB"));
+    }
+    Ok(data)
+}
+
+fn describe(peer: Option<&VerifiedPeer>) -> String {
+    match peer {
+        Some(p) => format!(
+            "{} (ak {})",
+            p.remote_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_else(|| "?".into()),
+            p.evidence().identity()
+        ),
+        None => "unattested".into(),
+    }
+}
+
+#[tonic::async_trait]
+impl<M, K, S> Api for JoinService<M, K, S>
+where
+    M: Metadata + 'static,
+    K: KeySource,
+    S: ClusterState,
+{
+    async fn issue_join_ticket(
+        &self,
+        request: Request<IssueJoinTicketRequest>,
+    ) -> Result<Response<IssueJoinTicketResponse>, Status> {
+        let started = Instant::now();
+        let peer = asterism_atls::verified_peer(&request).ok().cloned();
+        let who = describe(peer.as_ref());
+        let result = match &peer {
+            Some(p) => JoinService::issue_join_ticket(self, p, request.into_inner()).await,
+            None => Err(JoinError::NotAttested),
+        };
+        self.finish("join", who, started, result)
+    }
+
+    async fn issue_rejoin_ticket(
+        &self,
+        request: Request<IssueRejoinTicketRequest>,
+    ) -> Result<Response<IssueRejoinTicketResponse>, Status> {
+        let started = Instant::now();
+        let peer = asterism_atls::verified_peer(&request).ok().cloned();
+        let who = describe(peer.as_ref());
+        let result = match &peer {
+            Some(p) => JoinService::issue_rejoin_ticket(self, p, request.into_inner()).await,
+            None => Err(JoinError::NotAttested),
+        };
+        self.finish("rejoin", who, started, result)
+    }
+}

@@ -1,0 +1,536 @@
+//! The cluster's membership state: bootstrap tokens, members and disk bindings, behind the
+//! [`ClusterState`] trait. The default implementation, [`RedbState`], keeps them in an
+//! embedded database file (redb) so they survive restarts.
+
+use asterism_kms::DiskUuid;
+use asterism_metadata::Role;
+use redb::{Database, ReadableDatabase as _, ReadableTable as _, TableDefinition};
+use ring::rand::{SecureRandom, SystemRandom};
+use serde::{Deserialize, Serialize};
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use zeroize::Zeroizing;
+
+/// How long a minted bootstrap token is valid (REFERENCE §6.4).
+pub const TOKEN_TTL: Duration = Duration::from_secs(15 * 60);
+/// A stored token is handed out again while it has at least this long left.
+pub const TOKEN_MIN_REMAINING: Duration = Duration::from_secs(5 * 60);
+
+const MEMBERS: TableDefinition<&str, &[u8]> = TableDefinition::new("members");
+const DISKS: TableDefinition<&str, &[u8]> = TableDefinition::new("disk_bindings");
+const TOKENS: TableDefinition<&str, &[u8]> = TableDefinition::new("bootstrap_tokens");
+
+/// Why a state operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// The disk UUID is bound to another attestation key.
+    #[error("disk {uuid} is bound to another attestation key")]
+    DiskBoundToOtherKey {
+        /// The disk.
+        uuid: String,
+    },
+    /// The store failed.
+    #[error("cluster state store: {0}")]
+    Store(String),
+}
+
+fn store<E: std::fmt::Display>(e: E) -> StateError {
+    StateError::Store(e.to_string())
+}
+
+/// A kubeadm bootstrap token `[a-z0-9]{6}.[a-z0-9]{16}`. Secret: not `Clone`, redacted
+/// `Debug`, wiped on drop.
+pub struct BootstrapToken {
+    token: Zeroizing<String>,
+    expires: SystemTime,
+}
+
+impl BootstrapToken {
+    /// Mints a random token expiring at `expires`.
+    pub fn generate(expires: SystemTime) -> Result<Self, StateError> {
+        const ALPHABET: &[u8; 36] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+        let rng = SystemRandom::new();
+        let mut out = Zeroizing::new(String::with_capacity(23));
+        let mut buf = [0u8; 64];
+        while out.len() < 23 {
+            rng.fill(&mut buf)
+                .map_err(|_| StateError::Store("no randomness".into()))?;
+            for b in buf {
+                if out.len() == 6 {
+                    out.push('.');
+                }
+                // Rejection sampling keeps the 36 characters uniform.
+                if let Some(c) = ALPHABET
+                    .get(usize::from(b % 36))
+                    .filter(|_| b < 252 && out.len() < 23)
+                {
+                    out.push(char::from(*c));
+                }
+            }
+        }
+        buf.fill(0);
+        Ok(Self {
+            token: out,
+            expires,
+        })
+    }
+
+    /// The token text (`id.secret`). Keep it out of logs.
+    pub fn expose_secret(&self) -> &str {
+        &self.token
+    }
+
+    /// The token ID (the public part before the dot).
+    pub fn id(&self) -> &str {
+        self.token.split('.').next().unwrap_or_default()
+    }
+
+    /// When the token expires.
+    pub fn expires(&self) -> SystemTime {
+        self.expires
+    }
+}
+
+impl std::fmt::Debug for BootstrapToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BootstrapToken")
+            .field("id", &self.id())
+            .field("expires", &self.expires)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A node admitted to the cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    /// Node name (from the metadata, equal to the CSR's).
+    pub name: String,
+    /// Role.
+    pub role: String,
+    /// The attested AK identity of the node's last ticket.
+    pub ak: String,
+    /// When the node was first admitted (Unix seconds).
+    pub admitted_at: u64,
+    /// When the node last received a ticket (Unix seconds).
+    pub last_ticket_at: u64,
+    /// How many join tickets the node has received.
+    pub tickets: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct DiskRecord {
+    ak: String,
+    bound_at: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct TokenRecord {
+    token: String,
+    expires: u64,
+}
+
+/// What a successful join records: the node, its role, its attested identity and disk.
+#[derive(Debug, Clone)]
+pub struct Admission {
+    /// Node name.
+    pub name: String,
+    /// Role.
+    pub role: Role,
+    /// The attested AK identity.
+    pub ak: String,
+    /// The state disk.
+    pub disk: DiskUuid,
+    /// Now.
+    pub now: SystemTime,
+}
+
+/// The cluster state the join service needs. Every method is atomic.
+pub trait ClusterState: Send + Sync + 'static {
+    /// Succeeds if `disk` is unbound or bound to `ak`; writes nothing.
+    fn check_disk(
+        &self,
+        disk: &DiskUuid,
+        ak: &str,
+    ) -> impl Future<Output = Result<(), StateError>> + Send;
+
+    /// Binds `disk` to `ak` if it is unbound; succeeds if it is bound to `ak`; fails with
+    /// [`StateError::DiskBoundToOtherKey`] if another key holds it.
+    fn bind_disk(
+        &self,
+        disk: &DiskUuid,
+        ak: &str,
+        now: SystemTime,
+    ) -> impl Future<Output = Result<(), StateError>> + Send;
+
+    /// In one transaction: binds the disk (as [`ClusterState::bind_disk`]), records the
+    /// member (one record per node name), and returns a bootstrap token (a stored one with at
+    /// least [`TOKEN_MIN_REMAINING`] left, or a new one valid for [`TOKEN_TTL`]). Nothing is
+    /// written if the disk belongs to another key.
+    fn admit(
+        &self,
+        admission: Admission,
+    ) -> impl Future<Output = Result<BootstrapToken, StateError>> + Send;
+
+    /// All members, by name.
+    fn members(&self) -> impl Future<Output = Result<Vec<Member>, StateError>> + Send;
+}
+
+fn unix(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// [`ClusterState`] in an embedded redb database (`<state dir>/cluster-state.redb`, mode
+/// 0600 in a 0700 directory: it holds bootstrap tokens).
+#[derive(Clone)]
+pub struct RedbState {
+    db: Arc<Database>,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for RedbState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedbState")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+impl RedbState {
+    /// The database file's name in the state directory.
+    pub const FILE_NAME: &'static str = "cluster-state.redb";
+
+    /// Opens (or creates) the store in `dir`, creating `dir` with mode 0700 if needed.
+    pub fn open(dir: &Path) -> Result<Self, StateError> {
+        use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| StateError::Store(format!("creating {}: {e}", dir.display())))?;
+        let path = dir.join(Self::FILE_NAME);
+        let db = Database::create(&path)
+            .map_err(|e| StateError::Store(format!("opening {}: {e}", path.display())))?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| StateError::Store(format!("restricting {}: {e}", path.display())))?;
+        let txn = db.begin_write().map_err(store)?;
+        {
+            txn.open_table(MEMBERS).map_err(store)?;
+            txn.open_table(DISKS).map_err(store)?;
+            txn.open_table(TOKENS).map_err(store)?;
+        }
+        txn.commit().map_err(store)?;
+        Ok(Self {
+            db: Arc::new(db),
+            path,
+        })
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Database) -> Result<T, StateError> + Send + 'static,
+    ) -> Result<T, StateError> {
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || f(&db))
+            .await
+            .map_err(store)?
+    }
+}
+
+fn bind_in(
+    table: &mut redb::Table<&str, &[u8]>,
+    disk: &str,
+    ak: &str,
+    now: u64,
+) -> Result<(), StateError> {
+    let existing = table
+        .get(disk)
+        .map_err(store)?
+        .map(|v| serde_json::from_slice::<DiskRecord>(v.value()))
+        .transpose()
+        .map_err(store)?;
+    match existing {
+        Some(record) if record.ak == ak => Ok(()),
+        Some(_) => Err(StateError::DiskBoundToOtherKey {
+            uuid: disk.to_owned(),
+        }),
+        None => {
+            let record = serde_json::to_vec(&DiskRecord {
+                ak: ak.to_owned(),
+                bound_at: now,
+            })
+            .map_err(store)?;
+            table.insert(disk, record.as_slice()).map_err(store)?;
+            Ok(())
+        }
+    }
+}
+
+impl ClusterState for RedbState {
+    async fn check_disk(&self, disk: &DiskUuid, ak: &str) -> Result<(), StateError> {
+        let (disk, ak) = (disk.as_str().to_owned(), ak.to_owned());
+        self.blocking(move |db| {
+            let read = db.begin_read().map_err(store)?;
+            let table = read.open_table(DISKS).map_err(store)?;
+            match table.get(disk.as_str()).map_err(store)? {
+                None => Ok(()),
+                Some(v) => {
+                    let record: DiskRecord = serde_json::from_slice(v.value()).map_err(store)?;
+                    if record.ak == ak {
+                        Ok(())
+                    } else {
+                        Err(StateError::DiskBoundToOtherKey { uuid: disk })
+                    }
+                }
+            }
+        })
+        .await
+    }
+
+    async fn bind_disk(
+        &self,
+        disk: &DiskUuid,
+        ak: &str,
+        now: SystemTime,
+    ) -> Result<(), StateError> {
+        let (disk, ak) = (disk.as_str().to_owned(), ak.to_owned());
+        self.blocking(move |db| {
+            // Most calls find the binding already there: check without a write transaction.
+            {
+                let read = db.begin_read().map_err(store)?;
+                let table = read.open_table(DISKS).map_err(store)?;
+                if let Some(v) = table.get(disk.as_str()).map_err(store)? {
+                    let record: DiskRecord = serde_json::from_slice(v.value()).map_err(store)?;
+                    return if record.ak == ak {
+                        Ok(())
+                    } else {
+                        Err(StateError::DiskBoundToOtherKey { uuid: disk })
+                    };
+                }
+            }
+            let txn = db.begin_write().map_err(store)?;
+            {
+                let mut table = txn.open_table(DISKS).map_err(store)?;
+                bind_in(&mut table, &disk, &ak, unix(now))?;
+            }
+            txn.commit().map_err(store)
+        })
+        .await
+    }
+
+    async fn admit(&self, a: Admission) -> Result<BootstrapToken, StateError> {
+        self.blocking(move |db| {
+            let now = unix(a.now);
+            let txn = db.begin_write().map_err(store)?;
+            let token = {
+                let mut disks = txn.open_table(DISKS).map_err(store)?;
+                bind_in(&mut disks, a.disk.as_str(), &a.ak, now)?;
+
+                let mut members = txn.open_table(MEMBERS).map_err(store)?;
+                let previous = members
+                    .get(a.name.as_str())
+                    .map_err(store)?
+                    .map(|v| serde_json::from_slice::<Member>(v.value()))
+                    .transpose()
+                    .map_err(store)?;
+                let member = match previous {
+                    Some(p) => {
+                        if p.ak != a.ak {
+                            tracing::warn!(node = %a.name, old_ak = %p.ak, new_ak = %a.ak, "member re-admitted with a different attestation key");
+                        }
+                        Member {
+                            role: a.role.to_string(),
+                            ak: a.ak.clone(),
+                            last_ticket_at: now,
+                            tickets: p.tickets.saturating_add(1),
+                            ..p
+                        }
+                    }
+                    None => Member {
+                        name: a.name.clone(),
+                        role: a.role.to_string(),
+                        ak: a.ak.clone(),
+                        admitted_at: now,
+                        last_ticket_at: now,
+                        tickets: 1,
+                    },
+                };
+                let bytes = serde_json::to_vec(&member).map_err(store)?;
+                members
+                    .insert(a.name.as_str(), bytes.as_slice())
+                    .map_err(store)?;
+
+                let mut tokens = txn.open_table(TOKENS).map_err(store)?;
+                let min_expiry = now.saturating_add(TOKEN_MIN_REMAINING.as_secs());
+                let mut reusable = None;
+                let mut expired = Vec::new();
+                for entry in tokens.iter().map_err(store)? {
+                    let (k, v) = entry.map_err(store)?;
+                    let record: TokenRecord =
+                        serde_json::from_slice(v.value()).map_err(store)?;
+                    if record.expires <= now {
+                        expired.push(k.value().to_owned());
+                    } else if record.expires >= min_expiry
+                        && reusable.as_ref().is_none_or(|(_, e): &(Zeroizing<String>, u64)| record.expires > *e)
+                    {
+                        reusable = Some((Zeroizing::new(record.token), record.expires));
+                    }
+                }
+                for k in expired {
+                    tokens.remove(k.as_str()).map_err(store)?;
+                }
+                match reusable {
+                    Some((token, expires)) => BootstrapToken {
+                        token,
+                        expires: UNIX_EPOCH + Duration::from_secs(expires),
+                    },
+                    None => {
+                        let expires = now.saturating_add(TOKEN_TTL.as_secs());
+                        let token = BootstrapToken::generate(UNIX_EPOCH + Duration::from_secs(expires))?;
+                        let record = Zeroizing::new(
+                            serde_json::to_vec(&TokenRecord {
+                                token: token.expose_secret().to_owned(),
+                                expires,
+                            })
+                            .map_err(store)?,
+                        );
+                        tokens
+                            .insert(token.id(), record.as_slice())
+                            .map_err(store)?;
+                        tracing::info!(token_id = token.id(), expires_in_secs = TOKEN_TTL.as_secs(), "minted a bootstrap token");
+                        token
+                    }
+                }
+            };
+            txn.commit().map_err(store)?;
+            Ok(token)
+        })
+        .await
+    }
+
+    async fn members(&self) -> Result<Vec<Member>, StateError> {
+        self.blocking(|db| {
+            let read = db.begin_read().map_err(store)?;
+            let table = read.open_table(MEMBERS).map_err(store)?;
+            let mut out = Vec::new();
+            for entry in table.iter().map_err(store)? {
+                let (_, v) = entry.map_err(store)?;
+                out.push(serde_json::from_slice(v.value()).map_err(store)?);
+            }
+            Ok(out)
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn admission(name: &str, ak: &str, disk: &str, now: SystemTime) -> Admission {
+        Admission {
+            name: name.into(),
+            role: Role::Worker,
+            ak: ak.into(),
+            disk: DiskUuid::parse(disk).unwrap(),
+            now,
+        }
+    }
+
+    const D1: &str = "11111111-1111-1111-1111-111111111111";
+    const D2: &str = "22222222-2222-2222-2222-222222222222";
+
+    #[test]
+    fn tokens_have_the_kubeadm_format() {
+        for _ in 0..100 {
+            let t = BootstrapToken::generate(SystemTime::now()).unwrap();
+            let s = t.expose_secret();
+            let (id, secret) = s.split_once('.').unwrap();
+            assert_eq!((id.len(), secret.len()), (6, 16), "{s}");
+            assert!(
+                id.bytes()
+                    .chain(secret.bytes())
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+            );
+            assert!(!format!("{t:?}").contains(secret));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_disk_stays_with_the_first_key_that_asked_for_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = RedbState::open(dir.path()).unwrap();
+        let now = SystemTime::now();
+        let d = DiskUuid::parse(D1).unwrap();
+        s.bind_disk(&d, "ak-a", now).await.unwrap();
+        s.bind_disk(&d, "ak-a", now).await.unwrap();
+        assert!(matches!(
+            s.bind_disk(&d, "ak-b", now).await,
+            Err(StateError::DiskBoundToOtherKey { .. })
+        ));
+        // Admission with a foreign disk writes nothing.
+        assert!(s.admit(admission("n", "ak-b", D1, now)).await.is_err());
+        assert!(s.members().await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn tokens_are_reused_while_they_have_five_minutes_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = RedbState::open(dir.path()).unwrap();
+        let t0 = UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let a = s.admit(admission("a", "ak-a", D1, t0)).await.unwrap();
+        let b = s
+            .admit(admission("b", "ak-b", D2, t0 + Duration::from_secs(9 * 60)))
+            .await
+            .unwrap();
+        assert_eq!(a.expose_secret(), b.expose_secret());
+        assert_eq!(a.expires(), t0 + TOKEN_TTL);
+        // 10 min 1 s later the token has less than 5 min left: a new one.
+        let c = s
+            .admit(admission(
+                "b",
+                "ak-b",
+                D2,
+                t0 + Duration::from_secs(10 * 60 + 1),
+            ))
+            .await
+            .unwrap();
+        assert_ne!(a.expose_secret(), c.expose_secret());
+    }
+
+    #[tokio::test]
+    async fn one_member_per_name_and_the_state_survives_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let now = UNIX_EPOCH + Duration::from_secs(2_000_000);
+        let token = {
+            let s = RedbState::open(dir.path()).unwrap();
+            s.admit(admission("n", "ak-a", D1, now)).await.unwrap();
+            s.admit(admission("n", "ak-a", D1, now + Duration::from_secs(5)))
+                .await
+                .unwrap()
+                .expose_secret()
+                .to_owned()
+        };
+        let s = RedbState::open(dir.path()).unwrap();
+        let members = s.members().await.unwrap();
+        assert_eq!(members.len(), 1);
+        assert_eq!(members[0].admitted_at, 2_000_000);
+        assert_eq!(members[0].last_ticket_at, 2_000_005);
+        assert_eq!(members[0].tickets, 2);
+        let again = s
+            .admit(admission("m", "ak-b", D2, now + Duration::from_secs(6)))
+            .await
+            .unwrap();
+        assert_eq!(again.expose_secret(), token);
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(dir.path().join(RedbState::FILE_NAME))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+}

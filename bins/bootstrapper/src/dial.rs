@@ -74,7 +74,7 @@ impl Dialer {
         })
     }
 
-    /// Whether the dialer verifies the join service (mutual mode).
+    /// The address outgoing connections leave from.
     #[must_use]
     pub fn local_ip(&self) -> IpAddr {
         self.local_ip

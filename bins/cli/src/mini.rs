@@ -843,11 +843,7 @@ fn member_verdict(members: &serde_json::Value, name: &str) -> String {
         });
     match found {
         Some(m) => {
-            let ak = m
-                .get("ak_identity")
-                .or_else(|| m.get("akIdentity"))
-                .and_then(|v| v.as_str())
-                .unwrap_or("?");
+            let ak = m.get("ak").and_then(|v| v.as_str()).unwrap_or("?");
             format!(
                 "verified by join service (tpm-quote AK {})",
                 ak.get(..12).unwrap_or(ak)

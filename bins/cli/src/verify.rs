@@ -28,6 +28,27 @@ pub struct Args {
     trust: TrustArgs,
 }
 
+impl Args {
+    /// Arguments to verify the node at `endpoint` of the cluster whose workspace is
+    /// `workspace`, trusting AKs of `platform_ca` and expecting `measurements`.
+    pub fn for_node(
+        endpoint: &str,
+        workspace: &std::path::Path,
+        platform_ca: &std::path::Path,
+        measurements: &std::path::Path,
+    ) -> Self {
+        Self {
+            endpoint: endpoint.to_string(),
+            workspace: Some(workspace.to_path_buf()),
+            trust: TrustArgs {
+                platform_ca: Some(platform_ca.to_path_buf()),
+                pinned_ak: Vec::new(),
+                measurements: measurements.to_path_buf(),
+            },
+        }
+    }
+}
+
 /// `SHA-256(0^32 || SHA-256(cluster ID))`: PCR 15 of a node marked with `cluster_id`.
 fn marker(cluster_id: &[u8]) -> [u8; 32] {
     let mut h = Sha256::new();

@@ -1,0 +1,339 @@
+//! A cluster in one process for the tests: metadata service, key service on a Unix
+//! socket, the join service over aTLS, and clients bound to node addresses.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use asterism_atls::{AtlsConfig, AtlsConnector, AtlsServer, Issuer};
+use asterism_attestation::{
+    AkFingerprint, AkTrust, ExpectedPcr, Measurements, PcrIndex, TpmQuoteValidator,
+};
+use asterism_join_service::{
+    JoinConfig, JoinService, KeyServiceAddress, KeyServiceClient, Limits, Metrics, RedbState,
+};
+use asterism_kms::{ClusterKms, KeyId, MasterSecret, Salt};
+use asterism_metadata::{HttpMetadata, InstanceMetadata, MetadataConfig, MetadataServer, Role};
+use asterism_pki::{ClusterCa, kubelet_key_and_csr};
+use asterism_proto::join::api_client::ApiClient;
+use asterism_proto::join::{IssueJoinTicketRequest, IssueJoinTicketResponse};
+use hyper_util::rt::TokioIo;
+use tokio::sync::watch;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+pub const CP: &str = "127.0.10.1";
+pub const W0: &str = "127.0.10.2";
+pub const W1: &str = "127.0.10.3";
+pub const DISK_A: &str = "aaaaaaaa-0000-4000-8000-00000000000a";
+pub const DISK_B: &str = "bbbbbbbb-0000-4000-8000-00000000000b";
+pub const SALT: &[u8] = b"measurement salt of 32 bytes....";
+
+pub fn instances() -> Vec<InstanceMetadata> {
+    let mk = |name: &str, role, ip: &str| InstanceMetadata {
+        name: name.into(),
+        provider_id: format!("asterism-local:///{name}"),
+        role,
+        vpc_ip: ip.into(),
+        secondary_ip_range: String::new(),
+        alias_ip_ranges: vec![],
+    };
+    vec![
+        mk("cp-0", Role::ControlPlane, CP),
+        mk("worker-0", Role::Worker, W0),
+        mk("worker-1", Role::Worker, W1),
+    ]
+}
+
+/// The KMS of the test cluster (master secret and salt all zero), to compute expected keys.
+pub fn kms() -> ClusterKms {
+    ClusterKms::new(
+        MasterSecret::new(vec![0; 32]).unwrap(),
+        Salt::new(vec![0; 32]).unwrap(),
+    )
+}
+
+pub fn expected_key(id: KeyId) -> Vec<u8> {
+    kms().data_key(&id, 32).unwrap().expose_secret().to_vec()
+}
+
+/// PCRs 0..=7 all zero, enforced (a fresh swtpm and a fresh software TPM both match).
+pub fn zero_measurements() -> Measurements {
+    Measurements::new((0..=7u8).map(|i| (PcrIndex::new(i).unwrap(), ExpectedPcr::enforce([0; 32]))))
+        .unwrap()
+}
+
+/// Everything but the join service, which tests start (and restart) themselves.
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub metadata_url: String,
+    pub key_socket: PathBuf,
+    stop: watch::Sender<bool>,
+}
+
+impl Cluster {
+    pub async fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        // Cluster CA in the PKI directory.
+        let pki = dir.path().join("pki");
+        std::fs::create_dir_all(&pki).unwrap();
+        let ca = ClusterCa::generate(std::time::SystemTime::now()).unwrap();
+        std::fs::write(pki.join("ca.crt"), ca.cert_pem()).unwrap();
+        asterism_pki::write_private(
+            &pki.join("ca.key"),
+            ca.key_pem().unwrap().expose_secret().as_bytes(),
+        )
+        .unwrap();
+
+        let (stop, stop_rx) = watch::channel(false);
+        let stopped = |mut rx: watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+
+        let listener = tokio::net::TcpListener::bind("127.0.10.254:0")
+            .await
+            .unwrap();
+        let metadata_url = format!("http://{}", listener.local_addr().unwrap());
+        let config = MetadataConfig {
+            instances: instances(),
+            init_secret_hash: String::new(),
+        };
+        tokio::spawn(MetadataServer::new(config).serve(listener, stopped(stop_rx.clone())));
+
+        let key_socket = dir.path().join("key-service.sock");
+        let ks = asterism_key_service::Listen::Unix(key_socket.clone())
+            .bind()
+            .await
+            .unwrap();
+        let service = asterism_key_service::KeyService::new(kms());
+        let rx = stop_rx.clone();
+        tokio::spawn(async move {
+            ks.serve(
+                service,
+                &asterism_key_service::Limits::default(),
+                stopped(rx),
+            )
+            .await
+        });
+        Self {
+            dir,
+            metadata_url,
+            key_socket,
+            stop,
+        }
+    }
+
+    pub fn pki_dir(&self) -> PathBuf {
+        self.dir.path().join("pki")
+    }
+
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    pub fn ca(&self) -> ClusterCa {
+        let p = self.pki_dir();
+        ClusterCa::from_pem(
+            &std::fs::read_to_string(p.join("ca.crt")).unwrap(),
+            &std::fs::read_to_string(p.join("ca.key")).unwrap(),
+        )
+        .unwrap()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+/// Options of one join service.
+pub struct Options {
+    pub pinned: Vec<AkFingerprint>,
+    pub measurements: Measurements,
+    pub burst: u32,
+    pub rate: f64,
+    pub key_socket: Option<PathBuf>,
+}
+
+impl Options {
+    pub fn pinning(pinned: Vec<AkFingerprint>) -> Self {
+        Self {
+            pinned,
+            measurements: zero_measurements(),
+            burst: 20,
+            rate: 10.0,
+            key_socket: None,
+        }
+    }
+}
+
+pub type Service = JoinService<HttpMetadata, KeyServiceClient, RedbState>;
+
+pub struct Running {
+    pub addr: SocketAddr,
+    pub http: SocketAddr,
+    pub service: Service,
+    stop: watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Running {
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        for t in self.tasks {
+            tokio::time::timeout(Duration::from_secs(15), t)
+                .await
+                .unwrap()
+                .unwrap();
+        }
+    }
+
+    pub async fn http_get(&self, path: &str) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(self.http).await.unwrap();
+        s.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out.split_once("\r\n\r\n").unwrap().1.to_owned()
+    }
+}
+
+pub async fn start_join_service(cluster: &Cluster, options: Options) -> Running {
+    let validator = TpmQuoteValidator::new(
+        AkTrust::pinned(options.pinned),
+        options.measurements.into_provider(),
+    );
+    let atls = AtlsServer::new(AtlsConfig::verifying(Arc::new(validator))).unwrap();
+    let keys = KeyServiceClient::new(&KeyServiceAddress::Unix(
+        options
+            .key_socket
+            .unwrap_or_else(|| cluster.key_socket.clone()),
+    ))
+    .unwrap();
+    let service = JoinService::new(
+        HttpMetadata::new(&cluster.metadata_url).unwrap(),
+        keys,
+        RedbState::open(&cluster.state_dir()).unwrap(),
+        cluster.ca(),
+        JoinConfig {
+            measurement_salt: SALT.to_vec(),
+            api_server_host: CP.parse().unwrap(),
+            pki_dir: cluster.pki_dir(),
+            rate_per_second: options.rate,
+            burst: options.burst,
+        },
+        Metrics::new(),
+    )
+    .unwrap();
+    let (stop, rx) = watch::channel(false);
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let listener = tokio::net::TcpListener::bind(format!("{CP}:0"))
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let http_listener = tokio::net::TcpListener::bind(format!("{CP}:0"))
+        .await
+        .unwrap();
+    let http = http_listener.local_addr().unwrap();
+    let s = service.clone();
+    let rx1 = rx.clone();
+    let grpc = tokio::spawn(async move {
+        let limits = Limits {
+            shutdown_grace: Duration::from_secs(1),
+            ..Limits::default()
+        };
+        asterism_join_service::serve(listener, atls, s, &limits, stopped(rx1))
+            .await
+            .unwrap();
+    });
+    let s = service.clone();
+    let web = tokio::spawn(async move {
+        asterism_join_service::serve_http(http_listener, s, stopped(rx))
+            .await
+            .unwrap();
+    });
+    Running {
+        addr,
+        http,
+        service,
+        stop,
+        tasks: vec![grpc, web],
+    }
+}
+
+/// A join.API client that attests with `issuer`, connecting from `from`.
+pub async fn client(
+    server: SocketAddr,
+    from: &str,
+    issuer: Arc<dyn Issuer>,
+) -> Result<ApiClient<Channel>, tonic::transport::Error> {
+    let connector = AtlsConnector::new(AtlsConfig::attesting(issuer)).unwrap();
+    let local: IpAddr = from.parse().unwrap();
+    let channel = Endpoint::from_shared(format!("http://{server}"))
+        .unwrap()
+        .timeout(Duration::from_secs(30))
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let connector = connector.clone();
+            async move {
+                let socket = tokio::net::TcpSocket::new_v4()?;
+                socket.bind(SocketAddr::new(local, 0))?;
+                let tcp = socket.connect(server).await?;
+                let stream = connector
+                    .connect(tcp, Some(server))
+                    .await
+                    .map_err(std::io::Error::other)?;
+                Ok::<_, std::io::Error>(TokioIo::new(stream))
+            }
+        }))
+        .await?;
+    Ok(ApiClient::new(channel))
+}
+
+/// A join request as the bootstrapper of node `name` (address `ip`) sends it.
+pub fn join_request(
+    name: &str,
+    ip: &str,
+    disk: &str,
+    control_plane: bool,
+) -> IssueJoinTicketRequest {
+    let kc = kubelet_key_and_csr(name, &[ip.parse().unwrap()]).unwrap();
+    let host = asterism_pki::HostKey::generate().unwrap();
+    IssueJoinTicketRequest {
+        disk_uuid: disk.into(),
+        certificate_request: kc.csr_der,
+        is_control_plane: control_plane,
+        host_public_key: host.public_key_wire().unwrap(),
+        host_certificate_principals: vec![ip.into(), name.into()],
+    }
+}
+
+pub async fn join(
+    server: SocketAddr,
+    from: &str,
+    issuer: Arc<dyn Issuer>,
+    req: IssueJoinTicketRequest,
+) -> Result<IssueJoinTicketResponse, tonic::Status> {
+    let mut c = client(server, from, issuer)
+        .await
+        .map_err(|e| tonic::Status::unavailable(format!("{e:?}")))?;
+    c.issue_join_ticket(req).await.map(|r| r.into_inner())
+}
+
+/// A software-TPM issuer whose AK tests pin.
+pub fn soft_node() -> (Arc<dyn Issuer>, AkFingerprint) {
+    use asterism_attestation::tpm::soft::{SoftAk, SoftTpm};
+    let tpm = SoftTpm::new(SoftAk::generate_ecdsa_p256().unwrap());
+    let fp = tpm.ak().fingerprint();
+    (Arc::new(tpm), fp)
+}
+
+pub fn path_str(p: &Path) -> String {
+    p.display().to_string()
+}

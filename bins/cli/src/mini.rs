@@ -17,8 +17,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Address of the metadata service of a local cluster.
-const METADATA_ADDR: &str = "127.0.10.254:8080";
+/// Port of the metadata service (on `127.0.<net>.254`).
+const METADATA_PORT: u16 = 8080;
 /// Port of every node's InitServer.
 const INIT_PORT: u16 = 9000;
 /// Port of the join service.
@@ -39,6 +39,10 @@ pub struct UpArgs {
     /// Number of worker nodes (there is one control-plane node).
     #[arg(long, default_value_t = 2)]
     pub workers: usize,
+    /// Loopback network of the cluster: nodes get `127.0.<net>.<n>`, the metadata service
+    /// `127.0.<net>.254`. Two clusters on one machine need different values.
+    #[arg(long, default_value_t = 10)]
+    pub net: u8,
     /// Directory holding the Asterism binaries (default: next to this executable).
     #[arg(long)]
     pub bin_dir: Option<PathBuf>,
@@ -87,7 +91,7 @@ pub struct Node {
     pub name: String,
     /// Whether it is the control-plane node.
     pub control_plane: bool,
-    /// Its loopback address (`127.0.10.<n>`).
+    /// Its loopback address (`127.0.<net>.<n>`).
     pub ip: String,
     /// Its directory.
     pub dir: PathBuf,
@@ -262,6 +266,8 @@ pub struct LocalCluster {
     pub init_secret_file: PathBuf,
     /// Where `asterism init` writes the workspace.
     pub workspace: PathBuf,
+    /// The metadata service's address.
+    pub metadata_addr: String,
 }
 
 impl LocalCluster {
@@ -272,7 +278,8 @@ impl LocalCluster {
     /// Creates the cluster directory, the platform CA and every node's provisioned swtpm
     /// (started, detached), the init secret, the metadata service (started) and the join
     /// service's expected measurements.
-    pub fn create(dir: &Path, workers: usize, bins: PathBuf) -> Result<Self> {
+    pub fn create(dir: &Path, workers: usize, net: u8, bins: PathBuf) -> Result<Self> {
+        let metadata_addr = format!("127.0.{net}.254:{METADATA_PORT}");
         let bin = |name: &str| bins.join(name);
         for name in [
             "asterism-provision",
@@ -347,7 +354,7 @@ impl LocalCluster {
             nodes.push(Node {
                 name,
                 control_plane,
-                ip: format!("127.0.10.{}", i + 1),
+                ip: format!("127.0.{net}.{}", i + 1),
                 dir: ndir,
                 tcti: swtpm.tcti(),
             });
@@ -357,7 +364,7 @@ impl LocalCluster {
         let measurements = cp.dir.join("attestation/measurements.json");
 
         // Metadata service with the instances and the init secret's bcrypt hash.
-        step(format!("starting the metadata service on {METADATA_ADDR}"));
+        step(format!("starting the metadata service on {metadata_addr}"));
         let init_secret = random_init_secret()?;
         let init_secret_file = dir.join("init-secret");
         write_private(&init_secret_file, init_secret.as_bytes())?;
@@ -381,12 +388,12 @@ impl LocalCluster {
         let meta_log = logs.join("metadata.log");
         spawn_service(
             &bin("asterism-metadata"),
-            &os(&[&"--listen", &METADATA_ADDR, &"--config", &meta_cfg]),
+            &os(&[&"--listen", &metadata_addr, &"--config", &meta_cfg]),
             &meta_log,
             &run.join("metadata.pid"),
         )?;
         wait_until("the metadata service", &meta_log, || {
-            tcp_ready(METADATA_ADDR)
+            tcp_ready(&metadata_addr)
         })?;
 
         // The join service's own evidence (mutual aTLS) comes from the control-plane TPM
@@ -402,6 +409,7 @@ impl LocalCluster {
         std::fs::write(&join_measurements, without_marker.to_json())?;
 
         Ok(Self {
+            metadata_addr,
             workspace: dir.join("workspace"),
             dir,
             bins,
@@ -423,6 +431,7 @@ impl LocalCluster {
         start_bootstrapper(
             &self.bin("asterism-bootstrapper"),
             node,
+            &self.metadata_addr,
             &self.platform_ca,
             &self.join_measurements,
         )
@@ -537,7 +546,7 @@ impl LocalCluster {
                 &"--state-dir",
                 &cp.dir.join("run/join-service"),
                 &"--metadata-url",
-                &format!("http://{METADATA_ADDR}"),
+                &format!("http://{}", self.metadata_addr),
                 &"--tpm",
                 &cp.tcti,
                 &"--ak-cert",
@@ -662,7 +671,7 @@ impl LocalCluster {
 /// `asterism mini up`.
 pub async fn up(args: UpArgs) -> Result<()> {
     let started = Instant::now();
-    let cluster = LocalCluster::create(&args.dir, args.workers, bin_dir(&args)?)?;
+    let cluster = LocalCluster::create(&args.dir, args.workers, args.net, bin_dir(&args)?)?;
     let (done, cp_result) = cluster.init().await?;
     cluster.start_key_service()?;
     cluster.start_join_service()?;
@@ -685,9 +694,10 @@ pub async fn up(args: UpArgs) -> Result<()> {
     let record = cluster.record(&done.cluster_id, &results)?;
     print_table(&record);
     eprintln!(
-        "local cluster up in {:.1} s; workspace {}\n  check a node: asterism verify --endpoint 127.0.10.2:{VERIFY_PORT} --workspace {} --platform-ca {} --measurements {}\n  stop it:      asterism mini down --dir {}",
+        "local cluster up in {:.1} s; workspace {}\n  check a node: asterism verify --endpoint 127.0.{}.2:{VERIFY_PORT} --workspace {} --platform-ca {} --measurements {}\n  stop it:      asterism mini down --dir {}",
         started.elapsed().as_secs_f64(),
         cluster.workspace.display(),
+        args.net,
         cluster.workspace.display(),
         cluster.platform_ca.display(),
         cluster.measurements.display(),
@@ -716,6 +726,7 @@ pub struct Booting {
 fn start_bootstrapper(
     program: &Path,
     n: &Node,
+    metadata_addr: &str,
     platform_ca: &Path,
     join_measurements: &Path,
 ) -> Result<Booting> {
@@ -737,7 +748,7 @@ fn start_bootstrapper(
             &"--ak-cert",
             &n.dir.join("attestation/ak-cert.der"),
             &"--metadata-url",
-            &format!("http://{METADATA_ADDR}"),
+            &format!("http://{metadata_addr}"),
             &"--kubernetes-driver",
             &"none",
             &"--join-retry-interval",
@@ -814,8 +825,9 @@ fn read_workspace(ws: &Path) -> Result<WorkspaceSecrets> {
     Ok((key, salt, hex::decode(c.measurement_salt)?))
 }
 
-/// The node's disk opens with the key derived from the master secret for its UUID, and no
-/// longer with the first-boot passphrase.
+/// The node's disk opens with the key derived from the master secret for its UUID, that
+/// key is the only keyslot left (the first-boot passphrase's slot is gone), and the header
+/// says the disk is initialised.
 fn disk_rekeyed(kms: &asterism_kms::ClusterKms, n: &Node) -> Result<bool> {
     let img = n.dir.join("state.img");
     let disk = asterism_disk::StateDisk::open(&img, asterism_disk::DiskConfig::local())?;
@@ -824,13 +836,8 @@ fn disk_rekeyed(kms: &asterism_kms::ClusterKms, n: &Node) -> Result<bool> {
         &asterism_kms::KeyId::Disk(uuid),
         asterism_kms::STATE_DISK_KEY_LEN,
     )?;
-    let derived_opens = disk.check_key(&key)?;
-    let initial = n.dir.join("state/initial.key");
-    let initial_opens = match std::fs::read(&initial) {
-        Ok(bytes) => disk.check_key(&asterism_kms::DataKey::new(bytes)?)?,
-        Err(_) => false,
-    };
-    Ok(derived_opens && !initial_opens)
+    let header = disk.validated_header()?;
+    Ok(disk.check_key(&key)? && header.keyslots().len() == 1 && disk.is_initialized()?)
 }
 
 fn member_verdict(members: &serde_json::Value, name: &str) -> String {

@@ -5,7 +5,12 @@
 //! The binaries are the workspace's own, built next to `asterism` (`cargo test --workspace`
 //! builds them all). Kubernetes cannot run here; the bootstrappers use the `none` driver.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 use asterism::mini::{LocalCluster, Node};
 use std::io::Write;
@@ -51,6 +56,18 @@ fn cryptsetup_opens(node: &Node, key: &[u8]) -> bool {
     child.wait().unwrap().success()
 }
 
+/// Number of LUKS2 keyslots in the node's disk header, read by the cryptsetup program.
+fn keyslots(node: &Node) -> usize {
+    let out = Command::new("cryptsetup")
+        .args(["luksDump", "--dump-json-metadata"])
+        .arg(node.dir.join("state.img"))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    json["keyslots"].as_object().unwrap().len()
+}
+
 fn wait_for(what: &str, deadline: Duration, mut done: impl FnMut() -> bool) {
     let start = Instant::now();
     while !done() {
@@ -80,7 +97,7 @@ fn member_names(cluster: &LocalCluster) -> Vec<String> {
 #[test]
 fn init_two_joins_verify_and_a_reboot_with_rejoin() {
     let tmp = tempfile::tempdir().unwrap();
-    let cluster = LocalCluster::create(&tmp.path().join("c"), 2, bins()).unwrap();
+    let cluster = LocalCluster::create(&tmp.path().join("c"), 2, 11, bins()).unwrap();
     let _teardown = Teardown(&cluster);
     let rt = runtime();
 
@@ -103,18 +120,22 @@ fn init_two_joins_verify_and_a_reboot_with_rejoin() {
     }
     assert_eq!(member_names(&cluster), ["worker-0", "worker-1"]);
 
-    // Independently of our crates: the derived key opens each disk, the first-boot
-    // passphrase no longer does.
+    // Independently of our crates: the derived key opens each disk, and it is the only
+    // key left (the first-boot passphrase's keyslot is gone).
     for node in &cluster.nodes {
         let key = cluster.derived_disk_key(node).unwrap();
         assert!(cryptsetup_opens(node, key.expose_secret()), "{}", node.name);
-        let initial = std::fs::read(node.dir.join("state/initial.key")).unwrap_or_default();
-        assert!(
-            !initial.is_empty(),
-            "{}: the first-boot key is kept for the check",
+        assert_eq!(
+            keyslots(node),
+            1,
+            "{}: only the derived key remains",
             node.name
         );
-        assert!(!cryptsetup_opens(node, &initial), "{}", node.name);
+        assert!(
+            !node.dir.join("state/initial.key").exists(),
+            "{}",
+            node.name
+        );
     }
 
     // `asterism verify` against a worker: fresh evidence, PCR 15 shows this cluster.
@@ -166,7 +187,7 @@ fn init_two_joins_verify_and_a_reboot_with_rejoin() {
 #[test]
 fn a_node_whose_pcrs_differ_is_refused_and_receives_nothing() {
     let tmp = tempfile::tempdir().unwrap();
-    let cluster = LocalCluster::create(&tmp.path().join("c"), 1, bins()).unwrap();
+    let cluster = LocalCluster::create(&tmp.path().join("c"), 1, 12, bins()).unwrap();
     let _teardown = Teardown(&cluster);
     let rt = runtime();
     rt.block_on(cluster.init()).unwrap();
@@ -201,6 +222,7 @@ fn a_node_whose_pcrs_differ_is_refused_and_receives_nothing() {
     );
     let initial = std::fs::read(worker.dir.join("state/initial.key")).unwrap();
     assert!(cryptsetup_opens(worker, &initial), "the disk is untouched");
+    assert_eq!(keyslots(worker), 1, "no key was added");
     for file in [
         "state/kubelet/pki/kubelet-client-crt.pem",
         "state/ssh/ssh_host_cert.pub",
@@ -215,7 +237,7 @@ fn a_node_whose_pcrs_differ_is_refused_and_receives_nothing() {
 #[test]
 fn nodes_join_after_the_join_service_is_killed_and_restarted() {
     let tmp = tempfile::tempdir().unwrap();
-    let cluster = LocalCluster::create(&tmp.path().join("c"), 2, bins()).unwrap();
+    let cluster = LocalCluster::create(&tmp.path().join("c"), 2, 13, bins()).unwrap();
     let _teardown = Teardown(&cluster);
     let rt = runtime();
     let (done, cp) = rt.block_on(cluster.init()).unwrap();

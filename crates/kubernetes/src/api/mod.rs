@@ -1,0 +1,1 @@
+//! The Kubernetes API adapter (being written).

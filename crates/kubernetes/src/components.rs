@@ -1,0 +1,1 @@
+//! The component installer (being written).

@@ -1,0 +1,1 @@
+//! kubeadm configuration and runner (being written).

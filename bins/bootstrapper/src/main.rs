@@ -375,12 +375,28 @@ fn main() -> ExitCode {
             return ExitCode::from(asterism_bootstrapper::EXIT_FAILED);
         }
     };
-    match runtime.block_on(run(args, logs)) {
-        Ok(code) => ExitCode::from(code),
+    let code = match runtime.block_on(run(args, logs)) {
+        Ok(code) => code,
         Err(err) => {
             tracing::error!(error = format!("{err:#}"), "bootstrapper failed");
-            ExitCode::from(asterism_bootstrapper::EXIT_FAILED)
+            asterism_bootstrapper::EXIT_FAILED
         }
+    };
+    log_peak_memory();
+    ExitCode::from(code)
+}
+
+/// Logs the process's peak resident memory (`VmHWM`), for the performance figures.
+fn log_peak_memory() {
+    let peak = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .map(|v| v.trim().to_string())
+        });
+    if let Some(peak) = peak {
+        tracing::info!(peak_rss = %peak, "exiting");
     }
 }
 

@@ -1,0 +1,540 @@
+//! The join service's cluster state on the API, where every replica sees it: disk-to-AK
+//! bindings and members as ConfigMaps in `kube-system`, and JoiningNode records
+//! (REFERENCE §6.8, §6.9).
+//!
+//! * A disk binding is an **immutable** ConfigMap `asterism-disk-<uuid>` created once: the
+//!   API server's create is the atomic "first writer wins"; a create answered `AlreadyExists`
+//!   reads the winner and refuses another AK.
+//! * A member is a ConfigMap `asterism-member-<node>`, updated with its resourceVersion
+//!   (optimistic concurrency; a lost race reads and tries again).
+//! * A JoiningNode is created for a control-plane node (an existing one of another node
+//!   serialises control-plane joins) and applied server-side for a worker.
+
+use super::error::{ApiError, Result};
+use super::{
+    ClusterApi, MANAGED_BY, MANAGED_BY_LABEL, NAMESPACE, RECORD_LABEL, labels, rfc3339, timestamp,
+};
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
+};
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
+
+/// Name prefix of disk-binding ConfigMaps (the lower-case disk UUID follows).
+pub const DISK_PREFIX: &str = "asterism-disk-";
+/// Name prefix of member ConfigMaps (the node name follows).
+pub const MEMBER_PREFIX: &str = "asterism-member-";
+/// API group of JoiningNode and NodeVersion.
+pub const UPDATE_GROUP: &str = "update.edgeless.systems";
+/// Their version.
+pub const UPDATE_VERSION: &str = "v1alpha1";
+/// The cluster-scoped NodeVersion naming the current components ConfigMap.
+pub const NODE_VERSION: &str = "constellation-version";
+/// Field manager of the server-side apply of worker JoiningNodes.
+pub const FIELD_MANAGER: &str = "join-service";
+/// The JoiningNode name of a joining control-plane node (one at a time).
+pub const CONTROL_PLANE_JOINING_NODE: &str = "control-plane";
+/// How long a worker's JoiningNode is valid.
+pub const WORKER_JOIN_DEADLINE: Duration = Duration::from_secs(48 * 3600);
+/// How long a control-plane node's JoiningNode is valid.
+pub const CONTROL_PLANE_JOIN_DEADLINE: Duration = Duration::from_secs(10 * 60);
+
+const UPDATE_ATTEMPTS: u32 = 5;
+const MAX_NAME_LEN: usize = 253;
+
+/// A disk UUID as it names an object: canonical, lower case (`8-4-4-4-12` hex digits).
+fn check_disk_uuid(uuid: &str) -> Result<()> {
+    let ok = uuid.len() == 36
+        && uuid.bytes().enumerate().all(|(i, b)| match i {
+            8 | 13 | 18 | 23 => b == b'-',
+            _ => b.is_ascii_digit() || (b'a'..=b'f').contains(&b),
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::InvalidInput {
+            what: "disk UUID",
+            detail: "not a canonical lower-case UUID".into(),
+        })
+    }
+}
+
+/// A node name as it names an object: a DNS-1123 subdomain short enough for the prefix.
+fn check_node_name(name: &str) -> Result<()> {
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if name.len() + MEMBER_PREFIX.len() <= MAX_NAME_LEN && name.split('.').all(label_ok) {
+        Ok(())
+    } else {
+        Err(ApiError::InvalidInput {
+            what: "node name",
+            detail: format!(
+                "{name:?} is not a DNS-1123 subdomain of at most {} characters",
+                MAX_NAME_LEN - MEMBER_PREFIX.len()
+            ),
+        })
+    }
+}
+
+/// Where a disk is bound.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskBinding {
+    /// The attestation key identity holding the disk.
+    pub ak: String,
+    /// When it was bound.
+    pub bound_at: SystemTime,
+}
+
+/// A node admitted to the cluster, as recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberRecord {
+    /// Node name.
+    pub name: String,
+    /// Role (`ControlPlane`, `Worker`).
+    pub role: String,
+    /// The attested AK identity of the node's last ticket.
+    pub ak: String,
+    /// When the node was first admitted.
+    pub admitted_at: SystemTime,
+    /// When the node last received a ticket.
+    pub last_ticket_at: SystemTime,
+    /// How many join tickets the node has received.
+    pub tickets: u64,
+}
+
+impl MemberRecord {
+    fn from_config_map(cm: &ConfigMap) -> Result<Self> {
+        let object = format!(
+            "ConfigMap {NAMESPACE}/{}",
+            cm.metadata.name.as_deref().unwrap_or_default()
+        );
+        let malformed = |detail: &str| ApiError::Malformed {
+            object: object.clone(),
+            detail: detail.to_owned(),
+        };
+        let data = cm.data.as_ref().ok_or_else(|| malformed("no data"))?;
+        let field = |k: &str| {
+            data.get(k)
+                .map(String::as_str)
+                .ok_or_else(|| malformed(&format!("no {k}")))
+        };
+        let time = |k: &str| {
+            field(k).and_then(|v| {
+                timestamp(v).ok_or_else(|| malformed(&format!("{k} is no RFC 3339 time")))
+            })
+        };
+        Ok(Self {
+            name: field("name")?.to_owned(),
+            role: field("role")?.to_owned(),
+            ak: field("ak")?.to_owned(),
+            admitted_at: time("admittedAt")?,
+            last_ticket_at: time("lastTicketAt")?,
+            tickets: field("tickets")?
+                .parse()
+                .map_err(|_| malformed("tickets is no number"))?,
+        })
+    }
+
+    fn to_data(&self) -> Result<BTreeMap<String, String>> {
+        Ok(BTreeMap::from([
+            ("name".to_owned(), self.name.clone()),
+            ("role".to_owned(), self.role.clone()),
+            ("ak".to_owned(), self.ak.clone()),
+            ("admittedAt".to_owned(), rfc3339(self.admitted_at)?),
+            ("lastTicketAt".to_owned(), rfc3339(self.last_ticket_at)?),
+            ("tickets".to_owned(), self.tickets.to_string()),
+        ]))
+    }
+}
+
+/// A JoiningNode record (REFERENCE §6.9).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JoiningNode {
+    /// The Kubernetes node name (lower case, `_` → `-`).
+    pub node: String,
+    /// The components ConfigMap the node installs.
+    pub components_reference: String,
+    /// Whether it is a control-plane node.
+    pub control_plane: bool,
+    /// Until when the record is valid: 10 min (control plane) or 48 h (worker) after `now`.
+    pub deadline: SystemTime,
+}
+
+impl JoiningNode {
+    /// The record of node `node_name` joining at `now`.
+    pub fn new(
+        node_name: &str,
+        components_reference: &str,
+        control_plane: bool,
+        now: SystemTime,
+    ) -> Self {
+        let ttl = if control_plane {
+            CONTROL_PLANE_JOIN_DEADLINE
+        } else {
+            WORKER_JOIN_DEADLINE
+        };
+        Self {
+            node: node_name.to_lowercase().replace('_', "-"),
+            components_reference: components_reference.to_owned(),
+            control_plane,
+            deadline: now.checked_add(ttl).unwrap_or(now),
+        }
+    }
+
+    /// The object's name: `control-plane` for control-plane nodes, the node name otherwise.
+    pub fn object_name(&self) -> &str {
+        if self.control_plane {
+            CONTROL_PLANE_JOINING_NODE
+        } else {
+            &self.node
+        }
+    }
+
+    fn to_object(&self) -> Result<DynamicObject> {
+        Ok(
+            DynamicObject::new(self.object_name(), &joining_node_resource()).data(
+                serde_json::json!({
+                    "spec": {
+                        "name": self.node,
+                        "componentsreference": self.components_reference,
+                        "iscontrolplane": self.control_plane,
+                        "deadline": rfc3339(self.deadline)?,
+                    }
+                }),
+            ),
+        )
+    }
+}
+
+/// The JoiningNode resource (cluster-scoped).
+pub fn joining_node_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(UPDATE_GROUP, UPDATE_VERSION, "JoiningNode"),
+        "joiningnodes",
+    )
+}
+
+/// The NodeVersion resource (cluster-scoped).
+pub fn node_version_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(UPDATE_GROUP, UPDATE_VERSION, "NodeVersion"),
+        "nodeversions",
+    )
+}
+
+impl ClusterApi {
+    /// The binding of `disk_uuid` (canonical lower case), if any.
+    pub async fn disk_binding(&self, disk_uuid: &str) -> Result<Option<DiskBinding>> {
+        check_disk_uuid(disk_uuid)?;
+        let name = format!("{DISK_PREFIX}{disk_uuid}");
+        let op = format!("get ConfigMap {NAMESPACE}/{name}");
+        let Some(cm) = self
+            .config_maps()
+            .get_opt(&name)
+            .await
+            .map_err(|e| ApiError::from_kube(op, e))?
+        else {
+            return Ok(None);
+        };
+        let malformed = |detail: &str| ApiError::Malformed {
+            object: format!("ConfigMap {NAMESPACE}/{name}"),
+            detail: detail.to_owned(),
+        };
+        let data = cm.data.as_ref().ok_or_else(|| malformed("no data"))?;
+        let ak = data
+            .get("ak")
+            .filter(|a| !a.is_empty())
+            .ok_or_else(|| malformed("no ak"))?;
+        let bound_at = data
+            .get("boundAt")
+            .and_then(|t| timestamp(t))
+            .ok_or_else(|| malformed("no valid boundAt"))?;
+        Ok(Some(DiskBinding {
+            ak: ak.clone(),
+            bound_at,
+        }))
+    }
+
+    /// Succeeds if `disk_uuid` is unbound or bound to `ak`; writes nothing.
+    pub async fn check_disk(&self, disk_uuid: &str, ak: &str) -> Result<()> {
+        match self.disk_binding(disk_uuid).await? {
+            Some(b) if b.ak != ak => Err(ApiError::DiskBoundToOtherKey {
+                uuid: disk_uuid.to_owned(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Binds `disk_uuid` to `ak` if it is unbound (creating its immutable ConfigMap);
+    /// succeeds if it is bound to `ak`; [`ApiError::DiskBoundToOtherKey`] if another key
+    /// holds it, also when another replica's create won a race.
+    pub async fn bind_disk(&self, disk_uuid: &str, ak: &str, now: SystemTime) -> Result<()> {
+        if ak.is_empty() {
+            return Err(ApiError::InvalidInput {
+                what: "attestation key identity",
+                detail: "empty".into(),
+            });
+        }
+        // Most calls (rejoins, retries) find the binding: read first.
+        if self.disk_binding(disk_uuid).await?.is_some() {
+            return self.check_disk(disk_uuid, ak).await;
+        }
+        let name = format!("{DISK_PREFIX}{disk_uuid}");
+        let cm = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                namespace: Some(NAMESPACE.to_owned()),
+                labels: Some(labels("disk-binding")),
+                ..ObjectMeta::default()
+            },
+            immutable: Some(true),
+            data: Some(BTreeMap::from([
+                ("disk".to_owned(), disk_uuid.to_owned()),
+                ("ak".to_owned(), ak.to_owned()),
+                ("boundAt".to_owned(), rfc3339(now)?),
+            ])),
+            ..ConfigMap::default()
+        };
+        let op = format!("create ConfigMap {NAMESPACE}/{name}");
+        match self.config_maps().create(&PostParams::default(), &cm).await {
+            Ok(_) => {
+                tracing::info!(
+                    disk = disk_uuid,
+                    ak,
+                    "bound the disk to the attestation key"
+                );
+                Ok(())
+            }
+            Err(e) => match ApiError::from_kube(op, e) {
+                // Another replica bound it meanwhile: theirs stands.
+                ApiError::AlreadyExists { .. } => self.check_disk(disk_uuid, ak).await,
+                other => Err(other),
+            },
+        }
+    }
+
+    /// Records that node `name` (role `role`, attestation key `ak`) received a ticket at
+    /// `now`: creates its member record or updates it (resourceVersion-guarded, retried after
+    /// a lost race). Returns the record as stored.
+    pub async fn record_member(
+        &self,
+        name: &str,
+        role: &str,
+        ak: &str,
+        now: SystemTime,
+    ) -> Result<MemberRecord> {
+        check_node_name(name)?;
+        let object = format!("{MEMBER_PREFIX}{name}");
+        let api = self.config_maps();
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let op = format!("get ConfigMap {NAMESPACE}/{object}");
+            let current = api
+                .get_opt(&object)
+                .await
+                .map_err(|e| ApiError::from_kube(op, e))?;
+            let (record, write) = match current {
+                None => {
+                    let record = MemberRecord {
+                        name: name.to_owned(),
+                        role: role.to_owned(),
+                        ak: ak.to_owned(),
+                        admitted_at: now,
+                        last_ticket_at: now,
+                        tickets: 1,
+                    };
+                    let cm = ConfigMap {
+                        metadata: ObjectMeta {
+                            name: Some(object.clone()),
+                            namespace: Some(NAMESPACE.to_owned()),
+                            labels: Some(labels("member")),
+                            ..ObjectMeta::default()
+                        },
+                        data: Some(record.to_data()?),
+                        ..ConfigMap::default()
+                    };
+                    let op = format!("create ConfigMap {NAMESPACE}/{object}");
+                    (
+                        record,
+                        api.create(&PostParams::default(), &cm)
+                            .await
+                            .map_err(|e| ApiError::from_kube(op, e)),
+                    )
+                }
+                Some(mut cm) => {
+                    let previous = MemberRecord::from_config_map(&cm)?;
+                    if previous.ak != ak {
+                        tracing::warn!(node = name, old_ak = %previous.ak, new_ak = ak, "member re-admitted with a different attestation key");
+                    }
+                    let record = MemberRecord {
+                        role: role.to_owned(),
+                        ak: ak.to_owned(),
+                        last_ticket_at: now,
+                        tickets: previous.tickets.saturating_add(1),
+                        ..previous
+                    };
+                    cm.data = Some(record.to_data()?);
+                    let op = format!("update ConfigMap {NAMESPACE}/{object}");
+                    (
+                        record,
+                        api.replace(&object, &PostParams::default(), &cm)
+                            .await
+                            .map_err(|e| ApiError::from_kube(op, e)),
+                    )
+                }
+            };
+            match write {
+                Ok(_) => return Ok(record),
+                Err(ApiError::AlreadyExists { .. } | ApiError::Conflict { .. })
+                    if attempt < UPDATE_ATTEMPTS =>
+                {
+                    tracing::debug!(
+                        node = name,
+                        attempt,
+                        "lost a race on the member record; reading again"
+                    );
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// All member records, by name.
+    pub async fn members(&self) -> Result<Vec<MemberRecord>> {
+        let params = ListParams::default().labels(&format!(
+            "{MANAGED_BY_LABEL}={MANAGED_BY},{RECORD_LABEL}=member"
+        ));
+        let list = self.config_maps().list(&params).await.map_err(|e| {
+            ApiError::from_kube(format!("list member ConfigMaps in {NAMESPACE}"), e)
+        })?;
+        let mut out = list
+            .items
+            .iter()
+            .map(MemberRecord::from_config_map)
+            .collect::<Result<Vec<_>>>()?;
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    /// The components ConfigMap name the NodeVersion `constellation-version` names
+    /// (`spec.kubernetesComponentsReference`, REFERENCE §6.8).
+    pub async fn components_reference(&self) -> Result<String> {
+        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &node_version_resource());
+        let op = format!("get NodeVersion {NODE_VERSION}");
+        let nv = api
+            .get(NODE_VERSION)
+            .await
+            .map_err(|e| ApiError::from_kube(op, e))?;
+        nv.data
+            .pointer("/spec/kubernetesComponentsReference")
+            .and_then(serde_json::Value::as_str)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .ok_or_else(|| ApiError::Malformed {
+                object: format!("NodeVersion {NODE_VERSION}"),
+                detail: "no spec.kubernetesComponentsReference".into(),
+            })
+    }
+
+    /// Writes the JoiningNode record of a node: a control-plane node's is **created** under
+    /// the one name `control-plane`, so that an existing record of another node (a
+    /// control-plane join in progress) refuses it with
+    /// [`ApiError::ControlPlaneJoinInProgress`]; the same node's own record (a retry) is
+    /// accepted. A worker's is applied server-side (field manager `join-service`, forced:
+    /// the join service owns these fields). [`ApiError::NotInstalled`] if the
+    /// JoiningNode CRD is not installed.
+    pub async fn add_joining_node(&self, node: &JoiningNode) -> Result<()> {
+        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &joining_node_resource());
+        let object = node.to_object()?;
+        let name = node.object_name();
+        let not_installed = |e: ApiError| match e {
+            // A create or an apply of a served type never answers 404: the type is missing.
+            ApiError::NotFound { op } => ApiError::NotInstalled { op },
+            other => other,
+        };
+        if node.control_plane {
+            let op = format!("create JoiningNode {name}");
+            match api.create(&PostParams::default(), &object).await {
+                Ok(_) => Ok(()),
+                Err(e) => match not_installed(ApiError::from_kube(op, e)) {
+                    ApiError::AlreadyExists { .. } => {
+                        let op = format!("get JoiningNode {name}");
+                        let existing = api
+                            .get(name)
+                            .await
+                            .map_err(|e| ApiError::from_kube(op, e))?;
+                        let joining = existing
+                            .data
+                            .pointer("/spec/name")
+                            .and_then(serde_json::Value::as_str)
+                            .unwrap_or_default()
+                            .to_owned();
+                        if joining == node.node {
+                            Ok(())
+                        } else {
+                            Err(ApiError::ControlPlaneJoinInProgress { joining })
+                        }
+                    }
+                    other => Err(other),
+                },
+            }
+        } else {
+            let op = format!("apply JoiningNode {name}");
+            api.patch(
+                name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&object),
+            )
+            .await
+            .map_err(|e| not_installed(ApiError::from_kube(op, e)))?;
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn object_names_are_checked() {
+        assert!(check_disk_uuid("aaaaaaaa-0000-4000-8000-00000000000a").is_ok());
+        for bad in [
+            "AAAAAAAA-0000-4000-8000-00000000000A",
+            "aaaaaaaa00000-4000-8000-00000000000a",
+            "aaaaaaaa-0000-4000-8000-00000000000",
+            "../aaaaa-0000-4000-8000-00000000000a",
+        ] {
+            assert!(check_disk_uuid(bad).is_err(), "{bad}");
+        }
+        assert!(check_node_name("worker-0").is_ok());
+        assert!(check_node_name("worker-0.zone.example").is_ok());
+        for bad in ["", "Worker", "-w", "w-", "a..b", "a/b", &"a".repeat(240)] {
+            assert!(check_node_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn joining_node_names_and_deadlines_follow_the_role() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let w = JoiningNode::new("Worker_0", "k8s-components-sha256-aa", false, now);
+        assert_eq!((w.node.as_str(), w.object_name()), ("worker-0", "worker-0"));
+        assert_eq!(w.deadline, now + Duration::from_secs(48 * 3600));
+        let c = JoiningNode::new("cp-1", "k8s-components-sha256-aa", true, now);
+        assert_eq!(c.object_name(), "control-plane");
+        assert_eq!(c.deadline, now + Duration::from_secs(600));
+        let o = c.to_object().unwrap();
+        assert_eq!(o.data["spec"]["name"], "cp-1");
+        assert_eq!(o.data["spec"]["iscontrolplane"], true);
+        assert_eq!(o.data["spec"]["deadline"], "1970-01-12T13:56:40Z");
+    }
+}

@@ -9,84 +9,11 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use asterism_bootstrapper::{
-    ClusterInit, ClusterJoin, DriverError, Failure, KubernetesDriver, NodeState, Outcome, Role,
-};
-use asterism_kms::{ClusterKms, KeyId, KmsUri, MasterSecret, Salt, derive_cluster_id};
-use asterism_metadata::{Role as MetaRole, StaticMetadata};
-use asterism_proto::init::api_client::ApiClient;
-use asterism_proto::init::{InitRequest, InitResponse, init_response};
+use asterism_bootstrapper::{NodeState, Outcome, Role};
+use asterism_kms::KeyId;
+use asterism_proto::init::init_response;
+use common::init_helpers::*;
 use common::*;
-use futures::future::BoxFuture;
-use tonic::transport::Channel;
-use zeroize::Zeroizing;
-
-const MASTER: [u8; 32] = [0x11; 32];
-const SALT: [u8; 32] = [0x22; 32];
-const MEASUREMENT_SALT: [u8; 32] = [0x33; 32];
-
-fn kms() -> ClusterKms {
-    ClusterKms::new(
-        MasterSecret::new(MASTER.to_vec()).unwrap(),
-        Salt::new(SALT.to_vec()).unwrap(),
-    )
-}
-
-fn request(secret: &[u8]) -> InitRequest {
-    let uri = KmsUri::cluster(
-        MasterSecret::new(MASTER.to_vec()).unwrap(),
-        Salt::new(SALT.to_vec()).unwrap(),
-    );
-    InitRequest {
-        kms_uri: uri.to_uri_string().to_string(),
-        storage_uri: "storage://no-store".into(),
-        measurement_salt: MEASUREMENT_SALT.to_vec(),
-        kubernetes_version: "v1.31.0".into(),
-        init_secret: secret.to_vec(),
-        cluster_name: "test".into(),
-        ..InitRequest::default()
-    }
-}
-
-/// Sends Init and collects the whole stream.
-async fn init(channel: Channel, req: InitRequest) -> Result<Vec<InitResponse>, tonic::Status> {
-    let mut stream = ApiClient::new(channel).init(req).await?.into_inner();
-    let mut out = Vec::new();
-    while let Some(m) = stream.message().await? {
-        out.push(m);
-    }
-    Ok(out)
-}
-
-fn metadata(node: &TestNode) -> StaticMetadata {
-    StaticMetadata::new(vec![instance("cp-0", MetaRole::ControlPlane, node.ip)])
-        .with_self("cp-0")
-        .with_init_secret_hash(init_secret_hash())
-}
-
-fn expected_cluster_id() -> [u8; 32] {
-    let secret = kms().data_key(&KeyId::MeasurementSecret, 32).unwrap();
-    *derive_cluster_id(&secret, &MEASUREMENT_SALT)
-        .unwrap()
-        .as_bytes()
-}
-
-fn logs_of(responses: &[InitResponse]) -> Vec<Vec<u8>> {
-    responses
-        .iter()
-        .filter_map(|r| match &r.kind {
-            Some(init_response::Kind::Log(l)) => Some(l.log.clone()),
-            _ => None,
-        })
-        .collect()
-}
-
-fn failure_of(responses: &[InitResponse]) -> Option<String> {
-    responses.iter().find_map(|r| match &r.kind {
-        Some(init_response::Kind::InitFailure(f)) => Some(f.error.clone()),
-        _ => None,
-    })
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn init_happy_path_rekeys_the_disk_marks_pcr15_and_returns_kubeconfig_and_cluster_id() {
@@ -185,36 +112,6 @@ async fn a_wrong_init_secret_is_refused_without_logs_and_a_corrected_init_then_w
     assert!(matches!(run.await.unwrap(), Ok(Outcome::Initialized(_))));
 }
 
-/// A driver that waits until released, then fails or succeeds.
-struct GateDriver {
-    gate: tokio::sync::Semaphore,
-    fail: bool,
-}
-
-impl KubernetesDriver for GateDriver {
-    fn name(&self) -> &'static str {
-        "gate"
-    }
-
-    fn init<'a>(
-        &'a self,
-        _params: &'a ClusterInit,
-    ) -> BoxFuture<'a, Result<Zeroizing<Vec<u8>>, DriverError>> {
-        Box::pin(async move {
-            let _permit = self.gate.acquire().await;
-            if self.fail {
-                Err(DriverError("kubeadm init failed (test driver)".into()))
-            } else {
-                Ok(Zeroizing::new(b"apiVersion: v1\nkind: Config\n".to_vec()))
-            }
-        })
-    }
-
-    fn join<'a>(&'a self, _params: &'a ClusterJoin) -> BoxFuture<'a, Result<(), DriverError>> {
-        Box::pin(async { Ok(()) })
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_second_init_after_the_lock_fails_with_failed_precondition() {
     let t = TestNode::new("127.0.11.3");
@@ -247,48 +144,6 @@ async fn a_second_init_after_the_lock_fails_with_failed_precondition() {
         Some(init_response::Kind::InitSuccess(_))
     ));
     assert!(matches!(run.await.unwrap(), Ok(Outcome::Initialized(_))));
-}
-
-// Single-threaded so that this test's log subscriber (thread-local) sees the node's logs.
-#[tokio::test(flavor = "current_thread")]
-async fn a_failure_after_the_lock_marks_the_disk_for_reset_ends_non_zero_and_streams_logs() {
-    use tracing_subscriber::layer::SubscriberExt as _;
-    let logs = asterism_bootstrapper::LogBuffer::default();
-    let _guard = tracing::subscriber::set_default(
-        tracing_subscriber::registry().with(logs.layer(tracing::Level::INFO)),
-    );
-    let t = TestNode::new("127.0.11.4");
-    let driver = Arc::new(GateDriver {
-        gate: tokio::sync::Semaphore::new(1),
-        fail: true,
-    });
-    let node = t.node_with_logs(metadata(&t), driver, 1, None, logs);
-    let run = tokio::spawn(asterism_bootstrapper::run(node, std::future::pending()));
-
-    let responses = init(t.init_channel().await, request(INIT_SECRET))
-        .await
-        .unwrap();
-    let failure = failure_of(&responses).expect("a failure");
-    assert!(
-        failure.contains("after the point of no return"),
-        "{failure}"
-    );
-    assert!(failure.contains("kubeadm init failed"), "{failure}");
-    let logs = logs_of(&responses);
-    assert!(!logs.is_empty(), "an authenticated caller gets the logs");
-    assert!(logs.iter().all(|c| c.len() <= 1024));
-    let text = String::from_utf8(logs.concat()).unwrap();
-    assert!(text.contains("re-keyed the state disk"), "{text}");
-    assert!(text.contains("marking the state disk for reset"), "{text}");
-    // No secret in the logs: neither the init secret nor the KMS URI's key.
-    assert!(!text.contains("correct horse"));
-    assert!(!text.contains("cluster-kms?key"));
-
-    let failed = run.await.unwrap().unwrap_err();
-    assert!(matches!(failed, Failure::AfterLock(_)), "{failed:?}");
-    assert_eq!(failed.exit_code(), asterism_bootstrapper::EXIT_RESET);
-    assert!(token0(&t.image()).contains("\"diskIsInitialized\":false"));
-    assert!(!t.node_dir.node_state().exists());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

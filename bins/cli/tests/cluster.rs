@@ -97,7 +97,7 @@ fn member_names(cluster: &LocalCluster) -> Vec<String> {
 #[test]
 fn init_two_joins_verify_and_a_reboot_with_rejoin() {
     let tmp = tempfile::tempdir().unwrap();
-    let cluster = LocalCluster::create(&tmp.path().join("c"), 2, 11, bins()).unwrap();
+    let cluster = LocalCluster::create(&tmp.path().join("c"), 2, 21, bins()).unwrap();
     let _teardown = Teardown(&cluster);
     let rt = runtime();
 
@@ -187,7 +187,7 @@ fn init_two_joins_verify_and_a_reboot_with_rejoin() {
 #[test]
 fn a_node_whose_pcrs_differ_is_refused_and_receives_nothing() {
     let tmp = tempfile::tempdir().unwrap();
-    let cluster = LocalCluster::create(&tmp.path().join("c"), 1, 12, bins()).unwrap();
+    let cluster = LocalCluster::create(&tmp.path().join("c"), 1, 22, bins()).unwrap();
     let _teardown = Teardown(&cluster);
     let rt = runtime();
     rt.block_on(cluster.init()).unwrap();
@@ -237,7 +237,7 @@ fn a_node_whose_pcrs_differ_is_refused_and_receives_nothing() {
 #[test]
 fn nodes_join_after_the_join_service_is_killed_and_restarted() {
     let tmp = tempfile::tempdir().unwrap();
-    let cluster = LocalCluster::create(&tmp.path().join("c"), 2, 13, bins()).unwrap();
+    let cluster = LocalCluster::create(&tmp.path().join("c"), 2, 23, bins()).unwrap();
     let _teardown = Teardown(&cluster);
     let rt = runtime();
     let (done, cp) = rt.block_on(cluster.init()).unwrap();

@@ -4,6 +4,7 @@
 //! `INTERNAL` with a coarse message (the full chain goes to the log only).
 
 use crate::keys::KeyError;
+use crate::state::StateError;
 use asterism_metadata::MetadataError;
 use tonic::{Code, Status};
 
@@ -66,6 +67,9 @@ pub enum JoinError {
     /// The metadata service cannot be reached.
     #[error("metadata service unavailable")]
     MetadataUnavailable(#[source] MetadataError),
+    /// The cluster state (the Kubernetes API) cannot be reached or is busy.
+    #[error("cluster state unavailable")]
+    ClusterStateUnavailable(#[source] StateError),
     /// Anything else.
     #[error("{what}")]
     Internal {
@@ -98,6 +102,7 @@ impl JoinError {
             Self::RateLimited => "rate_limited",
             Self::KeyServiceUnavailable(_) => "key_service_unavailable",
             Self::MetadataUnavailable(_) => "metadata_unavailable",
+            Self::ClusterStateUnavailable(_) => "cluster_state_unavailable",
             Self::Internal { .. } => "internal",
         }
     }
@@ -110,7 +115,9 @@ impl JoinError {
             }
             Self::Invalid { .. } => Status::new(Code::InvalidArgument, self.to_string()),
             Self::RateLimited => Status::new(Code::ResourceExhausted, self.to_string()),
-            Self::KeyServiceUnavailable(_) | Self::MetadataUnavailable(_) => {
+            Self::KeyServiceUnavailable(_)
+            | Self::MetadataUnavailable(_)
+            | Self::ClusterStateUnavailable(_) => {
                 Status::new(Code::Unavailable, format!("{self}; retry later"))
             }
             Self::Internal { .. } => Status::new(Code::Internal, "issuing the ticket failed"),
@@ -169,6 +176,10 @@ mod tests {
             (
                 JoinError::from(KeyError::Length { want: 32, got: 1 }),
                 Code::Internal,
+            ),
+            (
+                JoinError::ClusterStateUnavailable(StateError::Unavailable("busy".into())),
+                Code::Unavailable,
             ),
         ];
         for (e, code) in cases {

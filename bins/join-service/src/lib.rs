@@ -12,13 +12,15 @@
 //! * [`JoinService`]: the core, generic over [`asterism_metadata::Metadata`],
 //!   [`KeySource`] and [`ClusterState`];
 //! * [`serve`] (aTLS + gRPC) and [`serve_http`] (metrics, health, members);
-//! * [`RedbState`]: the default, persistent cluster state.
+//! * [`RedbState`]: the default, persistent cluster state in an embedded database;
+//! * [`KubeState`]: the cluster state on the Kubernetes API, shared by every replica.
 //!
 //! It must never log or return a secret except inside a ticket to the attested node it
 //! belongs to.
 
 mod error;
 mod keys;
+mod kube_state;
 mod metrics;
 mod ratelimit;
 mod serve;
@@ -27,6 +29,7 @@ mod state;
 
 pub use error::{DenyReason, JoinError};
 pub use keys::{KEY_CALL_TIMEOUT, KeyError, KeyServiceAddress, KeyServiceClient, KeySource};
+pub use kube_state::{JoiningNodes, KubeState};
 pub use metrics::Metrics;
 pub use ratelimit::RateLimiter;
 pub use serve::{Limits, serve, serve_http};

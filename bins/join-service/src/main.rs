@@ -13,8 +13,10 @@ use asterism_attestation::{
     AkFingerprint, AkTrust, PlatformCa, ReloadingMeasurements, TpmQuoteValidator,
 };
 use asterism_join_service::{
-    JoinConfig, JoinService, KeyServiceAddress, KeyServiceClient, Limits, Metrics, RedbState,
+    ClusterState, JoinConfig, JoinService, JoiningNodes, KeyServiceAddress, KeyServiceClient,
+    KubeState, Limits, Metrics, RedbState,
 };
+use asterism_kubernetes::api::{ApiOptions, ClusterApi, WaitPolicy};
 use asterism_metadata::HttpMetadata;
 use asterism_pki::ClusterCa;
 use clap::{ArgAction, Parser, ValueEnum};
@@ -53,9 +55,25 @@ struct Args {
     #[arg(long, value_name = "PATH")]
     measurement_salt_file: PathBuf,
 
-    /// Directory of the persistent cluster state (created 0700).
+    /// Where the cluster state (bootstrap tokens, disk bindings, members) is kept.
+    #[arg(long, value_enum, default_value_t = ClusterStateKind::Embedded)]
+    cluster_state: ClusterStateKind,
+
+    /// Directory of the persistent cluster state (created 0700), with --cluster-state
+    /// embedded.
     #[arg(long, value_name = "DIR")]
-    state_dir: PathBuf,
+    state_dir: Option<PathBuf>,
+
+    /// Kubeconfig for the Kubernetes API, with --cluster-state kubernetes. Default: the
+    /// pod's service account.
+    #[arg(long, value_name = "PATH")]
+    kubeconfig: Option<PathBuf>,
+
+    /// With --cluster-state kubernetes: whether every join must write its JoiningNode
+    /// record (`required`) or only when the CRD and the NodeVersion exist
+    /// (`when-installed`; control-plane joins are then not serialised).
+    #[arg(long, value_enum, default_value_t = JoiningNodesArg::Required)]
+    joining_nodes: JoiningNodesArg,
 
     /// Expected measurements of joining nodes (JSON, docs/attestation.md); re-read when it
     /// changes.
@@ -100,6 +118,46 @@ struct Args {
     verbose: u8,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ClusterStateKind {
+    /// An embedded database in --state-dir (one replica).
+    Embedded,
+    /// The Kubernetes API (any number of replicas).
+    Kubernetes,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum JoiningNodesArg {
+    /// Every join writes its JoiningNode.
+    Required,
+    /// Only when the JoiningNode CRD and the NodeVersion exist.
+    WhenInstalled,
+}
+
+impl Args {
+    /// Combinations clap cannot express; a violation is a usage error (exit status 2).
+    fn check(&self) -> Result<(), clap::Error> {
+        use clap::CommandFactory as _;
+        use clap::error::ErrorKind;
+        let mut cmd = Self::command();
+        match self.cluster_state {
+            ClusterStateKind::Embedded if self.state_dir.is_none() => Err(cmd.error(
+                ErrorKind::MissingRequiredArgument,
+                "--cluster-state embedded needs --state-dir",
+            )),
+            ClusterStateKind::Embedded if self.kubeconfig.is_some() => Err(cmd.error(
+                ErrorKind::ArgumentConflict,
+                "--kubeconfig is for --cluster-state kubernetes",
+            )),
+            ClusterStateKind::Kubernetes if self.state_dir.is_some() => Err(cmd.error(
+                ErrorKind::ArgumentConflict,
+                "--state-dir is for --cluster-state embedded",
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum LogFormat {
     /// One human-readable line per event.
@@ -115,7 +173,7 @@ fn init_logging(format: LogFormat, verbose: u8) {
         _ => "trace",
     };
     let filter = EnvFilter::new(format!(
-        "warn,asterism_join_service={level},asterism_atls={level},asterism_attestation={level},asterism_metadata={level}"
+        "warn,asterism_join_service={level},asterism_atls={level},asterism_attestation={level},asterism_metadata={level},asterism_kubernetes={level}"
     ));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -209,9 +267,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
         let _ = stop_tx.send(true);
     });
-    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
 
     let api_server_host = match args.api_server_host {
         Some(ip) => ip,
@@ -236,7 +291,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
     );
     let metadata = HttpMetadata::new(&args.metadata_url)?;
     let keys = KeyServiceClient::new(&args.key_service)?;
-    let state = RedbState::open(&args.state_dir)?;
     let atls = AtlsServer::new(atls_config(&args)?).context("setting up attested TLS")?;
     let config = JoinConfig {
         measurement_salt,
@@ -244,6 +298,67 @@ async fn run(args: Args) -> anyhow::Result<()> {
         pki_dir: args.pki_dir.clone(),
         rate_per_second: args.rate_limit_per_second,
         burst: args.rate_limit_burst,
+    };
+    let parts = Parts {
+        metadata,
+        keys,
+        ca,
+        config,
+        atls,
+        stop_rx,
+    };
+    match (args.cluster_state, &args.state_dir) {
+        (ClusterStateKind::Embedded, Some(dir)) => {
+            let state = RedbState::open(dir)?;
+            tracing::info!(state = %dir.display(), "cluster state: embedded database");
+            serve_with(&args, parts, state).await
+        }
+        (ClusterStateKind::Embedded, None) => anyhow::bail!("--state-dir is missing"),
+        (ClusterStateKind::Kubernetes, _) => {
+            let options = ApiOptions::default();
+            let api = match &args.kubeconfig {
+                Some(path) => ClusterApi::from_kubeconfig(path, options).await?,
+                None => ClusterApi::in_cluster(options)?,
+            };
+            tracing::info!(kubeconfig = ?args.kubeconfig, "cluster state: the Kubernetes API; waiting for the API server");
+            let mut stop = parts.stop_rx.clone();
+            tokio::select! {
+                ready = api.wait_until_ready(WaitPolicy::default()) => ready?,
+                _ = stop.wait_for(|s| *s) => {
+                    tracing::info!("stopped while waiting for the API server");
+                    return Ok(());
+                }
+            }
+            let joining_nodes = match args.joining_nodes {
+                JoiningNodesArg::Required => JoiningNodes::Required,
+                JoiningNodesArg::WhenInstalled => JoiningNodes::WhenInstalled,
+            };
+            serve_with(&args, parts, KubeState::new(api, joining_nodes)).await
+        }
+    }
+}
+
+/// Everything of the service but its cluster state.
+struct Parts {
+    metadata: HttpMetadata,
+    keys: KeyServiceClient,
+    ca: ClusterCa,
+    config: JoinConfig,
+    atls: AtlsServer,
+    stop_rx: tokio::sync::watch::Receiver<bool>,
+}
+
+async fn serve_with<S: ClusterState>(args: &Args, parts: Parts, state: S) -> anyhow::Result<()> {
+    let Parts {
+        metadata,
+        keys,
+        ca,
+        config,
+        atls,
+        stop_rx,
+    } = parts;
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
     };
     let service = JoinService::new(metadata, keys, state, ca, config, Metrics::new())?;
 
@@ -283,6 +398,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Err(e) = args.check() {
+        e.exit();
+    }
     init_logging(args.log_format, args.verbose);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -414,7 +414,8 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
                 match &e {
                     JoinError::Internal { .. }
                     | JoinError::KeyServiceUnavailable(_)
-                    | JoinError::MetadataUnavailable(_) => {
+                    | JoinError::MetadataUnavailable(_)
+                    | JoinError::ClusterStateUnavailable(_) => {
                         tracing::error!(kind, peer = %request_peer, reason = e.reason(), error = %chain(&e), "ticket request failed");
                     }
                     _ => {
@@ -433,6 +434,7 @@ fn state_error(e: StateError) -> JoinError {
             reason: DenyReason::DiskBoundToOtherKey,
             detail: format!("disk {uuid} belongs to another attestation key"),
         },
+        e @ StateError::Unavailable(_) => JoinError::ClusterStateUnavailable(e),
         other => JoinError::internal("updating the cluster state", other),
     }
 }

@@ -31,6 +31,10 @@ pub enum StateError {
         /// The disk.
         uuid: String,
     },
+    /// The store cannot be reached or is busy (the API server is down or overloaded, a race
+    /// was lost, another control-plane node is joining): the same request may succeed later.
+    #[error("cluster state unavailable: {0}")]
+    Unavailable(String),
     /// The store failed.
     #[error("cluster state store: {0}")]
     Store(String),
@@ -73,6 +77,28 @@ impl BootstrapToken {
         buf.fill(0);
         Ok(Self {
             token: out,
+            expires,
+        })
+    }
+
+    /// A token from its text `id.secret` (another store's), which must have the kubeadm
+    /// format.
+    pub fn parse(token: &str, expires: SystemTime) -> Result<Self, StateError> {
+        let well_formed = token.len() == 23
+            && token.bytes().enumerate().all(|(i, b)| {
+                if i == 6 {
+                    b == b'.'
+                } else {
+                    b.is_ascii_lowercase() || b.is_ascii_digit()
+                }
+            });
+        if !well_formed {
+            return Err(StateError::Store(
+                "a stored bootstrap token is not of the form [a-z0-9]{6}.[a-z0-9]{16}".into(),
+            ));
+        }
+        Ok(Self {
+            token: Zeroizing::new(token.to_owned()),
             expires,
         })
     }
@@ -457,6 +483,22 @@ mod tests {
                     .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
             );
             assert!(!format!("{t:?}").contains(secret));
+        }
+    }
+
+    #[test]
+    fn parsed_tokens_must_have_the_kubeadm_format() {
+        let t = BootstrapToken::parse("abcdef.0123456789abcdef", SystemTime::UNIX_EPOCH).unwrap();
+        assert_eq!(t.id(), "abcdef");
+        for bad in [
+            "abcdef0123456789abcdef",
+            "abcdef.0123456789ABCDEF",
+            "abc.def",
+        ] {
+            assert!(
+                BootstrapToken::parse(bad, SystemTime::UNIX_EPOCH).is_err(),
+                "{bad}"
+            );
         }
     }
 

@@ -13,7 +13,8 @@ use asterism_attestation::{
     AkFingerprint, AkTrust, ExpectedPcr, Measurements, PcrIndex, TpmQuoteValidator,
 };
 use asterism_join_service::{
-    JoinConfig, JoinService, KeyServiceAddress, KeyServiceClient, Limits, Metrics, RedbState,
+    ClusterState, JoinConfig, JoinService, KeyServiceAddress, KeyServiceClient, Limits, Metrics,
+    RedbState,
 };
 use asterism_kms::{ClusterKms, KeyId, MasterSecret, Salt};
 use asterism_metadata::{HttpMetadata, InstanceMetadata, MetadataConfig, MetadataServer, Role};
@@ -170,17 +171,17 @@ impl Options {
     }
 }
 
-pub type Service = JoinService<HttpMetadata, KeyServiceClient, RedbState>;
+pub type Service<S = RedbState> = JoinService<HttpMetadata, KeyServiceClient, S>;
 
-pub struct Running {
+pub struct Running<S = RedbState> {
     pub addr: SocketAddr,
     pub http: SocketAddr,
-    pub service: Service,
+    pub service: Service<S>,
     stop: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
-impl Running {
+impl<S> Running<S> {
     pub async fn stop(self) {
         let _ = self.stop.send(true);
         for t in self.tasks {
@@ -204,6 +205,16 @@ impl Running {
 }
 
 pub async fn start_join_service(cluster: &Cluster, options: Options) -> Running {
+    let state = RedbState::open(&cluster.state_dir()).unwrap();
+    start_join_service_with(cluster, options, state).await
+}
+
+/// A join service over `state`.
+pub async fn start_join_service_with<S: ClusterState>(
+    cluster: &Cluster,
+    options: Options,
+    state: S,
+) -> Running<S> {
     let validator = TpmQuoteValidator::new(
         AkTrust::pinned(options.pinned),
         options.measurements.into_provider(),
@@ -218,7 +229,7 @@ pub async fn start_join_service(cluster: &Cluster, options: Options) -> Running 
     let service = JoinService::new(
         HttpMetadata::new(&cluster.metadata_url).unwrap(),
         keys,
-        RedbState::open(&cluster.state_dir()).unwrap(),
+        state,
         cluster.ca(),
         JoinConfig {
             measurement_salt: SALT.to_vec(),

@@ -17,7 +17,7 @@
 //! reason; [`ApiError::is_retryable`] tells "retry later" from "fix the cluster". kube-rs'
 //! own retries are off. Bootstrap tokens are never logged (their ID is public and is).
 //!
-//! docs/kubernetes.md ("API") lists the objects, the RBAC rules the join service needs and
+//! docs/kubernetes-api.md lists the objects, the RBAC rules the join service needs and
 //! what the recorded-response tests cover.
 
 mod client;

@@ -1,0 +1,173 @@
+//! [`ClusterState`] on the Kubernetes API ([`asterism_kubernetes::api`]), so that every
+//! join-service replica on every control-plane node sees the same tokens, disk bindings and
+//! members (docs/kubernetes-api.md).
+
+use crate::state::{
+    Admission, BootstrapToken, ClusterState, Member, StateError, TOKEN_MIN_REMAINING, TOKEN_TTL,
+};
+use asterism_kms::DiskUuid;
+use asterism_kubernetes::api::{ApiError, ClusterApi, JoiningNode, MemberRecord, TokenPolicy};
+use asterism_metadata::Role;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// What to do when the JoiningNode resource type (a CustomResourceDefinition of the node
+/// operator) or the NodeVersion naming the components is not there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JoiningNodes {
+    /// Every join writes its JoiningNode; without the CRD or the NodeVersion a join fails
+    /// (as in the original, where the node operator is always installed).
+    Required,
+    /// Write JoiningNode records when the CRD and the NodeVersion exist; otherwise skip them
+    /// with a warning. Control-plane joins are then **not serialised**.
+    WhenInstalled,
+}
+
+/// [`ClusterState`] on the Kubernetes API. Per join: a read and (first time only) a create
+/// for the disk binding, the JoiningNode (a NodeVersion read and a create or apply), a
+/// token list (a create only when no stored token has 5 minutes left), and the member
+/// record (a read and a create or update).
+pub struct KubeState {
+    api: ClusterApi,
+    joining_nodes: JoiningNodes,
+    warned: AtomicBool,
+}
+
+impl std::fmt::Debug for KubeState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeState")
+            .field("joining_nodes", &self.joining_nodes)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The token policy of both implementations: 15 min, reused while 5 min are left.
+fn token_policy() -> TokenPolicy {
+    TokenPolicy {
+        ttl: TOKEN_TTL,
+        min_remaining: TOKEN_MIN_REMAINING,
+    }
+}
+
+fn chain(e: &dyn std::error::Error) -> String {
+    crate::error::chain(e)
+}
+
+/// The one place API errors become state errors: a disk of another key is a refusal,
+/// whatever may pass with time is "unavailable", the rest is a store failure.
+fn state_error(e: ApiError) -> StateError {
+    match e {
+        ApiError::DiskBoundToOtherKey { uuid } => StateError::DiskBoundToOtherKey { uuid },
+        e if e.is_retryable() => StateError::Unavailable(chain(&e)),
+        e => StateError::Store(chain(&e)),
+    }
+}
+
+fn unix(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+impl KubeState {
+    /// The state on the cluster `api` talks to.
+    pub fn new(api: ClusterApi, joining_nodes: JoiningNodes) -> Self {
+        Self {
+            api,
+            joining_nodes,
+            warned: AtomicBool::new(false),
+        }
+    }
+
+    /// Writes the JoiningNode of an admitted node (REFERENCE §6.9) per the policy.
+    async fn joining_node(&self, a: &Admission) -> Result<(), StateError> {
+        let skip = |e: &ApiError| {
+            self.joining_nodes == JoiningNodes::WhenInstalled
+                && matches!(e, ApiError::NotFound { .. } | ApiError::NotInstalled { .. })
+        };
+        let record = match self.api.components_reference().await {
+            Ok(reference) => {
+                JoiningNode::new(&a.name, &reference, a.role == Role::ControlPlane, a.now)
+            }
+            Err(e) if skip(&e) => {
+                self.warn_skipped(&e);
+                return Ok(());
+            }
+            Err(e) => return Err(state_error(e)),
+        };
+        match self.api.add_joining_node(&record).await {
+            Ok(()) => Ok(()),
+            Err(e) if skip(&e) => {
+                self.warn_skipped(&e);
+                Ok(())
+            }
+            Err(e) => Err(state_error(e)),
+        }
+    }
+
+    fn warn_skipped(&self, e: &ApiError) {
+        if !self.warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(error = %chain(e), "writing no JoiningNode records (--joining-nodes when-installed): control-plane joins are not serialised");
+        } else {
+            tracing::debug!(error = %chain(e), "no JoiningNode record written");
+        }
+    }
+}
+
+impl ClusterState for KubeState {
+    async fn check_disk(&self, disk: &DiskUuid, ak: &str) -> Result<(), StateError> {
+        self.api
+            .check_disk(disk.as_str(), ak)
+            .await
+            .map_err(state_error)
+    }
+
+    async fn bind_disk(
+        &self,
+        disk: &DiskUuid,
+        ak: &str,
+        now: SystemTime,
+    ) -> Result<(), StateError> {
+        self.api
+            .bind_disk(disk.as_str(), ak, now)
+            .await
+            .map_err(state_error)
+    }
+
+    /// Not one transaction, but in an order where each step is safe to repeat and a refusal
+    /// comes before any write: the disk binding first (a disk of another key writes
+    /// nothing), then the JoiningNode (a control-plane join in progress refuses before a
+    /// token is minted), the token, and the member record last.
+    async fn admit(&self, a: Admission) -> Result<BootstrapToken, StateError> {
+        self.api
+            .bind_disk(a.disk.as_str(), &a.ak, a.now)
+            .await
+            .map_err(state_error)?;
+        self.joining_node(&a).await?;
+        let token = self
+            .api
+            .bootstrap_token(a.now, token_policy())
+            .await
+            .map_err(state_error)?;
+        self.api
+            .record_member(&a.name, a.role.as_str(), &a.ak, a.now)
+            .await
+            .map_err(state_error)?;
+        BootstrapToken::parse(token.expose_secret(), token.expires())
+    }
+
+    async fn members(&self) -> Result<Vec<Member>, StateError> {
+        let records = self.api.members().await.map_err(state_error)?;
+        Ok(records
+            .into_iter()
+            .map(|r: MemberRecord| Member {
+                name: r.name,
+                role: r.role,
+                ak: r.ak,
+                admitted_at: unix(r.admitted_at),
+                last_ticket_at: unix(r.last_ticket_at),
+                tickets: r.tickets,
+            })
+            .collect())
+    }
+}

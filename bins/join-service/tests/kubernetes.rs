@@ -428,7 +428,14 @@ async fn the_binary_keeps_its_state_on_the_kubernetes_api_with_cluster_state_kub
         .status()
         .unwrap();
     assert!(kill.success());
-    let exit = child.wait().unwrap();
+    let start = Instant::now();
+    let exit = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "did not stop");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     let mut logs = String::new();
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut logs).unwrap();
     assert!(exit.success(), "{exit:?}\n{logs}");

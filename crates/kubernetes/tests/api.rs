@@ -83,17 +83,20 @@ async fn waiting_gives_up_at_the_deadline_with_the_last_error() {
         [Reply::recorded(503, "status-503-service-unavailable.json")],
     );
     let started = Instant::now();
-    let err = api.wait_until_ready(fast(400)).await.unwrap_err();
+    let err = api.wait_until_ready(fast(1000)).await.unwrap_err();
     let took = started.elapsed();
     let ApiError::NotReady { attempts, last, .. } = &err else {
         panic!("{err:?}");
     };
-    assert!(*attempts >= 3, "{err:?}");
+    assert!(*attempts >= 2, "{err:?}");
     assert!(
         matches!(**last, ApiError::Server { code: 503, .. }),
         "{err:?}"
     );
-    assert!(took < Duration::from_secs(3), "{took:?}");
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
     assert_eq!(server.requests().len() as u32, *attempts);
     assert!(err.is_retryable());
 }
@@ -118,7 +121,7 @@ async fn an_api_server_with_a_certificate_from_another_ca_is_not_trusted() {
     let api = ClusterApi::from_kubeconfig(&path, ApiOptions::default())
         .await
         .unwrap();
-    let err = api.wait_until_ready(fast(200)).await.unwrap_err();
+    let err = api.wait_until_ready(fast(1500)).await.unwrap_err();
     let ApiError::NotReady { last, .. } = &err else {
         panic!("{err:?}");
     };

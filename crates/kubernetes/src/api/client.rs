@@ -102,15 +102,16 @@ impl ClusterApi {
     /// Waits until the API server answers a namespace listing (one item is enough), trying every
     /// `policy.interval` until `policy.deadline` (REFERENCE §11.8: every error is retried).
     pub async fn wait_until_ready(&self, policy: WaitPolicy) -> Result<()> {
+        const OP: &str = "list namespaces";
         let started = Instant::now();
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
         let params = ListParams::default().limit(1);
         let mut attempts = 0u32;
+        let mut last: Option<ApiError> = None;
         loop {
             attempts = attempts.saturating_add(1);
             let remaining = policy.deadline.saturating_sub(started.elapsed());
-            let attempt = tokio::time::timeout(remaining, namespaces.list(&params));
-            let last = match attempt.await {
+            match tokio::time::timeout(remaining, namespaces.list(&params)).await {
                 Ok(Ok(_)) => {
                     tracing::info!(
                         attempts,
@@ -119,30 +120,35 @@ impl ClusterApi {
                     );
                     return Ok(());
                 }
-                Ok(Err(e)) => ApiError::from_kube("list namespaces", e),
-                Err(_) => ApiError::NotReady {
-                    waited: started.elapsed(),
-                    attempts,
-                    last: Box::new(ApiError::Server {
-                        op: "list namespaces".into(),
-                        code: 0,
+                Ok(Err(e)) => {
+                    let e = ApiError::from_kube(OP, e);
+                    tracing::debug!(attempts, error = %e, "the API server is not ready yet");
+                    last = Some(e);
+                }
+                // The deadline passed during the attempt: report the attempt before, if any.
+                Err(_) => {
+                    last = last.or(Some(ApiError::Server {
+                        op: OP.into(),
+                        code: 504,
                         reason: "Timeout".into(),
                         message: "no answer before the deadline".into(),
-                    }),
-                },
-            };
-            if let ApiError::NotReady { .. } = last {
-                return Err(last);
+                    }));
+                }
             }
             let waited = started.elapsed();
             if waited.saturating_add(policy.interval) >= policy.deadline {
+                let last = last.unwrap_or(ApiError::Server {
+                    op: OP.into(),
+                    code: 504,
+                    reason: "Timeout".into(),
+                    message: "no answer before the deadline".into(),
+                });
                 return Err(ApiError::NotReady {
                     waited,
                     attempts,
                     last: Box::new(last),
                 });
             }
-            tracing::debug!(attempts, error = %last, "the API server is not ready yet");
             tokio::time::sleep(policy.interval).await;
         }
     }

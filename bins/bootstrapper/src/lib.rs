@@ -37,7 +37,9 @@ mod run;
 
 pub use boot::prepare_state_image;
 pub use dial::{DialError, Dialer};
-pub use driver::NoneDriver;
+pub use driver::{
+    KubeadmDriver, KubeadmDriverConfig, NoneDriver, join_endpoint, kubeadm_init_params,
+};
 pub use effects::{
     ClusterInit, ClusterJoin, DiskOps, DriverError, KubernetesDriver, LuksDisk, MarkError,
     NodeMarker, TpmMarker, UnlockMode,

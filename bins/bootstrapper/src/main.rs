@@ -15,7 +15,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use asterism_bootstrapper::{
-    Config, KubernetesDriver, LogBuffer, LuksDisk, Node, NodeDir, TpmMarker, UnlockMode,
+    Config, KubeadmDriver, KubeadmDriverConfig, KubernetesDriver, LogBuffer, LuksDisk, Node,
+    NodeDir, Outcome, TpmMarker, UnlockMode,
 };
 use asterism_disk::{DiskConfig, Integrity, Pbkdf, StateDisk};
 use asterism_metadata::HttpMetadata;
@@ -65,6 +66,29 @@ struct Args {
     /// How Kubernetes is set up.
     #[arg(long, value_enum, default_value_t = Driver::None)]
     kubernetes_driver: Driver,
+
+    /// kubeadm driver: a JSON list of components (`url`, `hash` = `sha256:<hex>`,
+    /// `install_path`, `extract`) to install before kubeadm runs; without it the image must
+    /// hold kubeadm, the kubelet and the CNI plugins.
+    #[arg(long, value_name = "PATH")]
+    kubernetes_components: Option<PathBuf>,
+
+    /// kubeadm driver: the kubeadm program.
+    #[arg(long, value_name = "PATH", default_value = "/run/state/bin/kubeadm")]
+    kubeadm: PathBuf,
+
+    /// kubeadm driver: kubeadm's directory (`pki/`, `manifests/`, `admin.conf`).
+    #[arg(long, value_name = "DIR", default_value = "/etc/kubernetes")]
+    kubernetes_dir: PathBuf,
+
+    /// kubeadm driver: `external` when a cloud controller manager runs in the cluster (the
+    /// same setting on every node), `none` otherwise.
+    #[arg(long, value_enum, default_value_t = CloudProviderArg::None)]
+    cloud_provider: CloudProviderArg,
+
+    /// kubeadm driver: the systemctl program (enables and starts the kubelet).
+    #[arg(long, value_name = "PATH", default_value = "systemctl")]
+    systemctl: PathBuf,
 
     /// Pause between join (and rejoin) rounds: `30s`, `1s`, `500ms`.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
@@ -143,6 +167,55 @@ enum Driver {
     /// No Kubernetes: a cluster CA and an admin kubeconfig on init, nothing on join
     /// (docs/design/local-cluster.md).
     None,
+    /// kubeadm on a real machine (docs/kubernetes.md).
+    Kubeadm,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum CloudProviderArg {
+    External,
+    None,
+}
+
+/// The kubeadm driver from the flags.
+fn kubeadm_driver(
+    args: &Args,
+    dir: &NodeDir,
+    metadata: HttpMetadata,
+) -> anyhow::Result<KubeadmDriver<HttpMetadata>> {
+    use asterism_kubernetes::kubeadm::config::{CloudProvider, NodePaths};
+    use asterism_kubernetes::kubeadm::setup::SetupConfig;
+    let components = match &args.kubernetes_components {
+        Some(path) => {
+            let bytes =
+                std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+            serde_json::from_slice(&bytes)
+                .with_context(|| format!("{} is not a JSON list of components", path.display()))?
+        }
+        None => Vec::new(),
+    };
+    let setup = SetupConfig {
+        paths: NodePaths {
+            kubernetes_dir: args.kubernetes_dir.clone(),
+            kubelet_cert: dir.kubelet_cert(),
+            kubelet_key: dir.kubelet_key(),
+            ..NodePaths::standard()
+        },
+        kubeadm: args.kubeadm.clone(),
+        systemctl: args.systemctl.clone(),
+        config_dir: std::env::temp_dir(),
+    };
+    let config = KubeadmDriverConfig {
+        setup,
+        node_ip: args.node_ip,
+        cloud_provider: match args.cloud_provider {
+            CloudProviderArg::External => CloudProvider::External,
+            CloudProviderArg::None => CloudProvider::None,
+        },
+        components,
+        download: asterism_kubernetes::components::DownloadPolicy::default(),
+    };
+    Ok(KubeadmDriver::new(config, metadata)?)
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -190,14 +263,14 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 fn init_logging(format: LogFormat, verbose: u8, buffer: &LogBuffer) {
     let level = if verbose > 0 { "debug" } else { "info" };
     let filter = EnvFilter::new(format!(
-        "warn,asterism_bootstrapper={level},asterism_disk={level},asterism_tpm={level},asterism_atls={level},asterism_attestation={level},asterism_metadata={level}"
+        "warn,asterism_bootstrapper={level},asterism_kubernetes={level},asterism_disk={level},asterism_tpm={level},asterism_atls={level},asterism_attestation={level},asterism_metadata={level}"
     ));
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal());
     // The buffer keeps the same lines the log shows (never secrets: nothing logs them).
     let buffer_filter = EnvFilter::new(
-        "warn,asterism_bootstrapper=info,asterism_disk=info,asterism_tpm=info,asterism_atls=info,asterism_attestation=info,asterism_metadata=info",
+        "warn,asterism_bootstrapper=info,asterism_kubernetes=info,asterism_disk=info,asterism_tpm=info,asterism_atls=info,asterism_attestation=info,asterism_metadata=info",
     );
     let registry = tracing_subscriber::registry().with(tracing_subscriber::Layer::with_filter(
         buffer.layer(Level::INFO),
@@ -329,8 +402,15 @@ async fn run(args: Args, logs: LogBuffer) -> anyhow::Result<u8> {
         .context("--metadata-url")?
         .with_local_address(args.node_ip)
         .with_timeout(args.rpc_timeout);
+    // The kubeadm driver also starts the kubelet of a node that is already bootstrapped.
+    let mut kubeadm = None;
     let driver: Arc<dyn KubernetesDriver> = match args.kubernetes_driver {
         Driver::None => Arc::new(asterism_bootstrapper::NoneDriver::new()),
+        Driver::Kubeadm => {
+            let driver = Arc::new(kubeadm_driver(&args, &dir, metadata.clone())?);
+            kubeadm = Some(driver.clone());
+            driver
+        }
     };
     let mut config = Config::new(dir, args.node_ip);
     config.init_port = args.init_port;
@@ -352,6 +432,13 @@ async fn run(args: Args, logs: LogBuffer) -> anyhow::Result<u8> {
     match asterism_bootstrapper::run(node, shutdown).await {
         Ok(outcome) => {
             tracing::info!(?outcome, "done");
+            if let (Some(kubeadm), Outcome::AlreadyBootstrapped | Outcome::Rejoined(_)) =
+                (&kubeadm, &outcome)
+                && let Err(e) = kubeadm.start_kubelet().await
+            {
+                tracing::error!(error = %asterism_bootstrapper::error_chain(&e), "cannot start the kubelet; reboot the node");
+                return Ok(asterism_bootstrapper::EXIT_FAILED);
+            }
             Ok(outcome.exit_code())
         }
         Err(failure) => {

@@ -365,3 +365,30 @@ async fn a_kubelet_that_does_not_start_is_an_error() {
         "{err:?}"
     );
 }
+
+#[tokio::test]
+async fn a_join_uses_the_configuration_version_of_the_installed_kubeadm() {
+    let node = Node::new();
+    node.stand_in
+        .settings(serde_json::json!({"version": "v1.30.4"}));
+    let (_server, list) = components(&node).await;
+    let mut params = join_params(&node, false);
+    params.api_version = ApiVersion::V1Beta4;
+    node.setup
+        .join_with_installed_kubeadm(&list, params, &[])
+        .await
+        .unwrap();
+    let calls = node.stand_in.calls();
+    assert_eq!(
+        calls[0]["args"],
+        serde_json::json!(["version", "-o", "short"])
+    );
+    let join = calls.iter().find(|c| c["args"][0] == "join").unwrap();
+    assert!(
+        join["config"]
+            .as_str()
+            .unwrap()
+            .starts_with("apiVersion: kubeadm.k8s.io/v1beta3\n")
+    );
+    node.no_config_files_left();
+}

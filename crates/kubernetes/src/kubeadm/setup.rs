@@ -227,6 +227,28 @@ impl<C: Commands> KubeadmNode<C> {
         Ok(())
     }
 
+    /// Joins like [`Self::join`], with the configuration API version of the kubeadm the
+    /// components installed (`kubeadm version -o short`): a joining node does not know the
+    /// cluster's version (the join ticket carries none, REFERENCE §14 item 20).
+    pub async fn join_with_installed_kubeadm(
+        &self,
+        components: &[Component],
+        mut params: JoinParams,
+        control_plane_files: &[ControlPlaneFile],
+    ) -> Result<(), SetupError> {
+        check_all(components)?;
+        for f in control_plane_files {
+            check_file_name(&f.name)?;
+        }
+        if !components.is_empty() {
+            self.installer.install_all(components).await?;
+        }
+        let version = self.kubeadm.version().await?;
+        params.api_version = config::ApiVersion::for_kubernetes(&version);
+        info!(kubeadm = %version, api = params.api_version.as_str(), "chose the join configuration version");
+        self.join(&[], &params, control_plane_files).await
+    }
+
     /// Starts the kubelet on an already-bootstrapped node (REFERENCE §11.7).
     pub async fn start_kubelet(&self) -> Result<(), SetupError> {
         self.systemd.start_kubelet().await?;

@@ -5,15 +5,21 @@
 //!   `https://<node ip>:6443`; on join it does nothing (the join service admitted the node to
 //!   the membership record when it issued the ticket).
 //! * `kubeadm` (real machines, docs/kubernetes.md): components, kubeadm configuration and
-//!   kubeadm through `asterism_kubernetes::kubeadm`.
+//!   kubeadm through `asterism_kubernetes::kubeadm`; after init, the Kubernetes API steps
+//!   through `asterism_kubernetes::api` (components ConfigMap, node annotation,
+//!   `internal-config`).
+//!
+//! Both take the components from the init request or the join ticket; the `none` driver
+//! ignores them.
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
+use asterism_kubernetes::api::{ApiOptions, ClusterApi, WaitPolicy};
 use asterism_kubernetes::components::{Component, DownloadPolicy, Installer};
 use asterism_kubernetes::kubeadm::config::{
-    ApiVersion, BootstrapToken, CloudProvider, InitParams, JoinParams, NodePaths,
+    ApiVersion, BootstrapToken, CloudProvider, InitParams, JoinParams, NodePaths, k8s_node_name,
 };
 use asterism_kubernetes::kubeadm::runner::ProcessCommands;
 use asterism_kubernetes::kubeadm::setup::{
@@ -23,10 +29,10 @@ use asterism_metadata::Metadata;
 
 use asterism_pki::{ClusterCa, render_admin_kubeconfig};
 use futures::future::BoxFuture;
-use tracing::info;
+use tracing::{info, warn};
 use zeroize::Zeroizing;
 
-use crate::effects::{ClusterInit, ClusterJoin, DriverError, KubernetesDriver};
+use crate::effects::{ClusterInit, ClusterJoin, Components, DriverError, KubernetesDriver};
 use crate::files;
 use crate::node_state::Role;
 
@@ -49,6 +55,16 @@ fn fail(what: &str) -> impl FnOnce(&dyn std::error::Error) -> DriverError + '_ {
     move |e| DriverError(format!("{what}: {}", crate::node::error_chain(e)))
 }
 
+/// The `none` driver installs nothing; it says so when the request named components.
+fn ignore_components(components: &Components) {
+    if !components.is_empty() {
+        info!(
+            count = components.len(),
+            "none driver: ignored the Kubernetes components (nothing is installed)"
+        );
+    }
+}
+
 impl KubernetesDriver for NoneDriver {
     fn name(&self) -> &'static str {
         "none"
@@ -59,6 +75,7 @@ impl KubernetesDriver for NoneDriver {
         params: &'a ClusterInit,
     ) -> BoxFuture<'a, Result<Zeroizing<Vec<u8>>, DriverError>> {
         Box::pin(async move {
+            ignore_components(&params.components);
             let now = SystemTime::now();
             let ca = ClusterCa::generate(now).map_err(|e| fail("generating the cluster CA")(&e))?;
             let key = ca
@@ -94,6 +111,7 @@ impl KubernetesDriver for NoneDriver {
 
     fn join<'a>(&'a self, params: &'a ClusterJoin) -> BoxFuture<'a, Result<(), DriverError>> {
         Box::pin(async move {
+            ignore_components(&params.components);
             info!(node = %params.node_name, role = %params.role, endpoint = %params.api_server_endpoint, "none driver: no Kubernetes to join; the join service has admitted the node");
             Ok(())
         })
@@ -110,21 +128,79 @@ pub struct KubeadmDriverConfig {
     pub node_ip: IpAddr,
     /// The cloud-provider setting, the same for init and join.
     pub cloud_provider: CloudProvider,
-    /// The components to install before kubeadm runs (empty: the image holds them).
-    pub components: Vec<Component>,
+    /// The components to install when the init request or join ticket names none (empty:
+    /// the image holds kubeadm, the kubelet and the CNI plugins).
+    pub fallback_components: Vec<Component>,
     /// Retries, timeouts and size limits of component downloads.
     pub download: DownloadPolicy,
+    /// How the Kubernetes API is reached after init.
+    pub api: PostInitApi,
 }
 
-/// The `kubeadm` driver (REFERENCE §11.5–§11.7): installs the components, renders the kubeadm
-/// configuration and runs kubeadm through `asterism_kubernetes::kubeadm`. The provider ID
-/// and the load balancer host come from the metadata, as in the original.
+/// How the kubeadm driver reaches the Kubernetes API after `kubeadm init` (REFERENCE §11.5
+/// steps 6–10).
+#[derive(Debug, Clone)]
+pub struct PostInitApi {
+    /// The kubeconfig the client is built from: the admin kubeconfig kubeadm wrote
+    /// (`<kubernetes dir>/admin.conf`).
+    pub kubeconfig: PathBuf,
+    /// Timeouts of each request.
+    pub options: ApiOptions,
+    /// How long to wait for the API server to answer (REFERENCE §11.8).
+    pub wait: WaitPolicy,
+}
+
+impl PostInitApi {
+    /// kubeadm's `admin.conf` in `kubernetes_dir`, the default timeouts and wait.
+    #[must_use]
+    pub fn admin_conf(kubernetes_dir: &Path) -> Self {
+        Self {
+            kubeconfig: kubernetes_dir.join("admin.conf"),
+            options: ApiOptions::default(),
+            wait: WaitPolicy::default(),
+        }
+    }
+}
+
+/// The Kubernetes API steps after init (REFERENCE §11.5 steps 6, 7, 9, 10): wait for the API
+/// server, create the immutable components ConfigMap, annotate node `node_name` with its
+/// name, create `internal-config`. Returns the ConfigMap's name.
+pub async fn post_init_api_steps(
+    api: &ClusterApi,
+    wait: WaitPolicy,
+    components: &Components,
+    cluster_version: &str,
+    node_name: &str,
+) -> Result<String, DriverError> {
+    api.wait_until_ready(wait)
+        .await
+        .map_err(|e| fail("waiting for the Kubernetes API server")(&e))?;
+    let config_map = api
+        .create_components_config_map(&components.to_proto(), cluster_version)
+        .await
+        .map_err(|e| fail("creating the components ConfigMap")(&e))?;
+    api.annotate_node_components(node_name, &config_map)
+        .await
+        .map_err(|e| fail("annotating the node with its components")(&e))?;
+    api.create_internal_config()
+        .await
+        .map_err(|e| fail("creating internal-config")(&e))?;
+    info!(configmap = %config_map, node = %node_name, "recorded the components in the cluster and created internal-config");
+    Ok(config_map)
+}
+
+/// The `kubeadm` driver (REFERENCE §11.5–§11.7): installs the components of the request
+/// (or ticket), renders the kubeadm configuration and runs kubeadm through
+/// `asterism_kubernetes::kubeadm`; after init it takes the Kubernetes API steps
+/// ([`post_init_api_steps`]). The provider ID and the load balancer host come from the
+/// metadata, as in the original.
 pub struct KubeadmDriver<M> {
     node: KubeadmNode<ProcessCommands>,
     metadata: M,
     node_ip: IpAddr,
     cloud_provider: CloudProvider,
-    components: Vec<Component>,
+    fallback_components: Components,
+    api: PostInitApi,
 }
 
 impl<M> std::fmt::Debug for KubeadmDriver<M> {
@@ -133,17 +209,18 @@ impl<M> std::fmt::Debug for KubeadmDriver<M> {
             .field("setup", self.node.config())
             .field("node_ip", &self.node_ip)
             .field("cloud_provider", &self.cloud_provider)
-            .field("components", &self.components.len())
+            .field("fallback_components", &self.fallback_components.len())
+            .field("api", &self.api)
             .finish_non_exhaustive()
     }
 }
 
 impl<M: Metadata> KubeadmDriver<M> {
-    /// The driver; fails when the component list is unusable (a missing or malformed hash,
-    /// URL or path is refused here, before the node does anything).
+    /// The driver; fails when the fallback component list is unusable (a missing or
+    /// malformed hash, URL or path is refused here, before the node does anything).
     pub fn new(config: KubeadmDriverConfig, metadata: M) -> Result<Self, DriverError> {
-        asterism_kubernetes::components::check_all(&config.components)
-            .map_err(|e| fail("the Kubernetes components")(&e))?;
+        let fallback_components = Components::new(config.fallback_components)
+            .map_err(|e| fail("the fallback Kubernetes components")(&e))?;
         let installer =
             Installer::new(config.download).map_err(|e| fail("the component installer")(&e))?;
         Ok(Self {
@@ -151,8 +228,30 @@ impl<M: Metadata> KubeadmDriver<M> {
             metadata,
             node_ip: config.node_ip,
             cloud_provider: config.cloud_provider,
-            components: config.components,
+            fallback_components,
+            api: config.api,
         })
+    }
+
+    /// The components to install: the request's (or ticket's), else the fallback list.
+    fn components<'a>(&'a self, requested: &'a Components) -> &'a Components {
+        if requested.is_empty() {
+            if !self.fallback_components.is_empty() {
+                info!(
+                    count = self.fallback_components.len(),
+                    "the request names no Kubernetes components: installing the fallback list"
+                );
+            }
+            &self.fallback_components
+        } else {
+            if !self.fallback_components.is_empty() {
+                warn!(
+                    count = requested.len(),
+                    "the request names Kubernetes components: the fallback list is not used"
+                );
+            }
+            requested
+        }
     }
 
     /// Starts the kubelet of an already-bootstrapped (or rejoined) node (REFERENCE §11.7).
@@ -255,12 +354,27 @@ impl<M: Metadata + 'static> KubernetesDriver for KubeadmDriver<M> {
                 provider_id,
                 lb,
             )?;
+            let components = self.components(&params.components);
+            let node_name =
+                k8s_node_name(&params.node_name).map_err(|e| fail("the node name")(&e))?;
             let kubeconfig = self
                 .node
-                .init(&self.components, &init, params.conformance_mode)
+                .init(components.as_slice(), &init, params.conformance_mode)
                 .await
                 .map_err(|e| fail("kubeadm init")(&e))?;
-            info!(cluster = %params.cluster_name, version = %params.kubernetes_version, "kubeadm driver: the cluster is initialised");
+            info!(cluster = %params.cluster_name, version = %params.kubernetes_version, "kubeadm driver: kubeadm init finished");
+            let api = ClusterApi::from_kubeconfig(&self.api.kubeconfig, self.api.options)
+                .await
+                .map_err(|e| fail("the Kubernetes API client")(&e))?;
+            post_init_api_steps(
+                &api,
+                self.api.wait,
+                components,
+                &params.kubernetes_version,
+                &node_name,
+            )
+            .await?;
+            info!(cluster = %params.cluster_name, "kubeadm driver: the cluster is initialised");
             Ok(kubeconfig)
         })
     }
@@ -294,8 +408,9 @@ impl<M: Metadata + 'static> KubernetesDriver for KubeadmDriver<M> {
                 cloud_provider: self.cloud_provider,
                 paths: self.node.config().paths.clone(),
             };
+            let components = self.components(&params.components);
             self.node
-                .join_with_installed_kubeadm(&self.components, join, &files)
+                .join_with_installed_kubeadm(components.as_slice(), join, &files)
                 .await
                 .map_err(|e| fail("kubeadm join")(&e))?;
             info!(node = %params.node_name, role = %params.role, "kubeadm driver: joined the cluster");
@@ -319,6 +434,7 @@ mod tests {
             node_ip: "10.9.0.2".parse().unwrap(),
             node_name: "cp-0".into(),
             pki_dir: "/unused".into(),
+            components: Components::default(),
         }
     }
 

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 
 use asterism_disk::{DataKey, DiskError, DiskUuid, StateDisk, Unlocked};
 use asterism_kms::ClusterId;
+use asterism_kubernetes::components::{Component, ComponentError, check_all};
 use asterism_tpm::marker::{self, MarkerError};
 use asterism_tpm::{Tpm, TpmConfig, TpmError};
 use futures::future::BoxFuture;
@@ -143,6 +144,71 @@ impl DiskOps for LuksDisk {
     }
 }
 
+/// The Kubernetes components of an init request or a join ticket (REFERENCE §2.1, §11.1),
+/// checked: every one has a supported URL, a well-formed `sha256:<hex>` hash and a plain
+/// absolute install path. The original strings are kept, since the components ConfigMap
+/// records them and is named by their hashes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Components(Vec<Component>);
+
+impl Components {
+    /// Checks `list`; the first bad component refuses the whole list.
+    pub fn new(list: Vec<Component>) -> Result<Self, ComponentError> {
+        check_all(&list)?;
+        Ok(Self(list))
+    }
+
+    /// The components, in order.
+    #[must_use]
+    pub fn as_slice(&self) -> &[Component] {
+        &self.0
+    }
+
+    /// How many there are.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there are none (the image holds what kubeadm needs).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The components in their wire form (for the components ConfigMap).
+    #[must_use]
+    pub fn to_proto(&self) -> Vec<asterism_proto::components::Component> {
+        self.0
+            .iter()
+            .map(|c| asterism_proto::components::Component {
+                url: c.url.clone(),
+                hash: c.hash.clone(),
+                install_path: c.install_path.clone(),
+                extract: c.extract,
+            })
+            .collect()
+    }
+}
+
+/// The one conversion from the wire type (init request, join ticket).
+impl TryFrom<Vec<asterism_proto::components::Component>> for Components {
+    type Error = ComponentError;
+
+    fn try_from(list: Vec<asterism_proto::components::Component>) -> Result<Self, Self::Error> {
+        Self::new(
+            list.into_iter()
+                .map(|c| Component {
+                    url: c.url,
+                    hash: c.hash,
+                    install_path: c.install_path,
+                    extract: c.extract,
+                })
+                .collect(),
+        )
+    }
+}
+
 /// What the Kubernetes driver needs to set up the first control-plane node.
 #[derive(Debug, Clone)]
 pub struct ClusterInit {
@@ -162,6 +228,8 @@ pub struct ClusterInit {
     pub node_name: String,
     /// Where the cluster PKI lives (`state/kubernetes/pki`).
     pub pki_dir: PathBuf,
+    /// The components the init request names (may be empty).
+    pub components: Components,
 }
 
 /// What the Kubernetes driver needs to join the node to the cluster.
@@ -179,6 +247,8 @@ pub struct ClusterJoin {
     pub node_name: String,
     /// Where the cluster PKI lives (`state/kubernetes/pki`).
     pub pki_dir: PathBuf,
+    /// The components the join ticket names (may be empty).
+    pub components: Components,
 }
 
 /// A Kubernetes driver failed.

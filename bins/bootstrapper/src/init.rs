@@ -28,7 +28,7 @@ use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 use zeroize::Zeroizing;
 
-use crate::effects::ClusterInit;
+use crate::effects::{ClusterInit, Components};
 use crate::lock::Holder;
 use crate::logbuf;
 use crate::node::{LOG_CHUNK_SIZE, Node, StepError, blocking, chain};
@@ -99,9 +99,13 @@ fn failure_with_logs(error: String, logs: &logbuf::LogBuffer) -> Vec<InitRespons
 }
 
 impl<M: Metadata + 'static> InitService<M> {
-    /// Checks the request after the init secret: KMS URI (cluster KMS only), storage URI,
+    /// Checks the request after the init secret: the Kubernetes components, KMS URI (cluster KMS only), storage URI,
     /// measurement salt; derives the cluster ID. Errors are for the (authenticated) caller.
     fn check(&self, req: &mut InitRequest) -> Result<Checked, String> {
+        // The components first: a bad hash, URL or path refuses the request here, before
+        // the lock, rather than fail the driver after it.
+        let components = Components::try_from(std::mem::take(&mut req.kubernetes_components))
+            .map_err(|e| format!("Kubernetes components: {}", chain(&e)))?;
         let kms_uri = Zeroizing::new(std::mem::take(&mut req.kms_uri));
         let kms = KmsUri::parse(&kms_uri).map_err(|e| format!("KMS URI: {e}"))?;
         let storage = if req.storage_uri.is_empty() {
@@ -149,6 +153,7 @@ impl<M: Metadata + 'static> InitService<M> {
                 node_ip: self.node.config.node_ip,
                 node_name,
                 pki_dir: self.node.dir().kubernetes_pki(),
+                components,
             },
         })
     }

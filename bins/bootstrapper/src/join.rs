@@ -19,7 +19,7 @@ use tracing::{debug, info, warn};
 use zeroize::Zeroizing;
 
 use crate::dial::Dialer;
-use crate::effects::ClusterJoin;
+use crate::effects::{ClusterJoin, Components};
 use crate::files;
 use crate::lock::Holder;
 use crate::node::{Identity, Node, StepError, blocking, chain, safe_relative_name};
@@ -53,6 +53,7 @@ struct JoinTicket {
     control_plane_files: Vec<(String, Zeroizing<Vec<u8>>)>,
     ssh_ca_public_key: Vec<u8>,
     host_certificate: Vec<u8>,
+    components: Components,
 }
 
 fn key32(bytes: &mut Vec<u8>, what: &str) -> Result<DataKey, String> {
@@ -77,6 +78,9 @@ impl TryFrom<IssueJoinTicketResponse> for JoinTicket {
                 r.measurement_salt.len()
             )
         })?;
+        // Checked here, so that a ticket with a bad component is refused before the lock.
+        let components = Components::try_from(std::mem::take(&mut r.kubernetes_components))
+            .map_err(|e| format!("kubernetes_components: {}", chain(&e)))?;
         if r.control_plane_files.len() > MAX_CONTROL_PLANE_FILES {
             return Err("too many control-plane files".into());
         }
@@ -101,6 +105,7 @@ impl TryFrom<IssueJoinTicketResponse> for JoinTicket {
             control_plane_files,
             ssh_ca_public_key: r.authorized_ca_public_key,
             host_certificate: r.host_certificate,
+            components,
         })
     }
 }
@@ -397,6 +402,7 @@ impl<M: Metadata + 'static> Node<M> {
             role: identity.role,
             node_name: identity.name.clone(),
             pki_dir: dir.kubernetes_pki(),
+            components: ticket.components,
         };
         info!(
             step = "kubernetes",
@@ -527,4 +533,63 @@ pub(crate) enum RejoinError {
     /// must be reset.
     #[error("the state disk holds no complete node state")]
     Incomplete(#[source] StepError),
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use asterism_proto::components::Component;
+
+    fn ticket(components: Vec<Component>) -> IssueJoinTicketResponse {
+        IssueJoinTicketResponse {
+            state_disk_key: vec![1; 32],
+            measurement_secret: vec![2; 32],
+            measurement_salt: vec![3; 32],
+            kubernetes_components: components,
+            ..IssueJoinTicketResponse::default()
+        }
+    }
+
+    fn component(hash: &str) -> Component {
+        Component {
+            url: "https://example.com/kubeadm".into(),
+            hash: hash.into(),
+            install_path: "/run/state/bin/kubeadm".into(),
+            extract: false,
+        }
+    }
+
+    #[test]
+    fn a_ticket_with_a_bad_component_is_refused() {
+        for bad in [
+            "",
+            "sha256:00",
+            "md5:0123",
+            &format!("sha256:{}", "AB".repeat(32)),
+        ] {
+            let Err(e) = JoinTicket::try_from(ticket(vec![component(bad)])) else {
+                panic!("accepted the hash {bad:?}");
+            };
+            assert!(e.starts_with("kubernetes_components"), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_ticket_components_are_kept_in_order() {
+        let hashes = [
+            format!("sha256:{}", "ab".repeat(32)),
+            format!("sha256:{}", "cd".repeat(32)),
+        ];
+        let t =
+            JoinTicket::try_from(ticket(hashes.iter().map(|h| component(h)).collect())).unwrap();
+        let got: Vec<_> = t.components.as_slice().iter().map(|c| &c.hash).collect();
+        assert_eq!(got, [&hashes[0], &hashes[1]]);
+        assert!(
+            JoinTicket::try_from(ticket(Vec::new()))
+                .unwrap()
+                .components
+                .is_empty()
+        );
+    }
 }

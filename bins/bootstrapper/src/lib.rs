@@ -38,11 +38,12 @@ mod run;
 pub use boot::prepare_state_image;
 pub use dial::{DialError, Dialer};
 pub use driver::{
-    KubeadmDriver, KubeadmDriverConfig, NoneDriver, join_endpoint, kubeadm_init_params,
+    KubeadmDriver, KubeadmDriverConfig, NoneDriver, PostInitApi, join_endpoint,
+    kubeadm_init_params, post_init_api_steps,
 };
 pub use effects::{
-    ClusterInit, ClusterJoin, DiskOps, DriverError, KubernetesDriver, LuksDisk, MarkError,
-    NodeMarker, TpmMarker, UnlockMode,
+    ClusterInit, ClusterJoin, Components, DiskOps, DriverError, KubernetesDriver, LuksDisk,
+    MarkError, NodeMarker, TpmMarker, UnlockMode,
 };
 pub use init::DEFAULT_CLUSTER_NAME;
 pub use lock::{Holder, LockError, NodeLock};

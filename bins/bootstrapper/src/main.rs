@@ -68,8 +68,8 @@ struct Args {
     kubernetes_driver: Driver,
 
     /// kubeadm driver: a JSON list of components (`url`, `hash` = `sha256:<hex>`,
-    /// `install_path`, `extract`) to install before kubeadm runs; without it the image must
-    /// hold kubeadm, the kubelet and the CNI plugins.
+    /// `install_path`, `extract`) to install when the init request or join ticket names
+    /// none; without either the image must hold kubeadm, the kubelet and the CNI plugins.
     #[arg(long, value_name = "PATH")]
     kubernetes_components: Option<PathBuf>,
 
@@ -183,6 +183,7 @@ fn kubeadm_driver(
     dir: &NodeDir,
     metadata: HttpMetadata,
 ) -> anyhow::Result<KubeadmDriver<HttpMetadata>> {
+    use asterism_bootstrapper::PostInitApi;
     use asterism_kubernetes::kubeadm::config::{CloudProvider, NodePaths};
     use asterism_kubernetes::kubeadm::setup::SetupConfig;
     let components = match &args.kubernetes_components {
@@ -212,8 +213,9 @@ fn kubeadm_driver(
             CloudProviderArg::External => CloudProvider::External,
             CloudProviderArg::None => CloudProvider::None,
         },
-        components,
+        fallback_components: components,
         download: asterism_kubernetes::components::DownloadPolicy::default(),
+        api: PostInitApi::admin_conf(&args.kubernetes_dir),
     };
     Ok(KubeadmDriver::new(config, metadata)?)
 }

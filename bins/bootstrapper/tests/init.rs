@@ -177,3 +177,95 @@ async fn an_already_bootstrapped_node_does_not_bootstrap_again() {
         "no InitServer"
     );
 }
+
+/// A driver that keeps the components it was given.
+struct ComponentsDriver(std::sync::Mutex<Vec<asterism_kubernetes::components::Component>>);
+
+impl asterism_bootstrapper::KubernetesDriver for ComponentsDriver {
+    fn name(&self) -> &'static str {
+        "components"
+    }
+
+    fn init<'a>(
+        &'a self,
+        params: &'a asterism_bootstrapper::ClusterInit,
+    ) -> futures::future::BoxFuture<
+        'a,
+        Result<zeroize::Zeroizing<Vec<u8>>, asterism_bootstrapper::DriverError>,
+    > {
+        *self.0.lock().unwrap() = params.components.as_slice().to_vec();
+        Box::pin(async {
+            Ok(zeroize::Zeroizing::new(
+                b"apiVersion: v1\nkind: Config\n".to_vec(),
+            ))
+        })
+    }
+
+    fn join<'a>(
+        &'a self,
+        _params: &'a asterism_bootstrapper::ClusterJoin,
+    ) -> futures::future::BoxFuture<'a, Result<(), asterism_bootstrapper::DriverError>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_bad_component_hash_is_refused_before_the_lock_and_good_components_reach_the_driver() {
+    use asterism_proto::components::Component;
+    let t = TestNode::new("127.0.11.6");
+    let driver = Arc::new(ComponentsDriver(std::sync::Mutex::new(Vec::new())));
+    let node = t.node(metadata(&t), driver.clone(), 1, None);
+    let run = tokio::spawn(asterism_bootstrapper::run(node, std::future::pending()));
+
+    let good = Component {
+        url: "https://example.com/kubelet".into(),
+        hash: format!("sha256:{}", "ab".repeat(32)),
+        install_path: "/run/state/bin/kubelet".into(),
+        extract: false,
+    };
+    let mut bad_request = request(INIT_SECRET);
+    bad_request.kubernetes_components = vec![
+        good.clone(),
+        Component {
+            hash: "sha256:ABC".into(),
+            ..good.clone()
+        },
+    ];
+    let refused = init(t.init_channel().await, bad_request).await.unwrap();
+    let failure = failure_of(&refused).unwrap();
+    assert!(
+        failure.starts_with("invalid init request: Kubernetes components"),
+        "{failure}"
+    );
+    assert_eq!(t.pcr15(), [0; 32], "refused before the node lock");
+    assert!(driver.0.lock().unwrap().is_empty());
+
+    // The server is still up; the components of a good request reach the driver as sent.
+    let mut good_request = request(INIT_SECRET);
+    good_request.kubernetes_components = vec![good.clone()];
+    let responses = init(t.init_channel().await, good_request).await.unwrap();
+    assert!(
+        matches!(
+            responses.first().and_then(|r| r.kind.as_ref()),
+            Some(init_response::Kind::InitSuccess(_))
+        ),
+        "{responses:?}"
+    );
+    assert!(matches!(run.await.unwrap(), Ok(Outcome::Initialized(_))));
+    let got = driver.0.lock().unwrap().clone();
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        (
+            got[0].url.as_str(),
+            got[0].hash.as_str(),
+            got[0].install_path.as_str(),
+            got[0].extract
+        ),
+        (
+            good.url.as_str(),
+            good.hash.as_str(),
+            good.install_path.as_str(),
+            false
+        )
+    );
+}

@@ -2,8 +2,9 @@
 # machine when it is missing. Sourced, not executed.
 
 # Debian packages: the TPM emulator and tools (tests and local clusters), the TSS2
-# libraries the `asterism-tpm` crate links, cryptsetup for LUKS2 state disks.
-SYSTEM_PACKAGES=(swtpm swtpm-tools tpm2-tools libtss2-dev cryptsetup-bin pkg-config)
+# libraries the `asterism-tpm` crate links, cryptsetup for LUKS2 state disks (the program,
+# and the library the `asterism-cryptsetup` crate links).
+SYSTEM_PACKAGES=(swtpm swtpm-tools tpm2-tools libtss2-dev cryptsetup-bin libcryptsetup-dev pkg-config)
 
 step() { printf '\n==> %s\n' "$*" >&2; }
 

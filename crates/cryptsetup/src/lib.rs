@@ -259,7 +259,8 @@ pub struct FormatParams {
 
 /// One LUKS device (`struct crypt_device`): a block device or an image file.
 ///
-/// Not `Send`: the library's handle is used from the thread that made it.
+/// Neither `Send` nor `Sync`: the library's handle is used only from the thread that made it,
+/// one call at a time.
 pub struct Device {
     raw: NonNull<ffi::crypt_device>,
 }
@@ -287,7 +288,7 @@ impl Device {
 
     /// Loads the LUKS2 header from the device (fails with `EINVAL` when there is none, or it
     /// is another version).
-    pub fn load_luks2(&mut self) -> Result<(), Error> {
+    pub fn load_luks2(&self) -> Result<(), Error> {
         let _guard = enter();
         // SAFETY: `self.raw` is a live handle; the type is a static C string; no params.
         let rc = unsafe { ffi::crypt_load(self.raw.as_ptr(), c"LUKS2".as_ptr(), ptr::null_mut()) };
@@ -297,7 +298,7 @@ impl Device {
     /// Writes a new LUKS2 header with a fresh random volume key (the library draws it) and
     /// no keyslot. The volume key stays in this handle for
     /// [`Device::add_keyslot_by_volume_key`]. The old header is destroyed.
-    pub fn format_luks2(&mut self, params: &FormatParams) -> Result<(), Error> {
+    pub fn format_luks2(&self, params: &FormatParams) -> Result<(), Error> {
         let cipher = c_string("format", &params.cipher)?;
         let mode = c_string("format", &params.cipher_mode)?;
         let pbkdf = params.pbkdf.raw();
@@ -330,7 +331,7 @@ impl Device {
     }
 
     /// Sets the PBKDF for keyslots added from now on.
-    pub fn set_pbkdf(&mut self, pbkdf: &Pbkdf) -> Result<(), Error> {
+    pub fn set_pbkdf(&self, pbkdf: &Pbkdf) -> Result<(), Error> {
         let raw = pbkdf.raw();
         let _guard = enter();
         // SAFETY: `raw` and its static strings outlive the call; the library copies them.
@@ -340,7 +341,7 @@ impl Device {
 
     /// Adds `passphrase` in `slot`, protecting the volume key this handle holds after
     /// [`Device::format_luks2`]. Returns the slot.
-    pub fn add_keyslot_by_volume_key(&mut self, slot: u8, passphrase: &[u8]) -> Result<u8, Error> {
+    pub fn add_keyslot_by_volume_key(&self, slot: u8, passphrase: &[u8]) -> Result<u8, Error> {
         let _guard = enter();
         // SAFETY: a null volume key means "the one held by the handle"; the passphrase
         // pointer and length describe a live slice the library only reads.
@@ -359,7 +360,7 @@ impl Device {
 
     /// Adds `new` in `slot`, authorised by `existing` (which must open a keyslot). Returns
     /// the slot.
-    pub fn add_keyslot(&mut self, slot: u8, existing: &[u8], new: &[u8]) -> Result<u8, Error> {
+    pub fn add_keyslot(&self, slot: u8, existing: &[u8], new: &[u8]) -> Result<u8, Error> {
         let _guard = enter();
         // SAFETY: both pointer/length pairs describe live slices the library only reads.
         let rc = unsafe {
@@ -379,7 +380,7 @@ impl Device {
     /// the keyslot is decrypted and the volume key checked against the header's digest.
     /// `Ok(None)` when it opens none.
     pub fn test_passphrase(
-        &mut self,
+        &self,
         slot: Option<u8>,
         passphrase: &[u8],
     ) -> Result<Option<u8>, Error> {
@@ -393,7 +394,7 @@ impl Device {
     /// Maps the device at `/dev/mapper/<name>` with the key `passphrase` opens. Needs
     /// device-mapper. Returns the keyslot used.
     pub fn activate(
-        &mut self,
+        &self,
         name: &str,
         slot: Option<u8>,
         passphrase: &[u8],
@@ -404,7 +405,7 @@ impl Device {
     }
 
     fn activate_raw(
-        &mut self,
+        &self,
         name: Option<&CStr>,
         slot: Option<u8>,
         passphrase: &[u8],
@@ -430,7 +431,7 @@ impl Device {
 
     /// Destroys `slot`: its key material is overwritten and it leaves the header. Asks for
     /// no passphrase, so callers check first that another slot still opens.
-    pub fn destroy_keyslot(&mut self, slot: u8) -> Result<(), Error> {
+    pub fn destroy_keyslot(&self, slot: u8) -> Result<(), Error> {
         let _guard = enter();
         // SAFETY: `self.raw` is a live handle.
         let rc = unsafe { ffi::crypt_keyslot_destroy(self.raw.as_ptr(), c_int::from(slot)) };
@@ -438,7 +439,7 @@ impl Device {
     }
 
     /// Writes `json` as token `token`, replacing what was there.
-    pub fn set_token_json(&mut self, token: u8, json: &str) -> Result<(), Error> {
+    pub fn set_token_json(&self, token: u8, json: &str) -> Result<(), Error> {
         let json = c_string("token_json_set", json)?;
         let _guard = enter();
         // SAFETY: `json` is a live C string; the library parses and copies it.
@@ -449,12 +450,12 @@ impl Device {
     }
 
     /// The LUKS2 JSON metadata of the header this handle holds.
-    pub fn metadata_json(&mut self) -> Result<String, Error> {
+    pub fn metadata_json(&self) -> Result<String, Error> {
         let _guard = enter();
         let mut json: *const c_char = ptr::null();
         // SAFETY: `json` is a valid out-pointer; on success it points at a string owned by
-        // the handle, valid until the next call on it, which cannot happen before the copy
-        // below (we hold `&mut self` and the library lock).
+        // the handle, valid until the next call on it. No such call can come before the copy
+        // below: the handle is neither `Send` nor `Sync`, and we hold the library lock.
         let rc = unsafe { ffi::crypt_dump_json(self.raw.as_ptr(), &raw mut json, 0) };
         check("dump_json", rc)?;
         if json.is_null() {
@@ -475,7 +476,7 @@ impl Device {
 
     /// The header's UUID, if a header is loaded or formatted.
     #[must_use]
-    pub fn uuid(&mut self) -> Option<String> {
+    pub fn uuid(&self) -> Option<String> {
         let _guard = enter();
         // SAFETY: `self.raw` is a live handle; the result is null or a string owned by it.
         let uuid = unsafe { ffi::crypt_get_uuid(self.raw.as_ptr()) };
@@ -607,7 +608,7 @@ mod tests {
     }
 
     fn formatted(path: &Path, key: &[u8]) -> Device {
-        let mut device = Device::init(path).unwrap();
+        let device = Device::init(path).unwrap();
         device
             .format_luks2(&FormatParams {
                 cipher: "aes".to_owned(),
@@ -626,7 +627,7 @@ mod tests {
         let (_dir, path) = image();
         let uuid = formatted(&path, b"first").uuid().unwrap();
 
-        let mut device = Device::init(&path).unwrap();
+        let device = Device::init(&path).unwrap();
         device.load_luks2().unwrap();
         assert_eq!(device.uuid().as_deref(), Some(uuid.as_str()));
         device.set_pbkdf(&FAST).unwrap();
@@ -640,7 +641,7 @@ mod tests {
             .unwrap();
         drop(device);
 
-        let mut again = Device::init(&path).unwrap();
+        let again = Device::init(&path).unwrap();
         again.load_luks2().unwrap();
         let json: String = again
             .metadata_json()
@@ -657,7 +658,7 @@ mod tests {
     #[test]
     fn a_wrong_passphrase_cannot_add_a_keyslot() {
         let (_dir, path) = image();
-        let mut device = formatted(&path, b"right");
+        let device = formatted(&path, b"right");
         let error = device.add_keyslot(1, b"wrong", b"new").unwrap_err();
         assert!(error.is_wrong_passphrase(), "{error}");
         assert_eq!(device.test_passphrase(None, b"new").unwrap(), None);
@@ -666,7 +667,7 @@ mod tests {
     #[test]
     fn a_device_without_a_header_does_not_load_and_says_why() {
         let (_dir, path) = image();
-        let mut device = Device::init(&path).unwrap();
+        let device = Device::init(&path).unwrap();
         let error = device.load_luks2().unwrap_err();
         assert_eq!(error.operation, "load");
         assert_eq!(error.errno, 22, "{error}");

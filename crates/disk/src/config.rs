@@ -150,6 +150,21 @@ pub enum Integrity {
     None,
 }
 
+/// How [`crate::StateDisk`] reaches cryptsetup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Backend {
+    /// libcryptsetup in process (through `asterism-cryptsetup`): one header load serves a
+    /// whole step, and the key checks run against that loaded, validated header. A re-key
+    /// takes tens of milliseconds instead of about a second. Two operations still run the
+    /// program: a format with dm-integrity and the device-mapper mapping, both of which need
+    /// device-mapper. Library calls have no timeout.
+    #[default]
+    Library,
+    /// The `cryptsetup` program for everything, each run bounded by a timeout, with key
+    /// checks and the mapping against a detached header copy in a private scratch directory.
+    Program,
+}
+
 /// What [`crate::StateDisk::unlock`] does when the kernel has no device-mapper.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum MissingDeviceMapper {
@@ -167,6 +182,8 @@ pub enum MissingDeviceMapper {
 /// [`DiskConfig::local`] (a local cluster on a development machine).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DiskConfig {
+    /// Library or program.
+    pub backend: Backend,
     /// The cryptsetup program: a path, or a bare name looked up in `PATH`.
     pub cryptsetup: PathBuf,
     /// The device-mapper name used by [`crate::StateDisk::unlock`].
@@ -186,7 +203,7 @@ pub struct DiskConfig {
     /// is removed afterwards. A header copy is as large as the header and keyslot areas
     /// (16 MiB with cryptsetup's defaults); it holds no secret in the clear.
     pub scratch_dir: PathBuf,
-    /// The bound on each cryptsetup invocation.
+    /// The bound on each run of the cryptsetup program.
     pub command_timeout: Duration,
     /// The bound on a format that wipes the device for integrity.
     pub wipe_timeout: Duration,
@@ -197,6 +214,7 @@ impl Default for DiskConfig {
     /// required.
     fn default() -> Self {
         Self {
+            backend: Backend::Library,
             cryptsetup: PathBuf::from("cryptsetup"),
             mapper_name: DEFAULT_MAPPER_NAME.to_owned(),
             pbkdf: Pbkdf::SPEC,

@@ -56,6 +56,36 @@ pub enum DiskError {
         /// cryptsetup's standard error, sanitized and bounded.
         stderr: String,
     },
+    /// A libcryptsetup call failed ([`crate::Backend::Library`]).
+    #[error("{}: {step}", .path.display())]
+    Library {
+        /// The device.
+        path: PathBuf,
+        /// The step.
+        step: Step,
+        /// The library's error (errno and its last message, which never holds key material).
+        #[source]
+        source: asterism_cryptsetup::Error,
+    },
+    /// The device could not be read (to tell a damaged LUKS2 header from no header).
+    #[error("{}: cannot read the device", .path.display())]
+    Read {
+        /// The device.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The device starts with a LUKS2 header that libcryptsetup cannot load (damaged both
+    /// copies, or an unsupported layout). Never treated as a new disk.
+    #[error("{}: the LUKS2 header cannot be loaded; refusing to treat the disk as new", .path.display())]
+    DamagedHeader {
+        /// The device.
+        path: PathBuf,
+        /// The library's error.
+        #[source]
+        source: asterism_cryptsetup::Error,
+    },
     /// cryptsetup succeeded but printed something this crate does not understand, or left
     /// the header in a state other than the one the step should produce.
     #[error("{}: cryptsetup {step}: unexpected result: {detail}", .path.display())]

@@ -1,5 +1,6 @@
 //! The LUKS2 state disk of an Asterism node (REFERENCE §10), on a block device or an image
-//! file, driven through the `cryptsetup` program.
+//! file, driven through libcryptsetup in process or through the `cryptsetup` program
+//! ([`Backend`]).
 //!
 //! * [`StateDisk`] formats a new disk ([`StateDisk::format_new`] with a
 //!   [`generate_initial_passphrase`]), tells a new disk from an initialized one
@@ -10,12 +11,14 @@
 //!   key check that says so).
 //! * [`validate_header`] holds the header rules as a pure function over the LUKS2 JSON
 //!   metadata; no operation uses a header that fails them.
-//! * [`CryptsetupCli`] builds every command line as a value; [`CommandRunner`] is the edge
-//!   that runs them ([`SystemRunner`] for real, with a timeout on every run).
+//! * [`Backend::Library`] (the default) calls libcryptsetup through `asterism-cryptsetup`;
+//!   [`Backend::Program`] runs the program. [`CryptsetupCli`] builds every command line as a
+//!   value; [`CommandRunner`] is the edge that runs them ([`SystemRunner`] for real, with a
+//!   timeout on every run).
 //!
 //! This is the only crate that runs cryptsetup. It must never put a passphrase on a command
-//! line, in a file, in a log or in an error: passphrases reach cryptsetup on standard input
-//! only, and live in [`asterism_kms::DataKey`] values (no `Clone`, redacted `Debug`, wiped on
+//! line, in a file, in a log or in an error: passphrases reach the program on standard input
+//! only and the library as borrowed bytes, and live in [`asterism_kms::DataKey`] values (no `Clone`, redacted `Debug`, wiped on
 //! drop). It reads no environment. It is blocking: async callers run it on a blocking thread.
 
 mod command;
@@ -29,8 +32,8 @@ pub use command::{
     MAX_CAPTURED_OUTPUT, MAX_STDERR_CHARS, RunError, Step, SystemRunner, sanitize_stderr,
 };
 pub use config::{
-    ConfigError, DEFAULT_COMMAND_TIMEOUT, DEFAULT_MAPPER_NAME, DEFAULT_WIPE_TIMEOUT, DiskConfig,
-    Integrity, MissingDeviceMapper, Pbkdf,
+    Backend, ConfigError, DEFAULT_COMMAND_TIMEOUT, DEFAULT_MAPPER_NAME, DEFAULT_WIPE_TIMEOUT,
+    DiskConfig, Integrity, MissingDeviceMapper, Pbkdf,
 };
 pub use disk::{
     Formatted, INITIAL_PASSPHRASE_LEN, StateDisk, Unlocked, generate_initial_passphrase,

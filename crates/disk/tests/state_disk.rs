@@ -12,9 +12,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use asterism_disk::{
-    CommandOutput, CommandRunner, DataKey, DiskConfig, DiskError, Integrity, Invocation, KeySlot,
-    MissingDeviceMapper, Pbkdf, RunError, StateDisk, Step, SystemRunner, TokenState, Unlocked,
-    generate_initial_passphrase,
+    Backend, CommandOutput, CommandRunner, DataKey, DiskConfig, DiskError, Integrity, Invocation,
+    KeySlot, MissingDeviceMapper, Pbkdf, RunError, StateDisk, Step, SystemRunner, TokenState,
+    Unlocked, generate_initial_passphrase,
 };
 use tempfile::TempDir;
 
@@ -54,7 +54,18 @@ impl Image {
     fn disk(&self) -> StateDisk {
         StateDisk::open(&self.path, self.config()).unwrap()
     }
+
+    fn disk_with(&self, backend: Backend) -> StateDisk {
+        let config = DiskConfig {
+            backend,
+            ..self.config()
+        };
+        StateDisk::open(&self.path, config).unwrap()
+    }
 }
+
+/// The tests that say what a state disk does run with both ways of reaching cryptsetup.
+const BACKENDS: [Backend; 2] = [Backend::Library, Backend::Program];
 
 fn key(text: &str) -> DataKey {
     DataKey::new(text.as_bytes().to_vec()).unwrap()
@@ -98,8 +109,14 @@ fn scratch_is_empty(image: &Image) -> bool {
 
 #[test]
 fn a_fresh_format_has_a_lower_case_uuid_and_is_not_initialized() {
+    for backend in BACKENDS {
+        a_fresh_format_has_a_lower_case_uuid_and_is_not_initialized_with(backend);
+    }
+}
+
+fn a_fresh_format_has_a_lower_case_uuid_and_is_not_initialized_with(backend: Backend) {
     let image = Image::new();
-    let disk = image.disk();
+    let disk = image.disk_with(backend);
     assert!(
         !disk.is_initialized().unwrap(),
         "an empty image is a new disk"
@@ -141,8 +158,14 @@ fn a_fresh_format_has_a_lower_case_uuid_and_is_not_initialized() {
 
 #[test]
 fn the_initial_passphrase_opens_the_disk_and_a_wrong_one_does_not() {
+    for backend in BACKENDS {
+        the_initial_passphrase_opens_the_disk_and_a_wrong_one_does_not_with(backend);
+    }
+}
+
+fn the_initial_passphrase_opens_the_disk_and_a_wrong_one_does_not_with(backend: Backend) {
     let image = Image::new();
-    let disk = image.disk();
+    let disk = image.disk_with(backend);
     let passphrase = generate_initial_passphrase().unwrap();
     disk.format_new(&passphrase).unwrap();
 
@@ -155,8 +178,16 @@ fn the_initial_passphrase_opens_the_disk_and_a_wrong_one_does_not() {
 
 #[test]
 fn replace_passphrase_leaves_only_the_new_key_and_marks_the_disk_initialized() {
+    for backend in BACKENDS {
+        replace_passphrase_leaves_only_the_new_key_and_marks_the_disk_initialized_with(backend);
+    }
+}
+
+fn replace_passphrase_leaves_only_the_new_key_and_marks_the_disk_initialized_with(
+    backend: Backend,
+) {
     let image = Image::new();
-    let disk = image.disk();
+    let disk = image.disk_with(backend);
     let old = generate_initial_passphrase().unwrap();
     let new = generate_initial_passphrase().unwrap();
     disk.format_new(&old).unwrap();
@@ -186,8 +217,14 @@ fn replace_passphrase_leaves_only_the_new_key_and_marks_the_disk_initialized() {
 
 #[test]
 fn replace_passphrase_with_a_wrong_old_passphrase_changes_nothing() {
+    for backend in BACKENDS {
+        replace_passphrase_with_a_wrong_old_passphrase_changes_nothing_with(backend);
+    }
+}
+
+fn replace_passphrase_with_a_wrong_old_passphrase_changes_nothing_with(backend: Backend) {
     let image = Image::new();
-    let disk = image.disk();
+    let disk = image.disk_with(backend);
     let old = key("the real old passphrase");
     disk.format_new(&old).unwrap();
 
@@ -207,8 +244,14 @@ fn replace_passphrase_with_a_wrong_old_passphrase_changes_nothing() {
 
 #[test]
 fn mark_for_reset_flips_the_token_and_lets_the_disk_be_formatted_again() {
+    for backend in BACKENDS {
+        mark_for_reset_flips_the_token_and_lets_the_disk_be_formatted_again_with(backend);
+    }
+}
+
+fn mark_for_reset_flips_the_token_and_lets_the_disk_be_formatted_again_with(backend: Backend) {
     let image = Image::new();
-    let disk = image.disk();
+    let disk = image.disk_with(backend);
     let (old, new) = (key("old"), key("new"));
     disk.format_new(&old).unwrap();
     disk.replace_passphrase(&old, &new).unwrap();
@@ -446,12 +489,15 @@ fn refuses_to_use_a_header_that_fails_validation() {
             "1000",
         ],
     ];
-    for extra in weak {
+    for (extra, backend) in weak
+        .iter()
+        .flat_map(|extra| BACKENDS.map(|backend| (extra, backend)))
+    {
         let image = Image::new();
         let passphrase = key("passphrase");
         format_by_hand(&image, &passphrase, extra, true);
         assert!(opens(&image, &passphrase));
-        let disk = image.disk();
+        let disk = image.disk_with(backend);
 
         let is_init = disk.is_initialized();
         assert!(
@@ -498,8 +544,14 @@ fn an_invalid_header_marked_new_is_a_new_disk_and_is_formatted_over() {
 
 #[test]
 fn a_device_without_luks2_header_is_new_and_has_no_key() {
+    for backend in BACKENDS {
+        a_device_without_luks2_header_is_new_and_has_no_key_with(backend);
+    }
+}
+
+fn a_device_without_luks2_header_is_new_and_has_no_key_with(backend: Backend) {
     let image = Image::new();
-    let disk = image.disk();
+    let disk = image.disk_with(backend);
     assert!(!disk.is_initialized().unwrap());
     let result = disk.check_key(&key("anything"));
     assert!(
@@ -599,9 +651,10 @@ fn a_header_replaced_during_the_re_key_is_detected() {
     let image = Image::new();
     let old = key("old");
     image.disk().format_new(&old).unwrap();
+    // The program backend: a test can act between its runs.
     let disk = StateDisk::with_runner(
         &image.path,
-        image.config(),
+        image.disk_with(Backend::Program).config().clone(),
         SwapsHeaderAfterAddKey {
             inner: SystemRunner::new("/nonexistent"),
             image: image.path.clone(),
@@ -632,6 +685,8 @@ fn every_cryptsetup_run_is_bounded_in_time() {
     let disk = StateDisk::open(
         &image.path,
         DiskConfig {
+            // Library calls have no timeout; every run of the program has one.
+            backend: Backend::Program,
             pbkdf: Pbkdf::SPEC,
             command_timeout: Duration::from_millis(1500),
             ..image.config()
@@ -657,8 +712,14 @@ fn every_cryptsetup_run_is_bounded_in_time() {
 
 #[test]
 fn errors_and_debug_output_never_show_a_passphrase() {
+    for backend in BACKENDS {
+        errors_and_debug_output_never_show_a_passphrase_with(backend);
+    }
+}
+
+fn errors_and_debug_output_never_show_a_passphrase_with(backend: Backend) {
     let image = Image::new();
-    let disk = image.disk();
+    let disk = image.disk_with(backend);
     let passphrase = key("SECRET-passphrase-material");
     disk.format_new(&passphrase).unwrap();
     let err = disk
@@ -667,4 +728,39 @@ fn errors_and_debug_output_never_show_a_passphrase() {
     let text = format!("{err} {err:?}");
     assert!(!text.contains("SECRET"), "{text}");
     assert!(!format!("{passphrase:?}").contains("SECRET"));
+}
+
+/// A device that starts with the LUKS2 magic but whose header the library cannot load (both
+/// JSON areas destroyed) is refused, never taken for a new disk and formatted over.
+#[test]
+fn a_damaged_luks2_header_is_an_error_not_a_new_disk() {
+    use std::io::{Seek as _, SeekFrom};
+
+    let image = Image::new();
+    let disk = image.disk_with(Backend::Library);
+    let passphrase = key("passphrase");
+    disk.format_new(&passphrase).unwrap();
+    // LUKS2 with 16 KiB metadata: primary binary header at 0, its JSON at 4 KiB; the
+    // secondary header at 16 KiB, its JSON at 20 KiB.
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .open(&image.path)
+        .unwrap();
+    for json_area in [4096u64, 16384 + 4096] {
+        file.seek(SeekFrom::Start(json_area)).unwrap();
+        file.write_all(&[0x5a; 12 * 1024]).unwrap();
+    }
+    file.sync_all().unwrap();
+    drop(file);
+
+    let is_init = disk.is_initialized();
+    assert!(
+        matches!(is_init, Err(DiskError::DamagedHeader { .. })),
+        "{is_init:?}"
+    );
+    let format = disk.format_new(&key("another"));
+    assert!(
+        matches!(format, Err(DiskError::DamagedHeader { .. })),
+        "{format:?}"
+    );
 }

@@ -12,9 +12,9 @@
 use std::fs::File;
 use std::time::Instant;
 
-use asterism_disk::{DiskConfig, Pbkdf, StateDisk, generate_initial_passphrase};
+use asterism_disk::{Backend, DiskConfig, Pbkdf, StateDisk, generate_initial_passphrase};
 
-fn measure(name: &str, pbkdf: Pbkdf) {
+fn measure(name: &str, backend: Backend, pbkdf: Pbkdf) {
     let dir = tempfile::tempdir().unwrap();
     let image = dir.path().join("state.img");
     File::create(&image)
@@ -22,6 +22,7 @@ fn measure(name: &str, pbkdf: Pbkdf) {
         .set_len(32 * 1024 * 1024)
         .unwrap();
     let config = DiskConfig {
+        backend,
         pbkdf,
         scratch_dir: dir.path().to_path_buf(),
         device_mapper_control: dir.path().join("no-control"),
@@ -40,18 +41,22 @@ fn measure(name: &str, pbkdf: Pbkdf) {
     let t = Instant::now();
     assert!(disk.check_key(&new).unwrap());
     let check = t.elapsed();
-    println!("{name}: format {format:?}, re-key {rekey:?}, key check {check:?}");
+    println!("{backend:?}, {name}: format {format:?}, re-key {rekey:?}, key check {check:?}");
 }
 
 #[test]
 #[ignore = "timing report, slow with the reference parameters"]
 fn format_and_rekey_timings() {
-    measure(
-        "test parameters (argon2id 4 iterations, 32 KiB, 1 thread)",
-        Pbkdf::FAST_FOR_TESTS,
-    );
+    for backend in [Backend::Library, Backend::Program] {
+        measure(
+            "test parameters (argon2id 4 iterations, 32 KiB, 1 thread)",
+            backend,
+            Pbkdf::FAST_FOR_TESTS,
+        );
+    }
     measure(
         "reference parameters (argon2id 2000 ms, 64 MiB, 4 threads)",
+        Backend::Library,
         Pbkdf::SPEC,
     );
 }

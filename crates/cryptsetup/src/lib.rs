@@ -94,6 +94,11 @@ mod ffi {
             volume_key_size: usize,
             params: *mut c_void,
         ) -> c_int;
+        pub fn crypt_set_metadata_size(
+            cd: *mut crypt_device,
+            metadata_size: u64,
+            keyslots_size: u64,
+        ) -> c_int;
         pub fn crypt_set_pbkdf_type(cd: *mut crypt_device, pbkdf: *const crypt_pbkdf_type)
         -> c_int;
         pub fn crypt_keyslot_add_by_volume_key(
@@ -255,6 +260,10 @@ pub struct FormatParams {
     pub sector_size: u32,
     /// The PBKDF of the keyslots added afterwards.
     pub pbkdf: Pbkdf,
+    /// The size of the keyslots area in bytes (a multiple of 4096), or `None` for the
+    /// library's default (16 MiB less the two metadata copies). The data segment starts
+    /// right after it.
+    pub keyslots_area_bytes: Option<u64>,
 }
 
 /// One LUKS device (`struct crypt_device`): a block device or an image file.
@@ -313,6 +322,11 @@ impl Device {
             subsystem: ptr::null(),
         };
         let _guard = enter();
+        if let Some(keyslots) = params.keyslots_area_bytes {
+            // SAFETY: `self.raw` is a live handle; 0 keeps the default metadata size.
+            let rc = unsafe { ffi::crypt_set_metadata_size(self.raw.as_ptr(), 0, keyslots) };
+            check("set_metadata_size", rc)?;
+        }
         // SAFETY: every pointer is valid for the call (locals that outlive it); a null
         // volume key makes the library generate one of `volume_key_bytes` bytes.
         let rc = unsafe {
@@ -616,6 +630,7 @@ mod tests {
                 volume_key_bytes: 64,
                 sector_size: 4096,
                 pbkdf: FAST,
+                keyslots_area_bytes: Some(2 * 1024 * 1024 - 32 * 1024),
             })
             .unwrap();
         assert_eq!(device.add_keyslot_by_volume_key(0, key).unwrap(), 0);
@@ -650,6 +665,8 @@ mod tests {
             .filter(|c| !c.is_whitespace())
             .collect();
         assert!(json.contains(r#""x":true"#), "{json}");
+        assert!(json.contains(r#""keyslots_size":"2064384""#), "{json}");
+        assert!(json.contains(r#""offset":"2097152""#), "{json}");
         assert!(json.contains(r#""1":{"type":"luks2""#), "{json}");
         assert!(!json.contains(r#""0":{"type":"luks2""#), "{json}");
         assert_eq!(again.test_passphrase(None, b"second").unwrap(), Some(1));

@@ -145,6 +145,8 @@ pub struct FormatParams {
     pub integrity: bool,
     /// Whether the integrity tags are initialised by wiping the device.
     pub integrity_wipe: bool,
+    /// `--luks2-keyslots-size`, or cryptsetup's default.
+    pub keyslots_area_bytes: Option<u64>,
 }
 
 impl CryptsetupCli {
@@ -203,6 +205,9 @@ impl CryptsetupCli {
             if !params.integrity_wipe {
                 inv.push(["--integrity-no-wipe"]);
             }
+        }
+        if let Some(bytes) = params.keyslots_area_bytes {
+            inv.push(["--luks2-keyslots-size".to_owned(), bytes.to_string()]);
         }
         inv.push(params.pbkdf.args());
         inv.push_key_file(passphrase);
@@ -427,7 +432,9 @@ pub struct SystemRunner {
 
 impl SystemRunner {
     /// A runner that takes `device_mapper_control` (normally `/dev/mapper/control`) as the
-    /// sign that the kernel has device-mapper.
+    /// sign that the kernel has device-mapper, provided the kernel also lists device-mapper
+    /// among its misc devices (`/proc/misc`): a container can see a control node that its
+    /// kernel does not back.
     #[must_use]
     pub fn new(device_mapper_control: impl Into<PathBuf>) -> Self {
         Self {
@@ -442,8 +449,18 @@ impl CommandRunner for SystemRunner {
     }
 
     fn device_mapper_available(&self) -> bool {
-        self.device_mapper_control.exists()
+        if !self.device_mapper_control.exists() {
+            return false;
+        }
+        // Without /proc (or where it cannot be read), the control node is all there is to go by.
+        std::fs::read_to_string("/proc/misc").map_or(true, |misc| lists_device_mapper(&misc))
     }
+}
+
+/// Whether a `/proc/misc` listing (`<minor> <name>` per line) has the device-mapper device.
+fn lists_device_mapper(misc: &str) -> bool {
+    misc.lines()
+        .any(|line| line.split_whitespace().nth(1) == Some("device-mapper"))
 }
 
 /// The `PATH` a bare program name is looked up in.
@@ -610,6 +627,7 @@ mod tests {
             pbkdf: Pbkdf::SPEC,
             integrity: true,
             integrity_wipe: true,
+            keyslots_area_bytes: None,
         };
         let with_old = [
             cli.format(dev, &params, &old),
@@ -667,6 +685,7 @@ mod tests {
             pbkdf: Pbkdf::FAST_FOR_TESTS,
             integrity: true,
             integrity_wipe: false,
+            keyslots_area_bytes: None,
         };
         let inv = cli.format(Path::new("/dev/vdb"), &params, &key(b"k"));
         let args: Vec<&str> = inv.args().iter().map(|a| a.to_str().unwrap()).collect();
@@ -760,6 +779,15 @@ mod tests {
         assert_eq!(out.stdout, b"hello");
         assert_eq!(out.stderr, b"oops\n");
         assert!(!out.success());
+    }
+
+    #[test]
+    fn device_mapper_is_read_from_the_kernel_misc_device_list() {
+        assert!(lists_device_mapper("183 hw_random\n236 device-mapper\n"));
+        assert!(!lists_device_mapper("183 hw_random\n229 fuse\n"));
+        assert!(!lists_device_mapper(""));
+        // Not there at all: no device-mapper, whatever the kernel says.
+        assert!(!SystemRunner::new("/nonexistent/control").device_mapper_available());
     }
 
     #[test]

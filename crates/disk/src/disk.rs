@@ -224,6 +224,7 @@ impl<R: CommandRunner> StateDisk<R> {
                 volume_key_bytes: 64,
                 sector_size: 4096,
                 pbkdf: library_pbkdf(&self.config.pbkdf),
+                keyslots_area_bytes: self.config.keyslots_area.bytes(64),
             })
             .map_err(lib(Step::Format))?;
         device
@@ -577,6 +578,10 @@ impl<R: CommandRunner> StateDisk<R> {
             pbkdf: self.config.pbkdf,
             integrity,
             integrity_wipe: self.config.integrity_wipe,
+            keyslots_area_bytes: self
+                .config
+                .keyslots_area
+                .bytes(if integrity { 96 } else { 64 }),
         };
         // Wiping for integrity writes the whole device: that gets its own, longer bound.
         let timeout = if integrity && self.config.integrity_wipe {

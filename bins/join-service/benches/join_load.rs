@@ -1,18 +1,38 @@
-//! `join_load`: K concurrent joiners (default 256), each a node with its own address
-//! (`127.11.x.y`) and its own software-signed `tpm-quote` AK (pinned), ask one in-process
-//! join service (with the real key service on a Unix socket and the real metadata service)
-//! for a join ticket over a fresh aTLS connection. Prints tickets/s, p50/p99 latency, the
-//! ratio to a plain TLS 1.3 gRPC unary baseline (fresh connection + one call, same
-//! concurrency) measured in the same run, and the process's peak RSS.
+//! `join_load`: the join service under load, against a plain TLS 1.3 gRPC unary baseline
+//! measured the same way in the same run.
+//!
+//! The join service is the real `asterism-join-service` binary, a child process, so that its
+//! CPU time and peak memory are its own. The key service (Unix socket) and the metadata
+//! service run in this process, next to the joiners. Every joiner is a node with its own
+//! address (`127.11.x.y`) and its own software-signed `tpm-quote` AK (evidence in the real
+//! TPM format; the service pins every AK), and asks for one join ticket over a fresh aTLS
+//! connection. Every run uses fresh nodes, so every ticket binds a new disk.
+//!
+//! Runs, each of K requests (after an unmeasured warm-up of 32):
+//! * closed burst: all K start at once; latency from the common start;
+//! * open loop at R/s: request i is scheduled at `start + i/R`, each on a fresh
+//!   connection; latency from its *scheduled* start, so a server that falls behind is
+//!   charged for the queueing it causes (no coordinated omission).
+//!
+//! The baseline is a tonic unary call over TLS 1.3 on a fresh connection (no client
+//! authentication, ECDSA P-256 server certificate) to a server in a child process of its
+//! own, with the same runtime and the same listen backlog as the join service.
+//!
+//! It prints, per run: achieved requests/s, p50 and p99 latency, and the server process's
+//! CPU time per request; the ratios join/baseline; and the join service's peak resident
+//! memory (VmHWM) after all its runs.
 //!
 //! Run: `cargo bench -p asterism-join-service --features insecure-test-attestation --bench join_load`
-//! Environment: `JOIN_BENCH_JOINERS` (default 256).
+//! Environment: `JOIN_BENCH_JOINERS` (K, default 256), `JOIN_BENCH_RATES` (open-loop
+//! rates per second, comma-separated, default `500,1000`).
 
 #![allow(
     missing_docs,
     clippy::unwrap_used,
     clippy::expect_used,
+    clippy::panic,
     clippy::print_stdout,
+    clippy::print_stderr,
     clippy::indexing_slicing
 )]
 
@@ -27,7 +47,11 @@ use asterism_proto::kms::api_server::{Api, ApiServer};
 use asterism_proto::kms::{GetDataKeyRequest, GetDataKeyResponse};
 use common::*;
 use hyper_util::rt::TokioIo;
+use std::future::Future;
+use std::io::BufRead as _;
+use std::net::SocketAddr;
 use std::pin::Pin;
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -35,6 +59,15 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tonic::transport::Endpoint;
 use tonic::transport::server::Connected;
+
+/// Unmeasured requests before the measured runs of each server.
+const WARM_UP: usize = 32;
+/// The listen backlog of the baseline server.
+const BACKLOG: u32 = 1024;
+/// The argument that turns this program into the baseline server.
+const BASELINE_SERVER_ARG: &str = "--baseline-server";
+
+// --- the baseline server (a child process: this program with BASELINE_SERVER_ARG) ---
 
 #[derive(Clone)]
 struct Fixed;
@@ -86,46 +119,70 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-async fn plain_server() -> String {
-    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-    let cert = rcgen::CertificateParams::new(vec!["localhost".into()])
-        .unwrap()
-        .self_signed(&key)
+fn listen(addr: SocketAddr) -> TcpListener {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_reuseaddr(true).unwrap();
+    socket.bind(addr).unwrap();
+    socket.listen(BACKLOG).unwrap()
+}
+
+/// The baseline server: prints `listening <addr>` and serves until standard input closes.
+fn baseline_server() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
         .unwrap();
-    let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![cert.der().clone()],
-            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
-        )
+    rt.block_on(async {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".into()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![cert.der().clone()],
+                rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+            )
+            .unwrap();
+        cfg.alpn_protocols = vec![b"h2".to_vec()];
+        cfg.send_tls13_tickets = 0;
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+        let listener = listen("127.0.0.1:0".parse().unwrap());
+        let addr = listener.local_addr().unwrap();
+        // Handshakes run in tasks of their own, as the join service's aTLS acceptor does.
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<PlainTls, std::io::Error>>(64);
+        tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    continue;
+                };
+                let _ = tcp.set_nodelay(true);
+                let acceptor = acceptor.clone();
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    if let Ok(tls) = acceptor.accept(tcp).await {
+                        let _ = tx.send(Ok(PlainTls(tls))).await;
+                    }
+                });
+            }
+        });
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(ApiServer::new(Fixed))
+                .serve_with_incoming(tokio_stream::wrappers::ReceiverStream::new(rx)),
+        );
+        println!("listening {addr}");
+        // Until the parent closes our standard input.
+        tokio::task::spawn_blocking(|| {
+            let mut sink = String::new();
+            while std::io::stdin().read_line(&mut sink).unwrap_or(0) > 0 {}
+        })
+        .await
         .unwrap();
-    cfg.alpn_protocols = vec![b"h2".to_vec()];
-    cfg.send_tls13_tickets = 0;
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<PlainTls, std::io::Error>>(64);
-    tokio::spawn(async move {
-        loop {
-            let (tcp, _) = listener.accept().await.unwrap();
-            let _ = tcp.set_nodelay(true);
-            let acceptor = acceptor.clone();
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                if let Ok(tls) = acceptor.accept(tcp).await {
-                    let _ = tx.send(Ok(PlainTls(tls))).await;
-                }
-            });
-        }
     });
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(ApiServer::new(Fixed))
-            .serve_with_incoming(tokio_stream::wrappers::ReceiverStream::new(rx)),
-    );
-    format!("http://{addr}")
 }
 
 fn plain_connector() -> impl tower::Service<
@@ -136,8 +193,8 @@ fn plain_connector() -> impl tower::Service<
 > + Clone
 + Send
 + 'static {
-    // The baseline trusts the server certificate by a dangerous accept-any verifier too,
-    // so both sides of the comparison do the same signature work.
+    // The baseline trusts the server certificate by an accept-any verifier that still
+    // checks the handshake signature, as aTLS does with its ephemeral certificates.
     #[derive(Debug)]
     struct AnyCert(rustls::crypto::WebPkiSupportedAlgorithms);
     impl rustls::client::danger::ServerCertVerifier for AnyCert {
@@ -196,84 +253,249 @@ fn plain_connector() -> impl tower::Service<
     })
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
+// --- measuring ---
+
+/// A server process whose CPU time and memory are read from `/proc`.
+struct Server {
+    child: Child,
 }
 
-fn peak_rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
+impl Server {
+    /// User + system CPU time so far (clock ticks of 1/100 s, Linux's fixed `USER_HZ`).
+    fn cpu(&self) -> Duration {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap();
+        // Fields after the parenthesised command name; utime and stime are the 14th and
+        // 15th fields of the line.
+        let rest = &stat[stat.rfind(')').unwrap() + 2..];
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+        Duration::from_millis(ticks * 10)
+    }
+
+    /// `VmHWM` (peak resident set) and `VmRSS`, in KiB.
+    fn memory_kib(&self) -> (u64, u64) {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let field = |name: &str| -> u64 {
+            status
+                .lines()
+                .find(|l| l.starts_with(name))
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|v| v.parse().ok())
+                .unwrap()
+        };
+        (field("VmHWM:"), field("VmRSS:"))
+    }
+}
+
+/// The result of one run.
+struct Run {
+    label: String,
+    requests: usize,
+    /// From the first scheduled start to the last completion.
+    wall: Duration,
+    /// Sorted.
+    latencies: Vec<Duration>,
+    server_cpu: Duration,
+}
+
+impl Run {
+    fn per_second(&self) -> f64 {
+        self.requests as f64 / self.wall.as_secs_f64()
+    }
+
+    fn percentile(&self, p: f64) -> Duration {
+        let i = ((self.latencies.len() as f64 - 1.0) * p).round() as usize;
+        self.latencies[i.min(self.latencies.len() - 1)]
+    }
+
+    fn print(&self) {
+        println!(
+            "  {:<34} {:>9.1}/s  p50 {:>9.2?}  p99 {:>9.2?}  server CPU {:>6.2} ms/request",
+            self.label,
+            self.per_second(),
+            self.percentile(0.5),
+            self.percentile(0.99),
+            self.server_cpu.as_secs_f64() * 1000.0 / self.requests as f64,
+        );
+    }
+}
+
+/// How requests arrive.
+#[derive(Clone, Copy)]
+enum Arrivals {
+    /// All at once.
+    Burst,
+    /// Uniformly spaced at this many per second.
+    Rate(f64),
+}
+
+/// Runs `jobs` (each one request on a fresh connection; they panic on failure) with the
+/// given arrivals; the latency of each is measured from its scheduled start.
+async fn measure<F>(label: String, server: &Server, arrivals: Arrivals, jobs: Vec<F>) -> Run
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let requests = jobs.len();
+    let cpu_before = server.cpu();
+    // Scheduled starts leave time to spawn every task first.
+    let start = tokio::time::Instant::now() + Duration::from_millis(50);
+    let tasks: Vec<_> = jobs
+        .into_iter()
+        .enumerate()
+        .map(|(i, job)| {
+            let at = match arrivals {
+                Arrivals::Burst => start,
+                Arrivals::Rate(r) => start + Duration::from_secs_f64(i as f64 / r),
+            };
+            tokio::spawn(async move {
+                tokio::time::sleep_until(at).await;
+                job.await;
+                let done = tokio::time::Instant::now();
+                (done - at, done)
+            })
         })
-        .unwrap_or(0)
+        .collect();
+    let mut latencies = Vec::with_capacity(requests);
+    let mut end = start;
+    for t in tasks {
+        let (latency, done) = t.await.unwrap();
+        latencies.push(latency);
+        end = end.max(done);
+    }
+    latencies.sort();
+    // The server's CPU time settles (logging, the last responses) a moment later.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    Run {
+        label,
+        requests,
+        wall: end - start,
+        latencies,
+        server_cpu: server.cpu().saturating_sub(cpu_before),
+    }
 }
 
 fn node_ip(i: usize) -> String {
     format!("127.11.{}.{}", i / 200, i % 200 + 1)
 }
 
-async fn baseline(k: usize) -> (f64, Vec<Duration>) {
-    let url = plain_server().await;
+fn disk_uuid(i: usize) -> String {
+    format!("{i:08x}-0000-4000-8000-000000000000")
+}
+
+/// The nodes of the load test: an attesting issuer and a join request each.
+struct Nodes {
+    issuers: Vec<Arc<dyn Issuer>>,
+    requests: Vec<asterism_proto::join::IssueJoinTicketRequest>,
+}
+
+impl Nodes {
+    fn jobs(
+        &mut self,
+        range: std::ops::Range<usize>,
+        server: SocketAddr,
+    ) -> Vec<impl Future<Output = ()> + Send + 'static + use<>> {
+        range
+            .map(|i| {
+                let issuer = self.issuers[i].clone();
+                let request = std::mem::take(&mut self.requests[i]);
+                async move {
+                    join(server, &node_ip(i), issuer, request)
+                        .await
+                        .unwrap_or_else(|e| panic!("node-{i}: {e:?}"));
+                }
+            })
+            .collect()
+    }
+}
+
+fn baseline_jobs(n: usize, url: &str) -> Vec<impl Future<Output = ()> + Send + 'static + use<>> {
     let connector = plain_connector();
+    (0..n)
+        .map(|_| {
+            let (url, connector) = (url.to_owned(), connector.clone());
+            async move {
+                let channel = Endpoint::from_shared(url)
+                    .unwrap()
+                    .connect_with_connector(connector)
+                    .await
+                    .unwrap();
+                KmsClient::new(channel)
+                    .get_data_key(GetDataKeyRequest {
+                        data_key_id: "x".into(),
+                        length: 32,
+                    })
+                    .await
+                    .unwrap();
+            }
+        })
+        .collect()
+}
+
+fn free_port(ip: &str) -> u16 {
+    std::net::TcpListener::bind(format!("{ip}:0"))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn stop(mut server: Server) {
+    let status = Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
     let start = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..k {
-        let (url, connector) = (url.clone(), connector.clone());
-        tasks.push(tokio::spawn(async move {
-            let t = Instant::now();
-            let channel = Endpoint::from_shared(url)
-                .unwrap()
-                .connect_with_connector(connector)
-                .await
-                .unwrap();
-            KmsClient::new(channel)
-                .get_data_key(GetDataKeyRequest {
-                    data_key_id: "x".into(),
-                    length: 32,
-                })
-                .await
-                .unwrap();
-            t.elapsed()
-        }));
+    loop {
+        if let Some(s) = server.child.try_wait().unwrap() {
+            assert!(s.success(), "the join service exited with {s:?}");
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the join service did not stop"
+        );
+        std::thread::sleep(Duration::from_millis(50));
     }
-    let mut lat = Vec::new();
-    for t in tasks {
-        lat.push(t.await.unwrap());
-    }
-    let secs = start.elapsed().as_secs_f64();
-    lat.sort();
-    (k as f64 / secs, lat)
 }
 
 fn main() {
+    if std::env::args().any(|a| a == BASELINE_SERVER_ARG) {
+        return baseline_server();
+    }
     let k: usize = std::env::var("JOIN_BENCH_JOINERS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(256);
+    let rates: Vec<f64> = std::env::var("JOIN_BENCH_RATES")
+        .unwrap_or_else(|_| "500,1000".into())
+        .split(',')
+        .map(|r| r.trim().parse().expect("JOIN_BENCH_RATES: numbers"))
+        .collect();
+    let mut schedule = vec![("closed burst".to_owned(), Arrivals::Burst)];
+    for &r in &rates {
+        schedule.push((format!("open loop {r}/s"), Arrivals::Rate(r)));
+    }
+    let total = WARM_UP + k * schedule.len();
+
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(async move {
         let cluster = Cluster::start().await;
-        // K worker instances with their own addresses, served by a second metadata service.
+        // One worker instance per node, served by a metadata service of their own.
         let listener = TcpListener::bind("127.0.10.254:0").await.unwrap();
         let metadata_url = format!("http://{}", listener.local_addr().unwrap());
-        let mut instances = Vec::new();
-        for i in 0..k {
-            instances.push(InstanceMetadata {
+        let instances = (0..total)
+            .map(|i| InstanceMetadata {
                 name: format!("node-{i}"),
                 provider_id: format!("asterism-local:///node-{i}"),
                 role: Role::Worker,
                 vpc_ip: node_ip(i),
                 ..Default::default()
-            });
-        }
+            })
+            .collect();
         tokio::spawn(
             MetadataServer::new(MetadataConfig {
                 instances,
@@ -281,65 +503,111 @@ fn main() {
             })
             .serve(listener, std::future::pending()),
         );
-        let mut cluster = cluster;
-        cluster.metadata_url = metadata_url;
 
-        let mut nodes: Vec<Arc<dyn Issuer>> = Vec::new();
         let mut pins = Vec::new();
-        for _ in 0..k {
+        let mut issuers: Vec<Arc<dyn Issuer>> = Vec::new();
+        for _ in 0..total {
             let tpm = SoftTpm::new(SoftAk::generate_ecdsa_p256().unwrap());
-            pins.push(tpm.ak().fingerprint());
-            nodes.push(Arc::new(tpm));
+            pins.push(tpm.ak().fingerprint().to_string());
+            issuers.push(Arc::new(tpm));
         }
-        let mut options = Options::pinning(pins);
-        options.rate = 1000.0;
-        options.burst = 1000;
-        let js = start_join_service(&cluster, options).await;
-        let requests: Vec<_> = (0..k)
-            .map(|i| {
-                join_request(
-                    &format!("node-{i}"),
-                    &node_ip(i),
-                    &format!("{:08x}-0000-4000-8000-000000000000", i),
-                    false,
-                )
-            })
+        let requests = (0..total)
+            .map(|i| join_request(&format!("node-{i}"), &node_ip(i), &disk_uuid(i), false))
             .collect();
+        let mut nodes = Nodes { issuers, requests };
 
+        // The join service binary.
+        let dir = cluster.dir.path();
+        std::fs::write(dir.join("salt"), SALT).unwrap();
+        std::fs::write(dir.join("measurements.json"), zero_measurements().to_json()).unwrap();
+        let listen = format!("{CP}:{}", free_port(CP));
+        let log = std::fs::File::create(dir.join("join-service.log")).unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_asterism-join-service"));
+        command
+            .args(["--listen", &listen])
+            .arg("--measurements")
+            .arg(dir.join("measurements.json"))
+            .arg("--key-service")
+            .arg(format!("unix:{}", cluster.key_socket.display()))
+            .args(["--metadata-url", &metadata_url])
+            .arg("--pki-dir")
+            .arg(cluster.pki_dir())
+            .arg("--measurement-salt-file")
+            .arg(dir.join("salt"))
+            .arg("--state-dir")
+            .arg(cluster.state_dir());
+        for pin in &pins {
+            command.args(["--pinned-ak", pin]);
+        }
+        let service = Server {
+            child: command
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .unwrap(),
+        };
+        let addr: SocketAddr = listen.parse().unwrap();
         let start = Instant::now();
-        let mut tasks = Vec::new();
-        for (i, (node, req)) in nodes.into_iter().zip(requests).enumerate() {
-            let addr = js.addr;
-            tasks.push(tokio::spawn(async move {
-                let t = Instant::now();
-                join(addr, &node_ip(i), node, req).await.unwrap();
-                t.elapsed()
-            }));
+        while TcpStream::connect(addr).await.is_err() {
+            assert!(start.elapsed() < Duration::from_secs(30), "the join service did not start");
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let mut lat = Vec::new();
-        for t in tasks {
-            lat.push(t.await.unwrap());
+
+        let mut join_runs = Vec::new();
+        let warm = nodes.jobs(0..WARM_UP, addr);
+        measure("warm-up".into(), &service, Arrivals::Burst, warm).await;
+        for (n, (label, arrivals)) in schedule.iter().enumerate() {
+            let first = WARM_UP + n * k;
+            let jobs = nodes.jobs(first..first + k, addr);
+            join_runs.push(measure(format!("join, {label}"), &service, *arrivals, jobs).await);
         }
-        let secs = start.elapsed().as_secs_f64();
-        lat.sort();
-        let tickets_per_s = k as f64 / secs;
-        // The baseline gets one unmeasured burst first (the join burst above warmed the
-        // runtime for the join path), then the measured one.
-        let _ = baseline(k).await;
-        let (base_per_s, base_lat) = baseline(k).await;
-        println!("join_load: {k} concurrent joiners, one join service, key service on a Unix socket");
+        let (hwm, rss) = service.memory_kib();
+        stop(service);
+
+        // The baseline server.
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .arg(BASELINE_SERVER_ARG)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let url = format!("http://{}", line.trim().strip_prefix("listening ").unwrap());
+        let baseline = Server { child };
+        let mut base_runs = Vec::new();
+        measure("warm-up".into(), &baseline, Arrivals::Burst, baseline_jobs(WARM_UP, &url)).await;
+        for (label, arrivals) in &schedule {
+            let jobs = baseline_jobs(k, &url);
+            base_runs.push(measure(format!("baseline, {label}"), &baseline, *arrivals, jobs).await);
+        }
+        let mut baseline = baseline;
+        drop(baseline.child.stdin.take());
+        baseline.child.wait().unwrap();
+
         println!(
-            "  join tickets:   {tickets_per_s:8.1}/s  p50 {:>8.2?}  p99 {:>8.2?}",
-            percentile(&lat, 0.5),
-            percentile(&lat, 0.99)
+            "join_load: {k} requests per run on {} CPUs; join service: the asterism-join-service binary; key and metadata services in the load generator's process",
+            std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
         );
+        for r in join_runs.iter().chain(&base_runs) {
+            r.print();
+        }
+        for (j, b) in join_runs.iter().zip(&base_runs) {
+            println!(
+                "  ratio join/baseline, {:<22} requests/s {:.3}  p50 {:.1}x  p99 {:.1}x",
+                j.label.trim_start_matches("join, "),
+                j.per_second() / b.per_second(),
+                j.percentile(0.5).as_secs_f64() / b.percentile(0.5).as_secs_f64(),
+                j.percentile(0.99).as_secs_f64() / b.percentile(0.99).as_secs_f64(),
+            );
+        }
         println!(
-            "  plain TLS 1.3 gRPC unary (fresh connection): {base_per_s:8.1}/s  p50 {:>8.2?}  p99 {:>8.2?}",
-            percentile(&base_lat, 0.5),
-            percentile(&base_lat, 0.99)
+            "  join service memory after its runs: peak (VmHWM) {:.1} MiB, now (VmRSS) {:.1} MiB",
+            hwm as f64 / 1024.0,
+            rss as f64 / 1024.0
         );
-        println!("  ratio join/baseline: {:.3}", tickets_per_s / base_per_s);
-        println!("  peak RSS (VmHWM): {} KiB", peak_rss_kib());
-        js.stop().await;
     });
 }

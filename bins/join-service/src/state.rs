@@ -11,6 +11,7 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::{mpsc, oneshot};
 use zeroize::Zeroizing;
 
 /// How long a minted bootstrap token is valid (REFERENCE §6.4).
@@ -209,11 +210,22 @@ fn unix(t: SystemTime) -> u64 {
         .unwrap_or(0)
 }
 
+/// Most writes committed in one transaction.
+const MAX_WRITES_PER_COMMIT: usize = 512;
+
 /// [`ClusterState`] in an embedded redb database (`<state dir>/cluster-state.redb`, mode
 /// 0600 in a 0700 directory: it holds bootstrap tokens).
+///
+/// Writes go through one writer thread that commits every write queued while it was busy
+/// in one transaction (group commit): one fsync covers a burst of tickets, and each caller
+/// is answered only after the commit that holds its write has returned, so nothing a
+/// caller was told is lost on a crash. A write that is refused (a disk bound to another
+/// key) writes nothing and does not affect the others in its transaction; a write that
+/// fails otherwise aborts the transaction, and every write in it fails.
 #[derive(Clone)]
 pub struct RedbState {
     db: Arc<Database>,
+    writer: Arc<Writer>,
     path: PathBuf,
 }
 
@@ -225,11 +237,119 @@ impl std::fmt::Debug for RedbState {
     }
 }
 
+/// The open tables of a write transaction.
+struct Tables<'txn> {
+    disks: redb::Table<'txn, &'static str, &'static [u8]>,
+    members: redb::Table<'txn, &'static str, &'static [u8]>,
+    tokens: redb::Table<'txn, &'static str, &'static [u8]>,
+}
+
+/// A write waiting for the writer thread.
+trait PendingWrite: Send {
+    /// Applies the write in the open transaction. An error aborts the transaction; a
+    /// refusal is the write's outcome instead and must leave the tables untouched.
+    fn apply(&mut self, tables: &mut Tables<'_>) -> Result<(), StateError>;
+
+    /// Answers the caller: with the outcome if the transaction committed, otherwise with
+    /// `failure`.
+    fn answer(self: Box<Self>, failure: Option<&str>);
+}
+
+type WriteFn<T> = Box<dyn for<'a> FnOnce(&mut Tables<'a>) -> Result<T, StateError> + Send>;
+
+struct Pending<T> {
+    run: Option<WriteFn<T>>,
+    outcome: Option<Result<T, StateError>>,
+    reply: oneshot::Sender<Result<T, StateError>>,
+}
+
+impl<T: Send> PendingWrite for Pending<T> {
+    fn apply(&mut self, tables: &mut Tables<'_>) -> Result<(), StateError> {
+        let Some(run) = self.run.take() else {
+            return Ok(());
+        };
+        match run(tables) {
+            Err(e @ StateError::DiskBoundToOtherKey { .. }) => self.outcome = Some(Err(e)),
+            Err(e) => return Err(e),
+            Ok(v) => self.outcome = Some(Ok(v)),
+        }
+        Ok(())
+    }
+
+    fn answer(self: Box<Self>, failure: Option<&str>) {
+        let result = match (failure, self.outcome) {
+            (None, Some(outcome)) => outcome,
+            (Some(failure), _) => Err(StateError::Store(failure.to_owned())),
+            (None, None) => Err(StateError::Store("the write was not applied".into())),
+        };
+        // The caller may have given up (its request was cancelled); the write stands.
+        let _ = self.reply.send(result);
+    }
+}
+
+/// The writer thread and its queue; dropping the last handle lets the thread finish what
+/// is queued and waits for it, so the database is closed when the state is dropped.
+struct Writer {
+    queue: Option<mpsc::Sender<Box<dyn PendingWrite>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        drop(self.queue.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn message(e: StateError) -> String {
+    match e {
+        StateError::Store(m) | StateError::Unavailable(m) => m,
+        other => other.to_string(),
+    }
+}
+
+fn write_loop(db: &Database, mut queue: mpsc::Receiver<Box<dyn PendingWrite>>) {
+    while let Some(first) = queue.blocking_recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_WRITES_PER_COMMIT {
+            match queue.try_recv() {
+                Ok(w) => batch.push(w),
+                Err(_) => break,
+            }
+        }
+        let failure = commit(db, &mut batch).err().map(message);
+        if let Some(f) = &failure {
+            tracing::error!(writes = batch.len(), error = %f, "cluster state: a transaction failed; none of its writes was committed");
+        }
+        for w in batch {
+            w.answer(failure.as_deref());
+        }
+    }
+}
+
+fn commit(db: &Database, batch: &mut [Box<dyn PendingWrite>]) -> Result<(), StateError> {
+    let txn = db.begin_write().map_err(store)?;
+    {
+        let mut tables = Tables {
+            disks: txn.open_table(DISKS).map_err(store)?,
+            members: txn.open_table(MEMBERS).map_err(store)?,
+            tokens: txn.open_table(TOKENS).map_err(store)?,
+        };
+        for w in batch.iter_mut() {
+            w.apply(&mut tables)?;
+        }
+    }
+    txn.commit().map_err(store)
+}
+
 impl RedbState {
     /// The database file's name in the state directory.
     pub const FILE_NAME: &'static str = "cluster-state.redb";
 
-    /// Opens (or creates) the store in `dir`, creating `dir` with mode 0700 if needed.
+    /// Opens (or creates) the store in `dir`, creating `dir` with mode 0700 if needed, and
+    /// starts its writer thread.
     pub fn open(dir: &Path) -> Result<Self, StateError> {
         use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
         std::fs::DirBuilder::new()
@@ -249,8 +369,19 @@ impl RedbState {
             txn.open_table(TOKENS).map_err(store)?;
         }
         txn.commit().map_err(store)?;
+        let db = Arc::new(db);
+        let (queue, rx) = mpsc::channel(MAX_WRITES_PER_COMMIT);
+        let writer_db = db.clone();
+        let thread = std::thread::Builder::new()
+            .name("cluster-state".into())
+            .spawn(move || write_loop(&writer_db, rx))
+            .map_err(|e| StateError::Store(format!("starting the writer thread: {e}")))?;
         Ok(Self {
-            db: Arc::new(db),
+            db,
+            writer: Arc::new(Writer {
+                queue: Some(queue),
+                thread: Some(thread),
+            }),
             path,
         })
     }
@@ -264,8 +395,28 @@ impl RedbState {
             .await
             .map_err(store)?
     }
+
+    /// Queues `run` for the writer thread and waits until the transaction that holds it has
+    /// committed.
+    async fn write<T: Send + 'static>(
+        &self,
+        run: impl for<'a> FnOnce(&mut Tables<'a>) -> Result<T, StateError> + Send + 'static,
+    ) -> Result<T, StateError> {
+        let stopped = || StateError::Store("the cluster-state writer stopped".into());
+        let (reply, answer) = oneshot::channel();
+        let pending: Box<dyn PendingWrite> = Box::new(Pending {
+            run: Some(Box::new(run)),
+            outcome: None,
+            reply,
+        });
+        let queue = self.writer.queue.as_ref().ok_or_else(stopped)?;
+        queue.send(pending).await.map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
+    }
 }
 
+/// Binds `disk` to `ak` unless it is bound; refuses (before writing anything) if another
+/// key holds it.
 fn bind_in(
     table: &mut redb::Table<&str, &[u8]>,
     disk: &str,
@@ -295,6 +446,93 @@ fn bind_in(
     }
 }
 
+/// The admission of `a` in an open transaction: the disk binding first (a refusal writes
+/// nothing), then the member, then the token.
+fn admit_in(t: &mut Tables<'_>, a: &Admission) -> Result<BootstrapToken, StateError> {
+    let now = unix(a.now);
+    bind_in(&mut t.disks, a.disk.as_str(), &a.ak, now)?;
+
+    let previous = t
+        .members
+        .get(a.name.as_str())
+        .map_err(store)?
+        .map(|v| serde_json::from_slice::<Member>(v.value()))
+        .transpose()
+        .map_err(store)?;
+    let member = match previous {
+        Some(p) => {
+            if p.ak != a.ak {
+                tracing::warn!(node = %a.name, old_ak = %p.ak, new_ak = %a.ak, "member re-admitted with a different attestation key");
+            }
+            Member {
+                role: a.role.to_string(),
+                ak: a.ak.clone(),
+                last_ticket_at: now,
+                tickets: p.tickets.saturating_add(1),
+                ..p
+            }
+        }
+        None => Member {
+            name: a.name.clone(),
+            role: a.role.to_string(),
+            ak: a.ak.clone(),
+            admitted_at: now,
+            last_ticket_at: now,
+            tickets: 1,
+        },
+    };
+    let bytes = serde_json::to_vec(&member).map_err(store)?;
+    t.members
+        .insert(a.name.as_str(), bytes.as_slice())
+        .map_err(store)?;
+
+    let min_expiry = now.saturating_add(TOKEN_MIN_REMAINING.as_secs());
+    let mut reusable = None;
+    let mut expired = Vec::new();
+    for entry in t.tokens.iter().map_err(store)? {
+        let (k, v) = entry.map_err(store)?;
+        let record: TokenRecord = serde_json::from_slice(v.value()).map_err(store)?;
+        if record.expires <= now {
+            expired.push(k.value().to_owned());
+        } else if record.expires >= min_expiry
+            && reusable
+                .as_ref()
+                .is_none_or(|(_, e): &(Zeroizing<String>, u64)| record.expires > *e)
+        {
+            reusable = Some((Zeroizing::new(record.token), record.expires));
+        }
+    }
+    for k in expired {
+        t.tokens.remove(k.as_str()).map_err(store)?;
+    }
+    Ok(match reusable {
+        Some((token, expires)) => BootstrapToken {
+            token,
+            expires: UNIX_EPOCH + Duration::from_secs(expires),
+        },
+        None => {
+            let expires = now.saturating_add(TOKEN_TTL.as_secs());
+            let token = BootstrapToken::generate(UNIX_EPOCH + Duration::from_secs(expires))?;
+            let record = Zeroizing::new(
+                serde_json::to_vec(&TokenRecord {
+                    token: token.expose_secret().to_owned(),
+                    expires,
+                })
+                .map_err(store)?,
+            );
+            t.tokens
+                .insert(token.id(), record.as_slice())
+                .map_err(store)?;
+            tracing::info!(
+                token_id = token.id(),
+                expires_in_secs = TOKEN_TTL.as_secs(),
+                "minted a bootstrap token"
+            );
+            token
+        }
+    })
+}
+
 impl ClusterState for RedbState {
     async fn check_disk(&self, disk: &DiskUuid, ak: &str) -> Result<(), StateError> {
         let (disk, ak) = (disk.as_str().to_owned(), ak.to_owned());
@@ -322,119 +560,15 @@ impl ClusterState for RedbState {
         ak: &str,
         now: SystemTime,
     ) -> Result<(), StateError> {
+        // Most calls find the binding already there: check without the writer.
+        self.check_disk(disk, ak).await?;
         let (disk, ak) = (disk.as_str().to_owned(), ak.to_owned());
-        self.blocking(move |db| {
-            // Most calls find the binding already there: check without a write transaction.
-            {
-                let read = db.begin_read().map_err(store)?;
-                let table = read.open_table(DISKS).map_err(store)?;
-                if let Some(v) = table.get(disk.as_str()).map_err(store)? {
-                    let record: DiskRecord = serde_json::from_slice(v.value()).map_err(store)?;
-                    return if record.ak == ak {
-                        Ok(())
-                    } else {
-                        Err(StateError::DiskBoundToOtherKey { uuid: disk })
-                    };
-                }
-            }
-            let txn = db.begin_write().map_err(store)?;
-            {
-                let mut table = txn.open_table(DISKS).map_err(store)?;
-                bind_in(&mut table, &disk, &ak, unix(now))?;
-            }
-            txn.commit().map_err(store)
-        })
-        .await
+        self.write(move |t| bind_in(&mut t.disks, &disk, &ak, unix(now)))
+            .await
     }
 
     async fn admit(&self, a: Admission) -> Result<BootstrapToken, StateError> {
-        self.blocking(move |db| {
-            let now = unix(a.now);
-            let txn = db.begin_write().map_err(store)?;
-            let token = {
-                let mut disks = txn.open_table(DISKS).map_err(store)?;
-                bind_in(&mut disks, a.disk.as_str(), &a.ak, now)?;
-
-                let mut members = txn.open_table(MEMBERS).map_err(store)?;
-                let previous = members
-                    .get(a.name.as_str())
-                    .map_err(store)?
-                    .map(|v| serde_json::from_slice::<Member>(v.value()))
-                    .transpose()
-                    .map_err(store)?;
-                let member = match previous {
-                    Some(p) => {
-                        if p.ak != a.ak {
-                            tracing::warn!(node = %a.name, old_ak = %p.ak, new_ak = %a.ak, "member re-admitted with a different attestation key");
-                        }
-                        Member {
-                            role: a.role.to_string(),
-                            ak: a.ak.clone(),
-                            last_ticket_at: now,
-                            tickets: p.tickets.saturating_add(1),
-                            ..p
-                        }
-                    }
-                    None => Member {
-                        name: a.name.clone(),
-                        role: a.role.to_string(),
-                        ak: a.ak.clone(),
-                        admitted_at: now,
-                        last_ticket_at: now,
-                        tickets: 1,
-                    },
-                };
-                let bytes = serde_json::to_vec(&member).map_err(store)?;
-                members
-                    .insert(a.name.as_str(), bytes.as_slice())
-                    .map_err(store)?;
-
-                let mut tokens = txn.open_table(TOKENS).map_err(store)?;
-                let min_expiry = now.saturating_add(TOKEN_MIN_REMAINING.as_secs());
-                let mut reusable = None;
-                let mut expired = Vec::new();
-                for entry in tokens.iter().map_err(store)? {
-                    let (k, v) = entry.map_err(store)?;
-                    let record: TokenRecord =
-                        serde_json::from_slice(v.value()).map_err(store)?;
-                    if record.expires <= now {
-                        expired.push(k.value().to_owned());
-                    } else if record.expires >= min_expiry
-                        && reusable.as_ref().is_none_or(|(_, e): &(Zeroizing<String>, u64)| record.expires > *e)
-                    {
-                        reusable = Some((Zeroizing::new(record.token), record.expires));
-                    }
-                }
-                for k in expired {
-                    tokens.remove(k.as_str()).map_err(store)?;
-                }
-                match reusable {
-                    Some((token, expires)) => BootstrapToken {
-                        token,
-                        expires: UNIX_EPOCH + Duration::from_secs(expires),
-                    },
-                    None => {
-                        let expires = now.saturating_add(TOKEN_TTL.as_secs());
-                        let token = BootstrapToken::generate(UNIX_EPOCH + Duration::from_secs(expires))?;
-                        let record = Zeroizing::new(
-                            serde_json::to_vec(&TokenRecord {
-                                token: token.expose_secret().to_owned(),
-                                expires,
-                            })
-                            .map_err(store)?,
-                        );
-                        tokens
-                            .insert(token.id(), record.as_slice())
-                            .map_err(store)?;
-                        tracing::info!(token_id = token.id(), expires_in_secs = TOKEN_TTL.as_secs(), "minted a bootstrap token");
-                        token
-                    }
-                }
-            };
-            txn.commit().map_err(store)?;
-            Ok(token)
-        })
-        .await
+        self.write(move |t| admit_in(t, &a)).await
     }
 
     async fn members(&self) -> Result<Vec<Member>, StateError> {
@@ -542,6 +676,120 @@ mod tests {
             .await
             .unwrap();
         assert_ne!(a.expose_secret(), c.expose_secret());
+    }
+
+    fn pending<T: Send + 'static>(
+        run: impl for<'a> FnOnce(&mut Tables<'a>) -> Result<T, StateError> + Send + 'static,
+    ) -> (
+        Box<dyn PendingWrite>,
+        oneshot::Receiver<Result<T, StateError>>,
+    ) {
+        let (reply, answer) = oneshot::channel();
+        let pending = Box::new(Pending {
+            run: Some(Box::new(run)),
+            outcome: None,
+            reply,
+        });
+        (pending, answer)
+    }
+
+    /// Runs `batch` as the writer thread does: one transaction, then the answers.
+    fn run_batch(dir: &Path, mut batch: Vec<Box<dyn PendingWrite>>) {
+        let db = Database::create(dir.join(RedbState::FILE_NAME)).unwrap();
+        let failure = commit(&db, &mut batch).err().map(message);
+        for w in batch {
+            w.answer(failure.as_deref());
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refused_write_leaves_the_others_of_its_transaction_committed() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(RedbState::open(dir.path()).unwrap());
+        let now = UNIX_EPOCH + Duration::from_secs(3_000_000);
+        let a = admission("a", "ak-a", D1, now);
+        let b = admission("b", "ak-b", D1, now);
+        let c = admission("c", "ak-c", D2, now);
+        let (wa, ra) = pending(move |t| admit_in(t, &a));
+        let (wb, rb) = pending(move |t| admit_in(t, &b));
+        let (wc, rc) = pending(move |t| admit_in(t, &c));
+        run_batch(dir.path(), vec![wa, wb, wc]);
+        let ta = ra.await.unwrap().unwrap();
+        assert!(matches!(
+            rb.await.unwrap(),
+            Err(StateError::DiskBoundToOtherKey { .. })
+        ));
+        let tc = rc.await.unwrap().unwrap();
+        assert_eq!(
+            ta.expose_secret(),
+            tc.expose_secret(),
+            "one token per burst"
+        );
+
+        let s = RedbState::open(dir.path()).unwrap();
+        let names: Vec<_> = s
+            .members()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|m| m.name)
+            .collect();
+        assert_eq!(names, ["a", "c"]);
+        s.check_disk(&DiskUuid::parse(D1).unwrap(), "ak-a")
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_failed_write_aborts_its_transaction_and_every_write_in_it_fails() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(RedbState::open(dir.path()).unwrap());
+        let now = UNIX_EPOCH + Duration::from_secs(3_000_000);
+        let a = admission("a", "ak-a", D1, now);
+        let (wa, ra) = pending(move |t| admit_in(t, &a));
+        // Writes half of something, then fails.
+        let (wb, rb) = pending(|t| {
+            t.members.insert("b", b"{}".as_slice()).map_err(store)?;
+            Err::<(), _>(StateError::Store("the disk is full".into()))
+        });
+        run_batch(dir.path(), vec![wa, wb]);
+        assert!(matches!(ra.await.unwrap(), Err(StateError::Store(m)) if m.contains("full")));
+        assert!(rb.await.unwrap().is_err());
+
+        let s = RedbState::open(dir.path()).unwrap();
+        assert!(s.members().await.unwrap().is_empty());
+        s.check_disk(&DiskUuid::parse(D1).unwrap(), "ak-other")
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_admissions_are_all_committed_and_answered_after_their_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let now = UNIX_EPOCH + Duration::from_secs(4_000_000);
+        {
+            let s = RedbState::open(dir.path()).unwrap();
+            let tasks: Vec<_> = (0..200)
+                .map(|i| {
+                    let s = s.clone();
+                    let disk = format!("{i:08x}-0000-4000-8000-000000000000");
+                    tokio::spawn(async move {
+                        s.admit(admission(&format!("n{i}"), &format!("ak-{i}"), &disk, now))
+                            .await
+                            .map(|t| t.expose_secret().to_owned())
+                    })
+                })
+                .collect();
+            let mut tokens = std::collections::BTreeSet::new();
+            for t in tasks {
+                tokens.insert(t.await.unwrap().unwrap());
+            }
+            assert_eq!(tokens.len(), 1, "one token for the whole burst");
+            // Every answer came after its commit: a reader sees every member right away.
+            assert_eq!(s.members().await.unwrap().len(), 200);
+        }
+        let s = RedbState::open(dir.path()).unwrap();
+        assert_eq!(s.members().await.unwrap().len(), 200);
     }
 
     #[tokio::test]

@@ -16,7 +16,8 @@
 //!
 //! The baseline is a tonic unary call over TLS 1.3 on a fresh connection (no client
 //! authentication, ECDSA P-256 server certificate) to a server in a child process of its
-//! own, with the same runtime and the same listen backlog as the join service.
+//! own, with the same runtime and the same listen backlog as the join service
+//! ([`asterism_join_service::LISTEN_BACKLOG`]).
 //!
 //! It prints, per run: achieved requests/s, p50 and p99 latency, and the server process's
 //! CPU time per request; the ratios join/baseline; and the join service's peak resident
@@ -62,8 +63,6 @@ use tonic::transport::server::Connected;
 
 /// Unmeasured requests before the measured runs of each server.
 const WARM_UP: usize = 32;
-/// The listen backlog of the baseline server.
-const BACKLOG: u32 = 1024;
 /// The argument that turns this program into the baseline server.
 const BASELINE_SERVER_ARG: &str = "--baseline-server";
 
@@ -123,7 +122,10 @@ fn listen(addr: SocketAddr) -> TcpListener {
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket.set_reuseaddr(true).unwrap();
     socket.bind(addr).unwrap();
-    socket.listen(BACKLOG).unwrap()
+    // The join service's listen backlog, so both servers take a burst alike.
+    socket
+        .listen(asterism_join_service::LISTEN_BACKLOG)
+        .unwrap()
 }
 
 /// The baseline server: prints `listening <addr>` and serves until standard input closes.

@@ -32,7 +32,7 @@ pub use keys::{KEY_CALL_TIMEOUT, KeyError, KeyServiceAddress, KeyServiceClient, 
 pub use kube_state::{JoiningNodes, KubeState};
 pub use metrics::Metrics;
 pub use ratelimit::RateLimiter;
-pub use serve::{Limits, serve, serve_http};
+pub use serve::{LISTEN_BACKLOG, Limits, bind_listener, serve, serve_http};
 pub use service::{
     API_SERVER_PORT, CONTROL_PLANE_FILES, JoinConfig, JoinService, METADATA_CACHE_TTL,
     REQUIRED_CONTROL_PLANE_FILES,

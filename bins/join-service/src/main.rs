@@ -362,13 +362,11 @@ async fn serve_with<S: ClusterState>(args: &Args, parts: Parts, state: S) -> any
     };
     let service = JoinService::new(metadata, keys, state, ca, config, Metrics::new())?;
 
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
+    let listener = asterism_join_service::bind_listener(args.listen)
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let http = match args.metrics_listen {
         Some(addr) => {
-            let l = tokio::net::TcpListener::bind(addr)
-                .await
+            let l = asterism_join_service::bind_listener(addr)
                 .with_context(|| format!("cannot listen on {addr}"))?;
             tracing::info!(listen = %l.local_addr()?, "metrics, health and members (plain HTTP)");
             Some(tokio::spawn(asterism_join_service::serve_http(

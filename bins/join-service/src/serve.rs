@@ -14,8 +14,26 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::time::Duration;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
+
+/// Listen backlog of [`bind_listener`]. A burst of nodes connecting at once waits in it;
+/// with tokio's default of 128, the 129th simultaneous SYN is dropped and retransmitted a
+/// second later. The kernel caps it at `net.core.somaxconn`.
+pub const LISTEN_BACKLOG: u32 = 1024;
+
+/// A TCP listener on `addr` with a backlog of [`LISTEN_BACKLOG`].
+pub fn bind_listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
 
 /// Limits of the gRPC server.
 #[derive(Debug, Clone)]
@@ -197,4 +215,31 @@ fn reply(status: StatusCode, content_type: &'static str, body: String) -> Respon
         header::HeaderValue::from_static(content_type),
     );
     r
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_burst_of_connections_waits_in_the_backlog_instead_of_being_dropped() {
+        // Nothing accepts: with tokio's default backlog of 128 the later SYNs are dropped
+        // and these connects would take a second (the SYN retransmission) or more.
+        let listener = bind_listener("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let connects: Vec<_> = (0..300)
+            .map(|_| {
+                tokio::spawn(tokio::time::timeout(
+                    Duration::from_millis(800),
+                    tokio::net::TcpStream::connect(addr),
+                ))
+            })
+            .collect();
+        let mut streams = Vec::new();
+        for c in connects {
+            streams.push(c.await.unwrap().expect("connect timed out").unwrap());
+        }
+        assert_eq!(streams.len(), 300);
+    }
 }

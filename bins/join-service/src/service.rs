@@ -81,6 +81,17 @@ struct Inner<M, K, S> {
     limiter: RateLimiter,
     metrics: Metrics,
     instances: Mutex<Option<(Instant, Arc<Vec<InstanceMetadata>>)>>,
+    cluster_keys: tokio::sync::OnceCell<ClusterKeys>,
+}
+
+/// The keys from the key service that are the same in every ticket of the cluster (they
+/// are derived from the master secret): fetched once, on first use, and kept like the
+/// cluster CA key this service holds anyway. Both secrets are wiped on drop.
+struct ClusterKeys {
+    measurement_secret: DataKey,
+    ssh_ca: SshCa,
+    /// The SSH CA's `authorized_keys` line (public).
+    ssh_ca_line: Vec<u8>,
 }
 
 /// What the attested peer is.
@@ -114,6 +125,7 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
                 config,
                 metrics,
                 instances: Mutex::new(None),
+                cluster_keys: tokio::sync::OnceCell::new(),
             }),
         })
     }
@@ -176,6 +188,28 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
 
     async fn key(&self, id: KeyId) -> Result<DataKey, JoinError> {
         Ok(self.inner.keys.data_key(&id, STATE_DISK_KEY_LEN).await?)
+    }
+
+    /// The measurement secret and the SSH CA; concurrent first callers wait for one fetch,
+    /// and a failed fetch is tried again by the next caller.
+    async fn cluster_keys(&self) -> Result<&ClusterKeys, JoinError> {
+        self.inner
+            .cluster_keys
+            .get_or_try_init(|| async {
+                let (measurement_secret, ssh_seed) = futures::try_join!(
+                    self.key(KeyId::MeasurementSecret),
+                    self.key(KeyId::EmergencySshCa),
+                )?;
+                let ssh_ca = SshCa::from_seed(&ssh_seed)
+                    .map_err(|e| JoinError::internal("building the SSH CA", e))?;
+                let ssh_ca_line = ssh_ca.authorized_keys_line().into_bytes();
+                Ok(ClusterKeys {
+                    measurement_secret,
+                    ssh_ca,
+                    ssh_ca_line,
+                })
+            })
+            .await
     }
 
     /// `IssueJoinTicket` (REFERENCE §6.2), with the authorization checks of
@@ -258,16 +292,11 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
             .map_err(state_error)?;
 
         // Keys, certificates, files.
-        let (measurement_secret, disk_key, ssh_seed) = futures::try_join!(
-            self.key(KeyId::MeasurementSecret),
-            self.key(KeyId::Disk(disk.clone())),
-            self.key(KeyId::EmergencySshCa),
-        )?;
-        let ssh_ca = SshCa::from_seed(&ssh_seed)
-            .map_err(|e| JoinError::internal("building the SSH CA", e))?;
-        drop(ssh_seed);
+        let (cluster_keys, disk_key) =
+            futures::try_join!(self.cluster_keys(), self.key(KeyId::Disk(disk.clone())),)?;
         let now = SystemTime::now();
-        let host_cert = ssh_ca
+        let host_cert = cluster_keys
+            .ssh_ca
             .sign_host_certificate(&host_key, &principals, now)
             .and_then(|c| c.to_authorized_keys_line())
             .map_err(|e| match e {
@@ -315,7 +344,7 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
         Ok(IssueJoinTicketResponse {
             state_disk_key: disk_key.expose_secret().to_vec(),
             measurement_salt: self.inner.config.measurement_salt.clone(),
-            measurement_secret: measurement_secret.expose_secret().to_vec(),
+            measurement_secret: cluster_keys.measurement_secret.expose_secret().to_vec(),
             kubelet_cert: kubelet_cert.into_bytes(),
             api_server_endpoint: std::net::SocketAddr::new(
                 self.inner.config.api_server_host,
@@ -327,7 +356,7 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
             control_plane_files,
             kubernetes_version: String::new(),
             kubernetes_components: Vec::new(),
-            authorized_ca_public_key: ssh_ca.authorized_keys_line().into_bytes(),
+            authorized_ca_public_key: cluster_keys.ssh_ca_line.clone(),
             host_certificate: host_cert.into_bytes(),
         })
     }
@@ -350,14 +379,12 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
             .bind_disk(&disk, peer.ak, SystemTime::now())
             .await
             .map_err(state_error)?;
-        let (measurement_secret, disk_key) = futures::try_join!(
-            self.key(KeyId::MeasurementSecret),
-            self.key(KeyId::Disk(disk.clone())),
-        )?;
+        let (cluster_keys, disk_key) =
+            futures::try_join!(self.cluster_keys(), self.key(KeyId::Disk(disk.clone())),)?;
         tracing::info!(node = %instance.name, peer = %peer.ip, ak = peer.ak, disk = %disk, "issued a rejoin ticket");
         Ok(IssueRejoinTicketResponse {
             state_disk_key: disk_key.expose_secret().to_vec(),
-            measurement_secret: measurement_secret.expose_secret().to_vec(),
+            measurement_secret: cluster_keys.measurement_secret.expose_secret().to_vec(),
         })
     }
 

@@ -388,6 +388,60 @@ async fn an_unreachable_key_service_is_unavailable_and_releases_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_service_that_starts_late_serves_the_next_request_with_the_cluster_keys() {
+    // The cluster-wide keys are kept after the first fetch; a failed fetch is not kept.
+    let (node, fp) = soft_node();
+    let cluster = Cluster::start().await;
+    let socket = cluster.dir.path().join("late-key-service.sock");
+    let mut options = Options::pinning(vec![fp]);
+    options.key_socket = Some(socket.clone());
+    let js = start_join_service(&cluster, options).await;
+    let err = join(
+        js.addr,
+        W0,
+        node.clone(),
+        join_request("worker-0", W0, DISK_A, false),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+
+    let ks = asterism_key_service::Listen::Unix(socket)
+        .bind()
+        .await
+        .unwrap();
+    let serving = tokio::spawn(async move {
+        ks.serve(
+            asterism_key_service::KeyService::new(kms()),
+            &asterism_key_service::Limits::default(),
+            std::future::pending(),
+        )
+        .await
+    });
+    for (name, ip, disk) in [("worker-0", W0, DISK_A), ("worker-0", W0, DISK_A)] {
+        let t = join(
+            js.addr,
+            ip,
+            node.clone(),
+            join_request(name, ip, disk, false),
+        )
+        .await
+        .unwrap();
+        assert_eq!(t.measurement_secret, expected_key(KeyId::MeasurementSecret));
+        assert_eq!(t.state_disk_key, expected_key(KeyId::disk(disk).unwrap()));
+        let ssh_ca =
+            asterism_pki::SshCa::from_seed(&kms().data_key(&KeyId::EmergencySshCa, 32).unwrap())
+                .unwrap();
+        assert_eq!(
+            t.authorized_ca_public_key,
+            ssh_ca.authorized_keys_line().into_bytes()
+        );
+    }
+    serving.abort();
+    js.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_software_node_with_other_pcrs_gets_nothing() {
     use asterism_attestation::tpm::soft::{SoftAk, SoftTpm};
     let mut tpm = SoftTpm::new(SoftAk::generate_ecdsa_p256().unwrap());

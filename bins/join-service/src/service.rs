@@ -8,13 +8,14 @@ use crate::ratelimit::RateLimiter;
 use crate::state::{Admission, ClusterState, StateError};
 use asterism_atls::VerifiedPeer;
 use asterism_kms::{DataKey, DiskUuid, KeyId, STATE_DISK_KEY_LEN};
-use asterism_metadata::{InstanceMetadata, Metadata, Role, find_by_ip};
+use asterism_metadata::{InstanceMetadata, Metadata, Role};
 use asterism_pki::{ClusterCa, KubeletCsr, SshCa, SshError, parse_wire_public_key};
 use asterism_proto::join::api_server::Api;
 use asterism_proto::join::{
     ControlPlaneCertOrKey, IssueJoinTicketRequest, IssueJoinTicketResponse,
     IssueRejoinTicketRequest, IssueRejoinTicketResponse,
 };
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -80,7 +81,11 @@ struct Inner<M, K, S> {
     config: JoinConfig,
     limiter: RateLimiter,
     metrics: Metrics,
-    instances: Mutex<Option<(Instant, Arc<Vec<InstanceMetadata>>)>>,
+    /// The last metadata listing, by VPC IP, and when it was fetched.
+    instances: Mutex<Option<(Instant, Arc<InstancesByIp>)>>,
+    /// Held while the listing is fetched, so that a burst of requests finding it stale
+    /// fetches it once.
+    refreshing: tokio::sync::Mutex<()>,
     cluster_keys: tokio::sync::OnceCell<ClusterKeys>,
 }
 
@@ -93,6 +98,9 @@ struct ClusterKeys {
     /// The SSH CA's `authorized_keys` line (public).
     ssh_ca_line: Vec<u8>,
 }
+
+/// A metadata listing by VPC IP.
+type InstancesByIp = HashMap<IpAddr, InstanceMetadata>;
 
 /// What the attested peer is.
 struct Peer<'a> {
@@ -125,6 +133,7 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
                 config,
                 metrics,
                 instances: Mutex::new(None),
+                refreshing: tokio::sync::Mutex::new(()),
                 cluster_keys: tokio::sync::OnceCell::new(),
             }),
         })
@@ -152,33 +161,44 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
         Ok(Peer { ak, ip })
     }
 
-    /// The instance whose VPC IP is the peer's address.
-    async fn identify(&self, ip: IpAddr) -> Result<InstanceMetadata, JoinError> {
-        let cached = self
-            .inner
+    /// The cached listing, if it is younger than [`METADATA_CACHE_TTL`].
+    fn fresh_instances(&self) -> Option<Arc<InstancesByIp>> {
+        self.inner
             .instances
             .lock()
             .ok()
             .and_then(|c| c.clone())
             .filter(|(at, _)| at.elapsed() < METADATA_CACHE_TTL)
-            .map(|(_, list)| list);
-        let list = match cached {
-            Some(list) => list,
+            .map(|(_, index)| index)
+    }
+
+    /// The instance whose VPC IP is the peer's address.
+    async fn identify(&self, ip: IpAddr) -> Result<InstanceMetadata, JoinError> {
+        let index = match self.fresh_instances() {
+            Some(index) => index,
             None => {
-                let list = Arc::new(
-                    self.inner
-                        .metadata
-                        .list()
-                        .await
-                        .map_err(JoinError::MetadataUnavailable)?,
-                );
-                if let Ok(mut c) = self.inner.instances.lock() {
-                    *c = Some((Instant::now(), list.clone()));
+                let _one_fetch = self.inner.refreshing.lock().await;
+                // Whoever held the lock before may have just fetched it.
+                match self.fresh_instances() {
+                    Some(index) => index,
+                    None => {
+                        let list = self
+                            .inner
+                            .metadata
+                            .list()
+                            .await
+                            .map_err(JoinError::MetadataUnavailable)?;
+                        let index = Arc::new(index_by_ip(list));
+                        if let Ok(mut c) = self.inner.instances.lock() {
+                            *c = Some((Instant::now(), index.clone()));
+                        }
+                        index
+                    }
                 }
-                list
             }
         };
-        find_by_ip(&list, ip)
+        index
+            .get(&ip.to_canonical())
             .cloned()
             .ok_or_else(|| JoinError::Denied {
                 reason: DenyReason::UnknownPeer,
@@ -455,6 +475,18 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
     }
 }
 
+/// The instances by VPC IP; where two claim one address, the first in the listing wins
+/// (as [`asterism_metadata::find_by_ip`] decides).
+fn index_by_ip(list: Vec<InstanceMetadata>) -> InstancesByIp {
+    let mut index = HashMap::with_capacity(list.len());
+    for instance in list {
+        if let Some(ip) = instance.vpc_ip_addr() {
+            index.entry(ip).or_insert(instance);
+        }
+    }
+    index
+}
+
 fn state_error(e: StateError) -> JoinError {
     match e {
         StateError::DiskBoundToOtherKey { uuid } => JoinError::Denied {
@@ -524,5 +556,39 @@ where
             None => Err(JoinError::NotAttested),
         };
         self.finish("rejoin", who, started, result)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn instance(name: &str, ip: &str) -> InstanceMetadata {
+        InstanceMetadata {
+            name: name.into(),
+            vpc_ip: ip.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_index_finds_what_find_by_ip_finds() {
+        let list = vec![
+            instance("bad", "not an address"),
+            instance("a", "10.0.0.1"),
+            instance("a-again", "10.0.0.1"),
+            instance("b", "10.0.0.2"),
+        ];
+        let index = index_by_ip(list.clone());
+        for ip in ["10.0.0.1", "10.0.0.2", "::ffff:10.0.0.2", "10.0.0.3"] {
+            let ip: IpAddr = ip.parse().unwrap();
+            assert_eq!(
+                index.get(&ip.to_canonical()).map(|i| &i.name),
+                asterism_metadata::find_by_ip(&list, ip).map(|i| &i.name),
+                "{ip}"
+            );
+        }
+        assert_eq!(index.len(), 2);
     }
 }

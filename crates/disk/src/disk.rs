@@ -76,6 +76,22 @@ enum CopySource {
     Loaded(Device),
 }
 
+/// A validated header on which a passphrase was just shown to open `slot`.
+struct Verified {
+    copy: HeaderCopy,
+    header: ValidatedHeader,
+    slot: KeySlot,
+}
+
+/// The keyslot step 3 of the re-key keeps.
+enum Keep {
+    /// Proven to open with the new passphrase, on this header.
+    Verified(Verified),
+    /// To be checked first (the crash tests run step 3 on its own).
+    #[cfg(test)]
+    Slot(KeySlot),
+}
+
 impl HeaderCopy {
     fn loaded(&self) -> Option<&Device> {
         match &self.source {
@@ -300,20 +316,20 @@ impl<R: CommandRunner> StateDisk<R> {
     /// crash at any point converges to the same end state. Throughout, the volume key digest
     /// must stay that of the header validated at the start.
     pub fn replace_passphrase(&self, old: &DataKey, new: &DataKey) -> Result<(), DiskError> {
+        // Each step hands the header it validated (and, with the library, loaded) to the next,
+        // so a key proven on a header is not proven again on a reload of the same header.
         let (copy, header) = self.validated_copy()?;
         let pin = header.volume_key_digest().clone();
-        let keep = match self.find_slot(&copy, &header, new)? {
+        let verified = match self.find_slot(&copy, &header, new)? {
             Some(slot) => {
                 info!(device = %self.path.display(), %slot, "the new passphrase already opens a keyslot: finishing an interrupted re-key");
-                slot
+                Verified { copy, header, slot }
             }
-            None => {
-                drop(copy);
-                self.add_verified_keyslot(old, new, &pin)?
-            }
+            None => self.add_verified(old, new, &pin, Some((copy, header)))?,
         };
-        self.remove_other_keyslots(new, keep, &pin)?;
-        self.set_token(true, &pin)?;
+        let keep = verified.slot;
+        let only_keep = self.remove_others(new, Keep::Verified(verified), &pin)?;
+        self.write_token(true, &pin, Some(only_keep))?;
         info!(device = %self.path.display(), slot = %keep, "re-keyed the state disk");
         Ok(())
     }
@@ -391,13 +407,29 @@ impl<R: CommandRunner> StateDisk<R> {
 
     /// Step 2 of the re-key: adds `new` in the lowest free keyslot, authorised by `old`, and
     /// checks on a fresh validated copy (same volume key) that `new` opens that slot.
+    #[cfg(test)]
     pub(crate) fn add_verified_keyslot(
         &self,
         old: &DataKey,
         new: &DataKey,
         pin: &VolumeKeyDigest,
     ) -> Result<KeySlot, DiskError> {
-        let (copy, header) = self.validated_copy()?;
+        self.add_verified(old, new, pin, None).map(|v| v.slot)
+    }
+
+    /// [`StateDisk::add_verified_keyslot`], on `held` (validated with `pin`) if given, and
+    /// returning the fresh validated header on which `new` was proven.
+    fn add_verified(
+        &self,
+        old: &DataKey,
+        new: &DataKey,
+        pin: &VolumeKeyDigest,
+        held: Option<(HeaderCopy, ValidatedHeader)>,
+    ) -> Result<Verified, DiskError> {
+        let (copy, header) = match held {
+            Some(held) => held,
+            None => self.validated_copy()?,
+        };
         self.ensure_volume_key(pin, &header, Step::HeaderBackup)?;
         let slot = header
             .free_keyslot()
@@ -451,23 +483,43 @@ impl<R: CommandRunner> StateDisk<R> {
             });
         }
         info!(device = %self.path.display(), %slot, "added the new passphrase and checked that it opens its keyslot");
-        Ok(slot)
+        Ok(Verified { copy, header, slot })
     }
 
     /// Step 3 of the re-key: removes every keyslot but `keep`, each removal authorised by
     /// `new`, then checks that only `keep` is left and the volume key is unchanged.
+    #[cfg(test)]
     pub(crate) fn remove_other_keyslots(
         &self,
         new: &DataKey,
         keep: KeySlot,
         pin: &VolumeKeyDigest,
     ) -> Result<(), DiskError> {
-        let (copy, header) = self.validated_copy()?;
+        self.remove_others(new, Keep::Slot(keep), pin).map(drop)
+    }
+
+    /// [`StateDisk::remove_other_keyslots`]; returns the fresh validated header that has only
+    /// the kept slot.
+    fn remove_others(
+        &self,
+        new: &DataKey,
+        keep: Keep,
+        pin: &VolumeKeyDigest,
+    ) -> Result<(HeaderCopy, ValidatedHeader), DiskError> {
+        let (copy, header, keep, proven) = match keep {
+            Keep::Verified(v) => (v.copy, v.header, v.slot, true),
+            #[cfg(test)]
+            Keep::Slot(slot) => {
+                let (copy, header) = self.validated_copy()?;
+                (copy, header, slot, false)
+            }
+        };
         self.ensure_volume_key(pin, &header, Step::HeaderBackup)?;
         if let Some(device) = copy.loaded() {
             // The library destroys a keyslot without asking for a passphrase, so the rule
-            // the program enforces is checked here: `new` must open `keep` first.
-            if self.test_slot(&copy, &header, Some(keep), new)? != Some(keep) {
+            // the program enforces is checked here: `new` must open `keep` first (on this
+            // very header, unless that was just proven on it).
+            if !proven && self.test_slot(&copy, &header, Some(keep), new)? != Some(keep) {
                 return Err(DiskError::WrongPassphrase {
                     path: self.path.clone(),
                 });
@@ -486,7 +538,7 @@ impl<R: CommandRunner> StateDisk<R> {
             }
         }
         drop(copy);
-        let (_, header) = self.validated_copy()?;
+        let (copy, header) = self.validated_copy()?;
         self.ensure_volume_key(pin, &header, Step::KillSlot)?;
         if header.keyslots() != [keep] {
             return Err(DiskError::Unexpected {
@@ -498,7 +550,7 @@ impl<R: CommandRunner> StateDisk<R> {
                 ),
             });
         }
-        Ok(())
+        Ok((copy, header))
     }
 
     /// Writes token 0 with `initialized` and checks the result on a fresh validated copy.
@@ -507,8 +559,21 @@ impl<R: CommandRunner> StateDisk<R> {
         initialized: bool,
         pin: &VolumeKeyDigest,
     ) -> Result<(), DiskError> {
+        self.write_token(initialized, pin, None)
+    }
+
+    /// [`StateDisk::set_token`], on `held` (validated) if given.
+    fn write_token(
+        &self,
+        initialized: bool,
+        pin: &VolumeKeyDigest,
+        held: Option<(HeaderCopy, ValidatedHeader)>,
+    ) -> Result<(), DiskError> {
         if self.config.backend == Backend::Library {
-            let (copy, header) = self.validated_copy()?;
+            let (copy, header) = match held {
+                Some(held) => held,
+                None => self.validated_copy()?,
+            };
             self.ensure_volume_key(pin, &header, Step::HeaderBackup)?;
             if let Some(device) = copy.loaded() {
                 device

@@ -19,9 +19,10 @@
 //! own, with the same runtime and the same listen backlog as the join service
 //! ([`asterism_join_service::LISTEN_BACKLOG`]).
 //!
-//! It prints, per run: achieved requests/s, p50 and p99 latency, and the server process's
-//! CPU time per request; the ratios join/baseline; and the join service's peak resident
-//! memory (VmHWM) after all its runs.
+//! It prints, per run: achieved requests/s, p50 and p99 latency, and the CPU time per
+//! request of the server process and of this process (the load generator, which shares
+//! the machine); the ratios join/baseline; and the join service's peak resident memory
+//! (VmHWM) after all its runs.
 //!
 //! Run: `cargo bench -p asterism-join-service --features insecure-test-attestation --bench join_load`
 //! Environment: `JOIN_BENCH_JOINERS` (K, default 256), `JOIN_BENCH_RATES` (open-loop
@@ -262,16 +263,21 @@ struct Server {
     child: Child,
 }
 
+/// User + system CPU time of process `pid` (or `self`) so far, in clock ticks of 1/100 s
+/// (Linux's fixed `USER_HZ`).
+fn cpu_of(pid: &str) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the parenthesised command name; utime and stime are the 14th and 15th
+    // fields of the line.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    Duration::from_millis(ticks * 10)
+}
+
 impl Server {
-    /// User + system CPU time so far (clock ticks of 1/100 s, Linux's fixed `USER_HZ`).
     fn cpu(&self) -> Duration {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap();
-        // Fields after the parenthesised command name; utime and stime are the 14th and
-        // 15th fields of the line.
-        let rest = &stat[stat.rfind(')').unwrap() + 2..];
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-        Duration::from_millis(ticks * 10)
+        cpu_of(&self.child.id().to_string())
     }
 
     /// `VmHWM` (peak resident set) and `VmRSS`, in KiB.
@@ -298,6 +304,9 @@ struct Run {
     /// Sorted.
     latencies: Vec<Duration>,
     server_cpu: Duration,
+    /// This process: the clients (and, for the join service, the key and metadata
+    /// services).
+    generator_cpu: Duration,
 }
 
 impl Run {
@@ -311,13 +320,15 @@ impl Run {
     }
 
     fn print(&self) {
+        let per_request = |d: Duration| d.as_secs_f64() * 1000.0 / self.requests as f64;
         println!(
-            "  {:<34} {:>9.1}/s  p50 {:>9.2?}  p99 {:>9.2?}  server CPU {:>6.2} ms/request",
+            "  {:<30} {:>7.1}/s  p50 {:>9.2?}  p99 {:>9.2?}  CPU ms/request: server {:>5.2}, load generator {:>5.2}",
             self.label,
             self.per_second(),
             self.percentile(0.5),
             self.percentile(0.99),
-            self.server_cpu.as_secs_f64() * 1000.0 / self.requests as f64,
+            per_request(self.server_cpu),
+            per_request(self.generator_cpu),
         );
     }
 }
@@ -338,7 +349,7 @@ where
     F: Future<Output = ()> + Send + 'static,
 {
     let requests = jobs.len();
-    let cpu_before = server.cpu();
+    let cpu_before = (server.cpu(), cpu_of("self"));
     // Scheduled starts leave time to spawn every task first.
     let start = tokio::time::Instant::now() + Duration::from_millis(50);
     let tasks: Vec<_> = jobs
@@ -372,7 +383,8 @@ where
         requests,
         wall: end - start,
         latencies,
-        server_cpu: server.cpu().saturating_sub(cpu_before),
+        server_cpu: server.cpu().saturating_sub(cpu_before.0),
+        generator_cpu: cpu_of("self").saturating_sub(cpu_before.1),
     }
 }
 

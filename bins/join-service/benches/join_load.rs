@@ -26,7 +26,7 @@
 //!
 //! Run: `cargo bench -p asterism-join-service --features insecure-test-attestation --bench join_load`
 //! Environment: `JOIN_BENCH_JOINERS` (K, default 256), `JOIN_BENCH_RATES` (open-loop
-//! rates per second, comma-separated, default `500,1000`).
+//! rates per second, comma-separated, default `500,750,1000`).
 
 #![allow(
     missing_docs,
@@ -482,7 +482,7 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(256);
     let rates: Vec<f64> = std::env::var("JOIN_BENCH_RATES")
-        .unwrap_or_else(|_| "500,1000".into())
+        .unwrap_or_else(|_| "500,750,1000".into())
         .split(',')
         .map(|r| r.trim().parse().expect("JOIN_BENCH_RATES: numbers"))
         .collect();

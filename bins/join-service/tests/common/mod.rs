@@ -296,6 +296,9 @@ pub async fn client(
                 let socket = tokio::net::TcpSocket::new_v4()?;
                 socket.bind(SocketAddr::new(local, 0))?;
                 let tcp = socket.connect(server).await?;
+                // As the bootstrapper dials: without it, Nagle's algorithm holds the
+                // client's second small write until the server's delayed ACK (40 ms).
+                tcp.set_nodelay(true)?;
                 let stream = connector
                     .connect(tcp, Some(server))
                     .await

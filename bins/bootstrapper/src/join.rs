@@ -357,43 +357,58 @@ impl<M: Metadata + 'static> Node<M> {
         // 4.
         self.rekey_disk(ticket.state_disk_key).await?;
         // 5. Control-plane files (only a control-plane node asks for them; the join service
-        //    sends them only then).
-        if identity.role == Role::ControlPlane {
-            for (name, data) in &ticket.control_plane_files {
-                let path = dir.kubernetes_pki().join(name);
-                files::write_atomic(&path, data, files::SECRET_MODE)?;
+        //    sends them only then), 6–7 the kubelet certificate and key, 8–9 the SSH CA key
+        //    and host certificate: one batch, each file atomic, the syncs shared.
+        let cp_paths: Vec<_> = if identity.role == Role::ControlPlane {
+            ticket
+                .control_plane_files
+                .iter()
+                .map(|(name, data)| (dir.kubernetes_pki().join(name), data))
+                .collect()
+        } else {
+            if !ticket.control_plane_files.is_empty() {
+                warn!(
+                    count = ticket.control_plane_files.len(),
+                    "ignored control-plane files sent to a worker"
+                );
             }
-            info!(
-                step = "files",
-                count = ticket.control_plane_files.len(),
-                "wrote the control-plane files"
-            );
-        } else if !ticket.control_plane_files.is_empty() {
-            warn!(
-                count = ticket.control_plane_files.len(),
-                "ignored control-plane files sent to a worker"
-            );
-        }
-        // 6–7.
-        files::write_atomic(
-            &dir.kubelet_cert(),
-            &ticket.kubelet_cert,
-            files::PUBLIC_MODE,
-        )?;
-        files::write_atomic(&dir.kubelet_key(), &kubelet_key, files::SECRET_MODE)?;
-        info!(step = "files", "wrote the kubelet certificate and key");
-        // 8–9.
-        files::write_atomic(
-            &dir.ssh_ca_pub(),
-            &ticket.ssh_ca_public_key,
-            files::PUBLIC_MODE,
-        )?;
-        files::write_atomic(
-            &dir.ssh_host_cert(),
-            &ticket.host_certificate,
-            files::PUBLIC_MODE,
-        )?;
-        info!(step = "files", "wrote the SSH CA key and host certificate");
+            Vec::new()
+        };
+        let (kubelet_cert, kubelet_key_path) = (dir.kubelet_cert(), dir.kubelet_key());
+        let (ssh_ca, host_cert) = (dir.ssh_ca_pub(), dir.ssh_host_cert());
+        let mut batch: Vec<files::FileToWrite<'_>> = cp_paths
+            .iter()
+            .map(|(path, data)| (path.as_path(), data.as_slice(), files::SECRET_MODE))
+            .collect();
+        batch.extend([
+            (
+                kubelet_cert.as_path(),
+                ticket.kubelet_cert.as_slice(),
+                files::PUBLIC_MODE,
+            ),
+            (
+                kubelet_key_path.as_path(),
+                &kubelet_key[..],
+                files::SECRET_MODE,
+            ),
+            (
+                ssh_ca.as_path(),
+                ticket.ssh_ca_public_key.as_slice(),
+                files::PUBLIC_MODE,
+            ),
+            (
+                host_cert.as_path(),
+                ticket.host_certificate.as_slice(),
+                files::PUBLIC_MODE,
+            ),
+        ]);
+        files::write_all_atomic(&batch)?;
+        info!(
+            step = "files",
+            control_plane_files = cp_paths.len(),
+            "wrote the kubelet certificate and key, the SSH CA key and host certificate"
+        );
+        drop(batch);
         // 11.
         let params = ClusterJoin {
             api_server_endpoint: ticket.api_server_endpoint,

@@ -12,6 +12,11 @@ use tonic::transport::{Channel, Endpoint, Uri};
 
 /// Deadline of one key-service call.
 pub const KEY_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+/// Key-service calls in flight at once; more wait their turn. At most the key service's
+/// streams per connection (16 by default): until its HTTP/2 settings arrive on a new
+/// connection, the client does not know that limit, and the streams of a burst over it
+/// would be refused (`UNAVAILABLE` for those tickets).
+pub const KEY_CALLS_IN_FLIGHT: usize = 16;
 
 /// Why a data key could not be obtained.
 #[derive(Debug, thiserror::Error)]
@@ -91,6 +96,7 @@ impl KeyServiceClient {
                 Endpoint::from_static("http://key-service.invalid")
                     .timeout(KEY_CALL_TIMEOUT)
                     .connect_timeout(KEY_CALL_TIMEOUT)
+                    .concurrency_limit(KEY_CALLS_IN_FLIGHT)
                     .connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
                         let path = path.clone();
                         async move {
@@ -103,6 +109,7 @@ impl KeyServiceClient {
                 .map_err(|e| KeyError::Unavailable(e.to_string()))?
                 .timeout(KEY_CALL_TIMEOUT)
                 .connect_timeout(KEY_CALL_TIMEOUT)
+                .concurrency_limit(KEY_CALLS_IN_FLIGHT)
                 .connect_lazy(),
         };
         Ok(Self {

@@ -28,7 +28,9 @@ mod service;
 mod state;
 
 pub use error::{DenyReason, JoinError};
-pub use keys::{KEY_CALL_TIMEOUT, KeyError, KeyServiceAddress, KeyServiceClient, KeySource};
+pub use keys::{
+    KEY_CALL_TIMEOUT, KEY_CALLS_IN_FLIGHT, KeyError, KeyServiceAddress, KeyServiceClient, KeySource,
+};
 pub use kube_state::{JoiningNodes, KubeState};
 pub use metrics::Metrics;
 pub use ratelimit::RateLimiter;

@@ -442,6 +442,28 @@ async fn a_key_service_that_starts_late_serves_the_next_request_with_the_cluster
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_key_requests_on_a_fresh_connection_is_not_refused() {
+    // More calls at once than the key service takes per connection, before its HTTP/2
+    // settings have arrived.
+    use asterism_join_service::{KeyServiceAddress, KeyServiceClient, KeySource};
+    let cluster = Cluster::start().await;
+    let client =
+        KeyServiceClient::new(&KeyServiceAddress::Unix(cluster.key_socket.clone())).unwrap();
+    let calls: Vec<_> = (0..200)
+        .map(|i| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let disk = format!("{i:08x}-0000-4000-8000-000000000000");
+                client.data_key(&KeyId::disk(&disk).unwrap(), 32).await
+            })
+        })
+        .collect();
+    for call in calls {
+        call.await.unwrap().unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_software_node_with_other_pcrs_gets_nothing() {
     use asterism_attestation::tpm::soft::{SoftAk, SoftTpm};
     let mut tpm = SoftTpm::new(SoftAk::generate_ecdsa_p256().unwrap());

@@ -26,7 +26,8 @@
 //!
 //! Run: `cargo bench -p asterism-join-service --features insecure-test-attestation --bench join_load`
 //! Environment: `JOIN_BENCH_JOINERS` (K, default 256), `JOIN_BENCH_RATES` (open-loop
-//! rates per second, comma-separated, default `500,750,1000`).
+//! rates per second, comma-separated, default `500,750,1000`), `JOIN_BENCH_SERVICE_BIN`
+//! (another `asterism-join-service` binary to measure, e.g. an older build).
 
 #![allow(
     missing_docs,
@@ -536,7 +537,9 @@ fn main() {
         std::fs::write(dir.join("measurements.json"), zero_measurements().to_json()).unwrap();
         let listen = format!("{CP}:{}", free_port(CP));
         let log = std::fs::File::create(dir.join("join-service.log")).unwrap();
-        let mut command = Command::new(env!("CARGO_BIN_EXE_asterism-join-service"));
+        let binary = std::env::var_os("JOIN_BENCH_SERVICE_BIN")
+            .unwrap_or_else(|| env!("CARGO_BIN_EXE_asterism-join-service").into());
+        let mut command = Command::new(binary);
         command
             .args(["--listen", &listen])
             .arg("--measurements")

@@ -276,6 +276,16 @@ fn cpu_of(pid: &str) -> Duration {
     Duration::from_millis(ticks * 10)
 }
 
+impl Drop for Server {
+    /// A run that panics does not leave its server behind.
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 impl Server {
     fn cpu(&self) -> Duration {
         cpu_of(&self.child.id().to_string())

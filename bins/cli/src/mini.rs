@@ -438,9 +438,15 @@ impl LocalCluster {
     }
 
     /// Waits for a bootstrapper to exit: `(milliseconds since its start, "ok" or the exit
-    /// status)`.
-    pub fn finish_bootstrapper(&self, booting: Booting, node: &Node) -> Result<(u64, String)> {
-        finish_bootstrapper(booting, node)
+    /// status)`. Asynchronous, so that connections of this process (the CLI's to the
+    /// control plane, say) keep being served meanwhile: a stopping InitServer waits for its
+    /// client to acknowledge the connection's shutdown.
+    pub async fn finish_bootstrapper(
+        &self,
+        booting: Booting,
+        node: &Node,
+    ) -> Result<(u64, String)> {
+        finish_bootstrapper(booting, node).await
     }
 
     /// Boots the control-plane node and runs `asterism init` against it.
@@ -455,7 +461,7 @@ impl LocalCluster {
         )?;
         step(format!("asterism init → {cp_init}"));
         let done = crate::init::run(self.init_args()).await?;
-        let result = self.finish_bootstrapper(booting, cp)?;
+        let result = self.finish_bootstrapper(booting, cp).await?;
         Ok((done, result))
     }
 
@@ -684,7 +690,7 @@ pub async fn up(args: UpArgs) -> Result<()> {
     }
     let mut results = vec![cp_result];
     for (b, n) in booting.into_iter().zip(cluster.nodes.iter().skip(1)) {
-        results.push(cluster.finish_bootstrapper(b, n)?);
+        results.push(cluster.finish_bootstrapper(b, n).await?);
     }
     cluster.start_verify_services()?;
 
@@ -765,7 +771,7 @@ fn start_bootstrapper(
     Ok(Booting { child, started })
 }
 
-fn finish_bootstrapper(mut b: Booting, n: &Node) -> Result<(u64, String)> {
+async fn finish_bootstrapper(mut b: Booting, n: &Node) -> Result<(u64, String)> {
     let log = n.dir.join("log/bootstrapper.log");
     loop {
         if let Some(status) = b.child.try_wait()? {
@@ -794,7 +800,7 @@ fn finish_bootstrapper(mut b: Booting, n: &Node) -> Result<(u64, String)> {
                 tail(&log)
             );
         }
-        std::thread::sleep(Duration::from_millis(5));
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 

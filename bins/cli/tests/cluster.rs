@@ -111,7 +111,7 @@ fn init_two_joins_verify_and_a_reboot_with_rejoin() {
         .collect();
     let mut results = vec![cp];
     for (b, n) in booting.into_iter().zip(&cluster.nodes[1..]) {
-        results.push(cluster.finish_bootstrapper(b, n).unwrap());
+        results.push(rt.block_on(cluster.finish_bootstrapper(b, n)).unwrap());
     }
     let record = cluster.record(&done.cluster_id, &results).unwrap();
     for n in &record.nodes {
@@ -166,7 +166,9 @@ fn init_two_joins_verify_and_a_reboot_with_rejoin() {
         assert!(!asterism_tpm::marker::is_node_bootstrapped(&mut tpm).unwrap());
     }
     let booting = cluster.start_bootstrapper(&worker).unwrap();
-    let (_, exit) = cluster.finish_bootstrapper(booting, &worker).unwrap();
+    let (_, exit) = rt
+        .block_on(cluster.finish_bootstrapper(booting, &worker))
+        .unwrap();
     assert_eq!(exit, "ok");
     let mut tpm = asterism_tpm::Tpm::open(&swtpm.tpm_config()).unwrap();
     let cluster_id: [u8; 32] = hex::decode(&done.cluster_id).unwrap().try_into().unwrap();
@@ -257,7 +259,7 @@ fn nodes_join_after_the_join_service_is_killed_and_restarted() {
 
     let mut results = vec![cp];
     for (b, n) in booting.into_iter().zip(&cluster.nodes[1..]) {
-        results.push(cluster.finish_bootstrapper(b, n).unwrap());
+        results.push(rt.block_on(cluster.finish_bootstrapper(b, n)).unwrap());
     }
     let record = cluster.record(&done.cluster_id, &results).unwrap();
     for n in &record.nodes {

@@ -305,9 +305,10 @@ impl<R: CommandRunner> StateDisk<R> {
     /// `diskIsInitialized: true`.
     ///
     /// The sequence never leaves the disk without a working passphrase:
-    /// 1. if `new` already opens a keyslot, skip to 3 (an earlier run was interrupted);
-    /// 2. add `new` in a free keyslot (authorised by `old`) and check that it opens exactly
+    /// 1. add `new` in a free keyslot (authorised by `old`) and check that it opens exactly
     ///    that keyslot;
+    /// 2. only if `old` opens nothing (or no keyslot is free): `new` must already open one
+    ///    (an earlier run got past step 3), else the call fails with `WrongPassphrase`;
     /// 3. remove every other keyslot, each removal authorised by `new` (cryptsetup refuses to
     ///    remove a slot unless the given passphrase opens another one);
     /// 4. set the token.
@@ -320,12 +321,24 @@ impl<R: CommandRunner> StateDisk<R> {
         // so a key proven on a header is not proven again on a reload of the same header.
         let (copy, header) = self.validated_copy()?;
         let pin = header.volume_key_digest().clone();
-        let verified = match self.find_slot(&copy, &header, new)? {
-            Some(slot) => {
+        // The usual case first: `old` still opens its slot, so add `new` beside it. Only when
+        // `old` opens nothing (or no slot is free) may an earlier run have got past step 3;
+        // then `new` must already open a slot. (After a crash between steps 2 and 3 both
+        // open, and this adds `new` once more; step 3 removes every other slot all the same.)
+        let verified = match self.add_verified(old, new, &pin, Some((copy, header))) {
+            Ok(verified) => verified,
+            Err(DiskError::WrongPassphrase { .. } | DiskError::NoFreeKeyslot { .. }) => {
+                let (copy, header) = self.validated_copy()?;
+                self.ensure_volume_key(&pin, &header, Step::HeaderBackup)?;
+                let Some(slot) = self.find_slot(&copy, &header, new)? else {
+                    return Err(DiskError::WrongPassphrase {
+                        path: self.path.clone(),
+                    });
+                };
                 info!(device = %self.path.display(), %slot, "the new passphrase already opens a keyslot: finishing an interrupted re-key");
                 Verified { copy, header, slot }
             }
-            None => self.add_verified(old, new, &pin, Some((copy, header)))?,
+            Err(e) => return Err(e),
         };
         let keep = verified.slot;
         let only_keep = self.remove_others(new, Keep::Verified(verified), &pin)?;
@@ -1048,7 +1061,10 @@ mod tests {
         assert!(!opens(&f.disk, &old));
         assert!(opens(&f.disk, &new));
         assert!(f.disk.is_initialized().unwrap());
-        assert_eq!(f.disk.validated_header().unwrap().keyslots(), [slot]);
+        // Both keys opened, so the new one was added once more; only that slot is left.
+        let left = f.disk.validated_header().unwrap();
+        assert_eq!(left.keyslots().len(), 1);
+        assert_ne!(left.keyslots(), [KeySlot::FIRST]);
         drop(f.dir);
     }
 

@@ -19,8 +19,8 @@
 //!   able to make this process load code.
 //!
 //! This is the only Asterism crate with `unsafe` code, all of it in calls into the library,
-//! each with its reason. Nothing here runs device-mapper; [`Device::activate`] is the one
-//! call that needs it.
+//! each with its reason. Nothing here uses device-mapper: mapping a disk is left to the
+//! `cryptsetup` program.
 
 // The reason this crate exists: every `unsafe` block below is a call into the C library,
 // documented with why it is sound (`clippy::undocumented_unsafe_blocks` is denied).
@@ -398,49 +398,25 @@ impl Device {
         slot: Option<u8>,
         passphrase: &[u8],
     ) -> Result<Option<u8>, Error> {
-        match self.activate_raw(None, slot, passphrase, 0) {
+        let slot = slot.map_or(ffi::CRYPT_ANY_SLOT, c_int::from);
+        let _guard = enter();
+        // SAFETY: a null name means "check only, map nothing"; the passphrase slice is live
+        // and only read.
+        let rc = unsafe {
+            ffi::crypt_activate_by_passphrase(
+                self.raw.as_ptr(),
+                ptr::null(),
+                slot,
+                passphrase.as_ptr().cast::<c_char>(),
+                passphrase.len(),
+                0,
+            )
+        };
+        match check_slot("activate_by_passphrase", rc) {
             Ok(slot) => Ok(Some(slot)),
             Err(error) if error.is_wrong_passphrase() => Ok(None),
             Err(error) => Err(error),
         }
-    }
-
-    /// Maps the device at `/dev/mapper/<name>` with the key `passphrase` opens. Needs
-    /// device-mapper. Returns the keyslot used.
-    pub fn activate(
-        &self,
-        name: &str,
-        slot: Option<u8>,
-        passphrase: &[u8],
-        flags: u32,
-    ) -> Result<u8, Error> {
-        let name = c_string("activate_by_passphrase", name)?;
-        self.activate_raw(Some(&name), slot, passphrase, flags)
-    }
-
-    fn activate_raw(
-        &self,
-        name: Option<&CStr>,
-        slot: Option<u8>,
-        passphrase: &[u8],
-        flags: u32,
-    ) -> Result<u8, Error> {
-        let slot = slot.map_or(ffi::CRYPT_ANY_SLOT, c_int::from);
-        let name = name.map_or(ptr::null(), CStr::as_ptr);
-        let _guard = enter();
-        // SAFETY: `name` is null (check only) or a live C string; the passphrase slice is
-        // live and only read.
-        let rc = unsafe {
-            ffi::crypt_activate_by_passphrase(
-                self.raw.as_ptr(),
-                name,
-                slot,
-                passphrase.as_ptr().cast::<c_char>(),
-                passphrase.len(),
-                flags,
-            )
-        };
-        check_slot("activate_by_passphrase", rc)
     }
 
     /// Destroys `slot`: its key material is overwritten and it leaves the header. Asks for

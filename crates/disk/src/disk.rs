@@ -277,8 +277,7 @@ impl<R: CommandRunner> StateDisk<R> {
     /// The disk's LUKS UUID, lower case (the key service derives the disk key from it).
     pub fn uuid(&self) -> Result<DiskUuid, DiskError> {
         if self.config.backend == Backend::Program {
-            let out = self.run_ok(&self.cli.uuid(&self.path), self.config.command_timeout)?;
-            return parse_uuid(&self.path, &String::from_utf8_lossy(&out.stdout));
+            return self.program_uuid();
         }
         let (copy, _) = self.validated_copy()?;
         self.uuid_of(&copy)
@@ -288,11 +287,14 @@ impl<R: CommandRunner> StateDisk<R> {
     fn uuid_of(&self, copy: &HeaderCopy) -> Result<DiskUuid, DiskError> {
         match copy.loaded() {
             Some(device) => parse_uuid(&self.path, &device.uuid().unwrap_or_default()),
-            None => {
-                let out = self.run_ok(&self.cli.uuid(&self.path), self.config.command_timeout)?;
-                parse_uuid(&self.path, &String::from_utf8_lossy(&out.stdout))
-            }
+            None => self.program_uuid(),
         }
+    }
+
+    /// `luksUUID` on the device.
+    fn program_uuid(&self) -> Result<DiskUuid, DiskError> {
+        let out = self.run_ok(&self.cli.uuid(&self.path), self.config.command_timeout)?;
+        parse_uuid(&self.path, &String::from_utf8_lossy(&out.stdout))
     }
 
     /// Whether `passphrase` opens a keyslot of the (validated) header.

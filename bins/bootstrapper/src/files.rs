@@ -58,17 +58,9 @@ pub fn create_dirs(dir: &Path) -> Result<(), FileError> {
 /// leaves at most a stray temporary file (`.<name>.tmp-*`), which the next write of the same
 /// file does not trip over.
 pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FileError> {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
+    let dir = parent_dir(path);
     create_dirs(dir)?;
-    let tmp = temporary_name(path)?;
-    let result = write_then_rename(&tmp, path, bytes, mode);
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result?;
+    replace_file(path, bytes, mode)?;
     // Make the rename itself durable.
     if let Ok(d) = File::open(dir) {
         let _ = d.sync_all();
@@ -87,10 +79,7 @@ pub type FileToWrite<'a> = (&'a Path, &'a [u8], u32);
 pub fn write_all_atomic(files: &[FileToWrite<'_>]) -> Result<(), FileError> {
     let mut dirs: Vec<&Path> = Vec::new();
     for (path, _, _) in files {
-        let dir = path
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
+        let dir = parent_dir(path);
         if !dirs.contains(&dir) {
             create_dirs(dir)?;
             dirs.push(dir);
@@ -99,16 +88,7 @@ pub fn write_all_atomic(files: &[FileToWrite<'_>]) -> Result<(), FileError> {
     let results: Vec<Result<(), FileError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = files
             .iter()
-            .map(|&(path, bytes, mode)| {
-                scope.spawn(move || {
-                    let tmp = temporary_name(path)?;
-                    let result = write_then_rename(&tmp, path, bytes, mode);
-                    if result.is_err() {
-                        let _ = fs::remove_file(&tmp);
-                    }
-                    result
-                })
-            })
+            .map(|&(path, bytes, mode)| scope.spawn(move || replace_file(path, bytes, mode)))
             .collect();
         handles
             .into_iter()
@@ -137,12 +117,27 @@ pub fn write_all_atomic(files: &[FileToWrite<'_>]) -> Result<(), FileError> {
     Ok(())
 }
 
+/// Writes and syncs a temporary file next to `path` and renames it over `path` (the
+/// directory is not synced); removes the temporary file if that fails.
+fn replace_file(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FileError> {
+    let tmp = temporary_name(path)?;
+    let result = write_then_rename(&tmp, path, bytes, mode);
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// The directory `path` is in (`.` for a bare file name).
+fn parent_dir(path: &Path) -> &Path {
+    path.parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+}
+
 /// `.<name>.tmp-<random>` next to `path`.
 fn temporary_name(path: &Path) -> Result<PathBuf, FileError> {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
+    let dir = parent_dir(path);
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())

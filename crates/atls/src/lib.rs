@@ -37,8 +37,16 @@ use std::sync::Arc;
 use std::time::Duration;
 use wire::VerdictCode;
 
-/// Default cap on one frame's payload (256 KiB).
-pub const DEFAULT_MAX_FRAME_LEN: usize = 256 * 1024;
+/// Largest EVIDENCE payload: the variant-length byte, the longest variant name and the
+/// largest evidence any variant may carry ([`asterism_attestation::tpm::MAX_EVIDENCE_SIZE`],
+/// 64 KiB). Inclusive: a payload of exactly this many bytes is read, one more is refused
+/// on the frame header. Nothing larger can ever verify, so nothing larger is worth reading.
+pub const MAX_EVIDENCE_FRAME_LEN: usize =
+    1 + wire::MAX_VARIANT_LEN + asterism_attestation::tpm::MAX_EVIDENCE_SIZE;
+/// Default cap on one frame's payload: [`MAX_EVIDENCE_FRAME_LEN`] (65,601 bytes).
+pub const DEFAULT_MAX_FRAME_LEN: usize = MAX_EVIDENCE_FRAME_LEN;
+/// Smallest configurable frame cap.
+pub const MIN_MAX_FRAME_LEN: usize = 1024;
 /// Default deadline for the TLS handshake and, separately, for the evidence exchange.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -108,7 +116,9 @@ impl AtlsConfig {
         self
     }
 
-    /// Cap on one frame's payload, checked before allocation.
+    /// Cap on one EVIDENCE frame's payload (inclusive), checked on the frame header before
+    /// anything is allocated. Between [`MIN_MAX_FRAME_LEN`] and [`MAX_EVIDENCE_FRAME_LEN`]
+    /// (the default); a smaller cap only makes sense for variants with small evidence.
     pub fn with_max_frame_len(mut self, bytes: usize) -> Self {
         self.max_frame_len = bytes;
         self
@@ -132,9 +142,9 @@ impl AtlsConfig {
                 "an aTLS side needs an issuer, a validator, or both".into(),
             ));
         }
-        if self.max_frame_len < 1024 {
+        if !(MIN_MAX_FRAME_LEN..=MAX_EVIDENCE_FRAME_LEN).contains(&self.max_frame_len) {
             return Err(AtlsError::Config(format!(
-                "max frame length {} is below the 1024-byte minimum",
+                "max frame length {} is outside {MIN_MAX_FRAME_LEN}..={MAX_EVIDENCE_FRAME_LEN}",
                 self.max_frame_len
             )));
         }

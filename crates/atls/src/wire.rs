@@ -286,6 +286,27 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_evidence_cap_is_inclusive() {
+        let mut at_cap = Vec::new();
+        encode_evidence(&mut at_cap, "v", &[7u8; 1022]).unwrap(); // payload 1 + 1 + 1022
+        let mut r = at_cap.as_slice();
+        assert_eq!(
+            read_evidence(&mut r, 1024).await.unwrap().evidence.len(),
+            1022
+        );
+        let mut over = Vec::new();
+        encode_evidence(&mut over, "v", &[7u8; 1023]).unwrap();
+        let mut r = over.as_slice();
+        assert!(matches!(
+            read_evidence(&mut r, 1024).await,
+            Err(AtlsError::FrameTooLarge {
+                claimed: 1025,
+                cap: 1024
+            })
+        ));
+    }
+
+    #[tokio::test]
     async fn malformed_frames_are_protocol_errors() {
         for bad in [
             &[FRAME_HELLO, 0, 0, 0, 3, 1, 0, 0][..], // long HELLO

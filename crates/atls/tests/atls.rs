@@ -568,3 +568,73 @@ async fn a_side_with_neither_issuer_nor_validator_is_a_configuration_error() {
         Err(AtlsError::Config(_))
     ));
 }
+
+/// Sends HELLO(SENDS_EVIDENCE) and one EVIDENCE frame of exactly `payload_len` payload
+/// bytes to a verifying server; returns the server's result and the verdict code it sent.
+async fn send_evidence_of_payload_len(payload_len: usize) -> (Result<(), AtlsError>, Option<u8>) {
+    let (addr, server) = single_accept(AtlsConfig::verifying(validator_for(CLIENT_SEED))).await;
+    let mut tls = raw_tls_client(addr, &[&rustls::version::TLS13])
+        .await
+        .unwrap();
+    let variant = asterism_atls::attestation::test_ed25519::VARIANT;
+    let mut out = Vec::new();
+    wire::encode_hello(
+        &mut out,
+        Hello {
+            version: wire::VERSION,
+            flags: wire::FLAG_SENDS_EVIDENCE,
+        },
+    )
+    .unwrap();
+    let evidence = vec![0u8; payload_len - 1 - variant.len()];
+    wire::encode_evidence(&mut out, variant, &evidence).unwrap();
+    assert_eq!(out.len(), 7 + 5 + payload_len);
+    // The server may close before reading all of an oversized frame; ignore write errors.
+    let _ = tls.write_all(&out).await;
+    let _ = tls.flush().await;
+    let result = server.await.unwrap();
+    let mut rest = Vec::new();
+    let _ = tls.read_to_end(&mut rest).await;
+    // Skip the server's HELLO (7 bytes); the next frame is its VERDICT.
+    let code = match rest.get(7) {
+        Some(&wire::FRAME_VERDICT) => rest.get(12).copied(),
+        _ => None,
+    };
+    (result, code)
+}
+
+#[tokio::test]
+async fn an_evidence_frame_of_exactly_the_cap_is_read_and_one_byte_more_is_refused() {
+    let cap = asterism_atls::DEFAULT_MAX_FRAME_LEN;
+    assert_eq!(
+        cap,
+        1 + wire::MAX_VARIANT_LEN + asterism_atls::attestation::tpm::MAX_EVIDENCE_SIZE
+    );
+    // At the cap: the frame is read whole and handed to the validator, which rejects the
+    // zero bytes as malformed evidence (REJECTED, not PROTOCOL_ERROR).
+    let (result, code) = send_evidence_of_payload_len(cap).await;
+    assert!(
+        matches!(
+            result,
+            Err(AtlsError::Rejected(
+                asterism_atls::ValidationError::Malformed(_)
+            ))
+        ),
+        "{result:?}"
+    );
+    assert_eq!(code, Some(wire::VerdictCode::Rejected as u8));
+    // One byte over: refused on the header, PROTOCOL_ERROR.
+    let (result, code) = send_evidence_of_payload_len(cap + 1).await;
+    assert!(
+        matches!(result, Err(AtlsError::FrameTooLarge { claimed, cap: c }) if claimed == cap + 1 && c == cap),
+        "{result:?}"
+    );
+    assert_eq!(code, Some(wire::VerdictCode::ProtocolError as u8));
+}
+
+#[test]
+fn a_frame_cap_above_what_evidence_needs_is_a_configuration_error() {
+    let cfg = AtlsConfig::verifying(validator_for(CLIENT_SEED))
+        .with_max_frame_len(asterism_atls::MAX_EVIDENCE_FRAME_LEN + 1);
+    assert!(matches!(AtlsServer::new(cfg), Err(AtlsError::Config(_))));
+}

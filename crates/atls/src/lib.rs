@@ -49,6 +49,13 @@ pub const DEFAULT_MAX_FRAME_LEN: usize = MAX_EVIDENCE_FRAME_LEN;
 pub const MIN_MAX_FRAME_LEN: usize = 1024;
 /// Default deadline for the TLS handshake and, separately, for the evidence exchange.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default deadline for a new connection's first byte (the TLS ClientHello).
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default cap on handshakes in progress at once per [`AtlsServer::incoming`].
+pub const DEFAULT_MAX_PENDING_HANDSHAKES: usize = 512;
+/// Default cap on handshakes in progress at once from one source (an IPv4 address or an
+/// IPv6 /64).
+pub const DEFAULT_MAX_PENDING_PER_SOURCE: usize = 8;
 
 /// What one side of an aTLS connection does: attest (with an issuer), verify the peer
 /// (with validators), or both, within limits.
@@ -59,6 +66,9 @@ pub struct AtlsConfig {
     max_frame_len: usize,
     exchange_timeout: Duration,
     handshake_timeout: Duration,
+    idle_timeout: Duration,
+    max_pending_handshakes: usize,
+    max_pending_per_source: usize,
 }
 
 impl std::fmt::Debug for AtlsConfig {
@@ -76,6 +86,9 @@ impl std::fmt::Debug for AtlsConfig {
             .field("max_frame_len", &self.max_frame_len)
             .field("exchange_timeout", &self.exchange_timeout)
             .field("handshake_timeout", &self.handshake_timeout)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("max_pending_handshakes", &self.max_pending_handshakes)
+            .field("max_pending_per_source", &self.max_pending_per_source)
             .finish()
     }
 }
@@ -88,6 +101,9 @@ impl Default for AtlsConfig {
             max_frame_len: DEFAULT_MAX_FRAME_LEN,
             exchange_timeout: DEFAULT_TIMEOUT,
             handshake_timeout: DEFAULT_TIMEOUT,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            max_pending_handshakes: DEFAULT_MAX_PENDING_HANDSHAKES,
+            max_pending_per_source: DEFAULT_MAX_PENDING_PER_SOURCE,
         }
     }
 }
@@ -136,6 +152,29 @@ impl AtlsConfig {
         self
     }
 
+    /// Server side: how long a new connection may stay silent before its first byte (the
+    /// TLS ClientHello) arrives; a silent peer is dropped then, instead of holding a
+    /// handshake slot for the whole [`AtlsConfig::with_handshake_timeout`].
+    pub fn with_idle_timeout(mut self, timeout: Duration) -> Self {
+        self.idle_timeout = timeout;
+        self
+    }
+
+    /// Server side: handshakes (TLS and exchange) in progress at once per
+    /// [`AtlsServer::incoming`]; further connections wait in the listen backlog.
+    pub fn with_max_pending_handshakes(mut self, n: usize) -> Self {
+        self.max_pending_handshakes = n;
+        self
+    }
+
+    /// Server side: handshakes in progress at once from one source (an IPv4 address, or
+    /// an IPv6 /64 since one host commonly holds a whole /64). A connection beyond it is
+    /// closed at once, without taking one of the global slots.
+    pub fn with_max_pending_per_source(mut self, n: usize) -> Self {
+        self.max_pending_per_source = n;
+        self
+    }
+
     fn check(&self) -> Result<(), AtlsError> {
         if self.issuer.is_none() && self.validators.is_empty() {
             return Err(AtlsError::Config(
@@ -147,6 +186,11 @@ impl AtlsConfig {
                 "max frame length {} is outside {MIN_MAX_FRAME_LEN}..={MAX_EVIDENCE_FRAME_LEN}",
                 self.max_frame_len
             )));
+        }
+        if self.max_pending_handshakes == 0 || self.max_pending_per_source == 0 {
+            return Err(AtlsError::Config(
+                "pending-handshake limits must be at least 1".into(),
+            ));
         }
         Ok(())
     }
@@ -203,7 +247,7 @@ pub enum AtlsError {
     /// A deadline passed.
     #[error("{stage} did not finish within {after:?}")]
     Timeout {
-        /// `TLS handshake` or `attestation exchange`.
+        /// `first byte`, `TCP connect`, `TLS handshake` or `attestation exchange`.
         stage: &'static str,
         /// The deadline.
         after: std::time::Duration,

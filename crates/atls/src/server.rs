@@ -4,18 +4,15 @@ use crate::stream::{AtlsConnectInfo, AtlsStream};
 use crate::{AtlsConfig, AtlsError, exchange, tls};
 use asterism_attestation::Role;
 use futures::Stream;
-use std::net::SocketAddr;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_rustls::TlsAcceptor;
 use tokio_stream::wrappers::ReceiverStream;
-
-/// Handshakes in progress at once per [`AtlsServer::incoming`]; further connections wait
-/// in the listen backlog, so a flood of slow peers cannot exhaust memory.
-const MAX_PENDING_HANDSHAKES: usize = 512;
 
 /// Accepts aTLS connections.
 #[derive(Clone)]
@@ -86,7 +83,11 @@ impl AtlsServer {
         let (tx, rx) = mpsc::channel(64);
         let server = self.clone();
         tokio::spawn(async move {
-            let pending = Arc::new(Semaphore::new(MAX_PENDING_HANDSHAKES));
+            // The global cap keeps a flood of slow peers from exhausting memory; the
+            // per-source cap keeps one source from taking all of the global slots, and the
+            // idle deadline frees a slot held by a peer that never speaks.
+            let pending = Arc::new(Semaphore::new(server.cfg.max_pending_handshakes));
+            let per_source = Arc::new(PerSource::default());
             loop {
                 let Ok(permit) = pending.clone().acquire_owned().await else {
                     return;
@@ -104,11 +105,22 @@ impl AtlsServer {
                         continue;
                     }
                 };
+                let Some(source_slot) =
+                    per_source.try_take(addr.ip(), server.cfg.max_pending_per_source)
+                else {
+                    tracing::debug!(peer = %addr, "too many pending handshakes from this source; closing");
+                    continue;
+                };
                 let _ = tcp.set_nodelay(true);
                 let server = server.clone();
                 let tx = tx.clone();
                 tokio::spawn(async move {
                     let _permit = permit;
+                    let _source_slot = source_slot;
+                    if let Err(e) = first_byte(&tcp, server.cfg.idle_timeout).await {
+                        tracing::debug!(peer = %addr, error = %e, "aTLS connection dropped before its first byte");
+                        return;
+                    }
                     match server.accept(tcp, Some(addr)).await {
                         Ok(stream) => {
                             let _ = tx.send(Ok(stream)).await;
@@ -121,6 +133,73 @@ impl AtlsServer {
             }
         });
         ReceiverStream::new(rx)
+    }
+}
+
+/// Waits until `tcp` has something to read (the ClientHello, or end of stream) for at most
+/// `idle`.
+async fn first_byte(tcp: &TcpStream, idle: Duration) -> Result<(), AtlsError> {
+    let mut probe = [0u8; 1];
+    match tokio::time::timeout(idle, tcp.peek(&mut probe)).await {
+        Err(_) => Err(AtlsError::Timeout {
+            stage: "first byte",
+            after: idle,
+        }),
+        Ok(Ok(0)) => Err(AtlsError::Closed),
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(AtlsError::Io(e)),
+    }
+}
+
+/// Pending handshakes per source. IPv4 addresses count one by one; IPv6 addresses by
+/// their /64 prefix, because one host commonly holds a whole /64.
+#[derive(Default)]
+struct PerSource {
+    counts: Mutex<HashMap<IpAddr, usize>>,
+}
+
+impl PerSource {
+    fn key(ip: IpAddr) -> IpAddr {
+        match ip {
+            IpAddr::V4(_) => ip,
+            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => IpAddr::V4(v4),
+                None => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
+            },
+        }
+    }
+
+    /// Takes one of `max` slots of `ip`'s source, or `None` when all are taken.
+    fn try_take(self: &Arc<Self>, ip: IpAddr, max: usize) -> Option<SourceSlot> {
+        let key = Self::key(ip);
+        let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        let n = counts.entry(key).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(SourceSlot {
+            owner: self.clone(),
+            key,
+        })
+    }
+}
+
+/// One pending handshake of a source; gives its slot back when dropped.
+struct SourceSlot {
+    owner: Arc<PerSource>,
+    key: IpAddr,
+}
+
+impl Drop for SourceSlot {
+    fn drop(&mut self) {
+        let mut counts = self.owner.counts.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = counts.get_mut(&self.key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                counts.remove(&self.key);
+            }
+        }
     }
 }
 

@@ -638,3 +638,66 @@ fn a_frame_cap_above_what_evidence_needs_is_a_configuration_error() {
         .with_max_frame_len(asterism_atls::MAX_EVIDENCE_FRAME_LEN + 1);
     assert!(matches!(AtlsServer::new(cfg), Err(AtlsError::Config(_))));
 }
+
+/// An honest attesting client that dials from `local` (a loopback address other than the
+/// attacker's, so that the per-source limit tells them apart).
+async fn honest_connect_from(local: &str, server: &str) -> Result<(), AtlsError> {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(local.parse().unwrap()).unwrap();
+    let tcp = socket.connect(server.parse().unwrap()).await.unwrap();
+    let connector = AtlsConnector::new(AtlsConfig::attesting(issuer(CLIENT_SEED))).unwrap();
+    connector.connect(tcp, None).await.map(|_| ())
+}
+
+#[tokio::test]
+async fn idle_connections_from_one_source_do_not_stall_an_honest_handshake() {
+    // 16 global slots and a silence deadline far beyond the test: only the per-source
+    // limit (default 8) keeps the 40 silent connections from taking every slot.
+    let cfg = AtlsConfig::verifying(validator_for(CLIENT_SEED))
+        .with_max_pending_handshakes(16)
+        .with_idle_timeout(Duration::from_secs(600));
+    let (uri, echo) = serve(cfg).await;
+    let addr = uri.trim_start_matches("http://").to_string();
+    let mut idle = Vec::new();
+    for _ in 0..40 {
+        idle.push(TcpStream::connect(&addr).await.unwrap());
+    }
+    // Liveness bound, not a performance target: without the per-source limit this
+    // handshake waits for the 600 s silence deadline.
+    let honest = tokio::time::timeout(
+        Duration::from_secs(20),
+        honest_connect_from("127.0.0.2:0", &addr),
+    )
+    .await
+    .expect("the honest handshake was stalled by idle connections");
+    honest.unwrap();
+    // Connections beyond the per-source limit were closed at once.
+    let mut closed = 0;
+    for tcp in &mut idle {
+        let mut b = [0u8; 1];
+        if let Ok(Ok(0) | Err(_)) =
+            tokio::time::timeout(Duration::from_millis(200), tcp.read(&mut b)).await
+        {
+            closed += 1;
+        }
+    }
+    assert_eq!(closed, 40 - asterism_atls::DEFAULT_MAX_PENDING_PER_SOURCE);
+    assert_eq!(echo.calls.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_peer_that_sends_nothing_is_dropped_at_the_idle_deadline() {
+    // The TLS handshake deadline stays at its 30 s default: only the idle deadline can
+    // end this connection within the test's bound.
+    let cfg = AtlsConfig::verifying(validator_for(CLIENT_SEED))
+        .with_idle_timeout(Duration::from_millis(300));
+    let (uri, _) = serve(cfg).await;
+    let mut tcp = TcpStream::connect(uri.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    let mut b = [0u8; 1];
+    let read = tokio::time::timeout(Duration::from_secs(10), tcp.read(&mut b))
+        .await
+        .expect("the silent peer was not dropped");
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+}

@@ -91,7 +91,10 @@ where
         .http2_max_pending_accept_reset_streams(Some(streams))
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
-        .max_connection_age(Duration::from_secs(600))
+        // GOAWAY a little before aTLS cuts the verified connection at its lifetime, so
+        // requests in flight can finish; the node reconnects and attests again, which is
+        // how a revoked measurement reaches it.
+        .max_connection_age(graceful_age(atls.max_connection_lifetime()))
         .add_service(api)
         .serve_with_incoming_shutdown(atls.incoming(listener), signal);
     tokio::pin!(server);
@@ -109,6 +112,12 @@ where
             Ok(())
         }
     }
+}
+
+/// When HTTP/2 should start closing a connection that aTLS cuts at `lifetime`: 10 s
+/// before it, or at half of it for short lifetimes.
+fn graceful_age(lifetime: Duration) -> Duration {
+    lifetime.saturating_sub((lifetime / 2).min(Duration::from_secs(10)))
 }
 
 /// Serves `GET /metrics` (Prometheus text), `/healthz` and `/v1/members` (JSON) over plain

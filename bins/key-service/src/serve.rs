@@ -43,6 +43,8 @@ pub struct Limits {
     /// How long a keepalive ping may go unanswered before the connection is closed.
     pub keepalive_timeout: Duration,
     /// Connections are closed (gracefully) after this long, so none is held forever.
+    /// Plus the request timeout as grace, it stays within aTLS's verified-connection
+    /// lifetime (60 s), after which a verified connection is cut anyway.
     pub max_connection_age: Duration,
     /// On shutdown, how long open connections get to finish before they are dropped.
     pub shutdown_grace: Duration,
@@ -58,7 +60,7 @@ impl Default for Limits {
             max_header_list_size: 16 * 1024,
             keepalive_interval: Duration::from_secs(30),
             keepalive_timeout: Duration::from_secs(10),
-            max_connection_age: Duration::from_secs(10 * 60),
+            max_connection_age: Duration::from_secs(50),
             shutdown_grace: Duration::from_secs(10),
         }
     }

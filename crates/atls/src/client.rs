@@ -74,6 +74,7 @@ impl AtlsConnector {
         Ok(AtlsStream::new(
             tokio_rustls::TlsStream::Client(tls),
             AtlsConnectInfo { remote_addr, peer },
+            self.cfg.max_connection_lifetime,
         ))
     }
 

@@ -51,6 +51,10 @@ pub const MIN_MAX_FRAME_LEN: usize = 1024;
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default deadline for a new connection's first byte (the TLS ClientHello).
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default lifetime of a connection whose peer this side verified: after it the
+/// connection is closed and the peer must attest again, so a revoked measurement reaches
+/// every verified connection within this bound.
+pub const DEFAULT_MAX_CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
 /// Default cap on handshakes in progress at once per [`AtlsServer::incoming`].
 pub const DEFAULT_MAX_PENDING_HANDSHAKES: usize = 512;
 /// Default cap on handshakes in progress at once from one source (an IPv4 address or an
@@ -67,6 +71,7 @@ pub struct AtlsConfig {
     exchange_timeout: Duration,
     handshake_timeout: Duration,
     idle_timeout: Duration,
+    max_connection_lifetime: Duration,
     max_pending_handshakes: usize,
     max_pending_per_source: usize,
 }
@@ -87,6 +92,7 @@ impl std::fmt::Debug for AtlsConfig {
             .field("exchange_timeout", &self.exchange_timeout)
             .field("handshake_timeout", &self.handshake_timeout)
             .field("idle_timeout", &self.idle_timeout)
+            .field("max_connection_lifetime", &self.max_connection_lifetime)
             .field("max_pending_handshakes", &self.max_pending_handshakes)
             .field("max_pending_per_source", &self.max_pending_per_source)
             .finish()
@@ -102,6 +108,7 @@ impl Default for AtlsConfig {
             exchange_timeout: DEFAULT_TIMEOUT,
             handshake_timeout: DEFAULT_TIMEOUT,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            max_connection_lifetime: DEFAULT_MAX_CONNECTION_LIFETIME,
             max_pending_handshakes: DEFAULT_MAX_PENDING_HANDSHAKES,
             max_pending_per_source: DEFAULT_MAX_PENDING_PER_SOURCE,
         }
@@ -157,6 +164,17 @@ impl AtlsConfig {
     /// handshake slot for the whole [`AtlsConfig::with_handshake_timeout`].
     pub fn with_idle_timeout(mut self, timeout: Duration) -> Self {
         self.idle_timeout = timeout;
+        self
+    }
+
+    /// How long a connection whose peer this side verified may live, counted from the
+    /// verification. Then reads see end of stream and writes fail, HTTP/2 closes the
+    /// connection, and the peer must connect and attest again: a measurement revoked in
+    /// the reference values reaches every verified connection within this bound. Servers
+    /// should also set HTTP/2's graceful `max_connection_age` a little below it (see
+    /// [`AtlsServer::max_connection_lifetime`]).
+    pub fn with_max_connection_lifetime(mut self, lifetime: Duration) -> Self {
+        self.max_connection_lifetime = lifetime;
         self
     }
 
@@ -278,7 +296,8 @@ pub enum AtlsError {
     /// This side could not issue its evidence.
     #[error(transparent)]
     Issue(#[from] asterism_attestation::IssueError),
-    /// This side rejected the peer's evidence.
+    /// This side rejected the peer's evidence. The full reason (with expected and observed
+    /// values) stays on this side; the peer's VERDICT carries a redacted one.
     #[error("peer evidence rejected: {0}")]
     Rejected(#[source] ValidationError),
     /// The peer rejected this side's evidence (or the exchange).
@@ -304,7 +323,7 @@ impl AtlsError {
     /// peer waits for one. Reasons are short and never contain secrets.
     fn verdict(&self) -> (VerdictCode, String) {
         match self {
-            Self::Rejected(e) => (VerdictCode::Rejected, e.to_string()),
+            Self::Rejected(e) => (VerdictCode::Rejected, redacted_reason(e)),
             Self::EvidenceRequired => (VerdictCode::EvidenceRequired, self.to_string()),
             Self::UnsupportedVersion(_) => (VerdictCode::UnsupportedVersion, self.to_string()),
             Self::UnknownVariant(_) => (VerdictCode::UnknownVariant, self.to_string()),
@@ -316,6 +335,19 @@ impl AtlsError {
     }
 }
 
+/// What an unverified peer may learn about why its evidence was rejected: which check
+/// failed, and for a measurement which index, but never the expected or the observed value
+/// (the expected values are the verifier's policy; the full explanation goes to this
+/// side's log at warn).
+fn redacted_reason(e: &ValidationError) -> String {
+    match e {
+        ValidationError::Measurement { index, .. } => {
+            format!("measurement mismatch at index {index}")
+        }
+        other => other.to_string(),
+    }
+}
+
 impl From<AtlsError> for tonic::Status {
     fn from(e: AtlsError) -> Self {
         match e {
@@ -324,5 +356,24 @@ impl From<AtlsError> for tonic::Status {
             }
             _ => tonic::Status::unavailable(e.to_string()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_measurement_verdict_names_the_index_but_no_value() {
+        let e = AtlsError::Rejected(ValidationError::Measurement {
+            index: 7,
+            expected: "aa".repeat(32),
+            observed: "bb".repeat(32),
+        });
+        let (code, reason) = e.verdict();
+        assert_eq!(code, VerdictCode::Rejected);
+        assert_eq!(reason, "measurement mismatch at index 7");
+        // The local error keeps the full explanation for the log.
+        assert!(e.to_string().contains(&"aa".repeat(32)));
     }
 }

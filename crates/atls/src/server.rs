@@ -39,6 +39,13 @@ impl AtlsServer {
         })
     }
 
+    /// How long a verified connection lives ([`AtlsConfig::with_max_connection_lifetime`]).
+    /// A tonic server should set `max_connection_age` somewhat below it, so that HTTP/2
+    /// closes connections gracefully (GOAWAY) before the hard cut.
+    pub fn max_connection_lifetime(&self) -> Duration {
+        self.cfg.max_connection_lifetime
+    }
+
     /// Runs the TLS handshake and the evidence exchange on `io`, each under its deadline.
     pub async fn accept<IO>(
         &self,
@@ -68,6 +75,7 @@ impl AtlsServer {
         Ok(AtlsStream::new(
             tokio_rustls::TlsStream::Server(tls),
             AtlsConnectInfo { remote_addr, peer },
+            self.cfg.max_connection_lifetime,
         ))
     }
 

@@ -1,6 +1,7 @@
 //! A TLS stream whose evidence exchange has completed.
 
 use crate::VerifiedPeer;
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -19,14 +20,38 @@ pub struct AtlsConnectInfo {
 
 /// A TLS 1.3 stream on which the aTLS exchange succeeded; application data (HTTP/2)
 /// flows from here on.
+///
+/// When this side verified the peer, the stream ends at the verified-connection lifetime
+/// ([`crate::AtlsConfig::with_max_connection_lifetime`]): reads then see end of stream and
+/// writes fail, so the peer has to attest again on a new connection.
 pub struct AtlsStream<IO> {
     inner: tokio_rustls::TlsStream<IO>,
     info: AtlsConnectInfo,
+    expires: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl<IO> AtlsStream<IO> {
-    pub(crate) fn new(inner: tokio_rustls::TlsStream<IO>, info: AtlsConnectInfo) -> Self {
-        Self { inner, info }
+    pub(crate) fn new(
+        inner: tokio_rustls::TlsStream<IO>,
+        info: AtlsConnectInfo,
+        lifetime: std::time::Duration,
+    ) -> Self {
+        let expires = info
+            .peer
+            .is_some()
+            .then(|| Box::pin(tokio::time::sleep(lifetime)));
+        Self {
+            inner,
+            info,
+            expires,
+        }
+    }
+
+    /// Whether the verified-connection lifetime is over; registers the waker otherwise.
+    fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+        self.expires
+            .as_mut()
+            .is_some_and(|d| d.as_mut().poll(cx).is_ready())
     }
 
     /// The verified peer, if this side verified it.
@@ -54,6 +79,10 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for AtlsStream<IO> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        if self.expired(cx) {
+            // End of stream: HTTP/2 closes the connection as if the peer had.
+            return Poll::Ready(Ok(()));
+        }
         Pin::new(&mut self.inner).poll_read(cx, buf)
     }
 }
@@ -64,6 +93,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for AtlsStream<IO> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
+        if self.expired(cx) {
+            return Poll::Ready(Err(lifetime_over()));
+        }
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
 
@@ -72,6 +104,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for AtlsStream<IO> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        if self.expired(cx) {
+            return Poll::Ready(Err(lifetime_over()));
+        }
         Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
     }
 
@@ -86,6 +121,13 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for AtlsStream<IO> {
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
+}
+
+fn lifetime_over() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        "the verified-connection lifetime is over; the peer must attest again",
+    )
 }
 
 impl<IO> tonic::transport::server::Connected for AtlsStream<IO> {

@@ -701,3 +701,75 @@ async fn a_peer_that_sends_nothing_is_dropped_at_the_idle_deadline() {
         .expect("the silent peer was not dropped");
     assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
 }
+
+#[tokio::test]
+async fn a_client_without_sends_evidence_is_refused_by_the_server_itself() {
+    // A raw client announcing no evidence (and not requiring any), so only the server's
+    // own "evidence required" check can stop it.
+    let (addr, server) = single_accept(AtlsConfig::verifying(validator_for(CLIENT_SEED))).await;
+    let mut tls = raw_tls_client(addr, &[&rustls::version::TLS13])
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    wire::encode_hello(
+        &mut out,
+        Hello {
+            version: wire::VERSION,
+            flags: 0,
+        },
+    )
+    .unwrap();
+    tls.write_all(&out).await.unwrap();
+    tls.flush().await.unwrap();
+    let result = server.await.unwrap();
+    assert!(
+        matches!(result, Err(AtlsError::EvidenceRequired)),
+        "{result:?}"
+    );
+    let mut rest = Vec::new();
+    let _ = tls.read_to_end(&mut rest).await;
+    let verdict = rest
+        .iter()
+        .position(|&b| b == wire::FRAME_VERDICT)
+        .and_then(|i| rest.get(i + 5));
+    assert_eq!(
+        verdict,
+        Some(&(wire::VerdictCode::EvidenceRequired as u8)),
+        "{rest:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_verified_connection_ends_at_its_lifetime() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = AtlsServer::new(
+        AtlsConfig::verifying(validator_for(CLIENT_SEED))
+            .with_max_connection_lifetime(Duration::from_millis(500)),
+    )
+    .unwrap();
+    let accepted = tokio::spawn(async move {
+        let (tcp, peer) = listener.accept().await.unwrap();
+        let mut stream = server.accept(tcp, Some(peer)).await.unwrap();
+        assert!(stream.peer().is_some());
+        // Nothing ever arrives: only the lifetime can end this read.
+        let mut b = [0u8; 1];
+        let n = stream.read(&mut b).await.unwrap();
+        let write = stream.write_all(b"late").await;
+        (n, write.is_err())
+    });
+    let connector = AtlsConnector::new(AtlsConfig::attesting(issuer(CLIENT_SEED))).unwrap();
+    let mut client = connector.connect_tcp(&addr.to_string()).await.unwrap();
+    let (n, write_failed) = tokio::time::timeout(Duration::from_secs(10), accepted)
+        .await
+        .expect("the verified connection outlived its lifetime")
+        .unwrap();
+    assert_eq!(n, 0, "end of stream at the lifetime");
+    assert!(write_failed, "no writes after the lifetime");
+    // The client sees the connection end too.
+    let mut b = [0u8; 1];
+    let n = tokio::time::timeout(Duration::from_secs(10), client.read(&mut b))
+        .await
+        .unwrap();
+    assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
+}

@@ -58,6 +58,7 @@ impl AtlsConnector {
             after: self.cfg.handshake_timeout,
         })?
         .map_err(server::tls_io_error)?;
+        server::require_h2(tls.get_ref().1)?;
         let exporter = server::export(tls.get_ref().1)?;
         let peer = tokio::time::timeout(
             self.cfg.exchange_timeout,

@@ -1,10 +1,12 @@
-//! The evidence exchange that runs on a fresh TLS 1.3 connection before HTTP/2.
+//! The async adapter that drives the sans-I/O [`Exchange`] over a TLS stream.
 
-use crate::wire::{self, Hello, VerdictCode};
-use crate::{AtlsConfig, AtlsError, VerifiedPeer};
-use asterism_attestation::{ReportData, Role};
+use crate::machine::{Exchange, IssueRequest, Step};
+use crate::{AtlsConfig, AtlsError, VerifiedPeer, session};
+use asterism_attestation::{IssueError, Issuer, ReportData, Role};
 use std::net::SocketAddr;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Runs the exchange for `role` on `stream`, whose TLS exporter value is `exporter`.
 ///
@@ -14,104 +16,133 @@ pub(crate) async fn run<S>(
     stream: &mut S,
     role: Role,
     exporter: &[u8; 32],
-    cfg: &AtlsConfig,
+    cfg: &Arc<AtlsConfig>,
     remote_addr: Option<SocketAddr>,
 ) -> Result<Option<VerifiedPeer>, AtlsError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let requires = !cfg.validators.is_empty();
-    let mut flags = 0;
-    if cfg.issuer.is_some() {
-        flags |= wire::FLAG_SENDS_EVIDENCE;
-    }
-    if requires {
-        flags |= wire::FLAG_REQUIRES_EVIDENCE;
-    }
-    let hello = Hello {
-        version: wire::VERSION,
-        flags,
-    };
-
-    // Sending and receiving run concurrently: issuing evidence may take a TPM round trip,
-    // and two large evidence frames must not wait on each other's socket buffers.
-    let (mut rd, mut wr) = tokio::io::split(&mut *stream);
-    let send = async {
-        let mut out = Vec::new();
-        wire::encode_hello(&mut out, hello)?;
-        if let Some(issuer) = &cfg.issuer {
-            let report_data = ReportData::atls(role, exporter);
-            let evidence = issue(issuer.clone(), report_data).await?;
-            wire::encode_evidence(&mut out, issuer.variant(), &evidence)?;
-        }
-        wr.write_all(&out).await.map_err(AtlsError::Io)?;
-        wr.flush().await.map_err(AtlsError::Io)?;
-        Ok::<_, AtlsError>(())
-    };
-    let recv = async {
-        let peer = wire::read_hello(&mut rd).await?;
-        if peer.version != wire::VERSION {
-            return Err(AtlsError::UnsupportedVersion(peer.version));
-        }
-        if peer.requires_evidence() && cfg.issuer.is_none() {
-            return Err(AtlsError::NoIssuer);
-        }
-        if requires && !peer.sends_evidence() {
-            return Err(AtlsError::EvidenceRequired);
-        }
-        let verified = if peer.sends_evidence() {
-            let frame = wire::read_evidence(&mut rd, cfg.max_frame_len).await?;
-            if requires {
-                Some(verify(cfg, role, exporter, &frame, remote_addr)?)
-            } else {
-                // This side does not verify: the evidence is read to keep the stream in
-                // step and then dropped unexamined.
-                None
-            }
-        } else {
-            None
-        };
-        Ok((peer, verified))
-    };
-    let (sent, received) = tokio::join!(send, recv);
-    drop((rd, wr));
-    sent?;
-
-    let (peer_hello, verified) = match received {
-        Ok(r) => r,
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let mut x = Exchange::new(role, cfg.clone(), *exporter, remote_addr, now);
+    match drive(stream, &mut x, cfg).await {
+        Ok(()) => Ok(x.into_verified()),
         Err(e) => {
-            // Tell a peer that waits for our verdict why; best effort, then close.
-            if requires {
-                let (code, reason) = e.verdict();
-                let _ = send_verdict(stream, code, &reason).await;
+            // The failure VERDICT, when the protocol calls for one; best effort.
+            let out = x.take_output();
+            if !out.is_empty() {
+                let _ = stream.write_all(&out).await;
+                let _ = stream.flush().await;
             }
-            return Err(e);
-        }
-    };
-    if requires {
-        send_verdict(stream, VerdictCode::Accepted, "").await?;
-    }
-    if peer_hello.requires_evidence() {
-        let verdict = wire::read_verdict(stream).await?;
-        if verdict.code != VerdictCode::Accepted {
-            return Err(AtlsError::RefusedByPeer {
-                code: verdict.code,
-                reason: verdict.reason,
-            });
+            Err(e)
         }
     }
-    Ok(verified)
 }
 
-async fn issue(
-    issuer: std::sync::Arc<dyn asterism_attestation::Issuer>,
+async fn drive<S>(stream: &mut S, x: &mut Exchange, cfg: &AtlsConfig) -> Result<(), AtlsError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut out: Vec<u8> = Vec::new();
+    let mut written = 0;
+    loop {
+        out.extend(x.take_output());
+        let step = x.step()?;
+        if written < out.len() {
+            // Write while also reading what the machine asks for, so that two sides
+            // sending large frames at once never wait on each other's socket buffers.
+            {
+                let (mut rd, mut wr) = tokio::io::split(&mut *stream);
+                match step {
+                    Step::Read(n) => {
+                        let n = n.min(buf.len());
+                        tokio::select! {
+                            w = wr.write(out.get(written..).unwrap_or_default()) => {
+                                written += wrote(w)?;
+                            }
+                            r = rd.read(buf.get_mut(..n).unwrap_or_default()) => {
+                                let got = got(r)?;
+                                x.feed(buf.get(..got).unwrap_or_default())?;
+                            }
+                        }
+                    }
+                    _ => {
+                        wr.write_all(out.get(written..).unwrap_or_default())
+                            .await
+                            .map_err(AtlsError::Io)?;
+                        written = out.len();
+                    }
+                }
+            }
+            if written == out.len() {
+                stream.flush().await.map_err(AtlsError::Io)?;
+                out.clear();
+                written = 0;
+            }
+            continue;
+        }
+        match step {
+            Step::Done => return Ok(()),
+            Step::Read(n) => {
+                let n = n.min(buf.len());
+                let r = stream.read(buf.get_mut(..n).unwrap_or_default()).await;
+                let got = got(r)?;
+                x.feed(buf.get(..got).unwrap_or_default())?;
+            }
+            Step::Issue(req) => match produce(cfg, &req).await {
+                Ok((variant, evidence)) => x.provide_evidence(variant, &evidence)?,
+                Err(e) => return Err(x.abort(e)),
+            },
+        }
+    }
+}
+
+fn wrote(w: std::io::Result<usize>) -> Result<usize, AtlsError> {
+    match w {
+        Ok(0) => Err(AtlsError::Closed),
+        Ok(n) => Ok(n),
+        Err(e) => Err(AtlsError::Io(e)),
+    }
+}
+
+fn got(r: std::io::Result<usize>) -> Result<usize, AtlsError> {
+    match r {
+        Ok(0) => Err(AtlsError::Closed),
+        Ok(n) => Ok(n),
+        Err(e) => Err(AtlsError::read(e)),
+    }
+}
+
+/// This side's evidence for `req`: per connection from the issuer, or from the session key.
+async fn produce(
+    cfg: &AtlsConfig,
+    req: &IssueRequest,
+) -> Result<(&'static str, Vec<u8>), AtlsError> {
+    if let (true, Some(key)) = (req.session_key, &cfg.session_key) {
+        return Ok((
+            session::VARIANT,
+            key.evidence(req.role, &req.exporter).await?,
+        ));
+    }
+    let issuer = cfg.issuer.clone().ok_or(AtlsError::NoIssuer)?;
+    let variant = issuer.variant();
+    let evidence = issue(issuer, ReportData::atls(req.role, &req.exporter)).await?;
+    Ok((variant, evidence))
+}
+
+/// Calls `issuer`, off the reactor when it blocks (a TPM quote).
+pub(crate) async fn issue(
+    issuer: Arc<dyn Issuer>,
     report_data: ReportData,
 ) -> Result<Vec<u8>, AtlsError> {
     if issuer.blocks() {
         let variant = issuer.variant();
         tokio::task::spawn_blocking(move || issuer.issue(&report_data))
             .await
-            .map_err(|e| asterism_attestation::IssueError {
+            .map_err(|e| IssueError {
                 variant,
                 message: "issuer task failed".into(),
                 source: Some(Box::new(e)),
@@ -120,49 +151,4 @@ async fn issue(
     } else {
         issuer.issue(&report_data).map_err(AtlsError::Issue)
     }
-}
-
-fn verify(
-    cfg: &AtlsConfig,
-    role: Role,
-    exporter: &[u8; 32],
-    frame: &wire::EvidenceFrame,
-    remote_addr: Option<SocketAddr>,
-) -> Result<VerifiedPeer, AtlsError> {
-    let validator = cfg
-        .validators
-        .iter()
-        .find(|v| v.variant() == frame.variant)
-        .ok_or_else(|| AtlsError::UnknownVariant(frame.variant.clone()))?;
-    // The peer attests in its own role: the opposite of ours.
-    let expected = ReportData::atls(role.peer(), exporter);
-    match validator.validate(&frame.evidence, &expected) {
-        Ok(evidence) => {
-            tracing::info!(
-                variant = evidence.variant(),
-                identity = evidence.identity(),
-                peer = ?remote_addr,
-                "peer evidence verified"
-            );
-            Ok(VerifiedPeer {
-                evidence,
-                remote_addr,
-            })
-        }
-        Err(e) => {
-            tracing::warn!(variant = %frame.variant, peer = ?remote_addr, error = %e, "peer evidence rejected");
-            Err(AtlsError::Rejected(e))
-        }
-    }
-}
-
-async fn send_verdict<S: AsyncWrite + Unpin>(
-    stream: &mut S,
-    code: VerdictCode,
-    reason: &str,
-) -> Result<(), AtlsError> {
-    let mut out = Vec::new();
-    wire::encode_verdict(&mut out, code, reason)?;
-    stream.write_all(&out).await.map_err(AtlsError::Io)?;
-    stream.flush().await.map_err(AtlsError::Io)
 }

@@ -20,7 +20,9 @@
 
 mod client;
 mod exchange;
+pub mod machine;
 mod server;
+pub mod session;
 mod stream;
 mod tls;
 pub mod wire;
@@ -29,6 +31,7 @@ pub use asterism_attestation as attestation;
 pub use asterism_attestation::{Issuer, Role, ValidationError, Validator, VerifiedEvidence};
 pub use client::AtlsConnector;
 pub use server::AtlsServer;
+pub use session::SessionKeyIssuer;
 pub use stream::{AtlsConnectInfo, AtlsStream};
 pub use tls::{ALPN_H2, EXPORTER_LABEL};
 
@@ -41,10 +44,24 @@ use wire::VerdictCode;
 /// largest evidence any variant may carry ([`asterism_attestation::tpm::MAX_EVIDENCE_SIZE`],
 /// 64 KiB). Inclusive: a payload of exactly this many bytes is read, one more is refused
 /// on the frame header. Nothing larger can ever verify, so nothing larger is worth reading.
-pub const MAX_EVIDENCE_FRAME_LEN: usize =
-    1 + wire::MAX_VARIANT_LEN + asterism_attestation::tpm::MAX_EVIDENCE_SIZE;
-/// Default cap on one frame's payload: [`MAX_EVIDENCE_FRAME_LEN`] (65,601 bytes).
+///
+/// Of the two forms, session-key evidence (§4b) is the longer: variant length (1), the
+/// variant `atls-session-key` (16), the session-key prefix (105), the longest inner variant
+/// name (64) and the inner evidence (65,536): 65,722 bytes. Plain evidence needs at most
+/// 1 + 64 + 65,536 = 65,601.
+pub const MAX_EVIDENCE_FRAME_LEN: usize = max(
+    1 + wire::MAX_VARIANT_LEN + asterism_attestation::tpm::MAX_EVIDENCE_SIZE,
+    1 + session::VARIANT.len()
+        + session::PREFIX_LEN
+        + wire::MAX_VARIANT_LEN
+        + asterism_attestation::tpm::MAX_EVIDENCE_SIZE,
+);
+/// Default cap on one frame's payload: [`MAX_EVIDENCE_FRAME_LEN`] (65,722 bytes).
 pub const DEFAULT_MAX_FRAME_LEN: usize = MAX_EVIDENCE_FRAME_LEN;
+const fn max(a: usize, b: usize) -> usize {
+    if a > b { a } else { b }
+}
+
 /// Smallest configurable frame cap.
 pub const MIN_MAX_FRAME_LEN: usize = 1024;
 /// Default deadline for the TLS handshake and, separately, for the evidence exchange.
@@ -66,6 +83,8 @@ pub const DEFAULT_MAX_PENDING_PER_SOURCE: usize = 8;
 #[derive(Clone)]
 pub struct AtlsConfig {
     issuer: Option<Arc<dyn Issuer>>,
+    session_key: Option<Arc<SessionKeyIssuer>>,
+    max_session_key_validity: Duration,
     validators: Vec<Arc<dyn Validator>>,
     max_frame_len: usize,
     exchange_timeout: Duration,
@@ -80,6 +99,8 @@ impl std::fmt::Debug for AtlsConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AtlsConfig")
             .field("issuer", &self.issuer.as_ref().map(|i| i.variant()))
+            .field("session_key", &self.session_key)
+            .field("max_session_key_validity", &self.max_session_key_validity)
             .field(
                 "validators",
                 &self
@@ -103,6 +124,8 @@ impl Default for AtlsConfig {
     fn default() -> Self {
         Self {
             issuer: None,
+            session_key: None,
+            max_session_key_validity: session::DEFAULT_MAX_VALIDITY,
             validators: Vec::new(),
             max_frame_len: DEFAULT_MAX_FRAME_LEN,
             exchange_timeout: DEFAULT_TIMEOUT,
@@ -128,8 +151,43 @@ impl AtlsConfig {
 
     /// Attest with `issuer`.
     pub fn with_issuer(mut self, issuer: Arc<dyn Issuer>) -> Self {
+        self.session_key = None;
         self.issuer = Some(issuer);
         self
+    }
+
+    /// Server side: attest with an attested session key (`docs/atls.md` §4b) whose evidence
+    /// `issuer` produces once per refresh interval (default 60 s), instead of per
+    /// connection. The server then attests only to clients that ask for evidence and
+    /// accept session keys, and no client can make it call `issuer` more than once per
+    /// interval. Replaces a per-connection issuer.
+    pub fn with_session_key_issuer(self, issuer: Arc<dyn Issuer>) -> Self {
+        self.with_session_key(Arc::new(SessionKeyIssuer::new(
+            issuer,
+            session::DEFAULT_REFRESH,
+        )))
+    }
+
+    /// Server side: attest with this session key (see
+    /// [`AtlsConfig::with_session_key_issuer`]); share one between servers to share its
+    /// quotes.
+    pub fn with_session_key(mut self, key: Arc<SessionKeyIssuer>) -> Self {
+        self.issuer = None;
+        self.session_key = Some(key);
+        self
+    }
+
+    /// Verifier side: the longest remaining validity (`not_after - now`) accepted in the
+    /// peer's session-key evidence (default 120 s). Bounds how long a session key, and the
+    /// quote behind it, can be used after it was made.
+    pub fn with_max_session_key_validity(mut self, validity: Duration) -> Self {
+        self.max_session_key_validity = validity;
+        self
+    }
+
+    /// Whether this side attests with per-connection evidence.
+    pub(crate) fn attests_per_connection(&self) -> bool {
+        self.issuer.is_some()
     }
 
     /// Also accept evidence of `validator`'s variant. With at least one validator, the
@@ -194,7 +252,7 @@ impl AtlsConfig {
     }
 
     fn check(&self) -> Result<(), AtlsError> {
-        if self.issuer.is_none() && self.validators.is_empty() {
+        if self.issuer.is_none() && self.session_key.is_none() && self.validators.is_empty() {
             return Err(AtlsError::Config(
                 "an aTLS side needs an issuer, a validator, or both".into(),
             ));
@@ -287,8 +345,11 @@ pub enum AtlsError {
     /// This side requires evidence and the peer announced none.
     #[error("peer did not attest, but this side requires evidence")]
     EvidenceRequired,
-    /// The peer requires evidence and this side has no issuer.
-    #[error("peer requires evidence, but this side has no issuer")]
+    /// The peer requires evidence this side cannot produce (no issuer, or only a session
+    /// key and the peer does not accept session keys).
+    #[error(
+        "peer requires evidence this side cannot produce (no issuer, or a session key the peer does not accept)"
+    )]
     NoIssuer,
     /// No validator for the evidence variant the peer sent.
     #[error("no validator for evidence variant {0:?}")]
@@ -319,10 +380,11 @@ impl AtlsError {
         }
     }
 
-    /// The verdict this side sends to the peer when it fails with this error, if the
-    /// peer waits for one. Reasons are short and never contain secrets.
-    fn verdict(&self) -> (VerdictCode, String) {
-        match self {
+    /// The VERDICT this side sends when it fails with this error, or `None` when there is
+    /// nobody to tell (the peer refused or closed, or the connection broke). Reasons are
+    /// short and never contain secrets or the verifier's policy values.
+    fn verdict(&self) -> Option<(VerdictCode, String)> {
+        Some(match self {
             Self::Rejected(e) => (VerdictCode::Rejected, redacted_reason(e)),
             Self::EvidenceRequired => (VerdictCode::EvidenceRequired, self.to_string()),
             Self::UnsupportedVersion(_) => (VerdictCode::UnsupportedVersion, self.to_string()),
@@ -330,8 +392,18 @@ impl AtlsError {
             Self::Protocol(_) | Self::FrameTooLarge { .. } => {
                 (VerdictCode::ProtocolError, self.to_string())
             }
-            _ => (VerdictCode::InternalError, "verification failed".into()),
-        }
+            Self::NoIssuer => (VerdictCode::CannotAttest, self.to_string()),
+            Self::Issue(_) => (
+                VerdictCode::InternalError,
+                "this side could not produce its evidence".into(),
+            ),
+            Self::Closed
+            | Self::RefusedByPeer { .. }
+            | Self::Io(_)
+            | Self::Tls(_)
+            | Self::Timeout { .. }
+            | Self::Config(_) => return None,
+        })
     }
 }
 
@@ -370,7 +442,7 @@ mod tests {
             expected: "aa".repeat(32),
             observed: "bb".repeat(32),
         });
-        let (code, reason) = e.verdict();
+        let (code, reason) = e.verdict().unwrap();
         assert_eq!(code, VerdictCode::Rejected);
         assert_eq!(reason, "measurement mismatch at index 7");
         // The local error keeps the full explanation for the log.

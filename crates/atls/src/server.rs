@@ -62,6 +62,7 @@ impl AtlsServer {
                 after: self.cfg.handshake_timeout,
             })?
             .map_err(tls_io_error)?;
+        require_h2(tls.get_ref().1)?;
         let exporter = export(tls.get_ref().1)?;
         let peer = tokio::time::timeout(
             self.cfg.exchange_timeout,
@@ -208,6 +209,19 @@ impl Drop for SourceSlot {
                 counts.remove(&self.key);
             }
         }
+    }
+}
+
+/// Refuses a connection that did not negotiate ALPN `h2`. rustls already refuses a
+/// ClientHello whose ALPN list lacks `h2` (`no_application_protocol`); this also refuses
+/// one that offered no ALPN at all, which rustls would accept.
+pub(crate) fn require_h2<D>(conn: &rustls::ConnectionCommon<D>) -> Result<(), AtlsError> {
+    if conn.alpn_protocol() == Some(tls::ALPN_H2) {
+        Ok(())
+    } else {
+        Err(AtlsError::Protocol(
+            "the TLS handshake did not negotiate ALPN h2".into(),
+        ))
     }
 }
 

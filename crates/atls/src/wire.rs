@@ -23,7 +23,10 @@ pub const VERSION: u8 = 1;
 pub const FLAG_SENDS_EVIDENCE: u8 = 0x01;
 /// HELLO flag: this side requires the peer's evidence and answers it with a VERDICT.
 pub const FLAG_REQUIRES_EVIDENCE: u8 = 0x02;
-const KNOWN_FLAGS: u8 = FLAG_SENDS_EVIDENCE | FLAG_REQUIRES_EVIDENCE;
+/// HELLO flag: this side accepts session-key evidence (`docs/atls.md` §4b) from the peer.
+pub const FLAG_ACCEPTS_SESSION_KEY: u8 = 0x04;
+/// Every flag version 1 defines.
+pub const KNOWN_FLAGS: u8 = FLAG_SENDS_EVIDENCE | FLAG_REQUIRES_EVIDENCE | FLAG_ACCEPTS_SESSION_KEY;
 
 /// Bytes of a frame header.
 pub const HEADER_LEN: usize = 5;
@@ -52,12 +55,27 @@ impl Hello {
         self.flags & FLAG_REQUIRES_EVIDENCE != 0
     }
 
-    fn decode(payload: &[u8]) -> Result<Self, AtlsError> {
+    /// Whether the sender accepts session-key evidence.
+    pub fn accepts_session_key(self) -> bool {
+        self.flags & FLAG_ACCEPTS_SESSION_KEY != 0
+    }
+
+    /// Refuses flags this version does not define (for a HELLO read under version 1).
+    pub fn check_flags(self) -> Result<(), AtlsError> {
+        if self.flags & !KNOWN_FLAGS != 0 {
+            return Err(AtlsError::Protocol(format!(
+                "HELLO has unknown flags {:#04x}",
+                self.flags
+            )));
+        }
+        Ok(())
+    }
+
+    /// Decodes a HELLO payload (exactly 2 bytes). Flags are checked by the caller, under
+    /// the negotiated version ([`Hello::check_flags`]).
+    pub fn decode(payload: &[u8]) -> Result<Self, AtlsError> {
         match *payload {
-            [version, flags] if flags & !KNOWN_FLAGS == 0 => Ok(Self { version, flags }),
-            [_, flags] => Err(AtlsError::Protocol(format!(
-                "HELLO has unknown flags {flags:#04x}"
-            ))),
+            [version, flags] => Ok(Self { version, flags }),
             _ => Err(AtlsError::Protocol(format!(
                 "HELLO payload is {} bytes, want 2",
                 payload.len()
@@ -82,8 +100,11 @@ pub enum VerdictCode {
     ProtocolError = 4,
     /// No validator for the evidence variant.
     UnknownVariant = 5,
-    /// The verifier failed internally.
+    /// The verifier failed internally (or could not produce its own evidence).
     InternalError = 6,
+    /// This side cannot produce evidence the peer's HELLO requires (no issuer, or no form
+    /// the peer accepts).
+    CannotAttest = 7,
 }
 
 impl VerdictCode {
@@ -96,6 +117,7 @@ impl VerdictCode {
             4 => Self::ProtocolError,
             5 => Self::UnknownVariant,
             6 => Self::InternalError,
+            7 => Self::CannotAttest,
             _ => return None,
         })
     }
@@ -111,7 +133,8 @@ pub struct Verdict {
 }
 
 impl Verdict {
-    fn decode(payload: &[u8]) -> Result<Self, AtlsError> {
+    /// Decodes a VERDICT payload.
+    pub fn decode(payload: &[u8]) -> Result<Self, AtlsError> {
         let (&code, reason) = payload
             .split_first()
             .ok_or_else(|| AtlsError::Protocol("empty VERDICT".into()))?;
@@ -136,7 +159,8 @@ pub struct EvidenceFrame {
 }
 
 impl EvidenceFrame {
-    fn decode(payload: &[u8]) -> Result<Self, AtlsError> {
+    /// Decodes an EVIDENCE payload.
+    pub fn decode(payload: &[u8]) -> Result<Self, AtlsError> {
         let (&len, rest) = payload
             .split_first()
             .ok_or_else(|| AtlsError::Protocol("empty EVIDENCE".into()))?;
@@ -224,7 +248,9 @@ async fn read_frame<R: AsyncRead + Unpin>(
 
 /// Reads a HELLO frame.
 pub async fn read_hello<R: AsyncRead + Unpin>(r: &mut R) -> Result<Hello, AtlsError> {
-    Hello::decode(&read_frame(r, FRAME_HELLO, 2).await?)
+    let hello = Hello::decode(&read_frame(r, FRAME_HELLO, 2).await?)?;
+    hello.check_flags()?;
+    Ok(hello)
 }
 
 /// Reads an EVIDENCE frame of at most `cap` payload bytes.

@@ -10,7 +10,9 @@
 use asterism_atls::attestation::test_ed25519::{InsecureTestIssuer, InsecureTestValidator};
 use asterism_atls::attestation::{IssueError, ReportData};
 use asterism_atls::wire::{self, Hello};
-use asterism_atls::{AtlsConfig, AtlsConnector, AtlsError, AtlsServer, Issuer, verified_peer};
+use asterism_atls::{
+    AtlsConfig, AtlsConnector, AtlsError, AtlsServer, Issuer, Validator, verified_peer,
+};
 use asterism_proto::kms::api_client::ApiClient;
 use asterism_proto::kms::api_server::{Api, ApiServer};
 use asterism_proto::kms::{GetDataKeyRequest, GetDataKeyResponse};
@@ -483,21 +485,11 @@ async fn a_peer_that_never_sends_evidence_is_cut_off_at_the_deadline() {
         ),
         "{result:?}"
     );
-    // The silent client got the server's HELLO and then the end of the connection.
+    // The server speaks only after the client's HELLO: the silent client got nothing but
+    // the end of the connection.
     let mut rest = Vec::new();
     let _ = tls.read_to_end(&mut rest).await;
-    assert_eq!(
-        rest,
-        [
-            wire::FRAME_HELLO,
-            0,
-            0,
-            0,
-            2,
-            wire::VERSION,
-            wire::FLAG_REQUIRES_EVIDENCE
-        ]
-    );
+    assert!(rest.is_empty(), "{rest:?}");
 }
 
 #[tokio::test]
@@ -544,7 +536,7 @@ async fn a_peer_speaking_another_version_is_refused() {
     wire::encode_hello(
         &mut out,
         Hello {
-            version: 2,
+            version: 0,
             flags: 0,
         },
     )
@@ -552,9 +544,59 @@ async fn a_peer_speaking_another_version_is_refused() {
     tls.write_all(&out).await.unwrap();
     let result = server.await.unwrap();
     assert!(
-        matches!(result, Err(AtlsError::UnsupportedVersion(2))),
+        matches!(result, Err(AtlsError::UnsupportedVersion(0))),
         "{result:?}"
     );
+    // The refusal is a VERDICT in place of the server's HELLO.
+    let mut rest = Vec::new();
+    let _ = tls.read_to_end(&mut rest).await;
+    assert_eq!(rest.first(), Some(&wire::FRAME_VERDICT), "{rest:?}");
+    assert_eq!(
+        rest.get(5),
+        Some(&(wire::VerdictCode::UnsupportedVersion as u8))
+    );
+}
+
+#[tokio::test]
+async fn a_newer_client_is_answered_with_version_1() {
+    // A client that names version 2 (and a flag version 1 does not know) and then waits
+    // for the server's choice, as the negotiation rule says.
+    let (addr, server) = single_accept(AtlsConfig::attesting(issuer(SERVER_SEED))).await;
+    let mut tls = raw_tls_client(addr, &[&rustls::version::TLS13])
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    wire::encode_hello(
+        &mut out,
+        Hello {
+            version: 2,
+            flags: wire::FLAG_REQUIRES_EVIDENCE | 0x80,
+        },
+    )
+    .unwrap();
+    tls.write_all(&out).await.unwrap();
+    let hello = wire::read_hello(&mut tls).await.unwrap();
+    assert_eq!(hello.version, 1);
+    assert!(hello.sends_evidence());
+    // Under version 1 the exchange continues: the server's evidence, then it waits for
+    // the client's verdict.
+    let ev = wire::read_evidence(&mut tls, 1 << 16).await.unwrap();
+    let verified = validator_for(SERVER_SEED).validate(
+        &ev.evidence,
+        &ReportData::atls(asterism_atls::Role::Server, &exporter_of(tls.get_ref().1)),
+    );
+    assert!(verified.is_ok(), "{verified:?}");
+    let mut out = Vec::new();
+    wire::encode_verdict(&mut out, wire::VerdictCode::Accepted, "").unwrap();
+    tls.write_all(&out).await.unwrap();
+    assert!(server.await.unwrap().is_ok());
+}
+
+fn exporter_of(conn: &rustls::ClientConnection) -> [u8; 32] {
+    let mut e = [0u8; 32];
+    conn.export_keying_material(&mut e, asterism_atls::EXPORTER_LABEL, Some(&[]))
+        .unwrap();
+    e
 }
 
 #[tokio::test]
@@ -606,10 +648,16 @@ async fn send_evidence_of_payload_len(payload_len: usize) -> (Result<(), AtlsErr
 #[tokio::test]
 async fn an_evidence_frame_of_exactly_the_cap_is_read_and_one_byte_more_is_refused() {
     let cap = asterism_atls::DEFAULT_MAX_FRAME_LEN;
+    // Session-key evidence is the longest form: its variant, its 105-byte prefix, the
+    // longest inner variant and the largest inner evidence.
     assert_eq!(
         cap,
-        1 + wire::MAX_VARIANT_LEN + asterism_atls::attestation::tpm::MAX_EVIDENCE_SIZE
+        1 + asterism_atls::session::VARIANT.len()
+            + asterism_atls::session::PREFIX_LEN
+            + wire::MAX_VARIANT_LEN
+            + asterism_atls::attestation::tpm::MAX_EVIDENCE_SIZE
     );
+    assert_eq!(cap, 65_722);
     // At the cap: the frame is read whole and handed to the validator, which rejects the
     // zero bytes as malformed evidence (REJECTED, not PROTOCOL_ERROR).
     let (result, code) = send_evidence_of_payload_len(cap).await;
@@ -728,10 +776,9 @@ async fn a_client_without_sends_evidence_is_refused_by_the_server_itself() {
     );
     let mut rest = Vec::new();
     let _ = tls.read_to_end(&mut rest).await;
-    let verdict = rest
-        .iter()
-        .position(|&b| b == wire::FRAME_VERDICT)
-        .and_then(|i| rest.get(i + 5));
+    // The server's HELLO (7 bytes), then its VERDICT.
+    assert_eq!(rest.get(7), Some(&wire::FRAME_VERDICT), "{rest:?}");
+    let verdict = rest.get(12);
     assert_eq!(
         verdict,
         Some(&(wire::VerdictCode::EvidenceRequired as u8)),

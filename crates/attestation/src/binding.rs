@@ -11,6 +11,9 @@ pub enum Purpose {
     Atls,
     /// `asterism verify`: binds evidence to a verifier's nonce (`asterism/verify/v1`).
     Verify,
+    /// An aTLS session key: binds evidence to an ephemeral signing key, its expiry and the
+    /// attesting role (`asterism/atls-session-key/v1`); see `docs/atls.md`.
+    AtlsSessionKey,
 }
 
 impl Purpose {
@@ -19,6 +22,7 @@ impl Purpose {
         match self {
             Purpose::Atls => b"asterism/atls/v1",
             Purpose::Verify => b"asterism/verify/v1",
+            Purpose::AtlsSessionKey => b"asterism/atls-session-key/v1",
         }
     }
 }
@@ -66,6 +70,18 @@ impl ReportData {
         Self(h.finalize().into())
     }
 
+    /// `SHA-256("asterism/atls-session-key/v1" || role || public_key || not_after)`, with
+    /// `not_after` as 8 big-endian bytes (seconds since the Unix epoch): binds evidence to
+    /// an aTLS session key of the attesting side, which then signs each connection.
+    pub fn atls_session_key(role: Role, public_key: &[u8; 32], not_after_unix: u64) -> Self {
+        let mut h = Sha256::new();
+        h.update(Purpose::AtlsSessionKey.label());
+        h.update(role.label());
+        h.update(public_key);
+        h.update(not_after_unix.to_be_bytes());
+        Self(h.finalize().into())
+    }
+
     /// `SHA-256("asterism/verify/v1" || nonce)`: binds evidence to a verifier's nonce.
     pub fn verify(nonce: &[u8]) -> Self {
         let mut h = Sha256::new();
@@ -102,6 +118,10 @@ mod tests {
         let c = ReportData::atls(Role::Client, &e);
         let s = ReportData::atls(Role::Server, &e);
         let v = ReportData::verify(&e);
+        let k = ReportData::atls_session_key(Role::Server, &e, 0);
+        assert_ne!(k, s);
+        assert_ne!(k, ReportData::atls_session_key(Role::Client, &e, 0));
+        assert_ne!(k, ReportData::atls_session_key(Role::Server, &e, 1));
         assert_ne!(c, s);
         assert_ne!(c, v);
         assert_ne!(s, v);

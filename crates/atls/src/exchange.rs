@@ -27,13 +27,17 @@ where
         .map(|d| d.as_secs())
         .unwrap_or(0);
     let mut x = Exchange::new(role, cfg.clone(), *exporter, remote_addr, now);
-    match drive(stream, &mut x, cfg).await {
+    let mut out = Vec::new();
+    let mut written = 0;
+    match drive(stream, &mut x, cfg, &mut out, &mut written).await {
         Ok(()) => Ok(x.into_verified()),
         Err(e) => {
-            // The failure VERDICT, when the protocol calls for one; best effort.
-            let out = x.take_output();
-            if !out.is_empty() {
-                let _ = stream.write_all(&out).await;
+            // What was not yet sent, then the failure VERDICT when the protocol calls for
+            // one; best effort.
+            let mut rest = out.split_off(written.min(out.len()));
+            rest.extend(x.take_output());
+            if !rest.is_empty() {
+                let _ = stream.write_all(&rest).await;
                 let _ = stream.flush().await;
             }
             Err(e)
@@ -41,17 +45,21 @@ where
     }
 }
 
-async fn drive<S>(stream: &mut S, x: &mut Exchange, cfg: &AtlsConfig) -> Result<(), AtlsError>
+async fn drive<S>(
+    stream: &mut S,
+    x: &mut Exchange,
+    cfg: &AtlsConfig,
+    out: &mut Vec<u8>,
+    written: &mut usize,
+) -> Result<(), AtlsError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let mut buf = vec![0u8; 16 * 1024];
-    let mut out: Vec<u8> = Vec::new();
-    let mut written = 0;
     loop {
         out.extend(x.take_output());
         let step = x.step()?;
-        if written < out.len() {
+        if *written < out.len() {
             // Write while also reading what the machine asks for, so that two sides
             // sending large frames at once never wait on each other's socket buffers.
             {
@@ -60,8 +68,8 @@ where
                     Step::Read(n) => {
                         let n = n.min(buf.len());
                         tokio::select! {
-                            w = wr.write(out.get(written..).unwrap_or_default()) => {
-                                written += wrote(w)?;
+                            w = wr.write(out.get(*written..).unwrap_or_default()) => {
+                                *written += wrote(w)?;
                             }
                             r = rd.read(buf.get_mut(..n).unwrap_or_default()) => {
                                 let got = got(r)?;
@@ -70,17 +78,17 @@ where
                         }
                     }
                     _ => {
-                        wr.write_all(out.get(written..).unwrap_or_default())
+                        wr.write_all(out.get(*written..).unwrap_or_default())
                             .await
                             .map_err(AtlsError::Io)?;
-                        written = out.len();
+                        *written = out.len();
                     }
                 }
             }
-            if written == out.len() {
+            if *written == out.len() {
                 stream.flush().await.map_err(AtlsError::Io)?;
                 out.clear();
-                written = 0;
+                *written = 0;
             }
             continue;
         }

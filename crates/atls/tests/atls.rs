@@ -330,6 +330,15 @@ async fn raw_tls_client(
     addr: std::net::SocketAddr,
     versions: &[&'static rustls::SupportedProtocolVersion],
 ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, std::io::Error> {
+    raw_tls_client_alpn(addr, versions, vec![b"h2".to_vec()]).await
+}
+
+/// [`raw_tls_client`] offering `alpn` instead of `h2`.
+async fn raw_tls_client_alpn(
+    addr: std::net::SocketAddr,
+    versions: &[&'static rustls::SupportedProtocolVersion],
+    alpn: Vec<Vec<u8>>,
+) -> Result<tokio_rustls::client::TlsStream<TcpStream>, std::io::Error> {
     #[derive(Debug)]
     struct AnyCert;
     impl rustls::client::danger::ServerCertVerifier for AnyCert {
@@ -373,7 +382,7 @@ async fn raw_tls_client(
     .dangerous()
     .with_custom_certificate_verifier(Arc::new(AnyCert))
     .with_no_client_auth();
-    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    cfg.alpn_protocols = alpn;
     let tcp = TcpStream::connect(addr).await?;
     tokio_rustls::TlsConnector::from(Arc::new(cfg))
         .connect("localhost".try_into().unwrap(), tcp)
@@ -819,4 +828,147 @@ async fn a_verified_connection_ends_at_its_lifetime() {
         .await
         .unwrap();
     assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
+}
+
+#[tokio::test]
+async fn a_client_without_alpn_h2_is_refused() {
+    // No ALPN at all: rustls would accept it, aTLS must not.
+    let (addr, server) = single_accept(AtlsConfig::attesting(issuer(SERVER_SEED))).await;
+    let _tls = raw_tls_client_alpn(addr, &[&rustls::version::TLS13], Vec::new())
+        .await
+        .unwrap();
+    let result = server.await.unwrap();
+    assert!(
+        matches!(result, Err(AtlsError::Protocol(ref m)) if m.contains("ALPN")),
+        "{result:?}"
+    );
+    // ALPN without h2: refused during the TLS handshake.
+    let (addr, server) = single_accept(AtlsConfig::attesting(issuer(SERVER_SEED))).await;
+    let client =
+        raw_tls_client_alpn(addr, &[&rustls::version::TLS13], vec![b"http/1.1".to_vec()]).await;
+    assert!(client.is_err());
+    assert!(matches!(
+        server.await.unwrap(),
+        Err(AtlsError::Tls(rustls::Error::NoApplicationProtocol))
+    ));
+}
+
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+#[tokio::test]
+async fn a_client_may_pipeline_its_http2_preface_behind_its_evidence() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = AtlsServer::new(AtlsConfig::verifying(validator_for(CLIENT_SEED))).unwrap();
+    let accepted = tokio::spawn(async move {
+        let (tcp, peer) = listener.accept().await.unwrap();
+        let mut stream = server.accept(tcp, Some(peer)).await.unwrap();
+        let mut got = vec![0u8; H2_PREFACE.len()];
+        stream.read_exact(&mut got).await.unwrap();
+        got
+    });
+    let mut tls = raw_tls_client(addr, &[&rustls::version::TLS13])
+        .await
+        .unwrap();
+    let e = exporter_of(tls.get_ref().1);
+    let evidence = issuer(CLIENT_SEED)
+        .issue(&ReportData::atls(asterism_atls::Role::Client, &e))
+        .unwrap();
+    let mut out = Vec::new();
+    wire::encode_hello(
+        &mut out,
+        Hello {
+            version: wire::VERSION,
+            flags: wire::FLAG_SENDS_EVIDENCE,
+        },
+    )
+    .unwrap();
+    wire::encode_evidence(
+        &mut out,
+        asterism_atls::attestation::test_ed25519::VARIANT,
+        &evidence,
+    )
+    .unwrap();
+    // Everything in one write, before the server's VERDICT arrives.
+    out.extend_from_slice(H2_PREFACE);
+    tls.write_all(&out).await.unwrap();
+    tls.flush().await.unwrap();
+    // The server read its frames exactly; the preface is intact for HTTP/2.
+    assert_eq!(accepted.await.unwrap(), H2_PREFACE);
+    let hello = wire::read_hello(&mut tls).await.unwrap();
+    assert!(hello.requires_evidence());
+    let verdict = wire::read_verdict(&mut tls).await.unwrap();
+    assert_eq!(verdict.code, wire::VerdictCode::Accepted);
+}
+
+#[tokio::test]
+async fn a_server_that_cannot_attest_says_cannot_attest() {
+    // The server only verifies; the client requires the server's evidence.
+    let (addr, server) = single_accept(AtlsConfig::verifying(validator_for(CLIENT_SEED))).await;
+    let mut tls = raw_tls_client(addr, &[&rustls::version::TLS13])
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    wire::encode_hello(
+        &mut out,
+        Hello {
+            version: wire::VERSION,
+            flags: wire::FLAG_SENDS_EVIDENCE | wire::FLAG_REQUIRES_EVIDENCE,
+        },
+    )
+    .unwrap();
+    tls.write_all(&out).await.unwrap();
+    let result = server.await.unwrap();
+    assert!(matches!(result, Err(AtlsError::NoIssuer)), "{result:?}");
+    let hello = wire::read_hello(&mut tls).await.unwrap();
+    assert!(!hello.sends_evidence(), "its HELLO announces no evidence");
+    let mut rest = Vec::new();
+    let _ = tls.read_to_end(&mut rest).await;
+    assert_eq!(rest.first(), Some(&wire::FRAME_VERDICT), "{rest:?}");
+    assert_eq!(rest.get(5), Some(&(wire::VerdictCode::CannotAttest as u8)));
+}
+
+#[tokio::test]
+async fn a_peer_that_closes_mid_exchange_gets_no_verdict() {
+    let (addr, server) = single_accept(AtlsConfig::verifying(validator_for(CLIENT_SEED))).await;
+    let mut tls = raw_tls_client(addr, &[&rustls::version::TLS13])
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    wire::encode_hello(
+        &mut out,
+        Hello {
+            version: wire::VERSION,
+            flags: wire::FLAG_SENDS_EVIDENCE,
+        },
+    )
+    .unwrap();
+    tls.write_all(&out).await.unwrap();
+    // Announces evidence, then closes its sending side instead.
+    tls.shutdown().await.unwrap();
+    let result = server.await.unwrap();
+    assert!(matches!(result, Err(AtlsError::Closed)), "{result:?}");
+    let mut rest = Vec::new();
+    let _ = tls.read_to_end(&mut rest).await;
+    assert_eq!(rest.len(), 7, "only the server's HELLO: {rest:?}");
+    assert_eq!(rest.first(), Some(&wire::FRAME_HELLO));
+}
+
+#[tokio::test]
+async fn a_grpc_caller_sees_unavailable_when_the_exchange_fails() {
+    let (uri, echo) = serve(AtlsConfig::verifying(validator_for(CLIENT_SEED))).await;
+    // Signed by a key the server does not trust.
+    let connector = AtlsConnector::new(AtlsConfig::attesting(issuer([0x99; 32]))).unwrap();
+    let channel = Endpoint::from_shared(uri)
+        .unwrap()
+        .connect_with_connector_lazy(connector);
+    let err = ApiClient::new(channel)
+        .get_data_key(GetDataKeyRequest {
+            data_key_id: "x".into(),
+            length: 32,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    assert_eq!(echo.calls.load(Ordering::SeqCst), 0);
 }

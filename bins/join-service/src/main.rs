@@ -250,8 +250,11 @@ fn atls_config(args: &Args) -> anyhow::Result<AtlsConfig> {
             vec![cert],
         )
         .context("loading the attestation key from the TPM")?;
-        tracing::info!("attesting to nodes that ask (mutual aTLS) with the TPM");
-        config = config.with_issuer(Arc::new(issuer));
+        // A session key, quoted once per refresh interval: nodes that ask for the
+        // service's evidence get a signature over their connection with it, so no
+        // client, attested or not, can make the service quote its TPM more often.
+        tracing::info!("attesting to nodes that ask (mutual aTLS) with a TPM-quoted session key");
+        config = config.with_session_key_issuer(Arc::new(issuer));
     }
     Ok(config)
 }

@@ -33,6 +33,9 @@ pub const DEFAULT_REFRESH: Duration = Duration::from_secs(60);
 /// How long past its refresh a key stays valid: covers the refresh itself and clock skew
 /// between server and verifier.
 pub const VALIDITY_MARGIN: Duration = Duration::from_secs(30);
+/// A failed background refresh is retried no sooner than this, so a failing TPM is not
+/// asked once per connection.
+const RETRY_AFTER: Duration = Duration::from_secs(5);
 /// Default: the longest remaining validity (`not_after - now`) a verifier accepts.
 pub const DEFAULT_MAX_VALIDITY: Duration = Duration::from_secs(120);
 
@@ -165,7 +168,8 @@ pub struct SessionKeyIssuer {
     inner: Arc<dyn Issuer>,
     refresh: Duration,
     current: Mutex<Option<Arc<Current>>>,
-    refreshing: tokio::sync::Mutex<()>,
+    refreshing: Arc<tokio::sync::Mutex<()>>,
+    last_attempt: Mutex<Option<Instant>>,
 }
 
 impl std::fmt::Debug for SessionKeyIssuer {
@@ -184,7 +188,8 @@ impl SessionKeyIssuer {
             inner,
             refresh,
             current: Mutex::new(None),
-            refreshing: tokio::sync::Mutex::new(()),
+            refreshing: Arc::new(tokio::sync::Mutex::new(())),
+            last_attempt: Mutex::new(None),
         }
     }
 
@@ -193,23 +198,56 @@ impl SessionKeyIssuer {
         self.inner.variant()
     }
 
-    fn fresh(&self) -> Option<Arc<Current>> {
+    /// The current key if it is younger than `max_age`.
+    fn younger_than(&self, max_age: Duration) -> Option<Arc<Current>> {
         let cur = self.current.lock().unwrap_or_else(|p| p.into_inner());
         cur.as_ref()
-            .filter(|c| c.quoted_at.elapsed() < self.refresh)
+            .filter(|c| c.quoted_at.elapsed() < max_age)
             .cloned()
     }
 
-    async fn current(&self) -> Result<Arc<Current>, AtlsError> {
-        if let Some(c) = self.fresh() {
+    async fn current(self: &Arc<Self>) -> Result<Arc<Current>, AtlsError> {
+        if let Some(c) = self.younger_than(self.refresh) {
             return Ok(c);
         }
-        // One refresh at a time: connections arriving meanwhile wait for it rather than
-        // each quoting.
+        // Due for refresh but still well within its validity: keep using it while one
+        // background task quotes the next key, so no connection waits for the TPM.
+        if let Some(c) = self.younger_than(self.refresh + VALIDITY_MARGIN / 2) {
+            if !self.attempted_within(RETRY_AFTER)
+                && let Ok(guard) = self.refreshing.clone().try_lock_owned()
+            {
+                let this = self.clone();
+                tokio::spawn(async move {
+                    let _guard = guard;
+                    if let Err(e) = this.quote_new_key().await {
+                        tracing::warn!(error = %e, "refreshing the aTLS session key failed");
+                    }
+                });
+            }
+            return Ok(c);
+        }
+        // No usable key: wait for one. One refresh at a time; connections arriving
+        // meanwhile wait for it rather than each quoting.
         let _guard = self.refreshing.lock().await;
-        if let Some(c) = self.fresh() {
+        if let Some(c) = self.younger_than(self.refresh) {
             return Ok(c);
         }
+        self.quote_new_key().await
+    }
+
+    /// Whether a background refresh started within `d`; if not, records one now.
+    fn attempted_within(&self, d: Duration) -> bool {
+        let mut last = self.last_attempt.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_some_and(|t| t.elapsed() < d) {
+            return true;
+        }
+        *last = Some(Instant::now());
+        false
+    }
+
+    /// Generates a key, quotes it with the inner issuer and makes it current. Callers
+    /// hold `refreshing`.
+    async fn quote_new_key(&self) -> Result<Arc<Current>, AtlsError> {
         let issue_err = |message: String| IssueError {
             variant: self.inner.variant(),
             message,
@@ -244,7 +282,11 @@ impl SessionKeyIssuer {
     }
 
     /// Session-key evidence for one connection of `role` with exporter value `exporter`.
-    pub async fn evidence(&self, role: Role, exporter: &[u8; 32]) -> Result<Vec<u8>, AtlsError> {
+    pub async fn evidence(
+        self: &Arc<Self>,
+        role: Role,
+        exporter: &[u8; 32],
+    ) -> Result<Vec<u8>, AtlsError> {
         let c = self.current().await?;
         let mut signature = [0u8; 64];
         signature.copy_from_slice(c.key.sign(&connection_message(role, exporter)).as_ref());

@@ -170,7 +170,16 @@ async fn a_session_key_is_refreshed_after_its_interval() {
     connector.connect_tcp(&addr).await.unwrap();
     assert_eq!(quotes.calls.load(Ordering::SeqCst), 1);
     tokio::time::sleep(Duration::from_millis(400)).await;
+    // Due for refresh: this connection still gets the current key (it has 30 s of
+    // validity left) while one background task quotes the next.
     connector.connect_tcp(&addr).await.unwrap();
+    connector.connect_tcp(&addr).await.unwrap();
+    for _ in 0..100 {
+        if quotes.calls.load(Ordering::SeqCst) == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_eq!(quotes.calls.load(Ordering::SeqCst), 2);
 }
 

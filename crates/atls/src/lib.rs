@@ -149,7 +149,10 @@ impl AtlsConfig {
         Self::default().with_validator(validator)
     }
 
-    /// Attest with `issuer`.
+    /// Attest with `issuer`, per connection. A client attests on every connection; a
+    /// server only to a client whose HELLO asks for evidence (servers facing untrusted
+    /// networks should prefer [`AtlsConfig::with_session_key_issuer`]). Replaces a
+    /// session key.
     pub fn with_issuer(mut self, issuer: Arc<dyn Issuer>) -> Self {
         self.session_key = None;
         self.issuer = Some(issuer);

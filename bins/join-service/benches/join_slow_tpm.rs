@@ -1,0 +1,273 @@
+//! `join_slow_tpm`: mutual-aTLS join tickets per second when the join service's TPM takes
+//! 200 ms per quote, beside the same run with an undelayed swtpm.
+//!
+//! The join service attests to the nodes with an attested session key (docs/atls.md §4b)
+//! whose quotes come from a real swtpm, through an issuer wrapper that sleeps before each
+//! quote (the delayed runs) or not (the baseline). Every node is a fresh software-AK node
+//! at its own address (`127.12.x.y`) that verifies the service's evidence (pinned swtpm
+//! AK, PCRs 0–7) and asks for one join ticket over a fresh mutual-aTLS connection, with
+//! `JOIN_SLOW_CONCURRENCY` joins in flight.
+//!
+//! Runs (each: a fresh cluster and join service, an unmeasured warm-up of 16 joins, which
+//! includes the first quote, then K measured joins):
+//! * (a) undelayed swtpm, refresh interval 60 s (the default);
+//! * (b) 200 ms per quote, refresh interval 60 s;
+//! * (c) 200 ms per quote, refresh interval 500 ms: several refreshes (and thus several
+//!   slow quotes) fall inside the measured run.
+//!
+//! It prints tickets/s and the number of quotes for each, and the ratios b/a and c/a
+//! (target: ≥ 0.9).
+//!
+//! Run: `cargo bench -p asterism-join-service --features insecure-test-attestation --bench join_slow_tpm`
+//! Environment: `JOIN_SLOW_JOINERS` (K, default 384), `JOIN_SLOW_CONCURRENCY` (default 16).
+
+#![allow(
+    missing_docs,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout,
+    clippy::indexing_slicing
+)]
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use asterism_atls::{AtlsConfig, AtlsConnector, AtlsServer, Issuer, SessionKeyIssuer};
+use asterism_attestation::tpm::soft::{SoftAk, SoftTpm};
+use asterism_attestation::{AkFingerprint, AkTrust, IssueError, ReportData, TpmQuoteValidator};
+use asterism_join_service::{
+    JoinConfig, JoinService, KeyServiceAddress, KeyServiceClient, Limits, Metrics, RedbState,
+};
+use asterism_metadata::{HttpMetadata, InstanceMetadata, MetadataConfig, MetadataServer, Role};
+use asterism_proto::join::IssueJoinTicketRequest;
+use asterism_proto::join::api_client::ApiClient;
+use asterism_testkit::Swtpm;
+use asterism_tpm::{AkConfig, PcrSelection, TpmIssuer};
+use common::*;
+use hyper_util::rt::TokioIo;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tonic::transport::{Endpoint, Uri};
+
+const WARM_UP: usize = 16;
+
+/// The real swtpm issuer, slowed down by `delay` before every quote, counting quotes.
+struct Delayed {
+    inner: Arc<TpmIssuer>,
+    delay: Duration,
+    quotes: AtomicUsize,
+}
+
+impl Issuer for Delayed {
+    fn variant(&self) -> &'static str {
+        self.inner.variant()
+    }
+    fn issue(&self, rd: &ReportData) -> Result<Vec<u8>, IssueError> {
+        self.quotes.fetch_add(1, Ordering::SeqCst);
+        std::thread::sleep(self.delay);
+        self.inner.issue(rd)
+    }
+}
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn node_ip(i: usize) -> String {
+    format!("127.12.{}.{}", i / 200, i % 200 + 1)
+}
+
+struct Run {
+    tickets_per_second: f64,
+    quotes: usize,
+}
+
+async fn run(swtpm_issuer: Arc<TpmIssuer>, delay: Duration, refresh: Duration) -> Run {
+    let k = env_usize("JOIN_SLOW_JOINERS", 384);
+    let concurrency = env_usize("JOIN_SLOW_CONCURRENCY", 16);
+    let total = WARM_UP + k;
+    let mut cluster = Cluster::start().await;
+
+    // One worker instance per node, served by a metadata service of their own.
+    let listener = TcpListener::bind("127.0.10.254:0").await.unwrap();
+    cluster.metadata_url = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stop_rx) = watch::channel(false);
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let instances = (0..total)
+        .map(|i| InstanceMetadata {
+            name: format!("node-{i}"),
+            provider_id: format!("asterism-local:///node-{i}"),
+            role: Role::Worker,
+            vpc_ip: node_ip(i),
+            ..Default::default()
+        })
+        .collect();
+    tokio::spawn(
+        MetadataServer::new(MetadataConfig {
+            instances,
+            init_secret_hash: String::new(),
+        })
+        .serve(listener, stopped(stop_rx.clone())),
+    );
+
+    let mut pins: Vec<AkFingerprint> = Vec::new();
+    let mut nodes: Vec<(Arc<dyn Issuer>, IssueJoinTicketRequest)> = Vec::new();
+    for i in 0..total {
+        let tpm = SoftTpm::new(SoftAk::generate_ecdsa_p256().unwrap());
+        pins.push(tpm.ak().fingerprint());
+        let disk = format!("{i:08x}-0000-4000-8000-000000000000");
+        nodes.push((
+            Arc::new(tpm),
+            join_request(&format!("node-{i}"), &node_ip(i), &disk, false),
+        ));
+    }
+
+    // The join service, attesting with a session key over the (delayed) swtpm.
+    let server_fp = AkFingerprint::of_public_area(swtpm_issuer.ak_public());
+    let delayed = Arc::new(Delayed {
+        inner: swtpm_issuer,
+        delay,
+        quotes: AtomicUsize::new(0),
+    });
+    let node_validator = TpmQuoteValidator::new(
+        AkTrust::pinned(pins),
+        zero_measurements().into_provider(),
+    );
+    let atls = AtlsServer::new(
+        AtlsConfig::verifying(Arc::new(node_validator))
+            .with_session_key(Arc::new(SessionKeyIssuer::new(delayed.clone(), refresh))),
+    )
+    .unwrap();
+    let service = JoinService::new(
+        HttpMetadata::new(&cluster.metadata_url).unwrap(),
+        KeyServiceClient::new(&KeyServiceAddress::Unix(cluster.key_socket.clone())).unwrap(),
+        RedbState::open(&cluster.state_dir()).unwrap(),
+        cluster.ca(),
+        JoinConfig {
+            measurement_salt: SALT.to_vec(),
+            api_server_host: CP.parse().unwrap(),
+            pki_dir: cluster.pki_dir(),
+            rate_per_second: 10.0,
+            burst: 20,
+        },
+        Metrics::new(),
+    )
+    .unwrap();
+    let listener = TcpListener::bind(format!("{CP}:0")).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let rx = stop_rx.clone();
+    let grpc = tokio::spawn(async move {
+        asterism_join_service::serve(listener, atls, service, &Limits::default(), stopped(rx))
+            .await
+            .unwrap();
+    });
+
+    // The nodes verify the service: its pinned swtpm AK and PCRs 0–7.
+    let service_validator = Arc::new(TpmQuoteValidator::new(
+        AkTrust::pinned([server_fp]),
+        zero_measurements().into_provider(),
+    ));
+    let join_one = |(issuer, req): (Arc<dyn Issuer>, IssueJoinTicketRequest)| {
+        let service_validator = service_validator.clone();
+        async move {
+            let connector = AtlsConnector::new(
+                AtlsConfig::attesting(issuer).with_validator(service_validator),
+            )
+            .unwrap();
+            let local: IpAddr = req.host_certificate_principals[0].parse().unwrap();
+            let channel = Endpoint::from_shared(format!("http://{addr}"))
+                .unwrap()
+                .connect_with_connector(tower::service_fn(move |_: Uri| {
+                    let connector = connector.clone();
+                    async move {
+                        let socket = tokio::net::TcpSocket::new_v4()?;
+                        socket.bind(SocketAddr::new(local, 0))?;
+                        let tcp = socket.connect(addr).await?;
+                        tcp.set_nodelay(true)?;
+                        let stream = connector
+                            .connect(tcp, Some(addr))
+                            .await
+                            .map_err(std::io::Error::other)?;
+                        Ok::<_, std::io::Error>(TokioIo::new(stream))
+                    }
+                }))
+                .await
+                .unwrap();
+            ApiClient::new(channel)
+                .issue_join_ticket(req)
+                .await
+                .expect("join ticket");
+        }
+    };
+    use futures::StreamExt as _;
+    let measured = nodes.split_off(WARM_UP);
+    futures::stream::iter(nodes)
+        .map(join_one)
+        .buffer_unordered(concurrency)
+        .collect::<Vec<()>>()
+        .await;
+    let start = Instant::now();
+    futures::stream::iter(measured)
+        .map(join_one)
+        .buffer_unordered(concurrency)
+        .collect::<Vec<()>>()
+        .await;
+    let elapsed = start.elapsed();
+    let _ = stop.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(15), grpc).await;
+    Run {
+        tickets_per_second: k as f64 / elapsed.as_secs_f64(),
+        quotes: delayed.quotes.load(Ordering::SeqCst),
+    }
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let swtpm = Swtpm::start().unwrap();
+    let issuer = Arc::new(
+        TpmIssuer::connecting_per_use(
+            swtpm.config(),
+            AkConfig::default(),
+            PcrSelection::all(),
+            vec![],
+        )
+        .unwrap(),
+    );
+    let sixty = Duration::from_secs(60);
+    let slow = Duration::from_millis(200);
+    let a = rt.block_on(run(issuer.clone(), Duration::ZERO, sixty));
+    let b = rt.block_on(run(issuer.clone(), slow, sixty));
+    let c = rt.block_on(run(issuer, slow, Duration::from_millis(500)));
+    println!("mutual-aTLS join tickets per second (join service attests with a session key):");
+    println!(
+        "  (a) undelayed swtpm, refresh 60 s:        {:8.1}/s  ({} quotes)",
+        a.tickets_per_second, a.quotes
+    );
+    println!(
+        "  (b) quote +200 ms,   refresh 60 s:        {:8.1}/s  ({} quotes)",
+        b.tickets_per_second, b.quotes
+    );
+    println!(
+        "  (c) quote +200 ms,   refresh 500 ms:      {:8.1}/s  ({} quotes)",
+        c.tickets_per_second, c.quotes
+    );
+    println!(
+        "  b/a = {:.3}, c/a = {:.3} (target >= 0.9)",
+        b.tickets_per_second / a.tickets_per_second,
+        c.tickets_per_second / a.tickets_per_second
+    );
+    drop(swtpm);
+}

@@ -169,7 +169,7 @@ pub struct SessionKeyIssuer {
     refresh: Duration,
     current: Mutex<Option<Arc<Current>>>,
     refreshing: Arc<tokio::sync::Mutex<()>>,
-    last_attempt: Mutex<Option<Instant>>,
+    last_failure: Mutex<Option<Instant>>,
 }
 
 impl std::fmt::Debug for SessionKeyIssuer {
@@ -189,7 +189,7 @@ impl SessionKeyIssuer {
             refresh,
             current: Mutex::new(None),
             refreshing: Arc::new(tokio::sync::Mutex::new(())),
-            last_attempt: Mutex::new(None),
+            last_failure: Mutex::new(None),
         }
     }
 
@@ -213,13 +213,15 @@ impl SessionKeyIssuer {
         // Due for refresh but still well within its validity: keep using it while one
         // background task quotes the next key, so no connection waits for the TPM.
         if let Some(c) = self.younger_than(self.refresh + VALIDITY_MARGIN / 2) {
-            if !self.attempted_within(RETRY_AFTER)
+            if !self.failed_within(RETRY_AFTER)
                 && let Ok(guard) = self.refreshing.clone().try_lock_owned()
             {
                 let this = self.clone();
                 tokio::spawn(async move {
                     let _guard = guard;
                     if let Err(e) = this.quote_new_key().await {
+                        *this.last_failure.lock().unwrap_or_else(|p| p.into_inner()) =
+                            Some(Instant::now());
                         tracing::warn!(error = %e, "refreshing the aTLS session key failed");
                     }
                 });
@@ -235,14 +237,12 @@ impl SessionKeyIssuer {
         self.quote_new_key().await
     }
 
-    /// Whether a background refresh started within `d`; if not, records one now.
-    fn attempted_within(&self, d: Duration) -> bool {
-        let mut last = self.last_attempt.lock().unwrap_or_else(|p| p.into_inner());
-        if last.is_some_and(|t| t.elapsed() < d) {
-            return true;
-        }
-        *last = Some(Instant::now());
-        false
+    /// Whether a background refresh failed within `d`.
+    fn failed_within(&self, d: Duration) -> bool {
+        self.last_failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|t| t.elapsed() < d)
     }
 
     /// Generates a key, quotes it with the inner issuer and makes it current. Callers

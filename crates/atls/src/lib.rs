@@ -12,6 +12,10 @@
 //!   ([`AtlsConnectInfo`]); handlers get it with [`verified_peer`].
 //! * [`AtlsConnector`] dials; it is a `tower::Service<Uri>` for tonic's
 //!   `Endpoint::connect_with_connector`.
+//! * [`SessionKeyIssuer`]: a server's attested session key, quoted once per refresh
+//!   interval and signing each connection's exporter (`docs/atls.md` §4b).
+//! * [`machine::Exchange`]: the exchange as a sans-I/O state machine, which the async
+//!   adapter drives and the fuzz targets feed.
 //!
 //! This crate is the only one that may depend on rustls. It must never let application
 //! data flow before the exchange has succeeded, and never log evidence or secrets.

@@ -5,7 +5,7 @@
 //!
 //! Attestation proves *what* a node runs; this service adds *who* it is: the peer's source
 //! address must be an instance of the metadata, the CSR must name that instance, the role
-//! must match, and a disk UUID belongs to the first attestation key that asked for it
+//! must match, and a disk's key goes only to the attestation key the disk is bound to
 //! (REFERENCE §14 item 3). Handlers take the [`asterism_atls::VerifiedPeer`] of the
 //! connection, never raw evidence.
 //!
@@ -40,6 +40,6 @@ pub use service::{
     REQUIRED_CONTROL_PLANE_FILES,
 };
 pub use state::{
-    Admission, BootstrapToken, ClusterState, Member, RedbState, StateError, TOKEN_MIN_REMAINING,
-    TOKEN_TTL,
+    Admission, BootstrapToken, ClusterState, InitNode, Member, RedbState, StateError,
+    TOKEN_MIN_REMAINING, TOKEN_TTL,
 };

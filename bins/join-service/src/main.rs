@@ -13,8 +13,8 @@ use asterism_attestation::{
     AkFingerprint, AkTrust, PlatformCa, ReloadingMeasurements, TpmQuoteValidator,
 };
 use asterism_join_service::{
-    ClusterState, JoinConfig, JoinService, JoiningNodes, KeyServiceAddress, KeyServiceClient,
-    KubeState, Limits, Metrics, RedbState,
+    ClusterState, InitNode, JoinConfig, JoinService, JoiningNodes, KeyServiceAddress,
+    KeyServiceClient, KubeState, Limits, Metrics, RedbState,
 };
 use asterism_kubernetes::api::{ApiOptions, ClusterApi, WaitPolicy};
 use asterism_metadata::HttpMetadata;
@@ -63,6 +63,12 @@ struct Args {
     /// embedded.
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
+
+    /// The init node's record (JSON: disk, ak, name, role), written by its bootstrapper at
+    /// init: recorded in the cluster state at start, so that the first node's disk is bound
+    /// to its attestation key like every other node's.
+    #[arg(long, value_name = "PATH")]
+    init_node: Option<PathBuf>,
 
     /// Kubeconfig for the Kubernetes API, with --cluster-state kubernetes. Default: the
     /// pod's service account.
@@ -360,6 +366,9 @@ async fn serve_with<S: ClusterState>(args: &Args, parts: Parts, state: S) -> any
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
+    if let Some(path) = &args.init_node {
+        record_init_node(path, &state).await?;
+    }
     let service = JoinService::new(metadata, keys, state, ca, config, Metrics::new())?;
 
     let listener = asterism_join_service::bind_listener(args.listen)
@@ -391,6 +400,25 @@ async fn serve_with<S: ClusterState>(args: &Args, parts: Parts, state: S) -> any
         let _ = h.await;
     }
     tracing::info!("join service stopped");
+    Ok(())
+}
+
+/// Records the init node of `path` in `state`; a record the state contradicts (its disk or
+/// its name held by another key) stops the service: one of the two is not what it claims.
+async fn record_init_node<S: ClusterState>(path: &Path, state: &S) -> anyhow::Result<()> {
+    let bytes = read_capped(path, 64 * 1024)?;
+    let init: InitNode = serde_json::from_slice(&bytes)
+        .with_context(|| format!("{} is no init-node record", path.display()))?;
+    state
+        .record_init_node(&init, std::time::SystemTime::now())
+        .await
+        .with_context(|| {
+            format!(
+                "recording the init node {} (disk {}) in the cluster state",
+                init.name, init.disk
+            )
+        })?;
+    tracing::info!(node = %init.name, disk = %init.disk, ak = %init.ak, "the init node's disk is bound to its attestation key");
     Ok(())
 }
 

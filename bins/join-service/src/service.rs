@@ -5,7 +5,7 @@ use crate::error::{DenyReason, JoinError, chain};
 use crate::keys::KeySource;
 use crate::metrics::Metrics;
 use crate::ratelimit::RateLimiter;
-use crate::state::{Admission, ClusterState, StateError};
+use crate::state::{Admission, ClusterState, Member, StateError};
 use asterism_atls::VerifiedPeer;
 use asterism_kms::{DataKey, DiskUuid, KeyId, STATE_DISK_KEY_LEN};
 use asterism_metadata::{InstanceMetadata, Metadata, Role};
@@ -310,6 +310,11 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
             .check_disk(&disk, peer.ak)
             .await
             .map_err(state_error)?;
+        self.inner
+            .state
+            .check_member(&instance.name, peer.ak)
+            .await
+            .map_err(state_error)?;
 
         // Keys, certificates, files.
         let (cluster_keys, disk_key) =
@@ -382,7 +387,9 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
     }
 
     /// `IssueRejoinTicket` (REFERENCE §6.3): the disk key and the measurement secret, for a
-    /// node of the metadata whose disk is unbound or bound to its attestation key.
+    /// node of the metadata whose disk is bound to its attestation key. An unbound disk is
+    /// refused: a disk is bound when its node first receives its key (its join ticket, or
+    /// init for the first node), so an unbound one was never this cluster's to hand out.
     pub async fn issue_rejoin_ticket(
         &self,
         verified: &VerifiedPeer,
@@ -396,7 +403,7 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
         let instance = self.identify(peer.ip).await?;
         self.inner
             .state
-            .bind_disk(&disk, peer.ak, SystemTime::now())
+            .check_rejoin(&disk, peer.ak)
             .await
             .map_err(state_error)?;
         let (cluster_keys, disk_key) =
@@ -406,6 +413,15 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
             state_disk_key: disk_key.expose_secret().to_vec(),
             measurement_secret: cluster_keys.measurement_secret.expose_secret().to_vec(),
         })
+    }
+
+    /// Lets member `name` receive its next join ticket with another attestation key: the
+    /// operator's `asterism readmit`, over the admin socket. Logged at warn: it is the one
+    /// way a node's recorded identity changes.
+    pub async fn readmit(&self, name: &str) -> Result<Member, StateError> {
+        let member = self.inner.state.allow_readmission(name).await?;
+        tracing::warn!(node = %member.name, old_ak = %member.ak, "an operator re-admitted the node: its next join ticket may come with another attestation key");
+        Ok(member)
     }
 
     async fn control_plane_files(&self) -> Result<Vec<ControlPlaneCertOrKey>, JoinError> {
@@ -492,6 +508,18 @@ fn state_error(e: StateError) -> JoinError {
         StateError::DiskBoundToOtherKey { uuid } => JoinError::Denied {
             reason: DenyReason::DiskBoundToOtherKey,
             detail: format!("disk {uuid} belongs to another attestation key"),
+        },
+        StateError::DiskUnbound { uuid } => JoinError::Denied {
+            reason: DenyReason::DiskUnbound,
+            detail: format!(
+                "disk {uuid} was never bound to an attestation key: no node received its key, so a rejoin may not"
+            ),
+        },
+        StateError::MemberKeyChanged { name } => JoinError::Denied {
+            reason: DenyReason::MemberKeyChanged,
+            detail: format!(
+                "node {name} is a member with another attestation key; an operator must re-admit it (asterism readmit {name})"
+            ),
         },
         e @ StateError::Unavailable(_) => JoinError::ClusterStateUnavailable(e),
         other => JoinError::internal("updating the cluster state", other),

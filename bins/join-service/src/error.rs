@@ -25,6 +25,8 @@ pub enum DenyReason {
     DiskUnbound,
     /// A member came back with another attestation key and was not re-admitted.
     MemberKeyChanged,
+    /// The SSH host certificate would name a host the peer is not.
+    PrincipalNotAllowed,
 }
 
 impl DenyReason {
@@ -38,6 +40,7 @@ impl DenyReason {
             Self::DiskBoundToOtherKey => "disk_bound_to_other_key",
             Self::DiskUnbound => "disk_unbound",
             Self::MemberKeyChanged => "member_key_changed",
+            Self::PrincipalNotAllowed => "principal_not_allowed",
         }
     }
 }

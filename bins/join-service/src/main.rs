@@ -107,6 +107,11 @@ struct Args {
     #[arg(long, value_name = "PATH", requires = "tpm")]
     ak_cert: Option<PathBuf>,
 
+    /// A name of the cluster (a SAN of the API server certificate) that control-plane
+    /// nodes' SSH host certificates may carry. Repeatable.
+    #[arg(long, value_name = "NAME")]
+    host_cert_san: Vec<String>,
+
     /// Sustained ticket requests per second per attestation key.
     #[arg(long, value_name = "N", default_value_t = 10.0)]
     rate_limit_per_second: f64,
@@ -304,6 +309,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         pki_dir: args.pki_dir.clone(),
         rate_per_second: args.rate_limit_per_second,
         burst: args.rate_limit_burst,
+        cluster_sans: args.host_cert_san.clone(),
     };
     let parts = Parts {
         metadata,

@@ -56,6 +56,9 @@ pub struct JoinConfig {
     pub rate_per_second: f64,
     /// Burst per attestation key.
     pub burst: u32,
+    /// The cluster's names (the API server certificate's SANs) that a control-plane node's
+    /// SSH host certificate may carry besides its own name and address.
+    pub cluster_sans: Vec<String>,
 }
 
 /// The join service: verifies what attestation cannot (who the node is, per the metadata;
@@ -262,6 +265,14 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
         } else {
             req.host_certificate_principals
         };
+        // The principal list's shape (count, length, characters) is the CA's to check, and
+        // a malformed list is the caller's mistake whoever the caller is.
+        if let Err(e) = asterism_pki::check_principals(&principals) {
+            return Err(JoinError::Invalid {
+                field: "host_certificate_principals",
+                detail: e.to_string(),
+            });
+        }
 
         // Who is it? The metadata, by source address, decides; attestation alone does not
         // (REFERENCE §14 item 3).
@@ -302,6 +313,23 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
                 detail: format!(
                     "is_control_plane is {wants_cp}, but {} has role {}",
                     instance.name, instance.role
+                ),
+            });
+        }
+        if let Some(p) = principals
+            .iter()
+            .find(|p| !self.may_name(&instance, peer.ip, p))
+        {
+            return Err(JoinError::Denied {
+                reason: DenyReason::PrincipalNotAllowed,
+                detail: format!(
+                    "the host certificate may name {} only by its name and address{}, not {p:?}",
+                    instance.name,
+                    if instance.role == Role::ControlPlane {
+                        " and the cluster's names"
+                    } else {
+                        ""
+                    }
                 ),
             });
         }
@@ -413,6 +441,31 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
             state_disk_key: disk_key.expose_secret().to_vec(),
             measurement_secret: cluster_keys.measurement_secret.expose_secret().to_vec(),
         })
+    }
+
+    /// Whether `instance` (connecting from `ip`) may carry `principal` in its SSH host
+    /// certificate: its own metadata name or address; a control-plane node also the API
+    /// server host and the cluster's SANs. Anything else (`*`, a pattern, another node's
+    /// name or address) would let it pose as another host to an SSH client that trusts the
+    /// cluster's SSH CA.
+    fn may_name(&self, instance: &InstanceMetadata, ip: IpAddr, principal: &str) -> bool {
+        if principal == instance.name {
+            return true;
+        }
+        if let Ok(p) = principal.parse::<IpAddr>() {
+            let p = p.to_canonical();
+            if p == ip.to_canonical() || instance.has_vpc_ip(p) {
+                return true;
+            }
+        }
+        instance.role == Role::ControlPlane
+            && (principal == self.inner.config.api_server_host.to_string()
+                || self
+                    .inner
+                    .config
+                    .cluster_sans
+                    .iter()
+                    .any(|s| s == principal))
     }
 
     /// Lets member `name` receive its next join ticket with another attestation key: the

@@ -34,7 +34,10 @@ pub use keys::{
 pub use kube_state::{JoiningNodes, KubeState};
 pub use metrics::Metrics;
 pub use ratelimit::RateLimiter;
-pub use serve::{LISTEN_BACKLOG, Limits, bind_listener, serve, serve_http};
+pub use serve::{
+    HttpAccess, LISTEN_BACKLOG, Limits, bind_admin_socket, bind_listener, is_loopback, serve,
+    serve_admin, serve_http, serve_http_with,
+};
 pub use service::{
     API_SERVER_PORT, CONTROL_PLANE_FILES, JoinConfig, JoinService, METADATA_CACHE_TTL,
     REQUIRED_CONTROL_PLANE_FILES,

@@ -13,7 +13,7 @@ use asterism_attestation::{
     AkFingerprint, AkTrust, PlatformCa, ReloadingMeasurements, TpmQuoteValidator,
 };
 use asterism_join_service::{
-    ClusterState, InitNode, JoinConfig, JoinService, JoiningNodes, KeyServiceAddress,
+    ClusterState, HttpAccess, InitNode, JoinConfig, JoinService, JoiningNodes, KeyServiceAddress,
     KeyServiceClient, KubeState, Limits, Metrics, RedbState,
 };
 use asterism_kubernetes::api::{ApiOptions, ClusterApi, WaitPolicy};
@@ -35,9 +35,20 @@ struct Args {
     #[arg(long, value_name = "IP")]
     api_server_host: Option<IpAddr>,
 
-    /// Plain HTTP listener for /metrics, /healthz and /v1/members.
+    /// Plain HTTP listener for /metrics, /healthz and /v1/members: a loopback address
+    /// (`127.0.0.1:9102`), or any address together with --metrics-token-file.
     #[arg(long, value_name = "IP:PORT")]
     metrics_listen: Option<SocketAddr>,
+
+    /// File holding a bearer token that /metrics and /v1/members then require
+    /// (`Authorization: Bearer <token>`); needed when --metrics-listen is not loopback.
+    #[arg(long, value_name = "PATH", requires = "metrics_listen")]
+    metrics_token_file: Option<PathBuf>,
+
+    /// Unix socket (created mode 0600; keep it in a directory only this user can enter) of
+    /// the operator's endpoints: the member list and `asterism readmit`.
+    #[arg(long, value_name = "PATH")]
+    admin_socket: Option<PathBuf>,
 
     /// The key service: `unix:/path/to.sock` or `http://IP:PORT`.
     #[arg(long, value_name = "ADDRESS")]
@@ -151,6 +162,17 @@ impl Args {
         use clap::CommandFactory as _;
         use clap::error::ErrorKind;
         let mut cmd = Self::command();
+        if let Some(addr) = self.metrics_listen
+            && !asterism_join_service::is_loopback(addr)
+            && self.metrics_token_file.is_none()
+        {
+            return Err(cmd.error(
+                ErrorKind::ArgumentConflict,
+                format!(
+                    "--metrics-listen {addr} is reachable from the network: the member list and the metrics would be open to anyone; use a loopback address or add --metrics-token-file"
+                ),
+            ));
+        }
         match self.cluster_state {
             ClusterStateKind::Embedded if self.state_dir.is_none() => Err(cmd.error(
                 ErrorKind::MissingRequiredArgument,
@@ -381,10 +403,35 @@ async fn serve_with<S: ClusterState>(args: &Args, parts: Parts, state: S) -> any
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let http = match args.metrics_listen {
         Some(addr) => {
+            let access = match &args.metrics_token_file {
+                Some(path) => {
+                    let token = zeroize::Zeroizing::new(read_capped(path, 4096)?);
+                    let token = std::str::from_utf8(&token)
+                        .context("the metrics token is not text")?
+                        .trim();
+                    anyhow::ensure!(!token.is_empty(), "the metrics token file is empty");
+                    HttpAccess::bearer(token)
+                }
+                None => HttpAccess::open(),
+            };
             let l = asterism_join_service::bind_listener(addr)
                 .with_context(|| format!("cannot listen on {addr}"))?;
-            tracing::info!(listen = %l.local_addr()?, "metrics, health and members (plain HTTP)");
-            Some(tokio::spawn(asterism_join_service::serve_http(
+            tracing::info!(listen = %l.local_addr()?, token = args.metrics_token_file.is_some(), "metrics, health and members (plain HTTP)");
+            Some(tokio::spawn(asterism_join_service::serve_http_with(
+                l,
+                service.clone(),
+                access,
+                stopped(stop_rx.clone()),
+            )))
+        }
+        None => None,
+    };
+    let admin = match &args.admin_socket {
+        Some(path) => {
+            let l = asterism_join_service::bind_admin_socket(path)
+                .with_context(|| format!("cannot listen on {}", path.display()))?;
+            tracing::info!(socket = %path.display(), "admin endpoints (members, readmit)");
+            Some(tokio::spawn(asterism_join_service::serve_admin(
                 l,
                 service.clone(),
                 stopped(stop_rx.clone()),
@@ -402,7 +449,7 @@ async fn serve_with<S: ClusterState>(args: &Args, parts: Parts, state: S) -> any
     )
     .await
     .context("the gRPC server failed")?;
-    if let Some(h) = http {
+    for h in [http, admin].into_iter().flatten() {
         let _ = h.await;
     }
     tracing::info!("join service stopped");

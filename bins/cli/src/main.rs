@@ -118,7 +118,7 @@ fn run(cli: Cli) -> Result<()> {
             eprintln!(
                 "re-admitted {}: its next join ticket may come with another attestation key (now {})",
                 args.node,
-                member["ak"].as_str().unwrap_or("?")
+                member.get("ak").and_then(|a| a.as_str()).unwrap_or("?")
             );
             Ok(())
         }

@@ -644,6 +644,155 @@ where
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::keys::{KeyServiceAddress, KeyServiceClient};
+    use crate::state::RedbState;
+    use asterism_metadata::MetadataError;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// The platform's metadata as the service sees it, counting the listings it is asked
+    /// for; the instances can change between calls, as a cloud's do.
+    #[derive(Default)]
+    struct CountingMetadata {
+        instances: Mutex<Vec<InstanceMetadata>>,
+        lists: AtomicUsize,
+    }
+
+    impl Metadata for CountingMetadata {
+        async fn self_instance(&self) -> Result<InstanceMetadata, MetadataError> {
+            Err(MetadataError::Status {
+                path: "/self",
+                status: 404,
+            })
+        }
+
+        async fn list(&self) -> Result<Vec<InstanceMetadata>, MetadataError> {
+            self.lists.fetch_add(1, Ordering::SeqCst);
+            // A listing takes a moment, so that concurrent requests overlap.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            Ok(self.instances.lock().unwrap().clone())
+        }
+
+        async fn control_plane_endpoint(&self) -> Result<String, MetadataError> {
+            Err(MetadataError::Status {
+                path: "/endpoint",
+                status: 404,
+            })
+        }
+
+        async fn init_secret_hash(&self) -> Result<String, MetadataError> {
+            Ok(String::new())
+        }
+    }
+
+    type TestService = JoinService<Arc<CountingMetadata>, KeyServiceClient, RedbState>;
+
+    fn service(
+        metadata: Arc<CountingMetadata>,
+        pki_dir: &std::path::Path,
+        state_dir: &std::path::Path,
+    ) -> TestService {
+        JoinService::new(
+            metadata,
+            KeyServiceClient::new(&KeyServiceAddress::Unix(state_dir.join("no-key-service")))
+                .unwrap(),
+            RedbState::open(state_dir).unwrap(),
+            ClusterCa::generate(SystemTime::now()).unwrap(),
+            JoinConfig {
+                measurement_salt: vec![1; 32],
+                api_server_host: "127.0.10.1".parse().unwrap(),
+                pki_dir: pki_dir.to_owned(),
+                rate_per_second: 10.0,
+                burst: 20,
+                cluster_sans: Vec::new(),
+            },
+            Metrics::new(),
+        )
+        .unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_listing_is_reused_while_fresh_fetched_once_by_a_burst_and_refetched_when_stale() {
+        let dir = tempfile::tempdir().unwrap();
+        let metadata = Arc::new(CountingMetadata::default());
+        *metadata.instances.lock().unwrap() = vec![instance("a", "10.0.0.1")];
+        let s = service(metadata.clone(), dir.path(), dir.path());
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+
+        // A burst that finds no listing fetches it once.
+        let burst: Vec<_> = (0..16)
+            .map(|_| {
+                let s = s.clone();
+                tokio::spawn(async move { s.identify(a).await.map(|i| i.name) })
+            })
+            .collect();
+        for t in burst {
+            assert_eq!(t.await.unwrap().unwrap(), "a");
+        }
+        assert_eq!(metadata.lists.load(Ordering::SeqCst), 1);
+
+        // A node added meanwhile is not seen while the listing is fresh…
+        metadata
+            .instances
+            .lock()
+            .unwrap()
+            .push(instance("b", "10.0.0.2"));
+        assert!(matches!(
+            s.identify(b).await,
+            Err(JoinError::Denied {
+                reason: DenyReason::UnknownPeer,
+                ..
+            })
+        ));
+        assert_eq!(metadata.lists.load(Ordering::SeqCst), 1);
+
+        // …and is once it is stale.
+        tokio::time::sleep(METADATA_CACHE_TTL + Duration::from_millis(100)).await;
+        assert_eq!(s.identify(b).await.unwrap().name, "b");
+        assert_eq!(metadata.lists.load(Ordering::SeqCst), 2);
+        assert_eq!(s.identify(a).await.unwrap().name, "a");
+        assert_eq!(metadata.lists.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn control_plane_files_need_the_ca_and_send_the_others_present_in_order() {
+        let pki = tempfile::tempdir().unwrap();
+        let state = tempfile::tempdir().unwrap();
+        let s = service(Arc::default(), pki.path(), state.path());
+        let names = |files: &[ControlPlaneCertOrKey]| -> Vec<String> {
+            files.iter().map(|f| f.name.clone()).collect()
+        };
+
+        // Nothing there: the CA files are missing.
+        assert!(matches!(
+            s.control_plane_files().await,
+            Err(JoinError::Internal { .. })
+        ));
+        std::fs::write(pki.path().join("ca.crt"), b"cert").unwrap();
+        // ca.key is required too.
+        let err = s.control_plane_files().await.unwrap_err();
+        assert!(chain(&err).contains("ca.key"), "{}", chain(&err));
+        std::fs::write(pki.path().join("ca.key"), b"key").unwrap();
+        assert_eq!(
+            names(&s.control_plane_files().await.unwrap()),
+            ["ca.key", "ca.crt"]
+        );
+        // The optional ones are sent when present, in the fixed order.
+        std::fs::create_dir_all(pki.path().join("etcd")).unwrap();
+        std::fs::write(pki.path().join("etcd/ca.crt"), b"etcd").unwrap();
+        std::fs::write(pki.path().join("sa.pub"), b"sa").unwrap();
+        let files = s.control_plane_files().await.unwrap();
+        assert_eq!(names(&files), ["ca.key", "ca.crt", "sa.pub", "etcd/ca.crt"]);
+        let data: Vec<&[u8]> = files.iter().map(|f| f.data.as_slice()).collect();
+        assert_eq!(data, [&b"key"[..], b"cert", b"sa", b"etcd"]);
+        // One larger than 1 MiB is refused, not truncated.
+        std::fs::write(
+            pki.path().join("sa.pub"),
+            vec![b'x'; usize::try_from(MAX_CONTROL_PLANE_FILE_LEN).unwrap() + 1],
+        )
+        .unwrap();
+        assert!(s.control_plane_files().await.is_err());
+    }
 
     fn instance(name: &str, ip: &str) -> InstanceMetadata {
         InstanceMetadata {

@@ -11,7 +11,9 @@
 //!
 //! * [`JoinService`]: the core, generic over [`asterism_metadata::Metadata`],
 //!   [`KeySource`] and [`ClusterState`];
-//! * [`serve`] (aTLS + gRPC) and [`serve_http`] (metrics, health, members);
+//! * [`serve`] (aTLS + gRPC), [`serve_http`] (metrics, health, members; loopback or
+//!   [`serve_http_with`] a bearer token) and [`serve_admin`] (the operator's Unix socket:
+//!   members, re-admission);
 //! * [`RedbState`]: the default, persistent cluster state in an embedded database;
 //! * [`KubeState`]: the cluster state on the Kubernetes API, shared by every replica.
 //!

@@ -273,6 +273,40 @@ impl<M: Metadata + 'static> Api for InitService<M> {
 
 use futures::StreamExt as _;
 
+/// Records this node's disk UUID and attestation key identity for the join service, which
+/// binds the disk to the key at its start: the first node derives its disk key itself, so
+/// no join ticket binds it, and an unbound disk would be refused on rejoin.
+fn write_init_node_record<M: Metadata + 'static>(
+    node: &Arc<Node<M>>,
+    disk: &str,
+) -> Result<(), StepError> {
+    let Some(ak) = &node.config.ak_identity else {
+        warn!(
+            step = "disk",
+            "no attestation key identity: the join service cannot bind this node's disk, and its rejoin will be refused"
+        );
+        return Ok(());
+    };
+    let name = node
+        .identity
+        .get()
+        .map(|i| i.name.clone())
+        .unwrap_or_else(|| node.config.node_ip.to_string());
+    let record = serde_json::json!({
+        "disk": disk,
+        "ak": ak,
+        "name": name,
+        "role": "ControlPlane",
+    });
+    let path = node.dir().init_node_record();
+    if let Some(parent) = path.parent() {
+        crate::files::create_dirs(parent)?;
+    }
+    crate::files::write_atomic(&path, record.to_string().as_bytes(), 0o600)?;
+    info!(step = "disk", record = %path.display(), "recorded the disk and attestation key for the join service");
+    Ok(())
+}
+
 /// REFERENCE §3.2 steps 6–13, after the lock.
 async fn activate<M: Metadata + 'static>(
     node: &Arc<Node<M>>,
@@ -301,6 +335,7 @@ async fn activate_steps<M: Metadata + 'static>(
     let disk_key = kms.data_key(&KeyId::Disk(uuid.clone()), STATE_DISK_KEY_LEN)?;
     info!(step = "disk", uuid = %uuid, "derived the state disk key");
     node.rekey_disk(disk_key).await?;
+    write_init_node_record(node, uuid.as_str())?;
 
     // 8–10. The emergency SSH CA and this node's host certificate.
     let seed = kms.data_key(&KeyId::EmergencySshCa, 32)?;

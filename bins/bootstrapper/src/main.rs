@@ -388,7 +388,9 @@ async fn run(args: Args, logs: LogBuffer) -> anyhow::Result<u8> {
     .await
     .context("the TPM task failed")?
     .context("cannot load the attestation key from the TPM")?;
-    tracing::info!(ak = %asterism_attestation::AkFingerprint::of_public_area(issuer.ak_public()), "loaded the attestation key");
+    let ak_identity =
+        asterism_attestation::AkFingerprint::of_public_area(issuer.ak_public()).to_string();
+    tracing::info!(ak = %ak_identity, "loaded the attestation key");
 
     let image = dir.state_image();
     asterism_bootstrapper::prepare_state_image(&image, args.state_disk_size_mib * 1024 * 1024)?;
@@ -415,6 +417,7 @@ async fn run(args: Args, logs: LogBuffer) -> anyhow::Result<u8> {
         }
     };
     let mut config = Config::new(dir, args.node_ip);
+    config.ak_identity = Some(ak_identity);
     config.init_port = args.init_port;
     config.join_port = args.join_port;
     config.retry_interval = args.join_retry_interval;

@@ -56,6 +56,10 @@ pub struct Config {
     pub state_disk_size: u64,
     /// Mutual mode: the join service's evidence must satisfy this validator.
     pub verify_join_service: Option<Arc<dyn Validator>>,
+    /// This node's attestation key identity as verifiers report it (SHA-256 of the AK's
+    /// public area, hex): recorded at init with the disk UUID, so that the join service
+    /// binds the first node's disk to it.
+    pub ak_identity: Option<String>,
 }
 
 impl std::fmt::Debug for Config {
@@ -70,6 +74,7 @@ impl std::fmt::Debug for Config {
             .field("activation_timeout", &self.activation_timeout)
             .field("state_disk_size", &self.state_disk_size)
             .field("mutual", &self.verify_join_service.is_some())
+            .field("ak_identity", &self.ak_identity)
             .finish()
     }
 }
@@ -88,6 +93,7 @@ impl Config {
             activation_timeout: DEFAULT_ACTIVATION_TIMEOUT,
             state_disk_size: DEFAULT_STATE_DISK_SIZE,
             verify_join_service: None,
+            ak_identity: None,
         }
     }
 }

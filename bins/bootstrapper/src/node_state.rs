@@ -171,6 +171,13 @@ impl NodeDir {
         self.state().join("constellation").join("node_state.json")
     }
 
+    /// `state/asterism/init-node.json`: on the first node, its disk UUID and attestation
+    /// key identity, for the join service to bind (docs/join-service.md).
+    #[must_use]
+    pub fn init_node_record(&self) -> PathBuf {
+        self.state().join("asterism").join("init-node.json")
+    }
+
     /// `state/ssh/`.
     #[must_use]
     pub fn ssh(&self) -> PathBuf {

@@ -5,6 +5,7 @@ pub mod data_key;
 pub mod identity;
 pub mod init;
 pub mod mini;
+pub mod readmit;
 pub mod trust;
 pub mod verify;
 

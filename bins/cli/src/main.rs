@@ -1,11 +1,12 @@
 //! `asterism`: the command-line tool of a cluster's owner.
 //!
 //! `init` initialises the first node of a cluster, `verify` checks a node's fresh evidence,
-//! `mini` runs a local cluster, `data-key` fetches a key from a key service over attested
+//! `mini` runs a local cluster, `readmit` lets a member with a new attestation key rejoin,
+//! `data-key` fetches a key from a key service over attested
 //! TLS. The commands live in the `asterism` library so that tests can drive them.
 
 use anyhow::{Context, Result};
-use asterism::{data_key, identity, init, mini, verify};
+use asterism::{data_key, identity, init, mini, readmit, verify};
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
@@ -32,6 +33,9 @@ enum Command {
     Verify(verify::Args),
     /// Fetch a data key from a key service over attested TLS.
     DataKey(data_key::Args),
+    /// Let a member that came back with another attestation key (a replaced TPM) receive
+    /// its next join ticket. Run on a control-plane node, as the join service's user.
+    Readmit(readmit::Args),
     /// A local cluster on this machine: swtpm per node, LUKS2 image files, real services.
     #[command(subcommand)]
     Mini(MiniCommand),
@@ -109,5 +113,14 @@ fn run(cli: Cli) -> Result<()> {
         Command::Mini(MiniCommand::Status(args)) => mini::status(args),
         Command::Mini(MiniCommand::Down(args)) => mini::down(args),
         Command::InsecureTestIdentity { out } => identity::create(&out),
+        Command::Readmit(args) => {
+            let member = readmit::run(&args)?;
+            eprintln!(
+                "re-admitted {}: its next join ticket may come with another attestation key (now {})",
+                args.node,
+                member.get("ak").and_then(|a| a.as_str()).unwrap_or("?")
+            );
+            Ok(())
+        }
     }
 }

@@ -521,6 +521,11 @@ impl LocalCluster {
         format!("{ip}:{METRICS_PORT}")
     }
 
+    /// The join service's admin socket (`asterism readmit --admin-socket`).
+    pub fn admin_socket(&self) -> PathBuf {
+        self.dir.join("run/join-admin.sock")
+    }
+
     /// Starts the join service on the control-plane node (after the key service).
     pub fn start_join_service(&self) -> Result<()> {
         let cp = self.control_plane()?;
@@ -551,6 +556,10 @@ impl LocalCluster {
                 &secrets.join("measurementSalt"),
                 &"--state-dir",
                 &cp.dir.join("run/join-service"),
+                &"--init-node",
+                &cp.dir.join("state/asterism/init-node.json"),
+                &"--admin-socket",
+                &self.admin_socket(),
                 &"--metadata-url",
                 &format!("http://{}", self.metadata_addr),
                 &"--tpm",

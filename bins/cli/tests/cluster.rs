@@ -118,7 +118,10 @@ fn init_two_joins_verify_and_a_reboot_with_rejoin() {
         assert_eq!(n.exit, "ok", "{n:?}");
         assert!(n.disk_rekeyed, "{n:?}");
     }
-    assert_eq!(member_names(&cluster), ["worker-0", "worker-1"]);
+    assert_eq!(
+        member_names(&cluster),
+        ["control-plane-0", "worker-0", "worker-1"]
+    );
 
     // Independently of our crates: the derived key opens each disk, and it is the only
     // key left (the first-boot passphrase's keyslot is gone).
@@ -181,7 +184,7 @@ fn init_two_joins_verify_and_a_reboot_with_rejoin() {
     assert!(log.to_lowercase().contains("rejoin"), "{log}");
     assert_eq!(
         member_names(&cluster),
-        ["worker-0", "worker-1"],
+        ["control-plane-0", "worker-0", "worker-1"],
         "no second admission"
     );
 }
@@ -216,7 +219,11 @@ fn a_node_whose_pcrs_differ_is_refused_and_receives_nothing() {
     );
     drop(booting); // the bootstrapper keeps retrying; the teardown stops it
 
-    assert!(member_names(&cluster).is_empty(), "not admitted");
+    assert_eq!(
+        member_names(&cluster),
+        ["control-plane-0"],
+        "only the init node"
+    );
     let key = cluster.derived_disk_key(worker).unwrap();
     assert!(
         !cryptsetup_opens(worker, key.expose_secret()),
@@ -267,5 +274,8 @@ fn nodes_join_after_the_join_service_is_killed_and_restarted() {
         assert!(n.disk_rekeyed, "{n:?}");
     }
     // Each node admitted exactly once, across both lives of the join service.
-    assert_eq!(member_names(&cluster), ["worker-0", "worker-1"]);
+    assert_eq!(
+        member_names(&cluster),
+        ["control-plane-0", "worker-0", "worker-1"]
+    );
 }

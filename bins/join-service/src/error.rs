@@ -21,6 +21,12 @@ pub enum DenyReason {
     RoleMismatch,
     /// The disk UUID is bound to another attestation key.
     DiskBoundToOtherKey,
+    /// A rejoin names a disk bound to no attestation key.
+    DiskUnbound,
+    /// A member came back with another attestation key and was not re-admitted.
+    MemberKeyChanged,
+    /// The SSH host certificate would name a host the peer is not.
+    PrincipalNotAllowed,
 }
 
 impl DenyReason {
@@ -32,6 +38,9 @@ impl DenyReason {
             Self::IpMismatch => "ip_mismatch",
             Self::RoleMismatch => "role_mismatch",
             Self::DiskBoundToOtherKey => "disk_bound_to_other_key",
+            Self::DiskUnbound => "disk_unbound",
+            Self::MemberKeyChanged => "member_key_changed",
+            Self::PrincipalNotAllowed => "principal_not_allowed",
         }
     }
 }

@@ -3,7 +3,8 @@
 //! members (docs/kubernetes-api.md).
 
 use crate::state::{
-    Admission, BootstrapToken, ClusterState, Member, StateError, TOKEN_MIN_REMAINING, TOKEN_TTL,
+    Admission, BootstrapToken, ClusterState, InitNode, Member, StateError, TOKEN_MIN_REMAINING,
+    TOKEN_TTL,
 };
 use asterism_kms::DiskUuid;
 use asterism_kubernetes::api::{ApiError, ClusterApi, JoiningNode, MemberRecord, TokenPolicy};
@@ -58,6 +59,7 @@ fn chain(e: &dyn std::error::Error) -> String {
 fn state_error(e: ApiError) -> StateError {
     match e {
         ApiError::DiskBoundToOtherKey { uuid } => StateError::DiskBoundToOtherKey { uuid },
+        ApiError::MemberKeyChanged { name } => StateError::MemberKeyChanged { name },
         e if e.is_retryable() => StateError::Unavailable(chain(&e)),
         e => StateError::Store(chain(&e)),
     }
@@ -67,6 +69,18 @@ fn unix(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
+}
+
+fn member(r: MemberRecord) -> Member {
+    Member {
+        name: r.name,
+        role: r.role,
+        ak: r.ak,
+        admitted_at: unix(r.admitted_at),
+        last_ticket_at: unix(r.last_ticket_at),
+        tickets: r.tickets,
+        readmit: r.readmit,
+    }
 }
 
 impl KubeState {
@@ -122,23 +136,72 @@ impl ClusterState for KubeState {
             .map_err(state_error)
     }
 
-    async fn bind_disk(
-        &self,
-        disk: &DiskUuid,
-        ak: &str,
-        now: SystemTime,
-    ) -> Result<(), StateError> {
+    async fn check_rejoin(&self, disk: &DiskUuid, ak: &str) -> Result<(), StateError> {
+        match self
+            .api
+            .disk_binding(disk.as_str())
+            .await
+            .map_err(state_error)?
+        {
+            None => Err(StateError::DiskUnbound {
+                uuid: disk.as_str().to_owned(),
+            }),
+            Some(b) if b.ak != ak => Err(StateError::DiskBoundToOtherKey {
+                uuid: disk.as_str().to_owned(),
+            }),
+            Some(_) => Ok(()),
+        }
+    }
+
+    async fn check_member(&self, name: &str, ak: &str) -> Result<(), StateError> {
+        match self.api.member(name).await.map_err(state_error)? {
+            Some(m) if !m.accepts(ak) => Err(StateError::MemberKeyChanged {
+                name: name.to_owned(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// The member first (a record of another key refuses before anything is written), then
+    /// the disk binding, then the member record.
+    async fn record_init_node(&self, init: &InitNode, now: SystemTime) -> Result<(), StateError> {
+        let disk = DiskUuid::parse(&init.disk)
+            .map_err(|e| StateError::Store(format!("the init node's disk UUID: {e}")))?;
+        if let Some(m) = self.api.member(&init.name).await.map_err(state_error)?
+            && m.ak != init.ak
+        {
+            return Err(StateError::MemberKeyChanged {
+                name: init.name.clone(),
+            });
+        }
         self.api
-            .bind_disk(disk.as_str(), ak, now)
+            .bind_disk(disk.as_str(), &init.ak, now)
+            .await
+            .map_err(state_error)?;
+        self.api
+            .record_init_member(&init.name, &init.role, &init.ak, now)
             .await
             .map_err(state_error)
     }
 
+    async fn allow_readmission(&self, name: &str) -> Result<Member, StateError> {
+        match self.api.allow_readmission(name).await {
+            Ok(r) => Ok(member(r)),
+            Err(ApiError::NotFound { .. }) => Err(StateError::NoSuchMember {
+                name: name.to_owned(),
+            }),
+            Err(e) => Err(state_error(e)),
+        }
+    }
+
     /// Not one transaction, but in an order where each step is safe to repeat and a refusal
-    /// comes before any write: the disk binding first (a disk of another key writes
-    /// nothing), then the JoiningNode (a control-plane join in progress refuses before a
-    /// token is minted), the token, and the member record last.
+    /// comes before any write: the member's key is checked first (a member of another key
+    /// writes nothing; `record_member` checks again under its resourceVersion), then the
+    /// disk binding (a disk of another key writes nothing), then the JoiningNode (a
+    /// control-plane join in progress refuses before a token is minted), the token, and the
+    /// member record last.
     async fn admit(&self, a: Admission) -> Result<BootstrapToken, StateError> {
+        self.check_member(&a.name, &a.ak).await?;
         self.api
             .bind_disk(a.disk.as_str(), &a.ak, a.now)
             .await
@@ -158,16 +221,6 @@ impl ClusterState for KubeState {
 
     async fn members(&self) -> Result<Vec<Member>, StateError> {
         let records = self.api.members().await.map_err(state_error)?;
-        Ok(records
-            .into_iter()
-            .map(|r: MemberRecord| Member {
-                name: r.name,
-                role: r.role,
-                ak: r.ak,
-                admitted_at: unix(r.admitted_at),
-                last_ticket_at: unix(r.last_ticket_at),
-                tickets: r.tickets,
-            })
-            .collect())
+        Ok(records.into_iter().map(member).collect())
     }
 }

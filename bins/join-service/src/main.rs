@@ -13,8 +13,8 @@ use asterism_attestation::{
     AkFingerprint, AkTrust, PlatformCa, ReloadingMeasurements, TpmQuoteValidator,
 };
 use asterism_join_service::{
-    ClusterState, JoinConfig, JoinService, JoiningNodes, KeyServiceAddress, KeyServiceClient,
-    KubeState, Limits, Metrics, RedbState,
+    ClusterState, HttpAccess, InitNode, JoinConfig, JoinService, JoiningNodes, KeyServiceAddress,
+    KeyServiceClient, KubeState, Limits, Metrics, RedbState,
 };
 use asterism_kubernetes::api::{ApiOptions, ClusterApi, WaitPolicy};
 use asterism_metadata::HttpMetadata;
@@ -35,9 +35,20 @@ struct Args {
     #[arg(long, value_name = "IP")]
     api_server_host: Option<IpAddr>,
 
-    /// Plain HTTP listener for /metrics, /healthz and /v1/members.
+    /// Plain HTTP listener for /metrics, /healthz and /v1/members: a loopback address
+    /// (`127.0.0.1:9102`), or any address together with --metrics-token-file.
     #[arg(long, value_name = "IP:PORT")]
     metrics_listen: Option<SocketAddr>,
+
+    /// File holding a bearer token that /metrics and /v1/members then require
+    /// (`Authorization: Bearer <token>`); needed when --metrics-listen is not loopback.
+    #[arg(long, value_name = "PATH", requires = "metrics_listen")]
+    metrics_token_file: Option<PathBuf>,
+
+    /// Unix socket (created mode 0600; keep it in a directory only this user can enter) of
+    /// the operator's endpoints: the member list and `asterism readmit`.
+    #[arg(long, value_name = "PATH")]
+    admin_socket: Option<PathBuf>,
 
     /// The key service: `unix:/path/to.sock` or `http://IP:PORT`.
     #[arg(long, value_name = "ADDRESS")]
@@ -63,6 +74,12 @@ struct Args {
     /// embedded.
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
+
+    /// The init node's record (JSON: disk, ak, name, role), written by its bootstrapper at
+    /// init: recorded in the cluster state at start, so that the first node's disk is bound
+    /// to its attestation key like every other node's.
+    #[arg(long, value_name = "PATH")]
+    init_node: Option<PathBuf>,
 
     /// Kubeconfig for the Kubernetes API, with --cluster-state kubernetes. Default: the
     /// pod's service account.
@@ -100,6 +117,11 @@ struct Args {
     /// DER certificate of this node's AK (sent with the evidence), with --tpm.
     #[arg(long, value_name = "PATH", requires = "tpm")]
     ak_cert: Option<PathBuf>,
+
+    /// A name of the cluster (a SAN of the API server certificate) that control-plane
+    /// nodes' SSH host certificates may carry. Repeatable.
+    #[arg(long, value_name = "NAME")]
+    host_cert_san: Vec<String>,
 
     /// Sustained ticket requests per second per attestation key.
     #[arg(long, value_name = "N", default_value_t = 10.0)]
@@ -140,6 +162,17 @@ impl Args {
         use clap::CommandFactory as _;
         use clap::error::ErrorKind;
         let mut cmd = Self::command();
+        if let Some(addr) = self.metrics_listen
+            && !asterism_join_service::is_loopback(addr)
+            && self.metrics_token_file.is_none()
+        {
+            return Err(cmd.error(
+                ErrorKind::ArgumentConflict,
+                format!(
+                    "--metrics-listen {addr} is reachable from the network: the member list and the metrics would be open to anyone; use a loopback address or add --metrics-token-file"
+                ),
+            ));
+        }
         match self.cluster_state {
             ClusterStateKind::Embedded if self.state_dir.is_none() => Err(cmd.error(
                 ErrorKind::MissingRequiredArgument,
@@ -301,6 +334,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         pki_dir: args.pki_dir.clone(),
         rate_per_second: args.rate_limit_per_second,
         burst: args.rate_limit_burst,
+        cluster_sans: args.host_cert_san.clone(),
     };
     let parts = Parts {
         metadata,
@@ -363,16 +397,44 @@ async fn serve_with<S: ClusterState>(args: &Args, parts: Parts, state: S) -> any
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
+    if let Some(path) = &args.init_node {
+        record_init_node(path, &state).await?;
+    }
     let service = JoinService::new(metadata, keys, state, ca, config, Metrics::new())?;
 
     let listener = asterism_join_service::bind_listener(args.listen)
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let http = match args.metrics_listen {
         Some(addr) => {
+            let access = match &args.metrics_token_file {
+                Some(path) => {
+                    let token = zeroize::Zeroizing::new(read_capped(path, 4096)?);
+                    let token = std::str::from_utf8(&token)
+                        .context("the metrics token is not text")?
+                        .trim();
+                    anyhow::ensure!(!token.is_empty(), "the metrics token file is empty");
+                    HttpAccess::bearer(token)
+                }
+                None => HttpAccess::open(),
+            };
             let l = asterism_join_service::bind_listener(addr)
                 .with_context(|| format!("cannot listen on {addr}"))?;
-            tracing::info!(listen = %l.local_addr()?, "metrics, health and members (plain HTTP)");
-            Some(tokio::spawn(asterism_join_service::serve_http(
+            tracing::info!(listen = %l.local_addr()?, token = args.metrics_token_file.is_some(), "metrics, health and members (plain HTTP)");
+            Some(tokio::spawn(asterism_join_service::serve_http_with(
+                l,
+                service.clone(),
+                access,
+                stopped(stop_rx.clone()),
+            )))
+        }
+        None => None,
+    };
+    let admin = match &args.admin_socket {
+        Some(path) => {
+            let l = asterism_join_service::bind_admin_socket(path)
+                .with_context(|| format!("cannot listen on {}", path.display()))?;
+            tracing::info!(socket = %path.display(), "admin endpoints (members, readmit)");
+            Some(tokio::spawn(asterism_join_service::serve_admin(
                 l,
                 service.clone(),
                 stopped(stop_rx.clone()),
@@ -390,10 +452,29 @@ async fn serve_with<S: ClusterState>(args: &Args, parts: Parts, state: S) -> any
     )
     .await
     .context("the gRPC server failed")?;
-    if let Some(h) = http {
+    for h in [http, admin].into_iter().flatten() {
         let _ = h.await;
     }
     tracing::info!("join service stopped");
+    Ok(())
+}
+
+/// Records the init node of `path` in `state`; a record the state contradicts (its disk or
+/// its name held by another key) stops the service: one of the two is not what it claims.
+async fn record_init_node<S: ClusterState>(path: &Path, state: &S) -> anyhow::Result<()> {
+    let bytes = read_capped(path, 64 * 1024)?;
+    let init: InitNode = serde_json::from_slice(&bytes)
+        .with_context(|| format!("{} is no init-node record", path.display()))?;
+    state
+        .record_init_node(&init, std::time::SystemTime::now())
+        .await
+        .with_context(|| {
+            format!(
+                "recording the init node {} (disk {}) in the cluster state",
+                init.name, init.disk
+            )
+        })?;
+    tracing::info!(node = %init.name, disk = %init.disk, ak = %init.ak, "the init node's disk is bound to its attestation key");
     Ok(())
 }
 

@@ -1,9 +1,10 @@
-//! Putting the service on sockets: `join.API` over attested TLS, and the plain HTTP
-//! listener for metrics, health and the member list.
+//! Putting the service on sockets: `join.API` over attested TLS, the plain HTTP listener
+//! for metrics, health and the member list (loopback, or behind a bearer token), and the
+//! operator's admin socket (a Unix socket, mode 0600).
 
 use crate::keys::KeySource;
 use crate::service::JoinService;
-use crate::state::ClusterState;
+use crate::state::{ClusterState, StateError};
 use asterism_atls::AtlsServer;
 use asterism_metadata::Metadata;
 use asterism_proto::join::api_server::ApiServer;
@@ -16,7 +17,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
-use tokio::net::{TcpListener, TcpSocket};
+use tokio::net::{TcpListener, TcpSocket, UnixListener};
 
 /// Listen backlog of [`bind_listener`]. A burst of nodes connecting at once waits in it;
 /// with tokio's default of 128, the 129th simultaneous SYN is dropped and retransmitted a
@@ -120,14 +121,180 @@ fn graceful_age(lifetime: Duration) -> Duration {
     lifetime.saturating_sub((lifetime / 2).min(Duration::from_secs(10)))
 }
 
+/// Who may read `/metrics` and `/v1/members` on the HTTP listener.
+#[derive(Clone, Default)]
+pub struct HttpAccess {
+    /// SHA-256 of the bearer token they require, if any; `/healthz` never does.
+    token_digest: Option<[u8; 32]>,
+}
+
+impl std::fmt::Debug for HttpAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpAccess")
+            .field("token", &self.token_digest.map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+impl HttpAccess {
+    /// No token: for a listener on a loopback address, which only this machine reaches.
+    pub fn open() -> Self {
+        Self::default()
+    }
+
+    /// `/metrics` and `/v1/members` need `Authorization: Bearer <token>`.
+    pub fn bearer(token: &str) -> Self {
+        Self {
+            token_digest: Some(sha256(token.as_bytes())),
+        }
+    }
+
+    fn allows(&self, authorization: Option<&header::HeaderValue>) -> bool {
+        let Some(want) = &self.token_digest else {
+            return true;
+        };
+        let Some(got) = authorization
+            .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+            .map(sha256)
+        else {
+            return false;
+        };
+        // Digests of equal length: comparing them tells a timing observer nothing useful
+        // about the token.
+        got == *want
+    }
+}
+
+fn sha256(bytes: &[u8]) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    out.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, bytes).as_ref());
+    out
+}
+
+/// Whether `addr` can be reached from this machine only.
+pub fn is_loopback(addr: SocketAddr) -> bool {
+    addr.ip().to_canonical().is_loopback()
+}
+
+/// A listener the HTTP servers accept connections from.
+trait Accept: Send + 'static {
+    type Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static;
+    fn accept_io(&self) -> impl Future<Output = std::io::Result<Option<Self::Io>>> + Send;
+}
+
+impl Accept for TcpListener {
+    type Io = tokio::net::TcpStream;
+    async fn accept_io(&self) -> std::io::Result<Option<Self::Io>> {
+        Ok(Some(self.accept().await?.0))
+    }
+}
+
+/// The admin socket: only connections of this process's user (or root) are served; the
+/// socket's mode already keeps others out, and the peer's credentials are checked too.
+impl Accept for UnixListener {
+    type Io = tokio::net::UnixStream;
+    async fn accept_io(&self) -> std::io::Result<Option<Self::Io>> {
+        let (stream, _) = self.accept().await?;
+        let uid = stream.peer_cred()?.uid();
+        // std does not expose geteuid; the socket file is ours, so its owner is our
+        // effective user.
+        let own = self
+            .local_addr()?
+            .as_pathname()
+            .and_then(|p| std::fs::metadata(p).ok())
+            .map(|m| std::os::unix::fs::MetadataExt::uid(&m));
+        if uid == 0 || Some(uid) == own {
+            Ok(Some(stream))
+        } else {
+            tracing::warn!(uid, "admin socket: refused a connection of another user");
+            Ok(None)
+        }
+    }
+}
+
+/// Which endpoints a listener serves.
+#[derive(Clone, Debug)]
+enum Endpoints {
+    /// `/metrics`, `/healthz`, `/v1/members` (GET).
+    Public(HttpAccess),
+    /// The operator's: `GET /v1/members`, `POST /v1/members/<name>/readmit`.
+    Admin,
+}
+
 /// Serves `GET /metrics` (Prometheus text), `/healthz` and `/v1/members` (JSON) over plain
-/// HTTP until `shutdown` completes. Nothing here is secret: token values never appear.
+/// HTTP until `shutdown` completes, without a token: for a loopback listener. Nothing here
+/// is secret: token values never appear.
 pub async fn serve_http<M, K, S>(
     listener: TcpListener,
     service: JoinService<M, K, S>,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()>
 where
+    M: Metadata + 'static,
+    K: KeySource,
+    S: ClusterState,
+{
+    serve_http_with(listener, service, HttpAccess::open(), shutdown).await
+}
+
+/// [`serve_http`] with `access` deciding who may read `/metrics` and `/v1/members`.
+pub async fn serve_http_with<M, K, S>(
+    listener: TcpListener,
+    service: JoinService<M, K, S>,
+    access: HttpAccess,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()>
+where
+    M: Metadata + 'static,
+    K: KeySource,
+    S: ClusterState,
+{
+    http_loop(listener, service, Endpoints::Public(access), shutdown).await
+}
+
+/// Binds the admin socket at `path` (a stale socket there is replaced), mode 0600: keep it
+/// in a directory only the service's user can enter.
+pub fn bind_admin_socket(path: &std::path::Path) -> std::io::Result<UnixListener> {
+    use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path)?,
+        Ok(_) => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                format!("{} exists and is no socket", path.display()),
+            ));
+        }
+        Err(_) => {}
+    }
+    let listener = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+/// Serves the operator's endpoints on the admin socket until `shutdown` completes:
+/// `GET /v1/members`, and `POST /v1/members/<name>/readmit` (`asterism readmit`), which
+/// lets a member that comes back with another attestation key receive a ticket once.
+pub async fn serve_admin<M, K, S>(
+    listener: UnixListener,
+    service: JoinService<M, K, S>,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()>
+where
+    M: Metadata + 'static,
+    K: KeySource,
+    S: ClusterState,
+{
+    http_loop(listener, service, Endpoints::Admin, shutdown).await
+}
+
+async fn http_loop<L, M, K, S>(
+    listener: L,
+    service: JoinService<M, K, S>,
+    endpoints: Endpoints,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()>
+where
+    L: Accept,
     M: Metadata + 'static,
     K: KeySource,
     S: ClusterState,
@@ -139,24 +306,31 @@ where
             () = &mut shutdown => return Ok(()),
             p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return Ok(()) },
         };
-        let (stream, _) = tokio::select! {
+        let stream = tokio::select! {
             () = &mut shutdown => return Ok(()),
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
+            accepted = listener.accept_io() => match accepted {
+                Ok(Some(s)) => s,
+                Ok(None) => continue,
                 Err(e) => {
-                    tracing::warn!(error = %e, "metrics listener: accept failed");
+                    tracing::warn!(error = %e, "HTTP listener: accept failed");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
             },
         };
         let service = service.clone();
+        let endpoints = endpoints.clone();
         tokio::spawn(async move {
             let _permit = permit;
             let handler = service_fn(move |req: http::Request<hyper::body::Incoming>| {
                 let service = service.clone();
+                let endpoints = endpoints.clone();
                 async move {
-                    Ok::<_, Infallible>(respond(&service, req.method(), req.uri().path()).await)
+                    let response = match &endpoints {
+                        Endpoints::Public(access) => respond(&service, access, &req).await,
+                        Endpoints::Admin => respond_admin(&service, &req).await,
+                    };
+                    Ok::<_, Infallible>(response)
                 }
             });
             let mut builder = hyper::server::conn::http1::Builder::new();
@@ -170,21 +344,55 @@ where
     }
 }
 
-async fn respond<M, K, S>(
+async fn members_json<M, K, S>(service: &JoinService<M, K, S>) -> Response<Full<Bytes>>
+where
+    M: Metadata + 'static,
+    K: KeySource,
+    S: ClusterState,
+{
+    match service.state().members().await {
+        Ok(members) => match serde_json::to_string(&members) {
+            Ok(json) => reply(StatusCode::OK, "application/json", json),
+            Err(_) => reply(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "text/plain",
+                "error\n".into(),
+            ),
+        },
+        Err(e) => {
+            tracing::error!(error = %e, "listing members failed");
+            reply(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain",
+                "state unavailable\n".into(),
+            )
+        }
+    }
+}
+
+async fn respond<M, K, S, B>(
     service: &JoinService<M, K, S>,
-    method: &Method,
-    path: &str,
+    access: &HttpAccess,
+    req: &http::Request<B>,
 ) -> Response<Full<Bytes>>
 where
     M: Metadata + 'static,
     K: KeySource,
     S: ClusterState,
 {
-    if method != Method::GET {
+    if req.method() != Method::GET {
         return reply(
             StatusCode::METHOD_NOT_ALLOWED,
             "text/plain",
             "only GET\n".into(),
+        );
+    }
+    let path = req.uri().path();
+    if path != "/healthz" && !access.allows(req.headers().get(header::AUTHORIZATION)) {
+        return reply(
+            StatusCode::UNAUTHORIZED,
+            "text/plain",
+            "a bearer token is required\n".into(),
         );
     }
     match path {
@@ -194,25 +402,71 @@ where
             service.metrics().encode(),
         ),
         "/healthz" => reply(StatusCode::OK, "text/plain", "ok\n".into()),
-        "/v1/members" => match service.state().members().await {
-            Ok(members) => match serde_json::to_string(&members) {
-                Ok(json) => reply(StatusCode::OK, "application/json", json),
-                Err(_) => reply(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "text/plain",
-                    "error\n".into(),
-                ),
-            },
-            Err(e) => {
-                tracing::error!(error = %e, "listing members failed");
-                reply(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "text/plain",
-                    "state unavailable\n".into(),
-                )
-            }
-        },
+        "/v1/members" => members_json(service).await,
         _ => reply(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
+    }
+}
+
+async fn respond_admin<M, K, S, B>(
+    service: &JoinService<M, K, S>,
+    req: &http::Request<B>,
+) -> Response<Full<Bytes>>
+where
+    M: Metadata + 'static,
+    K: KeySource,
+    S: ClusterState,
+{
+    let path = req.uri().path();
+    if req.method() == Method::GET && path == "/v1/members" {
+        return members_json(service).await;
+    }
+    let name = path
+        .strip_prefix("/v1/members/")
+        .and_then(|p| p.strip_suffix("/readmit"));
+    let Some(name) = name else {
+        return reply(StatusCode::NOT_FOUND, "text/plain", "not found\n".into());
+    };
+    if req.method() != Method::POST {
+        return reply(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain",
+            "only POST\n".into(),
+        );
+    }
+    if name.is_empty()
+        || name.len() > 253
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+    {
+        return reply(
+            StatusCode::BAD_REQUEST,
+            "text/plain",
+            "the node name is no DNS-1123 subdomain\n".into(),
+        );
+    }
+    match service.readmit(name).await {
+        Ok(member) => match serde_json::to_string(&member) {
+            Ok(json) => reply(StatusCode::OK, "application/json", json),
+            Err(_) => reply(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "text/plain",
+                "error\n".into(),
+            ),
+        },
+        Err(StateError::NoSuchMember { name }) => reply(
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            format!("node {name} is no member\n"),
+        ),
+        Err(e) => {
+            tracing::error!(node = name, error = %e, "re-admitting a member failed");
+            reply(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain",
+                "state unavailable\n".into(),
+            )
+        }
     }
 }
 

@@ -5,7 +5,7 @@ use crate::error::{DenyReason, JoinError, chain};
 use crate::keys::KeySource;
 use crate::metrics::Metrics;
 use crate::ratelimit::RateLimiter;
-use crate::state::{Admission, ClusterState, StateError};
+use crate::state::{Admission, ClusterState, Member, StateError};
 use asterism_atls::VerifiedPeer;
 use asterism_kms::{DataKey, DiskUuid, KeyId, STATE_DISK_KEY_LEN};
 use asterism_metadata::{InstanceMetadata, Metadata, Role};
@@ -56,6 +56,9 @@ pub struct JoinConfig {
     pub rate_per_second: f64,
     /// Burst per attestation key.
     pub burst: u32,
+    /// The cluster's names (the API server certificate's SANs) that a control-plane node's
+    /// SSH host certificate may carry besides its own name and address.
+    pub cluster_sans: Vec<String>,
 }
 
 /// The join service: verifies what attestation cannot (who the node is, per the metadata;
@@ -262,6 +265,14 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
         } else {
             req.host_certificate_principals
         };
+        // The principal list's shape (count, length, characters) is the CA's to check, and
+        // a malformed list is the caller's mistake whoever the caller is.
+        if let Err(e) = asterism_pki::check_principals(&principals) {
+            return Err(JoinError::Invalid {
+                field: "host_certificate_principals",
+                detail: e.to_string(),
+            });
+        }
 
         // Who is it? The metadata, by source address, decides; attestation alone does not
         // (REFERENCE §14 item 3).
@@ -305,9 +316,31 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
                 ),
             });
         }
+        if let Some(p) = principals
+            .iter()
+            .find(|p| !self.may_name(&instance, peer.ip, p))
+        {
+            return Err(JoinError::Denied {
+                reason: DenyReason::PrincipalNotAllowed,
+                detail: format!(
+                    "the host certificate may name {} only by its name and address{}, not {p:?}",
+                    instance.name,
+                    if instance.role == Role::ControlPlane {
+                        " and the cluster's names"
+                    } else {
+                        ""
+                    }
+                ),
+            });
+        }
         self.inner
             .state
             .check_disk(&disk, peer.ak)
+            .await
+            .map_err(state_error)?;
+        self.inner
+            .state
+            .check_member(&instance.name, peer.ak)
             .await
             .map_err(state_error)?;
 
@@ -382,7 +415,9 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
     }
 
     /// `IssueRejoinTicket` (REFERENCE §6.3): the disk key and the measurement secret, for a
-    /// node of the metadata whose disk is unbound or bound to its attestation key.
+    /// node of the metadata whose disk is bound to its attestation key. An unbound disk is
+    /// refused: a disk is bound when its node first receives its key (its join ticket, or
+    /// init for the first node), so an unbound one was never this cluster's to hand out.
     pub async fn issue_rejoin_ticket(
         &self,
         verified: &VerifiedPeer,
@@ -396,7 +431,7 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
         let instance = self.identify(peer.ip).await?;
         self.inner
             .state
-            .bind_disk(&disk, peer.ak, SystemTime::now())
+            .check_rejoin(&disk, peer.ak)
             .await
             .map_err(state_error)?;
         let (cluster_keys, disk_key) =
@@ -406,6 +441,40 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
             state_disk_key: disk_key.expose_secret().to_vec(),
             measurement_secret: cluster_keys.measurement_secret.expose_secret().to_vec(),
         })
+    }
+
+    /// Whether `instance` (connecting from `ip`) may carry `principal` in its SSH host
+    /// certificate: its own metadata name or address; a control-plane node also the API
+    /// server host and the cluster's SANs. Anything else (`*`, a pattern, another node's
+    /// name or address) would let it pose as another host to an SSH client that trusts the
+    /// cluster's SSH CA.
+    fn may_name(&self, instance: &InstanceMetadata, ip: IpAddr, principal: &str) -> bool {
+        if principal == instance.name {
+            return true;
+        }
+        if let Ok(p) = principal.parse::<IpAddr>() {
+            let p = p.to_canonical();
+            if p == ip.to_canonical() || instance.has_vpc_ip(p) {
+                return true;
+            }
+        }
+        instance.role == Role::ControlPlane
+            && (principal == self.inner.config.api_server_host.to_string()
+                || self
+                    .inner
+                    .config
+                    .cluster_sans
+                    .iter()
+                    .any(|s| s == principal))
+    }
+
+    /// Lets member `name` receive its next join ticket with another attestation key: the
+    /// operator's `asterism readmit`, over the admin socket. Logged at warn: it is the one
+    /// way a node's recorded identity changes.
+    pub async fn readmit(&self, name: &str) -> Result<Member, StateError> {
+        let member = self.inner.state.allow_readmission(name).await?;
+        tracing::warn!(node = %member.name, old_ak = %member.ak, "an operator re-admitted the node: its next join ticket may come with another attestation key");
+        Ok(member)
     }
 
     async fn control_plane_files(&self) -> Result<Vec<ControlPlaneCertOrKey>, JoinError> {
@@ -493,6 +562,18 @@ fn state_error(e: StateError) -> JoinError {
             reason: DenyReason::DiskBoundToOtherKey,
             detail: format!("disk {uuid} belongs to another attestation key"),
         },
+        StateError::DiskUnbound { uuid } => JoinError::Denied {
+            reason: DenyReason::DiskUnbound,
+            detail: format!(
+                "disk {uuid} was never bound to an attestation key: no node received its key, so a rejoin may not"
+            ),
+        },
+        StateError::MemberKeyChanged { name } => JoinError::Denied {
+            reason: DenyReason::MemberKeyChanged,
+            detail: format!(
+                "node {name} is a member with another attestation key; an operator must re-admit it (asterism readmit {name})"
+            ),
+        },
         e @ StateError::Unavailable(_) => JoinError::ClusterStateUnavailable(e),
         other => JoinError::internal("updating the cluster state", other),
     }
@@ -563,6 +644,155 @@ where
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::keys::{KeyServiceAddress, KeyServiceClient};
+    use crate::state::RedbState;
+    use asterism_metadata::MetadataError;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// The platform's metadata as the service sees it, counting the listings it is asked
+    /// for; the instances can change between calls, as a cloud's do.
+    #[derive(Default)]
+    struct CountingMetadata {
+        instances: Mutex<Vec<InstanceMetadata>>,
+        lists: AtomicUsize,
+    }
+
+    impl Metadata for CountingMetadata {
+        async fn self_instance(&self) -> Result<InstanceMetadata, MetadataError> {
+            Err(MetadataError::Status {
+                path: "/self",
+                status: 404,
+            })
+        }
+
+        async fn list(&self) -> Result<Vec<InstanceMetadata>, MetadataError> {
+            self.lists.fetch_add(1, Ordering::SeqCst);
+            // A listing takes a moment, so that concurrent requests overlap.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            Ok(self.instances.lock().unwrap().clone())
+        }
+
+        async fn control_plane_endpoint(&self) -> Result<String, MetadataError> {
+            Err(MetadataError::Status {
+                path: "/endpoint",
+                status: 404,
+            })
+        }
+
+        async fn init_secret_hash(&self) -> Result<String, MetadataError> {
+            Ok(String::new())
+        }
+    }
+
+    type TestService = JoinService<Arc<CountingMetadata>, KeyServiceClient, RedbState>;
+
+    fn service(
+        metadata: Arc<CountingMetadata>,
+        pki_dir: &std::path::Path,
+        state_dir: &std::path::Path,
+    ) -> TestService {
+        JoinService::new(
+            metadata,
+            KeyServiceClient::new(&KeyServiceAddress::Unix(state_dir.join("no-key-service")))
+                .unwrap(),
+            RedbState::open(state_dir).unwrap(),
+            ClusterCa::generate(SystemTime::now()).unwrap(),
+            JoinConfig {
+                measurement_salt: vec![1; 32],
+                api_server_host: "127.0.10.1".parse().unwrap(),
+                pki_dir: pki_dir.to_owned(),
+                rate_per_second: 10.0,
+                burst: 20,
+                cluster_sans: Vec::new(),
+            },
+            Metrics::new(),
+        )
+        .unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_listing_is_reused_while_fresh_fetched_once_by_a_burst_and_refetched_when_stale() {
+        let dir = tempfile::tempdir().unwrap();
+        let metadata = Arc::new(CountingMetadata::default());
+        *metadata.instances.lock().unwrap() = vec![instance("a", "10.0.0.1")];
+        let s = service(metadata.clone(), dir.path(), dir.path());
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+
+        // A burst that finds no listing fetches it once.
+        let burst: Vec<_> = (0..16)
+            .map(|_| {
+                let s = s.clone();
+                tokio::spawn(async move { s.identify(a).await.map(|i| i.name) })
+            })
+            .collect();
+        for t in burst {
+            assert_eq!(t.await.unwrap().unwrap(), "a");
+        }
+        assert_eq!(metadata.lists.load(Ordering::SeqCst), 1);
+
+        // A node added meanwhile is not seen while the listing is fresh…
+        metadata
+            .instances
+            .lock()
+            .unwrap()
+            .push(instance("b", "10.0.0.2"));
+        assert!(matches!(
+            s.identify(b).await,
+            Err(JoinError::Denied {
+                reason: DenyReason::UnknownPeer,
+                ..
+            })
+        ));
+        assert_eq!(metadata.lists.load(Ordering::SeqCst), 1);
+
+        // …and is once it is stale.
+        tokio::time::sleep(METADATA_CACHE_TTL + Duration::from_millis(100)).await;
+        assert_eq!(s.identify(b).await.unwrap().name, "b");
+        assert_eq!(metadata.lists.load(Ordering::SeqCst), 2);
+        assert_eq!(s.identify(a).await.unwrap().name, "a");
+        assert_eq!(metadata.lists.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn control_plane_files_need_the_ca_and_send_the_others_present_in_order() {
+        let pki = tempfile::tempdir().unwrap();
+        let state = tempfile::tempdir().unwrap();
+        let s = service(Arc::default(), pki.path(), state.path());
+        let names = |files: &[ControlPlaneCertOrKey]| -> Vec<String> {
+            files.iter().map(|f| f.name.clone()).collect()
+        };
+
+        // Nothing there: the CA files are missing.
+        assert!(matches!(
+            s.control_plane_files().await,
+            Err(JoinError::Internal { .. })
+        ));
+        std::fs::write(pki.path().join("ca.crt"), b"cert").unwrap();
+        // ca.key is required too.
+        let err = s.control_plane_files().await.unwrap_err();
+        assert!(chain(&err).contains("ca.key"), "{}", chain(&err));
+        std::fs::write(pki.path().join("ca.key"), b"key").unwrap();
+        assert_eq!(
+            names(&s.control_plane_files().await.unwrap()),
+            ["ca.key", "ca.crt"]
+        );
+        // The optional ones are sent when present, in the fixed order.
+        std::fs::create_dir_all(pki.path().join("etcd")).unwrap();
+        std::fs::write(pki.path().join("etcd/ca.crt"), b"etcd").unwrap();
+        std::fs::write(pki.path().join("sa.pub"), b"sa").unwrap();
+        let files = s.control_plane_files().await.unwrap();
+        assert_eq!(names(&files), ["ca.key", "ca.crt", "sa.pub", "etcd/ca.crt"]);
+        let data: Vec<&[u8]> = files.iter().map(|f| f.data.as_slice()).collect();
+        assert_eq!(data, [&b"key"[..], b"cert", b"sa", b"etcd"]);
+        // One larger than 1 MiB is refused, not truncated.
+        std::fs::write(
+            pki.path().join("sa.pub"),
+            vec![b'x'; usize::try_from(MAX_CONTROL_PLANE_FILE_LEN).unwrap() + 1],
+        )
+        .unwrap();
+        assert!(s.control_plane_files().await.is_err());
+    }
 
     fn instance(name: &str, ip: &str) -> InstanceMetadata {
         InstanceMetadata {

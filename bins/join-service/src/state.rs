@@ -32,6 +32,27 @@ pub enum StateError {
         /// The disk.
         uuid: String,
     },
+    /// A rejoin names a disk that is bound to no attestation key: no node ever received
+    /// its key from this cluster, so none may now.
+    #[error("disk {uuid} is bound to no attestation key")]
+    DiskUnbound {
+        /// The disk.
+        uuid: String,
+    },
+    /// A member came back with another attestation key and no operator re-admitted it.
+    #[error(
+        "node {name} is a member with another attestation key; an operator must re-admit it (asterism readmit {name})"
+    )]
+    MemberKeyChanged {
+        /// The node.
+        name: String,
+    },
+    /// The node is no member.
+    #[error("node {name} is no member")]
+    NoSuchMember {
+        /// The node.
+        name: String,
+    },
     /// The store cannot be reached or is busy (the API server is down or overloaded, a race
     /// was lost, another control-plane node is joining): the same request may succeed later.
     #[error("cluster state unavailable: {0}")]
@@ -144,6 +165,34 @@ pub struct Member {
     pub last_ticket_at: u64,
     /// How many join tickets the node has received.
     pub tickets: u64,
+    /// An operator re-admitted the node (`asterism readmit`): its next join ticket may
+    /// come with another attestation key, which then replaces `ak`.
+    #[serde(default)]
+    pub readmit: bool,
+}
+
+impl Member {
+    /// Whether a join ticket with attestation key `ak` may update this record: the same key,
+    /// or another one after an operator re-admitted the node.
+    pub fn accepts(&self, ak: &str) -> bool {
+        self.ak == ak || self.readmit
+    }
+}
+
+/// The first node of the cluster, as its bootstrapper recorded it at init: it derived its
+/// own disk key from the master secret, so no join ticket ever bound its disk. The join
+/// service records it at start ([`ClusterState::record_init_node`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InitNode {
+    /// The state disk's UUID.
+    pub disk: String,
+    /// The attestation key identity of the init node (SHA-256 of its AK's public area, hex,
+    /// as the validator reports it).
+    pub ak: String,
+    /// The node name.
+    pub name: String,
+    /// The role (`ControlPlane`).
+    pub role: String,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -175,26 +224,52 @@ pub struct Admission {
 
 /// The cluster state the join service needs. Every method is atomic.
 pub trait ClusterState: Send + Sync + 'static {
-    /// Succeeds if `disk` is unbound or bound to `ak`; writes nothing.
+    /// Succeeds if `disk` is unbound or bound to `ak` (a join may bind it); writes nothing.
     fn check_disk(
         &self,
         disk: &DiskUuid,
         ak: &str,
     ) -> impl Future<Output = Result<(), StateError>> + Send;
 
-    /// Binds `disk` to `ak` if it is unbound; succeeds if it is bound to `ak`; fails with
-    /// [`StateError::DiskBoundToOtherKey`] if another key holds it.
-    fn bind_disk(
+    /// Succeeds only if `disk` is bound to `ak` (a rejoin binds nothing): fails with
+    /// [`StateError::DiskUnbound`] if no key holds it and
+    /// [`StateError::DiskBoundToOtherKey`] if another does. Writes nothing.
+    fn check_rejoin(
         &self,
         disk: &DiskUuid,
         ak: &str,
+    ) -> impl Future<Output = Result<(), StateError>> + Send;
+
+    /// Succeeds if node `name` is no member, or a member that [`Member::accepts`] `ak`;
+    /// otherwise [`StateError::MemberKeyChanged`]. Writes nothing.
+    fn check_member(
+        &self,
+        name: &str,
+        ak: &str,
+    ) -> impl Future<Output = Result<(), StateError>> + Send;
+
+    /// Records the init node: binds its disk to its AK and records it as a member, unless
+    /// both are already there. Fails with [`StateError::DiskBoundToOtherKey`] or
+    /// [`StateError::MemberKeyChanged`] (writing nothing) if the state says otherwise.
+    fn record_init_node(
+        &self,
+        init: &InitNode,
         now: SystemTime,
     ) -> impl Future<Output = Result<(), StateError>> + Send;
 
-    /// In one transaction: binds the disk (as [`ClusterState::bind_disk`]), records the
-    /// member (one record per node name), and returns a bootstrap token (a stored one with at
-    /// least [`TOKEN_MIN_REMAINING`] left, or a new one valid for [`TOKEN_TTL`]). Nothing is
-    /// written if the disk belongs to another key.
+    /// Lets member `name` receive its next join ticket with another attestation key
+    /// (`asterism readmit`); [`StateError::NoSuchMember`] if there is none.
+    fn allow_readmission(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Member, StateError>> + Send;
+
+    /// In one transaction: binds the disk (unless another key holds it), records the
+    /// member (one record per node name; a member with another AK only after
+    /// [`ClusterState::allow_readmission`], which this clears), and returns a bootstrap
+    /// token (a stored one with at least [`TOKEN_MIN_REMAINING`] left, or a new one valid
+    /// for [`TOKEN_TTL`]). Nothing is written if the disk belongs to another key or the
+    /// member to another key.
     fn admit(
         &self,
         admission: Admission,
@@ -269,7 +344,11 @@ impl<T: Send> PendingWrite for Pending<T> {
             return Ok(());
         };
         match run(tables) {
-            Err(e @ StateError::DiskBoundToOtherKey { .. }) => self.outcome = Some(Err(e)),
+            Err(
+                e @ (StateError::DiskBoundToOtherKey { .. }
+                | StateError::MemberKeyChanged { .. }
+                | StateError::NoSuchMember { .. }),
+            ) => self.outcome = Some(Err(e)),
             Err(e) => return Err(e),
             Ok(v) => self.outcome = Some(Ok(v)),
         }
@@ -446,29 +525,46 @@ fn bind_in(
     }
 }
 
-/// The admission of `a` in an open transaction: the disk binding first (a refusal writes
-/// nothing), then the member, then the token.
-fn admit_in(t: &mut Tables<'_>, a: &Admission) -> Result<BootstrapToken, StateError> {
-    let now = unix(a.now);
-    bind_in(&mut t.disks, a.disk.as_str(), &a.ak, now)?;
-
-    let previous = t
-        .members
-        .get(a.name.as_str())
+fn member_in(table: &redb::Table<&str, &[u8]>, name: &str) -> Result<Option<Member>, StateError> {
+    table
+        .get(name)
         .map_err(store)?
         .map(|v| serde_json::from_slice::<Member>(v.value()))
         .transpose()
+        .map_err(store)
+}
+
+fn put_member(table: &mut redb::Table<&str, &[u8]>, member: &Member) -> Result<(), StateError> {
+    let bytes = serde_json::to_vec(member).map_err(store)?;
+    table
+        .insert(member.name.as_str(), bytes.as_slice())
         .map_err(store)?;
+    Ok(())
+}
+
+/// The admission of `a` in an open transaction: the member's key and the disk binding
+/// first (a refusal writes nothing), then the member, then the token.
+fn admit_in(t: &mut Tables<'_>, a: &Admission) -> Result<BootstrapToken, StateError> {
+    let now = unix(a.now);
+    let previous = member_in(&t.members, &a.name)?;
+    if let Some(p) = previous.as_ref().filter(|p| !p.accepts(&a.ak)) {
+        return Err(StateError::MemberKeyChanged {
+            name: p.name.clone(),
+        });
+    }
+    bind_in(&mut t.disks, a.disk.as_str(), &a.ak, now)?;
+
     let member = match previous {
         Some(p) => {
             if p.ak != a.ak {
-                tracing::warn!(node = %a.name, old_ak = %p.ak, new_ak = %a.ak, "member re-admitted with a different attestation key");
+                tracing::warn!(node = %a.name, old_ak = %p.ak, new_ak = %a.ak, "member re-admitted by an operator: its attestation key is replaced");
             }
             Member {
                 role: a.role.to_string(),
                 ak: a.ak.clone(),
                 last_ticket_at: now,
                 tickets: p.tickets.saturating_add(1),
+                readmit: false,
                 ..p
             }
         }
@@ -479,12 +575,10 @@ fn admit_in(t: &mut Tables<'_>, a: &Admission) -> Result<BootstrapToken, StateEr
             admitted_at: now,
             last_ticket_at: now,
             tickets: 1,
+            readmit: false,
         },
     };
-    let bytes = serde_json::to_vec(&member).map_err(store)?;
-    t.members
-        .insert(a.name.as_str(), bytes.as_slice())
-        .map_err(store)?;
+    put_member(&mut t.members, &member)?;
 
     let min_expiry = now.saturating_add(TOKEN_MIN_REMAINING.as_secs());
     let mut reusable = None;
@@ -554,17 +648,86 @@ impl ClusterState for RedbState {
         .await
     }
 
-    async fn bind_disk(
-        &self,
-        disk: &DiskUuid,
-        ak: &str,
-        now: SystemTime,
-    ) -> Result<(), StateError> {
-        // Most calls find the binding already there: check without the writer.
-        self.check_disk(disk, ak).await?;
+    async fn check_rejoin(&self, disk: &DiskUuid, ak: &str) -> Result<(), StateError> {
         let (disk, ak) = (disk.as_str().to_owned(), ak.to_owned());
-        self.write(move |t| bind_in(&mut t.disks, &disk, &ak, unix(now)))
-            .await
+        self.blocking(move |db| {
+            let read = db.begin_read().map_err(store)?;
+            let table = read.open_table(DISKS).map_err(store)?;
+            let record = table
+                .get(disk.as_str())
+                .map_err(store)?
+                .map(|v| serde_json::from_slice::<DiskRecord>(v.value()))
+                .transpose()
+                .map_err(store)?;
+            match record {
+                None => Err(StateError::DiskUnbound { uuid: disk }),
+                Some(r) if r.ak != ak => Err(StateError::DiskBoundToOtherKey { uuid: disk }),
+                Some(_) => Ok(()),
+            }
+        })
+        .await
+    }
+
+    async fn check_member(&self, name: &str, ak: &str) -> Result<(), StateError> {
+        let (name, ak) = (name.to_owned(), ak.to_owned());
+        self.blocking(move |db| {
+            let read = db.begin_read().map_err(store)?;
+            let table = read.open_table(MEMBERS).map_err(store)?;
+            let member = table
+                .get(name.as_str())
+                .map_err(store)?
+                .map(|v| serde_json::from_slice::<Member>(v.value()))
+                .transpose()
+                .map_err(store)?;
+            match member {
+                Some(m) if !m.accepts(&ak) => Err(StateError::MemberKeyChanged { name }),
+                _ => Ok(()),
+            }
+        })
+        .await
+    }
+
+    async fn record_init_node(&self, init: &InitNode, now: SystemTime) -> Result<(), StateError> {
+        let init = init.clone();
+        let disk = DiskUuid::parse(&init.disk)
+            .map_err(|e| StateError::Store(format!("the init node's disk UUID: {e}")))?;
+        self.write(move |t| {
+            let now = unix(now);
+            let previous = member_in(&t.members, &init.name)?;
+            if previous.as_ref().is_some_and(|p| p.ak != init.ak) {
+                return Err(StateError::MemberKeyChanged { name: init.name });
+            }
+            bind_in(&mut t.disks, disk.as_str(), &init.ak, now)?;
+            if previous.is_none() {
+                put_member(
+                    &mut t.members,
+                    &Member {
+                        name: init.name.clone(),
+                        role: init.role.clone(),
+                        ak: init.ak.clone(),
+                        admitted_at: now,
+                        last_ticket_at: now,
+                        tickets: 0,
+                        readmit: false,
+                    },
+                )?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn allow_readmission(&self, name: &str) -> Result<Member, StateError> {
+        let name = name.to_owned();
+        self.write(move |t| {
+            let Some(mut member) = member_in(&t.members, &name)? else {
+                return Err(StateError::NoSuchMember { name });
+            };
+            member.readmit = true;
+            put_member(&mut t.members, &member)?;
+            Ok(member)
+        })
+        .await
     }
 
     async fn admit(&self, a: Admission) -> Result<BootstrapToken, StateError> {
@@ -642,15 +805,148 @@ mod tests {
         let s = RedbState::open(dir.path()).unwrap();
         let now = SystemTime::now();
         let d = DiskUuid::parse(D1).unwrap();
-        s.bind_disk(&d, "ak-a", now).await.unwrap();
-        s.bind_disk(&d, "ak-a", now).await.unwrap();
+        s.check_disk(&d, "ak-b").await.unwrap();
+        s.admit(admission("a", "ak-a", D1, now)).await.unwrap();
+        s.check_disk(&d, "ak-a").await.unwrap();
         assert!(matches!(
-            s.bind_disk(&d, "ak-b", now).await,
+            s.check_disk(&d, "ak-b").await,
             Err(StateError::DiskBoundToOtherKey { .. })
         ));
         // Admission with a foreign disk writes nothing.
-        assert!(s.admit(admission("n", "ak-b", D1, now)).await.is_err());
-        assert!(s.members().await.unwrap().is_empty());
+        assert!(matches!(
+            s.admit(admission("n", "ak-b", D1, now)).await,
+            Err(StateError::DiskBoundToOtherKey { .. })
+        ));
+        let names: Vec<_> = s
+            .members()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|m| m.name)
+            .collect();
+        assert_eq!(names, ["a"]);
+    }
+
+    #[tokio::test]
+    async fn a_rejoin_needs_a_disk_bound_to_its_own_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = RedbState::open(dir.path()).unwrap();
+        let d = DiskUuid::parse(D1).unwrap();
+        assert!(matches!(
+            s.check_rejoin(&d, "ak-a").await,
+            Err(StateError::DiskUnbound { .. })
+        ));
+        // Asking binds nothing: the key that asked first gets no claim.
+        assert!(s.check_rejoin(&d, "ak-a").await.is_err());
+        s.admit(admission("a", "ak-a", D1, SystemTime::now()))
+            .await
+            .unwrap();
+        s.check_rejoin(&d, "ak-a").await.unwrap();
+        assert!(matches!(
+            s.check_rejoin(&d, "ak-b").await,
+            Err(StateError::DiskBoundToOtherKey { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_member_with_another_key_is_refused_until_an_operator_readmits_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = RedbState::open(dir.path()).unwrap();
+        let now = UNIX_EPOCH + Duration::from_secs(5_000_000);
+        s.admit(admission("n", "ak-a", D1, now)).await.unwrap();
+        s.check_member("n", "ak-a").await.unwrap();
+        s.check_member("other", "ak-b").await.unwrap();
+        assert!(matches!(
+            s.check_member("n", "ak-b").await,
+            Err(StateError::MemberKeyChanged { .. })
+        ));
+        assert!(matches!(
+            s.admit(admission("n", "ak-b", D2, now)).await,
+            Err(StateError::MemberKeyChanged { .. })
+        ));
+        // The refusal wrote nothing: neither the member nor the new disk.
+        assert_eq!(s.members().await.unwrap()[0].ak, "ak-a");
+        assert!(matches!(
+            s.check_rejoin(&DiskUuid::parse(D2).unwrap(), "ak-b").await,
+            Err(StateError::DiskUnbound { .. })
+        ));
+
+        assert!(matches!(
+            s.allow_readmission("nobody").await,
+            Err(StateError::NoSuchMember { .. })
+        ));
+        assert!(s.allow_readmission("n").await.unwrap().readmit);
+        s.check_member("n", "ak-b").await.unwrap();
+        s.admit(admission("n", "ak-b", D2, now + Duration::from_secs(1)))
+            .await
+            .unwrap();
+        let m = &s.members().await.unwrap()[0];
+        assert_eq!((m.ak.as_str(), m.readmit, m.tickets), ("ak-b", false, 2));
+        // One re-admission, one key change: the old key is now the stranger.
+        assert!(matches!(
+            s.admit(admission("n", "ak-a", D1, now)).await,
+            Err(StateError::MemberKeyChanged { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn the_init_node_is_recorded_once_and_its_disk_is_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let now = UNIX_EPOCH + Duration::from_secs(6_000_000);
+        let init = InitNode {
+            disk: D1.into(),
+            ak: "ak-cp".into(),
+            name: "cp-0".into(),
+            role: "ControlPlane".into(),
+        };
+        {
+            let s = RedbState::open(dir.path()).unwrap();
+            s.record_init_node(&init, now).await.unwrap();
+        }
+        let s = RedbState::open(dir.path()).unwrap();
+        // Again at the next start: nothing changes.
+        s.record_init_node(&init, now + Duration::from_secs(60))
+            .await
+            .unwrap();
+        let members = s.members().await.unwrap();
+        assert_eq!(members.len(), 1);
+        assert_eq!(
+            (members[0].name.as_str(), members[0].ak.as_str()),
+            ("cp-0", "ak-cp")
+        );
+        assert_eq!(
+            (members[0].role.as_str(), members[0].admitted_at),
+            ("ControlPlane", 6_000_000)
+        );
+        let d = DiskUuid::parse(D1).unwrap();
+        s.check_rejoin(&d, "ak-cp").await.unwrap();
+        assert!(matches!(
+            s.check_rejoin(&d, "ak-worker").await,
+            Err(StateError::DiskBoundToOtherKey { .. })
+        ));
+        assert!(
+            s.admit(admission("worker-0", "ak-worker", D1, now))
+                .await
+                .is_err()
+        );
+        // A record that disagrees with the state is refused and changes nothing.
+        let other = InitNode {
+            ak: "ak-other".into(),
+            ..init.clone()
+        };
+        assert!(matches!(
+            s.record_init_node(&other, now).await,
+            Err(StateError::MemberKeyChanged { .. })
+        ));
+        let moved = InitNode {
+            name: "cp-1".into(),
+            ..other
+        };
+        assert!(matches!(
+            s.record_init_node(&moved, now).await,
+            Err(StateError::DiskBoundToOtherKey { .. })
+        ));
+        assert_eq!(s.members().await.unwrap().len(), 1);
     }
 
     #[tokio::test]

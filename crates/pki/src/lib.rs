@@ -18,7 +18,10 @@ pub mod x509;
 
 pub use files::write_private;
 pub use kubeconfig::{Kubeconfig, render_admin_kubeconfig};
-pub use ssh::{HostCertificate, HostKey, SshCa, SshError, parse_wire_public_key, wire_public_key};
+pub use ssh::{
+    HOST_CERTIFICATE_VALIDITY, HostCertificate, HostKey, SshCa, SshError, check_principals,
+    parse_wire_public_key, wire_public_key,
+};
 pub use x509::{
     CertifiedKey, ClusterCa, CsrError, KubeletCsr, KubeletKeyAndCsr, PrivateKeyPem, X509Error,
     discovery_hash, kubelet_key_and_csr, pem_encode,

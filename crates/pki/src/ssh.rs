@@ -10,8 +10,15 @@ use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 use zeroize::Zeroizing;
 
-/// OpenSSH's "valid forever" `valid before` value.
+/// OpenSSH's "valid forever" `valid before` value (the original's; never issued here).
 pub const VALID_FOREVER: u64 = u64::MAX;
+/// How long a host certificate is valid after it is signed: one year, as the kubelet
+/// certificate. A node receives a new one when it next joins.
+pub const HOST_CERTIFICATE_VALIDITY: std::time::Duration =
+    std::time::Duration::from_secs(365 * 24 * 3600);
+/// How far before the signing time a host certificate is already valid, for clocks that
+/// are behind the signer's.
+pub const HOST_CERTIFICATE_BACKDATE: std::time::Duration = std::time::Duration::from_secs(3600);
 /// The largest SSH wire-format public key accepted (an Ed25519 key takes 51 bytes).
 pub const MAX_WIRE_PUBLIC_KEY_LEN: usize = 1024;
 /// Most principals a host certificate may name.
@@ -100,8 +107,11 @@ impl SshCa {
     }
 
     /// Signs a host certificate for `host_key` (REFERENCE §3.5): type host, the given
-    /// principals, valid from `now` forever, key ID = the first principal, serial 0, no
-    /// critical options or extensions, a fresh 32-byte nonce.
+    /// principals, valid from `now` − [`HOST_CERTIFICATE_BACKDATE`] to `now` +
+    /// [`HOST_CERTIFICATE_VALIDITY`] (the original: from `now` forever), key ID = the first
+    /// principal, a random non-zero 64-bit serial (the original: 0), no critical options or
+    /// extensions, a fresh 32-byte nonce. Which principals a node may have is the caller's
+    /// decision.
     ///
     /// An empty principal list is refused: a certificate without principals is valid for
     /// every host name.
@@ -116,24 +126,26 @@ impl SshCa {
         let first = principals
             .first()
             .ok_or_else(|| SshError::Principals("the list is empty".into()))?;
-        let valid_after = now
+        let now = now
             .duration_since(UNIX_EPOCH)
             .map_err(|_| SshError::Clock)?
             .as_secs();
+        let valid_after = now.saturating_sub(HOST_CERTIFICATE_BACKDATE.as_secs());
+        let valid_before = now.saturating_add(HOST_CERTIFICATE_VALIDITY.as_secs());
+        let rng = SystemRandom::new();
         let mut nonce = [0u8; 32];
-        SystemRandom::new()
-            .fill(&mut nonce)
-            .map_err(|_| SshError::Random)?;
+        rng.fill(&mut nonce).map_err(|_| SshError::Random)?;
+        let serial = random_serial(&rng)?;
         let mut builder = Builder::new(
             nonce.to_vec(),
             host_key.key_data().clone(),
             valid_after,
-            VALID_FOREVER,
+            valid_before,
         )
         .map_err(ssh("building the certificate"))?;
         builder
             .cert_type(CertType::Host)
-            .and_then(|b| b.serial(0))
+            .and_then(|b| b.serial(serial))
             .and_then(|b| b.key_id(first.clone()))
             .map_err(ssh("building the certificate"))?;
         for p in principals {
@@ -148,6 +160,20 @@ impl SshCa {
     }
 }
 
+/// A random serial, never 0 (the original's, and what tools show for "no serial"): two
+/// certificates share one with probability 2⁻⁶⁴ per pair, so a serial names one
+/// certificate in a revocation list.
+fn random_serial(rng: &SystemRandom) -> Result<u64, SshError> {
+    loop {
+        let mut bytes = [0u8; 8];
+        rng.fill(&mut bytes).map_err(|_| SshError::Random)?;
+        let serial = u64::from_be_bytes(bytes);
+        if serial != 0 {
+            return Ok(serial);
+        }
+    }
+}
+
 fn check_host_key(key: &PublicKey) -> Result<(), SshError> {
     match key.algorithm() {
         Algorithm::Ed25519 => Ok(()),
@@ -155,7 +181,9 @@ fn check_host_key(key: &PublicKey) -> Result<(), SshError> {
     }
 }
 
-fn check_principals(principals: &[String]) -> Result<(), SshError> {
+/// Checks the shape of a principal list as [`SshCa::sign_host_certificate`] does: 1 to
+/// [`MAX_PRINCIPALS`] principals of 1 to [`MAX_PRINCIPAL_LEN`] printable ASCII bytes.
+pub fn check_principals(principals: &[String]) -> Result<(), SshError> {
     if principals.is_empty() {
         return Err(SshError::Principals("the list is empty".into()));
     }
@@ -347,10 +375,10 @@ mod tests {
         let cert = Certificate::from_openssh(line.trim_end()).unwrap();
         assert_eq!(cert.cert_type(), CertType::Host);
         assert_eq!(cert.valid_principals(), principals.as_slice());
-        assert_eq!(cert.valid_after(), 1_700_000_000);
-        assert_eq!(cert.valid_before(), u64::MAX);
+        assert_eq!(cert.valid_after(), 1_700_000_000 - 3600);
+        assert_eq!(cert.valid_before(), 1_700_000_000 + 365 * 24 * 3600);
         assert_eq!(cert.key_id(), "127.0.10.2");
-        assert_eq!(cert.serial(), 0);
+        assert_ne!(cert.serial(), 0);
         assert!(cert.critical_options().is_empty());
         assert!(cert.extensions().is_empty());
         assert_eq!(cert.nonce().len(), 32);
@@ -361,6 +389,28 @@ mod tests {
         // Another CA's fingerprint does not validate it.
         let other = self::ca(2).public_key().fingerprint(HashAlg::Sha256);
         assert!(cert.validate_at(1_700_000_001, [&other]).is_err());
+        // Nor does a year and a day later.
+        assert!(
+            cert.validate_at(1_700_000_000 + 366 * 24 * 3600, [&ca_fp])
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn every_host_certificate_has_its_own_serial() {
+        let ca = ca(1);
+        let host = HostKey::generate().unwrap();
+        let principals = vec!["worker-0".to_owned()];
+        let serials: std::collections::BTreeSet<u64> = (0..64)
+            .map(|_| {
+                ca.sign_host_certificate(host.public_key(), &principals, SystemTime::now())
+                    .unwrap()
+                    .certificate()
+                    .serial()
+            })
+            .collect();
+        assert_eq!(serials.len(), 64);
+        assert!(!serials.contains(&0));
     }
 
     #[test]

@@ -157,6 +157,7 @@ pub struct Options {
     pub burst: u32,
     pub rate: f64,
     pub key_socket: Option<PathBuf>,
+    pub cluster_sans: Vec<String>,
 }
 
 impl Options {
@@ -167,6 +168,7 @@ impl Options {
             burst: 20,
             rate: 10.0,
             key_socket: None,
+            cluster_sans: Vec::new(),
         }
     }
 }
@@ -237,6 +239,7 @@ pub async fn start_join_service_with<S: ClusterState>(
             pki_dir: cluster.pki_dir(),
             rate_per_second: options.rate,
             burst: options.burst,
+            cluster_sans: options.cluster_sans,
         },
         Metrics::new(),
     )

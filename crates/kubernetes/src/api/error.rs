@@ -126,6 +126,12 @@ pub enum ApiError {
         /// The disk.
         uuid: String,
     },
+    /// A member came back with another attestation key and no operator re-admitted it.
+    #[error("node {name} is a member with another attestation key and was not re-admitted")]
+    MemberKeyChanged {
+        /// The node.
+        name: String,
+    },
     /// Another control-plane node holds the `control-plane` JoiningNode: control-plane joins
     /// are serialised; retry later.
     #[error("control-plane node {joining:?} is joining; one control-plane node joins at a time")]
@@ -172,6 +178,7 @@ impl ApiError {
             | Self::Rejected { .. }
             | Self::Malformed { .. }
             | Self::DiskBoundToOtherKey { .. }
+            | Self::MemberKeyChanged { .. }
             | Self::SaltMismatch
             | Self::InvalidInput { .. }
             | Self::Random => false,

@@ -107,9 +107,17 @@ pub struct MemberRecord {
     pub last_ticket_at: SystemTime,
     /// How many join tickets the node has received.
     pub tickets: u64,
+    /// An operator re-admitted the node: its next ticket may come with another key.
+    pub readmit: bool,
 }
 
 impl MemberRecord {
+    /// Whether a ticket with attestation key `ak` may update this record: the same key, or
+    /// another one after an operator re-admitted the node.
+    pub fn accepts(&self, ak: &str) -> bool {
+        self.ak == ak || self.readmit
+    }
+
     fn from_config_map(cm: &ConfigMap) -> Result<Self> {
         let object = format!(
             "ConfigMap {NAMESPACE}/{}",
@@ -139,18 +147,23 @@ impl MemberRecord {
             tickets: field("tickets")?
                 .parse()
                 .map_err(|_| malformed("tickets is no number"))?,
+            readmit: data.get("readmit").is_some_and(|v| v == "true"),
         })
     }
 
     fn to_data(&self) -> Result<BTreeMap<String, String>> {
-        Ok(BTreeMap::from([
+        let mut data = BTreeMap::from([
             ("name".to_owned(), self.name.clone()),
             ("role".to_owned(), self.role.clone()),
             ("ak".to_owned(), self.ak.clone()),
             ("admittedAt".to_owned(), rfc3339(self.admitted_at)?),
             ("lastTicketAt".to_owned(), rfc3339(self.last_ticket_at)?),
             ("tickets".to_owned(), self.tickets.to_string()),
-        ]))
+        ]);
+        if self.readmit {
+            data.insert("readmit".to_owned(), "true".to_owned());
+        }
+        Ok(data)
     }
 }
 
@@ -320,9 +333,114 @@ impl ClusterApi {
         }
     }
 
+    /// The member record of node `name`, if any.
+    pub async fn member(&self, name: &str) -> Result<Option<MemberRecord>> {
+        check_node_name(name)?;
+        let object = format!("{MEMBER_PREFIX}{name}");
+        let op = format!("get ConfigMap {NAMESPACE}/{object}");
+        self.config_maps()
+            .get_opt(&object)
+            .await
+            .map_err(|e| ApiError::from_kube(op, e))?
+            .as_ref()
+            .map(MemberRecord::from_config_map)
+            .transpose()
+    }
+
+    /// Marks member `name` as re-admitted by an operator: its next ticket may come with
+    /// another attestation key ([`ClusterApi::record_member`] then replaces the key and
+    /// clears the mark). [`ApiError::NotFound`] if there is no such member.
+    pub async fn allow_readmission(&self, name: &str) -> Result<MemberRecord> {
+        check_node_name(name)?;
+        let object = format!("{MEMBER_PREFIX}{name}");
+        let api = self.config_maps();
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let op = format!("get ConfigMap {NAMESPACE}/{object}");
+            let mut cm = api
+                .get(&object)
+                .await
+                .map_err(|e| ApiError::from_kube(op, e))?;
+            let record = MemberRecord {
+                readmit: true,
+                ..MemberRecord::from_config_map(&cm)?
+            };
+            cm.data = Some(record.to_data()?);
+            let op = format!("update ConfigMap {NAMESPACE}/{object}");
+            match api
+                .replace(&object, &PostParams::default(), &cm)
+                .await
+                .map_err(|e| ApiError::from_kube(op, e))
+            {
+                Ok(_) => return Ok(record),
+                Err(ApiError::Conflict { .. }) if attempt < UPDATE_ATTEMPTS => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Records the cluster's first node (which received no join ticket): creates its member
+    /// record with no tickets unless one exists with the same key;
+    /// [`ApiError::MemberKeyChanged`] if one exists with another.
+    pub async fn record_init_member(
+        &self,
+        name: &str,
+        role: &str,
+        ak: &str,
+        now: SystemTime,
+    ) -> Result<()> {
+        check_node_name(name)?;
+        match self.member(name).await? {
+            Some(m) if m.ak == ak => return Ok(()),
+            Some(_) => {
+                return Err(ApiError::MemberKeyChanged {
+                    name: name.to_owned(),
+                });
+            }
+            None => {}
+        }
+        let object = format!("{MEMBER_PREFIX}{name}");
+        let record = MemberRecord {
+            name: name.to_owned(),
+            role: role.to_owned(),
+            ak: ak.to_owned(),
+            admitted_at: now,
+            last_ticket_at: now,
+            tickets: 0,
+            readmit: false,
+        };
+        let cm = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(object.clone()),
+                namespace: Some(NAMESPACE.to_owned()),
+                labels: Some(labels("member")),
+                ..ObjectMeta::default()
+            },
+            data: Some(record.to_data()?),
+            ..ConfigMap::default()
+        };
+        let op = format!("create ConfigMap {NAMESPACE}/{object}");
+        match self.config_maps().create(&PostParams::default(), &cm).await {
+            Ok(_) => Ok(()),
+            // Another replica recorded it meanwhile: check it is the same key.
+            Err(e) => match ApiError::from_kube(op, e) {
+                ApiError::AlreadyExists { .. } => match self.member(name).await? {
+                    Some(m) if m.ak == ak => Ok(()),
+                    _ => Err(ApiError::MemberKeyChanged {
+                        name: name.to_owned(),
+                    }),
+                },
+                other => Err(other),
+            },
+        }
+    }
+
     /// Records that node `name` (role `role`, attestation key `ak`) received a ticket at
     /// `now`: creates its member record or updates it (resourceVersion-guarded, retried after
-    /// a lost race). Returns the record as stored.
+    /// a lost race). A member recorded with another key is refused with
+    /// [`ApiError::MemberKeyChanged`] unless an operator re-admitted it
+    /// ([`ClusterApi::allow_readmission`]). Returns the record as stored.
     pub async fn record_member(
         &self,
         name: &str,
@@ -350,6 +468,7 @@ impl ClusterApi {
                         admitted_at: now,
                         last_ticket_at: now,
                         tickets: 1,
+                        readmit: false,
                     };
                     let cm = ConfigMap {
                         metadata: ObjectMeta {
@@ -371,14 +490,20 @@ impl ClusterApi {
                 }
                 Some(mut cm) => {
                     let previous = MemberRecord::from_config_map(&cm)?;
+                    if !previous.accepts(ak) {
+                        return Err(ApiError::MemberKeyChanged {
+                            name: name.to_owned(),
+                        });
+                    }
                     if previous.ak != ak {
-                        tracing::warn!(node = name, old_ak = %previous.ak, new_ak = ak, "member re-admitted with a different attestation key");
+                        tracing::warn!(node = name, old_ak = %previous.ak, new_ak = ak, "member re-admitted by an operator: its attestation key is replaced");
                     }
                     let record = MemberRecord {
                         role: role.to_owned(),
                         ak: ak.to_owned(),
                         last_ticket_at: now,
                         tickets: previous.tickets.saturating_add(1),
+                        readmit: false,
                         ..previous
                     };
                     cm.data = Some(record.to_data()?);

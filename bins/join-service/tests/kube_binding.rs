@@ -1,0 +1,203 @@
+//! Disk bindings and member keys in the Kubernetes-API store (`KubeState`), against the
+//! recording API server: a rejoin needs a disk bound to its key, a member with another key
+//! is refused without a write until an operator re-admits it, and the init node's record
+//! binds its disk.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use asterism_join_service::{
+    Admission, ClusterState, InitNode, JoiningNodes, KubeState, StateError,
+};
+use asterism_kms::DiskUuid;
+use asterism_kubernetes::api::testing::{RecordingServer, Reply, recorded};
+use asterism_metadata::Role;
+use std::time::{Duration, SystemTime};
+
+const CONFIG_MAPS: &str = "/api/v1/namespaces/kube-system/configmaps";
+const DISK: &str = "aaaaaaaa-0000-4000-8000-00000000000a";
+/// The AK of the recorded member `worker-0`.
+const RECORDED_AK: &str = "4d2a9f0e1b3c5d7e9f1a2b4c6d8e0f1a3b5c7d9e1f2a4b6c8d0e2f4a6b8c0d2e";
+const OTHER_AK: &str = "1111111111111111111111111111111111111111111111111111111111111111";
+
+fn t0() -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(1_772_445_600)
+}
+
+fn member_path() -> String {
+    format!("{CONFIG_MAPS}/asterism-member-worker-0")
+}
+
+async fn setup() -> (RecordingServer, KubeState, tempfile::TempDir) {
+    let server = RecordingServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let state = KubeState::new(server.api(dir.path()).await, JoiningNodes::Required);
+    (server, state, dir)
+}
+
+/// The recorded member `worker-0`, re-admitted by an operator.
+fn readmitted_member() -> String {
+    let mut cm: serde_json::Value =
+        serde_json::from_str(&recorded("configmap-member-worker-0.json")).unwrap();
+    cm["data"]["readmit"] = "true".into();
+    cm.to_string()
+}
+
+#[tokio::test]
+async fn a_rejoin_needs_a_disk_bound_to_its_own_key_and_writes_nothing() {
+    let (server, state, _dir) = setup().await;
+    let disk = DiskUuid::parse(DISK).unwrap();
+    server.on(
+        "GET",
+        &format!("{CONFIG_MAPS}/asterism-disk-{DISK}"),
+        [
+            Reply::recorded(404, "status-404-configmap-disk.json"),
+            Reply::recorded(200, "configmap-disk-binding-other-ak.json"),
+        ],
+    );
+    let err = state.check_rejoin(&disk, OTHER_AK).await.unwrap_err();
+    assert!(matches!(err, StateError::DiskUnbound { .. }), "{err:?}");
+    let err = state.check_rejoin(&disk, OTHER_AK).await.unwrap_err();
+    assert!(
+        matches!(err, StateError::DiskBoundToOtherKey { .. }),
+        "{err:?}"
+    );
+    assert!(server.writes().is_empty(), "{:?}", server.writes());
+}
+
+#[tokio::test]
+async fn a_member_with_another_key_is_refused_before_any_write() {
+    let (server, state, _dir) = setup().await;
+    server.on(
+        "GET",
+        &member_path(),
+        [Reply::recorded(200, "configmap-member-worker-0.json")],
+    );
+    state.check_member("worker-0", RECORDED_AK).await.unwrap();
+    let err = state
+        .admit(Admission {
+            name: "worker-0".into(),
+            role: Role::Worker,
+            ak: OTHER_AK.into(),
+            disk: DiskUuid::parse(DISK).unwrap(),
+            now: t0(),
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StateError::MemberKeyChanged { .. }),
+        "{err:?}"
+    );
+    assert!(server.writes().is_empty(), "{:?}", server.writes());
+}
+
+#[tokio::test]
+async fn an_operator_readmission_lets_the_next_ticket_replace_the_key_once() {
+    let (server, state, _dir) = setup().await;
+    server
+        .on(
+            "GET",
+            &member_path(),
+            [Reply::recorded(200, "configmap-member-worker-0.json")],
+        )
+        .on(
+            "PUT",
+            &member_path(),
+            [Reply::json(200, readmitted_member())],
+        );
+    let m = state.allow_readmission("worker-0").await.unwrap();
+    assert!(m.readmit);
+    let put = &server.writes()[0];
+    assert_eq!(put.body["data"]["readmit"], "true");
+    assert_eq!(put.body["data"]["ak"], RECORDED_AK);
+    assert_eq!(put.body["metadata"]["resourceVersion"], "1932");
+
+    // The next ticket, with another key, replaces it and clears the mark.
+    server.clear_requests();
+    server
+        .on(
+            "GET",
+            &member_path(),
+            [Reply::json(200, readmitted_member())],
+        )
+        .on(
+            "PUT",
+            &member_path(),
+            [Reply::recorded(200, "configmap-member-updated.json")],
+        );
+    state.check_member("worker-0", OTHER_AK).await.unwrap();
+    let api = server.api(_dir.path()).await;
+    let record = api
+        .record_member("worker-0", "Worker", OTHER_AK, t0())
+        .await
+        .unwrap();
+    assert_eq!((record.ak.as_str(), record.readmit), (OTHER_AK, false));
+    let put = &server.writes()[0];
+    assert_eq!(put.body["data"]["ak"], OTHER_AK);
+    assert!(put.body["data"].get("readmit").is_none(), "{:?}", put.body);
+
+    // No such member: nothing to re-admit.
+    server.on(
+        "GET",
+        &member_path(),
+        [Reply::recorded(404, "status-404-configmap-member.json")],
+    );
+    let err = state.allow_readmission("worker-0").await.unwrap_err();
+    assert!(matches!(err, StateError::NoSuchMember { .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn the_init_node_binds_its_disk_and_is_recorded_without_tickets() {
+    let (server, state, _dir) = setup().await;
+    server
+        .on(
+            "GET",
+            &member_path(),
+            [Reply::recorded(404, "status-404-configmap-member.json")],
+        )
+        .on(
+            "GET",
+            &format!("{CONFIG_MAPS}/asterism-disk-{DISK}"),
+            [Reply::recorded(404, "status-404-configmap-disk.json")],
+        )
+        .on(
+            "POST",
+            CONFIG_MAPS,
+            [
+                Reply::recorded(201, "configmap-disk-binding-created.json"),
+                Reply::recorded(201, "configmap-member-created.json"),
+            ],
+        );
+    let init = InitNode {
+        disk: DISK.into(),
+        ak: OTHER_AK.into(),
+        name: "worker-0".into(),
+        role: "ControlPlane".into(),
+    };
+    state.record_init_node(&init, t0()).await.unwrap();
+    let writes = server.writes();
+    assert_eq!(writes.len(), 2, "{writes:?}");
+    assert_eq!(writes[0].body["data"]["disk"], DISK);
+    assert_eq!(writes[0].body["data"]["ak"], OTHER_AK);
+    assert_eq!(writes[1].body["data"]["ak"], OTHER_AK);
+    assert_eq!(writes[1].body["data"]["tickets"], "0");
+    assert_eq!(writes[1].body["data"]["role"], "ControlPlane");
+
+    // A record the state contradicts (the name is held by another key) writes nothing.
+    server.clear_requests();
+    server.on(
+        "GET",
+        &member_path(),
+        [Reply::recorded(200, "configmap-member-worker-0.json")],
+    );
+    let err = state.record_init_node(&init, t0()).await.unwrap_err();
+    assert!(
+        matches!(err, StateError::MemberKeyChanged { .. }),
+        "{err:?}"
+    );
+    assert!(server.writes().is_empty());
+}

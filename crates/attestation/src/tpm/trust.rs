@@ -218,6 +218,7 @@ impl PinnedAks {
 }
 
 /// Marker for [`AkTrust::InsecureAnyAk`]; made only by [`AkTrust::insecure_any_ak`].
+#[cfg(feature = "insecure-test-attestation")]
 #[derive(Debug, Clone)]
 pub struct InsecureAnyAk(());
 
@@ -231,7 +232,9 @@ pub enum AkTrust {
     /// The SHA-256 of the AK's `TPMT_PUBLIC` must be one of these.
     Pinned(PinnedAks),
     /// **Insecure, development only**: any AK that meets the AK policy is trusted, so a
-    /// software key can forge evidence. Logged at warn on every validation.
+    /// software key can forge evidence. Logged at warn on every validation. Only in builds
+    /// with the `insecure-test-attestation` feature, which never compile optimised.
+    #[cfg(feature = "insecure-test-attestation")]
     InsecureAnyAk(InsecureAnyAk),
 }
 
@@ -247,7 +250,9 @@ impl AkTrust {
     }
 
     /// **Insecure**: trusts any AK. Evidence then proves nothing about the platform; every
-    /// validation that relies on it logs a warning.
+    /// validation that relies on it logs a warning. Only with the `insecure-test-attestation`
+    /// feature.
+    #[cfg(feature = "insecure-test-attestation")]
     pub fn insecure_any_ak() -> Self {
         tracing::warn!("AK trust policy insecure_any_ak: any attestation key will be accepted");
         Self::InsecureAnyAk(InsecureAnyAk(()))
@@ -268,6 +273,7 @@ impl AkTrust {
             Self::Pinned(_) => Err(ValidationError::UntrustedKey(format!(
                 "AK {fingerprint} is not pinned"
             ))),
+            #[cfg(feature = "insecure-test-attestation")]
             Self::InsecureAnyAk(_) => {
                 tracing::warn!(
                     ak = %fingerprint,

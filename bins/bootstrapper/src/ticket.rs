@@ -1,0 +1,307 @@
+//! The checks a join ticket passes before the node uses any of it (before the node lock):
+//! what it carries is what its fields say, for this node, under the cluster CA the ticket
+//! names.
+//!
+//! * The kubelet certificate is PEM: the leaf, then the cluster CA certificate (a worker
+//!   receives no `ca.crt`; a control-plane node's `ca.crt` must be that same certificate).
+//!   The CA certificate's public key hashes to the ticket's discovery hash (kubeadm's pin);
+//!   the leaf is signed by it, within its validity period, not a CA, for this node's name
+//!   (`CN=system:node:<name>`, `O=system:nodes`), with this node's IP as its only IP SAN,
+//!   and certifies the public key of the kubelet key the node made for this request.
+//! * Control-plane files: only the names kubeadm's certificate directory uses, each once;
+//!   `*.crt` parse as CA certificates, each `*.key` of a CA belongs to its `*.crt` (both
+//!   must be there), `sa.key` is a private key whose public half is `sa.pub`; a
+//!   control-plane node needs `ca.crt` and `ca.key`, and `ca.crt` hashes to the discovery
+//!   hash.
+//! * Component install paths lie strictly inside one directory (the components directory),
+//!   lexically (absolute, no `.` or `..`) and on disk (no existing part of the path below
+//!   that directory is a symlink).
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::path::{Component as PathPart, Path};
+
+use asterism_kubernetes::kubeadm::setup::CONTROL_PLANE_FILES;
+use x509_parser::prelude::{FromDer as _, GeneralName, SubjectPublicKeyInfo, X509Certificate};
+use zeroize::Zeroizing;
+
+use crate::effects::Components;
+
+/// The organisation of every node certificate.
+const NODES_ORGANIZATION: &str = "system:nodes";
+/// The common name prefix of a node certificate.
+const NODE_CN_PREFIX: &str = "system:node:";
+/// The CA key / certificate pairs among the control-plane files.
+const CA_PAIRS: [(&str, &str); 3] = [
+    ("ca.crt", "ca.key"),
+    ("front-proxy-ca.crt", "front-proxy-ca.key"),
+    ("etcd/ca.crt", "etcd/ca.key"),
+];
+
+/// Who the ticket must be for.
+pub(crate) struct Expect<'a> {
+    /// The node's name.
+    pub(crate) node_name: &'a str,
+    /// The node's IP.
+    pub(crate) node_ip: IpAddr,
+    /// The DER SubjectPublicKeyInfo of the kubelet key made for this request.
+    pub(crate) kubelet_spki: &'a [u8],
+    /// Whether the node joins as a control-plane node.
+    pub(crate) control_plane: bool,
+}
+
+/// The PEM blocks of `bytes` as `(label, DER)`.
+fn pem_blocks(bytes: &[u8], what: &str) -> Result<Vec<(String, Vec<u8>)>, String> {
+    let mut out = Vec::new();
+    for block in x509_parser::pem::Pem::iter_from_buffer(bytes) {
+        let block = block.map_err(|e| format!("{what} is not PEM: {e}"))?;
+        out.push((block.label, block.contents));
+    }
+    if out.is_empty() {
+        return Err(format!("{what} holds no PEM block"));
+    }
+    Ok(out)
+}
+
+/// The certificates of a PEM bundle (every block must be a `CERTIFICATE`).
+fn certificates(bytes: &[u8], what: &str) -> Result<Vec<Vec<u8>>, String> {
+    pem_blocks(bytes, what)?
+        .into_iter()
+        .map(|(label, der)| {
+            if label != "CERTIFICATE" {
+                return Err(format!("{what} holds a {label} block, not a CERTIFICATE"));
+            }
+            X509Certificate::from_der(&der)
+                .map_err(|e| format!("{what} does not parse as a certificate: {e}"))?;
+            Ok(der)
+        })
+        .collect()
+}
+
+fn parse(der: &[u8]) -> Result<X509Certificate<'_>, String> {
+    X509Certificate::from_der(der)
+        .map(|(_, c)| c)
+        .map_err(|e| format!("certificate does not parse: {e}"))
+}
+
+/// Checks the kubelet certificate of a ticket; `ca_crt` is the control-plane file `ca.crt`
+/// when the ticket carries one.
+pub(crate) fn check_kubelet_cert(
+    kubelet_cert: &[u8],
+    discovery_hash: &str,
+    ca_crt: Option<&[u8]>,
+    expect: &Expect<'_>,
+) -> Result<(), String> {
+    let chain = certificates(kubelet_cert, "the kubelet certificate")?;
+    let (leaf_der, rest) = chain
+        .split_first()
+        .ok_or("the kubelet certificate is empty")?;
+    let ca_der = match (rest, ca_crt) {
+        ([ca], _) => ca.clone(),
+        ([], Some(ca_crt)) => certificates(ca_crt, "ca.crt")?
+            .into_iter()
+            .next()
+            .ok_or("ca.crt is empty")?,
+        ([], None) => {
+            return Err("the kubelet certificate comes without the cluster CA certificate".into());
+        }
+        _ => return Err("the kubelet certificate holds more than a leaf and its CA".into()),
+    };
+    let hash = asterism_pki::discovery_hash(&ca_der).map_err(|e| e.to_string())?;
+    if hash != discovery_hash {
+        return Err(format!(
+            "the cluster CA of the kubelet certificate ({hash}) is not the CA the ticket names ({discovery_hash})"
+        ));
+    }
+    let ca = parse(&ca_der)?;
+    if !ca.is_ca() {
+        return Err("the kubelet certificate's issuer is not a CA certificate".into());
+    }
+    let leaf = parse(leaf_der)?;
+    leaf.verify_signature(Some(ca.public_key()))
+        .map_err(|e| format!("the kubelet certificate is not signed by the cluster CA: {e}"))?;
+    if leaf.is_ca() {
+        return Err("the kubelet certificate is a CA certificate".into());
+    }
+    if !leaf.validity().is_valid() {
+        return Err("the kubelet certificate is not valid now".into());
+    }
+    if leaf.public_key().raw != expect.kubelet_spki {
+        return Err("the kubelet certificate does not certify this node's kubelet key".into());
+    }
+    let subject = leaf.subject();
+    let cns: Vec<&str> = subject
+        .iter_common_name()
+        .filter_map(|a| a.as_str().ok())
+        .collect();
+    let want_cn = format!("{NODE_CN_PREFIX}{}", expect.node_name);
+    if cns != [want_cn.as_str()] {
+        return Err(format!(
+            "the kubelet certificate is for {cns:?}, not {want_cn:?}"
+        ));
+    }
+    let orgs: Vec<&str> = subject
+        .iter_organization()
+        .filter_map(|a| a.as_str().ok())
+        .collect();
+    if orgs != [NODES_ORGANIZATION] {
+        return Err(format!(
+            "the kubelet certificate's organisation is {orgs:?}, not [{NODES_ORGANIZATION:?}]"
+        ));
+    }
+    let sans = leaf
+        .subject_alternative_name()
+        .map_err(|e| format!("the kubelet certificate's SANs: {e}"))?;
+    let names: Vec<&GeneralName<'_>> = sans
+        .map(|s| s.value.general_names.iter().collect())
+        .unwrap_or_default();
+    let want_ip: Vec<u8> = match expect.node_ip {
+        IpAddr::V4(ip) => ip.octets().to_vec(),
+        IpAddr::V6(ip) => ip.octets().to_vec(),
+    };
+    let only_this_ip =
+        matches!(names.as_slice(), [GeneralName::IPAddress(ip)] if *ip == want_ip.as_slice());
+    if !only_this_ip {
+        return Err(format!(
+            "the kubelet certificate's SANs are not exactly this node's IP {}",
+            expect.node_ip
+        ));
+    }
+    Ok(())
+}
+
+/// Checks the control-plane files of a ticket.
+pub(crate) fn check_control_plane_files(
+    files: &[(String, Zeroizing<Vec<u8>>)],
+    discovery_hash: &str,
+    expect: &Expect<'_>,
+) -> Result<(), String> {
+    let mut seen = BTreeSet::new();
+    for (name, _) in files {
+        if !CONTROL_PLANE_FILES.contains(&name.as_str()) {
+            return Err(format!("{name:?} is not a control-plane file"));
+        }
+        if !seen.insert(name.as_str()) {
+            return Err(format!("the control-plane file {name:?} comes twice"));
+        }
+    }
+    let get = |name: &str| {
+        files
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, d)| d.as_slice())
+    };
+    if expect.control_plane && (get("ca.crt").is_none() || get("ca.key").is_none()) {
+        return Err("a control-plane node needs ca.crt and ca.key".into());
+    }
+    for (crt_name, key_name) in CA_PAIRS {
+        match (get(crt_name), get(key_name)) {
+            (None, None) => {}
+            (Some(crt), None) => {
+                let der = certificates(crt, crt_name)?;
+                let first = der.first().ok_or_else(|| format!("{crt_name} is empty"))?;
+                if !parse(first)?.is_ca() {
+                    return Err(format!("{crt_name} is not a CA certificate"));
+                }
+            }
+            (None, Some(_)) => return Err(format!("{key_name} comes without {crt_name}")),
+            (Some(crt), Some(key)) => {
+                let crt =
+                    std::str::from_utf8(crt).map_err(|_| format!("{crt_name} is not text"))?;
+                let key = Zeroizing::new(
+                    std::str::from_utf8(key)
+                        .map_err(|_| format!("{key_name} is not text"))?
+                        .to_owned(),
+                );
+                asterism_pki::ClusterCa::from_pem(crt, &key).map_err(|e| {
+                    format!(
+                        "{crt_name} and {key_name} are not a CA and its key: {}",
+                        crate::node::chain(&e)
+                    )
+                })?;
+            }
+        }
+    }
+    if let Some(ca) = get("ca.crt") {
+        let der = certificates(ca, "ca.crt")?;
+        let first = der.first().ok_or("ca.crt is empty")?;
+        let hash = asterism_pki::discovery_hash(first).map_err(|e| e.to_string())?;
+        if hash != discovery_hash {
+            return Err(format!(
+                "ca.crt ({hash}) is not the CA the ticket names ({discovery_hash})"
+            ));
+        }
+    }
+    match (get("sa.key"), get("sa.pub")) {
+        (None, None) => {}
+        (Some(key), Some(public)) => check_service_account_pair(key, public)?,
+        (Some(_), None) => return Err("sa.key comes without sa.pub".into()),
+        (None, Some(_)) => return Err("sa.pub comes without sa.key".into()),
+    }
+    Ok(())
+}
+
+/// `sa.key` is an RSA private key (PKCS#1 or PKCS#8) and `sa.pub` its public key (SPKI).
+fn check_service_account_pair(key: &[u8], public: &[u8]) -> Result<(), String> {
+    let blocks = Zeroizing::new(pem_blocks(key, "sa.key")?);
+    let [(label, der)] = blocks.as_slice() else {
+        return Err("sa.key holds more than one PEM block".into());
+    };
+    let pair = match label.as_str() {
+        "RSA PRIVATE KEY" => ring::rsa::KeyPair::from_der(der),
+        "PRIVATE KEY" => ring::rsa::KeyPair::from_pkcs8(der),
+        other => return Err(format!("sa.key is a {other} block, not an RSA private key")),
+    }
+    .map_err(|e| format!("sa.key is not an RSA private key: {e}"))?;
+    let blocks = pem_blocks(public, "sa.pub")?;
+    let [(label, der)] = blocks.as_slice() else {
+        return Err("sa.pub holds more than one PEM block".into());
+    };
+    if label != "PUBLIC KEY" {
+        return Err(format!("sa.pub is a {label} block, not a PUBLIC KEY"));
+    }
+    let (_, spki) = SubjectPublicKeyInfo::from_der(der)
+        .map_err(|e| format!("sa.pub does not parse as a public key: {e}"))?;
+    let ours: &[u8] = ring::signature::KeyPair::public_key(&pair).as_ref();
+    if spki.subject_public_key.data.as_ref() != ours {
+        return Err("sa.pub is not the public key of sa.key".into());
+    }
+    Ok(())
+}
+
+/// Checks that every component installs strictly inside `root`, lexically and through no
+/// symlink that exists now.
+pub(crate) fn check_component_paths(components: &Components, root: &Path) -> Result<(), String> {
+    for c in components.as_slice() {
+        let path = Path::new(&c.install_path);
+        let plain = path.is_absolute()
+            && path
+                .components()
+                .all(|p| matches!(p, PathPart::RootDir | PathPart::Normal(_)));
+        let rel = path.strip_prefix(root).ok().filter(|_| plain);
+        let Some(rel) = rel.filter(|r| r.components().next().is_some()) else {
+            return Err(format!(
+                "component install path {:?} is not inside {}",
+                c.install_path,
+                root.display()
+            ));
+        };
+        let mut cur = root.to_path_buf();
+        for part in rel.components() {
+            cur.push(part);
+            match std::fs::symlink_metadata(&cur) {
+                Ok(m) if m.file_type().is_symlink() => {
+                    return Err(format!(
+                        "component install path {:?} goes through the symlink {}",
+                        c.install_path,
+                        cur.display()
+                    ));
+                }
+                Ok(_) => {}
+                // Nothing further exists: nothing further can be a symlink.
+                Err(_) => break,
+            }
+        }
+    }
+    Ok(())
+}

@@ -5,7 +5,7 @@
 //! * The kubelet certificate is PEM: the leaf, then the cluster CA certificate (a worker
 //!   receives no `ca.crt`; a control-plane node's `ca.crt` must be that same certificate).
 //!   The CA certificate's public key hashes to the ticket's discovery hash (kubeadm's pin);
-//!   the leaf is signed by it, within its validity period, not a CA, for this node's name
+//!   the leaf is signed by it, within its validity period, for this node's name
 //!   (`CN=system:node:<name>`, `O=system:nodes`), with this node's IP as its only IP SAN,
 //!   and certifies the public key of the kubelet key the node made for this request.
 //! * Control-plane files: only the names kubeadm's certificate directory uses, each once;
@@ -113,16 +113,11 @@ pub(crate) fn check_kubelet_cert(
             "the cluster CA of the kubelet certificate ({hash}) is not the CA the ticket names ({discovery_hash})"
         ));
     }
+    // The discovery hash pins the CA's key; nothing else about the CA certificate matters.
     let ca = parse(&ca_der)?;
-    if !ca.is_ca() {
-        return Err("the kubelet certificate's issuer is not a CA certificate".into());
-    }
     let leaf = parse(leaf_der)?;
     leaf.verify_signature(Some(ca.public_key()))
         .map_err(|e| format!("the kubelet certificate is not signed by the cluster CA: {e}"))?;
-    if leaf.is_ca() {
-        return Err("the kubelet certificate is a CA certificate".into());
-    }
     if !leaf.validity().is_valid() {
         return Err("the kubelet certificate is not valid now".into());
     }
@@ -304,4 +299,383 @@ pub(crate) fn check_component_paths(components: &Components, root: &Path) -> Res
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+    use super::*;
+    use asterism_pki::{ClusterCa, KubeletCsr, kubelet_key_and_csr};
+    use std::time::{Duration, SystemTime};
+
+    const NAME: &str = "worker-0";
+    const IP: &str = "10.0.0.1";
+
+    struct Fixture {
+        ca: ClusterCa,
+        spki: Vec<u8>,
+        csr: KubeletCsr,
+    }
+
+    fn spki_of_csr(der: &[u8]) -> Vec<u8> {
+        x509_parser::certification_request::X509CertificationRequest::from_der(der)
+            .unwrap()
+            .1
+            .certification_request_info
+            .subject_pki
+            .raw
+            .to_vec()
+    }
+
+    fn csr(name: &str, ip: &str) -> (KubeletCsr, Vec<u8>) {
+        let made = kubelet_key_and_csr(name, &[ip.parse().unwrap()]).unwrap();
+        (
+            KubeletCsr::parse(&made.csr_der).unwrap(),
+            spki_of_csr(&made.csr_der),
+        )
+    }
+
+    fn fixture() -> Fixture {
+        let (csr, spki) = csr(NAME, IP);
+        Fixture {
+            ca: ClusterCa::generate(SystemTime::now()).unwrap(),
+            spki,
+            csr,
+        }
+    }
+
+    fn expect(f: &Fixture, control_plane: bool) -> Expect<'_> {
+        Expect {
+            node_name: NAME,
+            node_ip: IP.parse().unwrap(),
+            kubelet_spki: &f.spki,
+            control_plane,
+        }
+    }
+
+    fn chain(ca: &ClusterCa, leaf: &str) -> Vec<u8> {
+        format!("{leaf}{}", ca.cert_pem()).into_bytes()
+    }
+
+    fn check(f: &Fixture, cert: &[u8]) -> Result<(), String> {
+        check_kubelet_cert(
+            cert,
+            &f.ca.discovery_hash().unwrap(),
+            None,
+            &expect(f, false),
+        )
+    }
+
+    #[test]
+    fn a_kubelet_certificate_for_this_node_under_the_named_ca_passes() {
+        let f = fixture();
+        let leaf = f.ca.sign_kubelet(&f.csr, SystemTime::now()).unwrap();
+        check(&f, &chain(&f.ca, &leaf)).unwrap();
+        // A control-plane node may take the CA from its ca.crt instead.
+        check_kubelet_cert(
+            leaf.as_bytes(),
+            &f.ca.discovery_hash().unwrap(),
+            Some(f.ca.cert_pem().as_bytes()),
+            &expect(&f, true),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn a_kubelet_certificate_that_is_not_a_certificate_is_refused() {
+        let f = fixture();
+        for bad in [
+            &b"not a certificate"[..],
+            b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+            b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
+        ] {
+            assert!(check(&f, bad).is_err());
+        }
+    }
+
+    #[test]
+    fn a_kubelet_certificate_without_its_ca_is_refused() {
+        let f = fixture();
+        let leaf = f.ca.sign_kubelet(&f.csr, SystemTime::now()).unwrap();
+        let e = check(&f, leaf.as_bytes()).unwrap_err();
+        assert!(e.contains("without the cluster CA"), "{e}");
+    }
+
+    #[test]
+    fn a_kubelet_certificate_under_another_ca_than_the_named_one_is_refused() {
+        let f = fixture();
+        let other = ClusterCa::generate(SystemTime::now()).unwrap();
+        let leaf = other.sign_kubelet(&f.csr, SystemTime::now()).unwrap();
+        let e = check(&f, &chain(&other, &leaf)).unwrap_err();
+        assert!(e.contains("is not the CA the ticket names"), "{e}");
+    }
+
+    #[test]
+    fn a_kubelet_certificate_not_signed_by_the_named_ca_is_refused() {
+        let f = fixture();
+        let other = ClusterCa::generate(SystemTime::now()).unwrap();
+        let leaf = other.sign_kubelet(&f.csr, SystemTime::now()).unwrap();
+        // The named CA comes along, but did not sign the leaf.
+        let e = check(&f, &chain(&f.ca, &leaf)).unwrap_err();
+        assert!(e.contains("not signed by the cluster CA"), "{e}");
+    }
+
+    #[test]
+    fn an_expired_kubelet_certificate_is_refused() {
+        let f = fixture();
+        let long_ago = SystemTime::now() - Duration::from_secs(3 * 365 * 24 * 3600);
+        let leaf = f.ca.sign_kubelet(&f.csr, long_ago).unwrap();
+        let e = check(&f, &chain(&f.ca, &leaf)).unwrap_err();
+        assert!(e.contains("not valid now"), "{e}");
+    }
+
+    #[test]
+    fn a_kubelet_certificate_for_another_key_is_refused() {
+        let f = fixture();
+        let (other_csr, _) = csr(NAME, IP);
+        let leaf = f.ca.sign_kubelet(&other_csr, SystemTime::now()).unwrap();
+        let e = check(&f, &chain(&f.ca, &leaf)).unwrap_err();
+        assert!(e.contains("kubelet key"), "{e}");
+    }
+
+    #[test]
+    fn a_kubelet_certificate_for_another_name_or_address_is_refused() {
+        let f = fixture();
+        for (name, ip, want) in [
+            ("control-plane-0", IP, "is for"),
+            (NAME, "10.0.0.9", "SANs"),
+        ] {
+            let (other_csr, other_spki) = csr(name, ip);
+            let leaf = f.ca.sign_kubelet(&other_csr, SystemTime::now()).unwrap();
+            // It certifies the key the node holds, but not this node.
+            let e = check_kubelet_cert(
+                &chain(&f.ca, &leaf),
+                &f.ca.discovery_hash().unwrap(),
+                None,
+                &Expect {
+                    kubelet_spki: &other_spki,
+                    ..expect(&f, false)
+                },
+            )
+            .unwrap_err();
+            assert!(e.contains(want), "{e}");
+        }
+    }
+
+    fn file(name: &str, data: &[u8]) -> (String, Zeroizing<Vec<u8>>) {
+        (name.to_owned(), Zeroizing::new(data.to_vec()))
+    }
+
+    fn ca_files(ca: &ClusterCa) -> Vec<(String, Zeroizing<Vec<u8>>)> {
+        vec![
+            file("ca.crt", ca.cert_pem().as_bytes()),
+            file("ca.key", ca.key_pem().unwrap().expose_secret().as_bytes()),
+        ]
+    }
+
+    fn check_files(f: &Fixture, files: &[(String, Zeroizing<Vec<u8>>)]) -> Result<(), String> {
+        check_control_plane_files(files, &f.ca.discovery_hash().unwrap(), &expect(f, true))
+    }
+
+    /// An RSA key pair as kubeadm writes sa.key and sa.pub.
+    fn rsa_pair() -> (Vec<u8>, Vec<u8>) {
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("sa.key");
+        let run = |args: &[&str]| {
+            assert!(
+                std::process::Command::new("openssl")
+                    .args(args)
+                    .status()
+                    .unwrap()
+                    .success()
+            );
+        };
+        let key_s = key.to_str().unwrap();
+        let public = dir.path().join("sa.pub");
+        run(&["genrsa", "-traditional", "-out", key_s, "2048"]);
+        run(&[
+            "rsa",
+            "-in",
+            key_s,
+            "-pubout",
+            "-out",
+            public.to_str().unwrap(),
+        ]);
+        (
+            std::fs::read(&key).unwrap(),
+            std::fs::read(&public).unwrap(),
+        )
+    }
+
+    #[test]
+    fn control_plane_files_that_are_what_their_names_say_pass() {
+        let f = fixture();
+        let front = ClusterCa::generate(SystemTime::now()).unwrap();
+        let (sa_key, sa_pub) = rsa_pair();
+        let mut files = ca_files(&f.ca);
+        files.push(file("front-proxy-ca.crt", front.cert_pem().as_bytes()));
+        files.push(file(
+            "front-proxy-ca.key",
+            front.key_pem().unwrap().expose_secret().as_bytes(),
+        ));
+        files.push(file("sa.key", &sa_key));
+        files.push(file("sa.pub", &sa_pub));
+        check_files(&f, &files).unwrap();
+        // A worker is sent none.
+        check_control_plane_files(&[], &f.ca.discovery_hash().unwrap(), &expect(&f, false))
+            .unwrap();
+    }
+
+    #[test]
+    fn control_plane_files_with_other_names_or_twice_are_refused() {
+        let f = fixture();
+        for name in ["kubelet.conf", "../ca.crt", "/etc/passwd", "etcd/peer.key"] {
+            let mut files = ca_files(&f.ca);
+            files.push(file(name, f.ca.cert_pem().as_bytes()));
+            let e = check_files(&f, &files).unwrap_err();
+            assert!(e.contains("is not a control-plane file"), "{e}");
+        }
+        let mut files = ca_files(&f.ca);
+        files.push(file("ca.crt", f.ca.cert_pem().as_bytes()));
+        assert!(check_files(&f, &files).unwrap_err().contains("twice"));
+    }
+
+    #[test]
+    fn a_control_plane_node_needs_the_cluster_ca_and_its_key() {
+        let f = fixture();
+        let files = ca_files(&f.ca);
+        for keep in ["ca.crt", "ca.key"] {
+            let only: Vec<_> = files.iter().filter(|(n, _)| n == keep).cloned().collect();
+            assert!(check_files(&f, &only).is_err(), "only {keep}");
+        }
+    }
+
+    #[test]
+    fn a_certificate_file_that_is_no_ca_certificate_is_refused() {
+        let f = fixture();
+        let leaf = f.ca.sign_kubelet(&f.csr, SystemTime::now()).unwrap();
+        for (data, want) in [
+            (&b"garbage"[..], "PEM"),
+            (leaf.as_bytes(), "not a CA certificate"),
+        ] {
+            let mut files = ca_files(&f.ca);
+            files.push(file("etcd/ca.crt", data));
+            let e = check_files(&f, &files).unwrap_err();
+            assert!(e.contains(want), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_ca_key_that_is_not_its_certificates_key_is_refused() {
+        let f = fixture();
+        let other = ClusterCa::generate(SystemTime::now()).unwrap();
+        let files = vec![
+            file("ca.crt", f.ca.cert_pem().as_bytes()),
+            file(
+                "ca.key",
+                other.key_pem().unwrap().expose_secret().as_bytes(),
+            ),
+        ];
+        let e = check_files(&f, &files).unwrap_err();
+        assert!(e.contains("are not a CA and its key"), "{e}");
+        let mut files = ca_files(&f.ca);
+        files.push(file(
+            "etcd/ca.key",
+            other.key_pem().unwrap().expose_secret().as_bytes(),
+        ));
+        assert!(check_files(&f, &files).unwrap_err().contains("without"));
+    }
+
+    #[test]
+    fn a_ca_certificate_other_than_the_named_one_is_refused() {
+        let f = fixture();
+        let other = ClusterCa::generate(SystemTime::now()).unwrap();
+        let e = check_files(&f, &ca_files(&other)).unwrap_err();
+        assert!(e.contains("is not the CA the ticket names"), "{e}");
+    }
+
+    #[test]
+    fn a_service_account_key_that_is_not_the_pair_of_its_public_key_is_refused() {
+        let f = fixture();
+        let (key_a, pub_a) = rsa_pair();
+        let (_, pub_b) = rsa_pair();
+        for (key, public, want) in [
+            (&key_a[..], &pub_b[..], "not the public key of sa.key"),
+            (b"garbage", &pub_a, "PEM"),
+            (&pub_a, &pub_a, "not an RSA private key"),
+            (&key_a, &key_a, "not a PUBLIC KEY"),
+        ] {
+            let mut files = ca_files(&f.ca);
+            files.push(file("sa.key", key));
+            files.push(file("sa.pub", public));
+            let e = check_files(&f, &files).unwrap_err();
+            assert!(e.contains(want), "{e}");
+        }
+        let mut files = ca_files(&f.ca);
+        files.push(file("sa.key", &key_a));
+        assert!(
+            check_files(&f, &files)
+                .unwrap_err()
+                .contains("without sa.pub")
+        );
+    }
+
+    fn components(paths: &[&str]) -> Components {
+        Components::new(
+            paths
+                .iter()
+                .map(|p| asterism_kubernetes::components::Component {
+                    url: "https://example.com/x".into(),
+                    hash: format!("sha256:{}", "ab".repeat(32)),
+                    install_path: (*p).into(),
+                    extract: false,
+                })
+                .collect(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn component_paths_stay_inside_the_components_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("bin");
+        std::fs::create_dir(&root).unwrap();
+        let inside = format!("{}/kubelet", root.display());
+        let nested = format!("{}/cni/plugins", root.display());
+        check_component_paths(&components(&[&inside, &nested]), &root).unwrap();
+        for bad in [
+            "/usr/bin/kubelet".to_string(),
+            root.display().to_string(),
+            format!("{}-other/kubelet", root.display()),
+        ] {
+            let e = check_component_paths(&components(&[&bad]), &root).unwrap_err();
+            assert!(e.contains("is not inside"), "{bad}: {e}");
+        }
+        // `..` is refused (by the component check before this one, and here).
+        let dotdot = Components::new(vec![asterism_kubernetes::components::Component {
+            url: "https://example.com/x".into(),
+            hash: format!("sha256:{}", "ab".repeat(32)),
+            install_path: format!("{}/../etc/kubelet", root.display()),
+            extract: false,
+        }]);
+        assert!(dotdot.is_err());
+    }
+
+    #[test]
+    fn component_paths_through_a_symlink_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("bin");
+        std::fs::create_dir(&root).unwrap();
+        let outside = dir.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("cni")).unwrap();
+        std::os::unix::fs::symlink(outside.join("k"), root.join("kubelet")).unwrap();
+        for bad in [
+            format!("{}/cni/bridge", root.display()),
+            format!("{}/kubelet", root.display()),
+        ] {
+            let e = check_component_paths(&components(&[&bad]), &root).unwrap_err();
+            assert!(e.contains("symlink"), "{bad}: {e}");
+        }
+    }
 }

@@ -26,8 +26,8 @@ pub use structures::{TpmsAttest, TpmtPublic, TpmtSignature};
 #[cfg(feature = "insecure-test-attestation")]
 pub use trust::InsecureAnyAk;
 pub use trust::{
-    AkFingerprint, AkTrust, AkTrustError, MAX_RSA_BITS, MIN_RSA_BITS, PinnedAks, PlatformCa,
-    REQUIRED_AK_ATTRIBUTES,
+    AK_ATTRIBUTES, AkFingerprint, AkTrust, AkTrustError, MAX_RSA_BITS, MIN_RSA_BITS, PinnedAks,
+    PlatformCa, REQUIRED_AK_ATTRIBUTES,
 };
 pub use validator::TpmQuoteValidator;
 pub use wire::ParseError;

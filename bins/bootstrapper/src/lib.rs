@@ -28,6 +28,7 @@ mod effects;
 pub mod files;
 mod init;
 mod join;
+pub mod limits;
 mod lock;
 mod logbuf;
 mod node;

@@ -59,6 +59,8 @@ pub struct Config {
     pub join_service: crate::trust::JoinServiceTrust,
     /// The one directory a join ticket's Kubernetes components may install into.
     pub components_dir: PathBuf,
+    /// What the InitServer lets unauthenticated callers do (connections and Init calls).
+    pub init_limits: crate::limits::InitLimits,
 }
 
 impl std::fmt::Debug for Config {
@@ -74,6 +76,7 @@ impl std::fmt::Debug for Config {
             .field("state_disk_size", &self.state_disk_size)
             .field("join_service", &self.join_service)
             .field("components_dir", &self.components_dir)
+            .field("init_limits", &self.init_limits)
             .finish()
     }
 }
@@ -93,6 +96,7 @@ impl Config {
             state_disk_size: DEFAULT_STATE_DISK_SIZE,
             join_service: crate::trust::JoinServiceTrust::init_only(),
             components_dir: PathBuf::from(DEFAULT_COMPONENTS_DIR),
+            init_limits: crate::limits::InitLimits::default(),
         }
     }
 }

@@ -119,6 +119,19 @@ impl TestNode {
         join_service: Option<JoinServiceTrust>,
         logs: LogBuffer,
     ) -> Arc<Node<StaticMetadata>> {
+        self.node_configured(metadata, driver, join_port, join_service, logs, |_| {})
+    }
+
+    /// Like [`TestNode::node_with_logs`], with `edit` applied to the configuration last.
+    pub fn node_configured(
+        &self,
+        metadata: StaticMetadata,
+        driver: Arc<dyn KubernetesDriver>,
+        join_port: u16,
+        join_service: Option<JoinServiceTrust>,
+        logs: LogBuffer,
+        edit: impl FnOnce(&mut Config),
+    ) -> Arc<Node<StaticMetadata>> {
         asterism_bootstrapper::prepare_state_image(&self.image(), 32 * 1024 * 1024).unwrap();
         asterism_bootstrapper::files::create_dirs(&self.node_dir.run()).unwrap();
         let disk = StateDisk::open(self.image(), self.disk_config()).unwrap();
@@ -130,6 +143,7 @@ impl TestNode {
         if let Some(trust) = join_service {
             config.join_service = trust;
         }
+        edit(&mut config);
         Arc::new(Node::new(
             config,
             Arc::new(TpmMarker::new(self.swtpm.config())),

@@ -309,10 +309,7 @@ impl<M: Metadata + 'static> Node<M> {
                 certificate_request: csr.csr_der,
                 is_control_plane: identity.role == Role::ControlPlane,
                 host_public_key: host_key.public_wire.clone(),
-                host_certificate_principals: vec![
-                    self.config.node_ip.to_string(),
-                    identity.name.clone(),
-                ],
+                host_certificate_principals: self.host_certificate_principals(identity),
             };
             info!(step = "join", attempt, endpoint = %addr, "asking the join service for a join ticket");
             let response = async {
@@ -324,7 +321,7 @@ impl<M: Metadata + 'static> Node<M> {
             };
             match response.await {
                 Ok(r) => match JoinTicket::try_from(r.into_inner()).and_then(|t| {
-                    self.check_ticket(&t, identity, &csr.spki_der)?;
+                    self.check_ticket(&t, identity, &csr.spki_der, &host_key.public_wire)?;
                     Ok(t)
                 }) {
                     Ok(mut ticket) => {
@@ -363,6 +360,7 @@ impl<M: Metadata + 'static> Node<M> {
         ticket: &JoinTicket,
         identity: &Identity,
         kubelet_spki: &[u8],
+        host_public_wire: &[u8],
     ) -> Result<(), String> {
         let cluster_id = derive_cluster_id(&ticket.measurement_secret, &ticket.measurement_salt)
             .map_err(|e| chain(&e))?;
@@ -389,7 +387,18 @@ impl<M: Metadata + 'static> Node<M> {
             ca_crt,
             &expect,
         )?;
+        ticket::check_ssh(
+            &ticket.ssh_ca_public_key,
+            &ticket.host_certificate,
+            host_public_wire,
+            &self.host_certificate_principals(identity),
+        )?;
         ticket::check_component_paths(&ticket.components, &self.config.components_dir)
+    }
+
+    /// The principals a node asks for in its SSH host certificate.
+    fn host_certificate_principals(&self, identity: &Identity) -> Vec<String> {
+        vec![self.config.node_ip.to_string(), identity.name.clone()]
     }
 
     /// REFERENCE §4.5 steps 4–11, after the lock.

@@ -13,6 +13,9 @@
 //!   must be there), `sa.key` is a private key whose public half is `sa.pub`; a
 //!   control-plane node needs `ca.crt` and `ca.key`, and `ca.crt` hashes to the discovery
 //!   hash.
+//! * The SSH CA key parses as an OpenSSH public key; the SSH host certificate parses, is
+//!   for this node's host key, is signed by that CA and valid now, and names only
+//!   principals the node asked for (at least one).
 //! * Component install paths lie strictly inside one directory (the components directory),
 //!   lexically (absolute, no `.` or `..`) and on disk (no existing part of the path below
 //!   that directory is a symlink).
@@ -260,6 +263,44 @@ fn check_service_account_pair(key: &[u8], public: &[u8]) -> Result<(), String> {
     let ours: &[u8] = ring::signature::KeyPair::public_key(&pair).as_ref();
     if spki.subject_public_key.data.as_ref() != ours {
         return Err("sa.pub is not the public key of sa.key".into());
+    }
+    Ok(())
+}
+
+/// Checks the SSH CA key and host certificate of a ticket: `host_public_wire` is the host
+/// key the node sent, `asked` the principals it asked for.
+pub(crate) fn check_ssh(
+    ca_line: &[u8],
+    host_certificate: &[u8],
+    host_public_wire: &[u8],
+    asked: &[String],
+) -> Result<(), String> {
+    let text = |bytes: &[u8], what: &str| {
+        std::str::from_utf8(bytes)
+            .map(|s| s.trim().to_owned())
+            .map_err(|_| format!("the {what} is not text"))
+    };
+    let ca = ssh_key::PublicKey::from_openssh(&text(ca_line, "SSH CA key")?)
+        .map_err(|e| format!("the SSH CA key does not parse: {e}"))?;
+    let cert = ssh_key::Certificate::from_openssh(&text(host_certificate, "SSH host certificate")?)
+        .map_err(|e| format!("the SSH host certificate does not parse: {e}"))?;
+    let host = ssh_key::PublicKey::from_bytes(host_public_wire)
+        .map_err(|e| format!("this node's SSH host key: {e}"))?;
+    if cert.public_key() != host.key_data() {
+        return Err("the SSH host certificate is not for this node's host key".into());
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    cert.validate_at(now, [&ca.fingerprint(ssh_key::HashAlg::Sha256)])
+        .map_err(|e| {
+            format!("the SSH host certificate is not signed by the SSH CA, or not valid now: {e}")
+        })?;
+    let principals = cert.valid_principals();
+    if principals.is_empty() || principals.iter().any(|p| !asked.contains(p)) {
+        return Err(format!(
+            "the SSH host certificate names {principals:?}, not a part of {asked:?}"
+        ));
     }
     Ok(())
 }
@@ -618,6 +659,93 @@ mod tests {
                 .unwrap_err()
                 .contains("without sa.pub")
         );
+    }
+
+    struct Ssh {
+        ca: asterism_pki::SshCa,
+        host: asterism_pki::HostKey,
+        wire: Vec<u8>,
+        asked: Vec<String>,
+    }
+
+    fn ssh() -> Ssh {
+        let ca = asterism_pki::SshCa::from_seed(&asterism_disk::DataKey::new(vec![7; 32]).unwrap())
+            .unwrap();
+        let host = asterism_pki::HostKey::generate().unwrap();
+        let wire = host.public_key_wire().unwrap();
+        Ssh {
+            ca,
+            host,
+            wire,
+            asked: vec![IP.to_owned(), NAME.to_owned()],
+        }
+    }
+
+    fn host_cert(
+        ca: &asterism_pki::SshCa,
+        host: &asterism_pki::HostKey,
+        principals: &[String],
+    ) -> Vec<u8> {
+        ca.sign_host_certificate(host.public_key(), principals, SystemTime::now())
+            .unwrap()
+            .to_authorized_keys_line()
+            .unwrap()
+            .into_bytes()
+    }
+
+    #[test]
+    fn an_ssh_host_certificate_for_this_host_from_the_ssh_ca_passes() {
+        let s = ssh();
+        let cert = host_cert(&s.ca, &s.host, &s.asked);
+        check_ssh(
+            s.ca.authorized_keys_line().as_bytes(),
+            &cert,
+            &s.wire,
+            &s.asked,
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn ssh_files_that_do_not_parse_are_refused() {
+        let s = ssh();
+        let cert = host_cert(&s.ca, &s.host, &s.asked);
+        let e = check_ssh(b"not a key", &cert, &s.wire, &s.asked).unwrap_err();
+        assert!(e.contains("SSH CA key does not parse"), "{e}");
+        let ca = s.ca.authorized_keys_line();
+        let e = check_ssh(ca.as_bytes(), b"not a certificate", &s.wire, &s.asked).unwrap_err();
+        assert!(e.contains("host certificate does not parse"), "{e}");
+    }
+
+    #[test]
+    fn an_ssh_host_certificate_for_another_key_is_refused() {
+        let s = ssh();
+        let other = asterism_pki::HostKey::generate().unwrap();
+        let cert = host_cert(&s.ca, &other, &s.asked);
+        let ca = s.ca.authorized_keys_line();
+        let e = check_ssh(ca.as_bytes(), &cert, &s.wire, &s.asked).unwrap_err();
+        assert!(e.contains("not for this node's host key"), "{e}");
+    }
+
+    #[test]
+    fn an_ssh_host_certificate_from_another_ca_is_refused() {
+        let s = ssh();
+        let other =
+            asterism_pki::SshCa::from_seed(&asterism_disk::DataKey::new(vec![8; 32]).unwrap())
+                .unwrap();
+        let cert = host_cert(&other, &s.host, &s.asked);
+        let ca = s.ca.authorized_keys_line();
+        let e = check_ssh(ca.as_bytes(), &cert, &s.wire, &s.asked).unwrap_err();
+        assert!(e.contains("not signed by the SSH CA"), "{e}");
+    }
+
+    #[test]
+    fn an_ssh_host_certificate_for_principals_not_asked_for_is_refused() {
+        let s = ssh();
+        let cert = host_cert(&s.ca, &s.host, &["*".to_owned()]);
+        let ca = s.ca.authorized_keys_line();
+        let e = check_ssh(ca.as_bytes(), &cert, &s.wire, &s.asked).unwrap_err();
+        assert!(e.contains("not a part of"), "{e}");
     }
 
     fn components(paths: &[&str]) -> Components {

@@ -534,4 +534,46 @@ mod tests {
         assert!(parse_duration("1h").is_err());
         assert!(parse_duration("fast").is_err());
     }
+
+    #[test]
+    fn a_cluster_id_is_64_hex_digits() {
+        let hex = "ab".repeat(32);
+        assert_eq!(
+            parse_cluster_id(&hex).map(|id| id.to_hex()),
+            Ok(hex.clone())
+        );
+        assert!(parse_cluster_id(&hex[..62]).is_err());
+        assert!(parse_cluster_id(&"zz".repeat(32)).is_err());
+        assert!(parse_cluster_id("").is_err());
+    }
+
+    #[test]
+    fn the_insecure_join_flag_excludes_the_verification_flags() {
+        let base = [
+            "asterism-bootstrapper",
+            "--node-dir",
+            "/n",
+            "--node-ip",
+            "127.0.0.1",
+        ];
+        let hex = "ab".repeat(32);
+        let with = |extra: &[&str]| {
+            Args::try_parse_from(base.iter().copied().chain(extra.iter().copied()))
+        };
+        assert!(with(&["--insecure-skip-join-service-verification"]).is_ok());
+        assert!(
+            with(&[
+                "--insecure-skip-join-service-verification",
+                "--cluster-id",
+                &hex,
+                "--platform-ca",
+                "/ca.pem",
+                "--verify-join-service-measurements",
+                "/m.json",
+            ])
+            .is_err()
+        );
+        // A cluster ID without the means to verify the join service is refused.
+        assert!(with(&["--cluster-id", &hex]).is_err());
+    }
 }

@@ -47,6 +47,8 @@ pub(crate) struct InitService<M> {
     node: Arc<Node<M>>,
     init_secret_hash: String,
     events: mpsc::UnboundedSender<Event>,
+    /// Bounds the bcrypt checks unauthenticated callers can cause (module `limits`).
+    attempts: Arc<crate::limits::PeerLimiter>,
 }
 
 impl<M: Metadata + 'static> InitService<M> {
@@ -55,10 +57,12 @@ impl<M: Metadata + 'static> InitService<M> {
         init_secret_hash: String,
         events: mpsc::UnboundedSender<Event>,
     ) -> Self {
+        let attempts = crate::limits::PeerLimiter::for_calls(node.config.init_limits);
         Self {
             node,
             init_secret_hash,
             events,
+            attempts,
         }
     }
 }
@@ -167,9 +171,17 @@ impl<M: Metadata + 'static> Api for InitService<M> {
         &self,
         request: Request<InitRequest>,
     ) -> Result<Response<Self::InitStream>, Status> {
-        let peer = request.remote_addr();
+        let peer = request
+            .extensions()
+            .get::<asterism_atls::AtlsConnectInfo>()
+            .and_then(|i| i.remote_addr);
         let mut req = request.into_inner();
         info!(step = "init", peer = ?peer, "received an Init request");
+        let ip = peer.map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |a| a.ip());
+        let attempt = self.attempts.try_acquire(ip).map_err(|refused| {
+            warn!(step = "init", peer = ?peer, reason = %refused, "refused an Init call before the secret check");
+            Status::resource_exhausted(refused.to_string())
+        })?;
 
         // 1. The init secret, against the bcrypt hash from the metadata. Constant time is
         //    inside bcrypt's verify. A wrong secret gets a generic failure and no logs.
@@ -182,6 +194,7 @@ impl<M: Metadata + 'static> Api for InitService<M> {
                 .await
                 .unwrap_or(false)
         };
+        drop(attempt);
         if !verified {
             warn!(step = "init", peer = ?peer, "refused an Init: wrong init secret (no logs sent)");
             return Ok(Response::new(stream_of(vec![failure(WRONG_SECRET.into())])));

@@ -20,10 +20,10 @@ use zeroize::Zeroizing;
 
 use crate::dial::Dialer;
 use crate::effects::{ClusterJoin, Components};
-use crate::files;
 use crate::lock::Holder;
 use crate::node::{Identity, Node, StepError, blocking, chain, safe_relative_name};
 use crate::node_state::{NodeState, Role};
+use crate::{files, ticket};
 
 /// The API server port (REFERENCE §1.1).
 const KUBERNETES_PORT: u16 = 6443;
@@ -126,7 +126,7 @@ impl<M: Metadata + 'static> Node<M> {
     fn dialer(&self) -> Result<Dialer, StepError> {
         Dialer::new(
             self.issuer.clone(),
-            self.config.verify_join_service.clone(),
+            self.config.join_service.validator(),
             self.config.node_ip,
             self.config.rpc_timeout,
         )
@@ -214,6 +214,12 @@ impl<M: Metadata + 'static> Node<M> {
         mut stop: watch::Receiver<bool>,
         stop_init: watch::Sender<bool>,
     ) -> Result<JoinEnd, StepError> {
+        if !self.config.join_service.may_join() {
+            info!(
+                "no cluster to join is configured (--cluster-id): this node waits to be initialised"
+            );
+            return Ok(JoinEnd::Stopped);
+        }
         let Some(identity) = self.learn_identity(&mut stop).await else {
             return Ok(JoinEnd::Stopped);
         };
@@ -289,6 +295,7 @@ impl<M: Metadata + 'static> Node<M> {
             return None;
         }
         for addr in endpoints {
+            self.config.join_service.warn_if_insecure("join");
             // A new kubelet key and CSR per attempt (REFERENCE §4.4).
             let csr = match crate::pki::kubelet_csr(&identity.name, self.config.node_ip) {
                 Ok(csr) => csr,
@@ -302,10 +309,7 @@ impl<M: Metadata + 'static> Node<M> {
                 certificate_request: csr.csr_der,
                 is_control_plane: identity.role == Role::ControlPlane,
                 host_public_key: host_key.public_wire.clone(),
-                host_certificate_principals: vec![
-                    self.config.node_ip.to_string(),
-                    identity.name.clone(),
-                ],
+                host_certificate_principals: self.host_certificate_principals(identity),
             };
             info!(step = "join", attempt, endpoint = %addr, "asking the join service for a join ticket");
             let response = async {
@@ -316,7 +320,10 @@ impl<M: Metadata + 'static> Node<M> {
                     .map_err(|s| StepError::Ticket(format!("{}: {}", s.code(), s.message())))
             };
             match response.await {
-                Ok(r) => match JoinTicket::try_from(r.into_inner()) {
+                Ok(r) => match JoinTicket::try_from(r.into_inner()).and_then(|t| {
+                    self.check_ticket(&t, identity, &csr.spki_der, &host_key.public_wire)?;
+                    Ok(t)
+                }) {
                     Ok(mut ticket) => {
                         // The API server is reached through the control-plane
                         // endpoint, not the join service's own address (REFERENCE §2.3).
@@ -344,6 +351,54 @@ impl<M: Metadata + 'static> Node<M> {
             }
         }
         None
+    }
+
+    /// Everything in a ticket is checked before any of it is used (module `ticket`), and
+    /// the ticket must be for the cluster this node expects.
+    fn check_ticket(
+        &self,
+        ticket: &JoinTicket,
+        identity: &Identity,
+        kubelet_spki: &[u8],
+        host_public_wire: &[u8],
+    ) -> Result<(), String> {
+        let cluster_id = derive_cluster_id(&ticket.measurement_secret, &ticket.measurement_salt)
+            .map_err(|e| chain(&e))?;
+        self.config.join_service.accepts_cluster(&cluster_id)?;
+        let expect = ticket::Expect {
+            node_name: &identity.name,
+            node_ip: self.config.node_ip,
+            kubelet_spki,
+            control_plane: identity.role == Role::ControlPlane,
+        };
+        let ca_crt = ticket
+            .control_plane_files
+            .iter()
+            .find(|(n, _)| n == "ca.crt")
+            .map(|(_, d)| d.as_slice());
+        ticket::check_control_plane_files(
+            &ticket.control_plane_files,
+            &ticket.discovery_token_ca_cert_hash,
+            &expect,
+        )?;
+        ticket::check_kubelet_cert(
+            &ticket.kubelet_cert,
+            &ticket.discovery_token_ca_cert_hash,
+            ca_crt,
+            &expect,
+        )?;
+        ticket::check_ssh(
+            &ticket.ssh_ca_public_key,
+            &ticket.host_certificate,
+            host_public_wire,
+            &self.host_certificate_principals(identity),
+        )?;
+        ticket::check_component_paths(&ticket.components, &self.config.components_dir)
+    }
+
+    /// The principals a node asks for in its SSH host certificate.
+    fn host_certificate_principals(&self, identity: &Identity) -> Vec<String> {
+        vec![self.config.node_ip.to_string(), identity.name.clone()]
     }
 
     /// REFERENCE §4.5 steps 4–11, after the lock.
@@ -442,6 +497,11 @@ impl<M: Metadata + 'static> Node<M> {
         &self,
         mut stop: watch::Receiver<bool>,
     ) -> Result<Option<ClusterId>, RejoinError> {
+        if !self.config.join_service.may_join() {
+            return Err(RejoinError::Before(StepError::Ticket(
+                "this node was bootstrapped before, but no cluster to rejoin is configured (--cluster-id)".into(),
+            )));
+        }
         let disk = self.disk.clone();
         let uuid = blocking(move || disk.uuid())
             .await
@@ -483,6 +543,10 @@ impl<M: Metadata + 'static> Node<M> {
         let state = NodeState::read(&state_path).map_err(|e| RejoinError::Incomplete(e.into()))?;
         let cluster_id = derive_cluster_id(&measurement_secret, &state.measurement_salt)
             .map_err(|e| RejoinError::Before(e.into()))?;
+        self.config
+            .join_service
+            .accepts_cluster(&cluster_id)
+            .map_err(|e| RejoinError::Before(StepError::Ticket(e)))?;
         let marker = self.marker.clone();
         blocking(move || marker.mark(&cluster_id))
             .await
@@ -503,6 +567,7 @@ impl<M: Metadata + 'static> Node<M> {
             return None;
         }
         for addr in endpoints {
+            self.config.join_service.warn_if_insecure("rejoin");
             info!(step = "rejoin", attempt, endpoint = %addr, "asking for a rejoin ticket");
             let response = async {
                 let channel = dialer.channel(addr, self.config.rpc_timeout).await?;

@@ -28,12 +28,15 @@ mod effects;
 pub mod files;
 mod init;
 mod join;
+pub mod limits;
 mod lock;
 mod logbuf;
 mod node;
 pub mod node_state;
 mod pki;
 mod run;
+mod ticket;
+mod trust;
 
 pub use boot::prepare_state_image;
 pub use dial::{DialError, Dialer};
@@ -49,10 +52,11 @@ pub use init::DEFAULT_CLUSTER_NAME;
 pub use lock::{Holder, LockError, NodeLock};
 pub use logbuf::{DEFAULT_LOG_BUFFER_BYTES, LogBuffer, LogBufferLayer};
 pub use node::{
-    Config, DEFAULT_ACTIVATION_TIMEOUT, DEFAULT_INIT_PORT, DEFAULT_JOIN_PORT,
-    DEFAULT_RETRY_INTERVAL, DEFAULT_RPC_TIMEOUT, DEFAULT_STATE_DISK_SIZE, Identity, LOG_CHUNK_SIZE,
-    Node, StepError, error_chain,
+    Config, DEFAULT_ACTIVATION_TIMEOUT, DEFAULT_COMPONENTS_DIR, DEFAULT_INIT_PORT,
+    DEFAULT_JOIN_PORT, DEFAULT_RETRY_INTERVAL, DEFAULT_RPC_TIMEOUT, DEFAULT_STATE_DISK_SIZE,
+    Identity, LOG_CHUNK_SIZE, Node, StepError, error_chain,
 };
 pub use node_state::{NodeDir, NodeState, Role};
 pub use pki::PkiError;
 pub use run::{EXIT_FAILED, EXIT_RESET, EXIT_STOPPED, Failure, Outcome, run};
+pub use trust::JoinServiceTrust;

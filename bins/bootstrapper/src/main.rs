@@ -98,8 +98,15 @@ struct Args {
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
     rpc_timeout: Duration,
 
-    /// Mutual aTLS: verify the join service's evidence against these measurements (JSON,
-    /// docs/attestation.md; re-read when it changes). Needs --platform-ca.
+    /// The cluster this node joins (64 hex digits, as `asterism init` prints it): a join
+    /// service must attest with this cluster's marker in PCR 15, and a ticket must be for
+    /// this cluster. Without it (and without --insecure-skip-join-service-verification)
+    /// the node does not join or rejoin; it waits to be initialised.
+    #[arg(long, value_name = "HEX", value_parser = parse_cluster_id, requires = "platform_ca")]
+    cluster_id: Option<asterism_kms::ClusterId>,
+
+    /// The join service's expected measurements (JSON, docs/attestation.md; re-read when it
+    /// changes); PCR 15 is always the marker of --cluster-id. Needs --platform-ca.
     #[arg(long, value_name = "PATH", requires = "platform_ca")]
     verify_join_service_measurements: Option<PathBuf>,
 
@@ -110,6 +117,15 @@ struct Args {
         requires = "verify_join_service_measurements"
     )]
     platform_ca: Option<PathBuf>,
+
+    /// INSECURE, development only: trust whichever join service answers; it chooses this
+    /// node's disk key and cluster. Warned on every join and rejoin attempt.
+    #[arg(long, conflicts_with_all = ["cluster_id", "verify_join_service_measurements", "platform_ca"])]
+    insecure_skip_join_service_verification: bool,
+
+    /// The one directory a join ticket's Kubernetes components may install into.
+    #[arg(long, value_name = "DIR", default_value = asterism_bootstrapper::DEFAULT_COMPONENTS_DIR)]
+    components_dir: PathBuf,
 
     /// The size of a new state disk image, in MiB.
     #[arg(long, value_name = "MIB", default_value_t = 64)]
@@ -336,17 +352,33 @@ fn disk_config(args: &Args, dir: &NodeDir) -> DiskConfig {
     }
 }
 
-fn join_service_validator(
-    args: &Args,
-) -> anyhow::Result<Option<Arc<dyn asterism_atls::Validator>>> {
-    use asterism_attestation::{AkTrust, PlatformCa, ReloadingMeasurements, TpmQuoteValidator};
+/// 64 hex digits.
+fn parse_cluster_id(s: &str) -> Result<asterism_kms::ClusterId, String> {
+    let bytes = hex::decode(s.trim()).map_err(|e| format!("not hex: {e}"))?;
+    let id: [u8; 32] = bytes
+        .try_into()
+        .map_err(|_| "a cluster ID is 32 bytes (64 hex digits)".to_string())?;
+    Ok(id.into())
+}
+
+fn join_service_trust(args: &Args) -> anyhow::Result<asterism_bootstrapper::JoinServiceTrust> {
+    use asterism_attestation::{AkTrust, PlatformCa, ReloadingMeasurements};
+    use asterism_bootstrapper::JoinServiceTrust;
+    if args.insecure_skip_join_service_verification {
+        return Ok(JoinServiceTrust::insecure_skip_verification());
+    }
+    let Some(cluster_id) = args.cluster_id else {
+        tracing::info!(
+            "no --cluster-id: this node does not join or rejoin a cluster; it waits to be initialised"
+        );
+        return Ok(JoinServiceTrust::init_only());
+    };
     let (Some(measurements), Some(ca)) =
         (&args.verify_join_service_measurements, &args.platform_ca)
     else {
-        tracing::warn!(
-            "the join service's evidence is not verified (no --verify-join-service-measurements): the node trusts whichever join service answers"
+        anyhow::bail!(
+            "--cluster-id needs --verify-join-service-measurements and --platform-ca to verify the join service"
         );
-        return Ok(None);
     };
     let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
     let trust = AkTrust::platform_ca(
@@ -355,11 +387,9 @@ fn join_service_validator(
     );
     let measurements = ReloadingMeasurements::open(measurements)
         .with_context(|| format!("loading measurements from {}", measurements.display()))?;
-    tracing::info!("the join service must attest (mutual aTLS)");
-    Ok(Some(Arc::new(TpmQuoteValidator::new(
-        trust,
-        Arc::new(measurements),
-    ))))
+    tracing::info!(cluster_id = %cluster_id, "the join service must attest as a member of this cluster (mutual aTLS, PCR 15)");
+    JoinServiceTrust::cluster(trust, Arc::new(measurements), cluster_id)
+        .context("the join service's measurements")
 }
 
 async fn run(args: Args, logs: LogBuffer) -> anyhow::Result<u8> {
@@ -423,7 +453,8 @@ async fn run(args: Args, logs: LogBuffer) -> anyhow::Result<u8> {
     config.retry_interval = args.join_retry_interval;
     config.rpc_timeout = args.rpc_timeout;
     config.state_disk_size = args.state_disk_size_mib * 1024 * 1024;
-    config.verify_join_service = join_service_validator(&args)?;
+    config.join_service = join_service_trust(&args)?;
+    config.components_dir = args.components_dir.clone();
 
     let node = Arc::new(Node::new(
         config,
@@ -505,5 +536,47 @@ mod tests {
         assert!(parse_duration("0s").is_err());
         assert!(parse_duration("1h").is_err());
         assert!(parse_duration("fast").is_err());
+    }
+
+    #[test]
+    fn a_cluster_id_is_64_hex_digits() {
+        let hex = "ab".repeat(32);
+        assert_eq!(
+            parse_cluster_id(&hex).map(|id| id.to_hex()),
+            Ok(hex.clone())
+        );
+        assert!(parse_cluster_id(&hex[..62]).is_err());
+        assert!(parse_cluster_id(&"zz".repeat(32)).is_err());
+        assert!(parse_cluster_id("").is_err());
+    }
+
+    #[test]
+    fn the_insecure_join_flag_excludes_the_verification_flags() {
+        let base = [
+            "asterism-bootstrapper",
+            "--node-dir",
+            "/n",
+            "--node-ip",
+            "127.0.0.1",
+        ];
+        let hex = "ab".repeat(32);
+        let with = |extra: &[&str]| {
+            Args::try_parse_from(base.iter().copied().chain(extra.iter().copied()))
+        };
+        assert!(with(&["--insecure-skip-join-service-verification"]).is_ok());
+        assert!(
+            with(&[
+                "--insecure-skip-join-service-verification",
+                "--cluster-id",
+                &hex,
+                "--platform-ca",
+                "/ca.pem",
+                "--verify-join-service-measurements",
+                "/m.json",
+            ])
+            .is_err()
+        );
+        // A cluster ID without the means to verify the join service is refused.
+        assert!(with(&["--cluster-id", &hex]).is_err());
     }
 }

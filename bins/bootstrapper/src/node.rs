@@ -2,11 +2,10 @@
 //! lock (the point of no return).
 
 use std::net::IpAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use asterism_atls::Validator;
 use asterism_attestation::Issuer;
 use asterism_disk::{DataKey, DiskError};
 use asterism_kms::{DeriveError, KeyIdError};
@@ -32,6 +31,8 @@ pub const DEFAULT_RPC_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_ACTIVATION_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 /// The size of a new state disk image (sparse).
 pub const DEFAULT_STATE_DISK_SIZE: u64 = 64 * 1024 * 1024;
+/// The directory a join ticket's Kubernetes components install into.
+pub const DEFAULT_COMPONENTS_DIR: &str = "/run/state/bin";
 /// The size of one `log` chunk of a failed Init (REFERENCE §3.7).
 pub const LOG_CHUNK_SIZE: usize = 1024;
 
@@ -54,8 +55,12 @@ pub struct Config {
     pub activation_timeout: Duration,
     /// The size of a new state disk image.
     pub state_disk_size: u64,
-    /// Mutual mode: the join service's evidence must satisfy this validator.
-    pub verify_join_service: Option<Arc<dyn Validator>>,
+    /// Which join services the node trusts (and whether it joins at all).
+    pub join_service: crate::trust::JoinServiceTrust,
+    /// The one directory a join ticket's Kubernetes components may install into.
+    pub components_dir: PathBuf,
+    /// What the InitServer lets unauthenticated callers do (connections and Init calls).
+    pub init_limits: crate::limits::InitLimits,
     /// This node's attestation key identity as verifiers report it (SHA-256 of the AK's
     /// public area, hex): recorded at init with the disk UUID, so that the join service
     /// binds the first node's disk to it.
@@ -73,7 +78,9 @@ impl std::fmt::Debug for Config {
             .field("rpc_timeout", &self.rpc_timeout)
             .field("activation_timeout", &self.activation_timeout)
             .field("state_disk_size", &self.state_disk_size)
-            .field("mutual", &self.verify_join_service.is_some())
+            .field("join_service", &self.join_service)
+            .field("components_dir", &self.components_dir)
+            .field("init_limits", &self.init_limits)
             .field("ak_identity", &self.ak_identity)
             .finish()
     }
@@ -92,7 +99,9 @@ impl Config {
             rpc_timeout: DEFAULT_RPC_TIMEOUT,
             activation_timeout: DEFAULT_ACTIVATION_TIMEOUT,
             state_disk_size: DEFAULT_STATE_DISK_SIZE,
-            verify_join_service: None,
+            join_service: crate::trust::JoinServiceTrust::init_only(),
+            components_dir: PathBuf::from(DEFAULT_COMPONENTS_DIR),
+            init_limits: crate::limits::InitLimits::default(),
             ak_identity: None,
         }
     }

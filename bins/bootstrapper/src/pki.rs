@@ -40,12 +40,26 @@ pub struct KubeletCsr {
     pub csr_der: Vec<u8>,
     /// The private key, PEM (`EC PRIVATE KEY`).
     pub key_pem: Zeroizing<Vec<u8>>,
+    /// The public key as a DER SubjectPublicKeyInfo: what the kubelet certificate must
+    /// certify.
+    pub spki_der: Vec<u8>,
 }
 
 /// A new ECDSA P-256 kubelet key and its CSR with the node's IP (REFERENCE §4.4).
 pub fn kubelet_csr(node_name: &str, ip: IpAddr) -> Result<KubeletCsr, PkiError> {
+    use x509_parser::prelude::FromDer as _;
     let made = asterism_pki::kubelet_key_and_csr(node_name, &[ip])?;
+    let spki_der =
+        x509_parser::certification_request::X509CertificationRequest::from_der(&made.csr_der)
+            .map(|(_, csr)| csr.certification_request_info.subject_pki.raw.to_vec())
+            .map_err(|e| {
+                PkiError::X509(X509Error::Pem {
+                    what: "kubelet CSR",
+                    reason: e.to_string(),
+                })
+            })?;
     Ok(KubeletCsr {
+        spki_der,
         csr_der: made.csr_der,
         key_pem: Zeroizing::new(made.key_pem.expose_secret().as_bytes().to_vec()),
     })

@@ -203,7 +203,11 @@ async fn bootstrap<M: Metadata + 'static>(
             _ = outer_stop.wait_for(|s| *s) => {},
         }
     };
-    let incoming = server.incoming(listener);
+    let incoming = limited_incoming(
+        server,
+        listener,
+        crate::limits::PeerLimiter::for_handshakes(node.config.init_limits),
+    );
     let server_events = events_tx.clone();
     let mut server_task = tokio::spawn(async move {
         let served = tonic::transport::Server::builder()
@@ -294,6 +298,58 @@ async fn bootstrap<M: Metadata + 'static>(
         let _ = tokio::time::timeout(SERVER_DRAIN, join_task).await;
     }
     outcome
+}
+
+/// Like `AtlsServer::incoming`, with every connection admitted by `limiter` before its
+/// handshake (which costs a TPM quote): a refused connection is closed at once.
+fn limited_incoming(
+    server: AtlsServer,
+    listener: tokio::net::TcpListener,
+    limiter: std::sync::Arc<crate::limits::PeerLimiter>,
+) -> impl futures::Stream<
+    Item = Result<asterism_atls::AtlsStream<tokio::net::TcpStream>, std::io::Error>,
+> + use<> {
+    let (tx, rx) = mpsc::channel(16);
+    tokio::spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                () = tx.closed() => return,
+                accepted = listener.accept() => accepted,
+            };
+            let (tcp, addr) = match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of file descriptors and similar: back off instead of spinning.
+                    warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let permit = match limiter.try_acquire(addr.ip()) {
+                Ok(permit) => permit,
+                Err(refused) => {
+                    // At debug: a flood must not flood the log too.
+                    tracing::debug!(peer = %addr, reason = %refused, "InitServer connection refused before the handshake");
+                    continue;
+                }
+            };
+            let _ = tcp.set_nodelay(true);
+            let server = server.clone();
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                // Held through the handshake only: the quote is what the limit bounds.
+                let accepted = server.accept(tcp, Some(addr)).await;
+                drop(permit);
+                match accepted {
+                    Ok(stream) => {
+                        let _ = tx.send(Ok(stream)).await;
+                    }
+                    Err(e) => warn!(peer = %addr, error = %e, "aTLS connection refused"),
+                }
+            });
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
 }
 
 /// Waits for the InitServer to deliver its last responses and stop.

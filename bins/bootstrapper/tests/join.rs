@@ -39,9 +39,19 @@ struct Seen {
     rejoin_uuids: Vec<String>,
 }
 
+/// Changes a ticket before the stub sends it (a join service that lies).
+type Tamper = Arc<dyn Fn(&mut IssueJoinTicketResponse) + Send + Sync>;
+
 struct StubJoinService {
     ca: ClusterCa,
     seen: Arc<Mutex<Seen>>,
+    tamper: Option<Tamper>,
+}
+
+/// The cluster the stub's keys derive.
+fn cluster_id() -> asterism_kms::ClusterId {
+    let secret = kms().data_key(&KeyId::MeasurementSecret, 32).unwrap();
+    derive_cluster_id(&secret, &MEASUREMENT_SALT).unwrap()
 }
 
 fn key(id: &KeyId) -> Vec<u8> {
@@ -68,18 +78,22 @@ impl Api for StubJoinService {
             .unwrap()
             .to_authorized_keys_line()
             .unwrap();
-        Ok(Response::new(IssueJoinTicketResponse {
+        let mut ticket = IssueJoinTicketResponse {
             state_disk_key: key(&KeyId::disk(&req.disk_uuid).unwrap()),
             measurement_salt: MEASUREMENT_SALT.to_vec(),
             measurement_secret: key(&KeyId::MeasurementSecret),
-            kubelet_cert: kubelet_cert.into_bytes(),
+            kubelet_cert: format!("{kubelet_cert}{}", self.ca.cert_pem()).into_bytes(),
             api_server_endpoint: "127.0.12.1:6443".into(),
             token: "abcdef.0123456789abcdef".into(),
             discovery_token_ca_cert_hash: self.ca.discovery_hash().unwrap(),
             authorized_ca_public_key: ssh_ca.authorized_keys_line().into_bytes(),
             host_certificate: host_cert.into_bytes(),
             ..IssueJoinTicketResponse::default()
-        }))
+        };
+        if let Some(tamper) = &self.tamper {
+            tamper(&mut ticket);
+        }
+        Ok(Response::new(ticket))
     }
 
     async fn issue_rejoin_ticket(
@@ -107,6 +121,17 @@ async fn start_stub(
     node: &TestNode,
     seen: Arc<Mutex<Seen>>,
 ) -> (u16, tokio::sync::oneshot::Sender<()>) {
+    start_tampering_stub(ip, cp, node, seen, None).await
+}
+
+/// Like [`start_stub`], with every ticket changed by `tamper`.
+async fn start_tampering_stub(
+    ip: IpAddr,
+    cp: &TestNode,
+    node: &TestNode,
+    seen: Arc<Mutex<Seen>>,
+    tamper: Option<Tamper>,
+) -> (u16, tokio::sync::oneshot::Sender<()>) {
     let listener = tokio::net::TcpListener::bind(SocketAddr::new(ip, 0))
         .await
         .unwrap();
@@ -118,6 +143,7 @@ async fn start_stub(
     let service = StubJoinService {
         ca: ClusterCa::generate(SystemTime::now()).unwrap(),
         seen,
+        tamper,
     };
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(
@@ -135,6 +161,8 @@ async fn a_worker_joins_through_a_mutually_attested_join_service_and_rejoins_aft
     let cp = TestNode::new("127.0.12.1");
     let mut t = TestNode::new("127.0.12.2");
     let seen = Arc::new(Mutex::new(Seen::default()));
+    // The join service runs on an initialised control-plane node: PCR 15 is marked.
+    cp.mark(&cluster_id());
     let (port, _stop) = start_stub(cp.ip, &cp, &t, seen.clone()).await;
     let metadata = StaticMetadata::new(vec![
         instance("cp-0", MetaRole::ControlPlane, cp.ip),
@@ -148,7 +176,7 @@ async fn a_worker_joins_through_a_mutually_attested_join_service_and_rejoins_aft
         metadata.clone(),
         TestNode::none_driver(),
         port,
-        Some(cp.validator()),
+        Some(cp.join_service_trust(cluster_id())),
     );
     let started = Instant::now();
     let outcome = tokio::time::timeout(
@@ -203,7 +231,7 @@ async fn a_worker_joins_through_a_mutually_attested_join_service_and_rejoins_aft
         metadata,
         TestNode::none_driver(),
         port,
-        Some(cp.validator()),
+        Some(cp.join_service_trust(cluster_id)),
     );
     let started = Instant::now();
     let outcome = tokio::time::timeout(
@@ -230,6 +258,7 @@ async fn a_join_service_whose_evidence_does_not_verify_gets_nothing() {
     let cp = TestNode::new("127.0.12.3");
     let t = TestNode::new("127.0.12.4");
     let seen = Arc::new(Mutex::new(Seen::default()));
+    cp.mark(&cluster_id());
     let (port, _stop) = start_stub(cp.ip, &cp, &t, seen.clone()).await;
     let metadata = StaticMetadata::new(vec![
         instance("cp-0", MetaRole::ControlPlane, cp.ip),
@@ -238,7 +267,12 @@ async fn a_join_service_whose_evidence_does_not_verify_gets_nothing() {
     .with_self("worker-0")
     .with_init_secret_hash(init_secret_hash());
     // The node expects another platform: it pins its own AK for the join service.
-    let node = t.node(metadata, TestNode::none_driver(), port, Some(t.validator()));
+    let node = t.node(
+        metadata,
+        TestNode::none_driver(),
+        port,
+        Some(t.join_service_trust(cluster_id())),
+    );
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let run = tokio::spawn(asterism_bootstrapper::run(node, async {
         let _ = stop_rx.await;
@@ -253,4 +287,84 @@ async fn a_join_service_whose_evidence_does_not_verify_gets_nothing() {
     );
     assert_eq!(t.pcr15(), [0; 32]);
     assert!(token0(&t.image()).contains("\"diskIsInitialized\":false"));
+}
+
+/// Runs a fresh worker against a join service on `cp` for a few seconds, then stops it:
+/// the worker must have refused, so nothing happened to it.
+async fn refused(cp: &TestNode, t: &TestNode, port: u16, expected: asterism_kms::ClusterId) {
+    let metadata = StaticMetadata::new(vec![
+        instance("cp-0", MetaRole::ControlPlane, cp.ip),
+        instance("worker-0", MetaRole::Worker, t.ip),
+    ])
+    .with_self("worker-0")
+    .with_init_secret_hash(init_secret_hash());
+    let node = t.node(
+        metadata,
+        TestNode::none_driver(),
+        port,
+        Some(cp.join_service_trust(expected)),
+    );
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(asterism_bootstrapper::run(node, async {
+        let _ = stop_rx.await;
+    }));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let _ = stop_tx.send(());
+    let outcome = run.await.unwrap().unwrap();
+    assert_eq!(outcome, Outcome::Stopped);
+    assert_eq!(t.pcr15(), [0; 32], "the worker was not marked");
+    assert!(token0(&t.image()).contains("\"diskIsInitialized\":false"));
+    assert!(!t.node_dir.kubelet_cert().exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_join_service_marked_with_another_cluster_gets_no_request() {
+    let cp = TestNode::new("127.0.12.5");
+    let t = TestNode::new("127.0.12.6");
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    // Same TPM, same PCRs 0–14, same AK: only the cluster marker differs.
+    cp.mark(&asterism_kms::ClusterId::from([0xee; 32]));
+    let (port, _stop) = start_stub(cp.ip, &cp, &t, seen.clone()).await;
+    refused(&cp, &t, port, cluster_id()).await;
+    assert!(
+        seen.lock().unwrap().join_peers.is_empty(),
+        "no request reached the handler"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_ticket_for_another_cluster_or_with_a_bad_kubelet_certificate_is_refused() {
+    let cp = TestNode::new("127.0.12.7");
+    cp.mark(&cluster_id());
+    let tampers: Vec<(&str, Tamper)> = vec![
+        (
+            "another cluster",
+            Arc::new(|t: &mut IssueJoinTicketResponse| t.measurement_secret = vec![0x77; 32]),
+        ),
+        (
+            "a kubelet certificate that is no certificate",
+            Arc::new(|t: &mut IssueJoinTicketResponse| {
+                t.kubelet_cert =
+                    b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n".to_vec()
+            }),
+        ),
+        (
+            "a kubelet certificate from another CA",
+            Arc::new(|t: &mut IssueJoinTicketResponse| {
+                let other = ClusterCa::generate(SystemTime::now()).unwrap();
+                t.discovery_token_ca_cert_hash = other.discovery_hash().unwrap();
+            }),
+        ),
+    ];
+    for (i, (what, tamper)) in tampers.into_iter().enumerate() {
+        eprintln!("tampered ticket: {what}");
+        let t = TestNode::new(&format!("127.0.12.{}", 20 + i));
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let (port, _stop) = start_tampering_stub(cp.ip, &cp, &t, seen.clone(), Some(tamper)).await;
+        refused(&cp, &t, port, cluster_id()).await;
+        assert!(
+            !seen.lock().unwrap().join_peers.is_empty(),
+            "{what}: the join service was asked"
+        );
+    }
 }

@@ -397,8 +397,9 @@ impl LocalCluster {
         })?;
 
         // The join service's own evidence (mutual aTLS) comes from the control-plane TPM
-        // after init, when PCR 15 holds the cluster marker; joining nodes cannot know the
-        // cluster ID yet, so they check every other measured PCR of it.
+        // after init, when PCR 15 holds the cluster marker. The file leaves PCR 15 out:
+        // the bootstrappers are given the cluster ID after init (--cluster-id) and enforce
+        // its marker in PCR 15 themselves, on top of every other measured PCR.
         let join_measurements = dir.join("join-service-measurements.json");
         let m = asterism_attestation::Measurements::load(&measurements)?;
         let without_marker = asterism_attestation::Measurements::new(
@@ -426,7 +427,15 @@ impl LocalCluster {
         self.nodes.first().context("no nodes")
     }
 
-    /// Starts the bootstrapper of `node`.
+    /// The cluster ID once `asterism init` has written it to the workspace.
+    pub fn cluster_id(&self) -> Option<String> {
+        let text = std::fs::read_to_string(self.workspace.join("cluster-id")).ok()?;
+        Some(text.trim().to_owned())
+    }
+
+    /// Starts the bootstrapper of `node`. After init it is told the cluster ID, so that it
+    /// joins (or rejoins) only through a join service marked with this cluster; before
+    /// init (the control plane's first boot) it has no cluster to join and waits for Init.
     pub fn start_bootstrapper(&self, node: &Node) -> Result<Booting> {
         start_bootstrapper(
             &self.bin("asterism-bootstrapper"),
@@ -434,6 +443,7 @@ impl LocalCluster {
             &self.metadata_addr,
             &self.platform_ca,
             &self.join_measurements,
+            self.cluster_id().as_deref(),
         )
     }
 
@@ -744,6 +754,7 @@ fn start_bootstrapper(
     metadata_addr: &str,
     platform_ca: &Path,
     join_measurements: &Path,
+    cluster_id: Option<&str>,
 ) -> Result<Booting> {
     step(format!(
         "starting the bootstrapper of {} ({})",
@@ -751,6 +762,10 @@ fn start_bootstrapper(
     ));
     let log = n.dir.join("log/bootstrapper.log");
     let started = Instant::now();
+    let cluster: Vec<&dyn AsRef<std::ffi::OsStr>> = match &cluster_id {
+        Some(id) => vec![&"--cluster-id", id],
+        None => Vec::new(),
+    };
     let child = spawn_service(
         program,
         &os(&[
@@ -773,7 +788,10 @@ fn start_bootstrapper(
             &"--platform-ca",
             &platform_ca,
             &"--insecure-fast-disk-kdf",
-        ]),
+        ])
+        .into_iter()
+        .chain(os(&cluster))
+        .collect::<Vec<_>>(),
         &log,
         &n.dir.join("run/bootstrapper.pid"),
     )?;

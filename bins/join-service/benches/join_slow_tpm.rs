@@ -158,6 +158,7 @@ async fn run(swtpm_issuer: Arc<TpmIssuer>, delay: Duration, refresh: Duration) -
             pki_dir: cluster.pki_dir(),
             rate_per_second: 10.0,
             burst: 20,
+            cluster_sans: Vec::new(),
         },
         Metrics::new(),
     )

@@ -107,6 +107,7 @@ struct Args {
 
     /// INSECURE, development only: accept any attestation key (PCRs are still checked).
     #[arg(long)]
+    #[cfg(feature = "insecure-test-attestation")]
     insecure_any_ak: bool,
 
     /// Attest this service to nodes that ask (mutual aTLS) with this TPM, e.g.
@@ -240,7 +241,7 @@ fn read_capped(path: &Path, cap: u64) -> anyhow::Result<Vec<u8>> {
 fn validator(args: &Args) -> anyhow::Result<Arc<TpmQuoteValidator>> {
     let chosen = usize::from(args.platform_ca.is_some())
         + usize::from(!args.pinned_ak.is_empty())
-        + usize::from(args.insecure_any_ak);
+        + usize::from(insecure_any_ak(args));
     anyhow::ensure!(
         chosen == 1,
         "exactly one AK trust policy is needed: --platform-ca, --pinned-ak or --insecure-any-ak"
@@ -259,8 +260,7 @@ fn validator(args: &Args) -> anyhow::Result<Arc<TpmQuoteValidator>> {
             .collect::<anyhow::Result<Vec<_>>>()?;
         AkTrust::pinned(pins)
     } else {
-        tracing::warn!("accepting ANY attestation key (--insecure-any-ak): development only");
-        AkTrust::insecure_any_ak()
+        insecure_any_ak_trust()?
     };
     let measurements = ReloadingMeasurements::open(&args.measurements)
         .with_context(|| format!("loading measurements from {}", args.measurements.display()))?;
@@ -501,4 +501,27 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Whether `--insecure-any-ak` was given; the flag exists only in builds with the
+/// `insecure-test-attestation` feature (never optimised ones).
+#[cfg(feature = "insecure-test-attestation")]
+fn insecure_any_ak(args: &Args) -> bool {
+    args.insecure_any_ak
+}
+
+#[cfg(not(feature = "insecure-test-attestation"))]
+fn insecure_any_ak(_: &Args) -> bool {
+    false
+}
+
+#[cfg(feature = "insecure-test-attestation")]
+fn insecure_any_ak_trust() -> anyhow::Result<asterism_attestation::AkTrust> {
+    tracing::warn!("accepting ANY attestation key (--insecure-any-ak): development only");
+    Ok(asterism_attestation::AkTrust::insecure_any_ak())
+}
+
+#[cfg(not(feature = "insecure-test-attestation"))]
+fn insecure_any_ak_trust() -> anyhow::Result<asterism_attestation::AkTrust> {
+    anyhow::bail!("no AK trust policy: --platform-ca or --pinned-ak")
 }

@@ -398,7 +398,9 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
             state_disk_key: disk_key.expose_secret().to_vec(),
             measurement_salt: self.inner.config.measurement_salt.clone(),
             measurement_secret: cluster_keys.measurement_secret.expose_secret().to_vec(),
-            kubelet_cert: kubelet_cert.into_bytes(),
+            // The leaf, then the cluster CA: a worker receives no ca.crt, and checks the
+            // leaf against the CA the discovery hash names before it uses the ticket.
+            kubelet_cert: format!("{kubelet_cert}{}", self.inner.ca.cert_pem()).into_bytes(),
             api_server_endpoint: std::net::SocketAddr::new(
                 self.inner.config.api_server_host,
                 API_SERVER_PORT,

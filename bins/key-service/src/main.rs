@@ -52,6 +52,7 @@ struct Args {
     /// `tpm-quote`: INSECURE, development only: accept any attestation key (the PCR values
     /// are still checked). Warned on every connection.
     #[arg(long)]
+    #[cfg(feature = "insecure-test-attestation")]
     insecure_any_ak: bool,
 
     /// `tpm-quote`: the expected measurements (JSON, see docs/attestation.md). The file is
@@ -198,7 +199,7 @@ fn tpm_validator(args: &Args) -> anyhow::Result<std::sync::Arc<dyn asterism_atls
     };
     let chosen = usize::from(args.platform_ca.is_some())
         + usize::from(!args.pinned_ak.is_empty())
-        + usize::from(args.insecure_any_ak);
+        + usize::from(insecure_any_ak(args));
     if chosen != 1 {
         anyhow::bail!(
             "tpm-quote needs exactly one AK trust policy: --platform-ca, --pinned-ak or --insecure-any-ak"
@@ -218,7 +219,7 @@ fn tpm_validator(args: &Args) -> anyhow::Result<std::sync::Arc<dyn asterism_atls
             .collect::<anyhow::Result<Vec<_>>>()?;
         AkTrust::pinned(pins)
     } else {
-        AkTrust::insecure_any_ak()
+        insecure_any_ak_trust()?
     };
     let path = args
         .measurements
@@ -284,4 +285,27 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Whether `--insecure-any-ak` was given; the flag exists only in builds with the
+/// `insecure-test-attestation` feature (never optimised ones).
+#[cfg(feature = "insecure-test-attestation")]
+fn insecure_any_ak(args: &Args) -> bool {
+    args.insecure_any_ak
+}
+
+#[cfg(not(feature = "insecure-test-attestation"))]
+fn insecure_any_ak(_: &Args) -> bool {
+    false
+}
+
+#[cfg(feature = "insecure-test-attestation")]
+fn insecure_any_ak_trust() -> anyhow::Result<asterism_attestation::AkTrust> {
+    tracing::warn!("accepting ANY attestation key (--insecure-any-ak): development only");
+    Ok(asterism_attestation::AkTrust::insecure_any_ak())
+}
+
+#[cfg(not(feature = "insecure-test-attestation"))]
+fn insecure_any_ak_trust() -> anyhow::Result<asterism_attestation::AkTrust> {
+    anyhow::bail!("no AK trust policy: --platform-ca or --pinned-ak")
 }

@@ -29,12 +29,6 @@ pub use measurements::{
 pub use tpm::{AkFingerprint, AkTrust, PlatformCa, TpmQuoteValidator};
 pub use verified::{Measurement, VerifiedEvidence};
 
-#[cfg(all(feature = "insecure-test-attestation", not(debug_assertions)))]
-compile_error!(
-    "the `insecure-test-attestation` feature is for development and tests only; \
-     a release build refuses it"
-);
-
 /// Why an [`Issuer`] could not produce evidence.
 #[derive(Debug, thiserror::Error)]
 #[error("{variant}: issuing evidence failed: {message}")]

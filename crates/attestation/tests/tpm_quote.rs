@@ -456,22 +456,87 @@ fn rejects_an_ak_that_is_not_pinned() {
 }
 
 #[test]
-fn pinning_covers_the_whole_public_area() {
-    // Same key, other attributes (still a valid AK): another fingerprint, so not trusted.
+fn the_same_key_in_another_public_area_is_refused_not_given_a_new_identity() {
+    // A platform CA certifies the key alone; whoever presents the evidence can change the
+    // rest of the public area. Each variant is refused by the AK policy, so one key never
+    // gets a second identity (a fresh rate-limit bucket, a second member record).
+    let ca = TestCa::new("platform root");
     let ak = ecdsa_ak();
-    let pinned = ak.fingerprint();
-    let ak = ak
-        .with_public(|p| p.attributes.0 &= !ObjectAttributes::USER_WITH_AUTH)
+    let identity = ak.fingerprint().to_string();
+    let mut tpm = booted_tpm(ak);
+    tpm.set_ak_cert_chain(vec![ca.certify(tpm.ak())]);
+    let v = ca_validator(&ca, &tpm);
+    let ok = v.validate(&tpm.issue(&rd()).unwrap(), &rd()).unwrap();
+    assert_eq!(ok.identity(), identity);
+
+    type Edit = fn(&mut asterism_attestation::tpm::TpmtPublic);
+    let variants: [(&str, Edit); 4] = [
+        ("authPolicy", |p| p.auth_policy = vec![0xab; 32]),
+        ("not the AK template's", |p| {
+            p.attributes.0 &= !ObjectAttributes::USER_WITH_AUTH
+        }),
+        ("not the AK template's", |p| {
+            p.attributes.0 &= !ObjectAttributes::NO_DA
+        }),
+        ("not the AK template's", |p| {
+            p.attributes.0 |= ObjectAttributes::ST_CLEAR
+        }),
+    ];
+    for (needle, edit) in variants {
+        let ak = ecdsa_ak();
+        let mut tpm = booted_tpm(ak.with_public(edit).unwrap());
+        tpm.set_ak_cert_chain(vec![ca.certify(tpm.ak())]);
+        let v = ca_validator(&ca, &tpm);
+        policy_err(v.validate(&tpm.issue(&rd()).unwrap(), &rd()), needle);
+    }
+}
+
+#[test]
+fn a_shorter_encoding_of_the_same_ecc_point_is_refused() {
+    // A P-256 key whose x coordinate starts with a zero byte, presented without it.
+    let ak = std::iter::repeat_with(ecdsa_ak)
+        .take(5000)
+        .find(|ak| matches!(&ak.public_area().params, PublicParams::Ecc { x, .. } if x[0] == 0))
         .unwrap();
-    let tpm = booted_tpm(ak);
-    let v = TpmQuoteValidator::new(
-        AkTrust::pinned([pinned]),
-        measurements_of(&tpm).into_provider(),
-    );
-    assert!(matches!(
+    let short = ak
+        .with_public(|p| {
+            if let PublicParams::Ecc { x, .. } = &mut p.params {
+                x.remove(0);
+            }
+        })
+        .unwrap();
+    let (tpm, v) = setup_with(short);
+    policy_err(
         v.validate(&tpm.issue(&rd()).unwrap(), &rd()),
-        Err(ValidationError::UntrustedKey(_))
-    ));
+        "32 each expected",
+    );
+}
+
+#[test]
+fn an_rsa_ak_with_the_default_exponent_spelt_out_is_refused() {
+    let ak = rsa_ak()
+        .with_public(|p| {
+            if let PublicParams::Rsa { exponent, .. } = &mut p.params {
+                *exponent = 65537;
+            }
+        })
+        .unwrap();
+    let (tpm, v) = setup_with(ak);
+    policy_err(
+        v.validate(&tpm.issue(&rd()).unwrap(), &rd()),
+        "not the default",
+    );
+}
+
+#[test]
+fn the_identity_is_the_hash_of_the_one_accepted_public_area() {
+    // What provisioning prints and operators pin: SHA-256 of ak_public as the TPM sends it.
+    for ak in [ecdsa_ak(), rsa_ak()] {
+        let expected = AkFingerprint::of_public_area(ak.public_area_bytes()).to_string();
+        let (tpm, v) = setup_with(ak);
+        let ok = v.validate(&tpm.issue(&rd()).unwrap(), &rd()).unwrap();
+        assert_eq!(ok.identity(), expected);
+    }
 }
 
 fn ca_validator(ca: &TestCa, tpm: &SoftTpm) -> TpmQuoteValidator {

@@ -11,11 +11,20 @@
 //!
 //! | | ECC P-256 (default) | RSA-2048 |
 //! | --- | --- | --- |
-//! | attributes | fixedTPM, fixedParent, sensitiveDataOrigin, userWithAuth, restricted, sign (`0x00050072`) | same |
+//! | attributes | fixedTPM, fixedParent, sensitiveDataOrigin, userWithAuth, noDA, restricted, sign (`0x00050472`) | same |
 //! | scheme | ECDSA with SHA-256 | RSASSA-PKCS1-v1_5 with SHA-256 |
 //! | parameters | curve NIST P-256, symmetric NULL, KDF NULL | 2048 bits, exponent 0 (= 65537), symmetric NULL |
 //! | unique | x and y: 32 zero bytes each | modulus: 256 zero bytes |
 //! | persistent handle | `0x81008F00` | `0x81008F01` |
+//!
+//! **noDA**: the AK is exempt from the TPM's dictionary-attack protection. Its auth value is
+//! empty, so there is nothing to guess, but a TPM counts every reset without an orderly
+//! `TPM2_Shutdown` (a power cut, a crash, a killed swtpm) as an authorisation failure against
+//! DA-protected objects; after `maxTries` such resets (3 on swtpm's defaults) every use of a
+//! DA-protected AK fails with `TPM_RC_LOCKOUT` for `recoveryTime` (about 1,000 s), and a node
+//! that crashed three times could not rejoin. Verifiers require this exact template
+//! (`asterism-attestation`'s AK policy), so an AK without noDA is refused there: a TPM
+//! provisioned with the earlier template must have its AK re-created (`asterism-provision`).
 //!
 //! The zero-filled `unique` follows the TCG EK-template convention; it makes the template
 //! (and so the derived key) a fixed function of the algorithm.
@@ -38,8 +47,9 @@ pub const ECC_AK_HANDLE: u32 = 0x8100_8F00;
 pub const RSA_AK_HANDLE: u32 = 0x8100_8F01;
 
 /// TPMA_OBJECT of every AK: fixedTPM | fixedParent | sensitiveDataOrigin | userWithAuth |
-/// restricted | sign.
-pub const AK_ATTRIBUTES: u32 = (1 << 1) | (1 << 4) | (1 << 5) | (1 << 6) | (1 << 16) | (1 << 18);
+/// noDA | restricted | sign.
+pub const AK_ATTRIBUTES: u32 =
+    (1 << 1) | (1 << 4) | (1 << 5) | (1 << 6) | (1 << 10) | (1 << 16) | (1 << 18);
 
 /// The AK's key type and signature scheme.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -155,6 +165,7 @@ pub(crate) fn template(algorithm: AkAlgorithm) -> tss_esapi::Result<Public> {
         .with_fixed_parent(true)
         .with_sensitive_data_origin(true)
         .with_user_with_auth(true)
+        .with_no_da(true)
         .with_restricted(true)
         .with_sign_encrypt(true)
         .build()?;
@@ -260,7 +271,7 @@ mod tests {
         // type ECC (0x0023), nameAlg SHA-256 (0x000b), attributes.
         assert_eq!(
             &bytes[..8],
-            &[0x00, 0x23, 0x00, 0x0b, 0x00, 0x05, 0x00, 0x72]
+            &[0x00, 0x23, 0x00, 0x0b, 0x00, 0x05, 0x04, 0x72]
         );
         assert!(template_mismatch(&ecc, &ecc).is_none());
 

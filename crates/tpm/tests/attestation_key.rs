@@ -21,6 +21,7 @@ const FIXED_TPM: u32 = 1 << 1;
 const FIXED_PARENT: u32 = 1 << 4;
 const SENSITIVE_DATA_ORIGIN: u32 = 1 << 5;
 const USER_WITH_AUTH: u32 = 1 << 6;
+const NO_DA: u32 = 1 << 10;
 const RESTRICTED: u32 = 1 << 16;
 const DECRYPT: u32 = 1 << 17;
 const SIGN: u32 = 1 << 18;
@@ -65,7 +66,13 @@ fn ecc_ak_is_a_restricted_p256_ecdsa_sha256_signing_key() {
     assert_eq!(public.name_alg, ALG_SHA256);
     assert_eq!(
         public.attributes,
-        FIXED_TPM | FIXED_PARENT | SENSITIVE_DATA_ORIGIN | USER_WITH_AUTH | RESTRICTED | SIGN
+        FIXED_TPM
+            | FIXED_PARENT
+            | SENSITIVE_DATA_ORIGIN
+            | USER_WITH_AUTH
+            | NO_DA
+            | RESTRICTED
+            | SIGN
     );
     assert_eq!(public.attributes, AK_ATTRIBUTES);
     assert_eq!(public.attributes & DECRYPT, 0);

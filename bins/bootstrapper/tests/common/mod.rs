@@ -14,7 +14,8 @@ use std::time::Duration;
 use asterism_atls::{AtlsConfig, AtlsConnector};
 use asterism_attestation::{AkFingerprint, AkTrust, Measurements, TpmQuoteValidator};
 use asterism_bootstrapper::{
-    Config, KubernetesDriver, LogBuffer, LuksDisk, Node, NodeDir, NoneDriver, TpmMarker, UnlockMode,
+    Config, JoinServiceTrust, KubernetesDriver, LogBuffer, LuksDisk, Node, NodeDir, NoneDriver,
+    TpmMarker, UnlockMode,
 };
 use asterism_disk::{DiskConfig, Integrity, Pbkdf, StateDisk};
 use asterism_metadata::{InstanceMetadata, Role, StaticMetadata};
@@ -98,13 +99,13 @@ impl TestNode {
         metadata: StaticMetadata,
         driver: Arc<dyn KubernetesDriver>,
         join_port: u16,
-        verify_join_service: Option<Arc<dyn asterism_atls::Validator>>,
+        join_service: Option<JoinServiceTrust>,
     ) -> Arc<Node<StaticMetadata>> {
         self.node_with_logs(
             metadata,
             driver,
             join_port,
-            verify_join_service,
+            join_service,
             LogBuffer::default(),
         )
     }
@@ -115,8 +116,21 @@ impl TestNode {
         metadata: StaticMetadata,
         driver: Arc<dyn KubernetesDriver>,
         join_port: u16,
-        verify_join_service: Option<Arc<dyn asterism_atls::Validator>>,
+        join_service: Option<JoinServiceTrust>,
         logs: LogBuffer,
+    ) -> Arc<Node<StaticMetadata>> {
+        self.node_configured(metadata, driver, join_port, join_service, logs, |_| {})
+    }
+
+    /// Like [`TestNode::node_with_logs`], with `edit` applied to the configuration last.
+    pub fn node_configured(
+        &self,
+        metadata: StaticMetadata,
+        driver: Arc<dyn KubernetesDriver>,
+        join_port: u16,
+        join_service: Option<JoinServiceTrust>,
+        logs: LogBuffer,
+        edit: impl FnOnce(&mut Config),
     ) -> Arc<Node<StaticMetadata>> {
         asterism_bootstrapper::prepare_state_image(&self.image(), 32 * 1024 * 1024).unwrap();
         asterism_bootstrapper::files::create_dirs(&self.node_dir.run()).unwrap();
@@ -126,7 +140,10 @@ impl TestNode {
         config.join_port = join_port;
         config.retry_interval = Duration::from_millis(200);
         config.rpc_timeout = Duration::from_secs(10);
-        config.verify_join_service = verify_join_service;
+        if let Some(trust) = join_service {
+            config.join_service = trust;
+        }
+        edit(&mut config);
         Arc::new(Node::new(
             config,
             Arc::new(TpmMarker::new(self.swtpm.config())),
@@ -168,6 +185,32 @@ impl TestNode {
             AkTrust::pinned([AkFingerprint::of_public_area(&self.ak_public)]),
             measurements.into_provider(),
         ))
+    }
+
+    /// Trust in this node as the join service of `cluster_id`: its AK (pinned), PCRs 0–7 as
+    /// they are now, and PCR 15 as the marker of `cluster_id`.
+    pub fn join_service_trust(&self, cluster_id: asterism_kms::ClusterId) -> JoinServiceTrust {
+        let mut tpm = Tpm::open(&self.swtpm.config()).unwrap();
+        let pcrs = tpm.read_pcrs(&PcrSelection::all()).unwrap();
+        let entries: Vec<String> = pcrs
+            .iter()
+            .filter(|(i, _)| *i <= 7)
+            .map(|(i, v)| format!("\"{i}\": \"{}\"", hex::encode(v)))
+            .collect();
+        let json = format!("{{\"measurements\": {{{}}}}}", entries.join(", "));
+        let measurements = Measurements::from_json(json.as_bytes()).unwrap();
+        JoinServiceTrust::cluster(
+            AkTrust::pinned([AkFingerprint::of_public_area(&self.ak_public)]),
+            measurements.into_provider(),
+            cluster_id,
+        )
+        .unwrap()
+    }
+
+    /// Marks PCR 15 of this node's TPM with `cluster_id`, as an initialised node has it.
+    pub fn mark(&self, cluster_id: &asterism_kms::ClusterId) {
+        let mut tpm = Tpm::open(&self.swtpm.config()).unwrap();
+        asterism_tpm::marker::mark_node_bootstrapped(&mut tpm, cluster_id.as_bytes()).unwrap();
     }
 
     /// An aTLS channel to the node's InitServer that verifies the node first.

@@ -2,7 +2,9 @@
 //! decoded evidence must re-encode canonically.
 #![no_main]
 
-use asterism_attestation::tpm::{AkTrust, QuoteEvidence, TpmQuoteEvidence, TpmQuoteValidator};
+use asterism_attestation::tpm::{
+    AkFingerprint, AkTrust, QuoteEvidence, TpmQuoteEvidence, TpmQuoteValidator,
+};
 use asterism_attestation::{ExpectedPcr, Measurements, PcrIndex, ReportData, Validator};
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
@@ -16,8 +18,12 @@ fn validator() -> &'static TpmQuoteValidator {
         let Some(m) = m else {
             std::process::abort();
         };
-        // Any AK, so inputs with a valid signature reach the later checks too.
-        TpmQuoteValidator::new(AkTrust::insecure_any_ak(), m.into_provider())
+        // A pinned AK: fuzzing runs optimised, where the insecure any-AK policy does not
+        // exist. The decoder and the AK policy run before the trust check.
+        TpmQuoteValidator::new(
+            AkTrust::pinned([AkFingerprint::from([0u8; 32])]),
+            m.into_provider(),
+        )
     })
 }
 

@@ -23,8 +23,10 @@ pub use evidence::{
     VARIANT,
 };
 pub use structures::{TpmsAttest, TpmtPublic, TpmtSignature};
+#[cfg(feature = "insecure-test-attestation")]
+pub use trust::InsecureAnyAk;
 pub use trust::{
-    AkFingerprint, AkTrust, AkTrustError, InsecureAnyAk, MAX_RSA_BITS, MIN_RSA_BITS, PinnedAks,
+    AK_ATTRIBUTES, AkFingerprint, AkTrust, AkTrustError, MAX_RSA_BITS, MIN_RSA_BITS, PinnedAks,
     PlatformCa, REQUIRED_AK_ATTRIBUTES,
 };
 pub use validator::TpmQuoteValidator;

@@ -50,15 +50,8 @@ pub struct SoftAk {
 
 impl SoftAk {
     /// The attributes of a well-formed AK: fixedTPM, fixedParent, sensitiveDataOrigin,
-    /// userWithAuth, restricted, sign.
-    pub const AK_ATTRIBUTES: ObjectAttributes = ObjectAttributes(
-        ObjectAttributes::FIXED_TPM
-            | ObjectAttributes::FIXED_PARENT
-            | ObjectAttributes::SENSITIVE_DATA_ORIGIN
-            | ObjectAttributes::USER_WITH_AUTH
-            | ObjectAttributes::RESTRICTED
-            | ObjectAttributes::SIGN,
-    );
+    /// userWithAuth, noDA, restricted, sign.
+    pub const AK_ATTRIBUTES: ObjectAttributes = ObjectAttributes(super::trust::AK_ATTRIBUTES);
 
     /// A fresh random ECDSA P-256 AK.
     pub fn generate_ecdsa_p256() -> Result<Self, SoftError> {

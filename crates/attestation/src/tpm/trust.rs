@@ -17,18 +17,38 @@ pub const MIN_RSA_BITS: u16 = 2048;
 /// Largest RSA AK accepted, in bits (ring verifies up to 8192).
 pub const MAX_RSA_BITS: u16 = 8192;
 
+/// 65537, big-endian, no leading zeros.
+const RSA_DEFAULT_EXPONENT: [u8; 3] = [0x01, 0x00, 0x01];
+
 /// Attributes every AK must have: a restricted signing key that never leaves its TPM.
 pub const REQUIRED_AK_ATTRIBUTES: u32 = ObjectAttributes::RESTRICTED
     | ObjectAttributes::SIGN
     | ObjectAttributes::FIXED_TPM
     | ObjectAttributes::FIXED_PARENT;
 
+/// The AK's exact `TPMA_OBJECT`: [`REQUIRED_AK_ATTRIBUTES`] with sensitiveDataOrigin,
+/// userWithAuth and noDA (`0x00050472`), as `asterism-tpm` creates it. noDA keeps the AK
+/// out of the TPM's dictionary-attack lockout, which unclean resets would otherwise trip.
+/// Exact, so that a public area is a function of its key (module documentation of
+/// [`AkFingerprint`]).
+pub const AK_ATTRIBUTES: u32 = REQUIRED_AK_ATTRIBUTES
+    | ObjectAttributes::SENSITIVE_DATA_ORIGIN
+    | ObjectAttributes::USER_WITH_AUTH
+    | ObjectAttributes::NO_DA;
+
 /// `tcg-kp-AIKCertificate` (2.23.133.8.3), DER value of the OID.
 const TCG_KP_AIK_CERTIFICATE: &[u8] = &[0x67, 0x81, 0x05, 0x08, 0x03];
 
 /// SHA-256 of an AK's `TPMT_PUBLIC` bytes: what [`AkTrust::Pinned`] pins, and the
-/// identity a verified quote reports. It covers the whole public area (key, attributes,
-/// policy), not just the key.
+/// identity a verified quote reports.
+///
+/// A platform CA certifies only the AK's public key, and a quote's signature covers nothing
+/// of the public area, so anything in it but the key could be changed by whoever presents
+/// the evidence. The validator therefore accepts exactly one template (the AK policy: exact
+/// attributes, empty authPolicy, fixed scheme and parameters, canonical key encoding) and
+/// computes the identity from the key alone, as the hash of that template around it. For an
+/// AK that meets the policy this is the hash of its `ak_public` bytes, so
+/// [`AkFingerprint::of_public_area`] pins it; one key has exactly one identity.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct AkFingerprint([u8; 32]);
 
@@ -218,6 +238,7 @@ impl PinnedAks {
 }
 
 /// Marker for [`AkTrust::InsecureAnyAk`]; made only by [`AkTrust::insecure_any_ak`].
+#[cfg(feature = "insecure-test-attestation")]
 #[derive(Debug, Clone)]
 pub struct InsecureAnyAk(());
 
@@ -231,7 +252,9 @@ pub enum AkTrust {
     /// The SHA-256 of the AK's `TPMT_PUBLIC` must be one of these.
     Pinned(PinnedAks),
     /// **Insecure, development only**: any AK that meets the AK policy is trusted, so a
-    /// software key can forge evidence. Logged at warn on every validation.
+    /// software key can forge evidence. Logged at warn on every validation. Only in builds
+    /// with the `insecure-test-attestation` feature, which never compile optimised.
+    #[cfg(feature = "insecure-test-attestation")]
     InsecureAnyAk(InsecureAnyAk),
 }
 
@@ -247,7 +270,9 @@ impl AkTrust {
     }
 
     /// **Insecure**: trusts any AK. Evidence then proves nothing about the platform; every
-    /// validation that relies on it logs a warning.
+    /// validation that relies on it logs a warning. Only with the `insecure-test-attestation`
+    /// feature.
+    #[cfg(feature = "insecure-test-attestation")]
     pub fn insecure_any_ak() -> Self {
         tracing::warn!("AK trust policy insecure_any_ak: any attestation key will be accepted");
         Self::InsecureAnyAk(InsecureAnyAk(()))
@@ -268,6 +293,7 @@ impl AkTrust {
             Self::Pinned(_) => Err(ValidationError::UntrustedKey(format!(
                 "AK {fingerprint} is not pinned"
             ))),
+            #[cfg(feature = "insecure-test-attestation")]
             Self::InsecureAnyAk(_) => {
                 tracing::warn!(
                     ak = %fingerprint,
@@ -313,6 +339,12 @@ impl AkKey {
     /// ECDSA-SHA256 (KDF null) or RSA 2048–8192 with RSASSA-SHA256.
     pub(crate) fn from_public(p: &TpmtPublic) -> Result<Self, ValidationError> {
         let attrs = p.attributes;
+        if !p.auth_policy.is_empty() {
+            return Err(policy(format!(
+                "AK authPolicy is {} bytes; an AK has an empty authPolicy",
+                p.auth_policy.len()
+            )));
+        }
         if !attrs.has(REQUIRED_AK_ATTRIBUTES) {
             let missing: Vec<&str> = [
                 (ObjectAttributes::RESTRICTED, "restricted"),
@@ -333,6 +365,12 @@ impl AkKey {
         if attrs.has(ObjectAttributes::DECRYPT) {
             return Err(policy(format!(
                 "AK objectAttributes {:#010x} have decrypt set",
+                attrs.0
+            )));
+        }
+        if attrs.0 != AK_ATTRIBUTES {
+            return Err(policy(format!(
+                "AK objectAttributes {:#010x} are not the AK template's {AK_ATTRIBUTES:#010x}",
                 attrs.0
             )));
         }
@@ -368,6 +406,15 @@ impl AkKey {
                 }
                 if *kdf != KdfScheme::Null {
                     return Err(policy("ECC AK has a KDF"));
+                }
+                // Exactly 32 bytes each: a shorter encoding of the same point would be a
+                // second public area, and a second identity, for one key.
+                if x.len() != 32 || y.len() != 32 {
+                    return Err(policy(format!(
+                        "ECC AK coordinates are {} and {} bytes, 32 each expected",
+                        x.len(),
+                        y.len()
+                    )));
                 }
                 let mut point = [0u8; 65];
                 let (tag, xy) = point.split_at_mut(1);
@@ -406,16 +453,61 @@ impl AkKey {
                         modulus.len()
                     )));
                 }
-                let e = if *exponent == 0 { 65537 } else { *exponent };
-                let e_bytes = e.to_be_bytes();
-                let skip = e_bytes.iter().take_while(|b| **b == 0).count();
-                let e = e_bytes.get(skip..).unwrap_or_default().to_vec();
+                // Only the default exponent, encoded as 0 (an explicit 65537 is the same key
+                // in a second public area).
+                if *exponent != 0 {
+                    return Err(policy(format!(
+                        "RSA AK exponent {exponent} is not the default (encoded 0)"
+                    )));
+                }
                 Ok(Self::RsaSsa {
                     n: modulus.clone(),
-                    e,
+                    e: RSA_DEFAULT_EXPONENT.to_vec(),
                 })
             }
         }
+    }
+
+    /// The one public area the AK policy accepts for this key.
+    pub(crate) fn canonical_public(&self) -> TpmtPublic {
+        let params = match self {
+            Self::EcdsaP256(point) => PublicParams::Ecc {
+                symmetric: SymDefObject::Null,
+                scheme: AsymScheme::Hashed {
+                    scheme: alg::ECDSA,
+                    hash: alg::SHA256,
+                },
+                curve: ECC_NIST_P256,
+                kdf: KdfScheme::Null,
+                x: point.get(1..33).unwrap_or_default().to_vec(),
+                y: point.get(33..65).unwrap_or_default().to_vec(),
+            },
+            Self::RsaSsa { n, .. } => PublicParams::Rsa {
+                symmetric: SymDefObject::Null,
+                scheme: AsymScheme::Hashed {
+                    scheme: alg::RSASSA,
+                    hash: alg::SHA256,
+                },
+                key_bits: u16::try_from(n.len() * 8).unwrap_or(u16::MAX),
+                exponent: 0,
+                modulus: n.clone(),
+            },
+        };
+        TpmtPublic {
+            name_alg: alg::SHA256,
+            attributes: ObjectAttributes(AK_ATTRIBUTES),
+            auth_policy: Vec::new(),
+            params,
+        }
+    }
+
+    /// The AK's identity: a function of the key alone (see [`AkFingerprint`]).
+    pub(crate) fn fingerprint(&self) -> Result<AkFingerprint, ValidationError> {
+        let bytes = self
+            .canonical_public()
+            .to_bytes()
+            .map_err(|e| policy(format!("AK public area: {e}")))?;
+        Ok(AkFingerprint::of_public_area(&bytes))
     }
 
     /// Verifies a TPM signature over `attest` (the TPM signed SHA-256(attest)).

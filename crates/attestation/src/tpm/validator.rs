@@ -2,7 +2,7 @@
 
 use super::evidence::{QuoteEvidence, VARIANT};
 use super::structures::{QuoteInfo, alg};
-use super::trust::{AkFingerprint, AkKey, AkTrust};
+use super::trust::{AkKey, AkTrust};
 use crate::measurements::{MeasurementsProvider, PcrIndex};
 use crate::{Measurement, ReportData, ValidationError, Validator, VerifiedEvidence};
 use sha2::{Digest, Sha256};
@@ -19,8 +19,11 @@ type Clock = Arc<dyn Fn() -> SystemTime + Send + Sync>;
 ///
 /// 1. decode: size cap, canonical protobuf, version 1, every TPM structure parsed exactly
 ///    (this checks the `TPMS_ATTEST` magic and the quote type);
-/// 2. AK policy: restricted, sign, fixedTPM, fixedParent, not decrypt; nameAlg SHA-256;
-///    ECC P-256 with ECDSA-SHA256 or RSA 2048–8192 with RSASSA-SHA256;
+/// 2. AK policy, the whole template: attributes exactly `0x00050472` (restricted, sign,
+///    fixedTPM, fixedParent, sensitiveDataOrigin, userWithAuth, noDA), empty authPolicy,
+///    nameAlg SHA-256, ECC P-256 with ECDSA-SHA256 (KDF null, 32-byte coordinates) or RSA
+///    2048–8192 with RSASSA-SHA256 and the default exponent; the AK's identity is then
+///    computed from the key alone ([`AkFingerprint`]);
 /// 3. AK trust: the [`AkTrust`] policy;
 /// 4. the signature over the `TPMS_ATTEST` bytes, with the AK;
 /// 5. the signed PCR selection is exactly one bank, SHA-256, not empty (no SHA-1);
@@ -62,7 +65,9 @@ impl TpmQuoteValidator {
             .map_err(|e| ValidationError::Malformed(error_chain(&e)))?;
 
         let ak = AkKey::from_public(&ev.ak_public)?;
-        let fingerprint = AkFingerprint::of_public_area(&ev.ak_public_bytes);
+        // The identity comes from the key, the part a certificate vouches for, not from
+        // the presented bytes.
+        let fingerprint = ak.fingerprint()?;
         let trust_warning =
             self.trust
                 .check(&ak, &fingerprint, &ev.ak_cert_chain, (self.clock)())?;

@@ -1,0 +1,809 @@
+//! The checks a join ticket passes before the node uses any of it (before the node lock):
+//! what it carries is what its fields say, for this node, under the cluster CA the ticket
+//! names.
+//!
+//! * The kubelet certificate is PEM: the leaf, then the cluster CA certificate (a worker
+//!   receives no `ca.crt`; a control-plane node's `ca.crt` must be that same certificate).
+//!   The CA certificate's public key hashes to the ticket's discovery hash (kubeadm's pin);
+//!   the leaf is signed by it, within its validity period, for this node's name
+//!   (`CN=system:node:<name>`, `O=system:nodes`), with this node's IP as its only IP SAN,
+//!   and certifies the public key of the kubelet key the node made for this request.
+//! * Control-plane files: only the names kubeadm's certificate directory uses, each once;
+//!   `*.crt` parse as CA certificates, each `*.key` of a CA belongs to its `*.crt` (both
+//!   must be there), `sa.key` is a private key whose public half is `sa.pub`; a
+//!   control-plane node needs `ca.crt` and `ca.key`, and `ca.crt` hashes to the discovery
+//!   hash.
+//! * The SSH CA key parses as an OpenSSH public key; the SSH host certificate parses, is
+//!   for this node's host key, is signed by that CA and valid now, and names only
+//!   principals the node asked for (at least one).
+//! * Component install paths lie strictly inside one directory (the components directory),
+//!   lexically (absolute, no `.` or `..`) and on disk (no existing part of the path below
+//!   that directory is a symlink).
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::path::{Component as PathPart, Path};
+
+use asterism_kubernetes::kubeadm::setup::CONTROL_PLANE_FILES;
+use x509_parser::prelude::{FromDer as _, GeneralName, SubjectPublicKeyInfo, X509Certificate};
+use zeroize::Zeroizing;
+
+use crate::effects::Components;
+
+/// The organisation of every node certificate.
+const NODES_ORGANIZATION: &str = "system:nodes";
+/// The common name prefix of a node certificate.
+const NODE_CN_PREFIX: &str = "system:node:";
+/// The CA key / certificate pairs among the control-plane files.
+const CA_PAIRS: [(&str, &str); 3] = [
+    ("ca.crt", "ca.key"),
+    ("front-proxy-ca.crt", "front-proxy-ca.key"),
+    ("etcd/ca.crt", "etcd/ca.key"),
+];
+
+/// Who the ticket must be for.
+pub(crate) struct Expect<'a> {
+    /// The node's name.
+    pub(crate) node_name: &'a str,
+    /// The node's IP.
+    pub(crate) node_ip: IpAddr,
+    /// The DER SubjectPublicKeyInfo of the kubelet key made for this request.
+    pub(crate) kubelet_spki: &'a [u8],
+    /// Whether the node joins as a control-plane node.
+    pub(crate) control_plane: bool,
+}
+
+/// The PEM blocks of `bytes` as `(label, DER)`.
+fn pem_blocks(bytes: &[u8], what: &str) -> Result<Vec<(String, Vec<u8>)>, String> {
+    let mut out = Vec::new();
+    for block in x509_parser::pem::Pem::iter_from_buffer(bytes) {
+        let block = block.map_err(|e| format!("{what} is not PEM: {e}"))?;
+        out.push((block.label, block.contents));
+    }
+    if out.is_empty() {
+        return Err(format!("{what} holds no PEM block"));
+    }
+    Ok(out)
+}
+
+/// The certificates of a PEM bundle (every block must be a `CERTIFICATE`).
+fn certificates(bytes: &[u8], what: &str) -> Result<Vec<Vec<u8>>, String> {
+    pem_blocks(bytes, what)?
+        .into_iter()
+        .map(|(label, der)| {
+            if label != "CERTIFICATE" {
+                return Err(format!("{what} holds a {label} block, not a CERTIFICATE"));
+            }
+            X509Certificate::from_der(&der)
+                .map_err(|e| format!("{what} does not parse as a certificate: {e}"))?;
+            Ok(der)
+        })
+        .collect()
+}
+
+fn parse(der: &[u8]) -> Result<X509Certificate<'_>, String> {
+    X509Certificate::from_der(der)
+        .map(|(_, c)| c)
+        .map_err(|e| format!("certificate does not parse: {e}"))
+}
+
+/// Checks the kubelet certificate of a ticket; `ca_crt` is the control-plane file `ca.crt`
+/// when the ticket carries one.
+pub(crate) fn check_kubelet_cert(
+    kubelet_cert: &[u8],
+    discovery_hash: &str,
+    ca_crt: Option<&[u8]>,
+    expect: &Expect<'_>,
+) -> Result<(), String> {
+    let chain = certificates(kubelet_cert, "the kubelet certificate")?;
+    let (leaf_der, rest) = chain
+        .split_first()
+        .ok_or("the kubelet certificate is empty")?;
+    let ca_der = match (rest, ca_crt) {
+        ([ca], _) => ca.clone(),
+        ([], Some(ca_crt)) => certificates(ca_crt, "ca.crt")?
+            .into_iter()
+            .next()
+            .ok_or("ca.crt is empty")?,
+        ([], None) => {
+            return Err("the kubelet certificate comes without the cluster CA certificate".into());
+        }
+        _ => return Err("the kubelet certificate holds more than a leaf and its CA".into()),
+    };
+    let hash = asterism_pki::discovery_hash(&ca_der).map_err(|e| e.to_string())?;
+    if hash != discovery_hash {
+        return Err(format!(
+            "the cluster CA of the kubelet certificate ({hash}) is not the CA the ticket names ({discovery_hash})"
+        ));
+    }
+    // The discovery hash pins the CA's key; nothing else about the CA certificate matters.
+    let ca = parse(&ca_der)?;
+    let leaf = parse(leaf_der)?;
+    leaf.verify_signature(Some(ca.public_key()))
+        .map_err(|e| format!("the kubelet certificate is not signed by the cluster CA: {e}"))?;
+    if !leaf.validity().is_valid() {
+        return Err("the kubelet certificate is not valid now".into());
+    }
+    if leaf.public_key().raw != expect.kubelet_spki {
+        return Err("the kubelet certificate does not certify this node's kubelet key".into());
+    }
+    let subject = leaf.subject();
+    let cns: Vec<&str> = subject
+        .iter_common_name()
+        .filter_map(|a| a.as_str().ok())
+        .collect();
+    let want_cn = format!("{NODE_CN_PREFIX}{}", expect.node_name);
+    if cns != [want_cn.as_str()] {
+        return Err(format!(
+            "the kubelet certificate is for {cns:?}, not {want_cn:?}"
+        ));
+    }
+    let orgs: Vec<&str> = subject
+        .iter_organization()
+        .filter_map(|a| a.as_str().ok())
+        .collect();
+    if orgs != [NODES_ORGANIZATION] {
+        return Err(format!(
+            "the kubelet certificate's organisation is {orgs:?}, not [{NODES_ORGANIZATION:?}]"
+        ));
+    }
+    let sans = leaf
+        .subject_alternative_name()
+        .map_err(|e| format!("the kubelet certificate's SANs: {e}"))?;
+    let names: Vec<&GeneralName<'_>> = sans
+        .map(|s| s.value.general_names.iter().collect())
+        .unwrap_or_default();
+    let want_ip: Vec<u8> = match expect.node_ip {
+        IpAddr::V4(ip) => ip.octets().to_vec(),
+        IpAddr::V6(ip) => ip.octets().to_vec(),
+    };
+    let only_this_ip =
+        matches!(names.as_slice(), [GeneralName::IPAddress(ip)] if *ip == want_ip.as_slice());
+    if !only_this_ip {
+        return Err(format!(
+            "the kubelet certificate's SANs are not exactly this node's IP {}",
+            expect.node_ip
+        ));
+    }
+    Ok(())
+}
+
+/// Checks the control-plane files of a ticket.
+pub(crate) fn check_control_plane_files(
+    files: &[(String, Zeroizing<Vec<u8>>)],
+    discovery_hash: &str,
+    expect: &Expect<'_>,
+) -> Result<(), String> {
+    let mut seen = BTreeSet::new();
+    for (name, _) in files {
+        if !CONTROL_PLANE_FILES.contains(&name.as_str()) {
+            return Err(format!("{name:?} is not a control-plane file"));
+        }
+        if !seen.insert(name.as_str()) {
+            return Err(format!("the control-plane file {name:?} comes twice"));
+        }
+    }
+    let get = |name: &str| {
+        files
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, d)| d.as_slice())
+    };
+    if expect.control_plane && (get("ca.crt").is_none() || get("ca.key").is_none()) {
+        return Err("a control-plane node needs ca.crt and ca.key".into());
+    }
+    for (crt_name, key_name) in CA_PAIRS {
+        match (get(crt_name), get(key_name)) {
+            (None, None) => {}
+            (Some(crt), None) => {
+                let der = certificates(crt, crt_name)?;
+                let first = der.first().ok_or_else(|| format!("{crt_name} is empty"))?;
+                if !parse(first)?.is_ca() {
+                    return Err(format!("{crt_name} is not a CA certificate"));
+                }
+            }
+            (None, Some(_)) => return Err(format!("{key_name} comes without {crt_name}")),
+            (Some(crt), Some(key)) => {
+                let crt =
+                    std::str::from_utf8(crt).map_err(|_| format!("{crt_name} is not text"))?;
+                let key = Zeroizing::new(
+                    std::str::from_utf8(key)
+                        .map_err(|_| format!("{key_name} is not text"))?
+                        .to_owned(),
+                );
+                asterism_pki::ClusterCa::from_pem(crt, &key).map_err(|e| {
+                    format!(
+                        "{crt_name} and {key_name} are not a CA and its key: {}",
+                        crate::node::chain(&e)
+                    )
+                })?;
+            }
+        }
+    }
+    if let Some(ca) = get("ca.crt") {
+        let der = certificates(ca, "ca.crt")?;
+        let first = der.first().ok_or("ca.crt is empty")?;
+        let hash = asterism_pki::discovery_hash(first).map_err(|e| e.to_string())?;
+        if hash != discovery_hash {
+            return Err(format!(
+                "ca.crt ({hash}) is not the CA the ticket names ({discovery_hash})"
+            ));
+        }
+    }
+    match (get("sa.key"), get("sa.pub")) {
+        (None, None) => {}
+        (Some(key), Some(public)) => check_service_account_pair(key, public)?,
+        (Some(_), None) => return Err("sa.key comes without sa.pub".into()),
+        (None, Some(_)) => return Err("sa.pub comes without sa.key".into()),
+    }
+    Ok(())
+}
+
+/// `sa.key` is an RSA private key (PKCS#1 or PKCS#8) and `sa.pub` its public key (SPKI).
+fn check_service_account_pair(key: &[u8], public: &[u8]) -> Result<(), String> {
+    let blocks = Zeroizing::new(pem_blocks(key, "sa.key")?);
+    let [(label, der)] = blocks.as_slice() else {
+        return Err("sa.key holds more than one PEM block".into());
+    };
+    let pair = match label.as_str() {
+        "RSA PRIVATE KEY" => ring::rsa::KeyPair::from_der(der),
+        "PRIVATE KEY" => ring::rsa::KeyPair::from_pkcs8(der),
+        other => return Err(format!("sa.key is a {other} block, not an RSA private key")),
+    }
+    .map_err(|e| format!("sa.key is not an RSA private key: {e}"))?;
+    let blocks = pem_blocks(public, "sa.pub")?;
+    let [(label, der)] = blocks.as_slice() else {
+        return Err("sa.pub holds more than one PEM block".into());
+    };
+    if label != "PUBLIC KEY" {
+        return Err(format!("sa.pub is a {label} block, not a PUBLIC KEY"));
+    }
+    let (_, spki) = SubjectPublicKeyInfo::from_der(der)
+        .map_err(|e| format!("sa.pub does not parse as a public key: {e}"))?;
+    let ours: &[u8] = ring::signature::KeyPair::public_key(&pair).as_ref();
+    if spki.subject_public_key.data.as_ref() != ours {
+        return Err("sa.pub is not the public key of sa.key".into());
+    }
+    Ok(())
+}
+
+/// Checks the SSH CA key and host certificate of a ticket: `host_public_wire` is the host
+/// key the node sent, `asked` the principals it asked for.
+pub(crate) fn check_ssh(
+    ca_line: &[u8],
+    host_certificate: &[u8],
+    host_public_wire: &[u8],
+    asked: &[String],
+) -> Result<(), String> {
+    let text = |bytes: &[u8], what: &str| {
+        std::str::from_utf8(bytes)
+            .map(|s| s.trim().to_owned())
+            .map_err(|_| format!("the {what} is not text"))
+    };
+    let ca = ssh_key::PublicKey::from_openssh(&text(ca_line, "SSH CA key")?)
+        .map_err(|e| format!("the SSH CA key does not parse: {e}"))?;
+    let cert = ssh_key::Certificate::from_openssh(&text(host_certificate, "SSH host certificate")?)
+        .map_err(|e| format!("the SSH host certificate does not parse: {e}"))?;
+    let host = ssh_key::PublicKey::from_bytes(host_public_wire)
+        .map_err(|e| format!("this node's SSH host key: {e}"))?;
+    if cert.public_key() != host.key_data() {
+        return Err("the SSH host certificate is not for this node's host key".into());
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    cert.validate_at(now, [&ca.fingerprint(ssh_key::HashAlg::Sha256)])
+        .map_err(|e| {
+            format!("the SSH host certificate is not signed by the SSH CA, or not valid now: {e}")
+        })?;
+    let principals = cert.valid_principals();
+    if principals.is_empty() || principals.iter().any(|p| !asked.contains(p)) {
+        return Err(format!(
+            "the SSH host certificate names {principals:?}, not a part of {asked:?}"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks that every component installs strictly inside `root`, lexically and through no
+/// symlink that exists now.
+pub(crate) fn check_component_paths(components: &Components, root: &Path) -> Result<(), String> {
+    for c in components.as_slice() {
+        let path = Path::new(&c.install_path);
+        let plain = path.is_absolute()
+            && path
+                .components()
+                .all(|p| matches!(p, PathPart::RootDir | PathPart::Normal(_)));
+        let rel = path.strip_prefix(root).ok().filter(|_| plain);
+        let Some(rel) = rel.filter(|r| r.components().next().is_some()) else {
+            return Err(format!(
+                "component install path {:?} is not inside {}",
+                c.install_path,
+                root.display()
+            ));
+        };
+        let mut cur = root.to_path_buf();
+        for part in rel.components() {
+            cur.push(part);
+            match std::fs::symlink_metadata(&cur) {
+                Ok(m) if m.file_type().is_symlink() => {
+                    return Err(format!(
+                        "component install path {:?} goes through the symlink {}",
+                        c.install_path,
+                        cur.display()
+                    ));
+                }
+                Ok(_) => {}
+                // Nothing further exists: nothing further can be a symlink.
+                Err(_) => break,
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+    use super::*;
+    use asterism_pki::{ClusterCa, KubeletCsr, kubelet_key_and_csr};
+    use std::time::{Duration, SystemTime};
+
+    const NAME: &str = "worker-0";
+    const IP: &str = "10.0.0.1";
+
+    struct Fixture {
+        ca: ClusterCa,
+        spki: Vec<u8>,
+        csr: KubeletCsr,
+    }
+
+    fn spki_of_csr(der: &[u8]) -> Vec<u8> {
+        x509_parser::certification_request::X509CertificationRequest::from_der(der)
+            .unwrap()
+            .1
+            .certification_request_info
+            .subject_pki
+            .raw
+            .to_vec()
+    }
+
+    fn csr(name: &str, ip: &str) -> (KubeletCsr, Vec<u8>) {
+        let made = kubelet_key_and_csr(name, &[ip.parse().unwrap()]).unwrap();
+        (
+            KubeletCsr::parse(&made.csr_der).unwrap(),
+            spki_of_csr(&made.csr_der),
+        )
+    }
+
+    fn fixture() -> Fixture {
+        let (csr, spki) = csr(NAME, IP);
+        Fixture {
+            ca: ClusterCa::generate(SystemTime::now()).unwrap(),
+            spki,
+            csr,
+        }
+    }
+
+    fn expect(f: &Fixture, control_plane: bool) -> Expect<'_> {
+        Expect {
+            node_name: NAME,
+            node_ip: IP.parse().unwrap(),
+            kubelet_spki: &f.spki,
+            control_plane,
+        }
+    }
+
+    fn chain(ca: &ClusterCa, leaf: &str) -> Vec<u8> {
+        format!("{leaf}{}", ca.cert_pem()).into_bytes()
+    }
+
+    fn check(f: &Fixture, cert: &[u8]) -> Result<(), String> {
+        check_kubelet_cert(
+            cert,
+            &f.ca.discovery_hash().unwrap(),
+            None,
+            &expect(f, false),
+        )
+    }
+
+    #[test]
+    fn a_kubelet_certificate_for_this_node_under_the_named_ca_passes() {
+        let f = fixture();
+        let leaf = f.ca.sign_kubelet(&f.csr, SystemTime::now()).unwrap();
+        check(&f, &chain(&f.ca, &leaf)).unwrap();
+        // A control-plane node may take the CA from its ca.crt instead.
+        check_kubelet_cert(
+            leaf.as_bytes(),
+            &f.ca.discovery_hash().unwrap(),
+            Some(f.ca.cert_pem().as_bytes()),
+            &expect(&f, true),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn a_kubelet_certificate_that_is_not_a_certificate_is_refused() {
+        let f = fixture();
+        for bad in [
+            &b"not a certificate"[..],
+            b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+            b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
+        ] {
+            assert!(check(&f, bad).is_err());
+        }
+    }
+
+    #[test]
+    fn a_kubelet_certificate_without_its_ca_is_refused() {
+        let f = fixture();
+        let leaf = f.ca.sign_kubelet(&f.csr, SystemTime::now()).unwrap();
+        let e = check(&f, leaf.as_bytes()).unwrap_err();
+        assert!(e.contains("without the cluster CA"), "{e}");
+    }
+
+    #[test]
+    fn a_kubelet_certificate_under_another_ca_than_the_named_one_is_refused() {
+        let f = fixture();
+        let other = ClusterCa::generate(SystemTime::now()).unwrap();
+        let leaf = other.sign_kubelet(&f.csr, SystemTime::now()).unwrap();
+        let e = check(&f, &chain(&other, &leaf)).unwrap_err();
+        assert!(e.contains("is not the CA the ticket names"), "{e}");
+    }
+
+    #[test]
+    fn a_kubelet_certificate_not_signed_by_the_named_ca_is_refused() {
+        let f = fixture();
+        let other = ClusterCa::generate(SystemTime::now()).unwrap();
+        let leaf = other.sign_kubelet(&f.csr, SystemTime::now()).unwrap();
+        // The named CA comes along, but did not sign the leaf.
+        let e = check(&f, &chain(&f.ca, &leaf)).unwrap_err();
+        assert!(e.contains("not signed by the cluster CA"), "{e}");
+    }
+
+    #[test]
+    fn an_expired_kubelet_certificate_is_refused() {
+        let f = fixture();
+        let long_ago = SystemTime::now() - Duration::from_secs(3 * 365 * 24 * 3600);
+        let leaf = f.ca.sign_kubelet(&f.csr, long_ago).unwrap();
+        let e = check(&f, &chain(&f.ca, &leaf)).unwrap_err();
+        assert!(e.contains("not valid now"), "{e}");
+    }
+
+    #[test]
+    fn a_kubelet_certificate_for_another_key_is_refused() {
+        let f = fixture();
+        let (other_csr, _) = csr(NAME, IP);
+        let leaf = f.ca.sign_kubelet(&other_csr, SystemTime::now()).unwrap();
+        let e = check(&f, &chain(&f.ca, &leaf)).unwrap_err();
+        assert!(e.contains("kubelet key"), "{e}");
+    }
+
+    #[test]
+    fn a_kubelet_certificate_for_another_name_or_address_is_refused() {
+        let f = fixture();
+        for (name, ip, want) in [
+            ("control-plane-0", IP, "is for"),
+            (NAME, "10.0.0.9", "SANs"),
+        ] {
+            let (other_csr, other_spki) = csr(name, ip);
+            let leaf = f.ca.sign_kubelet(&other_csr, SystemTime::now()).unwrap();
+            // It certifies the key the node holds, but not this node.
+            let e = check_kubelet_cert(
+                &chain(&f.ca, &leaf),
+                &f.ca.discovery_hash().unwrap(),
+                None,
+                &Expect {
+                    kubelet_spki: &other_spki,
+                    ..expect(&f, false)
+                },
+            )
+            .unwrap_err();
+            assert!(e.contains(want), "{e}");
+        }
+    }
+
+    fn file(name: &str, data: &[u8]) -> (String, Zeroizing<Vec<u8>>) {
+        (name.to_owned(), Zeroizing::new(data.to_vec()))
+    }
+
+    fn ca_files(ca: &ClusterCa) -> Vec<(String, Zeroizing<Vec<u8>>)> {
+        vec![
+            file("ca.crt", ca.cert_pem().as_bytes()),
+            file("ca.key", ca.key_pem().unwrap().expose_secret().as_bytes()),
+        ]
+    }
+
+    fn check_files(f: &Fixture, files: &[(String, Zeroizing<Vec<u8>>)]) -> Result<(), String> {
+        check_control_plane_files(files, &f.ca.discovery_hash().unwrap(), &expect(f, true))
+    }
+
+    /// An RSA key pair as kubeadm writes sa.key and sa.pub.
+    fn rsa_pair() -> (Vec<u8>, Vec<u8>) {
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("sa.key");
+        let run = |args: &[&str]| {
+            assert!(
+                std::process::Command::new("openssl")
+                    .args(args)
+                    .status()
+                    .unwrap()
+                    .success()
+            );
+        };
+        let key_s = key.to_str().unwrap();
+        let public = dir.path().join("sa.pub");
+        run(&["genrsa", "-traditional", "-out", key_s, "2048"]);
+        run(&[
+            "rsa",
+            "-in",
+            key_s,
+            "-pubout",
+            "-out",
+            public.to_str().unwrap(),
+        ]);
+        (
+            std::fs::read(&key).unwrap(),
+            std::fs::read(&public).unwrap(),
+        )
+    }
+
+    #[test]
+    fn control_plane_files_that_are_what_their_names_say_pass() {
+        let f = fixture();
+        let front = ClusterCa::generate(SystemTime::now()).unwrap();
+        let (sa_key, sa_pub) = rsa_pair();
+        let mut files = ca_files(&f.ca);
+        files.push(file("front-proxy-ca.crt", front.cert_pem().as_bytes()));
+        files.push(file(
+            "front-proxy-ca.key",
+            front.key_pem().unwrap().expose_secret().as_bytes(),
+        ));
+        files.push(file("sa.key", &sa_key));
+        files.push(file("sa.pub", &sa_pub));
+        check_files(&f, &files).unwrap();
+        // A worker is sent none.
+        check_control_plane_files(&[], &f.ca.discovery_hash().unwrap(), &expect(&f, false))
+            .unwrap();
+    }
+
+    #[test]
+    fn control_plane_files_with_other_names_or_twice_are_refused() {
+        let f = fixture();
+        for name in ["kubelet.conf", "../ca.crt", "/etc/passwd", "etcd/peer.key"] {
+            let mut files = ca_files(&f.ca);
+            files.push(file(name, f.ca.cert_pem().as_bytes()));
+            let e = check_files(&f, &files).unwrap_err();
+            assert!(e.contains("is not a control-plane file"), "{e}");
+        }
+        let mut files = ca_files(&f.ca);
+        files.push(file("ca.crt", f.ca.cert_pem().as_bytes()));
+        assert!(check_files(&f, &files).unwrap_err().contains("twice"));
+    }
+
+    #[test]
+    fn a_control_plane_node_needs_the_cluster_ca_and_its_key() {
+        let f = fixture();
+        let files = ca_files(&f.ca);
+        for keep in ["ca.crt", "ca.key"] {
+            let only: Vec<_> = files.iter().filter(|(n, _)| n == keep).cloned().collect();
+            assert!(check_files(&f, &only).is_err(), "only {keep}");
+        }
+    }
+
+    #[test]
+    fn a_certificate_file_that_is_no_ca_certificate_is_refused() {
+        let f = fixture();
+        let leaf = f.ca.sign_kubelet(&f.csr, SystemTime::now()).unwrap();
+        for (data, want) in [
+            (&b"garbage"[..], "PEM"),
+            (leaf.as_bytes(), "not a CA certificate"),
+        ] {
+            let mut files = ca_files(&f.ca);
+            files.push(file("etcd/ca.crt", data));
+            let e = check_files(&f, &files).unwrap_err();
+            assert!(e.contains(want), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_ca_key_that_is_not_its_certificates_key_is_refused() {
+        let f = fixture();
+        let other = ClusterCa::generate(SystemTime::now()).unwrap();
+        let files = vec![
+            file("ca.crt", f.ca.cert_pem().as_bytes()),
+            file(
+                "ca.key",
+                other.key_pem().unwrap().expose_secret().as_bytes(),
+            ),
+        ];
+        let e = check_files(&f, &files).unwrap_err();
+        assert!(e.contains("are not a CA and its key"), "{e}");
+        let mut files = ca_files(&f.ca);
+        files.push(file(
+            "etcd/ca.key",
+            other.key_pem().unwrap().expose_secret().as_bytes(),
+        ));
+        assert!(check_files(&f, &files).unwrap_err().contains("without"));
+    }
+
+    #[test]
+    fn a_ca_certificate_other_than_the_named_one_is_refused() {
+        let f = fixture();
+        let other = ClusterCa::generate(SystemTime::now()).unwrap();
+        let e = check_files(&f, &ca_files(&other)).unwrap_err();
+        assert!(e.contains("is not the CA the ticket names"), "{e}");
+    }
+
+    #[test]
+    fn a_service_account_key_that_is_not_the_pair_of_its_public_key_is_refused() {
+        let f = fixture();
+        let (key_a, pub_a) = rsa_pair();
+        let (_, pub_b) = rsa_pair();
+        for (key, public, want) in [
+            (&key_a[..], &pub_b[..], "not the public key of sa.key"),
+            (b"garbage", &pub_a, "PEM"),
+            (&pub_a, &pub_a, "not an RSA private key"),
+            (&key_a, &key_a, "not a PUBLIC KEY"),
+        ] {
+            let mut files = ca_files(&f.ca);
+            files.push(file("sa.key", key));
+            files.push(file("sa.pub", public));
+            let e = check_files(&f, &files).unwrap_err();
+            assert!(e.contains(want), "{e}");
+        }
+        let mut files = ca_files(&f.ca);
+        files.push(file("sa.key", &key_a));
+        assert!(
+            check_files(&f, &files)
+                .unwrap_err()
+                .contains("without sa.pub")
+        );
+    }
+
+    struct Ssh {
+        ca: asterism_pki::SshCa,
+        host: asterism_pki::HostKey,
+        wire: Vec<u8>,
+        asked: Vec<String>,
+    }
+
+    fn ssh() -> Ssh {
+        let ca = asterism_pki::SshCa::from_seed(&asterism_disk::DataKey::new(vec![7; 32]).unwrap())
+            .unwrap();
+        let host = asterism_pki::HostKey::generate().unwrap();
+        let wire = host.public_key_wire().unwrap();
+        Ssh {
+            ca,
+            host,
+            wire,
+            asked: vec![IP.to_owned(), NAME.to_owned()],
+        }
+    }
+
+    fn host_cert(
+        ca: &asterism_pki::SshCa,
+        host: &asterism_pki::HostKey,
+        principals: &[String],
+    ) -> Vec<u8> {
+        ca.sign_host_certificate(host.public_key(), principals, SystemTime::now())
+            .unwrap()
+            .to_authorized_keys_line()
+            .unwrap()
+            .into_bytes()
+    }
+
+    #[test]
+    fn an_ssh_host_certificate_for_this_host_from_the_ssh_ca_passes() {
+        let s = ssh();
+        let cert = host_cert(&s.ca, &s.host, &s.asked);
+        check_ssh(
+            s.ca.authorized_keys_line().as_bytes(),
+            &cert,
+            &s.wire,
+            &s.asked,
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn ssh_files_that_do_not_parse_are_refused() {
+        let s = ssh();
+        let cert = host_cert(&s.ca, &s.host, &s.asked);
+        let e = check_ssh(b"not a key", &cert, &s.wire, &s.asked).unwrap_err();
+        assert!(e.contains("SSH CA key does not parse"), "{e}");
+        let ca = s.ca.authorized_keys_line();
+        let e = check_ssh(ca.as_bytes(), b"not a certificate", &s.wire, &s.asked).unwrap_err();
+        assert!(e.contains("host certificate does not parse"), "{e}");
+    }
+
+    #[test]
+    fn an_ssh_host_certificate_for_another_key_is_refused() {
+        let s = ssh();
+        let other = asterism_pki::HostKey::generate().unwrap();
+        let cert = host_cert(&s.ca, &other, &s.asked);
+        let ca = s.ca.authorized_keys_line();
+        let e = check_ssh(ca.as_bytes(), &cert, &s.wire, &s.asked).unwrap_err();
+        assert!(e.contains("not for this node's host key"), "{e}");
+    }
+
+    #[test]
+    fn an_ssh_host_certificate_from_another_ca_is_refused() {
+        let s = ssh();
+        let other =
+            asterism_pki::SshCa::from_seed(&asterism_disk::DataKey::new(vec![8; 32]).unwrap())
+                .unwrap();
+        let cert = host_cert(&other, &s.host, &s.asked);
+        let ca = s.ca.authorized_keys_line();
+        let e = check_ssh(ca.as_bytes(), &cert, &s.wire, &s.asked).unwrap_err();
+        assert!(e.contains("not signed by the SSH CA"), "{e}");
+    }
+
+    #[test]
+    fn an_ssh_host_certificate_for_principals_not_asked_for_is_refused() {
+        let s = ssh();
+        let cert = host_cert(&s.ca, &s.host, &["*".to_owned()]);
+        let ca = s.ca.authorized_keys_line();
+        let e = check_ssh(ca.as_bytes(), &cert, &s.wire, &s.asked).unwrap_err();
+        assert!(e.contains("not a part of"), "{e}");
+    }
+
+    fn components(paths: &[&str]) -> Components {
+        Components::new(
+            paths
+                .iter()
+                .map(|p| asterism_kubernetes::components::Component {
+                    url: "https://example.com/x".into(),
+                    hash: format!("sha256:{}", "ab".repeat(32)),
+                    install_path: (*p).into(),
+                    extract: false,
+                })
+                .collect(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn component_paths_stay_inside_the_components_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("bin");
+        std::fs::create_dir(&root).unwrap();
+        let inside = format!("{}/kubelet", root.display());
+        let nested = format!("{}/cni/plugins", root.display());
+        check_component_paths(&components(&[&inside, &nested]), &root).unwrap();
+        for bad in [
+            "/usr/bin/kubelet".to_string(),
+            root.display().to_string(),
+            format!("{}-other/kubelet", root.display()),
+        ] {
+            let e = check_component_paths(&components(&[&bad]), &root).unwrap_err();
+            assert!(e.contains("is not inside"), "{bad}: {e}");
+        }
+        // `..` is refused (by the component check before this one, and here).
+        let dotdot = Components::new(vec![asterism_kubernetes::components::Component {
+            url: "https://example.com/x".into(),
+            hash: format!("sha256:{}", "ab".repeat(32)),
+            install_path: format!("{}/../etc/kubelet", root.display()),
+            extract: false,
+        }]);
+        assert!(dotdot.is_err());
+    }
+
+    #[test]
+    fn component_paths_through_a_symlink_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("bin");
+        std::fs::create_dir(&root).unwrap();
+        let outside = dir.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("cni")).unwrap();
+        std::os::unix::fs::symlink(outside.join("k"), root.join("kubelet")).unwrap();
+        for bad in [
+            format!("{}/cni/bridge", root.display()),
+            format!("{}/kubelet", root.display()),
+        ] {
+            let e = check_component_paths(&components(&[&bad]), &root).unwrap_err();
+            assert!(e.contains("symlink"), "{bad}: {e}");
+        }
+    }
+}

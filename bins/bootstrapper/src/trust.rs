@@ -1,0 +1,219 @@
+//! Which join services a node trusts.
+//!
+//! A joining node hands its state disk to whatever key a join service sends and marks PCR
+//! 15 with the cluster the ticket names, so it must know that the join service belongs to
+//! the cluster it means to join. The join service runs on an initialised control-plane
+//! node, whose PCR 15 holds `SHA-256(0³² ‖ SHA-256(clusterID))`; requiring that value in
+//! the join service's quote (mutual aTLS) binds the join service to one cluster. The node
+//! learns the expected cluster ID from its configuration (`--cluster-id`), never from the
+//! metadata or the join service.
+//!
+//! Three modes, made only by their constructors:
+//!
+//! * [`JoinServiceTrust::cluster`] (the secure mode): the join service's evidence must
+//!   satisfy the AK trust policy and the measurements, with PCR 15 enforced as the marker
+//!   of the expected cluster whatever the measurements say about it; a ticket or rejoin
+//!   ticket must derive that same cluster ID.
+//! * [`JoinServiceTrust::init_only`]: no cluster is configured. The node does not join or
+//!   rejoin; it waits to be initialised (the first node of a cluster).
+//! * [`JoinServiceTrust::insecure_skip_verification`]: any join service is trusted. Every
+//!   join and rejoin attempt logs a warning.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use asterism_atls::Validator;
+use asterism_attestation::{
+    AkTrust, ExpectedPcr, Measurements, MeasurementsError, MeasurementsProvider, PcrIndex,
+    TpmQuoteValidator,
+};
+use asterism_kms::ClusterId;
+use tracing::warn;
+
+/// The marker PCR.
+const MARKER_PCR: u8 = 15;
+
+/// How a node decides whether to trust a join service. See the module documentation.
+#[derive(Clone)]
+pub struct JoinServiceTrust(Mode);
+
+#[derive(Clone)]
+enum Mode {
+    Cluster {
+        validator: Arc<dyn Validator>,
+        cluster_id: ClusterId,
+    },
+    InitOnly,
+    InsecureAny,
+}
+
+impl std::fmt::Debug for JoinServiceTrust {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Mode::Cluster { cluster_id, .. } => {
+                write!(f, "JoinServiceTrust::Cluster({cluster_id})")
+            }
+            Mode::InitOnly => f.write_str("JoinServiceTrust::InitOnly"),
+            Mode::InsecureAny => f.write_str("JoinServiceTrust::InsecureAny"),
+        }
+    }
+}
+
+impl JoinServiceTrust {
+    /// Trusts only join services of `cluster_id`: a TPM quote whose AK `ak_trust` accepts,
+    /// whose PCRs match `measurements`, and whose PCR 15 is the marker of `cluster_id`
+    /// (whatever `measurements` expects of PCR 15, if anything).
+    pub fn cluster(
+        ak_trust: AkTrust,
+        measurements: Arc<dyn MeasurementsProvider>,
+        cluster_id: ClusterId,
+    ) -> Result<Self, MeasurementsError> {
+        let provider = WithClusterMarker::new(measurements, &cluster_id)?;
+        Ok(Self(Mode::Cluster {
+            validator: Arc::new(TpmQuoteValidator::new(ak_trust, Arc::new(provider))),
+            cluster_id,
+        }))
+    }
+
+    /// No cluster to join: the node only waits to be initialised.
+    #[must_use]
+    pub fn init_only() -> Self {
+        Self(Mode::InitOnly)
+    }
+
+    /// **Insecure**: trusts whichever join service answers, which then gets to choose the
+    /// node's disk key and cluster. Warned now and on every join or rejoin attempt.
+    #[must_use]
+    pub fn insecure_skip_verification() -> Self {
+        warn!(
+            "INSECURE: the join service is not verified (--insecure-skip-join-service-verification): any join service can choose this node's disk key and cluster"
+        );
+        Self(Mode::InsecureAny)
+    }
+
+    /// The validator of the join service's evidence (none in the insecure mode).
+    pub(crate) fn validator(&self) -> Option<Arc<dyn Validator>> {
+        match &self.0 {
+            Mode::Cluster { validator, .. } => Some(validator.clone()),
+            Mode::InitOnly | Mode::InsecureAny => None,
+        }
+    }
+
+    /// The cluster a ticket must derive (none in the insecure mode).
+    pub(crate) fn expected_cluster(&self) -> Option<&ClusterId> {
+        match &self.0 {
+            Mode::Cluster { cluster_id, .. } => Some(cluster_id),
+            Mode::InitOnly | Mode::InsecureAny => None,
+        }
+    }
+
+    /// Whether the node may join or rejoin at all.
+    pub(crate) fn may_join(&self) -> bool {
+        !matches!(self.0, Mode::InitOnly)
+    }
+
+    /// Logs the warning of the insecure mode; called on every attempt.
+    pub(crate) fn warn_if_insecure(&self, what: &str) {
+        if matches!(self.0, Mode::InsecureAny) {
+            warn!(
+                attempt = what,
+                "INSECURE: asking a join service that is not verified (--insecure-skip-join-service-verification)"
+            );
+        }
+    }
+
+    /// Whether a ticket's cluster is the expected one (always, in the insecure mode).
+    pub(crate) fn accepts_cluster(&self, got: &ClusterId) -> Result<(), String> {
+        match self.expected_cluster() {
+            Some(want) if want != got => Err(format!(
+                "the ticket is for cluster {got}, this node expects cluster {want}"
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The configured measurements with PCR 15 enforced as one cluster's marker.
+struct WithClusterMarker {
+    inner: Arc<dyn MeasurementsProvider>,
+    marker: [u8; 32],
+    /// The last combination made: reused while `inner` hands out the same measurements.
+    last: Mutex<(Arc<Measurements>, Arc<Measurements>)>,
+}
+
+impl WithClusterMarker {
+    fn new(
+        inner: Arc<dyn MeasurementsProvider>,
+        cluster_id: &ClusterId,
+    ) -> Result<Self, MeasurementsError> {
+        let marker = asterism_tpm::marker::expected_marker_pcr(cluster_id.as_bytes());
+        let base = inner.current();
+        let combined = Arc::new(with_marker(&base, marker)?);
+        Ok(Self {
+            inner,
+            marker,
+            last: Mutex::new((base, combined)),
+        })
+    }
+}
+
+fn with_marker(base: &Measurements, marker: [u8; 32]) -> Result<Measurements, MeasurementsError> {
+    let pcr15 = PcrIndex::try_from(u32::from(MARKER_PCR))?;
+    Measurements::new(
+        base.iter()
+            .filter(|(i, _)| *i != pcr15)
+            .map(|(i, e)| (i, *e))
+            .chain([(pcr15, ExpectedPcr::enforce(marker))]),
+    )
+}
+
+impl MeasurementsProvider for WithClusterMarker {
+    fn current(&self) -> Arc<Measurements> {
+        let base = self.inner.current();
+        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        if !Arc::ptr_eq(&last.0, &base) {
+            match with_marker(&base, self.marker) {
+                Ok(m) => *last = (base, Arc::new(m)),
+                // Cannot happen (the marker makes an enforced, non-resettable entry of its
+                // own); the previous combination, which enforces the marker, stays.
+                Err(e) => {
+                    warn!(error = %e, "cannot add the cluster marker to new measurements; keeping the previous ones")
+                }
+            }
+        }
+        last.1.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn the_marker_replaces_whatever_the_measurements_expect_of_pcr_15() {
+        let zero = Measurements::new([
+            (
+                PcrIndex::try_from(0).unwrap(),
+                ExpectedPcr::enforce([1; 32]),
+            ),
+            (
+                PcrIndex::try_from(15).unwrap(),
+                ExpectedPcr::warn_only([0; 32]),
+            ),
+        ])
+        .unwrap();
+        let id = ClusterId::from([7; 32]);
+        let p = WithClusterMarker::new(zero.into_provider(), &id).unwrap();
+        let m = p.current();
+        assert_eq!(
+            m.get(PcrIndex::try_from(15).unwrap()),
+            Some(&ExpectedPcr::enforce(
+                asterism_tpm::marker::expected_marker_pcr(id.as_bytes())
+            ))
+        );
+        assert_eq!(
+            m.get(PcrIndex::try_from(0).unwrap()),
+            Some(&ExpectedPcr::enforce([1; 32]))
+        );
+    }
+}

@@ -291,6 +291,7 @@ use futures::StreamExt as _;
 /// no join ticket binds it, and an unbound disk would be refused on rejoin.
 fn write_init_node_record<M: Metadata + 'static>(
     node: &Arc<Node<M>>,
+    identity: Option<&crate::node::Identity>,
     disk: &str,
 ) -> Result<(), StepError> {
     let Some(ak) = &node.config.ak_identity else {
@@ -300,9 +301,7 @@ fn write_init_node_record<M: Metadata + 'static>(
         );
         return Ok(());
     };
-    let name = node
-        .identity
-        .get()
+    let name = identity
         .map(|i| i.name.clone())
         .unwrap_or_else(|| node.config.node_ip.to_string());
     let record = serde_json::json!({
@@ -348,12 +347,13 @@ async fn activate_steps<M: Metadata + 'static>(
     let disk_key = kms.data_key(&KeyId::Disk(uuid.clone()), STATE_DISK_KEY_LEN)?;
     info!(step = "disk", uuid = %uuid, "derived the state disk key");
     node.rekey_disk(disk_key).await?;
-    write_init_node_record(node, uuid.as_str())?;
+    let identity = node.identity_now().await;
+    write_init_node_record(node, identity.as_ref(), uuid.as_str())?;
 
     // 8–10. The emergency SSH CA and this node's host certificate.
     let seed = kms.data_key(&KeyId::EmergencySshCa, 32)?;
     let mut principals = vec![node.config.node_ip.to_string()];
-    if let Some(identity) = node.identity.get() {
+    if let Some(identity) = &identity {
         principals.push(identity.name.clone());
     }
     principals.extend(params.apiserver_cert_sans.iter().cloned());

@@ -177,34 +177,47 @@ impl<M: Metadata + 'static> Node<M> {
     /// Asks the metadata who this node is until it knows a name and a role, or `stop`.
     async fn learn_identity(&self, stop: &mut watch::Receiver<bool>) -> Option<Identity> {
         loop {
-            let timeout = self.config.rpc_timeout;
-            match tokio::time::timeout(timeout, self.metadata.self_instance()).await {
-                Ok(Ok(me)) => {
-                    let role = match me.role {
-                        MetadataRole::ControlPlane => Some(Role::ControlPlane),
-                        MetadataRole::Worker => Some(Role::Worker),
-                        MetadataRole::Unknown => None,
-                    };
-                    match role {
-                        Some(role) if !me.name.is_empty() => {
-                            let identity = Identity {
-                                name: me.name,
-                                role,
-                            };
-                            info!(step = "metadata", name = %identity.name, role = %identity.role, "learned this node's identity");
-                            let _ = self.identity.set(identity.clone());
-                            return Some(identity);
-                        }
-                        _ => warn!("the metadata does not name this node or its role yet"),
-                    }
-                }
-                Ok(Err(e)) => warn!(error = %chain(&e), "cannot ask the metadata who this node is"),
-                Err(_) => warn!("the metadata did not answer in time"),
+            if let Some(identity) = self.identity_now().await {
+                return Some(identity);
             }
             if pause(stop, self.config.retry_interval).await {
                 return None;
             }
         }
+    }
+
+    /// This node's identity: the one already learned, or one question to the metadata
+    /// (`None` when it does not answer with a name and a role). The InitServer needs it
+    /// too, and a node that only waits for Init has no JoinClient to ask for it.
+    pub(crate) async fn identity_now(&self) -> Option<Identity> {
+        if let Some(identity) = self.identity.get() {
+            return Some(identity.clone());
+        }
+        let timeout = self.config.rpc_timeout;
+        match tokio::time::timeout(timeout, self.metadata.self_instance()).await {
+            Ok(Ok(me)) => {
+                let role = match me.role {
+                    MetadataRole::ControlPlane => Some(Role::ControlPlane),
+                    MetadataRole::Worker => Some(Role::Worker),
+                    MetadataRole::Unknown => None,
+                };
+                match role {
+                    Some(role) if !me.name.is_empty() => {
+                        let identity = Identity {
+                            name: me.name,
+                            role,
+                        };
+                        info!(step = "metadata", name = %identity.name, role = %identity.role, "learned this node's identity");
+                        let _ = self.identity.set(identity.clone());
+                        return self.identity.get().cloned();
+                    }
+                    _ => warn!("the metadata does not name this node or its role yet"),
+                }
+            }
+            Ok(Err(e)) => warn!(error = %chain(&e), "cannot ask the metadata who this node is"),
+            Err(_) => warn!("the metadata did not answer in time"),
+        }
+        None
     }
 
     /// The JoinClient: find a join service, get a ticket, take the node lock, activate.
@@ -393,7 +406,7 @@ impl<M: Metadata + 'static> Node<M> {
             host_public_wire,
             &self.host_certificate_principals(identity),
         )?;
-        ticket::check_component_paths(&ticket.components, &self.config.components_dir)
+        ticket::check_component_paths(&ticket.components, &self.config.components_dirs)
     }
 
     /// The principals a node asks for in its SSH host certificate.

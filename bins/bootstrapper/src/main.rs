@@ -123,9 +123,10 @@ struct Args {
     #[arg(long, conflicts_with_all = ["cluster_id", "verify_join_service_measurements", "platform_ca"])]
     insecure_skip_join_service_verification: bool,
 
-    /// The one directory a join ticket's Kubernetes components may install into.
-    #[arg(long, value_name = "DIR", default_value = asterism_bootstrapper::DEFAULT_COMPONENTS_DIR)]
-    components_dir: PathBuf,
+    /// A directory a join ticket's Kubernetes components may install into (repeatable;
+    /// replaces the defaults: /run/state/bin, /opt/cni/bin, /opt/kubernetes/patches).
+    #[arg(long = "components-dir", value_name = "DIR")]
+    components_dirs: Vec<PathBuf>,
 
     /// The size of a new state disk image, in MiB.
     #[arg(long, value_name = "MIB", default_value_t = 64)]
@@ -454,7 +455,9 @@ async fn run(args: Args, logs: LogBuffer) -> anyhow::Result<u8> {
     config.rpc_timeout = args.rpc_timeout;
     config.state_disk_size = args.state_disk_size_mib * 1024 * 1024;
     config.join_service = join_service_trust(&args)?;
-    config.components_dir = args.components_dir.clone();
+    if !args.components_dirs.is_empty() {
+        config.components_dirs = args.components_dirs.clone();
+    }
 
     let node = Arc::new(Node::new(
         config,

@@ -31,8 +31,11 @@ pub const DEFAULT_RPC_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_ACTIVATION_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 /// The size of a new state disk image (sparse).
 pub const DEFAULT_STATE_DISK_SIZE: u64 = 64 * 1024 * 1024;
-/// The directory a join ticket's Kubernetes components install into.
-pub const DEFAULT_COMPONENTS_DIR: &str = "/run/state/bin";
+/// The directories a join ticket's Kubernetes components may install into: the node's
+/// binaries, the CNI plugins and kubeadm's patches, as the versions table places them.
+/// Nothing a ticket names may land anywhere else.
+pub const DEFAULT_COMPONENTS_DIRS: [&str; 3] =
+    ["/run/state/bin", "/opt/cni/bin", "/opt/kubernetes/patches"];
 /// The size of one `log` chunk of a failed Init (REFERENCE §3.7).
 pub const LOG_CHUNK_SIZE: usize = 1024;
 
@@ -57,8 +60,8 @@ pub struct Config {
     pub state_disk_size: u64,
     /// Which join services the node trusts (and whether it joins at all).
     pub join_service: crate::trust::JoinServiceTrust,
-    /// The one directory a join ticket's Kubernetes components may install into.
-    pub components_dir: PathBuf,
+    /// The fixed directories a join ticket's Kubernetes components may install into.
+    pub components_dirs: Vec<PathBuf>,
     /// What the InitServer lets unauthenticated callers do (connections and Init calls).
     pub init_limits: crate::limits::InitLimits,
     /// This node's attestation key identity as verifiers report it (SHA-256 of the AK's
@@ -79,7 +82,7 @@ impl std::fmt::Debug for Config {
             .field("activation_timeout", &self.activation_timeout)
             .field("state_disk_size", &self.state_disk_size)
             .field("join_service", &self.join_service)
-            .field("components_dir", &self.components_dir)
+            .field("components_dirs", &self.components_dirs)
             .field("init_limits", &self.init_limits)
             .field("ak_identity", &self.ak_identity)
             .finish()
@@ -100,7 +103,7 @@ impl Config {
             activation_timeout: DEFAULT_ACTIVATION_TIMEOUT,
             state_disk_size: DEFAULT_STATE_DISK_SIZE,
             join_service: crate::trust::JoinServiceTrust::init_only(),
-            components_dir: PathBuf::from(DEFAULT_COMPONENTS_DIR),
+            components_dirs: DEFAULT_COMPONENTS_DIRS.iter().map(PathBuf::from).collect(),
             init_limits: crate::limits::InitLimits::default(),
             ak_identity: None,
         }

@@ -305,21 +305,31 @@ pub(crate) fn check_ssh(
     Ok(())
 }
 
-/// Checks that every component installs strictly inside `root`, lexically and through no
-/// symlink that exists now.
-pub(crate) fn check_component_paths(components: &Components, root: &Path) -> Result<(), String> {
+/// Checks that every component installs strictly inside one of `roots`, lexically and
+/// through no symlink that exists now.
+pub(crate) fn check_component_paths(
+    components: &Components,
+    roots: &[std::path::PathBuf],
+) -> Result<(), String> {
     for c in components.as_slice() {
         let path = Path::new(&c.install_path);
         let plain = path.is_absolute()
             && path
                 .components()
                 .all(|p| matches!(p, PathPart::RootDir | PathPart::Normal(_)));
-        let rel = path.strip_prefix(root).ok().filter(|_| plain);
-        let Some(rel) = rel.filter(|r| r.components().next().is_some()) else {
+        let inside = roots.iter().find_map(|root| {
+            let rel = path.strip_prefix(root).ok().filter(|_| plain)?;
+            rel.components().next().is_some().then_some((root, rel))
+        });
+        let Some((root, rel)) = inside else {
             return Err(format!(
                 "component install path {:?} is not inside {}",
                 c.install_path,
-                root.display()
+                roots
+                    .iter()
+                    .map(|r| r.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ));
         };
         let mut cur = root.to_path_buf();
@@ -770,13 +780,13 @@ mod tests {
         std::fs::create_dir(&root).unwrap();
         let inside = format!("{}/kubelet", root.display());
         let nested = format!("{}/cni/plugins", root.display());
-        check_component_paths(&components(&[&inside, &nested]), &root).unwrap();
+        check_component_paths(&components(&[&inside, &nested]), &[root.clone()]).unwrap();
         for bad in [
             "/usr/bin/kubelet".to_string(),
             root.display().to_string(),
             format!("{}-other/kubelet", root.display()),
         ] {
-            let e = check_component_paths(&components(&[&bad]), &root).unwrap_err();
+            let e = check_component_paths(&components(&[&bad]), &[root.clone()]).unwrap_err();
             assert!(e.contains("is not inside"), "{bad}: {e}");
         }
         // `..` is refused (by the component check before this one, and here).
@@ -787,6 +797,27 @@ mod tests {
             extract: false,
         }]);
         assert!(dotdot.is_err());
+    }
+
+    #[test]
+    fn component_paths_may_use_any_of_the_fixed_directories_and_nothing_between_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("bin");
+        let cni = dir.path().join("cni");
+        let roots = [bin.clone(), cni.clone()];
+        let ok = [
+            format!("{}/kubelet", bin.display()),
+            format!("{}/bridge", cni.display()),
+        ];
+        check_component_paths(&components(&[&ok[0], &ok[1]]), &roots).unwrap();
+        for bad in [
+            format!("{}/etc/kubelet", dir.path().display()),
+            dir.path().display().to_string(),
+            cni.display().to_string(),
+        ] {
+            let e = check_component_paths(&components(&[&bad]), &roots).unwrap_err();
+            assert!(e.contains("is not inside"), "{bad}: {e}");
+        }
     }
 
     #[test]
@@ -802,7 +833,7 @@ mod tests {
             format!("{}/cni/bridge", root.display()),
             format!("{}/kubelet", root.display()),
         ] {
-            let e = check_component_paths(&components(&[&bad]), &root).unwrap_err();
+            let e = check_component_paths(&components(&[&bad]), &[root.clone()]).unwrap_err();
             assert!(e.contains("symlink"), "{bad}: {e}");
         }
     }

@@ -7,7 +7,10 @@
 //! * the RSA AK modulus: it must be exactly keyBits long and have its top bit set, and
 //!   keyBits must be a multiple of 8 within 2048..=8192;
 //! * the measurements file: its size limit, duplicate fields, the entry limit, the
-//!   messages that say what was expected.
+//!   messages that say what was expected;
+//! * the TPM structures: TPM2B and bank-count limits, `clockInfo.safe`, the KDF schemes, the
+//!   TPMA_OBJECT bits, the accessors and error messages the validator relies on;
+//! * the `Debug` forms of report data, measurements and verified evidence.
 #![cfg(feature = "insecure-test-attestation")]
 #![allow(
     clippy::unwrap_used,
@@ -19,12 +22,13 @@
 mod common;
 
 use asterism_attestation::tpm::soft::SoftAk;
-use asterism_attestation::tpm::structures::PublicParams;
+use asterism_attestation::tpm::structures::{KdfScheme, ObjectAttributes, PublicParams, alg};
 use asterism_attestation::tpm::{
-    AkTrust, EvidenceError, MAX_EVIDENCE_SIZE, QuoteEvidence, TpmQuoteValidator,
+    AkTrust, EvidenceError, MAX_EVIDENCE_SIZE, ParseError, QuoteEvidence, TpmQuoteValidator,
+    TpmsAttest, TpmtPublic, TpmtSignature,
 };
 use asterism_attestation::{
-    ExpectedPcr, Issuer, Measurements, MeasurementsError, PcrIndex, ReportData, Role,
+    ExpectedPcr, Issuer, Measurement, Measurements, MeasurementsError, PcrIndex, ReportData, Role,
     ValidationError, Validator,
 };
 use common::*;
@@ -253,6 +257,191 @@ fn shape_errors_say_what_was_expected() {
     let e = json_error(r#"{"measurements": {"4": 5}}"#);
     assert!(
         e.contains(r#"a hex string or {"expected": "<hex>", "warnOnly": <bool>}"#),
+        "{e}"
+    );
+}
+
+// ---------------------------------------------------------------- TPM structures
+
+/// The TPMS_ATTEST of a fresh quote, marshalled.
+fn attest_bytes(edit: impl FnOnce(&mut TpmsAttest)) -> Result<Vec<u8>, ParseError> {
+    let tpm = booted_tpm(ecdsa_ak());
+    let mut attest = tpm.quote(&rd()).attest;
+    edit(&mut attest);
+    attest.to_bytes()
+}
+
+#[test]
+fn a_qualified_signer_of_66_bytes_parses_and_of_67_does_not() {
+    let bytes = attest_bytes(|a| a.qualified_signer = vec![0x0b; 66]).unwrap();
+    assert_eq!(
+        TpmsAttest::parse(&bytes).unwrap().qualified_signer.len(),
+        66
+    );
+    // One byte more, spliced in by hand (the marshaller refuses it too).
+    assert!(attest_bytes(|a| a.qualified_signer = vec![0x0b; 67]).is_err());
+    let mut longer = bytes[..8 + 66].to_vec();
+    longer[6..8].copy_from_slice(&67u16.to_be_bytes());
+    longer.push(0x0b);
+    longer.extend_from_slice(&bytes[8 + 66..]);
+    let e = TpmsAttest::parse(&longer).unwrap_err().to_string();
+    assert!(e.contains("qualifiedSigner is 67, at most 66"), "{e}");
+}
+
+#[test]
+fn clock_safe_false_and_true_both_parse() {
+    for safe in [false, true] {
+        let bytes = attest_bytes(|a| a.clock_info.safe = safe).unwrap();
+        assert_eq!(TpmsAttest::parse(&bytes).unwrap().clock_info.safe, safe);
+    }
+}
+
+#[test]
+fn sixteen_pcr_banks_marshal_and_parse_and_seventeen_do_neither() {
+    let banks = |n: usize| {
+        move |a: &mut TpmsAttest| {
+            let first = a.quote.pcr_select[0].clone();
+            a.quote.pcr_select = vec![first; n];
+        }
+    };
+    let bytes = attest_bytes(banks(16)).unwrap();
+    assert_eq!(
+        TpmsAttest::parse(&bytes).unwrap().quote.pcr_select.len(),
+        16
+    );
+    let e = attest_bytes(banks(17)).unwrap_err().to_string();
+    assert!(e.contains("pcrSelect.count is 17"), "{e}");
+}
+
+#[test]
+fn a_signature_reports_its_scheme_and_hash() {
+    for (ak, scheme) in [(ecdsa_ak(), alg::ECDSA), (rsa_ak(), alg::RSASSA)] {
+        let tpm = booted_tpm(ak);
+        let wire = tpm.quote(&rd()).sign(tpm.ak()).unwrap();
+        let sig = TpmtSignature::parse(&wire.signature).unwrap();
+        assert_eq!(sig.scheme(), scheme);
+        assert_eq!(sig.hash(), alg::SHA256);
+    }
+}
+
+#[test]
+fn object_attribute_bits_are_those_of_the_tpm_specification() {
+    // TPM 2.0 Part 2, TPMA_OBJECT.
+    assert_eq!(ObjectAttributes::FIXED_TPM, 0x0000_0002);
+    assert_eq!(ObjectAttributes::ST_CLEAR, 0x0000_0004);
+    assert_eq!(ObjectAttributes::FIXED_PARENT, 0x0000_0010);
+    assert_eq!(ObjectAttributes::SENSITIVE_DATA_ORIGIN, 0x0000_0020);
+    assert_eq!(ObjectAttributes::USER_WITH_AUTH, 0x0000_0040);
+    assert_eq!(ObjectAttributes::ADMIN_WITH_POLICY, 0x0000_0080);
+    assert_eq!(ObjectAttributes::NO_DA, 0x0000_0400);
+    assert_eq!(ObjectAttributes::RESTRICTED, 0x0001_0000);
+    assert_eq!(ObjectAttributes::DECRYPT, 0x0002_0000);
+    assert_eq!(ObjectAttributes::SIGN, 0x0004_0000);
+}
+
+#[test]
+fn an_ecc_public_area_with_a_known_kdf_marshals_and_an_unknown_one_does_not() {
+    let with_kdf = |kdf: KdfScheme| {
+        let mut public = ecdsa_ak().public_area().clone();
+        if let PublicParams::Ecc { kdf: k, .. } = &mut public.params {
+            *k = kdf;
+        }
+        public.to_bytes()
+    };
+    for scheme in [
+        alg::MGF1,
+        alg::KDF1_SP800_56A,
+        alg::KDF2,
+        alg::KDF1_SP800_108,
+    ] {
+        let bytes = with_kdf(KdfScheme::Hashed {
+            scheme,
+            hash: alg::SHA256,
+        })
+        .unwrap();
+        assert_eq!(
+            TpmtPublic::parse(&bytes).unwrap().to_bytes().unwrap(),
+            bytes
+        );
+    }
+    assert!(
+        with_kdf(KdfScheme::Hashed {
+            scheme: 0x1234,
+            hash: alg::SHA256,
+        })
+        .is_err()
+    );
+}
+
+#[test]
+fn a_selection_mismatch_names_both_pcr_lists() {
+    let mut tpm = booted_tpm(ecdsa_ak());
+    tpm.set_selection([4u8, 8].map(idx));
+    let v = TpmQuoteValidator::new(
+        AkTrust::pinned([tpm.ak().fingerprint()]),
+        Measurements::new([(idx(4), ExpectedPcr::enforce(tpm.pcr(idx(4))))])
+            .unwrap()
+            .into_provider(),
+    );
+    let mut q = tpm.quote(&rd());
+    q.pcrs.insert(idx(5), [0u8; 32]);
+    policy(
+        v.validate(&q.evidence(tpm.ak()).unwrap(), &rd())
+            .map(|_| ()),
+        "supplied PCRs [4,5,8] do not match the signed selection [4,8]",
+    );
+}
+
+// ---------------------------------------------------------------- Debug forms
+
+#[test]
+fn debug_forms_show_what_they_describe() {
+    let rd = ReportData::verify(b"nonce");
+    assert_eq!(
+        format!("{rd:?}"),
+        format!("ReportData({})", hex::encode(rd.as_bytes()))
+    );
+    let m = Measurement {
+        index: 4,
+        value: vec![0xab, 0x01],
+    };
+    assert_eq!(format!("{m:?}"), "4=ab01");
+
+    let tpm = booted_tpm(ecdsa_ak());
+    let v = TpmQuoteValidator::new(
+        AkTrust::pinned([tpm.ak().fingerprint()]),
+        measurements_of(&tpm).into_provider(),
+    );
+    let ok = v.validate(&tpm.issue(&rd).unwrap(), &rd).unwrap();
+    let shown = format!("{ok:?}");
+    assert!(shown.starts_with("VerifiedEvidence {"), "{shown}");
+    assert!(shown.contains("tpm-quote"), "{shown}");
+    assert!(shown.contains(ok.identity()), "{shown}");
+    assert!(
+        shown.contains(&format!("4={}", hex::encode(tpm.pcr(idx(4))))),
+        "{shown}"
+    );
+}
+
+#[test]
+fn an_unknown_kdf_is_refused_by_the_parser_naming_the_structure() {
+    let mut public = ecdsa_ak().public_area().clone();
+    if let PublicParams::Ecc { kdf, .. } = &mut public.params {
+        *kdf = KdfScheme::Hashed {
+            scheme: alg::MGF1,
+            hash: alg::SHA256,
+        };
+    }
+    let mut bytes = public.to_bytes().unwrap();
+    // MGF1 with SHA-256, as marshalled: replace the KDF by an unknown algorithm.
+    let at = bytes
+        .windows(4)
+        .position(|w| w == [0x00, 0x07, 0x00, 0x0b])
+        .unwrap();
+    bytes[at..at + 2].copy_from_slice(&0x1234u16.to_be_bytes());
+    let e = TpmtPublic::parse(&bytes).unwrap_err().to_string();
+    assert!(
+        e.contains("TPMT_PUBLIC: parameters.kdf.scheme has unsupported value 0x1234"),
         "{e}"
     );
 }

@@ -135,7 +135,8 @@ fn run_cluster(dir: &Path) {
         .with_env_filter(tracing_subscriber::EnvFilter::new("trace"))
         .with_writer(std::io::stderr)
         .try_init();
-    let cluster = LocalCluster::create(dir, 1, 41, bins()).unwrap();
+    // Loopback network 127.0.57.0/24: apart from the other end-to-end tests and bench-mini.
+    let cluster = LocalCluster::create(dir, 1, 57, bins()).unwrap();
     let _teardown = Teardown(&cluster);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

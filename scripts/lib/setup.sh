@@ -34,3 +34,14 @@ install_rust_components() {
         rustup component add rustfmt clippy >/dev/null
     fi
 }
+
+# Installs a cargo subcommand (`cargo-fuzz`, `cargo-deny`, `cargo-mutants`) from crates.io
+# when it is missing, at the version given (the one the scripts were written against).
+install_cargo_tool() {
+    local name=$1 version=$2
+    if command -v "$name" >/dev/null 2>&1; then
+        return
+    fi
+    step "installing $name $version (cargo install --locked)"
+    cargo install --locked "$name@$version"
+}

@@ -110,6 +110,13 @@ impl TryFrom<IssueJoinTicketResponse> for JoinTicket {
     }
 }
 
+/// Checks a join ticket exactly as the JoinClient does before it takes the node lock, and
+/// drops it. Public only so that the ticket checks can be fuzzed from outside the crate.
+#[doc(hidden)]
+pub fn check_join_ticket(ticket: IssueJoinTicketResponse) -> Result<(), String> {
+    JoinTicket::try_from(ticket).map(drop)
+}
+
 /// Waits `interval`, or less if `stop` is set. Returns whether stop is set.
 async fn pause(stop: &mut watch::Receiver<bool>, interval: Duration) -> bool {
     if *stop.borrow() {

@@ -49,6 +49,8 @@ pub use effects::{
     MarkError, NodeMarker, TpmMarker, UnlockMode,
 };
 pub use init::DEFAULT_CLUSTER_NAME;
+#[doc(hidden)]
+pub use join::check_join_ticket;
 pub use lock::{Holder, LockError, NodeLock};
 pub use logbuf::{DEFAULT_LOG_BUFFER_BYTES, LogBuffer, LogBufferLayer};
 pub use node::{

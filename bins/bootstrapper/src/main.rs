@@ -279,9 +279,18 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// The log filter: `ASTERISM_LOG` when set (a level or a tracing filter, as for the
+/// `asterism` CLI; the end-to-end tests run every process at `trace` with it), else `default`.
+fn log_filter(default: &str) -> EnvFilter {
+    match std::env::var("ASTERISM_LOG") {
+        Ok(filter) if !filter.trim().is_empty() => EnvFilter::new(filter),
+        _ => EnvFilter::new(default),
+    }
+}
+
 fn init_logging(format: LogFormat, verbose: u8, buffer: &LogBuffer) {
     let level = if verbose > 0 { "debug" } else { "info" };
-    let filter = EnvFilter::new(format!(
+    let filter = log_filter(&format!(
         "warn,asterism_bootstrapper={level},asterism_kubernetes={level},asterism_disk={level},asterism_tpm={level},asterism_atls={level},asterism_attestation={level},asterism_metadata={level}"
     ));
     let fmt = tracing_subscriber::fmt::layer()

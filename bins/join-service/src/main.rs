@@ -200,13 +200,22 @@ enum LogFormat {
     Json,
 }
 
+/// The log filter: `ASTERISM_LOG` when set (a level or a tracing filter, as for the
+/// `asterism` CLI; the end-to-end tests run every process at `trace` with it), else `default`.
+fn log_filter(default: &str) -> EnvFilter {
+    match std::env::var("ASTERISM_LOG") {
+        Ok(filter) if !filter.trim().is_empty() => EnvFilter::new(filter),
+        _ => EnvFilter::new(default),
+    }
+}
+
 fn init_logging(format: LogFormat, verbose: u8) {
     let level = match verbose {
         0 => "info",
         1 => "debug",
         _ => "trace",
     };
-    let filter = EnvFilter::new(format!(
+    let filter = log_filter(&format!(
         "warn,asterism_join_service={level},asterism_atls={level},asterism_attestation={level},asterism_metadata={level},asterism_kubernetes={level}"
     ));
     let builder = tracing_subscriber::fmt()

@@ -90,6 +90,15 @@ enum LogFormat {
     Json,
 }
 
+/// The log filter: `ASTERISM_LOG` when set (a level or a tracing filter, as for the
+/// `asterism` CLI; the end-to-end tests run every process at `trace` with it), else `default`.
+fn log_filter(default: &str) -> EnvFilter {
+    match std::env::var("ASTERISM_LOG") {
+        Ok(filter) if !filter.trim().is_empty() => EnvFilter::new(filter),
+        _ => EnvFilter::new(default),
+    }
+}
+
 fn init_logging(format: LogFormat, verbose: u8) {
     let level = match verbose {
         0 => "info",
@@ -97,7 +106,7 @@ fn init_logging(format: LogFormat, verbose: u8) {
         _ => "trace",
     };
     // Our crates at the chosen level; dependencies (HTTP/2 framing and the like) only warn.
-    let filter = EnvFilter::new(format!(
+    let filter = log_filter(&format!(
         "warn,asterism_key_service={level},asterism_kms={level},asterism_atls={level},asterism_attestation={level}"
     ));
     let builder = tracing_subscriber::fmt()

@@ -114,10 +114,19 @@ async fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
+/// The log filter: `ASTERISM_LOG` when set (a level or a tracing filter, as for the
+/// `asterism` CLI; the end-to-end tests run every process at `trace` with it), else `default`.
+fn log_filter(default: &str) -> tracing_subscriber::EnvFilter {
+    match std::env::var("ASTERISM_LOG") {
+        Ok(filter) if !filter.trim().is_empty() => tracing_subscriber::EnvFilter::new(filter),
+        _ => tracing_subscriber::EnvFilter::new(default),
+    }
+}
+
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
+        .with_env_filter(log_filter("info"))
         .with_writer(std::io::stderr)
         .init();
     let rt = match tokio::runtime::Builder::new_multi_thread()

@@ -53,11 +53,20 @@ async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The log filter: `ASTERISM_LOG` when set (a level or a tracing filter, as for the
+/// `asterism` CLI; the end-to-end tests run every process at `trace` with it), else `default`.
+fn log_filter(default: &str) -> EnvFilter {
+    match std::env::var("ASTERISM_LOG") {
+        Ok(filter) if !filter.trim().is_empty() => EnvFilter::new(filter),
+        _ => EnvFilter::new(default),
+    }
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     let level = if args.verbose > 0 { "debug" } else { "info" };
     let _ = tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::new(format!("warn,asterism_metadata={level}")))
+        .with_env_filter(log_filter(&format!("warn,asterism_metadata={level}")))
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .try_init();

@@ -780,13 +780,18 @@ mod tests {
         std::fs::create_dir(&root).unwrap();
         let inside = format!("{}/kubelet", root.display());
         let nested = format!("{}/cni/plugins", root.display());
-        check_component_paths(&components(&[&inside, &nested]), &[root.clone()]).unwrap();
+        check_component_paths(
+            &components(&[&inside, &nested]),
+            std::slice::from_ref(&root),
+        )
+        .unwrap();
         for bad in [
             "/usr/bin/kubelet".to_string(),
             root.display().to_string(),
             format!("{}-other/kubelet", root.display()),
         ] {
-            let e = check_component_paths(&components(&[&bad]), &[root.clone()]).unwrap_err();
+            let e = check_component_paths(&components(&[&bad]), std::slice::from_ref(&root))
+                .unwrap_err();
             assert!(e.contains("is not inside"), "{bad}: {e}");
         }
         // `..` is refused (by the component check before this one, and here).
@@ -833,7 +838,8 @@ mod tests {
             format!("{}/cni/bridge", root.display()),
             format!("{}/kubelet", root.display()),
         ] {
-            let e = check_component_paths(&components(&[&bad]), &[root.clone()]).unwrap_err();
+            let e = check_component_paths(&components(&[&bad]), std::slice::from_ref(&root))
+                .unwrap_err();
             assert!(e.contains("symlink"), "{bad}: {e}");
         }
     }

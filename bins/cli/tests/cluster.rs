@@ -12,49 +12,12 @@
     clippy::indexing_slicing
 )]
 
+mod common;
+
 use asterism::mini::{LocalCluster, Node};
-use std::io::Write;
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
-
-fn bins() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_asterism"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-/// Stops every process of the cluster, even when the test fails.
-struct Teardown<'a>(&'a LocalCluster);
-
-impl Drop for Teardown<'_> {
-    fn drop(&mut self) {
-        let _ = self.0.down();
-    }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-/// `cryptsetup open --test-passphrase` on the node's image with `key` on stdin: whether the
-/// key opens the disk, checked with the program itself, independently of our crates.
-fn cryptsetup_opens(node: &Node, key: &[u8]) -> bool {
-    let mut child = Command::new("cryptsetup")
-        .args(["open", "--test-passphrase", "--key-file", "-"])
-        .arg(node.dir.join("state.img"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(key).unwrap();
-    child.wait().unwrap().success()
-}
+use common::{Teardown, bins, cryptsetup_opens, runtime, wait_for};
+use std::process::Command;
+use std::time::Duration;
 
 /// Number of LUKS2 keyslots in the node's disk header, read by the cryptsetup program.
 fn keyslots(node: &Node) -> usize {
@@ -66,17 +29,6 @@ fn keyslots(node: &Node) -> usize {
     assert!(out.status.success());
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     json["keyslots"].as_object().unwrap().len()
-}
-
-fn wait_for(what: &str, deadline: Duration, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(
-            start.elapsed() < deadline,
-            "{what}: not within {deadline:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 fn member_names(cluster: &LocalCluster) -> Vec<String> {

@@ -11,44 +11,12 @@
     clippy::indexing_slicing
 )]
 
+mod common;
+
 use asterism::mini::{LocalCluster, Node};
-use std::path::PathBuf;
+use common::{Teardown, bins, cryptsetup_opens, runtime, wait_for};
 use std::process::Command;
-use std::time::{Duration, Instant};
-
-fn bins() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_asterism"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-/// Stops every process of the cluster, even when the test fails.
-struct Teardown<'a>(&'a LocalCluster);
-
-impl Drop for Teardown<'_> {
-    fn drop(&mut self) {
-        let _ = self.0.down();
-    }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-fn wait_for(what: &str, deadline: Duration, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(
-            start.elapsed() < deadline,
-            "{what}: not within {deadline:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
+use std::time::Duration;
 
 fn join_service_log(cluster: &LocalCluster) -> String {
     std::fs::read_to_string(cluster.nodes[0].dir.join("log/join-service.log")).unwrap_or_default()
@@ -249,21 +217,6 @@ async fn rejoin_as(node: &Node, join_service: &str, disk: &str) -> Result<Vec<u8
         })
         .await
         .map(|r| r.into_inner().state_disk_key)
-}
-
-/// `cryptsetup open --test-passphrase` on the node's image with `key` on stdin.
-fn cryptsetup_opens(node: &Node, key: &[u8]) -> bool {
-    use std::io::Write as _;
-    let mut child = Command::new("cryptsetup")
-        .args(["open", "--test-passphrase", "--key-file", "-"])
-        .arg(node.dir.join("state.img"))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(key).unwrap();
-    child.wait().unwrap().success()
 }
 
 #[test]

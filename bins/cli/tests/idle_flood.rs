@@ -14,9 +14,11 @@
     clippy::indexing_slicing
 )]
 
+mod common;
+
 use asterism::mini::LocalCluster;
+use common::{Teardown, bins, runtime};
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncReadExt as _;
 use tokio::net::TcpStream;
@@ -25,29 +27,6 @@ use tokio::net::TcpStream;
 const JOIN_PORT: u16 = 30090;
 /// More idle connections than the listener has pending-handshake slots in all.
 const IDLE_CONNECTIONS: usize = 520;
-
-fn bins() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_asterism"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-/// Stops every process of the cluster, even when the test fails.
-struct Teardown<'a>(&'a LocalCluster);
-
-impl Drop for Teardown<'_> {
-    fn drop(&mut self) {
-        let _ = self.0.down();
-    }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 /// A TCP connection to `to` from `from` (port chosen by the kernel) that sends nothing.
 async fn idle_connection(from: IpAddr, to: SocketAddr) -> std::io::Result<TcpStream> {

@@ -14,24 +14,20 @@
     clippy::indexing_slicing
 )]
 
+mod common;
+
 use asterism::mini::{LocalCluster, Node};
 use base64::Engine as _;
+use common::{bins, wait_for};
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The join service port the bootstrappers dial.
 const JOIN_PORT: u16 = 30090;
 /// The InitServer port.
 const INIT_PORT: u16 = 9000;
-
-fn bins() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_asterism"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
 
 /// Stops the cluster's processes and the impostor's, even when the test fails.
 struct Teardown<'a>(&'a LocalCluster, Vec<Child>);
@@ -43,17 +39,6 @@ impl Drop for Teardown<'_> {
             let _ = child.wait();
         }
         let _ = self.0.down();
-    }
-}
-
-fn wait_for(what: &str, deadline: Duration, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(
-            start.elapsed() < deadline,
-            "{what}: not within {deadline:?}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
     }
 }
 

@@ -24,9 +24,12 @@
     clippy::print_stdout
 )]
 
+mod common;
+
 use asterism::mini::LocalCluster;
 use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE_NO_PAD};
+use common::{Teardown, bins};
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -41,13 +44,6 @@ const TEST_NAME: &str = "no_secret_reaches_a_log_an_error_output_or_the_metrics"
 /// Markers around what the child fetched over HTTP, in its standard output.
 const METRICS_BEGIN: &str = "----- metrics -----";
 const MEMBERS_BEGIN: &str = "----- members -----";
-
-fn bins() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_asterism"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
 
 #[test]
 fn no_secret_reaches_a_log_an_error_output_or_the_metrics() {
@@ -195,15 +191,6 @@ fn run_cluster(dir: &Path) {
         "{METRICS_BEGIN}\n{}",
         http_get(&cluster.metrics_addr(), "/metrics")
     );
-}
-
-/// Stops every process of the cluster, even when the child fails.
-struct Teardown<'a>(&'a LocalCluster);
-
-impl Drop for Teardown<'_> {
-    fn drop(&mut self) {
-        let _ = self.0.down();
-    }
 }
 
 /// A bounded HTTP/1.0 GET of the join service's local HTTP endpoint.

@@ -50,6 +50,17 @@ async fn closed_by_server(stream: &mut TcpStream, within: Duration) -> bool {
     }
 }
 
+/// A plain HTTP/1.0 GET of the join service's local metrics endpoint.
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.take(1 << 20).read_to_string(&mut out).unwrap();
+    out
+}
+
 #[test]
 fn idle_connections_from_one_address_do_not_keep_a_worker_out() {
     let tmp = tempfile::tempdir().unwrap();
@@ -92,6 +103,17 @@ fn idle_connections_from_one_address_do_not_keep_a_worker_out() {
         }
     });
     drop(idle);
+
+    // The join service counts both kinds of refusal in its metrics.
+    let metrics = http_get(&cluster.metrics_addr(), "/metrics");
+    for reason in ["source_limit", "silent_peer"] {
+        assert!(
+            metrics.contains(&format!(
+                "asterism_join_atls_refusals_total{{reason=\"{reason}\"}}"
+            )),
+            "no {reason} refusals in the metrics:\n{metrics}"
+        );
+    }
 
     // A worker that boots while the outsider floods again still joins.
     let idle = flood();

@@ -279,8 +279,10 @@ fn validator(args: &Args) -> anyhow::Result<Arc<TpmQuoteValidator>> {
     )))
 }
 
-fn atls_config(args: &Args) -> anyhow::Result<AtlsConfig> {
-    let mut config = AtlsConfig::verifying(validator(args)?);
+fn atls_config(args: &Args, metrics: &Metrics) -> anyhow::Result<AtlsConfig> {
+    let counted = metrics.clone();
+    let mut config = AtlsConfig::verifying(validator(args)?)
+        .with_refusal_observer(Arc::new(move |reason| counted.atls_refused(reason)));
     if let (Some(tcti), Some(ak_cert)) = (&args.tpm, &args.ak_cert) {
         let tpm: asterism_tpm::TpmConfig =
             tcti.parse().with_context(|| format!("--tpm {tcti:?}"))?;
@@ -336,7 +338,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
     );
     let metadata = HttpMetadata::new(&args.metadata_url)?;
     let keys = KeyServiceClient::new(&args.key_service)?;
-    let atls = AtlsServer::new(atls_config(&args)?).context("setting up attested TLS")?;
+    let metrics = Metrics::new();
+    let atls = AtlsServer::new(atls_config(&args, &metrics)?).context("setting up attested TLS")?;
     let config = JoinConfig {
         measurement_salt,
         api_server_host,
@@ -351,6 +354,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         ca,
         config,
         atls,
+        metrics,
         stop_rx,
     };
     match (args.cluster_state, &args.state_dir) {
@@ -391,6 +395,7 @@ struct Parts {
     ca: ClusterCa,
     config: JoinConfig,
     atls: AtlsServer,
+    metrics: Metrics,
     stop_rx: tokio::sync::watch::Receiver<bool>,
 }
 
@@ -401,6 +406,7 @@ async fn serve_with<S: ClusterState>(args: &Args, parts: Parts, state: S) -> any
         ca,
         config,
         atls,
+        metrics,
         stop_rx,
     } = parts;
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
@@ -409,7 +415,7 @@ async fn serve_with<S: ClusterState>(args: &Args, parts: Parts, state: S) -> any
     if let Some(path) = &args.init_node {
         record_init_node(path, &state).await?;
     }
-    let service = JoinService::new(metadata, keys, state, ca, config, Metrics::new())?;
+    let service = JoinService::new(metadata, keys, state, ca, config, metrics)?;
 
     let listener = asterism_join_service::bind_listener(args.listen)
         .with_context(|| format!("cannot listen on {}", args.listen))?;

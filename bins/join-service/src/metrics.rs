@@ -26,6 +26,12 @@ pub struct Metrics {
     tickets: Family<KindLabel, Counter>,
     rejections: Family<ReasonLabel, Counter>,
     latency: Family<KindLabel, Histogram>,
+    atls_refusals: Family<AtlsLabel, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AtlsLabel {
+    reason: &'static str,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -64,11 +70,19 @@ impl Metrics {
             "Time to answer a ticket request (issued or refused), by kind",
             latency.clone(),
         );
+        let atls_refusals = Family::<AtlsLabel, Counter>::default();
+        registry.register(
+            "asterism_join_atls_refusals",
+            "Connections refused before any request, by reason (the attested TLS exchange or \
+             the listener's limits; the full reason is in the log)",
+            atls_refusals.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             tickets,
             rejections,
             latency,
+            atls_refusals,
         }
     }
 
@@ -89,6 +103,13 @@ impl Metrics {
             .inc();
     }
 
+    /// Counts a connection the aTLS listener refused, by its fixed reason label.
+    pub fn atls_refused(&self, reason: &'static str) {
+        self.atls_refusals
+            .get_or_create(&AtlsLabel { reason })
+            .inc();
+    }
+
     /// Records a request's duration.
     pub fn observe(&self, kind: &str, seconds: f64) {
         self.latency
@@ -103,5 +124,27 @@ impl Metrics {
             out.clear();
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn atls_refusals_are_counted_by_reason() {
+        let m = Metrics::new();
+        m.atls_refused("silent_peer");
+        m.atls_refused("silent_peer");
+        m.atls_refused("rejected");
+        let text = m.encode();
+        assert!(
+            text.contains("asterism_join_atls_refusals_total{reason=\"silent_peer\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("asterism_join_atls_refusals_total{reason=\"rejected\"} 1"),
+            "{text}"
+        );
     }
 }

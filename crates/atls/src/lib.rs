@@ -97,7 +97,13 @@ pub struct AtlsConfig {
     max_connection_lifetime: Duration,
     max_pending_handshakes: usize,
     max_pending_per_source: usize,
+    on_refusal: Option<RefusalObserver>,
 }
+
+/// Called by a listener ([`AtlsServer::incoming`]) with a short, fixed reason label
+/// ([`AtlsError::kind`], `source_limit` or `silent_peer`) for every connection it refuses,
+/// so that a service can count refusals in its metrics. The full reason goes to the log.
+pub type RefusalObserver = Arc<dyn Fn(&'static str) + Send + Sync>;
 
 impl std::fmt::Debug for AtlsConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -120,6 +126,7 @@ impl std::fmt::Debug for AtlsConfig {
             .field("max_connection_lifetime", &self.max_connection_lifetime)
             .field("max_pending_handshakes", &self.max_pending_handshakes)
             .field("max_pending_per_source", &self.max_pending_per_source)
+            .field("on_refusal", &self.on_refusal.is_some())
             .finish()
     }
 }
@@ -138,6 +145,7 @@ impl Default for AtlsConfig {
             max_connection_lifetime: DEFAULT_MAX_CONNECTION_LIFETIME,
             max_pending_handshakes: DEFAULT_MAX_PENDING_HANDSHAKES,
             max_pending_per_source: DEFAULT_MAX_PENDING_PER_SOURCE,
+            on_refusal: None,
         }
     }
 }
@@ -255,6 +263,13 @@ impl AtlsConfig {
     /// closed at once, without taking one of the global slots.
     pub fn with_max_pending_per_source(mut self, n: usize) -> Self {
         self.max_pending_per_source = n;
+        self
+    }
+
+    /// Reports every connection [`AtlsServer::incoming`] refuses to `observer`, with a
+    /// fixed reason label (for a service's metrics).
+    pub fn with_refusal_observer(mut self, observer: RefusalObserver) -> Self {
+        self.on_refusal = Some(observer);
         self
     }
 
@@ -379,6 +394,26 @@ pub enum AtlsError {
 }
 
 impl AtlsError {
+    /// A short, fixed label of what failed, for metrics (never a peer-chosen string).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Config(_) => "config",
+            Self::Io(_) => "io",
+            Self::Closed => "closed",
+            Self::Tls(_) => "tls",
+            Self::Timeout { .. } => "timeout",
+            Self::FrameTooLarge { .. } => "frame_too_large",
+            Self::Protocol(_) => "protocol",
+            Self::UnsupportedVersion(_) => "unsupported_version",
+            Self::EvidenceRequired => "evidence_required",
+            Self::NoIssuer => "cannot_attest",
+            Self::UnknownVariant(_) => "unknown_variant",
+            Self::Issue(_) => "issue",
+            Self::Rejected(_) => "rejected",
+            Self::RefusedByPeer { .. } => "refused_by_peer",
+        }
+    }
+
     pub(crate) fn read(e: std::io::Error) -> Self {
         if e.kind() == std::io::ErrorKind::UnexpectedEof {
             Self::Closed

@@ -39,6 +39,13 @@ impl AtlsServer {
         })
     }
 
+    /// Tells the refusal observer, if any, that a connection was refused for `reason`.
+    fn refused(&self, reason: &'static str) {
+        if let Some(observe) = &self.cfg.on_refusal {
+            observe(reason);
+        }
+    }
+
     /// How long a verified connection lives ([`AtlsConfig::with_max_connection_lifetime`]).
     /// A tonic server should set `max_connection_age` somewhat below it, so that HTTP/2
     /// closes connections gracefully (GOAWAY) before the hard cut.
@@ -118,6 +125,7 @@ impl AtlsServer {
                     per_source.try_take(addr.ip(), server.cfg.max_pending_per_source)
                 else {
                     tracing::debug!(peer = %addr, "too many pending handshakes from this source; closing");
+                    server.refused("source_limit");
                     continue;
                 };
                 let _ = tcp.set_nodelay(true);
@@ -128,6 +136,10 @@ impl AtlsServer {
                     let _source_slot = source_slot;
                     if let Err(e) = first_byte(&tcp, server.cfg.idle_timeout).await {
                         tracing::debug!(peer = %addr, error = %e, "aTLS connection dropped before its first byte");
+                        server.refused(match e {
+                            AtlsError::Timeout { .. } => "silent_peer",
+                            other => other.kind(),
+                        });
                         return;
                     }
                     match server.accept(tcp, Some(addr)).await {
@@ -136,6 +148,7 @@ impl AtlsServer {
                         }
                         Err(e) => {
                             tracing::warn!(peer = %addr, error = %e, "aTLS connection refused");
+                            server.refused(e.kind());
                         }
                     }
                 });

@@ -972,3 +972,44 @@ async fn a_grpc_caller_sees_unavailable_when_the_exchange_fails() {
     assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
     assert_eq!(echo.calls.load(Ordering::SeqCst), 0);
 }
+
+#[tokio::test]
+async fn the_listener_reports_each_refusal_with_its_reason() {
+    let seen: Arc<Mutex<Vec<&'static str>>> = Arc::default();
+    let record = seen.clone();
+    let cfg = AtlsConfig::verifying(validator_for(CLIENT_SEED))
+        .with_idle_timeout(Duration::from_millis(300))
+        .with_refusal_observer(Arc::new(move |reason| record.lock().unwrap().push(reason)));
+    let (uri, _) = serve(cfg).await;
+    let addr: std::net::SocketAddr = uri.trim_start_matches("http://").parse().unwrap();
+
+    // A peer that sends nothing, then one that announces no evidence.
+    let mut silent = TcpStream::connect(addr).await.unwrap();
+    let mut b = [0u8; 1];
+    let _ = tokio::time::timeout(Duration::from_secs(10), silent.read(&mut b)).await;
+    let mut tls = raw_tls_client(addr, &[&rustls::version::TLS13])
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    wire::encode_hello(
+        &mut out,
+        Hello {
+            version: wire::VERSION,
+            flags: 0,
+        },
+    )
+    .unwrap();
+    tls.write_all(&out).await.unwrap();
+    tls.flush().await.unwrap();
+    let mut rest = Vec::new();
+    let _ = tls.read_to_end(&mut rest).await;
+
+    // The listener's task reports after it closed the connection: poll briefly.
+    for _ in 0..100 {
+        if seen.lock().unwrap().len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(*seen.lock().unwrap(), ["silent_peer", "evidence_required"]);
+}

@@ -286,15 +286,7 @@ async fn client_evidence_reflected_by_the_server_is_rejected() {
         let hello = wire::read_hello(&mut tls).await.unwrap();
         assert!(hello.sends_evidence());
         let frame = wire::read_evidence(&mut tls, 1 << 16).await.unwrap();
-        let mut out = Vec::new();
-        wire::encode_hello(
-            &mut out,
-            Hello {
-                version: wire::VERSION,
-                flags: wire::FLAG_SENDS_EVIDENCE,
-            },
-        )
-        .unwrap();
+        let mut out = hello_frame(wire::VERSION, wire::FLAG_SENDS_EVIDENCE);
         wire::encode_evidence(&mut out, &frame.variant, &frame.evidence).unwrap();
         tls.write_all(&out).await.unwrap();
         tls.flush().await.unwrap();
@@ -323,6 +315,13 @@ async fn client_evidence_reflected_by_the_server_is_rejected() {
     assert_eq!(rest.get(5), Some(&(wire::VerdictCode::Rejected as u8)));
     let frame_len = 5 + u32::from_be_bytes(rest[1..5].try_into().unwrap()) as usize;
     assert_eq!(rest.len(), frame_len, "nothing follows the verdict");
+}
+
+/// An encoded HELLO frame, for the tests that speak the wire protocol by hand.
+fn hello_frame(version: u8, flags: u8) -> Vec<u8> {
+    let mut out = Vec::new();
+    wire::encode_hello(&mut out, Hello { version, flags }).unwrap();
+    out
 }
 
 /// A raw TLS 1.3 client for attacks the real connector would never make.
@@ -411,15 +410,7 @@ async fn an_oversized_frame_closes_the_connection_without_allocating_it() {
     let mut tls = raw_tls_client(addr, &[&rustls::version::TLS13])
         .await
         .unwrap();
-    let mut out = Vec::new();
-    wire::encode_hello(
-        &mut out,
-        Hello {
-            version: wire::VERSION,
-            flags: wire::FLAG_SENDS_EVIDENCE,
-        },
-    )
-    .unwrap();
+    let mut out = hello_frame(wire::VERSION, wire::FLAG_SENDS_EVIDENCE);
     // An EVIDENCE header claiming 3 GiB, with no payload behind it. A server that
     // allocated and waited for the payload would sit here until its deadline instead.
     out.extend_from_slice(&[wire::FRAME_EVIDENCE, 0xc0, 0, 0, 0]);
@@ -456,15 +447,7 @@ async fn a_configured_frame_cap_is_enforced() {
     let mut tls = raw_tls_client(addr, &[&rustls::version::TLS13])
         .await
         .unwrap();
-    let mut out = Vec::new();
-    wire::encode_hello(
-        &mut out,
-        Hello {
-            version: wire::VERSION,
-            flags: wire::FLAG_SENDS_EVIDENCE,
-        },
-    )
-    .unwrap();
+    let mut out = hello_frame(wire::VERSION, wire::FLAG_SENDS_EVIDENCE);
     wire::encode_evidence(&mut out, "insecure-test-ed25519", &[0u8; 1100]).unwrap();
     tls.write_all(&out).await.unwrap();
     let result = server.await.unwrap();
@@ -541,15 +524,7 @@ async fn a_peer_speaking_another_version_is_refused() {
     let mut tls = raw_tls_client(addr, &[&rustls::version::TLS13])
         .await
         .unwrap();
-    let mut out = Vec::new();
-    wire::encode_hello(
-        &mut out,
-        Hello {
-            version: 0,
-            flags: 0,
-        },
-    )
-    .unwrap();
+    let out = hello_frame(0, 0);
     tls.write_all(&out).await.unwrap();
     let result = server.await.unwrap();
     assert!(
@@ -574,15 +549,7 @@ async fn a_newer_client_is_answered_with_version_1() {
     let mut tls = raw_tls_client(addr, &[&rustls::version::TLS13])
         .await
         .unwrap();
-    let mut out = Vec::new();
-    wire::encode_hello(
-        &mut out,
-        Hello {
-            version: 2,
-            flags: wire::FLAG_REQUIRES_EVIDENCE | 0x80,
-        },
-    )
-    .unwrap();
+    let out = hello_frame(2, wire::FLAG_REQUIRES_EVIDENCE | 0x80);
     tls.write_all(&out).await.unwrap();
     let hello = wire::read_hello(&mut tls).await.unwrap();
     assert_eq!(hello.version, 1);
@@ -628,15 +595,7 @@ async fn send_evidence_of_payload_len(payload_len: usize) -> (Result<(), AtlsErr
         .await
         .unwrap();
     let variant = asterism_atls::attestation::test_ed25519::VARIANT;
-    let mut out = Vec::new();
-    wire::encode_hello(
-        &mut out,
-        Hello {
-            version: wire::VERSION,
-            flags: wire::FLAG_SENDS_EVIDENCE,
-        },
-    )
-    .unwrap();
+    let mut out = hello_frame(wire::VERSION, wire::FLAG_SENDS_EVIDENCE);
     let evidence = vec![0u8; payload_len - 1 - variant.len()];
     wire::encode_evidence(&mut out, variant, &evidence).unwrap();
     assert_eq!(out.len(), 7 + 5 + payload_len);
@@ -767,15 +726,7 @@ async fn a_client_without_sends_evidence_is_refused_by_the_server_itself() {
     let mut tls = raw_tls_client(addr, &[&rustls::version::TLS13])
         .await
         .unwrap();
-    let mut out = Vec::new();
-    wire::encode_hello(
-        &mut out,
-        Hello {
-            version: wire::VERSION,
-            flags: 0,
-        },
-    )
-    .unwrap();
+    let out = hello_frame(wire::VERSION, 0);
     tls.write_all(&out).await.unwrap();
     tls.flush().await.unwrap();
     let result = server.await.unwrap();
@@ -874,15 +825,7 @@ async fn a_client_may_pipeline_its_http2_preface_behind_its_evidence() {
     let evidence = issuer(CLIENT_SEED)
         .issue(&ReportData::atls(asterism_atls::Role::Client, &e))
         .unwrap();
-    let mut out = Vec::new();
-    wire::encode_hello(
-        &mut out,
-        Hello {
-            version: wire::VERSION,
-            flags: wire::FLAG_SENDS_EVIDENCE,
-        },
-    )
-    .unwrap();
+    let mut out = hello_frame(wire::VERSION, wire::FLAG_SENDS_EVIDENCE);
     wire::encode_evidence(
         &mut out,
         asterism_atls::attestation::test_ed25519::VARIANT,
@@ -908,15 +851,10 @@ async fn a_server_that_cannot_attest_says_cannot_attest() {
     let mut tls = raw_tls_client(addr, &[&rustls::version::TLS13])
         .await
         .unwrap();
-    let mut out = Vec::new();
-    wire::encode_hello(
-        &mut out,
-        Hello {
-            version: wire::VERSION,
-            flags: wire::FLAG_SENDS_EVIDENCE | wire::FLAG_REQUIRES_EVIDENCE,
-        },
-    )
-    .unwrap();
+    let out = hello_frame(
+        wire::VERSION,
+        wire::FLAG_SENDS_EVIDENCE | wire::FLAG_REQUIRES_EVIDENCE,
+    );
     tls.write_all(&out).await.unwrap();
     let result = server.await.unwrap();
     assert!(matches!(result, Err(AtlsError::NoIssuer)), "{result:?}");
@@ -934,15 +872,7 @@ async fn a_peer_that_closes_mid_exchange_gets_no_verdict() {
     let mut tls = raw_tls_client(addr, &[&rustls::version::TLS13])
         .await
         .unwrap();
-    let mut out = Vec::new();
-    wire::encode_hello(
-        &mut out,
-        Hello {
-            version: wire::VERSION,
-            flags: wire::FLAG_SENDS_EVIDENCE,
-        },
-    )
-    .unwrap();
+    let out = hello_frame(wire::VERSION, wire::FLAG_SENDS_EVIDENCE);
     tls.write_all(&out).await.unwrap();
     // Announces evidence, then closes its sending side instead.
     tls.shutdown().await.unwrap();
@@ -990,15 +920,7 @@ async fn the_listener_reports_each_refusal_with_its_reason() {
     let mut tls = raw_tls_client(addr, &[&rustls::version::TLS13])
         .await
         .unwrap();
-    let mut out = Vec::new();
-    wire::encode_hello(
-        &mut out,
-        Hello {
-            version: wire::VERSION,
-            flags: 0,
-        },
-    )
-    .unwrap();
+    let out = hello_frame(wire::VERSION, 0);
     tls.write_all(&out).await.unwrap();
     tls.flush().await.unwrap();
     let mut rest = Vec::new();

@@ -1,8 +1,8 @@
 //! The async adapter that drives the sans-I/O [`Exchange`] over a TLS stream.
 
 use crate::machine::{Exchange, IssueRequest, Step};
-use crate::{AtlsConfig, AtlsError, VerifiedPeer, session};
-use asterism_attestation::{IssueError, Issuer, ReportData, Role};
+use crate::{AtlsConfig, AtlsError, VerifiedPeer, issue, session};
+use asterism_attestation::{ReportData, Role};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -137,26 +137,6 @@ async fn produce(
     }
     let issuer = cfg.issuer.clone().ok_or(AtlsError::NoIssuer)?;
     let variant = issuer.variant();
-    let evidence = issue(issuer, ReportData::atls(req.role, &req.exporter)).await?;
+    let evidence = issue::issue(issuer, ReportData::atls(req.role, &req.exporter)).await?;
     Ok((variant, evidence))
-}
-
-/// Calls `issuer`, off the reactor when it blocks (a TPM quote).
-pub(crate) async fn issue(
-    issuer: Arc<dyn Issuer>,
-    report_data: ReportData,
-) -> Result<Vec<u8>, AtlsError> {
-    if issuer.blocks() {
-        let variant = issuer.variant();
-        tokio::task::spawn_blocking(move || issuer.issue(&report_data))
-            .await
-            .map_err(|e| IssueError {
-                variant,
-                message: "issuer task failed".into(),
-                source: Some(Box::new(e)),
-            })?
-            .map_err(AtlsError::Issue)
-    } else {
-        issuer.issue(&report_data).map_err(AtlsError::Issue)
-    }
 }

@@ -24,6 +24,7 @@
 
 mod client;
 mod exchange;
+mod issue;
 pub mod machine;
 mod server;
 pub mod session;

@@ -267,7 +267,7 @@ impl SessionKeyIssuer {
             .map_err(|_| issue_err("the clock is before 1970".into()))?;
         let not_after = (now + self.refresh + VALIDITY_MARGIN).as_secs();
         let report_data = ReportData::atls_session_key(Role::Server, &public_key, not_after);
-        let inner_evidence = crate::exchange::issue(self.inner.clone(), report_data).await?;
+        let inner_evidence = crate::issue::issue(self.inner.clone(), report_data).await?;
         tracing::debug!(not_after, "quoted a new aTLS session key");
         let c = Arc::new(Current {
             key,

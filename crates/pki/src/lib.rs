@@ -1,9 +1,9 @@
 //! The certificate authorities of an Asterism cluster, as pure functions:
 //!
 //! * [`ssh`]: the emergency SSH CA (an Ed25519 key from the `ca_emergency_ssh` data key),
-//!   OpenSSH host certificates (REFERENCE §3.5), host keys and the SSH wire format;
-//! * [`x509`]: the cluster (Kubernetes) CA, kubelet keys and CSRs (§4.4), checked CSR
-//!   signing (§6.6), the admin client certificate, and the discovery hash (§6.5);
+//!   OpenSSH host certificates, host keys and the SSH wire format;
+//! * [`x509`]: the cluster (Kubernetes) CA, kubelet keys and CSRs, checked CSR
+//!   signing, the admin client certificate, and the discovery hash (§6.5);
 //! * [`kubeconfig`]: an admin kubeconfig.
 //!
 //! Nothing here does network I/O or reads the environment; the only file operation is

@@ -1,4 +1,5 @@
-//! The emergency SSH certificate authority and host certificates (REFERENCE §3.5).
+//! The emergency SSH certificate authority and host certificates (how the join service
+//! issues them: docs/join-service.md).
 
 use asterism_kms::DataKey;
 use ring::rand::{SecureRandom, SystemRandom};
@@ -106,7 +107,7 @@ impl SshCa {
         authorized_keys_line(self.key.public_key().key_data())
     }
 
-    /// Signs a host certificate for `host_key` (REFERENCE §3.5): type host, the given
+    /// Signs an OpenSSH host certificate for `host_key`: type host, the given
     /// principals, valid from `now` − [`HOST_CERTIFICATE_BACKDATE`] to `now` +
     /// [`HOST_CERTIFICATE_VALIDITY`] (the original: from `now` forever), key ID = the first
     /// principal, a random non-zero 64-bit serial (the original: 0), no critical options or
@@ -231,7 +232,7 @@ impl HostCertificate {
     }
 }
 
-/// Parses an SSH wire-format public key (the `ssh-ed25519` blob, REFERENCE §2.3 field 4).
+/// Parses an SSH wire-format public key (the `ssh-ed25519` blob that a join request carries as the node's host key).
 /// Only Ed25519 keys are accepted.
 pub fn parse_wire_public_key(bytes: &[u8]) -> Result<PublicKey, SshError> {
     if bytes.len() > MAX_WIRE_PUBLIC_KEY_LEN {

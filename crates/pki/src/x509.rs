@@ -1,6 +1,5 @@
 //! The cluster's X.509 CA (Kubernetes CA): generation, loading, kubelet certificates from
-//! checked CSRs (REFERENCE §4.4, §6.6), the admin client certificate, and the discovery
-//! hash (§6.5).
+//! checked CSRs, the admin client certificate, and kubeadm's discovery hash.
 
 use crate::der;
 use rcgen::{
@@ -186,7 +185,7 @@ fn key_pem(key: &KeyPair) -> Result<PrivateKeyPem, X509Error> {
     ))))
 }
 
-/// A kubelet certificate request that passed every check of REFERENCE §6.6 (signature,
+/// A kubelet certificate request that passed every check the original made (signature,
 /// exactly one O = `system:nodes`, CN = `system:node:<name>`), plus Asterism's: the subject
 /// holds nothing else, and the node name is a DNS-1123 subdomain.
 #[derive(Debug, Clone)]
@@ -276,7 +275,7 @@ impl KubeletCsr {
 
 /// Whether `name` is a lower-case RFC 1123 subdomain (Kubernetes node names): labels of
 /// `[a-z0-9]([-a-z0-9]*[a-z0-9])?` joined by dots, at most 253 characters. (The original's
-/// join service mis-escaped this, refusing dotted names; REFERENCE §14 item 15.)
+/// join service mis-escaped this pattern and so refused dotted names.)
 pub fn is_dns1123_subdomain(name: &str) -> bool {
     if name.is_empty() || name.len() > 253 {
         return false;
@@ -296,7 +295,7 @@ pub fn is_dns1123_subdomain(name: &str) -> bool {
     })
 }
 
-/// A freshly generated kubelet key and its CSR (REFERENCE §4.4).
+/// A freshly generated kubelet key and its CSR, made by a joining node.
 #[derive(Debug)]
 pub struct KubeletKeyAndCsr {
     /// The private key, PEM `EC PRIVATE KEY` (SEC1).
@@ -306,7 +305,7 @@ pub struct KubeletKeyAndCsr {
 }
 
 /// Generates an ECDSA P-256 kubelet key and a CSR with subject `O=system:nodes,
-/// CN=system:node:<node_name>`, the given IP SANs, no DNS SANs (REFERENCE §4.4).
+/// CN=system:node:<node_name>`, the given IP SANs, no DNS SANs.
 pub fn kubelet_key_and_csr(node_name: &str, ips: &[IpAddr]) -> Result<KubeletKeyAndCsr, X509Error> {
     let key =
         KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).map_err(rc("generating the kubelet key"))?;
@@ -330,7 +329,7 @@ fn node_subject(node_name: &str) -> DistinguishedName {
 }
 
 /// `sha256:<hex of SHA-256(SubjectPublicKeyInfo DER)>` of a certificate (kubeadm's public
-/// key pin, REFERENCE §6.5).
+/// key pin, `--discovery-token-ca-cert-hash`).
 pub fn discovery_hash(cert_der: &[u8]) -> Result<String, X509Error> {
     let (_, cert) = X509Certificate::from_der(cert_der).map_err(|e| X509Error::Pem {
         what: "certificate",
@@ -469,7 +468,7 @@ impl ClusterCa {
         discovery_hash(&self.cert_der)
     }
 
-    /// Issues the kubelet certificate for a checked CSR (REFERENCE §6.6): random 128-bit
+    /// Issues the kubelet certificate for a checked CSR: random 128-bit
     /// serial, valid from `now − 2 h` to `now + 8760 h`, subject from the CSR, key usages
     /// digitalSignature and keyEncipherment, extended key usages clientAuth and serverAuth,
     /// basicConstraints CA=false, the CSR's IP SANs only. Returns PEM.

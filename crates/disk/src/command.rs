@@ -126,8 +126,8 @@ impl fmt::Debug for Invocation {
     }
 }
 
-/// What the device-mapper activation passes to the kernel (REFERENCE §10.2: no read and no
-/// write workqueue).
+/// What the device-mapper activation passes to the kernel (no read and no
+/// write workqueue, as in the original).
 const ACTIVATION_FLAGS: [&str; 2] = ["--perf-no_read_workqueue", "--perf-no_write_workqueue"];
 
 /// Builds cryptsetup command lines. Pure: nothing here touches the system.
@@ -325,7 +325,7 @@ impl CryptsetupCli {
     }
 
     /// `open --type luks2 --header HEADER DEVICE NAME` with the activation flags of
-    /// REFERENCE §10.2: maps the disk at `/dev/mapper/NAME` using the validated header copy.
+    /// Maps the disk at `/dev/mapper/NAME` using the validated header copy.
     #[must_use]
     pub fn open(
         &self,

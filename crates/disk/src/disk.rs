@@ -23,7 +23,7 @@ use crate::header::{
     token_json, validate_header,
 };
 
-/// The length of a generated initial passphrase (REFERENCE §10.5: 32 random bytes).
+/// The length of a generated initial passphrase (32 random bytes, as in the original).
 pub const INITIAL_PASSPHRASE_LEN: usize = 32;
 
 /// cryptsetup's exit status for "no key available with this passphrase".
@@ -48,8 +48,7 @@ pub struct Formatted {
     pub integrity: bool,
 }
 
-/// 32 fresh random bytes (raw binary, not text) for the first keyslot of a new disk
-/// (REFERENCE §10.5).
+/// 32 fresh random bytes (raw binary, not text) for the first keyslot of a new disk.
 pub fn generate_initial_passphrase() -> Result<DataKey, DiskError> {
     let mut bytes = vec![0u8; INITIAL_PASSPHRASE_LEN];
     SystemRandom::new()
@@ -124,7 +123,7 @@ pub struct StateDisk<R: CommandRunner = SystemRunner> {
 
 impl StateDisk<SystemRunner> {
     /// The state disk at `path` (a block device or an image file; symbolic links are
-    /// resolved, as the original does for the cloud device links of REFERENCE §10.1).
+    /// resolved, as the original does for the clouds' device links).
     /// Nothing is read from the disk yet.
     pub fn open(path: impl AsRef<Path>, config: DiskConfig) -> Result<Self, DiskError> {
         let runner = SystemRunner::new(config.device_mapper_control.clone());
@@ -165,7 +164,7 @@ impl<R: CommandRunner> StateDisk<R> {
         &self.config
     }
 
-    /// Whether the disk holds an initialized state disk (REFERENCE §10.4): its header is
+    /// Whether the disk holds an initialized state disk: its header is
     /// LUKS2 and token 0 is the state-disk token with `diskIsInitialized: true`. Anything
     /// else is a new disk (`false`).
     ///
@@ -185,7 +184,7 @@ impl<R: CommandRunner> StateDisk<R> {
         }
     }
 
-    /// First-boot format (REFERENCE §10.2): LUKS2, aes-xts-plain64, 4096-byte sectors,
+    /// First-boot format: LUKS2, aes-xts-plain64, 4096-byte sectors,
     /// `passphrase` in keyslot 0 with the configured argon2id parameters, dm-integrity as
     /// configured, then token 0 with `diskIsInitialized: false`.
     ///
@@ -303,7 +302,7 @@ impl<R: CommandRunner> StateDisk<R> {
         Ok(self.find_slot(&copy, &header, passphrase)?.is_some())
     }
 
-    /// Replaces `old` by `new` (REFERENCE §10.8), safely, then sets token 0 to
+    /// Replaces `old` by `new`, safely, then sets token 0 to
     /// `diskIsInitialized: true`.
     ///
     /// The sequence never leaves the disk without a working passphrase:
@@ -350,7 +349,7 @@ impl<R: CommandRunner> StateDisk<R> {
     }
 
     /// Sets token 0 to `diskIsInitialized: false`, so that the next boot treats the disk as
-    /// new and formats it (REFERENCE §10.8, and §14 item 4: a node whose initialization
+    /// new and formats it (a node whose initialization
     /// failed after the node lock must be reset, not left half-initialized).
     pub fn mark_for_reset(&self) -> Result<(), DiskError> {
         let (_, header) = self.validated_copy()?;

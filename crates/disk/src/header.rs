@@ -1,4 +1,4 @@
-//! The LUKS2 header rules (REFERENCE §10.3) and the state-disk token (§10.4), as pure
+//! The LUKS2 header rules and the state-disk token, as pure
 //! functions over the JSON metadata that `cryptsetup luksDump --dump-json-metadata` prints.
 //!
 //! [`validate_header`] parses the metadata with strict types (an unknown field anywhere is an
@@ -31,7 +31,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::Deserialize;
 
-/// The token type of the state disk (REFERENCE §10.4).
+/// The token type of the state disk.
 pub const TOKEN_TYPE: &str = "constellation-state-disk";
 
 /// The most keyslots a valid state-disk header may have. A safe re-key holds at most three
@@ -47,7 +47,7 @@ pub const LUKS2_KEYSLOTS: u8 = 32;
 pub struct KeySlot(u8);
 
 impl KeySlot {
-    /// The slot a fresh disk's passphrase goes into (REFERENCE §10.2).
+    /// The slot a fresh disk's passphrase goes into.
     pub const FIRST: Self = Self(0);
 
     /// The slot `n`, if LUKS2 has one.
@@ -313,14 +313,14 @@ struct StateDiskToken {
     disk_is_initialized: bool,
 }
 
-/// The JSON of token 0 with the given `diskIsInitialized` (REFERENCE §10.4).
+/// The JSON of token 0 with the given `diskIsInitialized`.
 #[must_use]
 pub fn token_json(initialized: bool) -> String {
     format!(r#"{{"type":"{TOKEN_TYPE}","keyslots":[],"diskIsInitialized":{initialized}}}"#)
 }
 
 /// Reads the state-disk token from metadata JSON without validating anything else, for the
-/// question "is this an initialized disk" (REFERENCE §10.4), which must be answerable for any
+/// question "is this an initialized disk", which must be answerable for any
 /// LUKS2 header.
 #[must_use]
 pub fn read_token_state(metadata_json: &str) -> TokenState {
@@ -614,7 +614,7 @@ fn check_digest(digest: &Digest) -> Result<(), String> {
     expect_base64("digest", &digest.digest)
 }
 
-/// Persistent flags this crate tolerates: the activation flags of REFERENCE §10.2.
+/// Persistent flags this crate tolerates: the activation flags the original sets (no read or write workqueue).
 const ALLOWED_CONFIG_FLAGS: [&str; 2] = ["no-read-workqueue", "no-write-workqueue"];
 
 fn check_config(config: &Config) -> Result<(), String> {
@@ -960,7 +960,7 @@ mod tests {
         assert_eq!(read_token_state(&v.to_string()), TokenState::NotInitialized);
         v["tokens"]["0"]["diskIsInitialized"] = json!(true);
         assert_eq!(read_token_state(&v.to_string()), TokenState::Initialized);
-        // Anything not exactly the token counts as no token (REFERENCE §10.4).
+        // Anything not exactly the token counts as no token.
         v["tokens"]["0"]["diskIsInitialized"] = json!("true");
         assert_eq!(read_token_state(&v.to_string()), TokenState::Absent);
         v["tokens"]["0"] = json!({"type": "other", "keyslots": [], "diskIsInitialized": true});

@@ -1,4 +1,4 @@
-//! The LUKS2 state disk of an Asterism node (REFERENCE §10), on a block device or an image
+//! The LUKS2 state disk of an Asterism node, on a block device or an image
 //! file, driven through libcryptsetup in process or through the `cryptsetup` program
 //! ([`Backend`]).
 //!

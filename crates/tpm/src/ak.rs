@@ -1,7 +1,7 @@
 //! The attestation key (AK): algorithms, templates and persistent handles.
 //!
-//! **Choice: the AK is a primary key of the owner hierarchy** (as REFERENCE §9.5 describes for
-//! the vTPM issuer), not a child of an SRK. `TPM2_CreatePrimary` derives a primary key
+//! **Choice: the AK is a primary key of the owner hierarchy** (as the original's vTPM
+//! issuer does), not a child of an SRK. `TPM2_CreatePrimary` derives a primary key
 //! deterministically from the hierarchy's seed and the template, so the same TPM always gives
 //! the same AK until the owner hierarchy is cleared, and no storage key or key blob has to be
 //! kept anywhere. The key is made persistent with `TPM2_EvictControl` so that later loads are
@@ -41,9 +41,9 @@ use tss_esapi::structures::{
 
 use crate::error::TpmError;
 
-/// The persistent handle of the ECC AK (REFERENCE §9.5).
+/// The persistent handle of the ECC AK.
 pub const ECC_AK_HANDLE: u32 = 0x8100_8F00;
-/// The persistent handle of the RSA AK (REFERENCE §9.5).
+/// The persistent handle of the RSA AK.
 pub const RSA_AK_HANDLE: u32 = 0x8100_8F01;
 
 /// TPMA_OBJECT of every AK: fixedTPM | fixedParent | sensitiveDataOrigin | userWithAuth |

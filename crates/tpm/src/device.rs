@@ -34,7 +34,7 @@ use crate::retry::{RetryAction, RetryPolicy, classify};
 /// The most qualifying data (nonce) [`Tpm::quote`] accepts: 32 bytes, one SHA-256 digest.
 ///
 /// The TPM's own limit is `sizeof(TPMT_HA)` for its largest hash (34 to 66 bytes depending on
-/// the TPM), and some cloud vTPMs reject anything above 32 (REFERENCE §9.4). Callers hash
+/// the TPM), and some cloud vTPMs reject anything above 32. Callers hash
 /// their binding to 32 bytes, so 32 is portable and sufficient.
 pub const MAX_QUALIFYING_DATA: usize = 32;
 
@@ -254,7 +254,7 @@ impl Tpm {
         })
     }
 
-    /// Records `data` in PCR `index` the way `TPM2_PCR_Event` does (REFERENCE §5.2): every
+    /// Records `data` in PCR `index` the way `TPM2_PCR_Event` does: every
     /// allocated bank is extended with its own hash of `data`, so the SHA-256 PCR becomes
     /// `SHA-256(old || SHA-256(data))` ([`crate::pcr::event_extended`]).
     ///

@@ -7,7 +7,7 @@ use crate::error::TpmError;
 /// Number of PCRs in a PC-client TPM bank: indices 0..=23.
 pub const PCR_COUNT: u32 = 24;
 
-/// The PCR that marks a node as bootstrapped (REFERENCE §5.2/§5.4: `PCRIndexClusterID`).
+/// The PCR that marks a node as bootstrapped (the original's `PCRIndexClusterID`).
 pub const PCR_CLUSTER_ID: u32 = 15;
 
 /// A SHA-256 PCR value.
@@ -19,7 +19,7 @@ pub type PcrValue = [u8; 32];
 pub struct PcrSelection(u32);
 
 impl PcrSelection {
-    /// PCRs 0..=23, what the vTPM issuer quotes (REFERENCE §9.5).
+    /// PCRs 0..=23, what the vTPM issuer quotes.
     pub const fn all() -> Self {
         PcrSelection((1 << PCR_COUNT) - 1)
     }
@@ -75,7 +75,7 @@ pub fn extended(old: &PcrValue, digest: &[u8; 32]) -> PcrValue {
 }
 
 /// The value a SHA-256 PCR takes after `TPM2_PCR_Event(data)`:
-/// `SHA-256(old || SHA-256(data))` (REFERENCE §5.2).
+/// `SHA-256(old || SHA-256(data))`.
 pub fn event_extended(old: &PcrValue, data: &[u8]) -> PcrValue {
     extended(old, &Sha256::digest(data).into())
 }
@@ -113,7 +113,7 @@ mod tests {
 
     #[test]
     fn cluster_id_event_matches_the_reference_worked_example() {
-        // REFERENCE §5.4: PCR 15 after PCR_Event(15, clusterID) from all zeroes.
+        // The original's worked example: PCR 15 after PCR_Event(15, clusterID) from all zeroes.
         let cluster_id = hex32("128c164378fe8767f998fbdfe4b4d6463ec5ae1b664ea5999bc27417607ae9b6");
         let expected = hex32("23400370357e846478cce7cc0c76cdfe4da077cc57b36dee0f665ede2c8b3f2f");
         assert_eq!(event_extended(&[0; 32], &cluster_id), expected);

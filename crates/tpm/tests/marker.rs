@@ -1,4 +1,4 @@
-//! The node marker in PCR 15 on a real TPM (swtpm): the REFERENCE §5.4 worked example,
+//! The node marker in PCR 15 on a real TPM (swtpm): the original's worked example,
 //! marking, what survives a reconnection and what a TPM reset clears, and a TPM without the
 //! SHA-256 bank.
 
@@ -20,9 +20,9 @@ use asterism_tpm::marker::{
 use asterism_tpm::swtpm::{ManufactureOptions, PcrBank, SwtpmConfig, SwtpmProcess, manufacture};
 use common::swtpm_and_tpm;
 
-/// The upstream `HKDFClusterID` vector output (REFERENCE §5.4).
+/// The upstream `HKDFClusterID` vector output.
 const CLUSTER_ID: &str = "128c164378fe8767f998fbdfe4b4d6463ec5ae1b664ea5999bc27417607ae9b6";
-/// PCR 15 after marking a reset TPM with [`CLUSTER_ID`] (REFERENCE §5.4).
+/// PCR 15 after marking a reset TPM with [`CLUSTER_ID`].
 const MARKED_PCR15: &str = "23400370357e846478cce7cc0c76cdfe4da077cc57b36dee0f665ede2c8b3f2f";
 
 fn cluster_id() -> [u8; 32] {

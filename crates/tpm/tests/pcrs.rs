@@ -70,7 +70,7 @@ fn extend_sets_the_pcr_to_sha256_of_old_value_and_digest() {
 
 #[test]
 fn pcr_event_on_pcr_15_matches_the_reference_worked_example() {
-    // REFERENCE §5.2/§5.4: PCR_Event(15, clusterID) from zero.
+    // The original's worked example: PCR_Event(15, clusterID) from zero.
     let cluster_id =
         hex::decode("128c164378fe8767f998fbdfe4b4d6463ec5ae1b664ea5999bc27417607ae9b6").unwrap();
     let expected =

@@ -6,7 +6,7 @@
 //! See docs/mini.md and docs/design/local-cluster.md.
 
 use anyhow::{Context, Result, bail};
-use asterism_tpm::swtpm::{SwtpmConfig, SwtpmProcess};
+use asterism_swtpm::{SwtpmConfig, SwtpmProcess};
 use serde::{Deserialize, Serialize};
 use std::ffi::OsString;
 use std::io::{Read, Write};
@@ -296,7 +296,7 @@ impl LocalCluster {
                 );
             }
         }
-        asterism_tpm::swtpm::check_swtpm_installed(true)
+        asterism_swtpm::check_swtpm_installed(true)
             .context("swtpm is needed for local clusters")?;
         if dir.exists() {
             bail!(

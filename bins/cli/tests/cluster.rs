@@ -107,17 +107,17 @@ fn init_two_joins_verify_and_a_reboot_with_rejoin() {
     // A reboot of worker-0: its TPM resets (PCRs cleared, AK kept), its bootstrapper starts
     // again, gets a rejoin ticket, unlocks the disk and marks PCR 15 again.
     let mut worker = cluster.nodes[1].clone();
-    let cfg = asterism_tpm::swtpm::SwtpmConfig::new(worker.dir.join("tpm"))
+    let cfg = asterism_swtpm::SwtpmConfig::new(worker.dir.join("tpm"))
         .unwrap()
         .with_run_dir(worker.dir.join("run"))
         .unwrap();
     // The verify service of this node holds no TPM connection between requests; stop it
     // anyway, as a reboot would.
-    let mut swtpm = asterism_tpm::swtpm::SwtpmProcess::attach(&cfg).unwrap();
+    let mut swtpm = asterism_swtpm::SwtpmProcess::attach(&cfg).unwrap();
     swtpm.restart().unwrap();
     worker.tcti = swtpm.tcti();
     {
-        let mut tpm = asterism_tpm::Tpm::open(&swtpm.tpm_config()).unwrap();
+        let mut tpm = asterism_tpm::Tpm::open(&swtpm.tcti().parse().unwrap()).unwrap();
         assert!(!asterism_tpm::marker::is_node_bootstrapped(&mut tpm).unwrap());
     }
     let booting = cluster.start_bootstrapper(&worker).unwrap();
@@ -125,7 +125,7 @@ fn init_two_joins_verify_and_a_reboot_with_rejoin() {
         .block_on(cluster.finish_bootstrapper(booting, &worker))
         .unwrap();
     assert_eq!(exit, "ok");
-    let mut tpm = asterism_tpm::Tpm::open(&swtpm.tpm_config()).unwrap();
+    let mut tpm = asterism_tpm::Tpm::open(&swtpm.tcti().parse().unwrap()).unwrap();
     let cluster_id: [u8; 32] = hex::decode(&done.cluster_id).unwrap().try_into().unwrap();
     assert_eq!(
         asterism_tpm::marker::read_marker_pcr(&mut tpm).unwrap(),

@@ -47,11 +47,11 @@ fn stop_bootstrapper(node: &Node) {
 
 /// A reboot: the node's swtpm restarts (PCRs cleared, keys kept).
 fn reboot_tpm(node: &mut Node) {
-    let cfg = asterism_tpm::swtpm::SwtpmConfig::new(node.dir.join("tpm"))
+    let cfg = asterism_swtpm::SwtpmConfig::new(node.dir.join("tpm"))
         .unwrap()
         .with_run_dir(node.dir.join("run"))
         .unwrap();
-    let mut swtpm = asterism_tpm::swtpm::SwtpmProcess::attach(&cfg).unwrap();
+    let mut swtpm = asterism_swtpm::SwtpmProcess::attach(&cfg).unwrap();
     swtpm.restart().unwrap();
     node.tcti = swtpm.tcti();
 }
@@ -240,11 +240,11 @@ fn a_worker_with_a_new_tpm_waits_for_asterism_readmit() {
 
     // The worker is re-installed: a new TPM (another AK, certified by the same platform
     // CA) and a blank disk.
-    let cfg = asterism_tpm::swtpm::SwtpmConfig::new(worker.dir.join("tpm"))
+    let cfg = asterism_swtpm::SwtpmConfig::new(worker.dir.join("tpm"))
         .unwrap()
         .with_run_dir(worker.dir.join("run"))
         .unwrap();
-    asterism_tpm::swtpm::SwtpmProcess::attach(&cfg)
+    asterism_swtpm::SwtpmProcess::attach(&cfg)
         .unwrap()
         .stop()
         .unwrap();
@@ -263,7 +263,7 @@ fn a_worker_with_a_new_tpm_waits_for_asterism_readmit() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
-    let swtpm = asterism_tpm::swtpm::SwtpmProcess::start_detached(&cfg).unwrap();
+    let swtpm = asterism_swtpm::SwtpmProcess::start_detached(&cfg).unwrap();
     let mut renewed = worker.clone();
     renewed.tcti = swtpm.tcti();
 

@@ -148,12 +148,12 @@ fn start_impostor(
 
 /// PCR 15 of `node`'s TPM (its swtpm keeps running).
 fn pcr15(node: &Node) -> [u8; 32] {
-    let cfg = asterism_tpm::swtpm::SwtpmConfig::new(node.dir.join("tpm"))
+    let cfg = asterism_swtpm::SwtpmConfig::new(node.dir.join("tpm"))
         .unwrap()
         .with_run_dir(node.dir.join("run"))
         .unwrap();
-    let swtpm = asterism_tpm::swtpm::SwtpmProcess::attach(&cfg).unwrap();
-    let mut tpm = asterism_tpm::Tpm::open(&swtpm.tpm_config()).unwrap();
+    let swtpm = asterism_swtpm::SwtpmProcess::attach(&cfg).unwrap();
+    let mut tpm = asterism_tpm::Tpm::open(&swtpm.tcti().parse().unwrap()).unwrap();
     asterism_tpm::marker::read_marker_pcr(&mut tpm).unwrap()
 }
 

@@ -1,4 +1,4 @@
-//! The node marker (REFERENCE §5.2–5.4): a node records that it has been bootstrapped into a
+//! The node marker: a node records that it has been bootstrapped into a
 //! cluster by extending the cluster ID into PCR 15.
 //!
 //! * [`mark_node_bootstrapped`] does `TPM2_PCR_Event(15, clusterID)`: every allocated bank
@@ -11,9 +11,9 @@
 //!   `SHA-256(0^32 || SHA-256(clusterID))`, what `verify` expects for a running node.
 //!
 //! Why this matters: the expected measurements of a node that may still be initialised or
-//! join enforce PCR 15 as all zero (REFERENCE §9.10), so once a node is marked it can no
+//! join enforce PCR 15 as all zero, so once a node is marked it can no
 //! longer pass that attestation. Only a TPM reset (a reboot; for swtpm a restart of the
-//! process, see [`crate::swtpm`]) clears the marker; reopening the TPM does not.
+//! process, see the `asterism-swtpm` crate) clears the marker; reopening the TPM does not.
 //!
 //! The cluster ID is taken as raw bytes (`asterism_kms::ClusterId::as_bytes`), so this crate
 //! does not depend on the key-management crate. It is not secret.
@@ -49,7 +49,7 @@ pub fn expected_marker_pcr(cluster_id: &[u8; 32]) -> PcrValue {
 
 /// Marks the node as bootstrapped into the cluster `cluster_id`: `TPM2_PCR_Event(15,
 /// cluster_id)`. It does not check whether the node was marked already; the caller's node
-/// lock makes marking one-shot (REFERENCE §5.1). Marking twice gives a value no cluster
+/// lock makes marking one-shot. Marking twice gives a value no cluster
 /// expects.
 pub fn mark_node_bootstrapped(tpm: &mut Tpm, cluster_id: &[u8; 32]) -> Result<(), MarkerError> {
     tpm.pcr_event(MARKER_PCR, cluster_id)

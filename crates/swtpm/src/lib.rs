@@ -2,10 +2,12 @@
 //! certificates), start `swtpm socket` on a persistent state directory, find a running one
 //! again, stop it.
 //!
-//! This module is process management only: it runs the `swtpm`, `swtpm_setup` and (through
+//! This crate is process management only: it runs the `swtpm`, `swtpm_setup` and (through
 //! `swtpm_setup`) `swtpm_localca` programs of the Debian packages `swtpm` and `swtpm-tools`
-//! and links nothing new. It is the only part of this crate that spawns processes; the TPM
-//! itself is then opened like any other with [`crate::Tpm::open`]`(&process.tpm_config())`.
+//! and links nothing of the TSS, so that programs which only start and stop TPMs (`asterism
+//! mini`, the provisioning tool's manufacturing step) need not link it either. The TPM
+//! itself is then opened like any other, from its TCTI string:
+//! `asterism_tpm::Tpm::open(&process.tcti().parse()?)`. It must never talk TPM commands.
 //!
 //! * [`SwtpmConfig`] names an existing state directory (absolute after resolution), the
 //!   directory for the pid and port files and the log file (all in the state directory
@@ -36,15 +38,15 @@
 //! * **PCRs** live only in the swtpm process. They survive closing and reopening TPM
 //!   connections, but every (re)start of swtpm is a TPM reset, as a reboot is: PCRs 0–16
 //!   and 23 start as zeros and 17–22 as all ones. In particular the node marker in PCR 15
-//!   ([`crate::marker`]) is cleared by a restart, exactly as by a reboot of a real node.
+//!   (`asterism_tpm::marker`) is cleared by a restart, exactly as by a reboot of a real node.
 //!
 //! # Files
 //!
 //! In the run directory: `swtpm.pid` (written by swtpm once it has bound its ports; the
 //! proof that the ports answer for our process), `swtpm.port` (the command port, written
-//! by this module once swtpm answers) and, unless configured elsewhere, `swtpm.log`
+//! by this crate once swtpm answers) and, unless configured elsewhere, `swtpm.log`
 //! (appended). Both the pid and port files
-//! are removed when the process is stopped through this module.
+//! are removed when the process is stopped through this crate.
 //!
 //! Only one swtpm can run on a state directory at a time: swtpm locks it (`.lock`), and the
 //! start functions refuse with [`SwtpmError::AlreadyRunning`] when the run directory names a
@@ -63,8 +65,6 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
-
-use crate::config::TpmConfig;
 
 /// How long swtpm may take to bind its ports and answer on its control channel.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
@@ -520,7 +520,7 @@ fn write_atomically(path: &Path, contents: &[u8]) -> Result<(), SwtpmError> {
     })
 }
 
-/// A running swtpm started or found by this module.
+/// A running swtpm started or found by this crate.
 ///
 /// A supervised process ([`SwtpmProcess::start`]) is a child of this process and is
 /// stopped when the value is dropped. A detached one ([`SwtpmProcess::start_detached`],
@@ -579,17 +579,10 @@ impl SwtpmProcess {
         })
     }
 
-    /// The TPM configuration to open this swtpm with.
-    pub fn tpm_config(&self) -> TpmConfig {
-        TpmConfig::SwtpmTcp {
-            host: Ipv4Addr::LOCALHOST.to_string(),
-            port: self.port,
-        }
-    }
-
-    /// The TCTI string, e.g. `swtpm:host=127.0.0.1,port=40123`.
+    /// The TCTI string to open this swtpm with, e.g. `swtpm:host=127.0.0.1,port=40123`
+    /// (`asterism_tpm::TpmConfig` parses it).
     pub fn tcti(&self) -> String {
-        self.tpm_config().to_string()
+        format!("swtpm:host={},port={}", Ipv4Addr::LOCALHOST, self.port)
     }
 
     /// The command port (the control port is one above).
@@ -635,7 +628,7 @@ impl SwtpmProcess {
     /// Stops swtpm and starts it again on the same state directory, supervised or detached
     /// as before: a TPM reset. Persistent objects and NV survive; PCRs start from their
     /// reset values. The port stays the same unless it was chosen freely and another process
-    /// took it meanwhile, so re-read [`SwtpmProcess::tpm_config`].
+    /// took it meanwhile, so re-read [`SwtpmProcess::tcti`].
     pub fn restart(&mut self) -> Result<(), SwtpmError> {
         self.stop_process()?;
         let preferred = self.config.port.or(Some(self.port));

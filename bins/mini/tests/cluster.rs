@@ -1,6 +1,6 @@
 //! End to end: local clusters of real processes (swtpm per node, LUKS2 image files with
 //! the cryptsetup program, the metadata service, bootstrappers, `asterism init`, key and
-//! join services), driven step by step through `asterism::mini::LocalCluster`.
+//! join services), driven step by step through `asterism_mini::LocalCluster`.
 //!
 //! The binaries are the workspace's own, built next to `asterism` (`cargo test --workspace`
 //! builds them all). Kubernetes cannot run here; the bootstrappers use the `none` driver.
@@ -14,7 +14,7 @@
 
 mod common;
 
-use asterism::mini::{LocalCluster, Node};
+use asterism_mini::{LocalCluster, Node};
 use common::{Teardown, bins, cryptsetup_opens, runtime, wait_for};
 use std::process::Command;
 use std::time::Duration;

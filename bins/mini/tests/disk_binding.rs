@@ -13,7 +13,7 @@
 
 mod common;
 
-use asterism::mini::{LocalCluster, Node};
+use asterism_mini::{LocalCluster, Node};
 use common::{Teardown, bins, cryptsetup_opens, runtime, wait_for};
 use std::process::Command;
 use std::time::Duration;
@@ -277,7 +277,7 @@ fn a_worker_with_a_new_tpm_waits_for_asterism_readmit() {
     assert_eq!(member(&cluster.members(), "worker-0")["ak"], old_ak);
 
     // The operator re-admits it, over the admin socket.
-    let out = Command::new(env!("CARGO_BIN_EXE_asterism"))
+    let out = Command::new(bins().join("asterism"))
         .args(["readmit", "worker-0", "--admin-socket"])
         .arg(cluster.admin_socket())
         .output()
@@ -301,7 +301,7 @@ fn a_worker_with_a_new_tpm_waits_for_asterism_readmit() {
     assert_eq!(member(&m, "worker-0")["readmit"], false, "{m}");
 
     // Another re-admission of an unknown node is refused by the service.
-    let out = Command::new(env!("CARGO_BIN_EXE_asterism"))
+    let out = Command::new(bins().join("asterism"))
         .args(["readmit", "worker-9", "--admin-socket"])
         .arg(cluster.admin_socket())
         .output()

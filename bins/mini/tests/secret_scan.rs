@@ -26,7 +26,7 @@
 
 mod common;
 
-use asterism::mini::LocalCluster;
+use asterism_mini::LocalCluster;
 use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE_NO_PAD};
 use common::{Teardown, bins};
@@ -62,7 +62,7 @@ fn no_secret_reaches_a_log_an_error_output_or_the_metrics() {
     let stdout = String::from_utf8_lossy(&child.stdout).into_owned();
     // Stop whatever the child left running (it stops the cluster itself when it passes).
     if dir.join("run").exists() {
-        let _ = asterism::mini::down(asterism::mini::DirArgs { dir: dir.clone() });
+        let _ = asterism_mini::down(asterism_mini::DirArgs { dir: dir.clone() });
     }
     assert!(
         child.status.success() && stdout.contains("1 passed"),

@@ -4,16 +4,16 @@
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use asterism::mini::{LocalCluster, Node};
+use asterism_mini::{LocalCluster, Node};
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The directory of the workspace's binaries, built next to `asterism` (`cargo test
-/// --workspace` builds them all).
+/// The directory of the workspace's binaries, built next to `asterism-mini` (`cargo test
+/// --workspace` or `cargo build --workspace --bins` builds them all, `asterism` among them).
 pub fn bins() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_asterism"))
+    PathBuf::from(env!("CARGO_BIN_EXE_asterism-mini"))
         .parent()
         .unwrap()
         .to_path_buf()

@@ -16,7 +16,7 @@
 
 mod common;
 
-use asterism::mini::LocalCluster;
+use asterism_mini::LocalCluster;
 use common::{Teardown, bins, runtime};
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};

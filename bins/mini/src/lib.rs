@@ -1,9 +1,14 @@
-//! `asterism mini up | status | down`: a local confidential cluster of real processes.
+//! `asterism-mini up | status | down` (also run as `asterism mini …`): a local confidential
+//! cluster of real processes.
 //!
 //! One swtpm per node (provisioned with an AK certified by a local platform CA), a LUKS2
 //! image file per node, a metadata service, the bootstrappers, `asterism init` against the
 //! first node, then the key and join services on the control-plane node; the workers join.
 //! See docs/mini.md and docs/design/local-cluster.md.
+//!
+//! A binary of its own because it drives the node side too (swtpm, LUKS2 images): the
+//! operator's `asterism` CLI must link neither the TSS nor libcryptsetup, and runs this one
+//! for `asterism mini`. The cluster steps are a library so that tests drive them one by one.
 
 use anyhow::{Context, Result, bail};
 use asterism_swtpm::{SwtpmConfig, SwtpmProcess};
@@ -460,7 +465,7 @@ impl LocalCluster {
     }
 
     /// Boots the control-plane node and runs `asterism init` against it.
-    pub async fn init(&self) -> Result<(crate::init::Initialised, (u64, String))> {
+    pub async fn init(&self) -> Result<(asterism::init::Initialised, (u64, String))> {
         let cp = self.control_plane()?;
         let booting = self.start_bootstrapper(cp)?;
         let cp_init = format!("{}:{INIT_PORT}", cp.ip);
@@ -470,15 +475,15 @@ impl LocalCluster {
             || tcp_ready(&cp_init),
         )?;
         step(format!("asterism init → {cp_init}"));
-        let done = crate::init::run(self.init_args()).await?;
+        let done = asterism::init::run(self.init_args()).await?;
         let result = self.finish_bootstrapper(booting, cp).await?;
         Ok((done, result))
     }
 
     /// The arguments `asterism init` gets against this cluster's control plane.
-    pub fn init_args(&self) -> crate::init::Args {
+    pub fn init_args(&self) -> asterism::init::Args {
         let ip = self.nodes.first().map(|n| n.ip.clone()).unwrap_or_default();
-        crate::init::Args {
+        asterism::init::Args {
             endpoint: format!("{ip}:{INIT_PORT}"),
             init_secret_file: self.init_secret_file.clone(),
             workspace: self.workspace.clone(),
@@ -486,7 +491,7 @@ impl LocalCluster {
             kubernetes_version: "v1.31.0".into(),
             apiserver_cert_sans: Vec::new(),
             timeout_secs: 120,
-            trust: crate::trust::TrustArgs {
+            trust: asterism::trust::TrustArgs {
                 platform_ca: Some(self.platform_ca.clone()),
                 pinned_ak: Vec::new(),
                 measurements: self.measurements.clone(),

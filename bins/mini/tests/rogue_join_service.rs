@@ -16,7 +16,7 @@
 
 mod common;
 
-use asterism::mini::{LocalCluster, Node};
+use asterism_mini::{LocalCluster, Node};
 use base64::Engine as _;
 use common::{bins, wait_for};
 use std::os::unix::fs::PermissionsExt as _;

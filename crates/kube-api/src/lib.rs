@@ -1,5 +1,5 @@
-//! The Kubernetes API, through kube-rs: what the bootstrapper writes after init and what the
-//! join service keeps where every replica sees it.
+//! The Kubernetes API for Asterism, through kube-rs: what the bootstrapper writes after init
+//! and what the join service keeps where every replica sees it.
 //!
 //! * [`ClusterApi`]: a client from a kubeconfig or the pod's service account, and
 //!   [`ClusterApi::wait_until_ready`] (REFERENCE §11.8).
@@ -19,6 +19,10 @@
 //!
 //! docs/kubernetes-api.md lists the objects, the RBAC rules the join service needs and
 //! what the recorded-response tests cover.
+//!
+//! This is the only crate that may depend on `kube` (docs/dependencies.md; the join service
+//! needs nothing else of Kubernetes). It never logs tokens or keys. With the `testing`
+//! feature, [`testing`] is a recording API server for tests, never for a program.
 
 mod client;
 mod config_maps;

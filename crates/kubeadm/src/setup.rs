@@ -13,7 +13,7 @@ use super::config::{
     self, AUDIT_POLICY, ConfigError, InitParams, JoinParams, NodePaths, PrivateConfigFile,
 };
 use super::runner::{Commands, InitRun, Kubeadm, KubeadmError, LocalKubeletCert, Systemd};
-use crate::components::{Component, ComponentError, Installer, check_all};
+use asterism_components::{Component, ComponentError, Installer, check_all};
 
 /// The control-plane files a joining control-plane node receives (REFERENCE §6.7), relative
 /// to kubeadm's certificate directory.

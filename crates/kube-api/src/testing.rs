@@ -1,6 +1,6 @@
 //! A recording Kubernetes API server for tests (feature `testing`): no API server can run
 //! where the tests run, so this one answers with **recorded responses** (JSON files in the
-//! real API format under `crates/kubernetes/tests/recorded/`) and **records every request**
+//! real API format under `crates/kube-api/tests/recorded/`) and **records every request**
 //! (method, path, query, body), so that a test asserts both what the client sent and how it
 //! handled the answers.
 //!

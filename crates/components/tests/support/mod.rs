@@ -1,6 +1,6 @@
-//! Shared helpers of the component, kubeadm and driver tests: a scripted HTTP server on
-//! 127.0.0.1, tarballs built in the test (also malicious ones), and the recording kubeadm
-//! stand-in installed into a directory as `kubeadm` and `systemctl`.
+//! Shared helpers of the component tests, and of asterism-kubeadm's tests (which include
+//! this file): a scripted HTTP server on 127.0.0.1 and tarballs built in the test (also
+//! malicious ones).
 #![allow(
     dead_code,
     clippy::unwrap_used,
@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::io::Write as _;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -178,61 +178,7 @@ pub fn tarball(entries: &[Entry<'_>]) -> Vec<u8> {
 
 /// `sha256:<hex>` of `bytes`.
 pub fn sha256(bytes: &[u8]) -> String {
-    asterism_kubernetes::components::Sha256Hash::of(bytes).to_string()
-}
-
-/// A directory holding the recording stand-in as `kubeadm` and `systemctl`.
-pub struct StandIn {
-    pub dir: tempfile::TempDir,
-}
-
-impl StandIn {
-    pub fn install() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let exe = env!("CARGO_BIN_EXE_asterism-kubeadm-stand-in");
-        std::fs::copy(exe, dir.path().join("kubeadm")).unwrap();
-        std::fs::copy(exe, dir.path().join("systemctl")).unwrap();
-        Self { dir }
-    }
-
-    pub fn kubeadm(&self) -> PathBuf {
-        self.dir.path().join("kubeadm")
-    }
-
-    pub fn systemctl(&self) -> PathBuf {
-        self.dir.path().join("systemctl")
-    }
-
-    /// Writes `stand-in.json`.
-    pub fn settings(&self, json: serde_json::Value) {
-        std::fs::write(self.dir.path().join("stand-in.json"), json.to_string()).unwrap();
-    }
-
-    /// The recorded calls, in order.
-    pub fn calls(&self) -> Vec<serde_json::Value> {
-        let Ok(text) = std::fs::read_to_string(self.dir.path().join("calls.jsonl")) else {
-            return Vec::new();
-        };
-        text.lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
-    }
-
-    /// The argument lists of the recorded calls.
-    pub fn argv(&self) -> Vec<String> {
-        self.calls()
-            .iter()
-            .map(|c| {
-                let args: Vec<&str> = c["args"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|a| a.as_str().unwrap())
-                    .collect();
-                format!("{} {}", c["program"].as_str().unwrap(), args.join(" "))
-            })
-            .collect()
-    }
+    asterism_components::Sha256Hash::of(bytes).to_string()
 }
 
 /// Every file and directory under `root`, relative, sorted.

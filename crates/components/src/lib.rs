@@ -14,6 +14,10 @@
 //!
 //! The pure parts (hash and URL parsing, `data:` decoding, archive path checks, retry
 //! decisions) take values and return values; [`Installer`] is the I/O adapter.
+//!
+//! A crate of its own because it carries its own HTTP client and TLS (hyper with rustls and
+//! Mozilla's root set): only the bootstrapper, which installs components, builds them
+//! (docs/dependencies.md). It never installs a file whose hash it has not checked.
 
 use std::collections::HashSet;
 use std::fmt;

@@ -10,8 +10,8 @@
     clippy::indexing_slicing
 )]
 
-use asterism_kubernetes::api::testing::{RecordingServer, Reply, recorded};
-use asterism_kubernetes::api::{
+use asterism_kube_api::testing::{RecordingServer, Reply, recorded};
+use asterism_kube_api::{
     ApiError, ApiOptions, ClusterApi, JoinConfigChange, JoiningNode, TokenPolicy, WaitPolicy,
 };
 use asterism_proto::components::Component;
@@ -798,7 +798,7 @@ async fn api_failures_become_typed_errors() {
 
 #[tokio::test]
 async fn the_recorded_responses_are_json() {
-    for entry in std::fs::read_dir(asterism_kubernetes::api::testing::recorded_dir()).unwrap() {
+    for entry in std::fs::read_dir(asterism_kube_api::testing::recorded_dir()).unwrap() {
         let name = entry.unwrap().file_name().into_string().unwrap();
         let v: serde_json::Value =
             serde_json::from_str(&recorded(&name)).unwrap_or_else(|e| panic!("{name}: {e}"));

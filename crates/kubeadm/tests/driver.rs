@@ -15,12 +15,12 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use asterism_kubernetes::components::{Component, ComponentError, DownloadPolicy, Installer};
-use asterism_kubernetes::kubeadm::config::{
+use asterism_components::{Component, ComponentError, DownloadPolicy, Installer};
+use asterism_kubeadm::config::{
     AUDIT_POLICY, ApiVersion, BootstrapToken, CloudProvider, InitParams, JoinParams, NodePaths,
 };
-use asterism_kubernetes::kubeadm::runner::{KubeadmError, ProcessCommands};
-use asterism_kubernetes::kubeadm::setup::{
+use asterism_kubeadm::runner::{KubeadmError, ProcessCommands};
+use asterism_kubeadm::setup::{
     CONTROL_PLANE_FILES, ControlPlaneFile, KubeadmNode, SetupConfig, SetupError,
 };
 use kubeadm_support::{Entry, Reply, StandIn, TestServer, sha256, tarball};

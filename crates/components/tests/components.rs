@@ -8,18 +8,18 @@
     clippy::indexing_slicing
 )]
 
-mod kubeadm_support;
+mod support;
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use asterism_kubernetes::components::{
+use asterism_components::{
     ArchiveError, Component, ComponentError, DownloadError, DownloadPolicy, HashFormatError,
     Installer,
 };
-use kubeadm_support::{Entry, Reply, TestServer, sha256, tarball, tree};
+use support::{Entry, Reply, TestServer, sha256, tarball, tree};
 
 fn policy() -> DownloadPolicy {
     DownloadPolicy {

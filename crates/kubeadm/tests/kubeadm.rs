@@ -3,7 +3,7 @@
 //! against the recording stand-in (command sequences, typed failures, redacted output), and
 //! the stand-in's own refusals (it is not an accept-anything mock).
 //!
-//! `ASTERISM_UPDATE_GOLDEN=1 cargo test -p asterism-kubernetes --test kubeadm` rewrites the
+//! `ASTERISM_UPDATE_GOLDEN=1 cargo test -p asterism-kubeadm --test kubeadm` rewrites the
 //! golden files.
 #![allow(
     clippy::unwrap_used,
@@ -19,13 +19,11 @@ use std::net::IpAddr;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 
-use asterism_kubernetes::kubeadm::config::{
+use asterism_kubeadm::config::{
     ApiVersion, BootstrapToken, CloudProvider, InitParams, JoinParams, NodePaths,
     PrivateConfigFile, render_init, render_join,
 };
-use asterism_kubernetes::kubeadm::runner::{
-    InitRun, Kubeadm, KubeadmError, LocalKubeletCert, ProcessCommands,
-};
+use asterism_kubeadm::runner::{InitRun, Kubeadm, KubeadmError, LocalKubeletCert, ProcessCommands};
 use kubeadm_support::StandIn;
 use zeroize::Zeroizing;
 

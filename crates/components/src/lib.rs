@@ -1,8 +1,8 @@
-//! The component installer (REFERENCE §11.1): downloads the Kubernetes binaries and archives
+//! The component installer: downloads the Kubernetes binaries and archives
 //! an init request or join ticket names, checks each against its SHA-256 hash, and installs
 //! it atomically.
 //!
-//! Changes from the original (REFERENCE §14 item 13):
+//! Changes from the original:
 //! * the hash is **mandatory**: a component without a well-formed `sha256:<64 lowercase hex>`
 //!   is refused before anything is downloaded;
 //! * retries back off exponentially (bounded attempts, a timeout per attempt) instead of a
@@ -40,7 +40,7 @@ use sha2::{Digest as _, Sha256};
 use tracing::{debug, info, warn};
 
 /// Mode of an installed (non-archive) component: read and execute for its owner, read for
-/// everyone else (REFERENCE §11.1).
+/// everyone else, as the original installs them.
 pub const BINARY_MODE: u32 = 0o544;
 /// Mode bits an archive entry may keep: no setuid/setgid/sticky, no group or world write.
 pub const ARCHIVE_MODE_MASK: u32 = 0o755;
@@ -48,8 +48,8 @@ pub const ARCHIVE_MODE_MASK: u32 = 0o755;
 pub const DIR_MODE: u32 = 0o755;
 
 /// A component as it travels in the init request, the join ticket and the components
-/// ConfigMap (REFERENCE §2.1; JSON keys `url`, `hash`, `install_path`, `extract`, zero values
-/// omitted).
+/// ConfigMap (JSON keys `url`, `hash`, `install_path`, `extract`, zero values omitted;
+/// docs/kubernetes.md).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Component {
     /// `https://…`, `http://…` or a `data:` URL (RFC 2397).
@@ -67,7 +67,7 @@ pub struct Component {
 }
 
 /// The hash of a whole component list, as the original names its components ConfigMap
-/// (REFERENCE §11.5 step 7): `sha256:` + hex(SHA-256(concatenation of every component's
+/// after init: `sha256:` + hex(SHA-256(concatenation of every component's
 /// hash string)).
 #[must_use]
 pub fn list_hash(components: &[Component]) -> String {
@@ -391,8 +391,8 @@ impl DownloadPolicy {
     }
 }
 
-/// Whether an HTTP status is worth another attempt (REFERENCE §11.1: 408, 425, 429, 502,
-/// 503, 504).
+/// Whether an HTTP status is worth another attempt: 408, 425, 429, 502, 503 and 504, as in
+/// the original.
 #[must_use]
 pub fn is_retriable_status(status: StatusCode) -> bool {
     matches!(status.as_u16(), 408 | 425 | 429 | 502 | 503 | 504)

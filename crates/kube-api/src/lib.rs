@@ -2,16 +2,16 @@
 //! and what the join service keeps where every replica sees it.
 //!
 //! * [`ClusterApi`]: a client from a kubeconfig or the pod's service account, and
-//!   [`ClusterApi::wait_until_ready`] (REFERENCE §11.8).
-//! * After init: [`ClusterApi::apply_join_config`] (`kube-system/join-config`, §9.11,
-//!   §12.5), [`ClusterApi::create_components_config_map`] (§11.5 step 7),
+//!   [`ClusterApi::wait_until_ready`] (every error retried until a deadline).
+//! * After init: [`ClusterApi::apply_join_config`] (`kube-system/join-config`: the
+//!   measurements and the salt), [`ClusterApi::create_components_config_map`],
 //!   [`ClusterApi::annotate_node_components`] (step 9), [`ClusterApi::create_internal_config`]
 //!   (step 10).
 //! * The join service's cluster state: [`ClusterApi::bootstrap_token`] (Secrets
-//!   `bootstrap-token-<id>`, reused within their lifetime, §6.4), [`ClusterApi::bind_disk`]
+//!   `bootstrap-token-<id>`, reused within their lifetime), [`ClusterApi::bind_disk`]
 //!   and [`ClusterApi::check_disk`] (immutable ConfigMaps per disk UUID),
 //!   [`ClusterApi::record_member`] and [`ClusterApi::members`], and
-//!   [`ClusterApi::add_joining_node`] (§6.9).
+//!   [`ClusterApi::add_joining_node`].
 //!
 //! Every failure is an [`ApiError`], classified from the HTTP status and the API's `Status`
 //! reason; [`ApiError::is_retryable`] tells "retry later" from "fix the cluster". kube-rs'

@@ -1,4 +1,4 @@
-//! The node setup with kubeadm (REFERENCE §11.5–§11.7): install the components, enable the
+//! The node setup with kubeadm (docs/kubernetes.md, "What runs"): install the components, enable the
 //! kubelet, write the audit policy (and, on a joining control-plane node, the control-plane
 //! files), render the configuration into a private file, run kubeadm, remove the file.
 //!
@@ -141,7 +141,7 @@ impl<C: Commands> KubeadmNode<C> {
         Ok(())
     }
 
-    /// Initialises the cluster on this node (REFERENCE §11.5 steps 1–4) and returns the
+    /// Initialises the cluster on this node (install, kubelet, kubeadm init) and returns the
     /// admin kubeconfig. `params.paths` must be this setup's paths.
     pub async fn init(
         &self,
@@ -185,7 +185,7 @@ impl<C: Commands> KubeadmNode<C> {
         Ok(kubeconfig)
     }
 
-    /// Joins this node (REFERENCE §11.6): `control_plane_files` are written to kubeadm's
+    /// Joins this node: `control_plane_files` are written to kubeadm's
     /// certificate directory first (keys 0600, the rest 0644) when `params.control_plane`.
     pub async fn join(
         &self,
@@ -229,7 +229,7 @@ impl<C: Commands> KubeadmNode<C> {
 
     /// Joins like [`Self::join`], with the configuration API version of the kubeadm the
     /// components installed (`kubeadm version -o short`): a joining node does not know the
-    /// cluster's version (the join ticket carries none, REFERENCE §14 item 20).
+    /// cluster's version (the join ticket carries none).
     pub async fn join_with_installed_kubeadm(
         &self,
         components: &[Component],
@@ -249,7 +249,7 @@ impl<C: Commands> KubeadmNode<C> {
         self.join(&[], &params, control_plane_files).await
     }
 
-    /// Starts the kubelet on an already-bootstrapped node (REFERENCE §11.7).
+    /// Starts the kubelet on an already-bootstrapped node (a reboot: no kubeadm).
     pub async fn start_kubelet(&self) -> Result<(), SetupError> {
         self.systemd.start_kubelet().await?;
         Ok(())

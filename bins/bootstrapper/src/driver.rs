@@ -5,8 +5,8 @@
 //!   `https://<node ip>:6443`; on join it does nothing (the join service admitted the node to
 //!   the membership record when it issued the ticket).
 //! * `kubeadm` (real machines, docs/kubernetes.md): components, kubeadm configuration and
-//!   kubeadm through `asterism_kubernetes::kubeadm`; after init, the Kubernetes API steps
-//!   through `asterism_kubernetes::api` (components ConfigMap, node annotation,
+//!   kubeadm through `asterism_kubeadm`; after init, the Kubernetes API steps
+//!   through `asterism_kube_api` (components ConfigMap, node annotation,
 //!   `internal-config`).
 //!
 //! Both take the components from the init request or the join ticket; the `none` driver
@@ -16,15 +16,13 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use asterism_kubernetes::api::{ApiOptions, ClusterApi, WaitPolicy};
-use asterism_kubernetes::components::{Component, DownloadPolicy, Installer};
-use asterism_kubernetes::kubeadm::config::{
+use asterism_components::{Component, DownloadPolicy, Installer};
+use asterism_kube_api::{ApiOptions, ClusterApi, WaitPolicy};
+use asterism_kubeadm::config::{
     ApiVersion, BootstrapToken, CloudProvider, InitParams, JoinParams, NodePaths, k8s_node_name,
 };
-use asterism_kubernetes::kubeadm::runner::ProcessCommands;
-use asterism_kubernetes::kubeadm::setup::{
-    CONTROL_PLANE_FILES, ControlPlaneFile, KubeadmNode, SetupConfig,
-};
+use asterism_kubeadm::runner::ProcessCommands;
+use asterism_kubeadm::setup::{CONTROL_PLANE_FILES, ControlPlaneFile, KubeadmNode, SetupConfig};
 use asterism_metadata::Metadata;
 
 use asterism_pki::{ClusterCa, render_admin_kubeconfig};
@@ -191,7 +189,7 @@ pub async fn post_init_api_steps(
 
 /// The `kubeadm` driver (REFERENCE §11.5–§11.7): installs the components of the request
 /// (or ticket), renders the kubeadm configuration and runs kubeadm through
-/// `asterism_kubernetes::kubeadm`; after init it takes the Kubernetes API steps
+/// `asterism_kubeadm`; after init it takes the Kubernetes API steps
 /// ([`post_init_api_steps`]). The provider ID and the load balancer host come from the
 /// metadata, as in the original.
 pub struct KubeadmDriver<M> {

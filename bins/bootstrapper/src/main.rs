@@ -201,8 +201,8 @@ fn kubeadm_driver(
     metadata: HttpMetadata,
 ) -> anyhow::Result<KubeadmDriver<HttpMetadata>> {
     use asterism_bootstrapper::PostInitApi;
-    use asterism_kubernetes::kubeadm::config::{CloudProvider, NodePaths};
-    use asterism_kubernetes::kubeadm::setup::SetupConfig;
+    use asterism_kubeadm::config::{CloudProvider, NodePaths};
+    use asterism_kubeadm::setup::SetupConfig;
     let components = match &args.kubernetes_components {
         Some(path) => {
             let bytes =
@@ -231,7 +231,7 @@ fn kubeadm_driver(
             CloudProviderArg::None => CloudProvider::None,
         },
         fallback_components: components,
-        download: asterism_kubernetes::components::DownloadPolicy::default(),
+        download: asterism_components::DownloadPolicy::default(),
         api: PostInitApi::admin_conf(&args.kubernetes_dir),
     };
     Ok(KubeadmDriver::new(config, metadata)?)
@@ -291,14 +291,14 @@ fn log_filter(default: &str) -> EnvFilter {
 fn init_logging(format: LogFormat, verbose: u8, buffer: &LogBuffer) {
     let level = if verbose > 0 { "debug" } else { "info" };
     let filter = log_filter(&format!(
-        "warn,asterism_bootstrapper={level},asterism_kubernetes={level},asterism_disk={level},asterism_tpm={level},asterism_atls={level},asterism_attestation={level},asterism_metadata={level}"
+        "warn,asterism_bootstrapper={level},asterism_components={level},asterism_kubeadm={level},asterism_kube_api={level},asterism_disk={level},asterism_tpm={level},asterism_atls={level},asterism_attestation={level},asterism_metadata={level}"
     ));
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal());
     // The buffer keeps the same lines the log shows (never secrets: nothing logs them).
     let buffer_filter = EnvFilter::new(
-        "warn,asterism_bootstrapper=info,asterism_kubernetes=info,asterism_disk=info,asterism_tpm=info,asterism_atls=info,asterism_attestation=info,asterism_metadata=info",
+        "warn,asterism_bootstrapper=info,asterism_components=info,asterism_kubeadm=info,asterism_kube_api=info,asterism_disk=info,asterism_tpm=info,asterism_atls=info,asterism_attestation=info,asterism_metadata=info",
     );
     let registry = tracing_subscriber::registry().with(tracing_subscriber::Layer::with_filter(
         buffer.layer(Level::INFO),

@@ -24,7 +24,7 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::path::{Component as PathPart, Path};
 
-use asterism_kubernetes::kubeadm::setup::CONTROL_PLANE_FILES;
+use asterism_kubeadm::setup::CONTROL_PLANE_FILES;
 use x509_parser::prelude::{FromDer as _, GeneralName, SubjectPublicKeyInfo, X509Certificate};
 use zeroize::Zeroizing;
 
@@ -762,7 +762,7 @@ mod tests {
         Components::new(
             paths
                 .iter()
-                .map(|p| asterism_kubernetes::components::Component {
+                .map(|p| asterism_components::Component {
                     url: "https://example.com/x".into(),
                     hash: format!("sha256:{}", "ab".repeat(32)),
                     install_path: (*p).into(),
@@ -795,7 +795,7 @@ mod tests {
             assert!(e.contains("is not inside"), "{bad}: {e}");
         }
         // `..` is refused (by the component check before this one, and here).
-        let dotdot = Components::new(vec![asterism_kubernetes::components::Component {
+        let dotdot = Components::new(vec![asterism_components::Component {
             url: "https://example.com/x".into(),
             hash: format!("sha256:{}", "ab".repeat(32)),
             install_path: format!("{}/../etc/kubelet", root.display()),

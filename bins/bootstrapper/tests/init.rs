@@ -179,7 +179,7 @@ async fn an_already_bootstrapped_node_does_not_bootstrap_again() {
 }
 
 /// A driver that keeps the components it was given.
-struct ComponentsDriver(std::sync::Mutex<Vec<asterism_kubernetes::components::Component>>);
+struct ComponentsDriver(std::sync::Mutex<Vec<asterism_components::Component>>);
 
 impl asterism_bootstrapper::KubernetesDriver for ComponentsDriver {
     fn name(&self) -> &'static str {

@@ -1,5 +1,5 @@
 //! The `kubeadm` driver's init end to end, short of a real cluster: the recording kubeadm
-//! stand-in (asterism-kubernetes' test binary) as kubeadm and systemctl, a temporary
+//! stand-in (asterism-kubeadm's test binary) as kubeadm and systemctl, a temporary
 //! directory standing for `/etc/kubernetes` and `/run/state`, and the recording Kubernetes
 //! API server (recorded responses in the real API format) as the API server the admin
 //! kubeconfig names.
@@ -19,11 +19,11 @@ use std::time::Duration;
 use asterism_bootstrapper::{
     ClusterInit, Components, KubeadmDriver, KubeadmDriverConfig, KubernetesDriver, PostInitApi,
 };
-use asterism_kubernetes::api::testing::{RecordingServer, Reply};
-use asterism_kubernetes::api::{ApiOptions, WaitPolicy};
-use asterism_kubernetes::components::{Component, DownloadPolicy};
-use asterism_kubernetes::kubeadm::config::{CloudProvider, NodePaths};
-use asterism_kubernetes::kubeadm::setup::SetupConfig;
+use asterism_components::{Component, DownloadPolicy};
+use asterism_kube_api::testing::{RecordingServer, Reply};
+use asterism_kube_api::{ApiOptions, WaitPolicy};
+use asterism_kubeadm::config::{CloudProvider, NodePaths};
+use asterism_kubeadm::setup::SetupConfig;
 use asterism_metadata::{InstanceMetadata, Role, StaticMetadata};
 
 const CONFIG_MAPS: &str = "/api/v1/namespaces/kube-system/configmaps";
@@ -34,7 +34,7 @@ fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(ring::digest::digest(&ring::digest::SHA256, bytes))
 }
 
-/// The stand-in binary of asterism-kubernetes, built once (Cargo builds another package's
+/// The stand-in binary of asterism-kubeadm, built once (Cargo builds another package's
 /// binaries only for that package's own tests).
 fn stand_in_binary() -> &'static Path {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
@@ -67,7 +67,7 @@ fn stand_in_binary() -> &'static Path {
                 "--quiet",
                 "--message-format=json",
                 "-p",
-                "asterism-kubernetes",
+                "asterism-kubeadm",
                 "--bin",
                 "asterism-kubeadm-stand-in",
             ])

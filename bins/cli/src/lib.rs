@@ -1,10 +1,10 @@
 //! The `asterism` command-line tool as a library: every subcommand, so that tests (and the
-//! `mini` orchestration) can drive them step by step. The binary only parses arguments.
+//! `asterism-mini` orchestration) can drive them step by step. The binary only parses
+//! arguments.
 
 pub mod data_key;
 pub mod identity;
 pub mod init;
-pub mod mini;
 pub mod readmit;
 pub mod trust;
 pub mod verify;

@@ -4,11 +4,15 @@
 //! `mini` runs a local cluster, `readmit` lets a member with a new attestation key rejoin,
 //! `data-key` fetches a key from a key service over attested
 //! TLS. The commands live in the `asterism` library so that tests can drive them.
+//!
+//! `mini` is the `asterism-mini` program, run git-style: it drives swtpm and LUKS2 images,
+//! and this tool must link neither the TSS nor libcryptsetup (scripts/check-deps).
 
 use anyhow::{Context, Result};
-use asterism::{data_key, identity, init, mini, readmit, verify};
+use asterism::{data_key, identity, init, readmit, verify};
 use clap::{Parser, Subcommand};
-use std::path::PathBuf;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
 
 #[derive(Parser)]
 #[command(
@@ -37,8 +41,14 @@ enum Command {
     /// its next join ticket. Run on a control-plane node, as the join service's user.
     Readmit(readmit::Args),
     /// A local cluster on this machine: swtpm per node, LUKS2 image files, real services.
-    #[command(subcommand)]
-    Mini(MiniCommand),
+    /// Runs `asterism-mini` (next to this executable, else on PATH) with these arguments:
+    /// `up`, `status`, `down`; `asterism mini --help` lists them.
+    #[command(disable_help_flag = true)]
+    Mini {
+        /// The arguments of `asterism-mini`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<OsString>,
+    },
     /// Create an Ed25519 test identity (a 32-byte seed file, mode 0600) and print its
     /// public key. INSECURE: development and tests only.
     InsecureTestIdentity {
@@ -48,16 +58,6 @@ enum Command {
     },
 }
 
-#[derive(Subcommand)]
-enum MiniCommand {
-    /// Build and start a local cluster (one control plane, N workers).
-    Up(mini::UpArgs),
-    /// Show the nodes and the processes of a local cluster.
-    Status(mini::DirArgs),
-    /// Stop every process of a local cluster.
-    Down(mini::DirArgs),
-}
-
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
@@ -65,7 +65,7 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .init();
     match run(cli) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
             std::process::ExitCode::FAILURE
@@ -73,7 +73,7 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-fn run(cli: Cli) -> Result<()> {
+fn run(cli: Cli) -> Result<std::process::ExitCode> {
     match cli.command {
         Command::DataKey(args) => {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -96,13 +96,6 @@ fn run(cli: Cli) -> Result<()> {
             )?;
             Ok(())
         }
-        Command::Mini(MiniCommand::Up(args)) => {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .context("starting the async runtime")?;
-            rt.block_on(mini::up(args))
-        }
         Command::Verify(args) => {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -110,8 +103,8 @@ fn run(cli: Cli) -> Result<()> {
                 .context("starting the async runtime")?;
             rt.block_on(verify::run(args))
         }
-        Command::Mini(MiniCommand::Status(args)) => mini::status(args),
-        Command::Mini(MiniCommand::Down(args)) => mini::down(args),
+        // Its exit code is ours.
+        Command::Mini { args } => return run_mini(&args, &cli.log),
         Command::InsecureTestIdentity { out } => identity::create(&out),
         Command::Readmit(args) => {
             let member = readmit::run(&args)?;
@@ -122,5 +115,58 @@ fn run(cli: Cli) -> Result<()> {
             );
             Ok(())
         }
-    }
+    }?;
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// The program that `asterism mini` runs.
+const MINI_PROGRAM: &str = "asterism-mini";
+
+/// Runs `asterism-mini` with `args` and the log filter (through `ASTERISM_LOG`, which it
+/// reads too), and returns its exit code as ours.
+fn run_mini(args: &[OsString], log: &str) -> Result<std::process::ExitCode> {
+    let program = find_mini()?;
+    let status = std::process::Command::new(&program)
+        .args(args)
+        .env("ASTERISM_LOG", log)
+        .status()
+        .with_context(|| format!("running {}", program.display()))?;
+    Ok(match status.code() {
+        Some(code) => std::process::ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        // Killed by a signal: the shell's convention, 128 + the signal number.
+        None => {
+            let signal = std::os::unix::process::ExitStatusExt::signal(&status).unwrap_or(0);
+            std::process::ExitCode::from(u8::try_from(128 + signal).unwrap_or(1))
+        }
+    })
+}
+
+/// `asterism-mini` next to this executable (a build or an install puts them together), else
+/// the first one on `PATH`.
+fn find_mini() -> Result<PathBuf> {
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join(MINI_PROGRAM)));
+    let on_path = std::env::var_os("PATH")
+        .map(|path| {
+            std::env::split_paths(&path)
+                .map(|dir| dir.join(MINI_PROGRAM))
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    beside
+        .into_iter()
+        .chain(on_path)
+        .find(|candidate| is_executable(candidate))
+        .with_context(|| {
+            format!(
+                "`asterism mini` runs `{MINI_PROGRAM}`, which is neither next to this executable \
+                 nor on PATH; build it (`cargo build -p asterism-mini`) or install it beside `asterism`"
+            )
+        })
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }

@@ -1,4 +1,4 @@
-//! [`ClusterState`] on the Kubernetes API ([`asterism_kubernetes::api`]), so that every
+//! [`ClusterState`] on the Kubernetes API ([`asterism_kube_api`]), so that every
 //! join-service replica on every control-plane node sees the same tokens, disk bindings and
 //! members (docs/kubernetes-api.md).
 
@@ -7,7 +7,7 @@ use crate::state::{
     TOKEN_TTL,
 };
 use asterism_kms::DiskUuid;
-use asterism_kubernetes::api::{ApiError, ClusterApi, JoiningNode, MemberRecord, TokenPolicy};
+use asterism_kube_api::{ApiError, ClusterApi, JoiningNode, MemberRecord, TokenPolicy};
 use asterism_metadata::Role;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};

@@ -16,7 +16,7 @@ use asterism_join_service::{
     ClusterState, HttpAccess, InitNode, JoinConfig, JoinService, JoiningNodes, KeyServiceAddress,
     KeyServiceClient, KubeState, Limits, Metrics, RedbState,
 };
-use asterism_kubernetes::api::{ApiOptions, ClusterApi, WaitPolicy};
+use asterism_kube_api::{ApiOptions, ClusterApi, WaitPolicy};
 use asterism_metadata::HttpMetadata;
 use asterism_pki::ClusterCa;
 use clap::{ArgAction, Parser, ValueEnum};
@@ -216,7 +216,7 @@ fn init_logging(format: LogFormat, verbose: u8) {
         _ => "trace",
     };
     let filter = log_filter(&format!(
-        "warn,asterism_join_service={level},asterism_atls={level},asterism_attestation={level},asterism_metadata={level},asterism_kubernetes={level}"
+        "warn,asterism_join_service={level},asterism_atls={level},asterism_attestation={level},asterism_metadata={level},asterism_kube_api={level}"
     ));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -14,7 +14,7 @@ use asterism_join_service::{
     Admission, ClusterState, InitNode, JoiningNodes, KubeState, StateError,
 };
 use asterism_kms::DiskUuid;
-use asterism_kubernetes::api::testing::{RecordingServer, Reply, recorded};
+use asterism_kube_api::testing::{RecordingServer, Reply, recorded};
 use asterism_metadata::Role;
 use std::time::{Duration, SystemTime};
 

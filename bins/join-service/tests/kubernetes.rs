@@ -1,5 +1,5 @@
 //! The join service with its cluster state on the Kubernetes API (`KubeState`), against the
-//! recording API server of asterism-kubernetes: HTTPS with a test CA and an admin
+//! recording API server of asterism-kube-api: HTTPS with a test CA and an admin
 //! kubeconfig, answers recorded from a real API server, every request recorded. The rest is
 //! real as in tests/join.rs: aTLS and gRPC on loopback, the key service, the metadata
 //! service, swtpm or pinned software AKs.
@@ -19,7 +19,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use asterism_attestation::AkFingerprint;
 use asterism_join_service::{JoiningNodes, KubeState};
-use asterism_kubernetes::api::testing::{RecordingServer, Reply};
+use asterism_kube_api::testing::{RecordingServer, Reply};
 use asterism_testkit::Swtpm;
 use asterism_tpm::{AkConfig, PcrSelection, TpmIssuer};
 use common::*;

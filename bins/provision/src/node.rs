@@ -24,8 +24,8 @@ use asterism_attestation::{
     AkFingerprint, AkTrust, ExpectedPcr, Measurements, PcrIndex, ReportData, TpmQuoteValidator,
     Validator,
 };
-use asterism_tpm::swtpm::{
-    self, ManufactureOptions, PcrBank, SwtpmConfig, SwtpmProcess, check_swtpm_installed,
+use asterism_swtpm::{
+    self as swtpm, ManufactureOptions, PcrBank, SwtpmConfig, SwtpmProcess, check_swtpm_installed,
 };
 use asterism_tpm::{AkAlgorithm, AkConfig, PcrSelection, PcrValue, Tpm, TpmIssuer};
 use ring::rand::{SecureRandom, SystemRandom};
@@ -46,7 +46,7 @@ pub const PLATFORM_CA_FILE: &str = "platform-ca.pem";
 /// loader configuration and kernel (8, 9), unified kernel image and systemd (11–13).
 /// PCR 10 (IMA, changes at run time) is left out.
 pub const ENFORCED_PCRS: [u32; 13] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 13];
-/// PCRs compared but never gating (REFERENCE §9.10: PCR 14 is warn-only).
+/// PCRs compared but never gating: PCR 14 is warn-only.
 pub const WARN_ONLY_PCRS: [u32; 1] = [14];
 /// The node marker: enforced all-zero, so only nodes not yet bootstrapped pass.
 pub const MARKER_PCR: u32 = asterism_tpm::marker::MARKER_PCR;
@@ -95,7 +95,7 @@ fn provision_in(
 
     let swtpm = SwtpmProcess::start(&SwtpmConfig::new(state_dir)?)?;
     progress!("swtpm running on {}", swtpm.tcti());
-    let mut tpm = Tpm::open(&swtpm.tpm_config())?;
+    let mut tpm = Tpm::open(&swtpm.tcti().parse()?)?;
     let ak_config = AkConfig::new(match args.ak {
         AkKind::Ecc => AkAlgorithm::EccP256,
         AkKind::Rsa => AkAlgorithm::Rsa2048,

@@ -21,11 +21,11 @@ use asterism_attestation::{
     AkFingerprint, AkTrust, Issuer, MeasurementMode, Measurements, PcrIndex, PlatformCa,
     ReportData, TpmQuoteValidator, ValidationError, Validator,
 };
+use asterism_swtpm::{SwtpmConfig, SwtpmProcess};
 use asterism_tpm::marker::{expected_marker_pcr, read_marker_pcr};
-use asterism_tpm::swtpm::{SwtpmConfig, SwtpmProcess};
 use asterism_tpm::{AkAlgorithm, AkConfig, PcrSelection, Tpm, TpmIssuer};
 
-/// The upstream `HKDFClusterID` vector output (REFERENCE §5.4) and its PCR 15.
+/// The upstream `HKDFClusterID` test vector's output (a cluster ID) and its PCR 15.
 const CLUSTER_ID: &str = "128c164378fe8767f998fbdfe4b4d6463ec5ae1b664ea5999bc27417607ae9b6";
 const MARKED_PCR15: &str = "23400370357e846478cce7cc0c76cdfe4da077cc57b36dee0f665ede2c8b3f2f";
 
@@ -165,7 +165,7 @@ impl Provisioned {
         algorithm: AkAlgorithm,
         report: &ReportData,
     ) -> Vec<u8> {
-        let mut tpm = Tpm::open(&swtpm.tpm_config()).unwrap();
+        let mut tpm = Tpm::open(&swtpm.tcti().parse().unwrap()).unwrap();
         let ak_config = AkConfig::new(algorithm);
         let ak = tpm.load_attestation_key(&ak_config).unwrap();
         assert!(!ak.was_created(), "the AK must be the persisted one");
@@ -257,7 +257,7 @@ fn a_provisioned_node_is_accepted_with_the_written_files_and_rejected_otherwise(
     }
 
     // An enforced PCR that changed after provisioning rejects, naming index and values.
-    let mut tpm = Tpm::open(&swtpm.tpm_config()).unwrap();
+    let mut tpm = Tpm::open(&swtpm.tcti().parse().unwrap()).unwrap();
     tpm.extend_pcr(4, &[0x44; 32]).unwrap();
     let observed = tpm.read_pcrs(&PcrSelection::new([4]).unwrap()).unwrap()[0].1;
     drop(tpm);
@@ -404,7 +404,7 @@ fn the_marker_is_seen_by_other_processes_until_the_tpm_resets() {
     assert_eq!(other_cluster.stdout, "bootstrapped\n");
     assert!(other_cluster.stderr.contains("is not the marker"));
     {
-        let mut tpm = Tpm::open(&swtpm.tpm_config()).unwrap();
+        let mut tpm = Tpm::open(&swtpm.tcti().parse().unwrap()).unwrap();
         let cluster_id: [u8; 32] = hex::decode(CLUSTER_ID).unwrap().try_into().unwrap();
         assert_eq!(
             read_marker_pcr(&mut tpm).unwrap(),

@@ -1,12 +1,14 @@
 //! Instance metadata for Asterism: which instances form the cluster, their roles and
-//! addresses, the control-plane endpoint and the init-secret hash (REFERENCE §1.4).
+//! addresses, the control-plane endpoint and the init-secret hash.
 //!
 //! * [`InstanceMetadata`] and [`Role`], serialised with the original's JSON field names.
 //! * The [`Metadata`] trait, the narrow seam every program uses; implemented by
 //!   [`HttpMetadata`] (a client of the metadata service) and [`StaticMetadata`] (in memory,
 //!   for tests).
-//! * [`MetadataServer`]: the local metadata service (`asterism-metadata`), which identifies
-//!   the caller of `GET /self` by its source address, as cloud metadata services do by VPC IP.
+//! * [`MetadataServer`]: the local metadata service, which identifies the caller of `GET
+//!   /self` by its source address, as cloud metadata services do by VPC IP. The
+//!   `asterism-metadata` program around it is the package `asterism-metadata-server`, so
+//!   that this library carries no argument parser or log subscriber.
 //!
 //! Metadata is **not** a security boundary on its own: it says who a node claims to be by
 //! its address. The join service combines it with attestation. This crate must never
@@ -126,7 +128,7 @@ pub enum ConfigError {
     Invalid(String),
 }
 
-/// The cloud metadata seam (REFERENCE §1.4): what a node learns about itself and the
+/// The cloud metadata seam: what a node learns about itself and the
 /// cluster from its platform.
 ///
 /// Methods return `Send` futures, so implementations can be used from spawned tasks; use it

@@ -3,11 +3,11 @@
 //!
 //! * [`Swtpm`] runs a real TPM 2.0 emulator (swtpm) for one test: a private state directory,
 //!   free loopback TCP ports, optionally an EK with a certificate, and clean-up on drop. It
-//!   is a thin wrapper around the production launcher [`asterism_tpm::swtpm`], which
+//!   is a thin wrapper around the production launcher [`asterism_swtpm`], which
 //!   programs use on persistent state directories.
 //! * [`check_swtpm_installed`] explains what to install when swtpm is missing.
 
 mod swtpm;
 
-pub use asterism_tpm::swtpm::{SwtpmError, check_swtpm_installed};
+pub use asterism_swtpm::{SwtpmError, check_swtpm_installed};
 pub use swtpm::{Swtpm, SwtpmBuilder};

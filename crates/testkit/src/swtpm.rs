@@ -1,5 +1,5 @@
 //! A private swtpm (TPM 2.0 emulator) per test, on top of the production launcher
-//! [`asterism_tpm::swtpm`].
+//! [`asterism_swtpm`].
 //!
 //! [`Swtpm::start`] makes a temporary directory (absolute path), optionally manufactures the
 //! TPM with `swtpm_setup` (EK and EK certificate signed by a throw-away local CA in that
@@ -20,8 +20,8 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use asterism_swtpm::{ManufactureOptions, SwtpmConfig, SwtpmError, SwtpmProcess, manufacture};
 use asterism_tpm::TpmConfig;
-use asterism_tpm::swtpm::{ManufactureOptions, SwtpmConfig, SwtpmError, SwtpmProcess, manufacture};
 
 /// Options for [`Swtpm`].
 #[derive(Clone, Debug, Default)]
@@ -41,7 +41,7 @@ impl SwtpmBuilder {
 
     /// Starts swtpm.
     pub fn start(self) -> Result<Swtpm, SwtpmError> {
-        asterism_tpm::swtpm::check_swtpm_installed(self.ek_cert)?;
+        asterism_swtpm::check_swtpm_installed(self.ek_cert)?;
         let io = |what: &'static str| {
             move |source| SwtpmError::Io {
                 what: what.to_owned(),

@@ -1,4 +1,4 @@
-//! The production swtpm launcher (`asterism_tpm::swtpm`): persistent state directories,
+//! The production swtpm launcher (`asterism_swtpm`): persistent state directories,
 //! chosen ports, detached processes found again by their pid and port files, TPM resets.
 
 #![allow(
@@ -11,7 +11,7 @@
 use std::fs;
 use std::net::{TcpListener, TcpStream};
 
-use asterism_tpm::swtpm::{
+use asterism_swtpm::{
     ManufactureOptions, PcrBank, STATE_FILE, SwtpmConfig, SwtpmError, SwtpmProcess, has_tpm_state,
     manufacture,
 };
@@ -64,7 +64,7 @@ fn starts_on_an_existing_state_dir_with_a_chosen_port_and_cleans_its_files_on_st
         fs::read_to_string(config.port_file()).unwrap().trim(),
         port.to_string()
     );
-    Tpm::open(&swtpm.tpm_config()).unwrap();
+    Tpm::open(&swtpm.tcti().parse().unwrap()).unwrap();
 
     swtpm.stop().unwrap();
     assert!(!config.pid_file().exists());
@@ -106,7 +106,7 @@ fn a_detached_swtpm_outlives_its_handle_and_is_found_and_stopped_by_attach() {
     let mut found = SwtpmProcess::attach(&config).unwrap();
     assert_eq!((found.pid(), found.port()), (pid, port));
     assert!(found.is_running());
-    let mut tpm = Tpm::open(&found.tpm_config()).unwrap();
+    let mut tpm = Tpm::open(&found.tcti().parse().unwrap()).unwrap();
     tpm.extend_pcr(4, &[7; 32]).unwrap();
     drop(tpm);
 
@@ -124,7 +124,7 @@ fn a_detached_swtpm_outlives_its_handle_and_is_found_and_stopped_by_attach() {
     // A restart keeps it detached and resets the PCRs.
     found.restart().unwrap();
     assert!(found.is_detached());
-    let mut tpm = Tpm::open(&found.tpm_config()).unwrap();
+    let mut tpm = Tpm::open(&found.tcti().parse().unwrap()).unwrap();
     assert_eq!(pcr(&mut tpm, 4), [0; 32]);
     drop(tpm);
     let restarted = found.pid();
@@ -148,7 +148,7 @@ fn a_restart_resets_the_pcrs_but_keeps_the_ak_and_the_ek_certificate() {
     assert!(dir.path().join("ek-ca/issuercert.pem").is_file());
 
     let mut swtpm = SwtpmProcess::start(&SwtpmConfig::new(&state).unwrap()).unwrap();
-    let mut tpm = Tpm::open(&swtpm.tpm_config()).unwrap();
+    let mut tpm = Tpm::open(&swtpm.tcti().parse().unwrap()).unwrap();
     let ak = tpm.load_attestation_key(&AkConfig::default()).unwrap();
     assert!(ak.was_created());
     tpm.pcr_event(15, b"cluster").unwrap();
@@ -156,7 +156,7 @@ fn a_restart_resets_the_pcrs_but_keeps_the_ak_and_the_ek_certificate() {
     drop(tpm);
 
     swtpm.restart().unwrap();
-    let mut tpm = Tpm::open(&swtpm.tpm_config()).unwrap();
+    let mut tpm = Tpm::open(&swtpm.tcti().parse().unwrap()).unwrap();
     assert_eq!(pcr(&mut tpm, 15), [0; 32], "a restart is a TPM reset");
     let again = tpm.load_attestation_key(&AkConfig::default()).unwrap();
     assert!(!again.was_created(), "the persistent AK survives");

@@ -9,16 +9,17 @@
 //! * [`Tpm::read_pcrs`], [`Tpm::extend_pcr`], [`Tpm::pcr_event`] and
 //!   [`Tpm::read_ek_certificate`] do what they say.
 //! * [`TpmIssuer`] turns quotes into `tpm-quote` evidence for attested TLS.
-//! * [`marker`] is the node marker in PCR 15; [`swtpm`] manages swtpm processes for local
-//!   clusters and tests.
+//! * [`marker`] is the node marker in PCR 15. Running swtpm processes (local clusters,
+//!   tests) is the separate `asterism-swtpm` crate, which links no TSS; open one here with
+//!   the TCTI string it gives.
 //!
 //! Busy TPMs and exhausted transient-object slots are retried with a bounded back-off
 //! ([`retry`]); errors carry the operation and the decoded response code ([`ResponseCode`]).
 //!
 //! This is the only crate that links the TSS C libraries. It issues evidence but never
 //! verifies it (that is pure Rust, elsewhere), holds no secret and reads no environment.
-//! Only the [`swtpm`] module spawns processes (the TPM emulator). It is blocking by design:
-//! callers in async code run it on a blocking thread.
+//! It spawns no processes. It is blocking by design: callers in async code run it on a
+//! blocking thread.
 
 pub mod ak;
 mod config;
@@ -29,7 +30,6 @@ mod issuer;
 pub mod marker;
 pub mod pcr;
 pub mod retry;
-pub mod swtpm;
 
 pub use ak::{AkAlgorithm, AkConfig, AttestationKey, PersistentHandle};
 pub use config::{ConfigError, DEFAULT_DEVICE, DEFAULT_SWTPM_HOST, DEFAULT_SWTPM_PORT, TpmConfig};

@@ -13,7 +13,7 @@
 //! Why this matters: the expected measurements of a node that may still be initialised or
 //! join enforce PCR 15 as all zero, so once a node is marked it can no
 //! longer pass that attestation. Only a TPM reset (a reboot; for swtpm a restart of the
-//! process, see [`crate::swtpm`]) clears the marker; reopening the TPM does not.
+//! process, see the `asterism-swtpm` crate) clears the marker; reopening the TPM does not.
 //!
 //! The cluster ID is taken as raw bytes (`asterism_kms::ClusterId::as_bytes`), so this crate
 //! does not depend on the key-management crate. It is not secret.

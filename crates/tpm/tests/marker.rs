@@ -1,4 +1,4 @@
-//! The node marker in PCR 15 on a real TPM (swtpm): the original's worked example,
+//! The node marker in PCR 15 on a real TPM (swtpm): the upstream worked example,
 //! marking, what survives a reconnection and what a TPM reset clears, and a TPM without the
 //! SHA-256 bank.
 
@@ -11,18 +11,18 @@
 
 mod common;
 
+use asterism_swtpm::{ManufactureOptions, PcrBank, SwtpmConfig, SwtpmProcess, manufacture};
 use asterism_testkit::Swtpm;
 use asterism_tpm::Tpm;
 use asterism_tpm::marker::{
     MARKER_PCR, MarkerError, expected_marker_pcr, is_node_bootstrapped, mark_node_bootstrapped,
     read_marker_pcr,
 };
-use asterism_tpm::swtpm::{ManufactureOptions, PcrBank, SwtpmConfig, SwtpmProcess, manufacture};
 use common::swtpm_and_tpm;
 
-/// The upstream `HKDFClusterID` vector output.
+/// The upstream `HKDFClusterID` test vector's output: a cluster ID.
 const CLUSTER_ID: &str = "128c164378fe8767f998fbdfe4b4d6463ec5ae1b664ea5999bc27417607ae9b6";
-/// PCR 15 after marking a reset TPM with [`CLUSTER_ID`].
+/// PCR 15 after marking a reset TPM with [`CLUSTER_ID`]: `SHA-256(0^32 || SHA-256(cluster ID))`.
 const MARKED_PCR15: &str = "23400370357e846478cce7cc0c76cdfe4da077cc57b36dee0f665ede2c8b3f2f";
 
 fn cluster_id() -> [u8; 32] {
@@ -99,7 +99,7 @@ fn a_tpm_without_a_sha256_bank_is_an_error_not_a_fresh_node() {
         .unwrap();
     manufacture(&state, &options).unwrap();
     let swtpm = SwtpmProcess::start(&SwtpmConfig::new(&state).unwrap()).unwrap();
-    let mut tpm = Tpm::open(&swtpm.tpm_config()).unwrap();
+    let mut tpm = Tpm::open(&swtpm.tcti().parse().unwrap()).unwrap();
     match is_node_bootstrapped(&mut tpm) {
         Err(MarkerError::Read(_) | MarkerError::Absent) => {}
         other => panic!("expected an error for a missing SHA-256 bank, got {other:?}"),
@@ -108,7 +108,7 @@ fn a_tpm_without_a_sha256_bank_is_an_error_not_a_fresh_node() {
 
 #[test]
 fn the_testkit_swtpm_is_the_production_launcher() {
-    // The testkit keeps its API on top of `asterism_tpm::swtpm`: a fresh TPM is unmarked.
+    // The testkit keeps its API on top of `asterism_swtpm`: a fresh TPM is unmarked.
     let swtpm = Swtpm::start().unwrap();
     let mut tpm = Tpm::open(&swtpm.config()).unwrap();
     assert!(!is_node_bootstrapped(&mut tpm).unwrap());

@@ -16,7 +16,7 @@
 
 use std::time::{Duration, Instant};
 
-use asterism_tpm::swtpm::{SwtpmConfig, SwtpmProcess};
+use asterism_swtpm::{SwtpmConfig, SwtpmProcess};
 use asterism_tpm::{AkConfig, PcrSelection, Tpm};
 
 /// More unclean resets than swtpm's default `maxTries` (3).
@@ -52,7 +52,7 @@ fn the_ak_still_quotes_after_repeated_unclean_resets() {
         .unwrap();
     let mut swtpm = SwtpmProcess::start(&config).unwrap();
     for round in 0..=RESETS {
-        let mut tpm = Tpm::open(&swtpm.tpm_config()).unwrap();
+        let mut tpm = Tpm::open(&swtpm.tcti().parse().unwrap()).unwrap();
         let ak = tpm.load_attestation_key(&AkConfig::default()).unwrap();
         assert_eq!(ak.was_created(), round == 0, "the same AK every time");
         let quoted = tpm.quote(&ak, &[round as u8; 32], &PcrSelection::all());

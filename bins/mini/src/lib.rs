@@ -1,0 +1,1037 @@
+//! `asterism-mini up | status | down` (also run as `asterism mini …`): a local confidential
+//! cluster of real processes.
+//!
+//! One swtpm per node (provisioned with an AK certified by a local platform CA), a LUKS2
+//! image file per node, a metadata service, the bootstrappers, `asterism init` against the
+//! first node, then the key and join services on the control-plane node; the workers join.
+//! See docs/mini.md and docs/design/local-cluster.md.
+//!
+//! A binary of its own because it drives the node side too (swtpm, LUKS2 images): the
+//! operator's `asterism` CLI must link neither the TSS nor libcryptsetup, and runs this one
+//! for `asterism mini`. The cluster steps are a library so that tests drive them one by one.
+
+use anyhow::{Context, Result, bail};
+use asterism_swtpm::{SwtpmConfig, SwtpmProcess};
+use serde::{Deserialize, Serialize};
+use std::ffi::OsString;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Port of the metadata service (on `127.0.<net>.254`).
+const METADATA_PORT: u16 = 8080;
+/// Port of every node's InitServer.
+const INIT_PORT: u16 = 9000;
+/// Port of the join service.
+const JOIN_PORT: u16 = 30090;
+/// Port of the join service's metrics and health endpoint.
+const METRICS_PORT: u16 = 9102;
+/// Port of every node's verify service.
+const VERIFY_PORT: u16 = 9090;
+/// How long any one process may take to come up or finish.
+const STEP_DEADLINE: Duration = Duration::from_secs(120);
+
+/// Arguments of `asterism mini up`.
+#[derive(clap::Args, Debug)]
+pub struct UpArgs {
+    /// Directory of the local cluster (created).
+    #[arg(long, default_value = ".asterism/mini")]
+    pub dir: PathBuf,
+    /// Number of worker nodes (there is one control-plane node).
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Loopback network of the cluster: nodes get `127.0.<net>.<n>`, the metadata service
+    /// `127.0.<net>.254`. Two clusters on one machine need different values.
+    #[arg(long, default_value_t = 10)]
+    pub net: u8,
+    /// Directory holding the Asterism binaries (default: next to this executable).
+    #[arg(long)]
+    pub bin_dir: Option<PathBuf>,
+}
+
+/// Arguments of `asterism mini status` and `down`.
+#[derive(clap::Args, Debug)]
+pub struct DirArgs {
+    /// Directory of the local cluster.
+    #[arg(long, default_value = ".asterism/mini")]
+    pub dir: PathBuf,
+}
+
+/// What `mini up` recorded about the cluster, in `<dir>/mini.json`.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct ClusterRecord {
+    /// The cluster ID, hex.
+    pub cluster_id: String,
+    /// One entry per node.
+    pub nodes: Vec<NodeRecord>,
+}
+
+/// The outcome for one node.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct NodeRecord {
+    /// Node name.
+    pub name: String,
+    /// `ControlPlane` or `Worker`.
+    pub role: String,
+    /// Its address.
+    pub ip: String,
+    /// Who verified its evidence.
+    pub attestation: String,
+    /// Whether its disk opens with the derived key and not with the first-boot passphrase.
+    pub disk_rekeyed: bool,
+    /// Milliseconds from bootstrapper start to its exit.
+    pub bootstrap_ms: u64,
+    /// `ok` or the bootstrapper's exit status.
+    pub exit: String,
+}
+
+/// One node of a local cluster: its "machine" directory, address and TPM.
+#[derive(Debug, Clone)]
+pub struct Node {
+    /// Node name (`control-plane-0`, `worker-0`, …).
+    pub name: String,
+    /// Whether it is the control-plane node.
+    pub control_plane: bool,
+    /// Its loopback address (`127.0.<net>.<n>`).
+    pub ip: String,
+    /// Its directory.
+    pub dir: PathBuf,
+    /// TCTI of its swtpm.
+    pub tcti: String,
+}
+
+impl Node {
+    /// `ControlPlane` or `Worker`.
+    pub fn role(&self) -> &'static str {
+        if self.control_plane {
+            "ControlPlane"
+        } else {
+            "Worker"
+        }
+    }
+}
+
+fn step(msg: impl std::fmt::Display) {
+    eprintln!("▸ {msg}");
+}
+
+fn bin_dir(args: &UpArgs) -> Result<PathBuf> {
+    match &args.bin_dir {
+        Some(d) => Ok(d.clone()),
+        None => std::env::current_exe()
+            .context("locating this executable")?
+            .parent()
+            .map(Path::to_path_buf)
+            .context("this executable has no parent directory"),
+    }
+}
+
+fn abs(path: &Path) -> Result<PathBuf> {
+    std::path::absolute(path).with_context(|| format!("resolving {}", path.display()))
+}
+
+fn write_private(path: &Path, contents: &[u8]) -> Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    f.write_all(contents)
+        .and_then(|()| f.sync_all())
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// Runs a program to completion, its output appended to `log`; fails with the log's tail.
+fn run_logged(program: &Path, args: &[OsString], log: &Path) -> Result<()> {
+    let out = log_file(log)?;
+    let status = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .status()
+        .with_context(|| format!("running {}", program.display()))?;
+    if !status.success() {
+        bail!(
+            "{} failed ({status}); its log ends:\n{}",
+            program.display(),
+            tail(log)
+        );
+    }
+    Ok(())
+}
+
+fn log_file(path: &Path) -> Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))
+}
+
+fn tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines
+        .get(lines.len().saturating_sub(15)..)
+        .unwrap_or_default()
+        .join("\n")
+}
+
+/// Starts a long-running service in its own process group (so that ^C on the terminal
+/// does not reach it), output to `log`, pid recorded in `pid_file` for `mini down`.
+fn spawn_service(program: &Path, args: &[OsString], log: &Path, pid_file: &Path) -> Result<Child> {
+    let out = log_file(log)?;
+    let child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .process_group(0)
+        .spawn()
+        .with_context(|| format!("starting {}", program.display()))?;
+    std::fs::write(pid_file, format!("{}\n", child.id()))
+        .with_context(|| format!("writing {}", pid_file.display()))?;
+    Ok(child)
+}
+
+fn wait_until(what: &str, log: &Path, mut ready: impl FnMut() -> bool) -> Result<()> {
+    let start = Instant::now();
+    while !ready() {
+        if start.elapsed() > STEP_DEADLINE {
+            bail!(
+                "{what} did not come up within {STEP_DEADLINE:?}; its log ends:\n{}",
+                tail(log)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+fn tcp_ready(addr: &str) -> bool {
+    addr.parse::<SocketAddr>()
+        .ok()
+        .and_then(|a| TcpStream::connect_timeout(&a, Duration::from_millis(200)).ok())
+        .is_some()
+}
+
+/// A minimal HTTP/1.0 GET for the local metrics endpoint (bounded to 1 MiB).
+fn http_get(addr: &str, path: &str) -> Result<String> {
+    let addr: SocketAddr = addr.parse().context("address")?;
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut body = Vec::new();
+    s.take(1 << 20).read_to_end(&mut body)?;
+    let text = String::from_utf8_lossy(&body).into_owned();
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .context("malformed HTTP answer")?;
+    if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
+        bail!("GET {path}: {}", head.lines().next().unwrap_or_default());
+    }
+    Ok(body.to_string())
+}
+
+fn os(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Vec<OsString> {
+    args.iter().map(|a| a.as_ref().to_os_string()).collect()
+}
+
+fn random_init_secret() -> Result<String> {
+    use ring::rand::SecureRandom;
+    let mut bytes = [0u8; 24];
+    ring::rand::SystemRandom::new()
+        .fill(&mut bytes)
+        .map_err(|_| anyhow::anyhow!("the system random generator failed"))?;
+    Ok(hex::encode(bytes))
+}
+
+/// A local cluster under construction or running: what `mini up` builds step by step, and
+/// what tests drive one step at a time.
+#[derive(Debug)]
+pub struct LocalCluster {
+    /// The cluster directory (absolute).
+    pub dir: PathBuf,
+    bins: PathBuf,
+    /// The nodes; the first is the control plane.
+    pub nodes: Vec<Node>,
+    /// The platform CA certificate (PEM).
+    pub platform_ca: PathBuf,
+    /// The expected measurements of a fresh node.
+    pub measurements: PathBuf,
+    /// What joining nodes expect of the join service.
+    pub join_measurements: PathBuf,
+    /// The init secret (mode 0600).
+    pub init_secret_file: PathBuf,
+    /// Where `asterism init` writes the workspace.
+    pub workspace: PathBuf,
+    /// The metadata service's address.
+    pub metadata_addr: String,
+}
+
+impl LocalCluster {
+    fn bin(&self, name: &str) -> PathBuf {
+        self.bins.join(name)
+    }
+
+    /// Creates the cluster directory, the platform CA and every node's provisioned swtpm
+    /// (started, detached), the init secret, the metadata service (started) and the join
+    /// service's expected measurements.
+    pub fn create(dir: &Path, workers: usize, net: u8, bins: PathBuf) -> Result<Self> {
+        let metadata_addr = format!("127.0.{net}.254:{METADATA_PORT}");
+        let bin = |name: &str| bins.join(name);
+        for name in [
+            "asterism-provision",
+            "asterism-metadata",
+            "asterism-bootstrapper",
+            "asterism-key-service",
+            "asterism-join-service",
+            "asterism-verify-service",
+        ] {
+            if !bin(name).is_file() {
+                bail!(
+                    "{} is missing; build everything first: cargo build --workspace (or pass --bin-dir)",
+                    bin(name).display()
+                );
+            }
+        }
+        asterism_swtpm::check_swtpm_installed(true)
+            .context("swtpm is needed for local clusters")?;
+        if dir.exists() {
+            bail!(
+                "{} already exists: run `asterism mini down --dir {0}` and remove it, or choose another --dir",
+                dir.display()
+            );
+        }
+        std::fs::create_dir_all(dir)?;
+        let dir = abs(dir)?;
+        let run = dir.join("run");
+        let logs = dir.join("log");
+        std::fs::create_dir_all(&run)?;
+        std::fs::create_dir_all(&logs)?;
+
+        // Platform CA: what a cloud provider uses to vouch for its (v)TPMs.
+        step("creating the local platform CA");
+        let ca_dir = dir.join("platform-ca");
+        run_logged(
+            &bin("asterism-provision"),
+            &os(&[&"platform-ca", &"init", &"--dir", &ca_dir]),
+            &logs.join("provision.log"),
+        )?;
+
+        // Nodes: an swtpm each, provisioned with an AK certified by the platform CA.
+        let mut nodes = Vec::new();
+        for i in 0..=workers {
+            let (name, control_plane) = if i == 0 {
+                ("control-plane-0".to_string(), true)
+            } else {
+                (format!("worker-{}", i - 1), false)
+            };
+            let ndir = dir.join("nodes").join(&name);
+            for sub in ["tpm", "attestation", "state", "run", "log"] {
+                std::fs::create_dir_all(ndir.join(sub))?;
+            }
+            step(format!(
+                "provisioning {name}: swtpm with EK, AK certified by the platform CA"
+            ));
+            run_logged(
+                &bin("asterism-provision"),
+                &os(&[
+                    &"node",
+                    &"--state-dir",
+                    &ndir.join("tpm"),
+                    &"--ca-dir",
+                    &ca_dir,
+                    &"--out",
+                    &ndir.join("attestation"),
+                ]),
+                &ndir.join("log/provision.log"),
+            )?;
+            let cfg = SwtpmConfig::new(ndir.join("tpm"))?.with_run_dir(ndir.join("run"))?;
+            let swtpm = SwtpmProcess::start_detached(&cfg)
+                .with_context(|| format!("starting swtpm for {name}"))?;
+            nodes.push(Node {
+                name,
+                control_plane,
+                ip: format!("127.0.{net}.{}", i + 1),
+                dir: ndir,
+                tcti: swtpm.tcti(),
+            });
+        }
+        let cp = nodes.first().context("no nodes")?;
+        let platform_ca = ca_dir.join("platform-ca.pem");
+        let measurements = cp.dir.join("attestation/measurements.json");
+
+        // Metadata service with the instances and the init secret's bcrypt hash.
+        step(format!("starting the metadata service on {metadata_addr}"));
+        let init_secret = random_init_secret()?;
+        let init_secret_file = dir.join("init-secret");
+        write_private(&init_secret_file, init_secret.as_bytes())?;
+        let hash = bcrypt::hash(&init_secret, 10).context("hashing the init secret")?;
+        let instances: Vec<serde_json::Value> = nodes
+            .iter()
+            .map(|n| {
+                serde_json::json!({
+                    "Name": n.name, "ProviderID": format!("asterism-local:///{}", n.name),
+                    "Role": n.role(), "VPCIP": n.ip, "SecondaryIPRange": "", "AliasIPRanges": [],
+                })
+            })
+            .collect();
+        let meta_cfg = dir.join("metadata.json");
+        std::fs::write(
+            &meta_cfg,
+            serde_json::to_vec_pretty(
+                &serde_json::json!({"instances": instances, "initSecretHash": hash}),
+            )?,
+        )?;
+        let meta_log = logs.join("metadata.log");
+        spawn_service(
+            &bin("asterism-metadata"),
+            &os(&[&"--listen", &metadata_addr, &"--config", &meta_cfg]),
+            &meta_log,
+            &run.join("metadata.pid"),
+        )?;
+        wait_until("the metadata service", &meta_log, || {
+            tcp_ready(&metadata_addr)
+        })?;
+
+        // The join service's own evidence (mutual aTLS) comes from the control-plane TPM
+        // after init, when PCR 15 holds the cluster marker. The file leaves PCR 15 out:
+        // the bootstrappers are given the cluster ID after init (--cluster-id) and enforce
+        // its marker in PCR 15 themselves, on top of every other measured PCR.
+        let join_measurements = dir.join("join-service-measurements.json");
+        let m = asterism_attestation::Measurements::load(&measurements)?;
+        let without_marker = asterism_attestation::Measurements::new(
+            m.iter()
+                .filter(|(i, _)| i.get() != 15)
+                .map(|(i, e)| (i, *e)),
+        )?;
+        std::fs::write(&join_measurements, without_marker.to_json())?;
+
+        Ok(Self {
+            metadata_addr,
+            workspace: dir.join("workspace"),
+            dir,
+            bins,
+            nodes,
+            platform_ca,
+            measurements,
+            join_measurements,
+            init_secret_file,
+        })
+    }
+
+    /// The control-plane node.
+    pub fn control_plane(&self) -> Result<&Node> {
+        self.nodes.first().context("no nodes")
+    }
+
+    /// The cluster ID once `asterism init` has written it to the workspace.
+    pub fn cluster_id(&self) -> Option<String> {
+        let text = std::fs::read_to_string(self.workspace.join("cluster-id")).ok()?;
+        Some(text.trim().to_owned())
+    }
+
+    /// Starts the bootstrapper of `node`. After init it is told the cluster ID, so that it
+    /// joins (or rejoins) only through a join service marked with this cluster; before
+    /// init (the control plane's first boot) it has no cluster to join and waits for Init.
+    pub fn start_bootstrapper(&self, node: &Node) -> Result<Booting> {
+        start_bootstrapper(
+            &self.bin("asterism-bootstrapper"),
+            node,
+            &self.metadata_addr,
+            &self.platform_ca,
+            &self.join_measurements,
+            self.cluster_id().as_deref(),
+        )
+    }
+
+    /// Waits for a bootstrapper to exit: `(milliseconds since its start, "ok" or the exit
+    /// status)`. Asynchronous, so that connections of this process (the CLI's to the
+    /// control plane, say) keep being served meanwhile: a stopping InitServer waits for its
+    /// client to acknowledge the connection's shutdown.
+    pub async fn finish_bootstrapper(
+        &self,
+        booting: Booting,
+        node: &Node,
+    ) -> Result<(u64, String)> {
+        finish_bootstrapper(booting, node).await
+    }
+
+    /// Boots the control-plane node and runs `asterism init` against it.
+    pub async fn init(&self) -> Result<(asterism::init::Initialised, (u64, String))> {
+        let cp = self.control_plane()?;
+        let booting = self.start_bootstrapper(cp)?;
+        let cp_init = format!("{}:{INIT_PORT}", cp.ip);
+        wait_until(
+            "the control-plane bootstrapper",
+            &cp.dir.join("log/bootstrapper.log"),
+            || tcp_ready(&cp_init),
+        )?;
+        step(format!("asterism init → {cp_init}"));
+        let done = asterism::init::run(self.init_args()).await?;
+        let result = self.finish_bootstrapper(booting, cp).await?;
+        Ok((done, result))
+    }
+
+    /// The arguments `asterism init` gets against this cluster's control plane.
+    pub fn init_args(&self) -> asterism::init::Args {
+        let ip = self.nodes.first().map(|n| n.ip.clone()).unwrap_or_default();
+        asterism::init::Args {
+            endpoint: format!("{ip}:{INIT_PORT}"),
+            init_secret_file: self.init_secret_file.clone(),
+            workspace: self.workspace.clone(),
+            cluster_name: "asterism-mini".into(),
+            kubernetes_version: "v1.31.0".into(),
+            apiserver_cert_sans: Vec::new(),
+            timeout_secs: 120,
+            trust: asterism::trust::TrustArgs {
+                platform_ca: Some(self.platform_ca.clone()),
+                pinned_ak: Vec::new(),
+                measurements: self.measurements.clone(),
+            },
+        }
+    }
+
+    /// Starts the key service on the control-plane node (after init).
+    pub fn start_key_service(&self) -> Result<()> {
+        let cp = self.control_plane()?;
+        let (master, salt, measurement_salt) = read_workspace(&self.workspace)?;
+        let secrets = cp.dir.join("run/secrets");
+        if !secrets.exists() {
+            std::fs::create_dir_all(&secrets)?;
+            std::fs::set_permissions(&secrets, std::fs::Permissions::from_mode(0o700))?;
+            write_private(&secrets.join("mastersecret"), &master)?;
+            write_private(&secrets.join("salt"), &salt)?;
+            write_private(&secrets.join("measurementSalt"), &measurement_salt)?;
+        }
+        let ks_sock = cp.dir.join("run/key-service.sock");
+        step("starting the key service (Unix socket on the control-plane node)");
+        let ks_log = cp.dir.join("log/key-service.log");
+        spawn_service(
+            &self.bin("asterism-key-service"),
+            &os(&[
+                &"--master-secret-file",
+                &secrets.join("mastersecret"),
+                &"--salt-file",
+                &secrets.join("salt"),
+                &"--listen",
+                &format!("unix:{}", ks_sock.display()),
+            ]),
+            &ks_log,
+            &self.dir.join("run/key-service.pid"),
+        )?;
+        wait_until("the key service", &ks_log, || ks_sock.exists())
+    }
+
+    /// The join service's metrics address.
+    pub fn metrics_addr(&self) -> String {
+        let ip = self.nodes.first().map(|n| n.ip.clone()).unwrap_or_default();
+        format!("{ip}:{METRICS_PORT}")
+    }
+
+    /// The join service's admin socket (`asterism readmit --admin-socket`).
+    pub fn admin_socket(&self) -> PathBuf {
+        self.dir.join("run/join-admin.sock")
+    }
+
+    /// Starts the join service on the control-plane node (after the key service).
+    pub fn start_join_service(&self) -> Result<()> {
+        let cp = self.control_plane()?;
+        let secrets = cp.dir.join("run/secrets");
+        step(format!(
+            "starting the join service on {}:{JOIN_PORT}",
+            cp.ip
+        ));
+        let js_log = cp.dir.join("log/join-service.log");
+        let join_addr = format!("{}:{JOIN_PORT}", cp.ip);
+        let metrics_addr = self.metrics_addr();
+        spawn_service(
+            &self.bin("asterism-join-service"),
+            &os(&[
+                &"--listen",
+                &join_addr,
+                &"--metrics-listen",
+                &metrics_addr,
+                &"--platform-ca",
+                &self.platform_ca,
+                &"--measurements",
+                &self.measurements,
+                &"--key-service",
+                &format!("unix:{}", cp.dir.join("run/key-service.sock").display()),
+                &"--pki-dir",
+                &cp.dir.join("state/kubernetes/pki"),
+                &"--measurement-salt-file",
+                &secrets.join("measurementSalt"),
+                &"--state-dir",
+                &cp.dir.join("run/join-service"),
+                &"--init-node",
+                &cp.dir.join("state/asterism/init-node.json"),
+                &"--admin-socket",
+                &self.admin_socket(),
+                &"--metadata-url",
+                &format!("http://{}", self.metadata_addr),
+                &"--tpm",
+                &cp.tcti,
+                &"--ak-cert",
+                &cp.dir.join("attestation/ak-cert.der"),
+            ]),
+            &js_log,
+            &self.dir.join("run/join-service.pid"),
+        )?;
+        wait_until("the join service", &js_log, || {
+            http_get(&metrics_addr, "/healthz").is_ok()
+        })
+    }
+
+    /// Stops the join service (SIGKILL: as abrupt as a crash).
+    pub fn kill_join_service(&self) -> Result<()> {
+        let pid_file = self.dir.join("run/join-service.pid");
+        let pid: u32 = std::fs::read_to_string(&pid_file)?.trim().parse()?;
+        signal(pid, "KILL");
+        let start = Instant::now();
+        while alive(pid) && start.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(())
+    }
+
+    /// Starts every node's verify service.
+    pub fn start_verify_services(&self) -> Result<()> {
+        for n in &self.nodes {
+            let log = n.dir.join("log/verify-service.log");
+            let addr = format!("{}:{VERIFY_PORT}", n.ip);
+            spawn_service(
+                &self.bin("asterism-verify-service"),
+                &os(&[
+                    &"--listen",
+                    &addr,
+                    &"--tpm",
+                    &n.tcti,
+                    &"--ak-cert",
+                    &n.dir.join("attestation/ak-cert.der"),
+                ]),
+                &log,
+                &n.dir.join("run/verify-service.pid"),
+            )?;
+            wait_until("a verify service", &log, || tcp_ready(&addr))?;
+        }
+        Ok(())
+    }
+
+    /// The members the join service admitted (its `/v1/members`).
+    pub fn members(&self) -> serde_json::Value {
+        http_get(&self.metrics_addr(), "/v1/members")
+            .ok()
+            .and_then(|b| serde_json::from_str(&b).ok())
+            .unwrap_or(serde_json::Value::Null)
+    }
+
+    /// Checks every node independently and records the outcome in `<dir>/mini.json`.
+    pub fn record(&self, cluster_id: &str, results: &[(u64, String)]) -> Result<ClusterRecord> {
+        let (master, salt, _) = read_workspace(&self.workspace)?;
+        let members = self.members();
+        let kms = asterism_kms::ClusterKms::new(
+            asterism_kms::MasterSecret::new(master.to_vec())?,
+            asterism_kms::Salt::new(salt.to_vec())?,
+        );
+        let mut record = ClusterRecord {
+            cluster_id: cluster_id.to_string(),
+            nodes: Vec::new(),
+        };
+        for (n, (ms, exit)) in self.nodes.iter().zip(results) {
+            let disk_rekeyed = disk_rekeyed(&kms, n).unwrap_or_else(|e| {
+                eprintln!("  {}: disk check failed: {e:#}", n.name);
+                false
+            });
+            let attestation = if n.control_plane {
+                "verified by asterism init (tpm-quote)".to_string()
+            } else {
+                member_verdict(&members, &n.name)
+            };
+            record.nodes.push(NodeRecord {
+                name: n.name.clone(),
+                role: n.role().into(),
+                ip: n.ip.clone(),
+                attestation,
+                disk_rekeyed,
+                bootstrap_ms: *ms,
+                exit: exit.clone(),
+            });
+        }
+        std::fs::write(
+            self.dir.join("mini.json"),
+            serde_json::to_vec_pretty(&record)?,
+        )?;
+        Ok(record)
+    }
+
+    /// The derived disk key of `node` (from the workspace's master secret).
+    pub fn derived_disk_key(&self, node: &Node) -> Result<asterism_kms::DataKey> {
+        let (master, salt, _) = read_workspace(&self.workspace)?;
+        let kms = asterism_kms::ClusterKms::new(
+            asterism_kms::MasterSecret::new(master.to_vec())?,
+            asterism_kms::Salt::new(salt.to_vec())?,
+        );
+        let disk = asterism_disk::StateDisk::open(
+            node.dir.join("state.img"),
+            asterism_disk::DiskConfig::local(),
+        )?;
+        let uuid = disk.uuid()?;
+        Ok(kms.data_key(
+            &asterism_kms::KeyId::Disk(uuid),
+            asterism_kms::STATE_DISK_KEY_LEN,
+        )?)
+    }
+
+    /// Stops every process of the cluster.
+    pub fn down(&self) -> Result<()> {
+        down(DirArgs {
+            dir: self.dir.clone(),
+        })
+    }
+}
+
+/// `asterism mini up`.
+pub async fn up(args: UpArgs) -> Result<()> {
+    let started = Instant::now();
+    let cluster = LocalCluster::create(&args.dir, args.workers, args.net, bin_dir(&args)?)?;
+    let (done, cp_result) = cluster.init().await?;
+    cluster.start_key_service()?;
+    cluster.start_join_service()?;
+
+    // Workers boot and join, all at once.
+    step(format!("{} workers join", cluster.nodes.len() - 1));
+    let mut booting = Vec::new();
+    for n in cluster.nodes.iter().skip(1) {
+        booting.push(cluster.start_bootstrapper(n)?);
+    }
+    let mut results = vec![cp_result];
+    for (b, n) in booting.into_iter().zip(cluster.nodes.iter().skip(1)) {
+        results.push(cluster.finish_bootstrapper(b, n).await?);
+    }
+    cluster.start_verify_services()?;
+
+    // Check every node independently: the disk opens with the key derived from the master
+    // secret (and no longer with its first-boot passphrase); the join service lists each
+    // worker with its verified attestation key.
+    let record = cluster.record(&done.cluster_id, &results)?;
+    print_table(&record);
+    eprintln!(
+        "local cluster up in {:.1} s; workspace {}\n  check a node: asterism verify --endpoint 127.0.{}.2:{VERIFY_PORT} --workspace {} --platform-ca {} --measurements {}\n  stop it:      asterism mini down --dir {}",
+        started.elapsed().as_secs_f64(),
+        cluster.workspace.display(),
+        args.net,
+        cluster.workspace.display(),
+        cluster.platform_ca.display(),
+        cluster.measurements.display(),
+        args.dir.display()
+    );
+    if record
+        .nodes
+        .iter()
+        .any(|n| !n.disk_rekeyed || n.exit != "ok")
+    {
+        bail!(
+            "not every node bootstrapped cleanly (see the table and {}/nodes/*/log)",
+            cluster.dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// A bootstrapper process that has been started.
+#[derive(Debug)]
+pub struct Booting {
+    child: Child,
+    started: Instant,
+}
+
+fn start_bootstrapper(
+    program: &Path,
+    n: &Node,
+    metadata_addr: &str,
+    platform_ca: &Path,
+    join_measurements: &Path,
+    cluster_id: Option<&str>,
+) -> Result<Booting> {
+    step(format!(
+        "starting the bootstrapper of {} ({})",
+        n.name, n.ip
+    ));
+    let log = n.dir.join("log/bootstrapper.log");
+    let started = Instant::now();
+    let cluster: Vec<&dyn AsRef<std::ffi::OsStr>> = match &cluster_id {
+        Some(id) => vec![&"--cluster-id", id],
+        None => Vec::new(),
+    };
+    let child = spawn_service(
+        program,
+        &os(&[
+            &"--node-dir",
+            &n.dir,
+            &"--node-ip",
+            &n.ip,
+            &"--tpm",
+            &n.tcti,
+            &"--ak-cert",
+            &n.dir.join("attestation/ak-cert.der"),
+            &"--metadata-url",
+            &format!("http://{metadata_addr}"),
+            &"--kubernetes-driver",
+            &"none",
+            &"--join-retry-interval",
+            &"1s",
+            &"--verify-join-service-measurements",
+            &join_measurements,
+            &"--platform-ca",
+            &platform_ca,
+            &"--insecure-fast-disk-kdf",
+        ])
+        .into_iter()
+        .chain(os(&cluster))
+        .collect::<Vec<_>>(),
+        &log,
+        &n.dir.join("run/bootstrapper.pid"),
+    )?;
+    Ok(Booting { child, started })
+}
+
+async fn finish_bootstrapper(mut b: Booting, n: &Node) -> Result<(u64, String)> {
+    let log = n.dir.join("log/bootstrapper.log");
+    loop {
+        if let Some(status) = b.child.try_wait()? {
+            let ms = u64::try_from(b.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            let _ = std::fs::remove_file(n.dir.join("run/bootstrapper.pid"));
+            let exit = if status.success() {
+                "ok".to_string()
+            } else {
+                status.to_string()
+            };
+            if !status.success() {
+                eprintln!(
+                    "  {} bootstrapper failed ({status}); its log ends:\n{}",
+                    n.name,
+                    tail(&log)
+                );
+            }
+            return Ok((ms, exit));
+        }
+        if b.started.elapsed() > STEP_DEADLINE {
+            let _ = b.child.kill();
+            let _ = b.child.wait();
+            bail!(
+                "the bootstrapper of {} did not finish within {STEP_DEADLINE:?}; its log ends:\n{}",
+                n.name,
+                tail(&log)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+type WorkspaceSecrets = (
+    zeroize::Zeroizing<Vec<u8>>,
+    zeroize::Zeroizing<Vec<u8>>,
+    Vec<u8>,
+);
+
+fn read_workspace(ws: &Path) -> Result<WorkspaceSecrets> {
+    use base64::Engine as _;
+    #[derive(Deserialize)]
+    struct Master {
+        key: String,
+        salt: String,
+    }
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Cluster {
+        measurement_salt: String,
+    }
+    let text = zeroize::Zeroizing::new(std::fs::read(ws.join("master-secret.json"))?);
+    let m: Master = serde_json::from_slice(&text).context("master-secret.json")?;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let key = zeroize::Zeroizing::new(b64.decode(m.key.as_bytes())?);
+    let salt = zeroize::Zeroizing::new(b64.decode(m.salt.as_bytes())?);
+    let c: Cluster = serde_json::from_slice(&std::fs::read(ws.join("cluster.json"))?)?;
+    Ok((key, salt, hex::decode(c.measurement_salt)?))
+}
+
+/// The node's disk opens with the key derived from the master secret for its UUID, that
+/// key is the only keyslot left (the first-boot passphrase's slot is gone), and the header
+/// says the disk is initialised.
+fn disk_rekeyed(kms: &asterism_kms::ClusterKms, n: &Node) -> Result<bool> {
+    let img = n.dir.join("state.img");
+    let disk = asterism_disk::StateDisk::open(&img, asterism_disk::DiskConfig::local())?;
+    let uuid = disk.uuid()?;
+    let key = kms.data_key(
+        &asterism_kms::KeyId::Disk(uuid),
+        asterism_kms::STATE_DISK_KEY_LEN,
+    )?;
+    let header = disk.validated_header()?;
+    Ok(disk.check_key(&key)? && header.keyslots().len() == 1 && disk.is_initialized()?)
+}
+
+fn member_verdict(members: &serde_json::Value, name: &str) -> String {
+    let found = members
+        .as_array()
+        .or_else(|| members.get("members").and_then(|m| m.as_array()))
+        .and_then(|list| {
+            list.iter()
+                .find(|m| m.get("name").and_then(|v| v.as_str()) == Some(name))
+        });
+    match found {
+        Some(m) => {
+            let ak = m.get("ak").and_then(|v| v.as_str()).unwrap_or("?");
+            format!(
+                "verified by join service (tpm-quote AK {})",
+                ak.get(..12).unwrap_or(ak)
+            )
+        }
+        None => "not admitted".to_string(),
+    }
+}
+
+/// Prints the node table.
+pub fn print_table(r: &ClusterRecord) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "cluster {}", r.cluster_id);
+    let _ = writeln!(
+        out,
+        "{:<16} {:<13} {:<52} {:<13} {:>9}  EXIT",
+        "NODE", "ROLE", "ATTESTATION", "DISK RE-KEYED", "JOIN (ms)"
+    );
+    for n in &r.nodes {
+        let _ = writeln!(
+            out,
+            "{:<16} {:<13} {:<52} {:<13} {:>9}  {}",
+            n.name,
+            n.role,
+            n.attestation,
+            if n.disk_rekeyed { "yes" } else { "NO" },
+            n.bootstrap_ms,
+            n.exit
+        );
+    }
+}
+
+/// `asterism mini status`.
+pub fn status(args: DirArgs) -> Result<()> {
+    let dir = abs(&args.dir)?;
+    let record: ClusterRecord = serde_json::from_slice(
+        &std::fs::read(dir.join("mini.json"))
+            .with_context(|| format!("no local cluster recorded in {}", dir.display()))?,
+    )?;
+    print_table(&record);
+    let mut out = std::io::stdout().lock();
+    for (what, pid) in pid_files(&dir)? {
+        let state = if alive(pid) { "running" } else { "stopped" };
+        let _ = writeln!(out, "{what:<40} pid {pid:<8} {state}");
+    }
+    Ok(())
+}
+
+/// Every pid file of the cluster: services under `run/`, swtpm and bootstrappers under
+/// `nodes/*/run/`.
+fn pid_files(dir: &Path) -> Result<Vec<(String, u32)>> {
+    let mut found = Vec::new();
+    let mut dirs = vec![dir.join("run")];
+    if let Ok(nodes) = std::fs::read_dir(dir.join("nodes")) {
+        for n in nodes.flatten() {
+            dirs.push(n.path().join("run"));
+        }
+    }
+    for d in dirs {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let path = e.path();
+            if path.extension().and_then(|x| x.to_str()) != Some("pid") {
+                continue;
+            }
+            if let Some(pid) = std::fs::read_to_string(&path)
+                .ok()
+                .and_then(|t| t.trim().parse::<u32>().ok())
+            {
+                found.push((
+                    path.strip_prefix(dir)
+                        .unwrap_or(&path)
+                        .display()
+                        .to_string(),
+                    pid,
+                ));
+            }
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+fn alive(pid: u32) -> bool {
+    // A zombie has exited: only a process that is not in state Z counts.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rsplit_once(") ")
+                .is_some_and(|(_, rest)| !rest.starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
+
+fn signal(pid: u32, sig: &str) {
+    let _ = Command::new("sh")
+        .args([
+            "-c",
+            &format!("kill -{sig} \"$1\" 2>/dev/null"),
+            "sh",
+            &pid.to_string(),
+        ])
+        .status();
+}
+
+/// `asterism mini down`: stops every process the cluster started; nothing keeps running.
+pub fn down(args: DirArgs) -> Result<()> {
+    let dir = abs(&args.dir)?;
+    if !dir.exists() {
+        bail!("no local cluster at {}", dir.display());
+    }
+    let procs = pid_files(&dir)?;
+    for (_, pid) in &procs {
+        if alive(*pid) {
+            signal(*pid, "TERM");
+        }
+    }
+    let start = Instant::now();
+    while procs.iter().any(|(_, p)| alive(*p)) && start.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for (what, pid) in &procs {
+        if alive(*pid) {
+            eprintln!("{what} (pid {pid}) ignored SIGTERM; killing it");
+            signal(*pid, "KILL");
+        }
+    }
+    let start = Instant::now();
+    while procs.iter().any(|(_, p)| alive(*p)) && start.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let left: Vec<_> = procs.iter().filter(|(_, p)| alive(*p)).collect();
+    if !left.is_empty() {
+        bail!("still running: {left:?}");
+    }
+    for (what, _) in &procs {
+        let _ = std::fs::remove_file(dir.join(what));
+    }
+    eprintln!(
+        "stopped {} processes; the cluster's files stay in {} (remove the directory to start afresh)",
+        procs.len(),
+        dir.display()
+    );
+    Ok(())
+}

@@ -1,0 +1,60 @@
+//! `asterism-mini`: a local cluster on this machine (`up`, `status`, `down`). The operator's
+//! `asterism` CLI runs it for `asterism mini …`, with the same arguments.
+
+use anyhow::{Context, Result};
+use asterism_mini as mini;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "asterism-mini",
+    version,
+    about = "A local cluster on this machine: swtpm per node, LUKS2 image files, real services"
+)]
+struct Cli {
+    /// Log verbosity (error, warn, info, debug, trace) or a tracing filter.
+    #[arg(long, global = true, default_value = "warn", env = "ASTERISM_LOG")]
+    log: String,
+
+    #[command(subcommand)]
+    command: MiniCommand,
+}
+
+#[derive(Subcommand)]
+enum MiniCommand {
+    /// Build and start a local cluster (one control plane, N workers).
+    Up(mini::UpArgs),
+    /// Show the nodes and the processes of a local cluster.
+    Status(mini::DirArgs),
+    /// Stop every process of a local cluster.
+    Down(mini::DirArgs),
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(&cli.log))
+        .with_writer(std::io::stderr)
+        .init();
+    match run(cli.command) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(command: MiniCommand) -> Result<()> {
+    match command {
+        MiniCommand::Up(args) => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            rt.block_on(mini::up(args))
+        }
+        MiniCommand::Status(args) => mini::status(args),
+        MiniCommand::Down(args) => mini::down(args),
+    }
+}

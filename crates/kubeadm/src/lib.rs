@@ -1,0 +1,11 @@
+//! kubeadm for Asterism: typed configuration ([`config`]), the runner ([`runner`]) that
+//! drives the `kubeadm` program through a narrow command trait, and the node setup
+//! ([`setup`]) that puts components (`asterism-components`), files, configuration and
+//! runner together for init, join and a restart.
+//!
+//! It talks to no Kubernetes API (that is `asterism-kube-api`) and never logs bootstrap
+//! tokens, certificate keys or the admin kubeconfig. docs/kubernetes.md describes it.
+
+pub mod config;
+pub mod runner;
+pub mod setup;

@@ -438,4 +438,43 @@ mod tests {
             .is_err()
         );
     }
+
+    #[tokio::test]
+    async fn the_none_driver_writes_the_control_plane_files_it_is_handed_once() {
+        use asterism_kubernetes::kubeadm::setup::ControlPlaneFile;
+        let dir = tempfile::tempdir().unwrap();
+        let pki_dir = dir.path().join("pki");
+        let join = ClusterJoin {
+            api_server_endpoint: crate::effects::ApiServerEndpoint::parse("10.9.0.2:6443").unwrap(),
+            token: Zeroizing::new("abcdef.0123456789abcdef".into()),
+            discovery_token_ca_cert_hash: format!("sha256:{}", "ab".repeat(32)),
+            role: Role::ControlPlane,
+            node_name: "cp-1".into(),
+            pki_dir: pki_dir.clone(),
+            components: Components::default(),
+            control_plane_files: vec![
+                ControlPlaneFile {
+                    name: "ca.key".into(),
+                    data: Zeroizing::new(b"k".to_vec()),
+                },
+                ControlPlaneFile {
+                    name: "etcd/ca.crt".into(),
+                    data: Zeroizing::new(b"c".to_vec()),
+                },
+            ],
+        };
+        NoneDriver::new().join(&join).await.unwrap();
+        assert_eq!(std::fs::read(pki_dir.join("ca.key")).unwrap(), b"k");
+        assert_eq!(std::fs::read(pki_dir.join("etcd/ca.crt")).unwrap(), b"c");
+        // A worker is handed none, and nothing is written.
+        let worker_dir = dir.path().join("worker-pki");
+        let worker = ClusterJoin {
+            pki_dir: worker_dir.clone(),
+            control_plane_files: Vec::new(),
+            role: Role::Worker,
+            ..join
+        };
+        NoneDriver::new().join(&worker).await.unwrap();
+        assert!(!worker_dir.exists());
+    }
 }

@@ -1,15 +1,18 @@
-//! The boot phase (the disk-mapper's job in the original, REFERENCE §10.5/§10.6, folded in
-//! here for local mode): decide from PCR 15 and the state disk what this boot is.
+//! The boot phase (a separate disk-mapper program in the original design, folded in here):
+//! decide from PCR 15 and the state disk what this boot is, and format a new disk.
 
 use std::fs::OpenOptions;
 use std::path::Path;
 
+use std::sync::Arc;
+
 use asterism_disk::{DiskUuid, generate_initial_passphrase};
-use asterism_metadata::Metadata;
 use tracing::{info, warn};
 
-use crate::files::{self, FileError};
-use crate::node::{Node, StepError, blocking, exists};
+use crate::effects::{DiskOps, NodeMarker};
+use crate::error::{StepError, blocking};
+use crate::files::{self, FileError, exists};
+use crate::node_state::NodeDir;
 
 /// What kind of boot this is.
 #[derive(Debug)]
@@ -52,58 +55,60 @@ pub fn prepare_state_image(path: &Path, size: u64) -> Result<(), FileError> {
     }
 }
 
-impl<M: Metadata + 'static> Node<M> {
-    /// Reads PCR 15 and the disk and, for a new disk, formats it.
-    pub(crate) async fn boot_phase(&self) -> Result<Boot, StepError> {
-        let marker = self.marker.clone();
-        let marked = blocking(move || marker.is_marked()).await?;
-        let disk = self.disk.clone();
-        let initialized = blocking(move || disk.is_initialized()).await?;
-        info!(
-            step = "boot",
-            pcr15_marked = marked,
-            disk_initialized = initialized,
-            "inspected the node marker and the state disk"
-        );
-        if marked {
-            if initialized && exists(&self.dir().node_state()) {
-                return Ok(Boot::AlreadyBootstrapped);
-            }
-            return Ok(Boot::Interrupted);
+/// Reads PCR 15 and the disk and, for a new disk, formats it.
+pub(crate) async fn boot_phase(
+    marker: &Arc<dyn NodeMarker>,
+    disk: &Arc<dyn DiskOps>,
+    dir: &NodeDir,
+) -> Result<Boot, StepError> {
+    let marker = marker.clone();
+    let marked = blocking(move || marker.is_marked()).await?;
+    let probe = disk.clone();
+    let initialized = blocking(move || probe.is_initialized()).await?;
+    info!(
+        step = "boot",
+        pcr15_marked = marked,
+        disk_initialized = initialized,
+        "inspected the node marker and the state disk"
+    );
+    if marked {
+        if initialized && exists(&dir.node_state()) {
+            return Ok(Boot::AlreadyBootstrapped);
         }
-        if initialized {
-            return Ok(Boot::Rejoin);
-        }
-        self.format_fresh().await.map(Boot::Fresh)
+        return Ok(Boot::Interrupted);
     }
+    if initialized {
+        return Ok(Boot::Rejoin);
+    }
+    format_fresh(disk, dir).await.map(Boot::Fresh)
+}
 
-    /// First boot (or a disk marked for reset): a fresh file system (the `state/` directory
-    /// emptied), a random first-boot passphrase in `state/initial.key` (0400), then the
-    /// LUKS2 format.
-    async fn format_fresh(&self) -> Result<DiskUuid, StepError> {
-        let state = self.dir().state();
-        if exists(&state) {
-            // `state/` stands for the file system on the disk: a new disk has none of it.
-            std::fs::remove_dir_all(&state).map_err(|source| FileError {
-                what: "cannot empty the state directory",
-                path: state.clone(),
-                source,
-            })?;
-            warn!(dir = %state.display(), "emptied the state directory of the previous disk");
-        }
-        files::create_dirs(&state)?;
-        let passphrase = generate_initial_passphrase()?;
-        // Written before the format: a crash in between leaves a key for a disk that is
-        // still "new", which the next boot formats again with a fresh key.
-        files::write_atomic(
-            &self.dir().initial_key(),
-            passphrase.expose_secret(),
-            files::KEY_FILE_MODE,
-        )?;
-        info!(step = "format", "formatting the state disk (first boot)");
-        let disk = self.disk.clone();
-        let uuid = blocking(move || disk.format_new(&passphrase)).await?;
-        info!(step = "format", uuid = %uuid, "formatted the state disk with a first-boot passphrase");
-        Ok(uuid)
+/// First boot (or a disk marked for reset): a fresh file system (the `state/` directory
+/// emptied), a random first-boot passphrase in `state/initial.key` (0400), then the LUKS2
+/// format.
+async fn format_fresh(disk: &Arc<dyn DiskOps>, dir: &NodeDir) -> Result<DiskUuid, StepError> {
+    let state = dir.state();
+    if exists(&state) {
+        // `state/` stands for the file system on the disk: a new disk has none of it.
+        std::fs::remove_dir_all(&state).map_err(|source| FileError {
+            what: "cannot empty the state directory",
+            path: state.clone(),
+            source,
+        })?;
+        warn!(dir = %state.display(), "emptied the state directory of the previous disk");
     }
+    files::create_dirs(&state)?;
+    let passphrase = generate_initial_passphrase()?;
+    // Written before the format: a crash in between leaves a key for a disk that is
+    // still "new", which the next boot formats again with a fresh key.
+    files::write_atomic(
+        &dir.initial_key(),
+        passphrase.expose_secret(),
+        files::KEY_FILE_MODE,
+    )?;
+    info!(step = "format", "formatting the state disk (first boot)");
+    let disk = disk.clone();
+    let uuid = blocking(move || disk.format_new(&passphrase)).await?;
+    info!(step = "format", uuid = %uuid, "formatted the state disk with a first-boot passphrase");
+    Ok(uuid)
 }

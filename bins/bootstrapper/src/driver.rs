@@ -16,13 +16,13 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use asterism_components::{Component, DownloadPolicy, Installer};
 use asterism_kube_api::{ApiOptions, ClusterApi, WaitPolicy};
+use asterism_components::{Component, DownloadPolicy, Installer};
 use asterism_kubeadm::config::{
     ApiVersion, BootstrapToken, CloudProvider, InitParams, JoinParams, NodePaths, k8s_node_name,
 };
 use asterism_kubeadm::runner::ProcessCommands;
-use asterism_kubeadm::setup::{CONTROL_PLANE_FILES, ControlPlaneFile, KubeadmNode, SetupConfig};
+use asterism_kubeadm::setup::{KubeadmNode, SetupConfig};
 use asterism_metadata::Metadata;
 
 use asterism_pki::{ClusterCa, render_admin_kubeconfig};
@@ -49,8 +49,10 @@ impl NoneDriver {
     }
 }
 
-fn fail(what: &str) -> impl FnOnce(&dyn std::error::Error) -> DriverError + '_ {
-    move |e| DriverError(format!("{what}: {}", crate::node::error_chain(e)))
+fn fail<E: Into<Box<dyn std::error::Error + Send + Sync>>>(
+    what: &'static str,
+) -> impl FnOnce(E) -> DriverError {
+    move |e| DriverError::new(what, e)
 }
 
 /// The `none` driver installs nothing; it says so when the request named components.
@@ -75,25 +77,23 @@ impl KubernetesDriver for NoneDriver {
         Box::pin(async move {
             ignore_components(&params.components);
             let now = SystemTime::now();
-            let ca = ClusterCa::generate(now).map_err(|e| fail("generating the cluster CA")(&e))?;
-            let key = ca
-                .key_pem()
-                .map_err(|e| fail("encoding the cluster CA key")(&e))?;
+            let ca = ClusterCa::generate(now).map_err(fail("generating the cluster CA"))?;
+            let key = ca.key_pem().map_err(fail("encoding the cluster CA key"))?;
             files::write_atomic(
                 &params.pki_dir.join("ca.key"),
                 key.expose_secret().as_bytes(),
                 files::SECRET_MODE,
             )
-            .map_err(|e| fail("writing the cluster CA key")(&e))?;
+            .map_err(fail("writing the cluster CA key"))?;
             files::write_atomic(
                 &params.pki_dir.join("ca.crt"),
                 ca.cert_pem().as_bytes(),
                 files::PUBLIC_MODE,
             )
-            .map_err(|e| fail("writing the cluster CA certificate")(&e))?;
+            .map_err(fail("writing the cluster CA certificate"))?;
             let admin = ca
                 .issue_admin(now)
-                .map_err(|e| fail("issuing the admin certificate")(&e))?;
+                .map_err(fail("issuing the admin certificate"))?;
             let server = format!(
                 "https://{}",
                 SocketAddr::new(params.node_ip, KUBERNETES_PORT)
@@ -110,6 +110,19 @@ impl KubernetesDriver for NoneDriver {
     fn join<'a>(&'a self, params: &'a ClusterJoin) -> BoxFuture<'a, Result<(), DriverError>> {
         Box::pin(async move {
             ignore_components(&params.components);
+            // kubeadm would put the control-plane files into its certificate directory;
+            // here they go into the node's (a worker has none).
+            let paths: Vec<PathBuf> = params
+                .control_plane_files
+                .iter()
+                .map(|f| params.pki_dir.join(&f.name))
+                .collect();
+            let batch: Vec<files::FileToWrite<'_>> = paths
+                .iter()
+                .zip(&params.control_plane_files)
+                .map(|(path, f)| (path.as_path(), f.data.as_slice(), files::SECRET_MODE))
+                .collect();
+            files::write_all_atomic(&batch).map_err(fail("writing the control-plane files"))?;
             info!(node = %params.node_name, role = %params.role, endpoint = %params.api_server_endpoint, "none driver: no Kubernetes to join; the join service has admitted the node");
             Ok(())
         })
@@ -135,8 +148,7 @@ pub struct KubeadmDriverConfig {
     pub api: PostInitApi,
 }
 
-/// How the kubeadm driver reaches the Kubernetes API after `kubeadm init` (REFERENCE §11.5
-/// steps 6–10).
+/// How the kubeadm driver reaches the Kubernetes API after `kubeadm init` (docs/kubernetes.md).
 #[derive(Debug, Clone)]
 pub struct PostInitApi {
     /// The kubeconfig the client is built from: the admin kubeconfig kubeadm wrote
@@ -144,7 +156,7 @@ pub struct PostInitApi {
     pub kubeconfig: PathBuf,
     /// Timeouts of each request.
     pub options: ApiOptions,
-    /// How long to wait for the API server to answer (REFERENCE §11.8).
+    /// How long to wait for the API server to answer.
     pub wait: WaitPolicy,
 }
 
@@ -160,7 +172,7 @@ impl PostInitApi {
     }
 }
 
-/// The Kubernetes API steps after init (REFERENCE §11.5 steps 6, 7, 9, 10): wait for the API
+/// The Kubernetes API steps after init (docs/kubernetes.md): wait for the API
 /// server, create the immutable components ConfigMap, annotate node `node_name` with its
 /// name, create `internal-config`. Returns the ConfigMap's name.
 pub async fn post_init_api_steps(
@@ -172,26 +184,27 @@ pub async fn post_init_api_steps(
 ) -> Result<String, DriverError> {
     api.wait_until_ready(wait)
         .await
-        .map_err(|e| fail("waiting for the Kubernetes API server")(&e))?;
+        .map_err(fail("waiting for the Kubernetes API server"))?;
     let config_map = api
         .create_components_config_map(&components.to_proto(), cluster_version)
         .await
-        .map_err(|e| fail("creating the components ConfigMap")(&e))?;
+        .map_err(fail("creating the components ConfigMap"))?;
     api.annotate_node_components(node_name, &config_map)
         .await
-        .map_err(|e| fail("annotating the node with its components")(&e))?;
+        .map_err(fail("annotating the node with its components"))?;
     api.create_internal_config()
         .await
-        .map_err(|e| fail("creating internal-config")(&e))?;
+        .map_err(fail("creating internal-config"))?;
     info!(configmap = %config_map, node = %node_name, "recorded the components in the cluster and created internal-config");
     Ok(config_map)
 }
 
-/// The `kubeadm` driver (REFERENCE §11.5–§11.7): installs the components of the request
+/// The `kubeadm` driver (docs/kubernetes.md): installs the components of the request
 /// (or ticket), renders the kubeadm configuration and runs kubeadm through
 /// `asterism_kubeadm`; after init it takes the Kubernetes API steps
-/// ([`post_init_api_steps`]). The provider ID and the load balancer host come from the
-/// metadata, as in the original.
+/// ([`post_init_api_steps`]). The provider ID comes from the metadata, and so does, on
+/// init, the load balancer host (the control-plane endpoint). A join uses the API server
+/// endpoint of its ticket as it is.
 pub struct KubeadmDriver<M> {
     node: KubeadmNode<ProcessCommands>,
     metadata: M,
@@ -218,9 +231,8 @@ impl<M: Metadata> KubeadmDriver<M> {
     /// malformed hash, URL or path is refused here, before the node does anything).
     pub fn new(config: KubeadmDriverConfig, metadata: M) -> Result<Self, DriverError> {
         let fallback_components = Components::new(config.fallback_components)
-            .map_err(|e| fail("the fallback Kubernetes components")(&e))?;
-        let installer =
-            Installer::new(config.download).map_err(|e| fail("the component installer")(&e))?;
+            .map_err(fail("the fallback Kubernetes components"))?;
+        let installer = Installer::new(config.download).map_err(fail("the component installer"))?;
         Ok(Self {
             node: KubeadmNode::new(config.setup, ProcessCommands::default(), installer),
             metadata,
@@ -252,12 +264,12 @@ impl<M: Metadata> KubeadmDriver<M> {
         }
     }
 
-    /// Starts the kubelet of an already-bootstrapped (or rejoined) node (REFERENCE §11.7).
+    /// Starts the kubelet of an already-bootstrapped (or rejoined) node.
     pub async fn start_kubelet(&self) -> Result<(), DriverError> {
         self.node
             .start_kubelet()
             .await
-            .map_err(|e| fail("starting the kubelet")(&e))
+            .map_err(fail("starting the kubelet"))
     }
 
     /// The provider ID from the metadata (empty when the record has none).
@@ -266,7 +278,7 @@ impl<M: Metadata> KubeadmDriver<M> {
             .metadata
             .self_instance()
             .await
-            .map_err(|e| fail("asking the metadata for this node")(&e))?;
+            .map_err(fail("asking the metadata for this node"))?;
         Ok(me.provider_id)
     }
 }
@@ -283,7 +295,7 @@ pub fn kubeadm_init_params(
     let kubernetes_version = params
         .kubernetes_version
         .parse()
-        .map_err(|e| fail("the Kubernetes version")(&e))?;
+        .map_err(fail("the Kubernetes version"))?;
     Ok(InitParams {
         kubernetes_version,
         cluster_name: params.cluster_name.clone(),
@@ -296,37 +308,6 @@ pub fn kubeadm_init_params(
         cloud_provider,
         paths: paths.clone(),
     })
-}
-
-/// The API server endpoint a node joins through: the load balancer (`<host>:6443`) when the
-/// metadata names one, else the ticket's endpoint (REFERENCE §11.6 step 3).
-#[must_use]
-pub fn join_endpoint(load_balancer_host: &str, ticket_endpoint: &str) -> String {
-    if load_balancer_host.is_empty() {
-        ticket_endpoint.to_owned()
-    } else {
-        match load_balancer_host.parse::<IpAddr>() {
-            Ok(ip) => SocketAddr::new(ip, KUBERNETES_PORT).to_string(),
-            Err(_) => format!("{load_balancer_host}:{KUBERNETES_PORT}"),
-        }
-    }
-}
-
-/// The control-plane files the join flow wrote under `pki_dir`, for kubeadm.
-fn read_control_plane_files(pki_dir: &Path) -> Result<Vec<ControlPlaneFile>, DriverError> {
-    let mut out = Vec::new();
-    for name in CONTROL_PLANE_FILES {
-        let path = pki_dir.join(name);
-        match std::fs::read(&path) {
-            Ok(data) => out.push(ControlPlaneFile {
-                name: name.to_owned(),
-                data: Zeroizing::new(data),
-            }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(fail("reading a control-plane file")(&e)),
-        }
-    }
-    Ok(out)
 }
 
 impl<M: Metadata + 'static> KubernetesDriver for KubeadmDriver<M> {
@@ -344,7 +325,7 @@ impl<M: Metadata + 'static> KubernetesDriver for KubeadmDriver<M> {
                 .metadata
                 .control_plane_endpoint()
                 .await
-                .map_err(|e| fail("asking the metadata for the load balancer")(&e))?;
+                .map_err(fail("asking the metadata for the load balancer"))?;
             let init = kubeadm_init_params(
                 params,
                 &self.node.config().paths,
@@ -353,17 +334,16 @@ impl<M: Metadata + 'static> KubernetesDriver for KubeadmDriver<M> {
                 lb,
             )?;
             let components = self.components(&params.components);
-            let node_name =
-                k8s_node_name(&params.node_name).map_err(|e| fail("the node name")(&e))?;
+            let node_name = k8s_node_name(&params.node_name).map_err(fail("the node name"))?;
             let kubeconfig = self
                 .node
                 .init(components.as_slice(), &init, params.conformance_mode)
                 .await
-                .map_err(|e| fail("kubeadm init")(&e))?;
+                .map_err(fail("kubeadm init"))?;
             info!(cluster = %params.cluster_name, version = %params.kubernetes_version, "kubeadm driver: kubeadm init finished");
             let api = ClusterApi::from_kubeconfig(&self.api.kubeconfig, self.api.options)
                 .await
-                .map_err(|e| fail("the Kubernetes API client")(&e))?;
+                .map_err(fail("the Kubernetes API client"))?;
             post_init_api_steps(
                 &api,
                 self.api.wait,
@@ -380,26 +360,16 @@ impl<M: Metadata + 'static> KubernetesDriver for KubeadmDriver<M> {
     fn join<'a>(&'a self, params: &'a ClusterJoin) -> BoxFuture<'a, Result<(), DriverError>> {
         Box::pin(async move {
             let provider_id = self.provider_id().await?;
-            let lb = self
-                .metadata
-                .control_plane_endpoint()
-                .await
-                .map_err(|e| fail("asking the metadata for the load balancer")(&e))?;
             let control_plane = params.role == Role::ControlPlane;
-            let files = if control_plane {
-                read_control_plane_files(&params.pki_dir)?
-            } else {
-                Vec::new()
-            };
             let token = BootstrapToken::new(Zeroizing::new(params.token.as_str().to_owned()))
-                .map_err(|e| fail("the join ticket")(&e))?;
+                .map_err(fail("the join ticket"))?;
             let join = JoinParams {
                 // Replaced by the installed kubeadm's version.
                 api_version: ApiVersion::V1Beta4,
                 node_name: params.node_name.clone(),
                 node_ip: self.node_ip,
                 provider_id,
-                api_server_endpoint: join_endpoint(&lb, &params.api_server_endpoint),
+                api_server_endpoint: params.api_server_endpoint.as_str().to_owned(),
                 token,
                 ca_cert_hashes: vec![params.discovery_token_ca_cert_hash.clone()],
                 control_plane,
@@ -408,9 +378,13 @@ impl<M: Metadata + 'static> KubernetesDriver for KubeadmDriver<M> {
             };
             let components = self.components(&params.components);
             self.node
-                .join_with_installed_kubeadm(components.as_slice(), join, &files)
+                .join_with_installed_kubeadm(
+                    components.as_slice(),
+                    join,
+                    &params.control_plane_files,
+                )
                 .await
-                .map_err(|e| fail("kubeadm join")(&e))?;
+                .map_err(fail("kubeadm join"))?;
             info!(node = %params.node_name, role = %params.role, "kubeadm driver: joined the cluster");
             Ok(())
         })
@@ -465,28 +439,42 @@ mod tests {
         );
     }
 
-    #[test]
-    fn joins_go_through_the_load_balancer_when_there_is_one() {
-        assert_eq!(
-            join_endpoint("10.9.0.100", "10.9.0.2:6443"),
-            "10.9.0.100:6443"
-        );
-        assert_eq!(
-            join_endpoint("lb.example", "10.9.0.2:6443"),
-            "lb.example:6443"
-        );
-        assert_eq!(join_endpoint("fd00::1", "x"), "[fd00::1]:6443");
-        assert_eq!(join_endpoint("", "10.9.0.2:6443"), "10.9.0.2:6443");
-    }
-
-    #[test]
-    fn control_plane_files_are_read_from_the_pki_directory() {
+    #[tokio::test]
+    async fn the_none_driver_writes_the_control_plane_files_it_is_handed_once() {
+        use asterism_kubeadm::setup::ControlPlaneFile;
         let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(dir.path().join("etcd")).unwrap();
-        std::fs::write(dir.path().join("ca.key"), b"k").unwrap();
-        std::fs::write(dir.path().join("etcd/ca.crt"), b"c").unwrap();
-        let files = read_control_plane_files(dir.path()).unwrap();
-        let names: Vec<_> = files.iter().map(|f| f.name.as_str()).collect();
-        assert_eq!(names, ["ca.key", "etcd/ca.crt"]);
+        let pki_dir = dir.path().join("pki");
+        let join = ClusterJoin {
+            api_server_endpoint: crate::effects::ApiServerEndpoint::parse("10.9.0.2:6443").unwrap(),
+            token: Zeroizing::new("abcdef.0123456789abcdef".into()),
+            discovery_token_ca_cert_hash: format!("sha256:{}", "ab".repeat(32)),
+            role: Role::ControlPlane,
+            node_name: "cp-1".into(),
+            pki_dir: pki_dir.clone(),
+            components: Components::default(),
+            control_plane_files: vec![
+                ControlPlaneFile {
+                    name: "ca.key".into(),
+                    data: Zeroizing::new(b"k".to_vec()),
+                },
+                ControlPlaneFile {
+                    name: "etcd/ca.crt".into(),
+                    data: Zeroizing::new(b"c".to_vec()),
+                },
+            ],
+        };
+        NoneDriver::new().join(&join).await.unwrap();
+        assert_eq!(std::fs::read(pki_dir.join("ca.key")).unwrap(), b"k");
+        assert_eq!(std::fs::read(pki_dir.join("etcd/ca.crt")).unwrap(), b"c");
+        // A worker is handed none, and nothing is written.
+        let worker_dir = dir.path().join("worker-pki");
+        let worker = ClusterJoin {
+            pki_dir: worker_dir.clone(),
+            control_plane_files: Vec::new(),
+            role: Role::Worker,
+            ..join
+        };
+        NoneDriver::new().join(&worker).await.unwrap();
+        assert!(!worker_dir.exists());
     }
 }

@@ -3,12 +3,13 @@
 //!
 //! All of them are blocking or slow; the flows call the blocking ones on blocking threads.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
-use asterism_components::{Component, ComponentError, check_all};
 use asterism_disk::{DataKey, DiskError, DiskUuid, StateDisk, Unlocked};
 use asterism_kms::ClusterId;
+use asterism_components::{Component, ComponentError, check_all};
+use asterism_kubeadm::setup::ControlPlaneFile;
 use asterism_tpm::marker::{self, MarkerError};
 use asterism_tpm::{Tpm, TpmConfig, TpmError};
 use futures::future::BoxFuture;
@@ -16,7 +17,8 @@ use zeroize::Zeroizing;
 
 use crate::node_state::Role;
 
-/// The node marker: PCR 15 (REFERENCE §5.2, §5.3).
+/// The node marker: PCR 15, all zero until the node takes the node lock, then extended
+/// with the cluster ID (docs/bootstrapper.md).
 pub trait NodeMarker: Send + Sync {
     /// Whether the node has been marked (PCR 15 is not all zero).
     fn is_marked(&self) -> Result<bool, MarkError>;
@@ -65,7 +67,7 @@ impl NodeMarker for TpmMarker {
     }
 }
 
-/// The state disk operations the bootstrapper needs (REFERENCE §10.4–10.8).
+/// The state disk operations the bootstrapper needs (docs/disk.md).
 pub trait DiskOps: Send + Sync {
     /// Whether the disk holds an initialized state disk.
     fn is_initialized(&self) -> Result<bool, DiskError>;
@@ -144,7 +146,7 @@ impl DiskOps for LuksDisk {
     }
 }
 
-/// The Kubernetes components of an init request or a join ticket (REFERENCE §2.1, §11.1),
+/// The Kubernetes components of an init request or a join ticket (docs/kubernetes.md),
 /// checked: every one has a supported URL, a well-formed `sha256:<hex>` hash and a plain
 /// absolute install path. The original strings are kept, since the components ConfigMap
 /// records them and is named by their hashes.
@@ -232,11 +234,63 @@ pub struct ClusterInit {
     pub components: Components,
 }
 
+/// The API server a node joins through, `host:port`, as the join service decided it (its
+/// configuration) and put into the join ticket. Checked for its form once, when the ticket
+/// is checked; nothing looks it up again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiServerEndpoint(String);
+
+/// Why a ticket's API server endpoint is refused.
+#[derive(Debug, thiserror::Error)]
+#[error("the API server endpoint {0:?} is not host:port")]
+pub struct EndpointError(String);
+
+impl ApiServerEndpoint {
+    /// Parses `host:port`: an IPv4 address, a bracketed IPv6 address or a DNS name, and a
+    /// port other than 0.
+    pub fn parse(text: &str) -> Result<Self, EndpointError> {
+        let bad = || EndpointError(text.to_owned());
+        if text.parse::<SocketAddr>().is_ok_and(|a| a.port() != 0) {
+            return Ok(Self(text.to_owned()));
+        }
+        let (host, port) = text.rsplit_once(':').ok_or_else(bad)?;
+        let port_ok = port.parse::<u16>().is_ok_and(|p| p != 0);
+        let host_ok = !host.is_empty()
+            && host.len() <= 253
+            && host.split('.').all(|label| {
+                !label.is_empty()
+                    && label.len() <= 63
+                    && !label.starts_with('-')
+                    && !label.ends_with('-')
+                    && label
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            });
+        if port_ok && host_ok {
+            Ok(Self(text.to_owned()))
+        } else {
+            Err(bad())
+        }
+    }
+
+    /// `host:port`.
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for ApiServerEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// What the Kubernetes driver needs to join the node to the cluster.
 #[derive(Debug)]
 pub struct ClusterJoin {
-    /// `host:6443` of an API server.
-    pub api_server_endpoint: String,
+    /// The API server to join through, from the join ticket.
+    pub api_server_endpoint: ApiServerEndpoint,
     /// The bootstrap token (secret).
     pub token: Zeroizing<String>,
     /// `sha256:<hex>` of the cluster CA's public key.
@@ -249,12 +303,35 @@ pub struct ClusterJoin {
     pub pki_dir: PathBuf,
     /// The components the join ticket names (may be empty).
     pub components: Components,
+    /// The control-plane files of a control-plane node's ticket, checked (empty for a
+    /// worker): handed over in memory, the driver writes them where its Kubernetes reads
+    /// them, once.
+    pub control_plane_files: Vec<ControlPlaneFile>,
 }
 
-/// A Kubernetes driver failed.
+/// A Kubernetes driver failed: what it was doing, and why.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct DriverError(pub String);
+#[error("{what}")]
+pub struct DriverError {
+    /// What the driver was doing.
+    pub what: &'static str,
+    /// The cause.
+    #[source]
+    pub source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl DriverError {
+    /// The driver failed at `what` because of `source`.
+    pub fn new(
+        what: &'static str,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Self {
+            what,
+            source: source.into(),
+        }
+    }
+}
 
 /// Sets up Kubernetes on the node: `kubeadm` in production, `none` in local mode
 /// (docs/design/local-cluster.md).

@@ -1,8 +1,7 @@
 //! Crash-safe file writes: write a temporary file next to the target, fsync it, rename it
 //! over the target, fsync the directory.
 //!
-//! The original creates its files with `O_EXCL`, so a retry after a partial write fails
-//! (REFERENCE §14 item 14). Here a write either leaves the old content or the complete new
+//! Files created with `O_EXCL` would make a retry after a partial write fail. Here a write either leaves the old content or the complete new
 //! content, and writing the same file again simply replaces it.
 
 use std::fs::{self, DirBuilder, File, OpenOptions};
@@ -182,6 +181,12 @@ pub fn read_capped(path: &Path, cap: u64) -> Result<Vec<u8>, FileError> {
         ));
     }
     fs::read(path).map_err(|e| FileError::new("cannot read", path, e))
+}
+
+/// Whether `path` exists (a missing file is `false`; any other error is `true` so that it
+/// surfaces on the read).
+pub(crate) fn exists(path: &Path) -> bool {
+    !matches!(fs::metadata(path), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
 }
 
 #[cfg(test)]

@@ -1,11 +1,14 @@
-//! The InitServer (`init.API/Init`, REFERENCE §3): the owner initialises the first
+//! The InitServer (`init.API/Init`, docs/bootstrapper.md): the owner initialises the first
 //! control-plane node over aTLS, with the node attesting.
 //!
-//! Changes from the original:
-//! * a failure after the node lock marks the disk for reset and ends the process non-zero
-//!   (REFERENCE §14 item 4);
+//! The path of a request: the init secret, then the request checked into an
+//! [`Activation`] (still before the node lock: a mistake leaves the server up for a
+//! corrected Init), then the node lock, then [`Activation::activate`].
+//!
+//! * A failure after the node lock marks the disk for reset and ends the process non-zero
+//!   (a half-initialised node would otherwise stay behind);
 //! * failure logs are this process's own bounded log buffer, sent only to a caller that
-//!   presented the right init secret (§14 item 5);
+//!   presented the right init secret;
 //! * the work after the lock runs to its end even if the caller goes away;
 //! * a second Init after the lock gets `FailedPrecondition` as the call's status.
 
@@ -13,8 +16,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use asterism_kms::{
-    ClusterId, ClusterKms, KeyId, KmsUri, MEASUREMENT_SALT_LEN, STATE_DISK_KEY_LEN, StorageUri,
-    derive_cluster_id,
+    KeyId, KmsUri, MEASUREMENT_SALT_LEN, STATE_DISK_KEY_LEN, StorageUri, derive_cluster_id,
 };
 use asterism_metadata::Metadata;
 use asterism_proto::init::api_server::Api;
@@ -22,20 +24,25 @@ use asterism_proto::init::{
     InitFailureResponse, InitRequest, InitResponse, InitSuccessResponse, LogResponseType,
     init_response,
 };
-use futures::Stream;
-use tokio::sync::{mpsc, oneshot};
+use futures::{Stream, StreamExt as _};
+use tokio::sync::{mpsc, oneshot, watch};
 use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 use zeroize::Zeroizing;
 
+use crate::activation::{Activated, Activation, InitActivation};
+use crate::chain::chain;
+use crate::config::LOG_CHUNK_SIZE;
 use crate::effects::{ClusterInit, Components};
+use crate::error::blocking;
+use crate::flow::{Event, pause};
+use crate::identity::ThisNode;
 use crate::lock::Holder;
 use crate::logbuf;
-use crate::node::{LOG_CHUNK_SIZE, Node, StepError, blocking, chain};
-use crate::node_state::{NodeState, Role};
-use crate::run::Event;
+use crate::node::Node;
+use crate::pki;
 
-/// The cluster name when the request leaves it empty (REFERENCE §3.2 step 11).
+/// The cluster name when the request leaves it empty.
 pub const DEFAULT_CLUSTER_NAME: &str = "constellation";
 /// The longest init secret considered (bcrypt uses only the first 72 bytes anyway).
 const MAX_INIT_SECRET: usize = 1024;
@@ -45,7 +52,8 @@ const WRONG_SECRET: &str = "invalid init secret";
 /// The `init.API` service.
 pub(crate) struct InitService<M> {
     node: Arc<Node<M>>,
-    init_secret_hash: String,
+    secret_hash: String,
+    this: ThisNode,
     events: mpsc::UnboundedSender<Event>,
     /// Bounds the bcrypt checks unauthenticated callers can cause (module `limits`).
     attempts: Arc<crate::limits::PeerLimiter>,
@@ -54,25 +62,19 @@ pub(crate) struct InitService<M> {
 impl<M: Metadata + 'static> InitService<M> {
     pub(crate) fn new(
         node: Arc<Node<M>>,
-        init_secret_hash: String,
+        secret_hash: String,
+        this: ThisNode,
         events: mpsc::UnboundedSender<Event>,
     ) -> Self {
         let attempts = crate::limits::PeerLimiter::for_calls(node.config.init_limits);
         Self {
             node,
-            init_secret_hash,
+            secret_hash,
+            this,
             events,
             attempts,
         }
     }
-}
-
-/// The parsed, checked request: everything Init needs after the secret check.
-struct Checked {
-    kms: ClusterKms,
-    measurement_salt: [u8; MEASUREMENT_SALT_LEN],
-    cluster_id: ClusterId,
-    params: ClusterInit,
 }
 
 type InitStream = Pin<Box<dyn Stream<Item = Result<InitResponse, Status>> + Send>>;
@@ -103,9 +105,10 @@ fn failure_with_logs(error: String, logs: &logbuf::LogBuffer) -> Vec<InitRespons
 }
 
 impl<M: Metadata + 'static> InitService<M> {
-    /// Checks the request after the init secret: the Kubernetes components, KMS URI (cluster KMS only), storage URI,
-    /// measurement salt; derives the cluster ID. Errors are for the (authenticated) caller.
-    fn check(&self, req: &mut InitRequest) -> Result<Checked, String> {
+    /// Checks the request after the init secret: the Kubernetes components, KMS URI
+    /// (cluster KMS only), storage URI, measurement salt; derives the cluster ID, the disk
+    /// key and the emergency SSH CA's files. Errors are for the (authenticated) caller.
+    fn check(&self, req: &mut InitRequest) -> Result<Activation, String> {
         // The components first: a bad hash, URL or path refuses the request here, before
         // the lock, rather than fail the driver after it.
         let components = Components::try_from(std::mem::take(&mut req.kubernetes_components))
@@ -134,20 +137,34 @@ impl<M: Metadata + 'static> InitService<M> {
             .map_err(|e| format!("deriving the measurement secret: {e}"))?;
         let cluster_id = derive_cluster_id(&measurement_secret, &measurement_salt)
             .map_err(|e| format!("deriving the cluster ID: {e}"))?;
+        // The disk passphrase: key-<lowercase uuid>.
+        let disk_key = kms
+            .data_key(
+                &KeyId::Disk(self.this.disk_uuid.clone()),
+                STATE_DISK_KEY_LEN,
+            )
+            .map_err(|e| format!("deriving the state disk key: {e}"))?;
+        // The emergency SSH CA and this node's host certificate.
+        let seed = kms
+            .data_key(&KeyId::EmergencySshCa, 32)
+            .map_err(|e| format!("deriving the emergency SSH CA: {e}"))?;
+        let identity = &self.this.identity;
+        let mut principals = pki::host_principals(self.node.config.node_ip, &identity.name);
+        principals.extend(req.apiserver_cert_sans.iter().cloned());
+        let ssh = pki::ssh_files_from_ca_seed(&seed, &self.this.host_key, &principals)
+            .map_err(|e| format!("the emergency SSH CA: {}", chain(&e)))?;
+        drop(seed);
         let cluster_name = if req.cluster_name.is_empty() {
             DEFAULT_CLUSTER_NAME.to_owned()
         } else {
             req.cluster_name.clone()
         };
-        let node_name = self
-            .node
-            .identity
-            .get()
-            .map_or_else(|| self.node.config.node_ip.to_string(), |i| i.name.clone());
-        Ok(Checked {
-            kms,
-            measurement_salt,
+        let init = InitActivation {
             cluster_id,
+            measurement_salt,
+            disk_key,
+            ssh,
+            init_node_record: self.init_node_record(),
             params: ClusterInit {
                 cluster_name,
                 kubernetes_version: req.kubernetes_version.clone(),
@@ -155,11 +172,36 @@ impl<M: Metadata + 'static> InitService<M> {
                 service_cidr: req.service_cidr.clone(),
                 conformance_mode: req.conformance_mode,
                 node_ip: self.node.config.node_ip,
-                node_name,
+                node_name: identity.name.clone(),
                 pki_dir: self.node.dir().kubernetes_pki(),
                 components,
             },
-        })
+        };
+        Ok(Activation::from_init(
+            init,
+            identity.clone(),
+            self.node.dir(),
+        ))
+    }
+
+    /// This node's disk UUID and attestation key identity, for the join service, which
+    /// binds the disk to the key at its start: the first node derives its disk key itself,
+    /// so no join ticket binds it, and an unbound disk would be refused on rejoin.
+    fn init_node_record(&self) -> Option<String> {
+        let Some(ak) = &self.node.config.ak_identity else {
+            warn!(
+                step = "disk",
+                "no attestation key identity: the join service cannot bind this node's disk, and its rejoin will be refused"
+            );
+            return None;
+        };
+        let record = serde_json::json!({
+            "disk": self.this.disk_uuid.as_str(),
+            "ak": ak,
+            "name": self.this.identity.name,
+            "role": "ControlPlane",
+        });
+        Some(record.to_string())
     }
 }
 
@@ -186,7 +228,7 @@ impl<M: Metadata + 'static> Api for InitService<M> {
         // 1. The init secret, against the bcrypt hash from the metadata. Constant time is
         //    inside bcrypt's verify. A wrong secret gets a generic failure and no logs.
         let secret = Zeroizing::new(std::mem::take(&mut req.init_secret));
-        let hash = self.init_secret_hash.clone();
+        let hash = self.secret_hash.clone();
         let verified = if secret.is_empty() || secret.len() > MAX_INIT_SECRET {
             false
         } else {
@@ -201,9 +243,9 @@ impl<M: Metadata + 'static> Api for InitService<M> {
         }
         info!(step = "init", "init secret verified");
 
-        // 2–3. The KMS, the measurement salt, the cluster ID. Still before the lock: a
-        //      mistake here leaves the server up for a corrected Init.
-        let checked = match self.check(&mut req) {
+        // 2. The request, checked into an activation. Still before the lock: a mistake
+        //    here leaves the server up for a corrected Init.
+        let activation = match self.check(&mut req) {
             Ok(c) => c,
             Err(message) => {
                 warn!(step = "init", error = %message, "refused an Init request");
@@ -213,16 +255,16 @@ impl<M: Metadata + 'static> Api for InitService<M> {
                 ))));
             }
         };
-        info!(step = "init", cluster_id = %checked.cluster_id, "derived the cluster ID");
+        info!(step = "init", cluster_id = %activation.cluster_id(), "derived the cluster ID");
 
-        // 4. The node lock.
+        // 3. The node lock.
         if self.node.lock.is_taken() {
             return Err(Status::failed_precondition(
                 "node is already being activated",
             ));
         }
         let node = self.node.clone();
-        let cluster_id = checked.cluster_id;
+        let cluster_id = *activation.cluster_id();
         let locked = blocking(move || node.lock.try_lock_once(Holder::Init, &cluster_id)).await;
         let (tx, rx) = oneshot::channel();
         match locked {
@@ -232,18 +274,22 @@ impl<M: Metadata + 'static> Api for InitService<M> {
                 ));
             }
             Ok(true) => {
-                // 5. Stop the JoinClient.
+                // 4. Stop the JoinClient.
                 let _ = self.events.send(Event::InitLocked);
                 let node = self.node.clone();
                 let events = self.events.clone();
                 // The rest runs to its end even if the caller disconnects.
                 tokio::spawn(async move {
-                    let result = activate(&node, checked).await;
+                    // 5. Activate (on failure the disk is marked for reset).
+                    let result = activation.activate(&node).await;
                     let (responses, outcome) = match result {
-                        Ok((kubeconfig, cluster_id)) => (
+                        Ok(Activated {
+                            cluster_id,
+                            kubeconfig,
+                        }) => (
                             vec![InitResponse {
                                 kind: Some(init_response::Kind::InitSuccess(InitSuccessResponse {
-                                    kubeconfig: kubeconfig.to_vec(),
+                                    kubeconfig: kubeconfig.map(|k| k.to_vec()).unwrap_or_default(),
                                     owner_id: Vec::new(),
                                     cluster_id: cluster_id.as_bytes().to_vec(),
                                 })),
@@ -251,7 +297,6 @@ impl<M: Metadata + 'static> Api for InitService<M> {
                             Ok(cluster_id),
                         ),
                         Err(e) => {
-                            node.reset_after_failure(&e).await;
                             let message = format!(
                                 "initialization failed after the point of no return: {}; \
                                  the state disk is marked for reset, reboot the node",
@@ -284,95 +329,23 @@ impl<M: Metadata + 'static> Api for InitService<M> {
     }
 }
 
-use futures::StreamExt as _;
-
-/// Records this node's disk UUID and attestation key identity for the join service, which
-/// binds the disk to the key at its start: the first node derives its disk key itself, so
-/// no join ticket binds it, and an unbound disk would be refused on rejoin.
-fn write_init_node_record<M: Metadata + 'static>(
-    node: &Arc<Node<M>>,
-    identity: Option<&crate::node::Identity>,
-    disk: &str,
-) -> Result<(), StepError> {
-    let Some(ak) = &node.config.ak_identity else {
-        warn!(
-            step = "disk",
-            "no attestation key identity: the join service cannot bind this node's disk, and its rejoin will be refused"
-        );
-        return Ok(());
-    };
-    let name = identity
-        .map(|i| i.name.clone())
-        .unwrap_or_else(|| node.config.node_ip.to_string());
-    let record = serde_json::json!({
-        "disk": disk,
-        "ak": ak,
-        "name": name,
-        "role": "ControlPlane",
-    });
-    let path = node.dir().init_node_record();
-    if let Some(parent) = path.parent() {
-        crate::files::create_dirs(parent)?;
+/// Fetches the init-secret hash from the metadata, retrying until it is there or `stop`;
+/// the InitServer cannot check a secret without it.
+pub(crate) async fn fetch_secret_hash<M: Metadata>(
+    metadata: &M,
+    timeout: std::time::Duration,
+    retry: std::time::Duration,
+    stop: &mut watch::Receiver<bool>,
+) -> Option<String> {
+    loop {
+        match tokio::time::timeout(timeout, metadata.init_secret_hash()).await {
+            Ok(Ok(hash)) if !hash.trim().is_empty() => return Some(hash.trim().to_owned()),
+            Ok(Ok(_)) => warn!("the metadata has no init-secret hash"),
+            Ok(Err(e)) => warn!(error = %chain(&e), "cannot fetch the init-secret hash"),
+            Err(_) => warn!("the metadata did not answer in time"),
+        }
+        if pause(stop, retry).await {
+            return None;
+        }
     }
-    crate::files::write_atomic(&path, record.to_string().as_bytes(), 0o600)?;
-    info!(step = "disk", record = %path.display(), "recorded the disk and attestation key for the join service");
-    Ok(())
-}
-
-/// REFERENCE §3.2 steps 6–13, after the lock.
-async fn activate<M: Metadata + 'static>(
-    node: &Arc<Node<M>>,
-    checked: Checked,
-) -> Result<(Zeroizing<Vec<u8>>, ClusterId), StepError> {
-    let timeout = node.config.activation_timeout;
-    tokio::time::timeout(timeout, activate_steps(node, checked))
-        .await
-        .map_err(|_| StepError::Timeout(timeout))?
-}
-
-async fn activate_steps<M: Metadata + 'static>(
-    node: &Arc<Node<M>>,
-    checked: Checked,
-) -> Result<(Zeroizing<Vec<u8>>, ClusterId), StepError> {
-    let Checked {
-        kms,
-        measurement_salt,
-        cluster_id,
-        params,
-    } = checked;
-
-    // 6. The disk passphrase: key-<lowercase uuid>, re-keyed safely.
-    let disk = node.disk.clone();
-    let uuid = blocking(move || disk.uuid()).await?;
-    let disk_key = kms.data_key(&KeyId::Disk(uuid.clone()), STATE_DISK_KEY_LEN)?;
-    info!(step = "disk", uuid = %uuid, "derived the state disk key");
-    node.rekey_disk(disk_key).await?;
-    let identity = node.identity_now().await;
-    write_init_node_record(node, identity.as_ref(), uuid.as_str())?;
-
-    // 8–10. The emergency SSH CA and this node's host certificate.
-    let seed = kms.data_key(&KeyId::EmergencySshCa, 32)?;
-    let mut principals = vec![node.config.node_ip.to_string()];
-    if let Some(identity) = &identity {
-        principals.push(identity.name.clone());
-    }
-    principals.extend(params.apiserver_cert_sans.iter().cloned());
-    node.write_ssh_from_ca_seed(&seed, &principals).await?;
-    drop(seed);
-
-    // 12. Kubernetes.
-    info!(step = "kubernetes", driver = node.driver.name(), cluster = %params.cluster_name, "initialising Kubernetes");
-    let kubeconfig = node.driver.init(&params).await?;
-    info!(step = "kubernetes", "Kubernetes initialised");
-
-    // 7. The node state, written last: its presence says the node finished bootstrapping.
-    let state = NodeState {
-        role: Role::ControlPlane,
-        measurement_salt,
-    };
-    state.write(&node.dir().node_state())?;
-    info!(step = "node-state", role = %state.role, "wrote the node state");
-    // 13.
-    info!(step = "done", cluster_id = %cluster_id, "the node is initialised");
-    Ok((kubeconfig, cluster_id))
 }

@@ -5,12 +5,16 @@
 //!   marked node is already bootstrapped; an initialized disk means a reboot, which asks a
 //!   join service for a rejoin ticket, unlocks the disk and re-marks PCR 15; a new disk is
 //!   formatted with a random first-boot passphrase.
-//! * **InitServer** (`init.API/Init` on `<node ip>:9000`, aTLS, the node attests) and
-//!   **JoinClient** (to `<control-plane ip>:30090`, aTLS, the node attests and optionally
-//!   verifies the join service) run in parallel and meet at the **node lock**: the first
-//!   to take it marks PCR 15 with the cluster ID (the point of no return), stops the other,
-//!   re-keys the state disk with the cluster-derived key, writes the node's files and calls
-//!   the Kubernetes driver.
+//! * **What this node is** (its name and role from the metadata, its SSH host key, its disk
+//!   UUID) is learned once, then handed to both flows.
+//! * **InitServer** (`init.API/Init` on the listener [`run`] is given, `<node ip>:9000` in
+//!   production, aTLS, the node attests) and **JoinClient** (to `<control-plane ip>:30090`,
+//!   aTLS, the node attests and optionally verifies the join service) run in parallel. Each
+//!   checks what it receives (an init request, a join ticket) into one *activation*; they
+//!   meet at the **node lock**: the first to take it marks PCR 15 with the cluster ID (the
+//!   point of no return), stops the other, and activates: re-keys the state disk with the
+//!   cluster-derived key, writes the node's files, calls the Kubernetes driver and writes
+//!   the node state.
 //! * A failure after the point of no return marks the state disk for reset and ends the
 //!   run with [`Failure::AfterLock`] (exit status [`EXIT_RESET`]).
 //!
@@ -21,11 +25,17 @@
 //! send its logs to a caller that did not present the right init secret, and never take a
 //! step past the node lock without marking the disk for reset when it fails.
 
+mod activation;
 pub mod boot;
+mod chain;
+mod config;
 mod dial;
 mod driver;
 mod effects;
+mod error;
 pub mod files;
+mod flow;
+mod identity;
 mod init;
 mod join;
 pub mod limits;
@@ -39,26 +49,31 @@ mod ticket;
 mod trust;
 
 pub use boot::prepare_state_image;
-pub use dial::{DialError, Dialer};
-pub use driver::{
-    KubeadmDriver, KubeadmDriverConfig, NoneDriver, PostInitApi, join_endpoint,
-    kubeadm_init_params, post_init_api_steps,
-};
-pub use effects::{
-    ClusterInit, ClusterJoin, Components, DiskOps, DriverError, KubernetesDriver, LuksDisk,
-    MarkError, NodeMarker, TpmMarker, UnlockMode,
-};
-pub use init::DEFAULT_CLUSTER_NAME;
-#[doc(hidden)]
-pub use join::check_join_ticket;
-pub use lock::{Holder, LockError, NodeLock};
-pub use logbuf::{DEFAULT_LOG_BUFFER_BYTES, LogBuffer, LogBufferLayer};
-pub use node::{
+pub use chain::error_chain;
+pub use config::{
     Config, DEFAULT_ACTIVATION_TIMEOUT, DEFAULT_COMPONENTS_DIRS, DEFAULT_INIT_PORT,
     DEFAULT_JOIN_PORT, DEFAULT_RETRY_INTERVAL, DEFAULT_RPC_TIMEOUT, DEFAULT_STATE_DISK_SIZE,
-    Identity, LOG_CHUNK_SIZE, Node, StepError, error_chain,
+    LOG_CHUNK_SIZE,
 };
+pub use dial::{DialError, Dialer};
+pub use driver::{
+    KubeadmDriver, KubeadmDriverConfig, NoneDriver, PostInitApi, kubeadm_init_params,
+    post_init_api_steps,
+};
+pub use effects::{
+    ApiServerEndpoint, ClusterInit, ClusterJoin, Components, DiskOps, DriverError, EndpointError,
+    KubernetesDriver, LuksDisk, MarkError, NodeMarker, TpmMarker, UnlockMode,
+};
+pub use error::StepError;
+pub use identity::Identity;
+pub use init::DEFAULT_CLUSTER_NAME;
+pub use lock::{Holder, LockError, NodeLock};
+pub use logbuf::{DEFAULT_LOG_BUFFER_BYTES, LogBuffer, LogBufferLayer};
+pub use node::Node;
 pub use node_state::{NodeDir, NodeState, Role};
 pub use pki::PkiError;
 pub use run::{EXIT_FAILED, EXIT_RESET, EXIT_STOPPED, Failure, Outcome, run};
-pub use trust::JoinServiceTrust;
+pub use ticket::TicketError;
+#[doc(hidden)]
+pub use ticket::check_join_ticket;
+pub use trust::{ClusterMismatch, JoinServiceTrust};

@@ -1,4 +1,4 @@
-//! The node lock (REFERENCE §5.1): where InitServer and JoinClient meet. Exactly one of them
+//! The node lock: where InitServer and JoinClient meet. Exactly one of them
 //! takes it, once; taking it extends the cluster ID into PCR 15, after which the node can no
 //! longer pass attestation as a fresh node in this boot. That is the point of no return.
 

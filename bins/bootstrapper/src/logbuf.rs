@@ -3,7 +3,7 @@
 //! (authenticated) caller.
 //!
 //! The original streams the whole host journal (`journalctl`) — to any caller, even one with
-//! a wrong init secret (REFERENCE §3.7, §14 item 5). Here only this process's own lines are
+//! a wrong init secret. Here only this process's own lines are
 //! kept, in memory, and only a caller that presented the right init secret receives them.
 //! Nothing secret is ever logged by this crate, so nothing secret is in the buffer.
 
@@ -194,7 +194,8 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
     )
 }
 
-/// Splits `bytes` into chunks of at most `size` bytes (REFERENCE §3.7: 1024).
+/// Splits `bytes` into chunks of at most `size` bytes (the InitServer sends 1024-byte
+/// chunks).
 pub fn chunks(bytes: &[u8], size: usize) -> impl Iterator<Item = Vec<u8>> + '_ {
     bytes.chunks(size.max(1)).map(<[u8]>::to_vec)
 }

@@ -55,7 +55,7 @@ struct Args {
     #[arg(long, value_name = "URL", default_value = "http://127.0.10.254:8080")]
     metadata_url: String,
 
-    /// The InitServer port.
+    /// The InitServer port (0: any free port; the log names it).
     #[arg(long, value_name = "PORT", default_value_t = asterism_bootstrapper::DEFAULT_INIT_PORT)]
     init_port: u16,
 
@@ -458,7 +458,6 @@ async fn run(args: Args, logs: LogBuffer) -> anyhow::Result<u8> {
     };
     let mut config = Config::new(dir, args.node_ip);
     config.ak_identity = Some(ak_identity);
-    config.init_port = args.init_port;
     config.join_port = args.join_port;
     config.retry_interval = args.join_retry_interval;
     config.rpc_timeout = args.rpc_timeout;
@@ -477,7 +476,13 @@ async fn run(args: Args, logs: LogBuffer) -> anyhow::Result<u8> {
         driver,
         logs,
     ));
-    match asterism_bootstrapper::run(node, shutdown).await {
+    // Bound here, before anything else can take the port; the bootstrapper serves it only on
+    // a fresh boot.
+    let init_addr = std::net::SocketAddr::new(args.node_ip, args.init_port);
+    let init_listener = tokio::net::TcpListener::bind(init_addr)
+        .await
+        .with_context(|| format!("cannot listen on {init_addr}"))?;
+    match asterism_bootstrapper::run(node, init_listener, shutdown).await {
         Ok(outcome) => {
             tracing::info!(?outcome, "done");
             if let (Some(kubeadm), Outcome::AlreadyBootstrapped | Outcome::Rejoined(_)) =

@@ -1,4 +1,5 @@
-//! The node state file (REFERENCE §3.4) and the layout of a node directory
+//! The node state file (`state/constellation/node_state.json`: role and measurement salt,
+//! docs/bootstrapper.md) and the layout of a node directory
 //! (docs/design/local-cluster.md, "Per-node directory").
 
 use std::path::{Path, PathBuf};

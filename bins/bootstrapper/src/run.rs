@@ -1,8 +1,8 @@
-//! The orchestrator (REFERENCE §1.3): boot phase, then InitServer and JoinClient in
-//! parallel until one of them has taken the node lock and finished.
+//! The orchestrator: the boot phase, then what this node is (learned once), then the
+//! InitServer and the JoinClient in parallel until one of them has taken the node lock and
+//! finished.
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,13 +10,19 @@ use asterism_atls::{AtlsConfig, AtlsServer};
 use asterism_kms::ClusterId;
 use asterism_metadata::Metadata;
 use asterism_proto::init::api_server::ApiServer;
+use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tracing::{error, info, warn};
 
-use crate::boot::Boot;
-use crate::init::InitService;
-use crate::join::{JoinEnd, RejoinError};
-use crate::node::{Node, StepError, blocking, chain};
+use crate::boot::{Boot, boot_phase};
+use crate::chain::chain;
+use crate::error::{StepError, blocking};
+use crate::flow::{Event, JoinEnd};
+use crate::identity::{self, ThisNode};
+use crate::init::{InitService, fetch_secret_hash};
+use crate::join::{RejoinError, join_client, rejoin};
+use crate::node::Node;
+use crate::pki;
 
 /// How long a stopping InitServer may take to deliver its last response.
 const SERVER_DRAIN: Duration = Duration::from_secs(10);
@@ -87,9 +93,11 @@ impl Failure {
 }
 
 /// Runs the bootstrapper on `node` until it is bootstrapped, failed, or `shutdown`
-/// completes before the node lock.
+/// completes before the node lock. `init_listener` is the InitServer's socket: served only
+/// on a fresh boot, closed otherwise (an initialised node takes no Init).
 pub async fn run<M: Metadata + 'static>(
     node: Arc<Node<M>>,
+    init_listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Outcome, Failure> {
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -105,16 +113,18 @@ pub async fn run<M: Metadata + 'static>(
             let _ = signal_stop.send(true);
         }
     });
-    let result = run_inner(node, stop_rx).await;
+    let result = run_inner(node, init_listener, stop_rx).await;
     signal.abort();
     result
 }
 
 async fn run_inner<M: Metadata + 'static>(
     node: Arc<Node<M>>,
+    init_listener: TcpListener,
     stop: watch::Receiver<bool>,
 ) -> Result<Outcome, Failure> {
-    let uuid = match node.boot_phase().await.map_err(Failure::BeforeLock)? {
+    let boot = boot_phase(&node.marker, &node.disk, node.dir()).await;
+    let uuid = match boot.map_err(Failure::BeforeLock)? {
         Boot::AlreadyBootstrapped => {
             info!(
                 "PCR 15 is marked and the node state is present: the node is already bootstrapped; nothing to do (the none driver has no kubelet to start)"
@@ -127,7 +137,9 @@ async fn run_inner<M: Metadata + 'static>(
             return Err(Failure::Interrupted);
         }
         Boot::Rejoin => {
-            return match node.rejoin(stop).await {
+            // An initialised node takes no Init: nobody may queue connections meanwhile.
+            drop(init_listener);
+            return match rejoin(&node, stop).await {
                 Ok(Some(id)) => Ok(Outcome::Rejoined(id)),
                 Ok(None) => Ok(Outcome::Stopped),
                 Err(RejoinError::Before(e)) => Err(Failure::BeforeLock(e)),
@@ -140,62 +152,52 @@ async fn run_inner<M: Metadata + 'static>(
         }
         Boot::Fresh(uuid) => uuid,
     };
-    bootstrap(node, uuid, stop).await
+    bootstrap(node, uuid, init_listener, stop).await
 }
 
 async fn reset_if_initialized<M: Metadata + 'static>(node: &Arc<Node<M>>) {
     let disk = node.disk.clone();
     if matches!(blocking(move || disk.is_initialized()).await, Ok(true)) {
-        let e = StepError::Ticket("interrupted bootstrap".into());
-        node.reset_after_failure(&e).await;
+        node.reset_after_failure(&StepError::Interrupted).await;
     }
 }
 
-/// What the flows tell the orchestrator.
-#[derive(Debug)]
-pub(crate) enum Event {
-    /// An Init took the node lock: stop the JoinClient.
-    InitLocked,
-    /// The Init after the lock finished (on failure the disk is already marked for reset).
-    InitDone(Result<ClusterId, StepError>),
-    /// The JoinClient ended.
-    JoinDone(Result<JoinEnd, StepError>),
-    /// The InitServer stopped.
-    ServerDone(Result<(), String>),
-}
-
-/// InitServer and JoinClient in parallel (REFERENCE §1.3).
+/// What this node is, then the InitServer and the JoinClient in parallel.
 async fn bootstrap<M: Metadata + 'static>(
     node: Arc<Node<M>>,
     uuid: asterism_kms::DiskUuid,
+    listener: TcpListener,
     stop: watch::Receiver<bool>,
 ) -> Result<Outcome, Failure> {
-    // The init-secret hash must be known before serving (REFERENCE §3.1).
-    let hash = init_secret_hash(&node, stop.clone())
-        .await
-        .map_err(Failure::BeforeLock)?;
-    let Some(hash) = hash else {
+    let (timeout, retry) = (node.config.rpc_timeout, node.config.retry_interval);
+    // The init-secret hash must be known before serving: no Init can be checked without it.
+    let mut waiting = stop.clone();
+    let Some(hash) = fetch_secret_hash(&node.metadata, timeout, retry, &mut waiting).await else {
         return Ok(Outcome::Stopped);
     };
-    // The SSH host key exists before the flows start (sshd-keygen does this before the
-    // original's bootstrapper starts).
-    node.ensure_host_key().await.map_err(Failure::BeforeLock)?;
+    // The SSH host key exists before the flows start (sshd-keygen makes it before the
+    // bootstrapper starts on a real node).
+    let host_key = pki::host_key(node.dir()).map_err(|e| Failure::BeforeLock(StepError::Pki(e)))?;
+    // Who this node is, once, for both flows.
+    let Some(identity) = identity::learn(&node.metadata, timeout, retry, &mut waiting).await else {
+        return Ok(Outcome::Stopped);
+    };
+    let this = ThisNode {
+        identity,
+        host_key,
+        disk_uuid: uuid,
+    };
 
     // The InitServer: aTLS where the node attests; no client evidence (the owner is
     // authenticated by the init secret).
-    let addr = SocketAddr::new(node.config.node_ip, node.config.init_port);
-    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
-        Failure::BeforeLock(StepError::File(crate::files::FileError {
-            what: "cannot listen on",
-            path: addr.to_string().into(),
-            source: e,
-        }))
-    })?;
+    let addr = listener
+        .local_addr()
+        .map_or_else(|e| format!("(unknown: {e})"), |a| a.to_string());
     let server = AtlsServer::new(AtlsConfig::attesting(node.issuer.clone()))
-        .map_err(|e| Failure::BeforeLock(StepError::Ticket(format!("aTLS setup: {e}"))))?;
+        .map_err(|e| Failure::BeforeLock(StepError::Atls(e)))?;
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let (stop_init_tx, mut stop_init_rx) = watch::channel(false);
-    let service = InitService::new(node.clone(), hash, events_tx.clone());
+    let service = InitService::new(node.clone(), hash, this.clone(), events_tx.clone());
     let mut outer_stop = stop.clone();
     let init_shutdown = async move {
         tokio::select! {
@@ -214,8 +216,7 @@ async fn bootstrap<M: Metadata + 'static>(
             .http2_keepalive_interval(Some(Duration::from_secs(15)))
             .add_service(ApiServer::new(service))
             .serve_with_incoming_shutdown(incoming, init_shutdown)
-            .await
-            .map_err(|e| chain(&e));
+            .await;
         let _ = server_events.send(Event::ServerDone(served));
     });
     info!(step = "serve", listen = %addr, "InitServer listening (aTLS, the node attests)");
@@ -232,9 +233,7 @@ async fn bootstrap<M: Metadata + 'static>(
     let join_node = node.clone();
     let join_stop_init = stop_init_tx.clone();
     let join_task = tokio::spawn(async move {
-        let ended = join_node
-            .join_client(uuid, stop_join_rx, join_stop_init)
-            .await;
+        let ended = join_client(join_node, this, stop_join_rx, join_stop_init).await;
         let _ = join_events.send(Event::JoinDone(ended));
     });
 
@@ -242,9 +241,7 @@ async fn bootstrap<M: Metadata + 'static>(
     let mut join_running = true;
     let outcome = loop {
         let Some(event) = events.recv().await else {
-            break Err(Failure::BeforeLock(StepError::Task(
-                "every flow ended without a result".into(),
-            )));
+            break Err(Failure::BeforeLock(StepError::FlowsEnded));
         };
         match event {
             Event::InitLocked => {
@@ -271,7 +268,7 @@ async fn bootstrap<M: Metadata + 'static>(
             Event::ServerDone(result) => {
                 server_running = false;
                 if let Err(e) = &result {
-                    error!(error = %e, "the InitServer failed");
+                    error!(error = %chain(e), "the InitServer failed");
                 }
                 if !node.lock.is_taken() {
                     if *stop.borrow() {
@@ -279,9 +276,7 @@ async fn bootstrap<M: Metadata + 'static>(
                             break Ok(Outcome::Stopped);
                         }
                     } else {
-                        break Err(Failure::BeforeLock(StepError::Task(
-                            "the InitServer stopped unexpectedly".into(),
-                        )));
+                        break Err(Failure::BeforeLock(StepError::InitServerStopped));
                     }
                 }
             }
@@ -362,25 +357,5 @@ async fn drain(server: &mut tokio::task::JoinHandle<()>) {
         server.abort();
     } else {
         info!("InitServer stopped");
-    }
-}
-
-/// Fetches the init-secret hash from the metadata, retrying until it is there or stop.
-async fn init_secret_hash<M: Metadata + 'static>(
-    node: &Arc<Node<M>>,
-    mut stop: watch::Receiver<bool>,
-) -> Result<Option<String>, StepError> {
-    loop {
-        match tokio::time::timeout(node.config.rpc_timeout, node.metadata.init_secret_hash()).await
-        {
-            Ok(Ok(hash)) if !hash.trim().is_empty() => return Ok(Some(hash.trim().to_owned())),
-            Ok(Ok(_)) => warn!("the metadata has no init-secret hash"),
-            Ok(Err(e)) => warn!(error = %chain(&e), "cannot fetch the init-secret hash"),
-            Err(_) => warn!("the metadata did not answer in time"),
-        }
-        tokio::select! {
-            () = tokio::time::sleep(node.config.retry_interval) => {},
-            _ = stop.wait_for(|s| *s) => return Ok(None),
-        }
     }
 }

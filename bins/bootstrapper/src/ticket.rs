@@ -22,13 +22,228 @@
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
-use std::path::{Component as PathPart, Path};
+use std::path::{Component as PathPart, Path, PathBuf};
 
+use asterism_kms::{ClusterId, DataKey, DeriveError, MEASUREMENT_SALT_LEN, derive_cluster_id};
+use asterism_components::ComponentError;
 use asterism_kubeadm::setup::CONTROL_PLANE_FILES;
+use asterism_proto::join::IssueJoinTicketResponse;
 use x509_parser::prelude::{FromDer as _, GeneralName, SubjectPublicKeyInfo, X509Certificate};
 use zeroize::Zeroizing;
 
-use crate::effects::Components;
+use crate::chain::chain;
+use crate::effects::{ApiServerEndpoint, Components, EndpointError};
+use crate::trust::{ClusterMismatch, JoinServiceTrust};
+
+/// The most control-plane files a ticket may carry.
+const MAX_CONTROL_PLANE_FILES: usize = 64;
+
+/// Why a ticket is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum TicketError {
+    /// A key has the wrong length.
+    #[error("{field} has {len} bytes, 32 expected")]
+    KeyLength {
+        /// The field.
+        field: &'static str,
+        /// Its length.
+        len: usize,
+    },
+    /// The measurement salt has the wrong length.
+    #[error("measurement_salt has {0} bytes, {MEASUREMENT_SALT_LEN} expected")]
+    SaltLength(usize),
+    /// A Kubernetes component is unusable.
+    #[error("kubernetes_components")]
+    Components(#[source] ComponentError),
+    /// The API server endpoint is not `host:port`.
+    #[error("api_server_endpoint")]
+    Endpoint(#[source] EndpointError),
+    /// The ticket carries too many control-plane files.
+    #[error("too many control-plane files")]
+    TooManyFiles,
+    /// A control-plane file name could leave the PKI directory.
+    #[error("control-plane file name {0:?} is not a plain relative path")]
+    FileName(String),
+    /// The cluster ID cannot be derived from the ticket.
+    #[error("cluster ID")]
+    ClusterId(#[source] DeriveError),
+    /// The ticket is for another cluster.
+    #[error(transparent)]
+    Cluster(#[from] ClusterMismatch),
+    /// A certificate, key or path in the ticket is not what it must be (the reason).
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// A join ticket whose every part has been checked (see the module documentation).
+pub(crate) struct JoinTicket {
+    pub(crate) cluster_id: ClusterId,
+    pub(crate) state_disk_key: DataKey,
+    pub(crate) measurement_salt: [u8; MEASUREMENT_SALT_LEN],
+    pub(crate) kubelet_cert: Vec<u8>,
+    pub(crate) api_server_endpoint: ApiServerEndpoint,
+    pub(crate) token: Zeroizing<String>,
+    pub(crate) discovery_token_ca_cert_hash: String,
+    pub(crate) control_plane_files: Vec<(String, Zeroizing<Vec<u8>>)>,
+    pub(crate) ssh_ca_public_key: Vec<u8>,
+    pub(crate) host_certificate: Vec<u8>,
+    pub(crate) components: Components,
+}
+
+/// A ticket's fields, parsed: the form of each is right, nothing is checked against the
+/// node yet.
+struct Parsed {
+    state_disk_key: DataKey,
+    measurement_secret: DataKey,
+    measurement_salt: [u8; MEASUREMENT_SALT_LEN],
+    kubelet_cert: Vec<u8>,
+    api_server_endpoint: ApiServerEndpoint,
+    token: Zeroizing<String>,
+    discovery_token_ca_cert_hash: String,
+    control_plane_files: Vec<(String, Zeroizing<Vec<u8>>)>,
+    ssh_ca_public_key: Vec<u8>,
+    host_certificate: Vec<u8>,
+    components: Components,
+}
+
+/// A 32-byte key from a ticket field.
+pub(crate) fn key32(bytes: &mut Vec<u8>, field: &'static str) -> Result<DataKey, TicketError> {
+    if bytes.len() != 32 {
+        return Err(TicketError::KeyLength {
+            field,
+            len: bytes.len(),
+        });
+    }
+    DataKey::new(std::mem::take(bytes)).map_err(|_| TicketError::KeyLength { field, len: 0 })
+}
+
+impl TryFrom<IssueJoinTicketResponse> for Parsed {
+    type Error = TicketError;
+
+    fn try_from(mut r: IssueJoinTicketResponse) -> Result<Self, TicketError> {
+        let state_disk_key = key32(&mut r.state_disk_key, "state_disk_key")?;
+        let measurement_secret = key32(&mut r.measurement_secret, "measurement_secret")?;
+        let measurement_salt =
+            <[u8; MEASUREMENT_SALT_LEN]>::try_from(r.measurement_salt.as_slice())
+                .map_err(|_| TicketError::SaltLength(r.measurement_salt.len()))?;
+        // Checked here, so that a ticket with a bad component is refused before the lock.
+        let components = Components::try_from(std::mem::take(&mut r.kubernetes_components))
+            .map_err(TicketError::Components)?;
+        let api_server_endpoint =
+            ApiServerEndpoint::parse(&r.api_server_endpoint).map_err(TicketError::Endpoint)?;
+        if r.control_plane_files.len() > MAX_CONTROL_PLANE_FILES {
+            return Err(TicketError::TooManyFiles);
+        }
+        let mut control_plane_files = Vec::with_capacity(r.control_plane_files.len());
+        for f in &mut r.control_plane_files {
+            if !safe_relative_name(&f.name) {
+                return Err(TicketError::FileName(f.name.clone()));
+            }
+            control_plane_files.push((f.name.clone(), Zeroizing::new(std::mem::take(&mut f.data))));
+        }
+        Ok(Self {
+            state_disk_key,
+            measurement_secret,
+            measurement_salt,
+            kubelet_cert: r.kubelet_cert,
+            api_server_endpoint,
+            token: Zeroizing::new(std::mem::take(&mut r.token)),
+            discovery_token_ca_cert_hash: r.discovery_token_ca_cert_hash,
+            control_plane_files,
+            ssh_ca_public_key: r.authorized_ca_public_key,
+            host_certificate: r.host_certificate,
+            components,
+        })
+    }
+}
+
+/// Checks a join ticket exactly as the JoinClient does before it takes the node lock, up
+/// to the checks against the node, and drops it. Public only so that the ticket checks can
+/// be fuzzed from outside the crate.
+#[doc(hidden)]
+pub fn check_join_ticket(ticket: IssueJoinTicketResponse) -> Result<(), String> {
+    Parsed::try_from(ticket).map(drop).map_err(|e| chain(&e))
+}
+
+/// Who the ticket must be for, beyond [`Expect`]: the SSH host key and principals the node
+/// asked for, the cluster it trusts, and where components may install.
+pub(crate) struct ForNode<'a> {
+    /// The kubelet certificate and control-plane files must be for this node.
+    pub(crate) expect: Expect<'a>,
+    /// The SSH host key the node sent, in SSH wire format.
+    pub(crate) host_public_wire: &'a [u8],
+    /// The principals the node asked for.
+    pub(crate) principals: &'a [String],
+    /// Which cluster the ticket must be for.
+    pub(crate) trust: &'a JoinServiceTrust,
+    /// The directories components may install into.
+    pub(crate) components_dirs: &'a [PathBuf],
+}
+
+/// Checks everything in a ticket before any of it is used, and that it is for the cluster
+/// this node expects.
+pub(crate) fn check(
+    ticket: IssueJoinTicketResponse,
+    node: &ForNode<'_>,
+) -> Result<JoinTicket, TicketError> {
+    let t = Parsed::try_from(ticket)?;
+    let cluster_id = derive_cluster_id(&t.measurement_secret, &t.measurement_salt)
+        .map_err(TicketError::ClusterId)?;
+    node.trust.accepts_cluster(&cluster_id)?;
+    let ca_crt = t
+        .control_plane_files
+        .iter()
+        .find(|(n, _)| n == "ca.crt")
+        .map(|(_, d)| d.as_slice());
+    check_control_plane_files(
+        &t.control_plane_files,
+        &t.discovery_token_ca_cert_hash,
+        &node.expect,
+    )
+    .map_err(TicketError::Refused)?;
+    check_kubelet_cert(
+        &t.kubelet_cert,
+        &t.discovery_token_ca_cert_hash,
+        ca_crt,
+        &node.expect,
+    )
+    .map_err(TicketError::Refused)?;
+    check_ssh(
+        &t.ssh_ca_public_key,
+        &t.host_certificate,
+        node.host_public_wire,
+        node.principals,
+    )
+    .map_err(TicketError::Refused)?;
+    check_component_paths(&t.components, node.components_dirs).map_err(TicketError::Refused)?;
+    Ok(JoinTicket {
+        cluster_id,
+        state_disk_key: t.state_disk_key,
+        measurement_salt: t.measurement_salt,
+        kubelet_cert: t.kubelet_cert,
+        api_server_endpoint: t.api_server_endpoint,
+        token: t.token,
+        discovery_token_ca_cert_hash: t.discovery_token_ca_cert_hash,
+        control_plane_files: t.control_plane_files,
+        ssh_ca_public_key: t.ssh_ca_public_key,
+        host_certificate: t.host_certificate,
+        components: t.components,
+    })
+}
+
+/// Checks a control-plane file name from a join ticket: a relative path of plain
+/// components (`ca.crt`, `etcd/ca.key`), nothing that could leave the PKI directory.
+fn safe_relative_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 255
+        && name.split('/').all(|c| {
+            !c.is_empty()
+                && c != "."
+                && c != ".."
+                && c.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-+".contains(&b))
+        })
+}
 
 /// The organisation of every node certificate.
 const NODES_ORGANIZATION: &str = "system:nodes";
@@ -214,7 +429,7 @@ pub(crate) fn check_control_plane_files(
                 asterism_pki::ClusterCa::from_pem(crt, &key).map_err(|e| {
                     format!(
                         "{crt_name} and {key_name} are not a CA and its key: {}",
-                        crate::node::chain(&e)
+                        chain(&e)
                     )
                 })?;
             }
@@ -841,6 +1056,105 @@ mod tests {
             let e = check_component_paths(&components(&[&bad]), std::slice::from_ref(&root))
                 .unwrap_err();
             assert!(e.contains("symlink"), "{bad}: {e}");
+        }
+    }
+
+    fn ticket(components: Vec<asterism_proto::components::Component>) -> IssueJoinTicketResponse {
+        IssueJoinTicketResponse {
+            state_disk_key: vec![1; 32],
+            measurement_secret: vec![2; 32],
+            measurement_salt: vec![3; 32],
+            api_server_endpoint: "10.0.0.2:6443".into(),
+            kubernetes_components: components,
+            ..IssueJoinTicketResponse::default()
+        }
+    }
+
+    fn component(hash: &str) -> asterism_proto::components::Component {
+        asterism_proto::components::Component {
+            url: "https://example.com/kubeadm".into(),
+            hash: hash.into(),
+            install_path: "/run/state/bin/kubeadm".into(),
+            extract: false,
+        }
+    }
+
+    #[test]
+    fn a_ticket_with_a_bad_component_is_refused() {
+        for bad in [
+            "",
+            "sha256:00",
+            "md5:0123",
+            &format!("sha256:{}", "AB".repeat(32)),
+        ] {
+            let Err(e) = Parsed::try_from(ticket(vec![component(bad)])) else {
+                panic!("accepted the hash {bad:?}");
+            };
+            let e = crate::chain::chain(&e);
+            assert!(e.starts_with("kubernetes_components"), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_ticket_components_are_kept_in_order() {
+        let hashes = [
+            format!("sha256:{}", "ab".repeat(32)),
+            format!("sha256:{}", "cd".repeat(32)),
+        ];
+        let t = Parsed::try_from(ticket(hashes.iter().map(|h| component(h)).collect())).unwrap();
+        let got: Vec<_> = t.components.as_slice().iter().map(|c| &c.hash).collect();
+        assert_eq!(got, [&hashes[0], &hashes[1]]);
+        assert!(
+            Parsed::try_from(ticket(Vec::new()))
+                .unwrap()
+                .components
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_ticket_whose_api_server_endpoint_is_not_host_and_port_is_refused() {
+        for ok in ["10.0.0.2:6443", "[fd00::1]:6443", "api.example:6443"] {
+            let mut t = ticket(Vec::new());
+            t.api_server_endpoint = ok.into();
+            let parsed = Parsed::try_from(t).unwrap();
+            assert_eq!(parsed.api_server_endpoint.as_str(), ok);
+        }
+        for bad in [
+            "",
+            "10.0.0.2",
+            "10.0.0.2:",
+            "10.0.0.2:0",
+            "10.0.0.2:65536",
+            ":6443",
+            "fd00::1:6443",
+            "a b:6443",
+            "https://10.0.0.2:6443",
+        ] {
+            let mut t = ticket(Vec::new());
+            t.api_server_endpoint = bad.into();
+            assert!(
+                matches!(Parsed::try_from(t), Err(TicketError::Endpoint(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn control_plane_file_names_cannot_leave_the_pki_directory() {
+        for ok in ["ca.crt", "etcd/ca.key", "front-proxy-ca.crt", "sa.pub"] {
+            assert!(safe_relative_name(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "/etc/passwd",
+            "../x",
+            "etcd/../../x",
+            "a//b",
+            "./a",
+            "a b",
+        ] {
+            assert!(!safe_relative_name(bad), "{bad}");
         }
     }
 }

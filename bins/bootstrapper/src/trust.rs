@@ -122,14 +122,25 @@ impl JoinServiceTrust {
     }
 
     /// Whether a ticket's cluster is the expected one (always, in the insecure mode).
-    pub(crate) fn accepts_cluster(&self, got: &ClusterId) -> Result<(), String> {
+    pub(crate) fn accepts_cluster(&self, got: &ClusterId) -> Result<(), ClusterMismatch> {
         match self.expected_cluster() {
-            Some(want) if want != got => Err(format!(
-                "the ticket is for cluster {got}, this node expects cluster {want}"
-            )),
+            Some(want) if want != got => Err(ClusterMismatch {
+                got: *got,
+                want: *want,
+            }),
             _ => Ok(()),
         }
     }
+}
+
+/// A ticket is for another cluster than the one this node is configured to join.
+#[derive(Debug, thiserror::Error)]
+#[error("the ticket is for cluster {got}, this node expects cluster {want}")]
+pub struct ClusterMismatch {
+    /// The cluster the ticket derives.
+    pub got: ClusterId,
+    /// The configured cluster.
+    pub want: ClusterId,
 }
 
 /// The configured measurements with PCR 15 enforced as one cluster's marker.

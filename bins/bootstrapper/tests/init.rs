@@ -20,7 +20,7 @@ async fn init_happy_path_rekeys_the_disk_marks_pcr15_and_returns_kubeconfig_and_
     let t = TestNode::new("127.0.11.1");
     let node = t.node(metadata(&t), TestNode::none_driver(), 1, None);
     let started = std::time::Instant::now();
-    let run = tokio::spawn(asterism_bootstrapper::run(node, std::future::pending()));
+    let run = tokio::spawn(t.run(node, std::future::pending()));
 
     let channel = t.init_channel().await;
     let responses = init(channel, request(INIT_SECRET)).await.unwrap();
@@ -87,7 +87,7 @@ async fn init_happy_path_rekeys_the_disk_marks_pcr15_and_returns_kubeconfig_and_
 async fn a_wrong_init_secret_is_refused_without_logs_and_a_corrected_init_then_works() {
     let t = TestNode::new("127.0.11.2");
     let node = t.node(metadata(&t), TestNode::none_driver(), 1, None);
-    let run = tokio::spawn(asterism_bootstrapper::run(node, std::future::pending()));
+    let run = tokio::spawn(t.run(node, std::future::pending()));
 
     let channel = t.init_channel().await;
     let refused = init(channel.clone(), request(b"wrong secret"))
@@ -120,7 +120,7 @@ async fn a_second_init_after_the_lock_fails_with_failed_precondition() {
         fail: false,
     });
     let node = t.node(metadata(&t), driver.clone(), 1, None);
-    let run = tokio::spawn(asterism_bootstrapper::run(node, std::future::pending()));
+    let run = tokio::spawn(t.run(node, std::future::pending()));
 
     let channel = t.init_channel().await;
     let first = tokio::spawn(init(channel.clone(), request(INIT_SECRET)));
@@ -151,7 +151,7 @@ async fn an_already_bootstrapped_node_does_not_bootstrap_again() {
     let t = TestNode::new("127.0.11.5");
     // First run: initialise.
     let node = t.node(metadata(&t), TestNode::none_driver(), 1, None);
-    let run = tokio::spawn(asterism_bootstrapper::run(node, std::future::pending()));
+    let run = tokio::spawn(t.run(node, std::future::pending()));
     let responses = init(t.init_channel().await, request(INIT_SECRET))
         .await
         .unwrap();
@@ -162,18 +162,16 @@ async fn an_already_bootstrapped_node_does_not_bootstrap_again() {
 
     // Second run, same boot (PCR 15 still marked): nothing happens, no server.
     let node = t.node(metadata(&t), TestNode::none_driver(), 1, None);
-    let outcome = tokio::time::timeout(
-        Duration::from_secs(60),
-        asterism_bootstrapper::run(node, std::future::pending()),
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    let outcome =
+        tokio::time::timeout(Duration::from_secs(60), t.run(node, std::future::pending()))
+            .await
+            .unwrap()
+            .unwrap();
     assert_eq!(outcome, Outcome::AlreadyBootstrapped);
     assert_eq!(t.pcr15(), pcr, "not marked twice");
     assert_eq!(std::fs::read(t.node_dir.node_state()).unwrap(), state);
     assert!(
-        std::net::TcpStream::connect((t.ip, t.init_port)).is_err(),
+        std::net::TcpStream::connect((t.ip, t.init_port())).is_err(),
         "no InitServer"
     );
 }
@@ -215,7 +213,7 @@ async fn a_bad_component_hash_is_refused_before_the_lock_and_good_components_rea
     let t = TestNode::new("127.0.11.6");
     let driver = Arc::new(ComponentsDriver(std::sync::Mutex::new(Vec::new())));
     let node = t.node(metadata(&t), driver.clone(), 1, None);
-    let run = tokio::spawn(asterism_bootstrapper::run(node, std::future::pending()));
+    let run = tokio::spawn(t.run(node, std::future::pending()));
 
     let good = Component {
         url: "https://example.com/kubelet".into(),

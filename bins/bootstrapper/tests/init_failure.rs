@@ -24,7 +24,7 @@ async fn a_failure_after_the_lock_marks_the_disk_for_reset_ends_non_zero_and_str
         fail: true,
     });
     let node = t.node_with_logs(metadata(&t), driver, 1, None, logs);
-    let run = tokio::spawn(asterism_bootstrapper::run(node, std::future::pending()));
+    let run = tokio::spawn(t.run(node, std::future::pending()));
 
     let responses = init(t.init_channel().await, request(INIT_SECRET))
         .await

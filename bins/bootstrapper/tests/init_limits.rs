@@ -32,7 +32,7 @@ fn tight() -> InitLimits {
 /// An aTLS channel to `t`'s InitServer from the source address `src`, verifying the node.
 async fn connect_from(t: &TestNode, src: &str) -> Result<Channel, tonic::transport::Error> {
     let connector = AtlsConnector::new(AtlsConfig::verifying(t.validator())).unwrap();
-    let addr = SocketAddr::new(t.ip, t.init_port);
+    let addr = SocketAddr::new(t.ip, t.init_port());
     let local = SocketAddr::new(src.parse::<IpAddr>().unwrap(), 0);
     Endpoint::from_shared(format!("http://{addr}"))
         .unwrap()
@@ -56,7 +56,7 @@ async fn connect_from(t: &TestNode, src: &str) -> Result<Channel, tonic::transpo
 /// Waits until the InitServer accepts TCP connections (probing from `probe`, an address
 /// of its own so the probes do not count against the test's addresses).
 async fn wait_listening(t: &TestNode, probe: &str) {
-    let addr = SocketAddr::new(t.ip, t.init_port);
+    let addr = SocketAddr::new(t.ip, t.init_port());
     for _ in 0..600 {
         let socket = TcpSocket::new_v4().unwrap();
         socket
@@ -81,7 +81,7 @@ async fn connections_and_init_calls_from_one_address_are_held_to_its_burst() {
         LogBuffer::default(),
         |c| c.init_limits = tight(),
     );
-    let _run = tokio::spawn(asterism_bootstrapper::run(node, std::future::pending()));
+    let _run = tokio::spawn(t.run(node, std::future::pending()));
     wait_listening(&t, "127.0.15.9").await;
 
     // Connections: three from one address are served, the fourth is closed before its

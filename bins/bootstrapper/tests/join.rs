@@ -181,7 +181,7 @@ async fn a_worker_joins_through_a_mutually_attested_join_service_and_rejoins_aft
     let started = Instant::now();
     let outcome = tokio::time::timeout(
         Duration::from_secs(120),
-        asterism_bootstrapper::run(node, std::future::pending()),
+        t.run(node, std::future::pending()),
     )
     .await
     .unwrap()
@@ -236,7 +236,7 @@ async fn a_worker_joins_through_a_mutually_attested_join_service_and_rejoins_aft
     let started = Instant::now();
     let outcome = tokio::time::timeout(
         Duration::from_secs(120),
-        asterism_bootstrapper::run(node, std::future::pending()),
+        t.run(node, std::future::pending()),
     )
     .await
     .unwrap()
@@ -274,7 +274,7 @@ async fn a_join_service_whose_evidence_does_not_verify_gets_nothing() {
         Some(t.join_service_trust(cluster_id())),
     );
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(asterism_bootstrapper::run(node, async {
+    let run = tokio::spawn(t.run(node, async {
         let _ = stop_rx.await;
     }));
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -305,7 +305,7 @@ async fn refused(cp: &TestNode, t: &TestNode, port: u16, expected: asterism_kms:
         Some(cp.join_service_trust(expected)),
     );
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(asterism_bootstrapper::run(node, async {
+    let run = tokio::spawn(t.run(node, async {
         let _ = stop_rx.await;
     }));
     tokio::time::sleep(Duration::from_secs(3)).await;

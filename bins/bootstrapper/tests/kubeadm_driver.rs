@@ -313,12 +313,12 @@ async fn an_api_failure_after_kubeadm_init_fails_the_init() {
         NODE,
         [Reply::recorded(403, "status-403-node-patch-forbidden.json")],
     );
-    let err = s.driver.init(&s.params()).await.unwrap_err();
+    let err = asterism_bootstrapper::error_chain(&s.driver.init(&s.params()).await.unwrap_err());
     assert!(
-        err.0.contains("annotating the node with its components"),
+        err.contains("annotating the node with its components"),
         "{err}"
     );
-    assert!(err.0.contains("forbidden"), "{err}");
+    assert!(err.contains("forbidden"), "{err}");
     // Nothing after the failed step.
     let writes = s.server.writes();
     assert_eq!(writes.len(), 2, "{writes:?}");
@@ -333,9 +333,9 @@ async fn an_api_server_that_never_answers_fails_the_init_at_the_deadline() {
         "/api/v1/namespaces",
         [Reply::recorded(503, "status-503-service-unavailable.json")],
     );
-    let err = s.driver.init(&s.params()).await.unwrap_err();
+    let err = asterism_bootstrapper::error_chain(&s.driver.init(&s.params()).await.unwrap_err());
     assert!(
-        err.0.contains("waiting for the Kubernetes API server"),
+        err.contains("waiting for the Kubernetes API server"),
         "{err}"
     );
     assert!(s.server.writes().is_empty());

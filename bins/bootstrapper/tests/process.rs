@@ -5,8 +5,10 @@
 
 mod common;
 
+use std::io::{BufRead as _, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use asterism_kms::{KmsUri, MasterSecret, Salt};
@@ -31,14 +33,22 @@ async fn metadata_server(t: &TestNode) -> (SocketAddr, tokio::sync::oneshot::Sen
     (addr, tx)
 }
 
-fn spawn(t: &TestNode, metadata: SocketAddr) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_asterism-bootstrapper"))
+/// The bootstrapper process and what it has logged so far.
+struct Process {
+    child: Child,
+    stderr: Arc<Mutex<String>>,
+}
+
+/// Starts the bootstrapper with an InitServer on a port of the system's choosing, and
+/// points `t` at that port once the bootstrapper has logged it.
+fn spawn(t: &TestNode, metadata: SocketAddr) -> Process {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_asterism-bootstrapper"))
         .arg("--node-dir")
         .arg(t.node_dir.root())
         .args(["--node-ip", &t.ip.to_string()])
         .args(["--tpm", &t.swtpm.tcti()])
         .args(["--metadata-url", &format!("http://{metadata}")])
-        .args(["--init-port", &t.init_port.to_string()])
+        .args(["--init-port", "0"])
         .args(["--join-port", "1", "--join-retry-interval", "200ms"])
         .args(["--kubernetes-driver", "none", "--insecure-fast-disk-kdf"])
         .args([
@@ -51,19 +61,53 @@ fn spawn(t: &TestNode, metadata: SocketAddr) -> Child {
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap()
+        .unwrap();
+    let stderr = Arc::new(Mutex::new(String::new()));
+    let pipe = child.stderr.take().unwrap();
+    let sink = stderr.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+            let mut all = sink.lock().unwrap();
+            all.push_str(&line);
+            all.push('\n');
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let port = loop {
+        let port = stderr
+            .lock()
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("InitServer listening"))
+            .find_map(|l| {
+                let addr = l.split("listen=").nth(1)?.split_whitespace().next()?;
+                addr.parse::<SocketAddr>().ok().map(|a| a.port())
+            });
+        if let Some(port) = port {
+            break port;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the bootstrapper did not log its InitServer address: {}",
+            stderr.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    t.use_init_port(port);
+    Process { child, stderr }
 }
 
-fn wait(child: &mut Child, within: Duration) -> (i32, String) {
+fn wait(process: &mut Process, within: Duration) -> (i32, String) {
     let deadline = Instant::now() + within;
     loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            let mut logs = String::new();
-            std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut logs).unwrap();
+        if let Some(status) = process.child.try_wait().unwrap() {
+            // The reader thread drains the pipe's last lines after the exit.
+            std::thread::sleep(Duration::from_millis(200));
+            let logs = process.stderr.lock().unwrap().clone();
             return (status.code().unwrap_or(-1), logs);
         }
         if Instant::now() > deadline {
-            let _ = child.kill();
+            let _ = process.child.kill();
             panic!("the bootstrapper did not exit within {within:?}");
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -131,7 +175,7 @@ async fn sigterm_before_the_lock_stops_gracefully_with_exit_4() {
     let mut child = spawn(&t, metadata);
     let _ = t.init_channel().await;
     let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+        .args(["-TERM", &child.child.id().to_string()])
         .status()
         .unwrap();
     assert!(status.success());

@@ -97,7 +97,10 @@ impl KubernetesDriver for GateDriver {
         Box::pin(async move {
             let _permit = self.gate.acquire().await;
             if self.fail {
-                Err(DriverError("kubeadm init failed (test driver)".into()))
+                Err(DriverError::new(
+                    "kubeadm init",
+                    std::io::Error::other("kubeadm init failed (test driver)"),
+                ))
             } else {
                 Ok(Zeroizing::new(b"apiVersion: v1\nkind: Config\n".to_vec()))
             }

@@ -5,17 +5,19 @@
 
 pub mod init_helpers;
 
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
 
 use asterism_atls::{AtlsConfig, AtlsConnector};
 use asterism_attestation::{AkFingerprint, AkTrust, Measurements, TpmQuoteValidator};
 use asterism_bootstrapper::{
-    Config, JoinServiceTrust, KubernetesDriver, LogBuffer, LuksDisk, Node, NodeDir, NoneDriver,
-    TpmMarker, UnlockMode,
+    Config, Failure, JoinServiceTrust, KubernetesDriver, LogBuffer, LuksDisk, Node, NodeDir,
+    NoneDriver, Outcome, TpmMarker, UnlockMode,
 };
 use asterism_disk::{DiskConfig, Integrity, Pbkdf, StateDisk};
 use asterism_metadata::{InstanceMetadata, Role, StaticMetadata};
@@ -29,15 +31,6 @@ pub const INIT_SECRET: &[u8] = b"correct horse battery staple";
 /// A bcrypt hash of [`INIT_SECRET`] (cost 4: cheap, still real bcrypt).
 pub fn init_secret_hash() -> String {
     bcrypt::hash(INIT_SECRET, 4).unwrap()
-}
-
-/// A free TCP port on `ip`.
-pub fn free_port(ip: IpAddr) -> u16 {
-    std::net::TcpListener::bind(SocketAddr::new(ip, 0))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 pub fn instance(name: &str, role: Role, ip: IpAddr) -> InstanceMetadata {
@@ -56,7 +49,8 @@ pub struct TestNode {
     pub dir: tempfile::TempDir,
     pub node_dir: NodeDir,
     pub ip: IpAddr,
-    pub init_port: u16,
+    /// The port of the InitServer's listener bound last (0 before [`TestNode::run`]).
+    init_port: AtomicU16,
     pub ak_public: Vec<u8>,
 }
 
@@ -66,7 +60,6 @@ impl TestNode {
         let dir = tempfile::tempdir().unwrap();
         let node_dir = NodeDir::new(dir.path().join("node"));
         let ip: IpAddr = ip.parse().unwrap();
-        let init_port = free_port(ip);
         let issuer = self_issuer(&swtpm);
         let ak_public = issuer.ak_public().to_vec();
         Self {
@@ -74,7 +67,7 @@ impl TestNode {
             dir,
             node_dir,
             ip,
-            init_port,
+            init_port: AtomicU16::new(0),
             ak_public,
         }
     }
@@ -136,7 +129,6 @@ impl TestNode {
         asterism_bootstrapper::files::create_dirs(&self.node_dir.run()).unwrap();
         let disk = StateDisk::open(self.image(), self.disk_config()).unwrap();
         let mut config = Config::new(self.node_dir.clone(), self.ip);
-        config.init_port = self.init_port;
         config.join_port = join_port;
         config.retry_interval = Duration::from_millis(200);
         config.rpc_timeout = Duration::from_secs(10);
@@ -153,6 +145,31 @@ impl TestNode {
             driver,
             logs,
         ))
+    }
+
+    /// The InitServer's port (of the listener [`TestNode::run`] bound last).
+    pub fn init_port(&self) -> u16 {
+        self.init_port.load(Ordering::SeqCst)
+    }
+
+    /// Points [`TestNode::init_channel`] at `port` (an InitServer this test did not bind).
+    pub fn use_init_port(&self, port: u16) {
+        self.init_port.store(port, Ordering::SeqCst);
+    }
+
+    /// Runs the bootstrapper on `node` with an InitServer listener on this node's address
+    /// and a port the system picks.
+    pub fn run(
+        &self,
+        node: Arc<Node<StaticMetadata>>,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> impl Future<Output = Result<Outcome, Failure>> + Send + 'static {
+        let listener = std::net::TcpListener::bind(SocketAddr::new(self.ip, 0)).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        self.init_port
+            .store(listener.local_addr().unwrap().port(), Ordering::SeqCst);
+        let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+        asterism_bootstrapper::run(node, listener, shutdown)
     }
 
     pub fn none_driver() -> Arc<dyn KubernetesDriver> {
@@ -216,7 +233,7 @@ impl TestNode {
     /// An aTLS channel to the node's InitServer that verifies the node first.
     pub async fn init_channel(&self) -> Channel {
         let connector = AtlsConnector::new(AtlsConfig::verifying(self.validator())).unwrap();
-        let addr = SocketAddr::new(self.ip, self.init_port);
+        let addr = SocketAddr::new(self.ip, self.init_port());
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {
             match tonic::transport::Endpoint::from_shared(format!("http://{addr}"))

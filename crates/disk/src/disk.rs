@@ -23,7 +23,7 @@ use crate::header::{
     token_json, validate_header,
 };
 
-/// The length of a generated initial passphrase (REFERENCE §10.5: 32 random bytes).
+/// The length of a generated initial passphrase: 32 random bytes, as in the original.
 pub const INITIAL_PASSPHRASE_LEN: usize = 32;
 
 /// cryptsetup's exit status for "no key available with this passphrase".
@@ -48,8 +48,8 @@ pub struct Formatted {
     pub integrity: bool,
 }
 
-/// 32 fresh random bytes (raw binary, not text) for the first keyslot of a new disk
-/// (REFERENCE §10.5).
+/// 32 fresh random bytes (raw binary, not text) for the first keyslot of a new disk, as the
+/// original generates.
 pub fn generate_initial_passphrase() -> Result<DataKey, DiskError> {
     let mut bytes = vec![0u8; INITIAL_PASSPHRASE_LEN];
     SystemRandom::new()
@@ -124,7 +124,7 @@ pub struct StateDisk<R: CommandRunner = SystemRunner> {
 
 impl StateDisk<SystemRunner> {
     /// The state disk at `path` (a block device or an image file; symbolic links are
-    /// resolved, as the original does for the cloud device links of REFERENCE §10.1).
+    /// resolved, as the original does for the cloud device links such as `/dev/disk/by-id/google-state-disk`).
     /// Nothing is read from the disk yet.
     pub fn open(path: impl AsRef<Path>, config: DiskConfig) -> Result<Self, DiskError> {
         let runner = SystemRunner::new(config.device_mapper_control.clone());
@@ -165,7 +165,7 @@ impl<R: CommandRunner> StateDisk<R> {
         &self.config
     }
 
-    /// Whether the disk holds an initialized state disk (REFERENCE §10.4): its header is
+    /// Whether the disk holds an initialized state disk (docs/disk.md): its header is
     /// LUKS2 and token 0 is the state-disk token with `diskIsInitialized: true`. Anything
     /// else is a new disk (`false`).
     ///
@@ -185,7 +185,7 @@ impl<R: CommandRunner> StateDisk<R> {
         }
     }
 
-    /// First-boot format (REFERENCE §10.2): LUKS2, aes-xts-plain64, 4096-byte sectors,
+    /// First-boot format (docs/disk.md): LUKS2, aes-xts-plain64, 4096-byte sectors,
     /// `passphrase` in keyslot 0 with the configured argon2id parameters, dm-integrity as
     /// configured, then token 0 with `diskIsInitialized: false`.
     ///
@@ -239,7 +239,7 @@ impl<R: CommandRunner> StateDisk<R> {
                 cipher_mode: "xts-plain64".to_owned(),
                 volume_key_bytes: 64,
                 sector_size: 4096,
-                pbkdf: library_pbkdf(&self.config.pbkdf),
+                pbkdf: self.config.pbkdf,
                 keyslots_area_bytes: self.config.keyslots_area.bytes(64),
             })
             .map_err(lib(Step::Format))?;
@@ -303,7 +303,7 @@ impl<R: CommandRunner> StateDisk<R> {
         Ok(self.find_slot(&copy, &header, passphrase)?.is_some())
     }
 
-    /// Replaces `old` by `new` (REFERENCE §10.8), safely, then sets token 0 to
+    /// Replaces `old` by `new` (docs/disk.md), safely, then sets token 0 to
     /// `diskIsInitialized: true`.
     ///
     /// The sequence never leaves the disk without a working passphrase:
@@ -350,8 +350,8 @@ impl<R: CommandRunner> StateDisk<R> {
     }
 
     /// Sets token 0 to `diskIsInitialized: false`, so that the next boot treats the disk as
-    /// new and formats it (REFERENCE §10.8, and §14 item 4: a node whose initialization
-    /// failed after the node lock must be reset, not left half-initialized).
+    /// new and formats it (docs/disk.md: a node whose initialization failed after the node
+    /// lock must be reset, not left half-initialized, which the original did not do).
     pub fn mark_for_reset(&self) -> Result<(), DiskError> {
         let (_, header) = self.validated_copy()?;
         self.set_token(false, header.volume_key_digest())?;
@@ -454,7 +454,7 @@ impl<R: CommandRunner> StateDisk<R> {
         if let Some(device) = copy.loaded() {
             let lib = |source| self.library_error(Step::AddKey, source);
             device
-                .set_pbkdf(&library_pbkdf(&self.config.pbkdf))
+                .set_pbkdf(&self.config.pbkdf)
                 .map_err(lib)?;
             match device.add_keyslot(slot.get(), old.expose_secret(), new.expose_secret()) {
                 Ok(added) if added == slot.get() => {}
@@ -923,30 +923,6 @@ fn parse_uuid(path: &Path, text: &str) -> Result<DiskUuid, DiskError> {
         step: Step::Uuid,
         detail: "the header's UUID is not a UUID".to_owned(),
     })
-}
-
-/// The library's form of the PBKDF parameters (the same argon2id costs the program gets).
-fn library_pbkdf(pbkdf: &Pbkdf) -> asterism_cryptsetup::Pbkdf {
-    match *pbkdf {
-        Pbkdf::Argon2idBenchmarked {
-            iter_time_ms,
-            max_memory_kib,
-            parallel,
-        } => asterism_cryptsetup::Pbkdf::Argon2idBenchmarked {
-            time_ms: iter_time_ms,
-            max_memory_kib,
-            parallel,
-        },
-        Pbkdf::Argon2idForced {
-            iterations,
-            memory_kib,
-            parallel,
-        } => asterism_cryptsetup::Pbkdf::Argon2idForced {
-            iterations,
-            memory_kib,
-            parallel,
-        },
-    }
 }
 
 /// Whether the device starts with the LUKS2 magic and version.

@@ -6,9 +6,7 @@ use crate::error::{DenyReason, JoinError, chain};
 use crate::keys::KeySource;
 use crate::metrics::Metrics;
 use crate::ratelimit::RateLimiter;
-use crate::request::{
-    ControlPlaneFile, JoinRequest, JoinTicket, RejoinRequest, RejoinTicket,
-};
+use crate::request::{ControlPlaneFile, JoinRequest, JoinTicket, RejoinRequest, RejoinTicket};
 use crate::state::{Admission, ClusterState, Member, StateError};
 use asterism_atls::VerifiedPeer;
 use asterism_cluster::{API_SERVER_PORT, CONTROL_PLANE_FILES, REQUIRED_CONTROL_PLANE_FILES, Role};
@@ -581,7 +579,9 @@ where
             // Attested and within its rate first: a malformed request counts too.
             let peer = self.peer(verified.as_ref())?;
             let req = JoinRequest::try_from(request.into_inner())?;
-            self.join(&peer, req).await.map(IssueJoinTicketResponse::from)
+            self.join(&peer, req)
+                .await
+                .map(IssueJoinTicketResponse::from)
         }
         .await;
         self.finish("join", who, started, result)
@@ -610,8 +610,8 @@ where
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use asterism_kms::{KeyServiceAddress, KeyServiceClient};
     use crate::state::RedbState;
+    use asterism_kms::{KeyServiceAddress, KeyServiceClient};
     use asterism_metadata::MetadataError;
     use std::sync::atomic::{AtomicUsize, Ordering};
 

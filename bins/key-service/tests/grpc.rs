@@ -69,7 +69,9 @@ fn spawn(listener: Listener, limits: Limits) -> Running {
 
 async fn start_unix(dir: &Path, limits: Limits) -> (PathBuf, Running) {
     let path = dir.join("key-service.sock");
-    let listener = Listener::bind(&KeyServiceAddress::Unix(path.clone())).await.unwrap();
+    let listener = Listener::bind(&KeyServiceAddress::Unix(path.clone()))
+        .await
+        .unwrap();
     (path, spawn(listener, limits))
 }
 
@@ -333,7 +335,9 @@ async fn stale_socket_is_replaced() {
     // A socket whose server is gone.
     drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
     assert!(path.exists());
-    let listener = Listener::bind(&KeyServiceAddress::Unix(path.clone())).await.unwrap();
+    let listener = Listener::bind(&KeyServiceAddress::Unix(path.clone()))
+        .await
+        .unwrap();
     let server = spawn(listener, Limits::default());
     let mut client = ApiClient::new(unix_channel(&path, TIMEOUT).await);
     assert_eq!(
@@ -349,7 +353,9 @@ async fn a_file_that_is_not_a_socket_is_never_replaced() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("key-service.sock");
     std::fs::write(&path, b"precious").unwrap();
-    let err = Listener::bind(&KeyServiceAddress::Unix(path.clone())).await.unwrap_err();
+    let err = Listener::bind(&KeyServiceAddress::Unix(path.clone()))
+        .await
+        .unwrap_err();
     assert!(matches!(err, BindError::NotASocket(_)), "{err}");
     assert_eq!(std::fs::read(&path).unwrap(), b"precious");
 }
@@ -358,7 +364,9 @@ async fn a_file_that_is_not_a_socket_is_never_replaced() {
 async fn a_live_socket_is_never_taken_over() {
     let dir = tempfile::tempdir().unwrap();
     let (path, server) = start_unix(dir.path(), Limits::default()).await;
-    let err = Listener::bind(&KeyServiceAddress::Unix(path.clone())).await.unwrap_err();
+    let err = Listener::bind(&KeyServiceAddress::Unix(path.clone()))
+        .await
+        .unwrap_err();
     assert!(matches!(err, BindError::InUse(_)), "{err}");
     // The first server still answers.
     let mut client = ApiClient::new(unix_channel(&path, TIMEOUT).await);

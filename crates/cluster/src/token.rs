@@ -94,7 +94,11 @@ impl BootstrapToken {
 
 impl fmt::Debug for BootstrapToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "BootstrapToken {{ id: {:?}, secret: <redacted> }}", self.id())
+        write!(
+            f,
+            "BootstrapToken {{ id: {:?}, secret: <redacted> }}",
+            self.id()
+        )
     }
 }
 

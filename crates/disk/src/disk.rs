@@ -16,7 +16,7 @@ use crate::command::{
     CommandOutput, CommandRunner, CryptsetupCli, FormatParams, Invocation, Step, SystemRunner,
     sanitize_stderr,
 };
-use crate::config::{Backend, DiskConfig, Integrity, MissingDeviceMapper, Pbkdf};
+use crate::config::{Backend, DiskConfig, Integrity, MissingDeviceMapper};
 use crate::error::DiskError;
 use crate::header::{
     IntegrityRule, KeySlot, TokenState, ValidatedHeader, VolumeKeyDigest, read_token_state,
@@ -453,9 +453,7 @@ impl<R: CommandRunner> StateDisk<R> {
             })?;
         if let Some(device) = copy.loaded() {
             let lib = |source| self.library_error(Step::AddKey, source);
-            device
-                .set_pbkdf(&self.config.pbkdf)
-                .map_err(lib)?;
+            device.set_pbkdf(&self.config.pbkdf).map_err(lib)?;
             match device.add_keyslot(slot.get(), old.expose_secret(), new.expose_secret()) {
                 Ok(added) if added == slot.get() => {}
                 Ok(other) => {

@@ -75,7 +75,12 @@ mod tests {
             "unix:/run/ks.sock".parse::<KeyServiceAddress>(),
             Ok(KeyServiceAddress::Unix(PathBuf::from("/run/ks.sock")))
         );
-        for addr in ["127.0.0.1:9000", "127.1.2.3:0", "[::1]:9000", "unix:/run/ks.sock"] {
+        for addr in [
+            "127.0.0.1:9000",
+            "127.1.2.3:0",
+            "[::1]:9000",
+            "unix:/run/ks.sock",
+        ] {
             let parsed: KeyServiceAddress = addr.parse().unwrap();
             assert_eq!(parsed.to_string(), addr);
         }

@@ -12,8 +12,8 @@ use asterism_proto::kms::api_client::ApiClient;
 use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-use crate::address::KeyServiceAddress;
 use crate::MAX_KEY_LEN;
+use crate::address::KeyServiceAddress;
 use crate::key_id::KeyId;
 use crate::secret::DataKey;
 

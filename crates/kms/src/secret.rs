@@ -264,11 +264,7 @@ mod tests {
         let m = MasterSecret::new(vec![0xab; 32]).unwrap();
         let s = Salt::new(vec![0xcd; 32]).unwrap();
         let k = DataKey::new(vec![0xef; 8]).unwrap();
-        for shown in [
-            format!("{m:?}"),
-            format!("{s:?}"),
-            format!("{k:?}"),
-        ] {
+        for shown in [format!("{m:?}"), format!("{s:?}"), format!("{k:?}")] {
             assert!(shown.contains(REDACTED), "{shown}");
             for needle in ["ab", "171", "cd", "205", "ef", "239"] {
                 assert!(!shown.contains(needle), "{shown} contains {needle}");

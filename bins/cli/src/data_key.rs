@@ -2,8 +2,7 @@
 
 use anyhow::{Context, Result, bail};
 use asterism_atls::{AtlsConfig, AtlsConnector};
-use asterism_proto::kms::GetDataKeyRequest;
-use asterism_proto::kms::api_client::ApiClient;
+use asterism_kms::{KeyId, KeyServiceClient};
 use sha2::{Digest, Sha256};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
@@ -68,31 +67,18 @@ pub async fn run(args: Args) -> Result<()> {
             .with_handshake_timeout(deadline)
             .with_exchange_timeout(deadline),
     )?;
+    let id = KeyId::parse(&args.key_id).context("invalid --key-id")?;
+    let length = usize::try_from(args.length).context("invalid --length")?;
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", args.endpoint))
         .with_context(|| format!("invalid endpoint {:?}", args.endpoint))?
         .timeout(deadline)
         .connect_with_connector(connector)
         .await
         .with_context(|| format!("connecting to the key service at {}", args.endpoint))?;
-    let resp = tokio::time::timeout(
-        deadline,
-        ApiClient::new(channel).get_data_key(GetDataKeyRequest {
-            data_key_id: args.key_id.clone(),
-            length: args.length,
-        }),
-    )
-    .await
-    .context("the key service did not answer in time")?
-    .map_err(|s| anyhow::anyhow!("key service refused: {:?}: {}", s.code(), s.message()))?;
-    let key = asterism_kms::DataKey::new(resp.into_inner().data_key)
-        .context("the key service returned an invalid key")?;
-    if key.len() != args.length as usize {
-        bail!(
-            "the key service returned {} bytes, {} were asked for",
-            key.len(),
-            args.length
-        );
-    }
+    let key = KeyServiceClient::from_channel(channel, deadline)
+        .data_key(&id, length)
+        .await
+        .context("fetching the data key")?;
     let fingerprint = hex::encode(Sha256::digest(key.expose_secret()));
     if let Some(out) = &args.out {
         let mut file = std::fs::OpenOptions::new()

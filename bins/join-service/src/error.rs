@@ -3,8 +3,8 @@
 //! node can act on, an unreachable dependency is `UNAVAILABLE`, everything else is
 //! `INTERNAL` with a coarse message (the full chain goes to the log only).
 
-use crate::keys::KeyError;
 use crate::state::StateError;
+use asterism_kms::KeyError;
 use asterism_metadata::MetadataError;
 use tonic::{Code, Status};
 

@@ -3,12 +3,11 @@
 //! members (docs/kubernetes-api.md).
 
 use crate::state::{
-    Admission, BootstrapToken, ClusterState, InitNode, Member, StateError, TOKEN_MIN_REMAINING,
-    TOKEN_TTL,
+    Admission, ClusterState, InitNode, Member, StateError, TOKEN_MIN_REMAINING, TOKEN_TTL,
 };
+use asterism_cluster::{ExpiringToken, Role};
 use asterism_kms::DiskUuid;
 use asterism_kube_api::{ApiError, ClusterApi, JoiningNode, MemberRecord, TokenPolicy};
-use asterism_metadata::Role;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -93,7 +92,7 @@ impl KubeState {
         }
     }
 
-    /// Writes the JoiningNode of an admitted node (REFERENCE §6.9) per the policy.
+    /// Writes the JoiningNode of an admitted node (docs/kubernetes-api.md) per the policy.
     async fn joining_node(&self, a: &Admission) -> Result<(), StateError> {
         let skip = |e: &ApiError| {
             self.joining_nodes == JoiningNodes::WhenInstalled
@@ -200,7 +199,7 @@ impl ClusterState for KubeState {
     /// disk binding (a disk of another key writes nothing), then the JoiningNode (a
     /// control-plane join in progress refuses before a token is minted), the token, and the
     /// member record last.
-    async fn admit(&self, a: Admission) -> Result<BootstrapToken, StateError> {
+    async fn admit(&self, a: Admission) -> Result<ExpiringToken, StateError> {
         self.check_member(&a.name, &a.ak).await?;
         self.api
             .bind_disk(a.disk.as_str(), &a.ak, a.now)
@@ -216,7 +215,7 @@ impl ClusterState for KubeState {
             .record_member(&a.name, a.role.as_str(), &a.ak, a.now)
             .await
             .map_err(state_error)?;
-        BootstrapToken::parse(token.expose_secret(), token.expires())
+        Ok(token)
     }
 
     async fn members(&self) -> Result<Vec<Member>, StateError> {

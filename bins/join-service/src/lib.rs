@@ -5,8 +5,8 @@
 //!
 //! Attestation proves *what* a node runs; this service adds *who* it is: the peer's source
 //! address must be an instance of the metadata, the CSR must name that instance, the role
-//! must match, and a disk's key goes only to the attestation key the disk is bound to
-//! (REFERENCE §14 item 3). Handlers take the [`asterism_atls::VerifiedPeer`] of the
+//! must match, and a disk's key goes only to the attestation key the disk is bound to (the
+//! original checked none of this: any attested node got any disk's key). Handlers take the [`asterism_atls::VerifiedPeer`] of the
 //! connection, never raw evidence.
 //!
 //! * [`JoinService`]: the core, generic over [`asterism_metadata::Metadata`],
@@ -25,14 +25,15 @@ mod keys;
 mod kube_state;
 mod metrics;
 mod ratelimit;
+mod request;
 mod serve;
 mod service;
 mod state;
 
 pub use error::{DenyReason, JoinError};
-pub use keys::{
-    KEY_CALL_TIMEOUT, KEY_CALLS_IN_FLIGHT, KeyError, KeyServiceAddress, KeyServiceClient, KeySource,
-};
+pub use keys::KeySource;
+// The key-service client the binary, the tests and the benchmarks build the service with.
+pub use asterism_kms::{KeyError, KeyServiceAddress, KeyServiceClient};
 pub use kube_state::{JoiningNodes, KubeState};
 pub use metrics::Metrics;
 pub use ratelimit::RateLimiter;
@@ -40,11 +41,8 @@ pub use serve::{
     HttpAccess, LISTEN_BACKLOG, Limits, bind_admin_socket, bind_listener, is_loopback, serve,
     serve_admin, serve_http, serve_http_with,
 };
-pub use service::{
-    API_SERVER_PORT, CONTROL_PLANE_FILES, JoinConfig, JoinService, METADATA_CACHE_TTL,
-    REQUIRED_CONTROL_PLANE_FILES,
-};
+pub use service::{JoinConfig, JoinService, METADATA_CACHE_TTL};
 pub use state::{
-    Admission, BootstrapToken, ClusterState, InitNode, Member, RedbState, StateError,
-    TOKEN_MIN_REMAINING, TOKEN_TTL,
+    Admission, ClusterState, InitNode, Member, RedbState, StateError, TOKEN_MIN_REMAINING,
+    TOKEN_TTL,
 };

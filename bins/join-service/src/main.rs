@@ -50,7 +50,7 @@ struct Args {
     #[arg(long, value_name = "PATH")]
     admin_socket: Option<PathBuf>,
 
-    /// The key service: `unix:/path/to.sock` or `http://IP:PORT`.
+    /// The key service: `unix:/path/to.sock` or a loopback `IP:PORT`.
     #[arg(long, value_name = "ADDRESS")]
     key_service: KeyServiceAddress,
 

@@ -1,47 +1,35 @@
-//! The `join.API` handlers: thin tonic glue around [`JoinService`], whose methods take the
-//! [`VerifiedPeer`] of the connection and a decoded request.
+//! The `join.API` handlers: thin tonic glue around [`JoinService`]. Each handler takes the
+//! [`VerifiedPeer`] of the connection, decodes the request at the edge (`request.rs`), runs
+//! the core on domain types and encodes the domain ticket into the response.
 
 use crate::error::{DenyReason, JoinError, chain};
 use crate::keys::KeySource;
 use crate::metrics::Metrics;
 use crate::ratelimit::RateLimiter;
+use crate::request::{ControlPlaneFile, JoinRequest, JoinTicket, RejoinRequest, RejoinTicket};
 use crate::state::{Admission, ClusterState, Member, StateError};
 use asterism_atls::VerifiedPeer;
-use asterism_kms::{DataKey, DiskUuid, KeyId, STATE_DISK_KEY_LEN};
-use asterism_metadata::{InstanceMetadata, Metadata, Role};
-use asterism_pki::{ClusterCa, KubeletCsr, SshCa, SshError, parse_wire_public_key};
+use asterism_cluster::{API_SERVER_PORT, CONTROL_PLANE_FILES, REQUIRED_CONTROL_PLANE_FILES, Role};
+use asterism_kms::{DataKey, KeyId, STATE_DISK_KEY_LEN};
+use asterism_metadata::{InstanceMetadata, Metadata};
+use asterism_pki::{ClusterCa, SshCa, SshError};
 use asterism_proto::join::api_server::Api;
 use asterism_proto::join::{
-    ControlPlaneCertOrKey, IssueJoinTicketRequest, IssueJoinTicketResponse,
-    IssueRejoinTicketRequest, IssueRejoinTicketResponse,
+    IssueJoinTicketRequest, IssueJoinTicketResponse, IssueRejoinTicketRequest,
+    IssueRejoinTicketResponse,
 };
 use std::collections::HashMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 use tonic::{Request, Response, Status};
+use zeroize::Zeroizing;
 
-/// Control-plane files (REFERENCE §6.7), relative to the PKI directory.
-pub const CONTROL_PLANE_FILES: [&str; 8] = [
-    "ca.key",
-    "sa.key",
-    "front-proxy-ca.key",
-    "etcd/ca.key",
-    "ca.crt",
-    "sa.pub",
-    "front-proxy-ca.crt",
-    "etcd/ca.crt",
-];
-/// Of those, the ones that must exist (the others are sent when present: in local mode,
-/// without Kubernetes, only the cluster CA exists).
-pub const REQUIRED_CONTROL_PLANE_FILES: [&str; 2] = ["ca.crt", "ca.key"];
 /// Largest control-plane file read.
 pub const MAX_CONTROL_PLANE_FILE_LEN: u64 = 1024 * 1024;
 /// How long a metadata listing is reused.
 pub const METADATA_CACHE_TTL: Duration = Duration::from_secs(1);
-/// Port of the API server in `api_server_endpoint`.
-pub const API_SERVER_PORT: u16 = 6443;
 
 /// Configuration of a [`JoinService`].
 #[derive(Debug, Clone)]
@@ -152,7 +140,9 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
         &self.inner.state
     }
 
-    fn peer<'a>(&self, peer: &'a VerifiedPeer) -> Result<Peer<'a>, JoinError> {
+    /// The attested peer of a request, if it is within its request rate.
+    fn peer<'a>(&self, peer: Option<&'a VerifiedPeer>) -> Result<Peer<'a>, JoinError> {
+        let peer = peer.ok_or(JoinError::NotAttested)?;
         let ip = peer
             .remote_addr()
             .map(|a| a.ip().to_canonical())
@@ -235,47 +225,22 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
             .await
     }
 
-    /// `IssueJoinTicket` (REFERENCE §6.2), with the authorization checks of
-    /// docs/join-service.md in their order.
-    pub async fn issue_join_ticket(
-        &self,
-        verified: &VerifiedPeer,
-        req: IssueJoinTicketRequest,
-    ) -> Result<IssueJoinTicketResponse, JoinError> {
-        let peer = self.peer(verified)?;
-
-        // Decode: anything malformed is the caller's mistake.
-        let disk = DiskUuid::parse(&req.disk_uuid).map_err(|e| JoinError::Invalid {
-            field: "disk_uuid",
-            detail: e.to_string(),
-        })?;
-        let csr = KubeletCsr::parse(&req.certificate_request).map_err(|e| JoinError::Invalid {
-            field: "certificate_request",
-            detail: e.to_string(),
-        })?;
-        let host_key =
-            parse_wire_public_key(&req.host_public_key).map_err(|e| JoinError::Invalid {
-                field: "host_public_key",
-                detail: e.to_string(),
-            })?;
-        let principals = if req.host_certificate_principals.is_empty() {
-            // The original falls back to "ip:port", which is no host name (REFERENCE §14
-            // item 15); the address alone is.
-            vec![peer.ip.to_string()]
-        } else {
-            req.host_certificate_principals
-        };
-        // The principal list's shape (count, length, characters) is the CA's to check, and
-        // a malformed list is the caller's mistake whoever the caller is.
-        if let Err(e) = asterism_pki::check_principals(&principals) {
-            return Err(JoinError::Invalid {
-                field: "host_certificate_principals",
-                detail: e.to_string(),
-            });
-        }
+    /// A join ticket for `req` (`IssueJoinTicket`, docs/join-service.md), with the
+    /// authorization checks of docs/join-service.md in their order.
+    async fn join(&self, peer: &Peer<'_>, req: JoinRequest) -> Result<JoinTicket<'_>, JoinError> {
+        let JoinRequest {
+            disk,
+            csr,
+            host_key,
+            principals,
+            role,
+        } = req;
+        // The original falls back to "ip:port", which is no host name; the address alone
+        // is.
+        let principals = principals.unwrap_or_else(|| vec![peer.ip.to_string()]);
 
         // Who is it? The metadata, by source address, decides; attestation alone does not
-        // (REFERENCE §14 item 3).
+        // (attestation proves what a node runs, not which node it is).
         let instance = self.identify(peer.ip).await?;
         if csr.node_name() != instance.name {
             return Err(JoinError::Denied {
@@ -301,18 +266,15 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
                 ),
             });
         }
-        let wants_cp = req.is_control_plane;
-        let role_ok = match instance.role {
-            Role::ControlPlane => wants_cp,
-            Role::Worker => !wants_cp,
-            Role::Unknown => false,
-        };
-        if !role_ok {
+        // An unknown role in the metadata matches no request.
+        if instance.role == Role::Unknown || role != instance.role {
             return Err(JoinError::Denied {
                 reason: DenyReason::RoleMismatch,
                 detail: format!(
-                    "is_control_plane is {wants_cp}, but {} has role {}",
-                    instance.name, instance.role
+                    "is_control_plane is {}, but {} has role {}",
+                    role == Role::ControlPlane,
+                    instance.name,
+                    instance.role
                 ),
             });
         }
@@ -348,7 +310,7 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
         let (cluster_keys, disk_key) =
             futures::try_join!(self.cluster_keys(), self.key(KeyId::Disk(disk.clone())),)?;
         let now = SystemTime::now();
-        let host_cert = cluster_keys
+        let host_certificate = cluster_keys
             .ssh_ca
             .sign_host_certificate(&host_key, &principals, now)
             .and_then(|c| c.to_authorized_keys_line())
@@ -364,7 +326,7 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
             .ca
             .sign_kubelet(&csr, now)
             .map_err(|e| JoinError::internal("signing the kubelet certificate", e))?;
-        let control_plane_files = if wants_cp {
+        let control_plane_files = if role == Role::ControlPlane {
             self.control_plane_files().await?
         } else {
             Vec::new()
@@ -382,7 +344,8 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
                 now,
             })
             .await
-            .map_err(state_error)?;
+            .map_err(state_error)?
+            .token;
 
         tracing::info!(
             node = %instance.name,
@@ -394,42 +357,34 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
             control_plane_files = control_plane_files.len(),
             "node joined: issued a join ticket"
         );
-        Ok(IssueJoinTicketResponse {
-            state_disk_key: disk_key.expose_secret().to_vec(),
-            measurement_salt: self.inner.config.measurement_salt.clone(),
-            measurement_secret: cluster_keys.measurement_secret.expose_secret().to_vec(),
-            // The leaf, then the cluster CA: a worker receives no ca.crt, and checks the
-            // leaf against the CA the discovery hash names before it uses the ticket.
-            kubelet_cert: format!("{kubelet_cert}{}", self.inner.ca.cert_pem()).into_bytes(),
-            api_server_endpoint: std::net::SocketAddr::new(
+        Ok(JoinTicket {
+            disk_key,
+            measurement_salt: &self.inner.config.measurement_salt,
+            measurement_secret: &cluster_keys.measurement_secret,
+            kubelet_cert_chain: format!("{kubelet_cert}{}", self.inner.ca.cert_pem()),
+            api_server_endpoint: SocketAddr::new(
                 self.inner.config.api_server_host,
                 API_SERVER_PORT,
-            )
-            .to_string(),
-            token: token.expose_secret().to_owned(),
-            discovery_token_ca_cert_hash: self.inner.discovery_hash.clone(),
+            ),
+            token,
+            discovery_hash: &self.inner.discovery_hash,
             control_plane_files,
-            kubernetes_version: String::new(),
-            kubernetes_components: Vec::new(),
-            authorized_ca_public_key: cluster_keys.ssh_ca_line.clone(),
-            host_certificate: host_cert.into_bytes(),
+            ssh_ca_line: &cluster_keys.ssh_ca_line,
+            host_certificate,
         })
     }
 
-    /// `IssueRejoinTicket` (REFERENCE §6.3): the disk key and the measurement secret, for a
-    /// node of the metadata whose disk is bound to its attestation key. An unbound disk is
-    /// refused: a disk is bound when its node first receives its key (its join ticket, or
-    /// init for the first node), so an unbound one was never this cluster's to hand out.
-    pub async fn issue_rejoin_ticket(
+    /// A rejoin ticket for `req` (`IssueRejoinTicket`): the disk key and the measurement
+    /// secret, for a node of the metadata whose disk is bound to its attestation key. An
+    /// unbound disk is refused: a disk is bound when its node first receives its key (its
+    /// join ticket, or init for the first node), so an unbound one was never this
+    /// cluster's to hand out.
+    async fn rejoin(
         &self,
-        verified: &VerifiedPeer,
-        req: IssueRejoinTicketRequest,
-    ) -> Result<IssueRejoinTicketResponse, JoinError> {
-        let peer = self.peer(verified)?;
-        let disk = DiskUuid::parse(&req.disk_uuid).map_err(|e| JoinError::Invalid {
-            field: "disk_uuid",
-            detail: e.to_string(),
-        })?;
+        peer: &Peer<'_>,
+        req: RejoinRequest,
+    ) -> Result<RejoinTicket<'_>, JoinError> {
+        let RejoinRequest { disk } = req;
         let instance = self.identify(peer.ip).await?;
         self.inner
             .state
@@ -439,9 +394,9 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
         let (cluster_keys, disk_key) =
             futures::try_join!(self.cluster_keys(), self.key(KeyId::Disk(disk.clone())),)?;
         tracing::info!(node = %instance.name, peer = %peer.ip, ak = peer.ak, disk = %disk, "issued a rejoin ticket");
-        Ok(IssueRejoinTicketResponse {
-            state_disk_key: disk_key.expose_secret().to_vec(),
-            measurement_secret: cluster_keys.measurement_secret.expose_secret().to_vec(),
+        Ok(RejoinTicket {
+            disk_key,
+            measurement_secret: &cluster_keys.measurement_secret,
         })
     }
 
@@ -479,16 +434,16 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
         Ok(member)
     }
 
-    async fn control_plane_files(&self) -> Result<Vec<ControlPlaneCertOrKey>, JoinError> {
+    async fn control_plane_files(&self) -> Result<Vec<ControlPlaneFile>, JoinError> {
         let dir = self.inner.config.pki_dir.clone();
         tokio::task::spawn_blocking(move || {
             let mut out = Vec::new();
             for name in CONTROL_PLANE_FILES {
                 let path = dir.join(name);
                 match read_capped(&path) {
-                    Ok(data) => out.push(ControlPlaneCertOrKey {
-                        name: name.to_owned(),
-                        data,
+                    Ok(data) => out.push(ControlPlaneFile {
+                        name,
+                        data: Zeroizing::new(data),
                     }),
                     Err(e)
                         if e.kind() == std::io::ErrorKind::NotFound
@@ -618,12 +573,17 @@ where
         request: Request<IssueJoinTicketRequest>,
     ) -> Result<Response<IssueJoinTicketResponse>, Status> {
         let started = Instant::now();
-        let peer = asterism_atls::verified_peer(&request).ok().cloned();
-        let who = describe(peer.as_ref());
-        let result = match &peer {
-            Some(p) => JoinService::issue_join_ticket(self, p, request.into_inner()).await,
-            None => Err(JoinError::NotAttested),
-        };
+        let verified = asterism_atls::verified_peer(&request).ok().cloned();
+        let who = describe(verified.as_ref());
+        let result = async {
+            // Attested and within its rate first: a malformed request counts too.
+            let peer = self.peer(verified.as_ref())?;
+            let req = JoinRequest::try_from(request.into_inner())?;
+            self.join(&peer, req)
+                .await
+                .map(IssueJoinTicketResponse::from)
+        }
+        .await;
         self.finish("join", who, started, result)
     }
 
@@ -632,12 +592,16 @@ where
         request: Request<IssueRejoinTicketRequest>,
     ) -> Result<Response<IssueRejoinTicketResponse>, Status> {
         let started = Instant::now();
-        let peer = asterism_atls::verified_peer(&request).ok().cloned();
-        let who = describe(peer.as_ref());
-        let result = match &peer {
-            Some(p) => JoinService::issue_rejoin_ticket(self, p, request.into_inner()).await,
-            None => Err(JoinError::NotAttested),
-        };
+        let verified = asterism_atls::verified_peer(&request).ok().cloned();
+        let who = describe(verified.as_ref());
+        let result = async {
+            let peer = self.peer(verified.as_ref())?;
+            let req = RejoinRequest::try_from(request.into_inner())?;
+            self.rejoin(&peer, req)
+                .await
+                .map(IssueRejoinTicketResponse::from)
+        }
+        .await;
         self.finish("rejoin", who, started, result)
     }
 }
@@ -646,8 +610,8 @@ where
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::keys::{KeyServiceAddress, KeyServiceClient};
     use crate::state::RedbState;
+    use asterism_kms::{KeyServiceAddress, KeyServiceClient};
     use asterism_metadata::MetadataError;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -761,8 +725,8 @@ mod tests {
         let pki = tempfile::tempdir().unwrap();
         let state = tempfile::tempdir().unwrap();
         let s = service(Arc::default(), pki.path(), state.path());
-        let names = |files: &[ControlPlaneCertOrKey]| -> Vec<String> {
-            files.iter().map(|f| f.name.clone()).collect()
+        let names = |files: &[ControlPlaneFile]| -> Vec<&'static str> {
+            files.iter().map(|f| f.name).collect()
         };
 
         // Nothing there: the CA files are missing.

@@ -2,8 +2,8 @@
 //! [`ClusterState`] trait. The default implementation, [`RedbState`], keeps them in an
 //! embedded database file (redb) so they survive restarts.
 
+use asterism_cluster::{BootstrapToken, ExpiringToken, Role};
 use asterism_kms::DiskUuid;
-use asterism_metadata::Role;
 use redb::{Database, ReadableDatabase as _, ReadableTable as _, TableDefinition};
 use ring::rand::{SecureRandom, SystemRandom};
 use serde::{Deserialize, Serialize};
@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, oneshot};
 use zeroize::Zeroizing;
 
-/// How long a minted bootstrap token is valid (REFERENCE §6.4).
+/// How long a minted bootstrap token is valid (15 min, as the original's join service).
 pub const TOKEN_TTL: Duration = Duration::from_secs(15 * 60);
 /// A stored token is handed out again while it has at least this long left.
 pub const TOKEN_MIN_REMAINING: Duration = Duration::from_secs(5 * 60);
@@ -66,88 +66,13 @@ fn store<E: std::fmt::Display>(e: E) -> StateError {
     StateError::Store(e.to_string())
 }
 
-/// A kubeadm bootstrap token `[a-z0-9]{6}.[a-z0-9]{16}`. Secret: not `Clone`, redacted
-/// `Debug`, wiped on drop.
-pub struct BootstrapToken {
-    token: Zeroizing<String>,
-    expires: SystemTime,
-}
-
-impl BootstrapToken {
-    /// Mints a random token expiring at `expires`.
-    pub fn generate(expires: SystemTime) -> Result<Self, StateError> {
-        const ALPHABET: &[u8; 36] = b"abcdefghijklmnopqrstuvwxyz0123456789";
-        let rng = SystemRandom::new();
-        let mut out = Zeroizing::new(String::with_capacity(23));
-        let mut buf = [0u8; 64];
-        while out.len() < 23 {
-            rng.fill(&mut buf)
-                .map_err(|_| StateError::Store("no randomness".into()))?;
-            for b in buf {
-                if out.len() == 6 {
-                    out.push('.');
-                }
-                // Rejection sampling keeps the 36 characters uniform.
-                if let Some(c) = ALPHABET
-                    .get(usize::from(b % 36))
-                    .filter(|_| b < 252 && out.len() < 23)
-                {
-                    out.push(char::from(*c));
-                }
-            }
-        }
-        buf.fill(0);
-        Ok(Self {
-            token: out,
-            expires,
-        })
-    }
-
-    /// A token from its text `id.secret` (another store's), which must have the kubeadm
-    /// format.
-    pub fn parse(token: &str, expires: SystemTime) -> Result<Self, StateError> {
-        let well_formed = token.len() == 23
-            && token.bytes().enumerate().all(|(i, b)| {
-                if i == 6 {
-                    b == b'.'
-                } else {
-                    b.is_ascii_lowercase() || b.is_ascii_digit()
-                }
-            });
-        if !well_formed {
-            return Err(StateError::Store(
-                "a stored bootstrap token is not of the form [a-z0-9]{6}.[a-z0-9]{16}".into(),
-            ));
-        }
-        Ok(Self {
-            token: Zeroizing::new(token.to_owned()),
-            expires,
-        })
-    }
-
-    /// The token text (`id.secret`). Keep it out of logs.
-    pub fn expose_secret(&self) -> &str {
-        &self.token
-    }
-
-    /// The token ID (the public part before the dot).
-    pub fn id(&self) -> &str {
-        self.token.split('.').next().unwrap_or_default()
-    }
-
-    /// When the token expires.
-    pub fn expires(&self) -> SystemTime {
-        self.expires
-    }
-}
-
-impl std::fmt::Debug for BootstrapToken {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BootstrapToken")
-            .field("id", &self.id())
-            .field("expires", &self.expires)
-            .finish_non_exhaustive()
-    }
+/// A new random bootstrap token.
+fn generate_token() -> Result<BootstrapToken, StateError> {
+    let rng = SystemRandom::new();
+    BootstrapToken::generate(|buf| {
+        rng.fill(buf)
+            .map_err(|_| StateError::Store("no randomness".into()))
+    })
 }
 
 /// A node admitted to the cluster.
@@ -273,7 +198,7 @@ pub trait ClusterState: Send + Sync + 'static {
     fn admit(
         &self,
         admission: Admission,
-    ) -> impl Future<Output = Result<BootstrapToken, StateError>> + Send;
+    ) -> impl Future<Output = Result<ExpiringToken, StateError>> + Send;
 
     /// All members, by name.
     fn members(&self) -> impl Future<Output = Result<Vec<Member>, StateError>> + Send;
@@ -544,7 +469,7 @@ fn put_member(table: &mut redb::Table<&str, &[u8]>, member: &Member) -> Result<(
 
 /// The admission of `a` in an open transaction: the member's key and the disk binding
 /// first (a refusal writes nothing), then the member, then the token.
-fn admit_in(t: &mut Tables<'_>, a: &Admission) -> Result<BootstrapToken, StateError> {
+fn admit_in(t: &mut Tables<'_>, a: &Admission) -> Result<ExpiringToken, StateError> {
     let now = unix(a.now);
     let previous = member_in(&t.members, &a.name)?;
     if let Some(p) = previous.as_ref().filter(|p| !p.accepts(&a.ak)) {
@@ -600,13 +525,13 @@ fn admit_in(t: &mut Tables<'_>, a: &Admission) -> Result<BootstrapToken, StateEr
         t.tokens.remove(k.as_str()).map_err(store)?;
     }
     Ok(match reusable {
-        Some((token, expires)) => BootstrapToken {
-            token,
+        Some((token, expires)) => ExpiringToken {
+            token: BootstrapToken::new(token).map_err(store)?,
             expires: UNIX_EPOCH + Duration::from_secs(expires),
         },
         None => {
             let expires = now.saturating_add(TOKEN_TTL.as_secs());
-            let token = BootstrapToken::generate(UNIX_EPOCH + Duration::from_secs(expires))?;
+            let token = generate_token()?;
             let record = Zeroizing::new(
                 serde_json::to_vec(&TokenRecord {
                     token: token.expose_secret().to_owned(),
@@ -622,7 +547,10 @@ fn admit_in(t: &mut Tables<'_>, a: &Admission) -> Result<BootstrapToken, StateEr
                 expires_in_secs = TOKEN_TTL.as_secs(),
                 "minted a bootstrap token"
             );
-            token
+            ExpiringToken {
+                token,
+                expires: UNIX_EPOCH + Duration::from_secs(expires),
+            }
         }
     })
 }
@@ -730,7 +658,7 @@ impl ClusterState for RedbState {
         .await
     }
 
-    async fn admit(&self, a: Admission) -> Result<BootstrapToken, StateError> {
+    async fn admit(&self, a: Admission) -> Result<ExpiringToken, StateError> {
         self.write(move |t| admit_in(t, &a)).await
     }
 
@@ -768,34 +696,10 @@ mod tests {
     const D2: &str = "22222222-2222-2222-2222-222222222222";
 
     #[test]
-    fn tokens_have_the_kubeadm_format() {
+    fn minted_tokens_have_the_kubeadm_format() {
         for _ in 0..100 {
-            let t = BootstrapToken::generate(SystemTime::now()).unwrap();
-            let s = t.expose_secret();
-            let (id, secret) = s.split_once('.').unwrap();
-            assert_eq!((id.len(), secret.len()), (6, 16), "{s}");
-            assert!(
-                id.bytes()
-                    .chain(secret.bytes())
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-            );
-            assert!(!format!("{t:?}").contains(secret));
-        }
-    }
-
-    #[test]
-    fn parsed_tokens_must_have_the_kubeadm_format() {
-        let t = BootstrapToken::parse("abcdef.0123456789abcdef", SystemTime::UNIX_EPOCH).unwrap();
-        assert_eq!(t.id(), "abcdef");
-        for bad in [
-            "abcdef0123456789abcdef",
-            "abcdef.0123456789ABCDEF",
-            "abc.def",
-        ] {
-            assert!(
-                BootstrapToken::parse(bad, SystemTime::UNIX_EPOCH).is_err(),
-                "{bad}"
-            );
+            let t = generate_token().unwrap();
+            assert!(asterism_cluster::is_bootstrap_token(t.expose_secret()));
         }
     }
 
@@ -959,8 +863,8 @@ mod tests {
             .admit(admission("b", "ak-b", D2, t0 + Duration::from_secs(9 * 60)))
             .await
             .unwrap();
-        assert_eq!(a.expose_secret(), b.expose_secret());
-        assert_eq!(a.expires(), t0 + TOKEN_TTL);
+        assert_eq!(a.token.expose_secret(), b.token.expose_secret());
+        assert_eq!(a.expires, t0 + TOKEN_TTL);
         // 10 min 1 s later the token has less than 5 min left: a new one.
         let c = s
             .admit(admission(
@@ -971,7 +875,7 @@ mod tests {
             ))
             .await
             .unwrap();
-        assert_ne!(a.expose_secret(), c.expose_secret());
+        assert_ne!(a.token.expose_secret(), c.token.expose_secret());
     }
 
     fn pending<T: Send + 'static>(
@@ -1017,8 +921,8 @@ mod tests {
         ));
         let tc = rc.await.unwrap().unwrap();
         assert_eq!(
-            ta.expose_secret(),
-            tc.expose_secret(),
+            ta.token.expose_secret(),
+            tc.token.expose_secret(),
             "one token per burst"
         );
 
@@ -1072,7 +976,7 @@ mod tests {
                     tokio::spawn(async move {
                         s.admit(admission(&format!("n{i}"), &format!("ak-{i}"), &disk, now))
                             .await
-                            .map(|t| t.expose_secret().to_owned())
+                            .map(|t| t.token.expose_secret().to_owned())
                     })
                 })
                 .collect();
@@ -1098,6 +1002,7 @@ mod tests {
             s.admit(admission("n", "ak-a", D1, now + Duration::from_secs(5)))
                 .await
                 .unwrap()
+                .token
                 .expose_secret()
                 .to_owned()
         };
@@ -1111,7 +1016,7 @@ mod tests {
             .admit(admission("m", "ak-b", D2, now + Duration::from_secs(6)))
             .await
             .unwrap();
-        assert_eq!(again.expose_secret(), token);
+        assert_eq!(again.token.expose_secret(), token);
         use std::os::unix::fs::PermissionsExt as _;
         let mode = std::fs::metadata(dir.path().join(RedbState::FILE_NAME))
             .unwrap()

@@ -414,8 +414,7 @@ async fn a_key_service_that_starts_late_serves_the_next_request_with_the_cluster
     .unwrap_err();
     assert_eq!(err.code(), Code::Unavailable, "{err:?}");
 
-    let ks = asterism_key_service::Listen::Unix(socket)
-        .bind()
+    let ks = asterism_key_service::Listener::bind(&asterism_kms::KeyServiceAddress::Unix(socket))
         .await
         .unwrap();
     let serving = tokio::spawn(async move {
@@ -453,7 +452,7 @@ async fn a_key_service_that_starts_late_serves_the_next_request_with_the_cluster
 async fn a_burst_of_key_requests_on_a_fresh_connection_is_not_refused() {
     // More calls at once than the key service takes per connection, before its HTTP/2
     // settings have arrived.
-    use asterism_join_service::{KeyServiceAddress, KeyServiceClient, KeySource};
+    use asterism_join_service::{KeyServiceAddress, KeyServiceClient};
     let cluster = Cluster::start().await;
     let client =
         KeyServiceClient::new(&KeyServiceAddress::Unix(cluster.key_socket.clone())).unwrap();

@@ -3,7 +3,8 @@
 //! reports its health over `grpc.health.v1.Health`.
 //!
 //! The library holds everything but argument parsing: the gRPC handler ([`KeyService`]),
-//! [`serve`] over any stream of connections, binding of plaintext listeners ([`Listen`]),
+//! [`serve`] over any stream of connections, binding of plaintext listeners ([`Listener::bind`] on an
+//! [`asterism_kms::KeyServiceAddress`]),
 //! and reading of the secret files ([`read_secret_file`]).
 //!
 //! It must never log, return or keep a copy of key material, and it must never serve
@@ -31,7 +32,7 @@ mod secret_file;
 mod serve;
 mod service;
 
-pub use listen::{BindError, Listen, ListenError, Listener, SocketFile};
+pub use listen::{BindError, Listener, SocketFile};
 pub use secret_file::{MAX_SECRET_FILE_LEN, SecretFileError, read_secret_file};
 pub use serve::{BoxError, Limits, ServeError, serve, serve_with_limits};
 pub use service::{DataKeyRequest, KeyService, MAX_KEY_LEN, RequestError};

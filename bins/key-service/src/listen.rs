@@ -1,80 +1,23 @@
 //! Where the service listens, and binding it safely.
 //!
 //! The service speaks plaintext gRPC, so it may only listen where the operating system
-//! decides who can connect: a Unix socket (mode 0600) or a loopback address. Serving
-//! other addresses needs the attested-TLS mode, which will arrive as a further variant of
-//! [`Listen`]; until then such addresses are refused.
+//! decides who can connect: a Unix socket (mode 0600) or a loopback address, as
+//! [`KeyServiceAddress`] (the one address type of the service and its clients) allows.
 
-use std::fmt;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use asterism_kms::KeyServiceAddress;
 use futures::StreamExt;
 use tokio::net::{TcpListener, UnixListener};
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 
 use crate::serve::{Limits, ServeError, serve_with_limits};
 use crate::service::KeyService;
-
-/// A listen address for the plaintext service.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Listen {
-    /// `unix:/path/to.sock`: a Unix socket created with mode 0600.
-    Unix(PathBuf),
-    /// `127.0.0.1:PORT`, `[::1]:PORT` (any loopback address; port 0 picks a free port).
-    Tcp(SocketAddr),
-}
-
-/// Why a listen address was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ListenError {
-    /// Neither `unix:/path` nor `IP:PORT`.
-    #[error("`{0}` is neither `unix:/path/to.sock` nor an IP address with a port")]
-    Syntax(String),
-    /// `unix:` without a path.
-    #[error("the Unix socket path is empty")]
-    EmptyPath,
-    /// Plaintext on a non-loopback address.
-    #[error(
-        "refusing to serve plaintext gRPC on {0}: only a Unix socket or a loopback address \
-         (127.0.0.0/8, [::1]) may be used until the attested-TLS mode exists (see docs/atls.md)"
-    )]
-    NotLoopback(SocketAddr),
-}
-
-impl FromStr for Listen {
-    type Err = ListenError;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        if let Some(path) = text.strip_prefix("unix:") {
-            if path.is_empty() {
-                return Err(ListenError::EmptyPath);
-            }
-            return Ok(Self::Unix(PathBuf::from(path)));
-        }
-        let addr: SocketAddr = text
-            .parse()
-            .map_err(|_| ListenError::Syntax(text.to_owned()))?;
-        if !addr.ip().is_loopback() {
-            return Err(ListenError::NotLoopback(addr));
-        }
-        Ok(Self::Tcp(addr))
-    }
-}
-
-impl fmt::Display for Listen {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Unix(path) => write!(f, "unix:{}", path.display()),
-            Self::Tcp(addr) => write!(f, "{addr}"),
-        }
-    }
-}
 
 /// Why binding failed.
 #[derive(Debug, thiserror::Error)]
@@ -133,15 +76,15 @@ pub enum Listener {
     Tcp(TcpListener),
 }
 
-impl Listen {
-    /// Binds the address. A Unix socket is created with mode 0600 (it is bound inside a
+impl Listener {
+    /// Binds `address`. A Unix socket is created with mode 0600 (it is bound inside a
     /// fresh 0700 directory, restricted and then moved into place, so it is never reachable
     /// with wider permissions); a stale socket at the path is replaced, anything else there
     /// is left alone and reported.
-    pub async fn bind(&self) -> Result<Listener, BindError> {
-        match self {
-            Self::Unix(path) => bind_unix(path),
-            Self::Tcp(addr) => {
+    pub async fn bind(address: &KeyServiceAddress) -> Result<Listener, BindError> {
+        match address {
+            KeyServiceAddress::Unix(path) => bind_unix(path),
+            KeyServiceAddress::Tcp(addr) => {
                 let listener = TcpListener::bind(addr)
                     .await
                     .map_err(|source| BindError::Tcp {
@@ -152,15 +95,13 @@ impl Listen {
             }
         }
     }
-}
 
-impl Listener {
     /// Where the listener listens, for logs and clients (`unix:/path` or `IP:PORT`, with
     /// the actual port when port 0 was asked for).
-    pub fn local_addr(&self) -> io::Result<Listen> {
+    pub fn local_addr(&self) -> io::Result<KeyServiceAddress> {
         match self {
-            Self::Unix { socket, .. } => Ok(Listen::Unix(socket.path.clone())),
-            Self::Tcp(listener) => listener.local_addr().map(Listen::Tcp),
+            Self::Unix { socket, .. } => Ok(KeyServiceAddress::Unix(socket.path.clone())),
+            Self::Tcp(listener) => listener.local_addr().map(KeyServiceAddress::Tcp),
         }
     }
 
@@ -285,50 +226,4 @@ fn remove_stale_socket(path: &Path) -> Result<(), BindError> {
     }
     tracing::info!(path = %path.display(), "removing a stale socket");
     std::fs::remove_file(path).map_err(io_err("remove the stale socket", path))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn loopback_and_unix_addresses_are_accepted() {
-        assert_eq!(
-            "unix:/run/ks.sock".parse::<Listen>(),
-            Ok(Listen::Unix(PathBuf::from("/run/ks.sock")))
-        );
-        for addr in ["127.0.0.1:9000", "127.1.2.3:0", "[::1]:9000"] {
-            assert_eq!(
-                addr.parse::<Listen>(),
-                Ok(Listen::Tcp(addr.parse().unwrap()))
-            );
-        }
-    }
-
-    #[test]
-    fn non_loopback_addresses_are_refused_for_plaintext() {
-        for addr in [
-            "0.0.0.0:9000",
-            "10.0.0.1:9000",
-            "[::]:9000",
-            "192.168.1.1:1",
-        ] {
-            let err = addr.parse::<Listen>().unwrap_err();
-            assert_eq!(err, ListenError::NotLoopback(addr.parse().unwrap()));
-            assert!(err.to_string().contains("docs/atls.md"), "{err}");
-        }
-    }
-
-    #[test]
-    fn malformed_addresses_are_refused() {
-        assert_eq!("unix:".parse::<Listen>(), Err(ListenError::EmptyPath));
-        assert!(matches!(
-            "localhost:9000".parse::<Listen>(),
-            Err(ListenError::Syntax(_))
-        ));
-        assert!(matches!(
-            "127.0.0.1".parse::<Listen>(),
-            Err(ListenError::Syntax(_))
-        ));
-    }
 }

@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use asterism_key_service::{KeyService, Limits, Listen, read_secret_file};
+use asterism_key_service::{KeyService, Limits, Listener, read_secret_file};
+use asterism_kms::KeyServiceAddress;
 use asterism_kms::{ClusterKms, MasterSecret, Salt};
 use clap::{ArgAction, Parser, ValueEnum};
 use tokio::signal::unix::{SignalKind, signal};
@@ -29,7 +30,7 @@ struct Args {
     /// Where to listen for plaintext gRPC: `unix:/path/to.sock`, or a loopback `IP:PORT`
     /// such as `127.0.0.1:9000` or `[::1]:9000`. Other addresses are refused.
     #[arg(long, value_name = "ADDRESS", default_value = "127.0.0.1:9000")]
-    listen: Listen,
+    listen: KeyServiceAddress,
 
     /// Serve over attested TLS on this `IP:PORT` instead (any address): every client must
     /// present evidence that `--verify-clients` accepts before any request is read.
@@ -179,7 +180,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         tracing::info!("key service stopped");
         return Ok(());
     }
-    let listener = args.listen.bind().await?;
+    let listener = Listener::bind(&args.listen).await?;
     let address = listener
         .local_addr()
         .context("cannot read the bound address")?;

@@ -67,7 +67,7 @@ impl Default for Limits {
 }
 
 /// The largest response: a maximal key plus protobuf framing.
-const MAX_RESPONSE_SIZE: usize = MAX_KEY_LEN as usize + 64;
+const MAX_RESPONSE_SIZE: usize = MAX_KEY_LEN + 64;
 
 /// Why serving stopped with an error.
 #[derive(Debug, thiserror::Error)]

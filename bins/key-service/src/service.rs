@@ -8,8 +8,7 @@ use asterism_proto::kms::{GetDataKeyRequest, GetDataKeyResponse};
 use tonic::transport::server::UdsConnectInfo;
 use tonic::{Request, Response, Status};
 
-/// The longest data key the service hands out, in bytes.
-pub const MAX_KEY_LEN: u32 = 4096;
+pub use asterism_kms::MAX_KEY_LEN;
 
 /// Why a `GetDataKey` request was refused before any derivation.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -39,14 +38,12 @@ impl TryFrom<GetDataKeyRequest> for DataKeyRequest {
 
     /// Checks the length first and the ID second, as the original does.
     fn try_from(request: GetDataKeyRequest) -> Result<Self, Self::Error> {
-        if request.length == 0 || request.length > MAX_KEY_LEN {
-            return Err(RequestError::Length {
+        let len = usize::try_from(request.length)
+            .ok()
+            .filter(|len| (1..=MAX_KEY_LEN).contains(len))
+            .ok_or(RequestError::Length {
                 requested: request.length,
-            });
-        }
-        let len = usize::try_from(request.length).map_err(|_| RequestError::Length {
-            requested: request.length,
-        })?;
+            })?;
         let id = KeyId::parse(&request.data_key_id)?;
         Ok(Self { id, len })
     }
@@ -165,6 +162,7 @@ impl Api for KeyService {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     fn request(id: &str, length: u32) -> GetDataKeyRequest {
@@ -176,13 +174,14 @@ mod tests {
 
     #[test]
     fn lengths_outside_1_to_4096_are_refused() {
-        for length in [0, MAX_KEY_LEN + 1, u32::MAX] {
+        let max = u32::try_from(MAX_KEY_LEN).unwrap();
+        for length in [0, max + 1, u32::MAX] {
             assert_eq!(
                 DataKeyRequest::try_from(request("measurementSecret", length)),
                 Err(RequestError::Length { requested: length })
             );
         }
-        for length in [1, 32, MAX_KEY_LEN] {
+        for length in [1, 32, max] {
             assert!(DataKeyRequest::try_from(request("measurementSecret", length)).is_ok());
         }
     }

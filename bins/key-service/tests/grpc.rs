@@ -11,7 +11,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use asterism_key_service::{BindError, KeyService, Limits, Listen, Listener, MAX_KEY_LEN, serve};
+use asterism_key_service::{BindError, KeyService, Limits, Listener, MAX_KEY_LEN, serve};
+use asterism_kms::KeyServiceAddress;
 use asterism_kms::{ClusterKms, MasterSecret, Salt};
 use asterism_proto::kms::api_client::ApiClient;
 use common::*;
@@ -68,7 +69,9 @@ fn spawn(listener: Listener, limits: Limits) -> Running {
 
 async fn start_unix(dir: &Path, limits: Limits) -> (PathBuf, Running) {
     let path = dir.join("key-service.sock");
-    let listener = Listen::Unix(path.clone()).bind().await.unwrap();
+    let listener = Listener::bind(&KeyServiceAddress::Unix(path.clone()))
+        .await
+        .unwrap();
     (path, spawn(listener, limits))
 }
 
@@ -97,11 +100,10 @@ async fn unix_socket_serves_the_reference_keys() {
 
 #[tokio::test]
 async fn tcp_loopback_serves_the_reference_keys() {
-    let listener = Listen::Tcp("127.0.0.1:0".parse().unwrap())
-        .bind()
+    let listener = Listener::bind(&KeyServiceAddress::Tcp("127.0.0.1:0".parse().unwrap()))
         .await
         .unwrap();
-    let Listen::Tcp(addr) = listener.local_addr().unwrap() else {
+    let KeyServiceAddress::Tcp(addr) = listener.local_addr().unwrap() else {
         panic!("not TCP");
     };
     let server = spawn(listener, Limits::default());
@@ -232,10 +234,11 @@ async fn bad_requests_get_invalid_argument() {
     let (path, server) = start_unix(dir.path(), Limits::default()).await;
     let mut client = ApiClient::new(unix_channel(&path, TIMEOUT).await);
 
+    let max = u32::try_from(MAX_KEY_LEN).unwrap();
     for (id, length) in [
         ("", 32),
         ("measurementSecret", 0),
-        ("measurementSecret", MAX_KEY_LEN + 1),
+        ("measurementSecret", max + 1),
         ("", 0),
         ("has space", 32),
     ] {
@@ -258,7 +261,7 @@ async fn bad_requests_get_invalid_argument() {
             .len(),
         1
     );
-    let long = get_key(&mut client, "measurementSecret", MAX_KEY_LEN)
+    let long = get_key(&mut client, "measurementSecret", max)
         .await
         .unwrap();
     assert_eq!(long.len(), 4096);
@@ -332,7 +335,9 @@ async fn stale_socket_is_replaced() {
     // A socket whose server is gone.
     drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
     assert!(path.exists());
-    let listener = Listen::Unix(path.clone()).bind().await.unwrap();
+    let listener = Listener::bind(&KeyServiceAddress::Unix(path.clone()))
+        .await
+        .unwrap();
     let server = spawn(listener, Limits::default());
     let mut client = ApiClient::new(unix_channel(&path, TIMEOUT).await);
     assert_eq!(
@@ -348,7 +353,9 @@ async fn a_file_that_is_not_a_socket_is_never_replaced() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("key-service.sock");
     std::fs::write(&path, b"precious").unwrap();
-    let err = Listen::Unix(path.clone()).bind().await.unwrap_err();
+    let err = Listener::bind(&KeyServiceAddress::Unix(path.clone()))
+        .await
+        .unwrap_err();
     assert!(matches!(err, BindError::NotASocket(_)), "{err}");
     assert_eq!(std::fs::read(&path).unwrap(), b"precious");
 }
@@ -357,7 +364,9 @@ async fn a_file_that_is_not_a_socket_is_never_replaced() {
 async fn a_live_socket_is_never_taken_over() {
     let dir = tempfile::tempdir().unwrap();
     let (path, server) = start_unix(dir.path(), Limits::default()).await;
-    let err = Listen::Unix(path.clone()).bind().await.unwrap_err();
+    let err = Listener::bind(&KeyServiceAddress::Unix(path.clone()))
+        .await
+        .unwrap_err();
     assert!(matches!(err, BindError::InUse(_)), "{err}");
     // The first server still answers.
     let mut client = ApiClient::new(unix_channel(&path, TIMEOUT).await);

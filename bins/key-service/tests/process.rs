@@ -157,7 +157,7 @@ fn refuses_to_serve_plaintext_on_a_non_loopback_address() {
     for listen in ["0.0.0.0:0", "[::]:0"] {
         let (status, stderr) = run_to_exit(command(&s.master_secret, &s.salt, listen));
         assert!(!status.success(), "{listen}: {stderr}");
-        assert!(stderr.contains("refusing to serve plaintext"), "{stderr}");
+        assert!(stderr.contains("refusing plaintext gRPC"), "{stderr}");
     }
 }
 

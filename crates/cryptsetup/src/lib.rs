@@ -192,19 +192,26 @@ fn message_text(message: &Option<String>) -> String {
         .unwrap_or_default()
 }
 
-/// How a keyslot's passphrase is stretched: argon2id with fixed or benchmarked costs.
+/// How a keyslot's passphrase is stretched: argon2id with fixed or benchmarked costs, the
+/// one definition for the library and the cryptsetup program alike.
+///
+/// The passphrases Asterism handles are 32 uniformly random bytes (a generated initial
+/// passphrase or an HKDF-derived disk key), so the PBKDF is not what stops a guessing attack;
+/// it only sets the cost of every unlock. Cheap forced parameters are therefore acceptable in
+/// tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pbkdf {
-    /// The library benchmarks the machine for a cost that takes `time_ms`.
+    /// cryptsetup benchmarks the machine and picks the iteration count that takes
+    /// `time_ms`, within the given memory and thread limits.
     Argon2idBenchmarked {
-        /// Target time in milliseconds.
+        /// Target unlock time in milliseconds (the program's `--iter-time`).
         time_ms: u32,
-        /// Maximum memory in KiB.
+        /// Maximum memory in KiB (`--pbkdf-memory`).
         max_memory_kib: u32,
-        /// Parallel threads.
+        /// Parallel threads (`--pbkdf-parallel`; cryptsetup caps it at the online CPUs).
         parallel: u32,
     },
-    /// Fixed costs, no benchmark.
+    /// Fixed costs, no benchmark (`--pbkdf-force-iterations`).
     Argon2idForced {
         /// Iterations (argon2 time cost).
         iterations: u32,
@@ -213,6 +220,64 @@ pub enum Pbkdf {
         /// Parallel threads.
         parallel: u32,
     },
+}
+
+/// PBKDF costs cryptsetup would refuse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("invalid PBKDF parameters: {reason}")]
+pub struct InvalidPbkdf {
+    /// Which limit is broken.
+    pub reason: &'static str,
+}
+
+impl Pbkdf {
+    /// The original's parameters: argon2id, target 2000 ms, at most 64 MiB, 4 threads.
+    pub const SPEC: Self = Self::Argon2idBenchmarked {
+        time_ms: 2000,
+        max_memory_kib: 65536,
+        parallel: 4,
+    };
+
+    /// The cheapest parameters cryptsetup accepts (4 iterations, 32 KiB, 1 thread), for tests.
+    pub const FAST_FOR_TESTS: Self = Self::Argon2idForced {
+        iterations: 4,
+        memory_kib: 32,
+        parallel: 1,
+    };
+
+    /// Checks the costs against cryptsetup's own limits: argon2 needs a time cost of at
+    /// least 1, at least 32 KiB and at most 4 GiB of memory, and 1 to 4 threads.
+    pub fn validate(&self) -> Result<(), InvalidPbkdf> {
+        let (time, memory, parallel) = match *self {
+            Self::Argon2idBenchmarked {
+                time_ms,
+                max_memory_kib,
+                parallel,
+            } => (time_ms, max_memory_kib, parallel),
+            Self::Argon2idForced {
+                iterations,
+                memory_kib,
+                parallel,
+            } => (iterations, memory_kib, parallel),
+        };
+        let refuse = |reason| Err(InvalidPbkdf { reason });
+        if time == 0 {
+            return refuse("the time cost must be at least 1");
+        }
+        if !(32..=4 * 1024 * 1024).contains(&memory) {
+            return refuse("the memory cost must be between 32 KiB and 4 GiB");
+        }
+        if !(1..=4).contains(&parallel) {
+            return refuse("the parallel cost must be between 1 and 4");
+        }
+        Ok(())
+    }
+}
+
+impl Default for Pbkdf {
+    fn default() -> Self {
+        Self::SPEC
+    }
 }
 
 impl Pbkdf {
@@ -581,11 +646,7 @@ mod tests {
 
     use super::*;
 
-    const FAST: Pbkdf = Pbkdf::Argon2idForced {
-        iterations: 4,
-        memory_kib: 32,
-        parallel: 1,
-    };
+    const FAST: Pbkdf = Pbkdf::FAST_FOR_TESTS;
 
     fn image() -> (tempfile::TempDir, std::path::PathBuf) {
         let dir = tempfile::tempdir().unwrap();

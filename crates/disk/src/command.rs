@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use asterism_kms::DataKey;
 use zeroize::Zeroizing;
 
-use crate::config::Pbkdf;
+use crate::config::{Pbkdf, pbkdf_args};
 use crate::header::KeySlot;
 
 /// The most output kept from one stream of one invocation; the rest is read and dropped.
@@ -126,8 +126,8 @@ impl fmt::Debug for Invocation {
     }
 }
 
-/// What the device-mapper activation passes to the kernel (no read and no
-/// write workqueue, as in the original).
+/// What the device-mapper activation passes to the kernel, as the original does: no read
+/// and no write workqueue.
 const ACTIVATION_FLAGS: [&str; 2] = ["--perf-no_read_workqueue", "--perf-no_write_workqueue"];
 
 /// Builds cryptsetup command lines. Pure: nothing here touches the system.
@@ -209,7 +209,7 @@ impl CryptsetupCli {
         if let Some(bytes) = params.keyslots_area_bytes {
             inv.push(["--luks2-keyslots-size".to_owned(), bytes.to_string()]);
         }
-        inv.push(params.pbkdf.args());
+        inv.push(pbkdf_args(&params.pbkdf));
         inv.push_key_file(passphrase);
         inv.push_path(device);
         inv
@@ -294,7 +294,7 @@ impl CryptsetupCli {
     ) -> Invocation {
         let mut inv = self.start(Step::AddKey, &["luksAddKey"]);
         inv.push(["--new-key-slot".to_owned(), slot.to_string()]);
-        inv.push(pbkdf.args());
+        inv.push(pbkdf_args(pbkdf));
         inv.push([
             "--key-file".to_owned(),
             "-".to_owned(),

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// The mapper name of the state disk (REFERENCE §10.1): it is mapped at `/dev/mapper/state`.
+/// The mapper name of the state disk, as in the original: it is mapped at `/dev/mapper/state`.
 pub const DEFAULT_MAPPER_NAME: &str = "state";
 
 /// The bound on every cryptsetup invocation except a format that wipes integrity tags.
@@ -17,128 +17,50 @@ pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
 /// (the wipe writes every sector of the disk).
 pub const DEFAULT_WIPE_TIMEOUT: Duration = Duration::from_secs(2 * 60 * 60);
 
-/// How keyslot passphrases are stretched. Every variant is argon2id (REFERENCE §10.2).
-///
-/// The passphrases this crate handles are 32 uniformly random bytes (a generated initial
-/// passphrase or an HKDF-derived disk key), so the PBKDF is not what stops a guessing attack;
-/// it only sets the cost of every unlock. Cheap forced parameters are therefore acceptable in
-/// tests, and the validator only requires a well-formed argon2id keyslot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Pbkdf {
-    /// cryptsetup benchmarks the machine and picks the iteration count that takes
-    /// `iter_time_ms`, within the given memory and thread limits.
-    Argon2idBenchmarked {
-        /// Target unlock time in milliseconds (`--iter-time`).
-        iter_time_ms: u32,
-        /// Maximum memory in KiB (`--pbkdf-memory`).
-        max_memory_kib: u32,
-        /// Parallel threads (`--pbkdf-parallel`; cryptsetup caps it at the online CPUs).
-        parallel: u32,
-    },
-    /// Fixed costs, no benchmark (`--pbkdf-force-iterations`).
-    Argon2idForced {
-        /// Iterations (argon2 time cost).
-        iterations: u32,
-        /// Memory in KiB.
-        memory_kib: u32,
-        /// Parallel threads.
-        parallel: u32,
-    },
-}
+/// How keyslot passphrases are stretched: the one definition, cryptsetup's (every variant
+/// is argon2id). The validator of the header only requires a well-formed argon2id keyslot.
+pub use asterism_cryptsetup::Pbkdf;
 
-impl Pbkdf {
-    /// The original's parameters (REFERENCE §10.2): target 2000 ms, at most 64 MiB, 4 threads.
-    pub const SPEC: Self = Self::Argon2idBenchmarked {
-        iter_time_ms: 2000,
-        max_memory_kib: 65536,
-        parallel: 4,
-    };
-
-    /// The cheapest parameters cryptsetup accepts (4 iterations, 32 KiB, 1 thread), for tests.
-    pub const FAST_FOR_TESTS: Self = Self::Argon2idForced {
-        iterations: 4,
-        memory_kib: 32,
-        parallel: 1,
-    };
-
-    /// The cryptsetup options that select these parameters.
-    pub(crate) fn args(&self) -> Vec<String> {
-        let mut args = vec!["--pbkdf".to_owned(), "argon2id".to_owned()];
-        match *self {
-            Self::Argon2idBenchmarked {
-                iter_time_ms,
-                max_memory_kib,
-                parallel,
-            } => {
-                args.extend([
-                    "--iter-time".to_owned(),
-                    iter_time_ms.to_string(),
-                    "--pbkdf-memory".to_owned(),
-                    max_memory_kib.to_string(),
-                    "--pbkdf-parallel".to_owned(),
-                    parallel.to_string(),
-                ]);
-            }
-            Self::Argon2idForced {
-                iterations,
-                memory_kib,
-                parallel,
-            } => {
-                args.extend([
-                    "--pbkdf-force-iterations".to_owned(),
-                    iterations.to_string(),
-                    "--pbkdf-memory".to_owned(),
-                    memory_kib.to_string(),
-                    "--pbkdf-parallel".to_owned(),
-                    parallel.to_string(),
-                ]);
-            }
+/// The options of the cryptsetup program that select `pbkdf`.
+pub(crate) fn pbkdf_args(pbkdf: &Pbkdf) -> Vec<String> {
+    let mut args = vec!["--pbkdf".to_owned(), "argon2id".to_owned()];
+    match *pbkdf {
+        Pbkdf::Argon2idBenchmarked {
+            time_ms,
+            max_memory_kib,
+            parallel,
+        } => {
+            args.extend([
+                "--iter-time".to_owned(),
+                time_ms.to_string(),
+                "--pbkdf-memory".to_owned(),
+                max_memory_kib.to_string(),
+                "--pbkdf-parallel".to_owned(),
+                parallel.to_string(),
+            ]);
         }
-        args
+        Pbkdf::Argon2idForced {
+            iterations,
+            memory_kib,
+            parallel,
+        } => {
+            args.extend([
+                "--pbkdf-force-iterations".to_owned(),
+                iterations.to_string(),
+                "--pbkdf-memory".to_owned(),
+                memory_kib.to_string(),
+                "--pbkdf-parallel".to_owned(),
+                parallel.to_string(),
+            ]);
+        }
     }
-
-    fn validate(&self) -> Result<(), ConfigError> {
-        let (time, memory, parallel) = match *self {
-            Self::Argon2idBenchmarked {
-                iter_time_ms,
-                max_memory_kib,
-                parallel,
-            } => (iter_time_ms, max_memory_kib, parallel),
-            Self::Argon2idForced {
-                iterations,
-                memory_kib,
-                parallel,
-            } => (iterations, memory_kib, parallel),
-        };
-        // cryptsetup's own limits: argon2 needs at least 32 KiB, 1..=4 threads, and at most
-        // 4 GiB of memory.
-        if time == 0 {
-            return Err(ConfigError::Pbkdf("the time cost must be at least 1"));
-        }
-        if !(32..=4 * 1024 * 1024).contains(&memory) {
-            return Err(ConfigError::Pbkdf(
-                "the memory cost must be between 32 KiB and 4 GiB",
-            ));
-        }
-        if !(1..=4).contains(&parallel) {
-            return Err(ConfigError::Pbkdf(
-                "the parallel cost must be between 1 and 4",
-            ));
-        }
-        Ok(())
-    }
-}
-
-impl Default for Pbkdf {
-    fn default() -> Self {
-        Self::SPEC
-    }
+    args
 }
 
 /// Whether the data segment is authenticated with dm-integrity (`hmac(sha256)`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Integrity {
-    /// Always `hmac-sha256`, as in the original (REFERENCE §10.2). Formatting fails where the
+    /// Always `hmac-sha256`, as in the original (docs/disk.md). Formatting fails where the
     /// kernel has no device-mapper, and every header must carry integrity.
     #[default]
     HmacSha256,
@@ -280,7 +202,9 @@ impl DiskConfig {
     /// Checks the values that cryptsetup or the kernel would reject later, or that would
     /// make a mapper path ambiguous.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.pbkdf.validate()?;
+        self.pbkdf
+            .validate()
+            .map_err(|e| ConfigError::Pbkdf(e.reason))?;
         let name_ok = !self.mapper_name.is_empty()
             && self.mapper_name.len() <= 127
             && self
@@ -330,7 +254,7 @@ mod tests {
         assert_eq!(config.integrity, Integrity::HmacSha256);
         assert_eq!(config.missing_device_mapper, MissingDeviceMapper::Fail);
         assert_eq!(
-            Pbkdf::default().args(),
+            pbkdf_args(&Pbkdf::default()),
             [
                 "--pbkdf",
                 "argon2id",
@@ -384,7 +308,7 @@ mod tests {
                 parallel: 1,
             },
             Pbkdf::Argon2idBenchmarked {
-                iter_time_ms: 2000,
+                time_ms: 2000,
                 max_memory_kib: 65536,
                 parallel: 0,
             },

@@ -16,14 +16,14 @@ use crate::command::{
     CommandOutput, CommandRunner, CryptsetupCli, FormatParams, Invocation, Step, SystemRunner,
     sanitize_stderr,
 };
-use crate::config::{Backend, DiskConfig, Integrity, MissingDeviceMapper, Pbkdf};
+use crate::config::{Backend, DiskConfig, Integrity, MissingDeviceMapper};
 use crate::error::DiskError;
 use crate::header::{
     IntegrityRule, KeySlot, TokenState, ValidatedHeader, VolumeKeyDigest, read_token_state,
     token_json, validate_header,
 };
 
-/// The length of a generated initial passphrase (32 random bytes, as in the original).
+/// The length of a generated initial passphrase: 32 random bytes, as in the original.
 pub const INITIAL_PASSPHRASE_LEN: usize = 32;
 
 /// cryptsetup's exit status for "no key available with this passphrase".
@@ -48,7 +48,8 @@ pub struct Formatted {
     pub integrity: bool,
 }
 
-/// 32 fresh random bytes (raw binary, not text) for the first keyslot of a new disk.
+/// 32 fresh random bytes (raw binary, not text) for the first keyslot of a new disk, as the
+/// original generates.
 pub fn generate_initial_passphrase() -> Result<DataKey, DiskError> {
     let mut bytes = vec![0u8; INITIAL_PASSPHRASE_LEN];
     SystemRandom::new()
@@ -123,7 +124,7 @@ pub struct StateDisk<R: CommandRunner = SystemRunner> {
 
 impl StateDisk<SystemRunner> {
     /// The state disk at `path` (a block device or an image file; symbolic links are
-    /// resolved, as the original does for the clouds' device links).
+    /// resolved, as the original does for the cloud device links such as `/dev/disk/by-id/google-state-disk`).
     /// Nothing is read from the disk yet.
     pub fn open(path: impl AsRef<Path>, config: DiskConfig) -> Result<Self, DiskError> {
         let runner = SystemRunner::new(config.device_mapper_control.clone());
@@ -164,7 +165,7 @@ impl<R: CommandRunner> StateDisk<R> {
         &self.config
     }
 
-    /// Whether the disk holds an initialized state disk: its header is
+    /// Whether the disk holds an initialized state disk (docs/disk.md): its header is
     /// LUKS2 and token 0 is the state-disk token with `diskIsInitialized: true`. Anything
     /// else is a new disk (`false`).
     ///
@@ -184,7 +185,7 @@ impl<R: CommandRunner> StateDisk<R> {
         }
     }
 
-    /// First-boot format: LUKS2, aes-xts-plain64, 4096-byte sectors,
+    /// First-boot format (docs/disk.md): LUKS2, aes-xts-plain64, 4096-byte sectors,
     /// `passphrase` in keyslot 0 with the configured argon2id parameters, dm-integrity as
     /// configured, then token 0 with `diskIsInitialized: false`.
     ///
@@ -238,7 +239,7 @@ impl<R: CommandRunner> StateDisk<R> {
                 cipher_mode: "xts-plain64".to_owned(),
                 volume_key_bytes: 64,
                 sector_size: 4096,
-                pbkdf: library_pbkdf(&self.config.pbkdf),
+                pbkdf: self.config.pbkdf,
                 keyslots_area_bytes: self.config.keyslots_area.bytes(64),
             })
             .map_err(lib(Step::Format))?;
@@ -302,7 +303,7 @@ impl<R: CommandRunner> StateDisk<R> {
         Ok(self.find_slot(&copy, &header, passphrase)?.is_some())
     }
 
-    /// Replaces `old` by `new`, safely, then sets token 0 to
+    /// Replaces `old` by `new` (docs/disk.md), safely, then sets token 0 to
     /// `diskIsInitialized: true`.
     ///
     /// The sequence never leaves the disk without a working passphrase:
@@ -349,8 +350,8 @@ impl<R: CommandRunner> StateDisk<R> {
     }
 
     /// Sets token 0 to `diskIsInitialized: false`, so that the next boot treats the disk as
-    /// new and formats it (a node whose initialization
-    /// failed after the node lock must be reset, not left half-initialized).
+    /// new and formats it (docs/disk.md: a node whose initialization failed after the node
+    /// lock must be reset, not left half-initialized, which the original did not do).
     pub fn mark_for_reset(&self) -> Result<(), DiskError> {
         let (_, header) = self.validated_copy()?;
         self.set_token(false, header.volume_key_digest())?;
@@ -452,9 +453,7 @@ impl<R: CommandRunner> StateDisk<R> {
             })?;
         if let Some(device) = copy.loaded() {
             let lib = |source| self.library_error(Step::AddKey, source);
-            device
-                .set_pbkdf(&library_pbkdf(&self.config.pbkdf))
-                .map_err(lib)?;
+            device.set_pbkdf(&self.config.pbkdf).map_err(lib)?;
             match device.add_keyslot(slot.get(), old.expose_secret(), new.expose_secret()) {
                 Ok(added) if added == slot.get() => {}
                 Ok(other) => {
@@ -922,30 +921,6 @@ fn parse_uuid(path: &Path, text: &str) -> Result<DiskUuid, DiskError> {
         step: Step::Uuid,
         detail: "the header's UUID is not a UUID".to_owned(),
     })
-}
-
-/// The library's form of the PBKDF parameters (the same argon2id costs the program gets).
-fn library_pbkdf(pbkdf: &Pbkdf) -> asterism_cryptsetup::Pbkdf {
-    match *pbkdf {
-        Pbkdf::Argon2idBenchmarked {
-            iter_time_ms,
-            max_memory_kib,
-            parallel,
-        } => asterism_cryptsetup::Pbkdf::Argon2idBenchmarked {
-            time_ms: iter_time_ms,
-            max_memory_kib,
-            parallel,
-        },
-        Pbkdf::Argon2idForced {
-            iterations,
-            memory_kib,
-            parallel,
-        } => asterism_cryptsetup::Pbkdf::Argon2idForced {
-            iterations,
-            memory_kib,
-            parallel,
-        },
-    }
 }
 
 /// Whether the device starts with the LUKS2 magic and version.

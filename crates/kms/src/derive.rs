@@ -10,8 +10,7 @@ use crate::secret::DataKey;
 /// The longest output HKDF-SHA-256 can produce: 255 blocks of 32 bytes.
 pub const MAX_DERIVED_LEN: usize = 255 * 32;
 
-/// The length of the cluster's measurement salt.
-pub const MEASUREMENT_SALT_LEN: usize = 32;
+pub use asterism_cluster::MEASUREMENT_SALT_LEN;
 
 /// Why a derivation failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

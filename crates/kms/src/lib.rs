@@ -1,9 +1,13 @@
 //! The keys of an Asterism cluster: the master secret and its salt, the data keys derived
 //! from them with HKDF-SHA-256, the catalogue of key IDs, and KMS and storage URIs.
 //!
-//! This crate is pure: it does no I/O, starts no runtime and logs nothing. It must never
+//! It also holds the key service's address ([`KeyServiceAddress`]) and, behind the
+//! `client` feature, its client (`KeyServiceClient`, which needs tonic and a tokio runtime).
+//!
+//! Without that feature this crate is pure: it does no I/O, starts no runtime and logs
+//! nothing. It must never
 //! let secret bytes reach a `Debug` or `Display` output, an error value or a clone: the
-//! secret types ([`MasterSecret`], [`Salt`], [`DataKey`], [`SecretString`]) are not
+//! secret types ([`MasterSecret`], [`Salt`], [`DataKey`]) are not
 //! `Clone`, redact themselves, wipe their memory when dropped and compare in constant time.
 //!
 //! ```
@@ -15,25 +19,31 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod address;
+#[cfg(feature = "client")]
+mod client;
 mod cluster;
 mod derive;
 mod key_id;
 mod secret;
 mod uri;
 
+pub use address::{AddressError, KeyServiceAddress};
+#[cfg(feature = "client")]
+pub use client::{KEY_CALL_TIMEOUT, KEY_CALLS_IN_FLIGHT, KeyError, KeyServiceClient};
 pub use cluster::ClusterKms;
 pub use derive::{
     ClusterId, DeriveError, MAX_DERIVED_LEN, MEASUREMENT_SALT_LEN, derive, derive_cluster_id,
 };
 pub use key_id::{DiskUuid, KEY_ID_PREFIX, KeyId, KeyIdError, OtherKeyId};
-pub use secret::{DataKey, MasterSecret, Salt, SecretError, SecretString};
-pub use uri::{
-    AwsKmsConfig, AwsStorageConfig, AzureKmsConfig, AzureStorageConfig, GcpKmsConfig,
-    GcpStorageConfig, KmsUri, SetupError, StorageUri, UriError,
-};
+pub use secret::{DataKey, MasterSecret, Salt, SecretError};
+pub use uri::{KmsUri, SetupError, StorageUri, UriError};
 
 /// The length of a state-disk key, in bytes.
 pub const STATE_DISK_KEY_LEN: usize = 32;
+
+/// The longest data key the key service hands out, in bytes.
+pub const MAX_KEY_LEN: usize = 4096;
 
 /// The default length of a derived key, in bytes.
 pub const DEFAULT_KEY_LEN: usize = 32;

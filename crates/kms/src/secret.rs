@@ -215,44 +215,6 @@ impl TryFrom<Vec<u8>> for DataKey {
     }
 }
 
-/// A secret text value, such as a cloud access key inside a KMS or storage URI.
-pub struct SecretString(Zeroizing<String>);
-
-impl SecretString {
-    /// Takes `value` as a secret.
-    #[must_use]
-    pub fn new(value: String) -> Self {
-        Self(Zeroizing::new(value))
-    }
-
-    /// The secret text. Keep it out of logs and errors.
-    #[must_use]
-    pub fn expose_secret(&self) -> &str {
-        self.0.as_str()
-    }
-}
-
-impl From<Zeroizing<String>> for SecretString {
-    fn from(value: Zeroizing<String>) -> Self {
-        Self(value)
-    }
-}
-
-impl fmt::Debug for SecretString {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "SecretString({REDACTED})")
-    }
-}
-
-/// Constant time in the contents; the lengths are not secret.
-impl PartialEq for SecretString {
-    fn eq(&self, other: &Self) -> bool {
-        self.0.as_bytes().ct_eq(other.0.as_bytes()).into()
-    }
-}
-
-impl Eq for SecretString {}
-
 /// Wipes a buffer that held secret bytes but is about to be dropped on an error path.
 pub(crate) fn wipe(mut bytes: Vec<u8>) {
     bytes.zeroize();
@@ -302,15 +264,9 @@ mod tests {
         let m = MasterSecret::new(vec![0xab; 32]).unwrap();
         let s = Salt::new(vec![0xcd; 32]).unwrap();
         let k = DataKey::new(vec![0xef; 8]).unwrap();
-        let t = SecretString::new("hunter2".into());
-        for shown in [
-            format!("{m:?}"),
-            format!("{s:?}"),
-            format!("{k:?}"),
-            format!("{t:?}"),
-        ] {
+        for shown in [format!("{m:?}"), format!("{s:?}"), format!("{k:?}")] {
             assert!(shown.contains(REDACTED), "{shown}");
-            for needle in ["ab", "171", "cd", "205", "ef", "239", "hunter2"] {
+            for needle in ["ab", "171", "cd", "205", "ef", "239"] {
                 assert!(!shown.contains(needle), "{shown} contains {needle}");
             }
         }

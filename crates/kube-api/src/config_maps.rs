@@ -32,8 +32,7 @@ pub const CLUSTER_VERSION_KEY: &str = "cluster-version";
 /// node operator reads).
 pub const COMPONENTS_ANNOTATION: &str = "constellation.edgeless.systems/kubernetes-components";
 
-/// Length of the measurement salt.
-pub const MEASUREMENT_SALT_LEN: usize = 32;
+pub use asterism_cluster::MEASUREMENT_SALT_LEN;
 
 /// How many times a read-modify-write is retried after losing a race.
 const UPDATE_ATTEMPTS: u32 = 5;

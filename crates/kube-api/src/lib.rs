@@ -47,8 +47,8 @@ pub use join_state::{
     UPDATE_VERSION, WORKER_JOIN_DEADLINE, joining_node_resource, node_version_resource,
 };
 pub use tokens::{
-    BOOTSTRAP_TOKEN_PREFIX, BOOTSTRAP_TOKEN_TYPE, BootstrapToken, NODE_TOKEN_GROUP,
-    TOKEN_DESCRIPTION, TokenPolicy,
+    BOOTSTRAP_TOKEN_PREFIX, BOOTSTRAP_TOKEN_TYPE, BootstrapToken, ExpiringToken, NODE_TOKEN_GROUP,
+    TOKEN_DESCRIPTION, TokenPolicy, token_from_secret, token_secret,
 };
 
 use k8s_openapi::api::core::v1::ConfigMap;

@@ -330,8 +330,8 @@ async fn a_stored_token_with_enough_time_left_is_reused_without_a_write() {
         .await
         .unwrap();
     // Of the two stored tokens (12 and 14 min left), the one with more time left.
-    assert_eq!(token.expose_secret(), "k3m9p2.z8y7x6w5v4u3t2s1");
-    assert_eq!(token.expires(), t0() + Duration::from_secs(14 * 60));
+    assert_eq!(token.token.expose_secret(), "k3m9p2.z8y7x6w5v4u3t2s1");
+    assert_eq!(token.expires, t0() + Duration::from_secs(14 * 60));
     assert!(server.writes().is_empty(), "{:?}", server.writes());
     let list = &server.requests()[0];
     assert_eq!(
@@ -356,8 +356,8 @@ async fn assert_mints_one(list_file: &str) {
         .bootstrap_token(t0(), TokenPolicy::default())
         .await
         .unwrap();
-    assert!(is_token(token.expose_secret()), "{token:?}");
-    assert_eq!(token.expires(), t0() + Duration::from_secs(15 * 60));
+    assert!(is_token(token.token.expose_secret()), "{token:?}");
+    assert_eq!(token.expires, t0() + Duration::from_secs(15 * 60));
 
     let writes = server.writes();
     assert_eq!(writes.len(), 1, "{writes:?}");
@@ -366,7 +366,7 @@ async fn assert_mints_one(list_file: &str) {
         (create.method.as_str(), create.path.as_str()),
         ("POST", SECRETS)
     );
-    let (id, secret) = token.expose_secret().split_once('.').unwrap();
+    let (id, secret) = token.token.expose_secret().split_once('.').unwrap();
     assert_eq!(
         create.body["metadata"]["name"],
         format!("bootstrap-token-{id}")
@@ -425,10 +425,10 @@ async fn the_reuse_window_is_the_policy_minimum() {
     let policy = TokenPolicy::default();
     let at = |s: u64| t0() + Duration::from_secs(s);
     let reused = api.bootstrap_token(at(8 * 60), policy).await.unwrap();
-    assert_eq!(reused.id(), "k3m9p2");
+    assert_eq!(reused.token.id(), "k3m9p2");
     assert!(server.writes().is_empty());
     let minted = api.bootstrap_token(at(9 * 60 + 1), policy).await.unwrap();
-    assert_ne!(minted.id(), "k3m9p2");
+    assert_ne!(minted.token.id(), "k3m9p2");
     assert_eq!(server.writes().len(), 1);
 }
 

@@ -34,8 +34,7 @@ pub const KUBEADM_V1BETA4: &str = "kubeadm.k8s.io/v1beta4";
 pub const KUBELET_CONFIG_API: &str = "kubelet.config.k8s.io/v1beta1";
 /// The containerd socket.
 pub const CRI_SOCKET: &str = "unix:///run/containerd/containerd.sock";
-/// The API server port.
-pub const API_SERVER_PORT: u16 = 6443;
+pub use asterism_cluster::{API_SERVER_PORT, BootstrapToken, is_bootstrap_token};
 /// The kubeadm phase a joining control-plane node skips: it got the control-plane files
 /// from the join service (REFERENCE §6.7).
 pub const SKIP_DOWNLOAD_CERTS: &str = "control-plane-prepare/download-certs";
@@ -70,9 +69,6 @@ pub enum ConfigError {
     /// The API server endpoint is not `host:port`.
     #[error("API server endpoint {0:?} is not host:port")]
     Endpoint(String),
-    /// The bootstrap token is not `[a-z0-9]{{6}}.[a-z0-9]{{16}}` (the token is not shown).
-    #[error("the bootstrap token is malformed")]
-    Token,
     /// No CA hash, or a hash that is not `sha256:<64 hex>`.
     #[error("CA certificate hash {0:?} is not sha256:<64 hex> (at least one is required)")]
     CaCertHash(String),
@@ -277,45 +273,6 @@ pub fn k8s_node_name(raw: &str) -> Result<String, ConfigError> {
     } else {
         Err(ConfigError::NodeName(raw.to_owned()))
     }
-}
-
-/// A kubeadm bootstrap token `[a-z0-9]{6}.[a-z0-9]{16}` (secret: redacted `Debug`, wiped on
-/// drop, not `Clone`).
-pub struct BootstrapToken(Zeroizing<String>);
-
-impl BootstrapToken {
-    /// Checks the format.
-    pub fn new(token: Zeroizing<String>) -> Result<Self, ConfigError> {
-        if is_bootstrap_token(&token) {
-            Ok(Self(token))
-        } else {
-            Err(ConfigError::Token)
-        }
-    }
-
-    /// The token. Keep it out of logs.
-    #[must_use]
-    pub fn expose_secret(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for BootstrapToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("BootstrapToken(<redacted>)")
-    }
-}
-
-/// Whether `s` has the bootstrap token format `[a-z0-9]{6}.[a-z0-9]{16}`.
-#[must_use]
-pub fn is_bootstrap_token(s: &str) -> bool {
-    let ok = |p: &str, n: usize| {
-        p.len() == n
-            && p.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-    };
-    s.split_once('.')
-        .is_some_and(|(id, secret)| ok(id, 6) && ok(secret, 16))
 }
 
 fn check_ca_hash(h: &str) -> Result<(), ConfigError> {
@@ -939,18 +896,6 @@ mod tests {
         assert_eq!(k8s_node_name("cp-0.example").unwrap(), "cp-0.example");
         assert!(k8s_node_name("-bad").is_err());
         assert!(k8s_node_name("").is_err());
-    }
-
-    #[test]
-    fn bootstrap_tokens_have_the_kubeadm_format() {
-        assert!(is_bootstrap_token("abcdef.0123456789abcdef"));
-        assert!(!is_bootstrap_token("ABCDEF.0123456789abcdef"));
-        assert!(!is_bootstrap_token("abcdef0123456789abcdef"));
-        assert!(!is_bootstrap_token("abcde.0123456789abcdef"));
-        let t = BootstrapToken::new(Zeroizing::new("abcdef.0123456789abcdef".into())).unwrap();
-        assert_eq!(format!("{t:?}"), "BootstrapToken(<redacted>)");
-        let err = BootstrapToken::new(Zeroizing::new("not-a-token-secret".into())).unwrap_err();
-        assert!(!err.to_string().contains("not-a-token-secret"));
     }
 
     #[test]

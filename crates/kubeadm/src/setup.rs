@@ -15,18 +15,7 @@ use super::config::{
 use super::runner::{Commands, InitRun, Kubeadm, KubeadmError, LocalKubeletCert, Systemd};
 use asterism_components::{Component, ComponentError, Installer, check_all};
 
-/// The control-plane files a joining control-plane node receives (REFERENCE §6.7), relative
-/// to kubeadm's certificate directory.
-pub const CONTROL_PLANE_FILES: [&str; 8] = [
-    "ca.key",
-    "sa.key",
-    "front-proxy-ca.key",
-    "etcd/ca.key",
-    "ca.crt",
-    "sa.pub",
-    "front-proxy-ca.crt",
-    "etcd/ca.crt",
-];
+pub use asterism_cluster::CONTROL_PLANE_FILES;
 
 /// Setting up the node failed.
 #[derive(Debug, thiserror::Error)]

@@ -1,72 +1,11 @@
 //! The instance metadata record and node roles, with the original's JSON field names.
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use std::fmt;
+use serde::{Deserialize, Deserializer, Serialize};
 use std::net::IpAddr;
-use std::str::FromStr;
 
-/// The role of a node in the cluster.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Role {
-    /// The role is not known (also what an unrecognised role string parses to).
-    #[default]
-    Unknown,
-    /// A control-plane node.
-    ControlPlane,
-    /// A worker node.
-    Worker,
-}
+pub use asterism_cluster::Role;
 
-impl Role {
-    /// The canonical spelling: `Unknown`, `ControlPlane` or `Worker`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Unknown => "Unknown",
-            Role::ControlPlane => "ControlPlane",
-            Role::Worker => "Worker",
-        }
-    }
-
-    /// Parses a role case-insensitively; `control-plane` is accepted as well. Anything
-    /// else is [`Role::Unknown`], as in the original (so an unknown role never matches a
-    /// role check).
-    pub fn parse(s: &str) -> Role {
-        match s.to_ascii_lowercase().as_str() {
-            "controlplane" | "control-plane" => Role::ControlPlane,
-            "worker" => Role::Worker,
-            _ => Role::Unknown,
-        }
-    }
-}
-
-impl fmt::Display for Role {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Role {
-    type Err = std::convert::Infallible;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(Role::parse(s))
-    }
-}
-
-impl Serialize for Role {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.as_str())
-    }
-}
-
-impl<'de> Deserialize<'de> for Role {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
-        Ok(Role::parse(&s))
-    }
-}
-
-/// What the metadata service knows about one instance (REFERENCE §1.4). The JSON field
+/// What the metadata service knows about one instance (docs/metadata.md). The JSON field
 /// names are the original's (Go default names).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct InstanceMetadata {

@@ -104,8 +104,7 @@ impl Cluster {
         tokio::spawn(MetadataServer::new(config).serve(listener, stopped(stop_rx.clone())));
 
         let key_socket = dir.path().join("key-service.sock");
-        let ks = asterism_key_service::Listen::Unix(key_socket.clone())
-            .bind()
+        let ks = asterism_key_service::Listener::bind(&KeyServiceAddress::Unix(key_socket.clone()))
             .await
             .unwrap();
         let service = asterism_key_service::KeyService::new(kms());

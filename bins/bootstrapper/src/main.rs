@@ -372,7 +372,7 @@ fn parse_cluster_id(s: &str) -> Result<asterism_kms::ClusterId, String> {
 }
 
 fn join_service_trust(args: &Args) -> anyhow::Result<asterism_bootstrapper::JoinServiceTrust> {
-    use asterism_attestation::{AkTrust, PlatformCa, ReloadingMeasurements};
+    use asterism_attestation::{AkTrust, PlatformCa};
     use asterism_bootstrapper::JoinServiceTrust;
     if args.insecure_skip_join_service_verification {
         return Ok(JoinServiceTrust::insecure_skip_verification());
@@ -395,7 +395,7 @@ fn join_service_trust(args: &Args) -> anyhow::Result<asterism_bootstrapper::Join
         PlatformCa::from_pem(&pem)
             .with_context(|| format!("{} holds no usable CA certificate", ca.display()))?,
     );
-    let measurements = ReloadingMeasurements::open(measurements)
+    let measurements = asterism_binkit::measurements::watch(measurements)
         .with_context(|| format!("loading measurements from {}", measurements.display()))?;
     tracing::info!(cluster_id = %cluster_id, "the join service must attest as a member of this cluster (mutual aTLS, PCR 15)");
     JoinServiceTrust::cluster(trust, Arc::new(measurements), cluster_id)

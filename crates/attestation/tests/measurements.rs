@@ -132,12 +132,6 @@ fn rejects_duplicates_unknown_fields_and_maps_that_enforce_nothing() {
     assert!(Measurements::from_json(b"not json").is_err());
 }
 
-fn write(path: &std::path::Path, s: &str) {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, s).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
-}
-
 #[test]
 fn loading_refuses_a_missing_an_empty_and_an_oversized_file() {
     let dir = tempfile::tempdir().unwrap();
@@ -146,12 +140,12 @@ fn loading_refuses_a_missing_an_empty_and_an_oversized_file() {
         Measurements::load(&path),
         Err(MeasurementsError::Io { .. })
     ));
-    write(&path, r#"{"measurements": {}}"#);
+    std::fs::write(&path, r#"{"measurements": {}}"#).unwrap();
     assert!(matches!(
         Measurements::load(&path),
         Err(MeasurementsError::NoEnforced)
     ));
-    write(&path, &" ".repeat(1024 * 1024 + 1));
+    std::fs::write(&path, " ".repeat(1024 * 1024 + 1)).unwrap();
     assert!(matches!(
         Measurements::load(&path),
         Err(MeasurementsError::TooLarge { .. })

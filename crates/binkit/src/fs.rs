@@ -80,8 +80,14 @@ pub fn read_capped_from(reader: impl Read, cap: u64) -> io::Result<Option<Vec<u8
 /// `path`. The directory is not synced. On failure the temporary file is removed and
 /// `path` is as it was.
 pub fn write_private(path: &Path, bytes: &[u8]) -> Result<(), FileError> {
+    write_atomic(path, bytes, PRIVATE_MODE)
+}
+
+/// [`write_private`] with another mode (0644 for a certificate): the temporary file has
+/// exactly `mode` from its creation on.
+pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FileError> {
     let tmp = temporary_name(path);
-    let result = write_synced(&tmp, bytes, PRIVATE_MODE).and_then(|()| {
+    let result = write_synced(&tmp, bytes, mode).and_then(|()| {
         fs::rename(&tmp, path).map_err(FileError::io("rename a temporary file to", path))
     });
     if result.is_err() {
@@ -169,6 +175,8 @@ mod tests {
         write_private(&path, b"new").unwrap();
         assert_eq!(fs::read(&path).unwrap(), b"new");
         assert_eq!(fs::metadata(&path).unwrap().mode() & 0o777, 0o600);
+        write_atomic(&path, b"public", 0o644).unwrap();
+        assert_eq!(fs::metadata(&path).unwrap().mode() & 0o777, 0o644);
         let names: Vec<_> = fs::read_dir(dir.path()).unwrap().collect();
         assert_eq!(names.len(), 1, "{names:?}");
     }

@@ -15,7 +15,7 @@ pub mod measurements;
 pub mod signal;
 
 pub use ak_trust::AkTrustArgs;
-pub use fs::{FileError, read_capped, write_new, write_private};
+pub use fs::{FileError, read_capped, write_atomic, write_new, write_private};
 pub use logging::{LogArgs, LogFormat};
 pub use measurements::MeasurementsWatcher;
 pub use signal::shutdown_signal;

@@ -291,14 +291,14 @@ fn log_filter(default: &str) -> EnvFilter {
 fn init_logging(format: LogFormat, verbose: u8, buffer: &LogBuffer) {
     let level = if verbose > 0 { "debug" } else { "info" };
     let filter = log_filter(&format!(
-        "warn,asterism_bootstrapper={level},asterism_kubernetes={level},asterism_disk={level},asterism_tpm={level},asterism_atls={level},asterism_attestation={level},asterism_metadata={level}"
+        "warn,asterism_bootstrapper={level},asterism_kubernetes={level},asterism_disk={level},asterism_tpm={level},asterism_atls={level},asterism_attestation={level},asterism_metadata={level},asterism_binkit={level}"
     ));
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal());
     // The buffer keeps the same lines the log shows (never secrets: nothing logs them).
     let buffer_filter = EnvFilter::new(
-        "warn,asterism_bootstrapper=info,asterism_kubernetes=info,asterism_disk=info,asterism_tpm=info,asterism_atls=info,asterism_attestation=info,asterism_metadata=info",
+        "warn,asterism_bootstrapper=info,asterism_kubernetes=info,asterism_disk=info,asterism_tpm=info,asterism_atls=info,asterism_attestation=info,asterism_metadata=info,asterism_binkit=info",
     );
     let registry = tracing_subscriber::registry().with(tracing_subscriber::Layer::with_filter(
         buffer.layer(Level::INFO),

@@ -57,10 +57,11 @@ impl LogArgs {
     }
 }
 
-/// `warn,<crate>=<level>,…`: `crates` at `level`, everything else at warn.
+/// `warn,<crate>=<level>,…`: `crates` and this crate (which logs the signals and the
+/// measurement reloads it handles for the binary) at `level`, everything else at warn.
 pub fn crate_directives(level: &str, crates: &[&str]) -> String {
     let mut out = String::from("warn");
-    for name in crates {
+    for name in crates.iter().chain(&[env!("CARGO_CRATE_NAME")]) {
         out.push_str(&format!(",{name}={level}"));
     }
     out
@@ -115,7 +116,7 @@ mod tests {
     fn our_crates_get_the_chosen_level_and_the_rest_warn() {
         assert_eq!(
             crate_directives("debug", &["asterism_kms", "asterism_atls"]),
-            "warn,asterism_kms=debug,asterism_atls=debug"
+            "warn,asterism_kms=debug,asterism_atls=debug,asterism_binkit=debug"
         );
     }
 

@@ -291,14 +291,14 @@ fn log_filter(default: &str) -> EnvFilter {
 fn init_logging(format: LogFormat, verbose: u8, buffer: &LogBuffer) {
     let level = if verbose > 0 { "debug" } else { "info" };
     let filter = log_filter(&format!(
-        "warn,asterism_bootstrapper={level},asterism_components={level},asterism_kubeadm={level},asterism_kube_api={level},asterism_disk={level},asterism_tpm={level},asterism_atls={level},asterism_attestation={level},asterism_metadata={level}"
+        "warn,asterism_bootstrapper={level},asterism_components={level},asterism_kubeadm={level},asterism_kube_api={level},asterism_disk={level},asterism_tpm={level},asterism_atls={level},asterism_attestation={level},asterism_metadata={level},asterism_binkit={level}"
     ));
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal());
     // The buffer keeps the same lines the log shows (never secrets: nothing logs them).
     let buffer_filter = EnvFilter::new(
-        "warn,asterism_bootstrapper=info,asterism_components=info,asterism_kubeadm=info,asterism_kube_api=info,asterism_disk=info,asterism_tpm=info,asterism_atls=info,asterism_attestation=info,asterism_metadata=info",
+        "warn,asterism_bootstrapper=info,asterism_components=info,asterism_kubeadm=info,asterism_kube_api=info,asterism_disk=info,asterism_tpm=info,asterism_atls=info,asterism_attestation=info,asterism_metadata=info,asterism_binkit=info",
     );
     let registry = tracing_subscriber::registry().with(tracing_subscriber::Layer::with_filter(
         buffer.layer(Level::INFO),
@@ -372,7 +372,7 @@ fn parse_cluster_id(s: &str) -> Result<asterism_kms::ClusterId, String> {
 }
 
 fn join_service_trust(args: &Args) -> anyhow::Result<asterism_bootstrapper::JoinServiceTrust> {
-    use asterism_attestation::{AkTrust, PlatformCa, ReloadingMeasurements};
+    use asterism_attestation::{AkTrust, PlatformCa};
     use asterism_bootstrapper::JoinServiceTrust;
     if args.insecure_skip_join_service_verification {
         return Ok(JoinServiceTrust::insecure_skip_verification());
@@ -395,7 +395,7 @@ fn join_service_trust(args: &Args) -> anyhow::Result<asterism_bootstrapper::Join
         PlatformCa::from_pem(&pem)
             .with_context(|| format!("{} holds no usable CA certificate", ca.display()))?,
     );
-    let measurements = ReloadingMeasurements::open(measurements)
+    let measurements = asterism_binkit::measurements::watch(measurements)
         .with_context(|| format!("loading measurements from {}", measurements.display()))?;
     tracing::info!(cluster_id = %cluster_id, "the join service must attest as a member of this cluster (mutual aTLS, PCR 15)");
     JoinServiceTrust::cluster(trust, Arc::new(measurements), cluster_id)

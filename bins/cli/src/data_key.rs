@@ -5,7 +5,6 @@ use asterism_atls::{AtlsConfig, AtlsConnector};
 use asterism_kms::{KeyId, KeyServiceClient};
 use sha2::{Digest, Sha256};
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -81,15 +80,7 @@ pub async fn run(args: Args) -> Result<()> {
         .context("fetching the data key")?;
     let fingerprint = hex::encode(Sha256::digest(key.expose_secret()));
     if let Some(out) = &args.out {
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(out)
-            .with_context(|| format!("creating {}", out.display()))?;
-        file.write_all(key.expose_secret())
-            .and_then(|()| file.sync_all())
-            .with_context(|| format!("writing {}", out.display()))?;
+        asterism_binkit::write_new(out, key.expose_secret(), asterism_binkit::fs::PRIVATE_MODE)?;
     }
     let mut stdout = std::io::stdout().lock();
     writeln!(

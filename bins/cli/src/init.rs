@@ -12,8 +12,7 @@ use asterism_proto::init::api_client::ApiClient;
 use asterism_proto::init::{InitRequest, init_response};
 use base64::Engine as _;
 use ring::rand::SecureRandom;
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use zeroize::Zeroizing;
@@ -276,16 +275,7 @@ fn write_workspace(dir: &Path, ws: &Workspace<'_>) -> Result<()> {
         ("cluster.json", cluster.as_bytes()),
     ];
     for (file, contents) in files {
-        let path = tmp.join(file);
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path)
-            .with_context(|| format!("creating {}", path.display()))?;
-        f.write_all(contents)
-            .and_then(|()| f.sync_all())
-            .with_context(|| format!("writing {}", path.display()))?;
+        asterism_binkit::write_new(&tmp.join(file), contents, asterism_binkit::fs::PRIVATE_MODE)?;
     }
     if dir.exists() {
         let _ = std::fs::remove_dir_all(&tmp);

@@ -60,10 +60,7 @@ enum Command {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(&cli.log))
-        .with_writer(std::io::stderr)
-        .init();
+    asterism_binkit::logging::init(asterism_binkit::LogFormat::Human, &cli.log);
     match run(cli) {
         Ok(code) => code,
         Err(e) => {

@@ -4,7 +4,7 @@
 //! only the service's user can open, on a control-plane node.
 
 use anyhow::{Context, Result, bail};
-use std::io::{Read as _, Write as _};
+use std::io::Write as _;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -51,8 +51,8 @@ pub fn run(args: &Args) -> Result<serde_json::Value> {
         "POST /v1/members/{}/readmit HTTP/1.1\r\nhost: localhost\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
         args.node
     )?;
-    let mut answer = Vec::new();
-    s.take(1 << 20).read_to_end(&mut answer)?;
+    let answer = asterism_binkit::fs::read_capped_from(s, 1 << 20)?
+        .context("the join service's answer is larger than 1 MiB")?;
     let text = String::from_utf8_lossy(&answer);
     let (head, body) = text
         .split_once("\r\n\r\n")

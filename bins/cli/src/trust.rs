@@ -1,9 +1,8 @@
 //! Building the validator that checks a node's evidence from command-line options.
 
-use anyhow::{Context, Result, bail};
-use asterism_attestation::{
-    AkFingerprint, AkTrust, Measurements, PlatformCa, TpmQuoteValidator, Validator,
-};
+use anyhow::{Context, Result};
+use asterism_attestation::{AkTrust, Measurements, TpmQuoteValidator, Validator};
+use asterism_binkit::AkTrustArgs;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -11,19 +10,24 @@ use std::sync::Arc;
 /// platform CA or a pinned fingerprint) and the expected measurements.
 #[derive(clap::Args, Debug, Clone)]
 pub struct TrustArgs {
-    /// PEM file with the platform CA that certifies node attestation keys.
-    #[arg(long, value_name = "PATH")]
-    pub platform_ca: Option<PathBuf>,
-    /// Accept an attestation key with this fingerprint (SHA-256 of its TPMT_PUBLIC, hex)
-    /// instead of a platform CA. Repeatable.
-    #[arg(long, value_name = "HEX")]
-    pub pinned_ak: Vec<String>,
+    /// Which node attestation keys to trust.
+    #[command(flatten)]
+    pub ak: AkTrustArgs,
     /// Expected measurements of the node (JSON, see docs/attestation.md). Mandatory.
     #[arg(long, value_name = "PATH")]
     pub measurements: PathBuf,
 }
 
 impl TrustArgs {
+    /// Trusts the AKs that the platform CA(s) in `platform_ca` certify, expecting
+    /// `measurements`.
+    pub fn platform_ca(platform_ca: impl Into<PathBuf>, measurements: impl Into<PathBuf>) -> Self {
+        Self {
+            ak: AkTrustArgs::platform_ca(platform_ca),
+            measurements: measurements.into(),
+        }
+    }
+
     /// The expected measurements, as loaded.
     pub fn load_measurements(&self) -> Result<Measurements> {
         Measurements::load(&self.measurements)
@@ -32,28 +36,7 @@ impl TrustArgs {
 
     /// The AK trust policy.
     pub fn ak_trust(&self) -> Result<AkTrust> {
-        match (&self.platform_ca, self.pinned_ak.is_empty()) {
-            (Some(path), true) => {
-                let pem =
-                    std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-                Ok(AkTrust::platform_ca(
-                    PlatformCa::from_pem(&pem).with_context(|| {
-                        format!("{} holds no usable CA certificate", path.display())
-                    })?,
-                ))
-            }
-            (None, false) => Ok(AkTrust::pinned(
-                self.pinned_ak
-                    .iter()
-                    .map(|h| {
-                        AkFingerprint::from_hex(h).with_context(|| format!("--pinned-ak {h:?}"))
-                    })
-                    .collect::<Result<Vec<_>>>()?,
-            )),
-            _ => bail!(
-                "give exactly one of --platform-ca or --pinned-ak to say which attestation keys to trust"
-            ),
-        }
+        Ok(self.ak.ak_trust()?)
     }
 
     /// A validator for `tpm-quote` evidence against `measurements`.

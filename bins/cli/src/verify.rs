@@ -40,11 +40,7 @@ impl Args {
         Self {
             endpoint: endpoint.to_string(),
             workspace: Some(workspace.to_path_buf()),
-            trust: TrustArgs {
-                platform_ca: Some(platform_ca.to_path_buf()),
-                pinned_ak: Vec::new(),
-                measurements: measurements.to_path_buf(),
-            },
+            trust: TrustArgs::platform_ca(platform_ca, measurements),
         }
     }
 }

@@ -144,16 +144,7 @@ impl From<KeyError> for JoinError {
 }
 
 /// The error and its causes, `: `-separated, for the log.
-pub fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
+pub use asterism_binkit::error_chain as chain;
 
 #[cfg(test)]
 mod tests {

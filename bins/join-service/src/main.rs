@@ -1,7 +1,6 @@
 //! `asterism-join-service`: verifies joining nodes over attested TLS and issues join and
 //! rejoin tickets; serves metrics, health and the member list on a plain HTTP listener.
 
-use std::io::IsTerminal as _;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -9,9 +8,8 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use asterism_atls::{AtlsConfig, AtlsServer};
-use asterism_attestation::{
-    AkFingerprint, AkTrust, PlatformCa, ReloadingMeasurements, TpmQuoteValidator,
-};
+use asterism_attestation::TpmQuoteValidator;
+use asterism_binkit::{AkTrustArgs, LogArgs, read_capped};
 use asterism_join_service::{
     ClusterState, HttpAccess, InitNode, JoinConfig, JoinService, JoiningNodes, KeyServiceAddress,
     KeyServiceClient, KubeState, Limits, Metrics, RedbState,
@@ -19,9 +17,7 @@ use asterism_join_service::{
 use asterism_kube_api::{ApiOptions, ClusterApi, WaitPolicy};
 use asterism_metadata::HttpMetadata;
 use asterism_pki::ClusterCa;
-use clap::{ArgAction, Parser, ValueEnum};
-use tokio::signal::unix::{SignalKind, signal};
-use tracing_subscriber::EnvFilter;
+use clap::{Parser, ValueEnum};
 
 /// Verifies joining nodes over attested TLS and issues join tickets (join.API).
 #[derive(Debug, Parser)]
@@ -97,18 +93,9 @@ struct Args {
     #[arg(long, value_name = "PATH")]
     measurements: PathBuf,
 
-    /// PEM file of the platform CA(s) that certify node attestation keys.
-    #[arg(long, value_name = "PATH")]
-    platform_ca: Option<PathBuf>,
-
-    /// Accept attestation keys with this fingerprint (64 hex digits) instead. Repeatable.
-    #[arg(long, value_name = "HEX")]
-    pinned_ak: Vec<String>,
-
-    /// INSECURE, development only: accept any attestation key (PCRs are still checked).
-    #[arg(long)]
-    #[cfg(feature = "insecure-test-attestation")]
-    insecure_any_ak: bool,
+    /// Which node attestation keys to trust.
+    #[command(flatten)]
+    ak_trust: AkTrustArgs,
 
     /// Attest this service to nodes that ask (mutual aTLS) with this TPM, e.g.
     /// `swtpm:host=127.0.0.1,port=2321` or `device:/dev/tpmrm0`.
@@ -132,13 +119,8 @@ struct Args {
     #[arg(long, value_name = "N", default_value_t = 20)]
     rate_limit_burst: u32,
 
-    /// Log format.
-    #[arg(long, value_enum, default_value_t = LogFormat::Human)]
-    log_format: LogFormat,
-
-    /// More log output: -v for debug, -vv for trace.
-    #[arg(short, long, action = ArgAction::Count)]
-    verbose: u8,
+    #[command(flatten)]
+    log: LogArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -192,86 +174,10 @@ impl Args {
     }
 }
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum LogFormat {
-    /// One human-readable line per event.
-    Human,
-    /// One JSON object per line.
-    Json,
-}
-
-/// The log filter: `ASTERISM_LOG` when set (a level or a tracing filter, as for the
-/// `asterism` CLI; the end-to-end tests run every process at `trace` with it), else `default`.
-fn log_filter(default: &str) -> EnvFilter {
-    match std::env::var("ASTERISM_LOG") {
-        Ok(filter) if !filter.trim().is_empty() => EnvFilter::new(filter),
-        _ => EnvFilter::new(default),
-    }
-}
-
-fn init_logging(format: LogFormat, verbose: u8) {
-    let level = match verbose {
-        0 => "info",
-        1 => "debug",
-        _ => "trace",
-    };
-    let filter = log_filter(&format!(
-        "warn,asterism_join_service={level},asterism_atls={level},asterism_attestation={level},asterism_metadata={level},asterism_kube_api={level}"
-    ));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
-    let installed = match format {
-        LogFormat::Human => builder.try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
-    };
-    if let Err(err) = installed {
-        eprintln!("cannot install the log subscriber: {err}");
-    }
-}
-
-fn read_capped(path: &Path, cap: u64) -> anyhow::Result<Vec<u8>> {
-    use std::io::Read as _;
-    let file =
-        std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let mut bytes = Vec::new();
-    file.take(cap + 1)
-        .read_to_end(&mut bytes)
-        .with_context(|| format!("cannot read {}", path.display()))?;
-    anyhow::ensure!(
-        bytes.len() as u64 <= cap,
-        "{} is larger than {cap} bytes",
-        path.display()
-    );
-    Ok(bytes)
-}
-
 fn validator(args: &Args) -> anyhow::Result<Arc<TpmQuoteValidator>> {
-    let chosen = usize::from(args.platform_ca.is_some())
-        + usize::from(!args.pinned_ak.is_empty())
-        + usize::from(insecure_any_ak(args));
-    anyhow::ensure!(
-        chosen == 1,
-        "exactly one AK trust policy is needed: --platform-ca, --pinned-ak or --insecure-any-ak"
-    );
-    let trust = if let Some(path) = &args.platform_ca {
-        let pem = read_capped(path, 1024 * 1024)?;
-        AkTrust::platform_ca(
-            PlatformCa::from_pem(&pem)
-                .with_context(|| format!("{} holds no usable CA certificate", path.display()))?,
-        )
-    } else if !args.pinned_ak.is_empty() {
-        let pins = args
-            .pinned_ak
-            .iter()
-            .map(|h| AkFingerprint::from_hex(h).with_context(|| format!("--pinned-ak {h:?}")))
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        AkTrust::pinned(pins)
-    } else {
-        insecure_any_ak_trust()?
-    };
-    let measurements = ReloadingMeasurements::open(&args.measurements)
+    let trust = args.ak_trust.ak_trust()?;
+    // Re-read when the file changes, here at the edge; validation reads only memory.
+    let measurements = asterism_binkit::measurements::watch(&args.measurements)
         .with_context(|| format!("loading measurements from {}", args.measurements.display()))?;
     Ok(Arc::new(TpmQuoteValidator::new(
         trust,
@@ -304,14 +210,10 @@ fn atls_config(args: &Args, metrics: &Metrics) -> anyhow::Result<AtlsConfig> {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
-    let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
-    let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+    let shutdown = asterism_binkit::shutdown_signal()?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
-        tokio::select! {
-            _ = term.recv() => tracing::info!("received SIGTERM"),
-            _ = int.recv() => tracing::info!("received SIGINT"),
-        }
+        shutdown.await;
         let _ = stop_tx.send(true);
     });
 
@@ -498,7 +400,13 @@ fn main() -> ExitCode {
     if let Err(e) = args.check() {
         e.exit();
     }
-    init_logging(args.log_format, args.verbose);
+    args.log.init(&[
+        "asterism_join_service",
+        "asterism_atls",
+        "asterism_attestation",
+        "asterism_metadata",
+        "asterism_kube_api",
+    ]);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -516,27 +424,4 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// Whether `--insecure-any-ak` was given; the flag exists only in builds with the
-/// `insecure-test-attestation` feature (never optimised ones).
-#[cfg(feature = "insecure-test-attestation")]
-fn insecure_any_ak(args: &Args) -> bool {
-    args.insecure_any_ak
-}
-
-#[cfg(not(feature = "insecure-test-attestation"))]
-fn insecure_any_ak(_: &Args) -> bool {
-    false
-}
-
-#[cfg(feature = "insecure-test-attestation")]
-fn insecure_any_ak_trust() -> anyhow::Result<asterism_attestation::AkTrust> {
-    tracing::warn!("accepting ANY attestation key (--insecure-any-ak): development only");
-    Ok(asterism_attestation::AkTrust::insecure_any_ak())
-}
-
-#[cfg(not(feature = "insecure-test-attestation"))]
-fn insecure_any_ak_trust() -> anyhow::Result<asterism_attestation::AkTrust> {
-    anyhow::bail!("no AK trust policy: --platform-ca or --pinned-ak")
 }

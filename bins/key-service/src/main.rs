@@ -2,18 +2,15 @@
 //! them over plaintext gRPC on a Unix socket or a loopback address, or over attested TLS
 //! (clients must attest) on any address.
 
-use std::future::Future;
-use std::io::IsTerminal as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context as _;
+use asterism_binkit::{AkTrustArgs, LogArgs};
 use asterism_key_service::{KeyService, Limits, Listener, read_secret_file};
 use asterism_kms::KeyServiceAddress;
 use asterism_kms::{ClusterKms, MasterSecret, Salt};
-use clap::{ArgAction, Parser, ValueEnum};
-use tokio::signal::unix::{SignalKind, signal};
-use tracing_subscriber::EnvFilter;
+use clap::{Parser, ValueEnum};
 
 /// Derives data keys from the cluster master secret and serves them over gRPC (kms.API).
 #[derive(Debug, Parser)]
@@ -41,20 +38,9 @@ struct Args {
     #[arg(long, value_enum, requires = "atls_listen")]
     verify_clients: Option<ClientVariant>,
 
-    /// `tpm-quote`: PEM file of the platform CA(s) that certify client attestation keys.
-    #[arg(long, value_name = "PATH")]
-    platform_ca: Option<PathBuf>,
-
-    /// `tpm-quote`: accept attestation keys with this fingerprint (SHA-256 of the AK's
-    /// TPMT_PUBLIC, 64 hex digits) instead of a platform CA. Repeatable.
-    #[arg(long, value_name = "HEX")]
-    pinned_ak: Vec<String>,
-
-    /// `tpm-quote`: INSECURE, development only: accept any attestation key (the PCR values
-    /// are still checked). Warned on every connection.
-    #[arg(long)]
-    #[cfg(feature = "insecure-test-attestation")]
-    insecure_any_ak: bool,
+    /// `tpm-quote`: which client attestation keys to trust.
+    #[command(flatten)]
+    ak_trust: AkTrustArgs,
 
     /// `tpm-quote`: the expected measurements (JSON, see docs/attestation.md). The file is
     /// re-read when it changes.
@@ -66,13 +52,8 @@ struct Args {
     #[arg(long, value_name = "HEX")]
     insecure_test_trusted_key: Vec<String>,
 
-    /// Log format.
-    #[arg(long, value_enum, default_value_t = LogFormat::Human)]
-    log_format: LogFormat,
-
-    /// More log output: -v for debug, -vv for trace.
-    #[arg(short, long, action = ArgAction::Count)]
-    verbose: u8,
+    #[command(flatten)]
+    log: LogArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -81,59 +62,6 @@ enum ClientVariant {
     TpmQuote,
     /// INSECURE: Ed25519 test evidence from pinned keys (development builds only).
     InsecureTestEd25519,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum LogFormat {
-    /// One human-readable line per event.
-    Human,
-    /// One JSON object per line.
-    Json,
-}
-
-/// The log filter: `ASTERISM_LOG` when set (a level or a tracing filter, as for the
-/// `asterism` CLI; the end-to-end tests run every process at `trace` with it), else `default`.
-fn log_filter(default: &str) -> EnvFilter {
-    match std::env::var("ASTERISM_LOG") {
-        Ok(filter) if !filter.trim().is_empty() => EnvFilter::new(filter),
-        _ => EnvFilter::new(default),
-    }
-}
-
-fn init_logging(format: LogFormat, verbose: u8) {
-    let level = match verbose {
-        0 => "info",
-        1 => "debug",
-        _ => "trace",
-    };
-    // Our crates at the chosen level; dependencies (HTTP/2 framing and the like) only warn.
-    let filter = log_filter(&format!(
-        "warn,asterism_key_service={level},asterism_kms={level},asterism_atls={level},asterism_attestation={level}"
-    ));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
-    let installed = match format {
-        LogFormat::Human => builder.try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
-    };
-    if let Err(err) = installed {
-        eprintln!("cannot install the log subscriber: {err}");
-    }
-}
-
-/// Completes on SIGTERM or SIGINT. The handlers are installed now, before the service is
-/// announced, so an early signal is never fatal.
-fn shutdown_signal() -> anyhow::Result<impl Future<Output = ()>> {
-    let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
-    let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
-    Ok(async move {
-        tokio::select! {
-            _ = term.recv() => tracing::info!("received SIGTERM"),
-            _ = int.recv() => tracing::info!("received SIGINT"),
-        }
-    })
 }
 
 fn load_kms(master_secret_file: &Path, salt_file: &Path) -> anyhow::Result<ClusterKms> {
@@ -151,7 +79,7 @@ fn load_kms(master_secret_file: &Path, salt_file: &Path) -> anyhow::Result<Clust
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
-    let shutdown = shutdown_signal()?;
+    let shutdown = asterism_binkit::shutdown_signal()?;
     let kms = load_kms(&args.master_secret_file, &args.salt_file)?;
     tracing::info!(
         master_secret_file = %args.master_secret_file.display(),
@@ -204,43 +132,17 @@ fn client_validator(args: &Args) -> anyhow::Result<std::sync::Arc<dyn asterism_a
 /// Builds the `tpm-quote` validator: an AK trust policy (exactly one of platform CA,
 /// pinned keys or the insecure any-key option) and hot-reloaded measurements.
 fn tpm_validator(args: &Args) -> anyhow::Result<std::sync::Arc<dyn asterism_atls::Validator>> {
-    use asterism_attestation::{
-        AkFingerprint, AkTrust, PlatformCa, ReloadingMeasurements, TpmQuoteValidator,
-    };
-    let chosen = usize::from(args.platform_ca.is_some())
-        + usize::from(!args.pinned_ak.is_empty())
-        + usize::from(insecure_any_ak(args));
-    if chosen != 1 {
-        anyhow::bail!(
-            "tpm-quote needs exactly one AK trust policy: --platform-ca, --pinned-ak or --insecure-any-ak"
-        );
-    }
-    let trust = if let Some(path) = &args.platform_ca {
-        let pem = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-        AkTrust::platform_ca(
-            PlatformCa::from_pem(&pem)
-                .with_context(|| format!("{} holds no usable CA certificate", path.display()))?,
-        )
-    } else if !args.pinned_ak.is_empty() {
-        let pins = args
-            .pinned_ak
-            .iter()
-            .map(|h| AkFingerprint::from_hex(h).with_context(|| format!("--pinned-ak {h:?}")))
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        AkTrust::pinned(pins)
-    } else {
-        insecure_any_ak_trust()?
-    };
+    let trust = args.ak_trust.ak_trust().context("tpm-quote")?;
     let path = args
         .measurements
         .as_ref()
         .context("tpm-quote needs --measurements (expected PCR values are mandatory)")?;
-    let measurements = ReloadingMeasurements::open(path)
+    // Re-read when the file changes, here at the edge; validation reads only memory.
+    let measurements = asterism_binkit::measurements::watch(path)
         .with_context(|| format!("loading measurements from {}", path.display()))?;
-    Ok(std::sync::Arc::new(TpmQuoteValidator::new(
-        trust,
-        std::sync::Arc::new(measurements),
-    )))
+    Ok(std::sync::Arc::new(
+        asterism_attestation::TpmQuoteValidator::new(trust, std::sync::Arc::new(measurements)),
+    ))
 }
 
 #[cfg(feature = "insecure-test-attestation")]
@@ -277,7 +179,13 @@ fn test_validator(
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    init_logging(args.log_format, args.verbose);
+    // Our crates at the chosen level; dependencies (HTTP/2 framing and the like) only warn.
+    args.log.init(&[
+        "asterism_key_service",
+        "asterism_kms",
+        "asterism_atls",
+        "asterism_attestation",
+    ]);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -295,27 +203,4 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// Whether `--insecure-any-ak` was given; the flag exists only in builds with the
-/// `insecure-test-attestation` feature (never optimised ones).
-#[cfg(feature = "insecure-test-attestation")]
-fn insecure_any_ak(args: &Args) -> bool {
-    args.insecure_any_ak
-}
-
-#[cfg(not(feature = "insecure-test-attestation"))]
-fn insecure_any_ak(_: &Args) -> bool {
-    false
-}
-
-#[cfg(feature = "insecure-test-attestation")]
-fn insecure_any_ak_trust() -> anyhow::Result<asterism_attestation::AkTrust> {
-    tracing::warn!("accepting ANY attestation key (--insecure-any-ak): development only");
-    Ok(asterism_attestation::AkTrust::insecure_any_ak())
-}
-
-#[cfg(not(feature = "insecure-test-attestation"))]
-fn insecure_any_ak_trust() -> anyhow::Result<asterism_attestation::AkTrust> {
-    anyhow::bail!("no AK trust policy: --platform-ca or --pinned-ak")
 }

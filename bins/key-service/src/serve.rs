@@ -15,7 +15,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tonic::transport::Server;
 use tonic::transport::server::Connected;
 
-use crate::service::{KeyService, MAX_KEY_LEN, error_chain};
+use crate::service::{KeyService, MAX_KEY_LEN};
+use asterism_binkit::error_chain;
 
 /// The error type a connection stream may yield.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use asterism_binkit::error_chain;
 use asterism_kms::{ClusterKms, KeyId, KeyIdError};
 use asterism_proto::kms::api_server::Api;
 use asterism_proto::kms::{GetDataKeyRequest, GetDataKeyResponse};
@@ -106,18 +107,6 @@ fn peer<T>(request: &Request<T>) -> String {
         };
     }
     "unknown".to_owned()
-}
-
-/// Writes an error and all its sources on one line.
-pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[tonic::async_trait]

@@ -491,11 +491,7 @@ impl LocalCluster {
             kubernetes_version: "v1.31.0".into(),
             apiserver_cert_sans: Vec::new(),
             timeout_secs: 120,
-            trust: asterism::trust::TrustArgs {
-                platform_ca: Some(self.platform_ca.clone()),
-                pinned_ak: Vec::new(),
-                measurements: self.measurements.clone(),
-            },
+            trust: asterism::trust::TrustArgs::platform_ca(&self.platform_ca, &self.measurements),
         }
     }
 

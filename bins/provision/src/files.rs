@@ -1,8 +1,8 @@
 //! Files and directories with explicit modes, never overwritten.
 
-use std::fs::{self, DirBuilder, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::fs::{self, DirBuilder};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
@@ -33,28 +33,9 @@ pub fn ensure_dir(dir: &Path, mode: u32) -> Result<Option<PathBuf>> {
     }
 }
 
-/// Writes a new file with `mode`; fails if it exists.
+/// Writes a new file with exactly `mode`, synced; fails if it exists.
 pub fn write_new(path: &Path, contents: &[u8], mode: u32) -> Result<()> {
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(path)
-        .map_err(|error| {
-            if error.kind() == io::ErrorKind::AlreadyExists {
-                anyhow::anyhow!(
-                    "{} already exists; refusing to overwrite it",
-                    path.display()
-                )
-            } else {
-                anyhow::Error::new(error).context(format!("creating {}", path.display()))
-            }
-        })?;
-    fs::set_permissions(path, fs::Permissions::from_mode(mode))
-        .with_context(|| format!("setting the mode of {}", path.display()))?;
-    file.write_all(contents)
-        .and_then(|()| file.sync_all())
-        .with_context(|| format!("writing {}", path.display()))
+    Ok(asterism_binkit::write_new(path, contents, mode)?)
 }
 
 /// Refuses when any of `paths` exists, naming the first.

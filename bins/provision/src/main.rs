@@ -128,10 +128,7 @@ enum MarkerCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(&cli.log))
-        .with_writer(std::io::stderr)
-        .init();
+    asterism_binkit::logging::init(asterism_binkit::LogFormat::Human, &cli.log);
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

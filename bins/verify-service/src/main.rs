@@ -16,7 +16,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::signal::unix::{SignalKind, signal};
+
+/// Longest AK certificate read, in bytes.
+const MAX_AK_CERT: u64 = 64 * 1024;
 
 /// Longest nonce accepted, in bytes.
 const MAX_NONCE: usize = 64;
@@ -72,7 +74,7 @@ impl Api for Verify {
 
 async fn run(args: Args) -> Result<()> {
     let chain = match &args.ak_cert {
-        Some(p) => vec![std::fs::read(p).with_context(|| format!("reading {}", p.display()))?],
+        Some(p) => vec![asterism_binkit::read_capped(p, MAX_AK_CERT)?],
         None => Vec::new(),
     };
     let tpm = args.tpm.clone();
@@ -88,14 +90,7 @@ async fn run(args: Args) -> Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     tracing::info!(listen = %args.listen, "verify service listening (plain gRPC; evidence is self-authenticating)");
-    let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
-    let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
-    let shutdown = async move {
-        tokio::select! {
-            _ = term.recv() => {},
-            _ = int.recv() => {},
-        }
-    };
+    let shutdown = asterism_binkit::shutdown_signal()?;
     tonic::transport::Server::builder()
         .timeout(Duration::from_secs(10))
         .concurrency_limit_per_connection(4)
@@ -114,21 +109,12 @@ async fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
-/// The log filter: `ASTERISM_LOG` when set (a level or a tracing filter, as for the
-/// `asterism` CLI; the end-to-end tests run every process at `trace` with it), else `default`.
-fn log_filter(default: &str) -> tracing_subscriber::EnvFilter {
-    match std::env::var("ASTERISM_LOG") {
-        Ok(filter) if !filter.trim().is_empty() => tracing_subscriber::EnvFilter::new(filter),
-        _ => tracing_subscriber::EnvFilter::new(default),
-    }
-}
-
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(log_filter("info"))
-        .with_writer(std::io::stderr)
-        .init();
+    asterism_binkit::logging::init(
+        asterism_binkit::LogFormat::Human,
+        &asterism_binkit::logging::directives("info"),
+    );
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -24,7 +24,7 @@ pub mod test_ed25519;
 pub use binding::{Purpose, ReportData, Role};
 pub use measurements::{
     ExpectedPcr, MeasurementMode, Measurements, MeasurementsError, MeasurementsProvider, PcrIndex,
-    ReloadingMeasurements,
+    SharedMeasurements,
 };
 pub use tpm::{AkFingerprint, AkTrust, PlatformCa, TpmQuoteValidator};
 pub use verified::{Measurement, VerifiedEvidence};

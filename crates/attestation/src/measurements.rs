@@ -1,5 +1,8 @@
 //! Expected measurements: which SHA-256 PCR values a node must show, each enforced or
-//! warn-only, loaded from a JSON file and hot-reloaded when the file changes.
+//! warn-only, parsed from a JSON document. A validator reads them from a
+//! [`MeasurementsProvider`]: a fixed map, or a [`SharedMeasurements`] that a binary
+//! replaces when the file changes (the binary watches the file; this crate reads files only
+//! in [`Measurements::load`], never during validation).
 //!
 //! # File format
 //!
@@ -36,14 +39,13 @@ use serde::de::{self, MapAccess, Visitor};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, PoisonError, RwLock};
 
 /// PCRs that software at locality 0 can reset (PC Client profile): enforcing them is refused.
 pub const RESETTABLE_PCRS: [PcrIndex; 2] = [PcrIndex(16), PcrIndex(23)];
 
 /// Largest measurements file read (a full map is about 3 KiB).
-const MAX_FILE_SIZE: u64 = 1024 * 1024;
+pub const MAX_FILE_SIZE: u64 = 1024 * 1024;
 
 /// A PCR index of a PC-client TPM: `0..=23`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -356,8 +358,12 @@ impl Measurements {
     }
 }
 
-/// Where a validator gets its expected measurements from on each validation, so a service
-/// can change them without a restart.
+/// Where a validator gets its expected measurements on each validation, so a service can
+/// change them without a restart.
+///
+/// It answers from memory: it is asked on every validation, so it must never read a file
+/// or block. A binary that watches a measurements file reloads it at its edge and swaps
+/// the new map into a [`SharedMeasurements`] (docs/attestation.md).
 pub trait MeasurementsProvider: Send + Sync {
     /// The measurements in force now.
     fn current(&self) -> Arc<Measurements>;
@@ -371,124 +377,36 @@ impl MeasurementsProvider for Fixed {
     }
 }
 
-/// Measurements from a file, re-read when its content changes.
-///
-/// [`MeasurementsProvider::current`] checks the file at most once per `min_interval`
-/// (default one second) on the calling thread: it reads the file and, if the bytes
-/// differ from the last bytes seen, parses them. A good file replaces the measurements
-/// (logged at info); a bad or unreadable one keeps the previous good value and is logged
-/// at error once per distinct failure. No background thread, no async runtime. The first
-/// load, in [`ReloadingMeasurements::open`], must succeed.
-pub struct ReloadingMeasurements {
-    path: PathBuf,
-    min_interval: Duration,
-    current: RwLock<Arc<Measurements>>,
-    check: Mutex<CheckState>,
-}
+/// Measurements that whoever holds a clone may replace: the validator reads the current map,
+/// the binary's file watcher swaps in a new one. Clones share one slot; reading and
+/// replacing are a lock and a pointer copy, no I/O.
+#[derive(Clone)]
+pub struct SharedMeasurements(Arc<RwLock<Arc<Measurements>>>);
 
-struct CheckState {
-    last_check: Instant,
-    last_seen: [u8; 32],
-    last_error: Option<String>,
-}
-
-impl ReloadingMeasurements {
-    /// Loads `path`; fails if the first load fails.
-    pub fn open(path: impl Into<PathBuf>) -> Result<Self, MeasurementsError> {
-        let path = path.into();
-        let bytes = read_bounded(&path)?;
-        let m = Measurements::from_json(&bytes)?;
-        tracing::info!(path = %path.display(), pcrs = m.len(), "loaded expected measurements");
-        Ok(Self {
-            path,
-            min_interval: Duration::from_secs(1),
-            current: RwLock::new(Arc::new(m)),
-            check: Mutex::new(CheckState {
-                last_check: Instant::now(),
-                last_seen: digest(&bytes),
-                last_error: None,
-            }),
-        })
+impl SharedMeasurements {
+    /// A slot holding `measurements`.
+    pub fn new(measurements: Measurements) -> Self {
+        Self(Arc::new(RwLock::new(Arc::new(measurements))))
     }
 
-    /// Checks the file at most once per `interval` (zero: on every call).
-    pub fn with_min_interval(mut self, interval: Duration) -> Self {
-        self.min_interval = interval;
-        self
-    }
-
-    /// The file being watched.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Checks the file now. `Ok(true)` if new measurements were loaded, `Ok(false)` if the
-    /// content is unchanged; on error the previous measurements stay in force.
-    pub fn reload_now(&self) -> Result<bool, MeasurementsError> {
-        let mut state = self.check.lock().unwrap_or_else(PoisonError::into_inner);
-        state.last_check = Instant::now();
-        self.refresh(&mut state)
-    }
-
-    fn refresh(&self, state: &mut CheckState) -> Result<bool, MeasurementsError> {
-        let result = read_bounded(&self.path).and_then(|bytes| {
-            let seen = digest(&bytes);
-            if seen == state.last_seen {
-                return Ok(false);
-            }
-            state.last_seen = seen;
-            let m = Measurements::from_json(&bytes)?;
-            let pcrs = m.len();
-            *self.current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(m);
-            tracing::info!(path = %self.path.display(), pcrs, "reloaded expected measurements");
-            Ok(true)
-        });
-        match &result {
-            Ok(_) => state.last_error = None,
-            Err(e) => {
-                let msg = error_chain(e);
-                if state.last_error.as_deref() != Some(msg.as_str()) {
-                    tracing::error!(
-                        path = %self.path.display(),
-                        error = %msg,
-                        "measurements reload failed; keeping the previous measurements"
-                    );
-                    state.last_error = Some(msg);
-                }
-            }
-        }
-        result
+    /// Puts `measurements` in force for every validation that starts from now on.
+    pub fn replace(&self, measurements: Measurements) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(measurements);
     }
 }
 
-impl MeasurementsProvider for ReloadingMeasurements {
+impl fmt::Debug for SharedMeasurements {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("SharedMeasurements")
+            .field(&self.current())
+            .finish()
+    }
+}
+
+impl MeasurementsProvider for SharedMeasurements {
     fn current(&self) -> Arc<Measurements> {
-        // Only one caller checks at a time; the others go on with the current value.
-        if let Ok(mut state) = self.check.try_lock()
-            && state.last_check.elapsed() >= self.min_interval
-        {
-            state.last_check = Instant::now();
-            // Logged inside; the previous value stays in force on error.
-            let _ = self.refresh(&mut state);
-        }
-        Arc::clone(&self.current.read().unwrap_or_else(PoisonError::into_inner))
+        Arc::clone(&self.0.read().unwrap_or_else(PoisonError::into_inner))
     }
-}
-
-fn digest(bytes: &[u8]) -> [u8; 32] {
-    use sha2::{Digest, Sha256};
-    Sha256::digest(bytes).into()
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 fn read_bounded(path: &Path) -> Result<Vec<u8>, MeasurementsError> {

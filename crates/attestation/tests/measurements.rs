@@ -1,4 +1,4 @@
-//! The expected-measurements file: strict loading and hot reload.
+//! The expected-measurements file: strict loading, and the shared map a watcher replaces.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -8,11 +8,8 @@
 
 use asterism_attestation::{
     ExpectedPcr, MeasurementMode, Measurements, MeasurementsError, MeasurementsProvider, PcrIndex,
-    ReloadingMeasurements,
+    SharedMeasurements,
 };
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
-use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 
 fn idx(i: u8) -> PcrIndex {
     PcrIndex::new(i).unwrap()
@@ -135,104 +132,38 @@ fn rejects_duplicates_unknown_fields_and_maps_that_enforce_nothing() {
     assert!(Measurements::from_json(b"not json").is_err());
 }
 
-#[derive(Clone, Default)]
-struct Errors(Arc<Mutex<Vec<String>>>);
-
-struct Text(String);
-impl tracing::field::Visit for Text {
-    fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
-        self.0.push_str(&format!("{}={v:?} ", f.name()));
-    }
-}
-
-impl<S: tracing::Subscriber> Layer<S> for Errors {
-    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
-        if *event.metadata().level() == tracing::Level::ERROR {
-            let mut t = Text(String::new());
-            event.record(&mut t);
-            self.0.lock().unwrap().push(t.0);
-        }
-    }
-}
-
-fn write(path: &std::path::Path, s: &str) {
-    // Write then rename, as a config-map update does, so a reader never sees half a file.
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, s).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
-}
-
 #[test]
-fn hot_reload_picks_up_a_change_and_a_bad_file_keeps_the_previous_value() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("measurements.json");
-    write(&path, &doc(&format!(r#""4": "{A}""#)));
-    let errors = Errors::default();
-    let subscriber = tracing_subscriber::registry().with(errors.clone());
-    tracing::subscriber::with_default(subscriber, || {
-        let src = ReloadingMeasurements::open(&path)
-            .unwrap()
-            .with_min_interval(Duration::ZERO);
-        assert_eq!(src.current().get(idx(4)).unwrap().expected, [0xaa; 32]);
-
-        // A good change is picked up by the next current().
-        write(&path, &doc(&format!(r#""4": "{Z}""#)));
-        assert_eq!(src.current().get(idx(4)).unwrap().expected, [0; 32]);
-
-        // A bad change keeps the previous value and logs an error, once.
-        write(&path, &doc(&format!(r#""4": "{}""#, &Z[2..])));
-        assert_eq!(src.current().get(idx(4)).unwrap().expected, [0; 32]);
-        assert_eq!(src.current().get(idx(4)).unwrap().expected, [0; 32]);
-        let logged = errors.0.lock().unwrap().clone();
-        assert_eq!(logged.len(), 1, "{logged:?}");
-        assert!(logged[0].contains("31 bytes"), "{logged:?}");
-        assert!(src.reload_now().is_ok_and(|changed| !changed));
-
-        // A vanished file, too.
-        std::fs::remove_file(&path).unwrap();
-        assert!(matches!(
-            src.reload_now(),
-            Err(MeasurementsError::Io { .. })
-        ));
-        assert_eq!(src.current().get(idx(4)).unwrap().expected, [0; 32]);
-
-        // Fixing the file recovers.
-        write(&path, &doc(&format!(r#""4": "{A}", "9": "{A}""#)));
-        assert_eq!(src.current().len(), 2);
-    });
-}
-
-#[test]
-fn hot_reload_is_rate_limited() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("m.json");
-    write(&path, &doc(&format!(r#""4": "{A}""#)));
-    let src = ReloadingMeasurements::open(&path)
-        .unwrap()
-        .with_min_interval(Duration::from_secs(3600));
-    write(&path, &doc(&format!(r#""4": "{Z}""#)));
-    // Not checked yet: the interval has not passed.
-    assert_eq!(src.current().get(idx(4)).unwrap().expected, [0xaa; 32]);
-    assert!(src.reload_now().unwrap());
-    assert_eq!(src.current().get(idx(4)).unwrap().expected, [0; 32]);
-}
-
-#[test]
-fn opening_a_bad_file_fails() {
+fn loading_refuses_a_missing_an_empty_and_an_oversized_file() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("m.json");
     assert!(matches!(
-        ReloadingMeasurements::open(&path),
+        Measurements::load(&path),
         Err(MeasurementsError::Io { .. })
     ));
-    write(&path, r#"{"measurements": {}}"#);
+    std::fs::write(&path, r#"{"measurements": {}}"#).unwrap();
     assert!(matches!(
-        ReloadingMeasurements::open(&path),
+        Measurements::load(&path),
         Err(MeasurementsError::NoEnforced)
     ));
-    write(&path, &" ".repeat(1024 * 1024 + 1));
+    std::fs::write(&path, " ".repeat(1024 * 1024 + 1)).unwrap();
     assert!(matches!(
         Measurements::load(&path),
         Err(MeasurementsError::TooLarge { .. })
     ));
+}
+
+#[test]
+fn a_shared_map_hands_every_holder_the_replacement() {
+    let one = Measurements::new([(idx(4), ExpectedPcr::enforce([1; 32]))]).unwrap();
+    let two = Measurements::new([(idx(4), ExpectedPcr::enforce([2; 32]))]).unwrap();
+    let shared = SharedMeasurements::new(one);
+    let validator_side = shared.clone();
+    let before = validator_side.current();
+    shared.replace(two);
+    assert_eq!(
+        validator_side.current().get(idx(4)).unwrap().expected,
+        [2; 32]
+    );
+    // A validation that started before the swap keeps the map it started with.
+    assert_eq!(before.get(idx(4)).unwrap().expected, [1; 32]);
 }

@@ -40,8 +40,8 @@ pub struct TpmQuoteValidator {
 
 impl TpmQuoteValidator {
     /// A validator with a mandatory AK trust policy and measurements source (fixed:
-    /// [`crate::Measurements::into_provider`]; hot-reloaded:
-    /// [`crate::ReloadingMeasurements`]).
+    /// [`crate::Measurements::into_provider`]; replaced by the binary when its file
+    /// changes: [`crate::SharedMeasurements`]).
     pub fn new(trust: AkTrust, measurements: Arc<dyn MeasurementsProvider>) -> Self {
         Self {
             trust,

@@ -1,5 +1,5 @@
 //! The client: built from a kubeconfig (the admin kubeconfig after init) or from the pod's
-//! service account, and the wait for the API server (REFERENCE §11.8).
+//! service account, and the wait for the API server.
 
 use super::error::{ApiError, Result};
 use k8s_openapi::api::core::v1::Namespace;
@@ -37,7 +37,7 @@ pub struct WaitPolicy {
 }
 
 impl Default for WaitPolicy {
-    /// REFERENCE §11.8: every 5 s for at most 2 min.
+    /// Every 5 s for at most 2 min, as the original waits for its API server.
     fn default() -> Self {
         Self {
             interval: Duration::from_secs(5),
@@ -100,7 +100,7 @@ impl ClusterApi {
     }
 
     /// Waits until the API server answers a namespace listing (one item is enough), trying every
-    /// `policy.interval` until `policy.deadline` (REFERENCE §11.8: every error is retried).
+    /// `policy.interval` until `policy.deadline` (every error is retried, as in the original).
     pub async fn wait_until_ready(&self, policy: WaitPolicy) -> Result<()> {
         const OP: &str = "list namespaces";
         let started = Instant::now();

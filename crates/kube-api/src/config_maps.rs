@@ -1,4 +1,4 @@
-//! The ConfigMaps written after init (REFERENCE §9.11, §11.5 steps 7, 9, 10, §12.5): the
+//! The ConfigMaps written after init (docs/kubernetes-api.md): the
 //! join service's `join-config`, the immutable components ConfigMap, `internal-config`,
 //! and the components annotation of the first node.
 
@@ -49,7 +49,7 @@ pub enum JoinConfigChange {
     Unchanged,
 }
 
-/// The components ConfigMap name (REFERENCE §11.5 step 7): `k8s-components-` and
+/// The components ConfigMap name: `k8s-components-` and
 /// `sha256:<hex of SHA-256 over every component's hash string, in order>` with `:`
 /// replaced by `-`.
 pub fn components_config_map_name(components: &[Component]) -> String {
@@ -60,7 +60,7 @@ pub fn components_config_map_name(components: &[Component]) -> String {
     format!("{COMPONENTS_PREFIX}sha256-{}", hex::encode(h.finalize()))
 }
 
-/// The components list as stored in the ConfigMap (REFERENCE §2.1): keys `url`, `hash`,
+/// The components list as stored in the ConfigMap: keys `url`, `hash`,
 /// `install_path`, `extract`, zero values omitted.
 pub fn components_json(components: &[Component]) -> String {
     #[derive(serde::Serialize)]
@@ -96,7 +96,7 @@ fn meta(name: &str) -> ObjectMeta {
 }
 
 impl ClusterApi {
-    /// Creates or updates `kube-system/join-config` (REFERENCE §9.11, §12.5): `data.
+    /// Creates or updates `kube-system/join-config`: `data.
     /// attestationConfig` = `attestation_config` (JSON text), `binaryData.measurementSalt` =
     /// the salt. An update keeps the previous configuration in `attestationConfig_backup`
     /// and uses the object's resourceVersion (a concurrent writer makes it read and try
@@ -189,7 +189,7 @@ impl ClusterApi {
         }
     }
 
-    /// Creates the immutable components ConfigMap of `components` (REFERENCE §11.5 step 7):
+    /// Creates the immutable components ConfigMap of `components`:
     /// `data.components` = the list as JSON, `data.cluster-version` = `cluster_version`.
     /// Returns its name. Idempotent: its name derives from the component hashes, so an
     /// existing one is the same.
@@ -221,7 +221,7 @@ impl ClusterApi {
         }
     }
 
-    /// Creates the empty `kube-system/internal-config` (REFERENCE §11.5 step 10); an
+    /// Creates the empty `kube-system/internal-config`; an
     /// existing one is left alone.
     pub async fn create_internal_config(&self) -> Result<()> {
         let cm = ConfigMap {
@@ -238,7 +238,7 @@ impl ClusterApi {
         }
     }
 
-    /// Annotates node `node` with its components ConfigMap (REFERENCE §11.5 step 9). A JSON
+    /// Annotates node `node` with its components ConfigMap. A JSON
     /// merge patch of the one annotation: it cannot conflict with other writers, so unlike
     /// the original's read-modify-write it needs no retry.
     pub async fn annotate_node_components(&self, node: &str, config_map: &str) -> Result<()> {

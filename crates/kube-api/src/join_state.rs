@@ -1,6 +1,6 @@
 //! The join service's cluster state on the API, where every replica sees it: disk-to-AK
 //! bindings and members as ConfigMaps in `kube-system`, and JoiningNode records
-//! (REFERENCE §6.8, §6.9).
+//!.
 //!
 //! * A disk binding is an **immutable** ConfigMap `asterism-disk-<uuid>` created once: the
 //!   API server's create is the atomic "first writer wins"; a create answered `AlreadyExists`
@@ -167,7 +167,7 @@ impl MemberRecord {
     }
 }
 
-/// A JoiningNode record (REFERENCE §6.9).
+/// A JoiningNode record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JoiningNode {
     /// The Kubernetes node name (lower case, `_` → `-`).
@@ -550,7 +550,7 @@ impl ClusterApi {
     }
 
     /// The components ConfigMap name the NodeVersion `constellation-version` names
-    /// (`spec.kubernetesComponentsReference`, REFERENCE §6.8).
+    /// (`spec.kubernetesComponentsReference`).
     pub async fn components_reference(&self) -> Result<String> {
         let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &node_version_resource());
         let op = format!("get NodeVersion {NODE_VERSION}");

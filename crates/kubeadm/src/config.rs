@@ -1,14 +1,14 @@
-//! Typed kubeadm configuration (REFERENCE §11.2): InitConfiguration, ClusterConfiguration,
+//! Typed kubeadm configuration: InitConfiguration, ClusterConfiguration,
 //! KubeletConfiguration and JoinConfiguration, rendered as YAML documents joined by `---`.
 //!
 //! `kubeadm.k8s.io/v1beta4` is used from Kubernetes v1.31 on (kubeadm 1.31 introduced it;
 //! its extra arguments are lists of `{name, value}`), `v1beta3` (extra arguments as maps)
 //! before. Rendering is pure: values in, text out. [`PrivateConfigFile`] is the one I/O
 //! piece: it writes a rendered file (which may hold a bootstrap token) into a private
-//! temporary directory and removes it when dropped (REFERENCE §14 item 14).
+//! temporary directory and removes it when dropped.
 //!
 //! Changes from the original: init and join use the same cloud-provider setting
-//! (§14 item 11); the join configuration always pins the cluster CA (`caCertHashes` must not
+//!; the join configuration always pins the cluster CA (`caCertHashes` must not
 //! be empty, `unsafeSkipCAVerification` is never set); an empty cloud provider is left out
 //! instead of being passed as an empty flag; join also passes `provider-id` as a kubelet
 //! argument, as init does.
@@ -36,9 +36,9 @@ pub const KUBELET_CONFIG_API: &str = "kubelet.config.k8s.io/v1beta1";
 pub const CRI_SOCKET: &str = "unix:///run/containerd/containerd.sock";
 pub use asterism_cluster::{API_SERVER_PORT, BootstrapToken, is_bootstrap_token};
 /// The kubeadm phase a joining control-plane node skips: it got the control-plane files
-/// from the join service (REFERENCE §6.7).
+/// from the join service.
 pub const SKIP_DOWNLOAD_CERTS: &str = "control-plane-prepare/download-certs";
-/// The TLS cipher suites of the kubelet's serving endpoint (REFERENCE §11.2).
+/// The TLS cipher suites of the kubelet's serving endpoint.
 pub const KUBELET_TLS_CIPHER_SUITES: [&str; 8] = [
     "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
     "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
@@ -50,7 +50,7 @@ pub const KUBELET_TLS_CIPHER_SUITES: [&str; 8] = [
     "TLS_RSA_WITH_AES_128_GCM_SHA256",
 ];
 
-/// The audit policy written before init and join (REFERENCE §11.3).
+/// The audit policy written before init and join.
 pub const AUDIT_POLICY: &str =
     "apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n- level: Metadata\n";
 
@@ -203,7 +203,7 @@ impl ApiVersion {
     }
 }
 
-/// The cloud-provider setting, the same for init and join (REFERENCE §14 item 11: the
+/// The cloud-provider setting, the same for init and join (the
 /// original set AWS external on init but not on join).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CloudProvider {
@@ -499,7 +499,7 @@ struct JoinConfiguration<'a> {
     patches: Patches,
 }
 
-/// What the init configuration is made of (REFERENCE §11.2, §11.5).
+/// What the init configuration is made of.
 #[derive(Debug, Clone)]
 pub struct InitParams {
     /// The Kubernetes version (also chooses the API version).
@@ -532,7 +532,7 @@ impl InitParams {
     }
 }
 
-/// What the join configuration is made of (REFERENCE §11.2, §11.6).
+/// What the join configuration is made of.
 #[derive(Debug)]
 pub struct JoinParams {
     /// The configuration API version (of the installed kubeadm).

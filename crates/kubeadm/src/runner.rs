@@ -1,5 +1,5 @@
-//! The kubeadm runner (REFERENCE §11.4): the command sequences of `kubeadm init` and
-//! `kubeadm join`, and starting the kubelet on an already-bootstrapped node (§11.7).
+//! The kubeadm runner: the command sequences of `kubeadm init` and
+//! `kubeadm join`, and starting the kubelet on an already-bootstrapped node.
 //!
 //! Programs run through the narrow [`Commands`] trait; [`ProcessCommands`] runs real
 //! processes with a deadline and bounded output capture. Output goes to the log with
@@ -325,7 +325,7 @@ fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> K
 }
 
 /// The node's own kubelet certificate, made on the init node from the cluster CA that
-/// `kubeadm init phase certs all` created (REFERENCE §11.5 step 4).
+/// `kubeadm init phase certs all` created.
 #[derive(Debug, Clone)]
 pub struct LocalKubeletCert {
     /// The node name (`CN=system:node:<name>`).
@@ -428,7 +428,7 @@ impl<C: Commands> Kubeadm<C> {
         text.parse().map_err(|_| KubeadmError::Version(text))
     }
 
-    /// The init sequence (REFERENCE §11.4): preflight, certs, the node's kubelet
+    /// The init sequence: preflight, certs, the node's kubelet
     /// certificate, an empty manifests directory, `kubeadm init` without those phases, and
     /// `kubeadm kubeconfig user` whose output is the returned admin kubeconfig.
     pub async fn init(&self, run: &InitRun<'_>) -> Result<Zeroizing<Vec<u8>>, KubeadmError> {
@@ -480,7 +480,7 @@ impl<C: Commands> Kubeadm<C> {
         Ok(std::mem::take(&mut out.stdout))
     }
 
-    /// The join sequence (REFERENCE §11.4): an empty manifests directory, then
+    /// The join sequence: an empty manifests directory, then
     /// `kubeadm join -v=5 --config <file>`.
     pub async fn join(&self, config: &Path, manifests_dir: &Path) -> Result<(), KubeadmError> {
         reset_manifests(manifests_dir)?;
@@ -491,8 +491,8 @@ impl<C: Commands> Kubeadm<C> {
     }
 }
 
-/// systemd through `systemctl`: enabling and starting the kubelet (REFERENCE §11.1 step 4,
-/// §11.7).
+/// systemd through `systemctl`: enabling and starting the kubelet before
+/// kubeadm runs, as the original does on init and join.
 #[derive(Debug, Clone)]
 pub struct Systemd<C> {
     systemctl: PathBuf,
@@ -525,7 +525,7 @@ impl<C: Commands> Systemd<C> {
             .await
     }
 
-    /// Enables the kubelet and starts it, waiting for the start job (§11.7).
+    /// Enables the kubelet and starts it, waiting for the start job.
     pub async fn start_kubelet(&self) -> Result<(), KubeadmError> {
         self.enable_kubelet().await?;
         self.systemctl(&["start", KUBELET_UNIT]).await?;
@@ -553,8 +553,8 @@ fn reset_manifests(dir: &Path) -> Result<(), KubeadmError> {
 }
 
 /// Makes the node's kubelet key and certificate with the CA in `certificates_dir`
-/// (`ca.crt`, `ca.key`): the same subject and template the join service uses (REFERENCE
-/// §6.6). The key is written first (0600), then the certificate (0644), each atomically.
+/// (`ca.crt`, `ca.key`): the same subject and template the join service uses
+/// (`asterism_pki::ClusterCa::sign_kubelet`). The key is written first (0600), then the certificate (0644), each atomically.
 pub fn write_local_kubelet_cert(
     certificates_dir: &Path,
     kubelet: &LocalKubeletCert,

@@ -3,7 +3,7 @@
 //! * [`ssh`]: the emergency SSH CA (an Ed25519 key from the `ca_emergency_ssh` data key),
 //!   OpenSSH host certificates, host keys and the SSH wire format;
 //! * [`x509`]: the cluster (Kubernetes) CA, kubelet keys and CSRs, checked CSR
-//!   signing, the admin client certificate, and the discovery hash (§6.5);
+//!   signing, the admin client certificate, and the discovery hash;
 //! * [`kubeconfig`]: an admin kubeconfig.
 //!
 //! Nothing here does network I/O or reads the environment; the only file operation is

@@ -59,8 +59,8 @@ fn state_error(e: ApiError) -> StateError {
     match e {
         ApiError::DiskBoundToOtherKey { uuid } => StateError::DiskBoundToOtherKey { uuid },
         ApiError::MemberKeyChanged { name } => StateError::MemberKeyChanged { name },
-        e if e.is_retryable() => StateError::Unavailable(chain(&e)),
-        e => StateError::Store(chain(&e)),
+        e if e.is_retryable() => StateError::Unavailable(Box::new(e)),
+        e => StateError::store_caused("the Kubernetes API", e),
     }
 }
 
@@ -165,7 +165,7 @@ impl ClusterState for KubeState {
     /// the disk binding, then the member record.
     async fn record_init_node(&self, init: &InitNode, now: SystemTime) -> Result<(), StateError> {
         let disk = DiskUuid::parse(&init.disk)
-            .map_err(|e| StateError::Store(format!("the init node's disk UUID: {e}")))?;
+            .map_err(|e| StateError::store_caused("the init node's disk UUID", e))?;
         if let Some(m) = self.api.member(&init.name).await.map_err(state_error)?
             && m.ak != init.ak
         {

@@ -55,15 +55,43 @@ pub enum StateError {
     },
     /// The store cannot be reached or is busy (the API server is down or overloaded, a race
     /// was lost, another control-plane node is joining): the same request may succeed later.
-    #[error("cluster state unavailable: {0}")]
-    Unavailable(String),
+    #[error("cluster state unavailable")]
+    Unavailable(#[source] Cause),
     /// The store failed.
-    #[error("cluster state store: {0}")]
-    Store(String),
+    #[error("cluster state store: {what}")]
+    Store {
+        /// What failed.
+        what: String,
+        /// Why, when another error says it.
+        #[source]
+        source: Option<Cause>,
+    },
 }
 
-fn store<E: std::fmt::Display>(e: E) -> StateError {
-    StateError::Store(e.to_string())
+/// The cause a [`StateError`] carries, kept whole so that the log shows the full chain.
+pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+impl StateError {
+    /// A store failure of `what`, with no further cause.
+    pub fn store_failed(what: impl Into<String>) -> Self {
+        StateError::Store {
+            what: what.into(),
+            source: None,
+        }
+    }
+
+    /// A store failure of `what`, caused by `source`.
+    pub fn store_caused(what: impl Into<String>, source: impl Into<Cause>) -> Self {
+        StateError::Store {
+            what: what.into(),
+            source: Some(source.into()),
+        }
+    }
+}
+
+/// A failure of the embedded database (or of encoding what it holds).
+fn store(e: impl Into<Cause>) -> StateError {
+    StateError::store_caused("the embedded database", e)
 }
 
 /// A new random bootstrap token.
@@ -71,7 +99,7 @@ fn generate_token() -> Result<BootstrapToken, StateError> {
     let rng = SystemRandom::new();
     BootstrapToken::generate(|buf| {
         rng.fill(buf)
-            .map_err(|_| StateError::Store("no randomness".into()))
+            .map_err(|_| StateError::store_failed("no randomness"))
     })
 }
 
@@ -252,7 +280,7 @@ trait PendingWrite: Send {
 
     /// Answers the caller: with the outcome if the transaction committed, otherwise with
     /// `failure`.
-    fn answer(self: Box<Self>, failure: Option<&str>);
+    fn answer(self: Box<Self>, failure: Option<&Arc<StateError>>);
 }
 
 type WriteFn<T> = Box<dyn for<'a> FnOnce(&mut Tables<'a>) -> Result<T, StateError> + Send>;
@@ -280,11 +308,14 @@ impl<T: Send> PendingWrite for Pending<T> {
         Ok(())
     }
 
-    fn answer(self: Box<Self>, failure: Option<&str>) {
+    fn answer(self: Box<Self>, failure: Option<&Arc<StateError>>) {
         let result = match (failure, self.outcome) {
             (None, Some(outcome)) => outcome,
-            (Some(failure), _) => Err(StateError::Store(failure.to_owned())),
-            (None, None) => Err(StateError::Store("the write was not applied".into())),
+            (Some(failure), _) => Err(StateError::store_caused(
+                "the transaction holding this write",
+                Arc::clone(failure),
+            )),
+            (None, None) => Err(StateError::store_failed("the write was not applied")),
         };
         // The caller may have given up (its request was cancelled); the write stands.
         let _ = self.reply.send(result);
@@ -307,13 +338,6 @@ impl Drop for Writer {
     }
 }
 
-fn message(e: StateError) -> String {
-    match e {
-        StateError::Store(m) | StateError::Unavailable(m) => m,
-        other => other.to_string(),
-    }
-}
-
 fn write_loop(db: &Database, mut queue: mpsc::Receiver<Box<dyn PendingWrite>>) {
     while let Some(first) = queue.blocking_recv() {
         let mut batch = vec![first];
@@ -323,12 +347,12 @@ fn write_loop(db: &Database, mut queue: mpsc::Receiver<Box<dyn PendingWrite>>) {
                 Err(_) => break,
             }
         }
-        let failure = commit(db, &mut batch).err().map(message);
+        let failure = commit(db, &mut batch).err().map(Arc::new);
         if let Some(f) = &failure {
-            tracing::error!(writes = batch.len(), error = %f, "cluster state: a transaction failed; none of its writes was committed");
+            tracing::error!(writes = batch.len(), error = %crate::error::chain(f.as_ref()), "cluster state: a transaction failed; none of its writes was committed");
         }
         for w in batch {
-            w.answer(failure.as_deref());
+            w.answer(failure.as_ref());
         }
     }
 }
@@ -360,12 +384,12 @@ impl RedbState {
             .recursive(true)
             .mode(0o700)
             .create(dir)
-            .map_err(|e| StateError::Store(format!("creating {}: {e}", dir.display())))?;
+            .map_err(|e| StateError::store_caused(format!("creating {}", dir.display()), e))?;
         let path = dir.join(Self::FILE_NAME);
         let db = Database::create(&path)
-            .map_err(|e| StateError::Store(format!("opening {}: {e}", path.display())))?;
+            .map_err(|e| StateError::store_caused(format!("opening {}", path.display()), e))?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-            .map_err(|e| StateError::Store(format!("restricting {}: {e}", path.display())))?;
+            .map_err(|e| StateError::store_caused(format!("restricting {}", path.display()), e))?;
         let txn = db.begin_write().map_err(store)?;
         {
             txn.open_table(MEMBERS).map_err(store)?;
@@ -379,7 +403,7 @@ impl RedbState {
         let thread = std::thread::Builder::new()
             .name("cluster-state".into())
             .spawn(move || write_loop(&writer_db, rx))
-            .map_err(|e| StateError::Store(format!("starting the writer thread: {e}")))?;
+            .map_err(|e| StateError::store_caused("starting the writer thread", e))?;
         Ok(Self {
             db,
             writer: Arc::new(Writer {
@@ -406,7 +430,7 @@ impl RedbState {
         &self,
         run: impl for<'a> FnOnce(&mut Tables<'a>) -> Result<T, StateError> + Send + 'static,
     ) -> Result<T, StateError> {
-        let stopped = || StateError::Store("the cluster-state writer stopped".into());
+        let stopped = || StateError::store_failed("the cluster-state writer stopped");
         let (reply, answer) = oneshot::channel();
         let pending: Box<dyn PendingWrite> = Box::new(Pending {
             run: Some(Box::new(run)),
@@ -618,7 +642,7 @@ impl ClusterState for RedbState {
     async fn record_init_node(&self, init: &InitNode, now: SystemTime) -> Result<(), StateError> {
         let init = init.clone();
         let disk = DiskUuid::parse(&init.disk)
-            .map_err(|e| StateError::Store(format!("the init node's disk UUID: {e}")))?;
+            .map_err(|e| StateError::store_caused("the init node's disk UUID", e))?;
         self.write(move |t| {
             let now = unix(now);
             let previous = member_in(&t.members, &init.name)?;
@@ -896,9 +920,9 @@ mod tests {
     /// Runs `batch` as the writer thread does: one transaction, then the answers.
     fn run_batch(dir: &Path, mut batch: Vec<Box<dyn PendingWrite>>) {
         let db = Database::create(dir.join(RedbState::FILE_NAME)).unwrap();
-        let failure = commit(&db, &mut batch).err().map(message);
+        let failure = commit(&db, &mut batch).err().map(Arc::new);
         for w in batch {
-            w.answer(failure.as_deref());
+            w.answer(failure.as_ref());
         }
     }
 
@@ -950,10 +974,12 @@ mod tests {
         // Writes half of something, then fails.
         let (wb, rb) = pending(|t| {
             t.members.insert("b", b"{}".as_slice()).map_err(store)?;
-            Err::<(), _>(StateError::Store("the disk is full".into()))
+            Err::<(), _>(StateError::store_failed("the disk is full"))
         });
         run_batch(dir.path(), vec![wa, wb]);
-        assert!(matches!(ra.await.unwrap(), Err(StateError::Store(m)) if m.contains("full")));
+        assert!(
+            matches!(ra.await.unwrap(), Err(e @ StateError::Store { .. }) if crate::error::chain(&e).contains("full"))
+        );
         assert!(rb.await.unwrap().is_err());
 
         let s = RedbState::open(dir.path()).unwrap();

@@ -12,7 +12,8 @@
 
 use std::path::PathBuf;
 
-use asterism_kms::{ClusterId, DataKey, MEASUREMENT_SALT_LEN};
+use asterism_cluster::{MEASUREMENT_SALT_LEN, Role};
+use asterism_kms::{ClusterId, DataKey};
 use asterism_kubeadm::setup::ControlPlaneFile;
 use tracing::{info, warn};
 use zeroize::Zeroizing;
@@ -22,7 +23,7 @@ use crate::error::{StepError, blocking};
 use crate::files;
 use crate::identity::Identity;
 use crate::node::Node;
-use crate::node_state::{NodeDir, NodeState, Role};
+use crate::node_state::{NodeDir, NodeState};
 use crate::pki::SshFiles;
 use crate::ticket::JoinTicket;
 
@@ -217,10 +218,10 @@ impl Activation {
         );
         drop(batch);
         // 3. Kubernetes.
-        let kubeconfig = match &self.kubernetes {
+        let kubeconfig = match self.kubernetes {
             KubernetesStep::Init(params) => {
                 info!(step = "kubernetes", driver = node.driver.name(), cluster = %params.cluster_name, "initialising Kubernetes");
-                let kubeconfig = node.driver.init(params).await?;
+                let kubeconfig = node.driver.init(&params).await?;
                 info!(step = "kubernetes", "Kubernetes initialised");
                 Some(kubeconfig)
             }

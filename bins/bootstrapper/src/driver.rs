@@ -16,10 +16,11 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use asterism_kube_api::{ApiOptions, ClusterApi, WaitPolicy};
+use asterism_cluster::{API_SERVER_PORT, Role};
 use asterism_components::{Component, DownloadPolicy, Installer};
+use asterism_kube_api::{ApiOptions, ClusterApi, WaitPolicy};
 use asterism_kubeadm::config::{
-    ApiVersion, BootstrapToken, CloudProvider, InitParams, JoinParams, NodePaths, k8s_node_name,
+    ApiVersion, CloudProvider, InitParams, JoinParams, NodePaths, k8s_node_name,
 };
 use asterism_kubeadm::runner::ProcessCommands;
 use asterism_kubeadm::setup::{KubeadmNode, SetupConfig};
@@ -32,10 +33,6 @@ use zeroize::Zeroizing;
 
 use crate::effects::{ClusterInit, ClusterJoin, Components, DriverError, KubernetesDriver};
 use crate::files;
-use crate::node_state::Role;
-
-/// The API server port.
-const KUBERNETES_PORT: u16 = 6443;
 
 /// The `none` driver.
 #[derive(Debug, Default, Clone, Copy)]
@@ -96,7 +93,7 @@ impl KubernetesDriver for NoneDriver {
                 .map_err(fail("issuing the admin certificate"))?;
             let server = format!(
                 "https://{}",
-                SocketAddr::new(params.node_ip, KUBERNETES_PORT)
+                SocketAddr::new(params.node_ip, API_SERVER_PORT)
             );
             let kubeconfig =
                 render_admin_kubeconfig(&params.cluster_name, &server, ca.cert_pem(), &admin);
@@ -107,7 +104,7 @@ impl KubernetesDriver for NoneDriver {
         })
     }
 
-    fn join<'a>(&'a self, params: &'a ClusterJoin) -> BoxFuture<'a, Result<(), DriverError>> {
+    fn join(&self, params: ClusterJoin) -> BoxFuture<'_, Result<(), DriverError>> {
         Box::pin(async move {
             ignore_components(&params.components);
             // kubeadm would put the control-plane files into its certificate directory;
@@ -357,12 +354,10 @@ impl<M: Metadata + 'static> KubernetesDriver for KubeadmDriver<M> {
         })
     }
 
-    fn join<'a>(&'a self, params: &'a ClusterJoin) -> BoxFuture<'a, Result<(), DriverError>> {
+    fn join(&self, params: ClusterJoin) -> BoxFuture<'_, Result<(), DriverError>> {
         Box::pin(async move {
             let provider_id = self.provider_id().await?;
             let control_plane = params.role == Role::ControlPlane;
-            let token = BootstrapToken::new(Zeroizing::new(params.token.as_str().to_owned()))
-                .map_err(fail("the join ticket"))?;
             let join = JoinParams {
                 // Replaced by the installed kubeadm's version.
                 api_version: ApiVersion::V1Beta4,
@@ -370,7 +365,7 @@ impl<M: Metadata + 'static> KubernetesDriver for KubeadmDriver<M> {
                 node_ip: self.node_ip,
                 provider_id,
                 api_server_endpoint: params.api_server_endpoint.as_str().to_owned(),
-                token,
+                token: params.token,
                 ca_cert_hashes: vec![params.discovery_token_ca_cert_hash.clone()],
                 control_plane,
                 cloud_provider: self.cloud_provider,
@@ -446,7 +441,7 @@ mod tests {
         let pki_dir = dir.path().join("pki");
         let join = ClusterJoin {
             api_server_endpoint: crate::effects::ApiServerEndpoint::parse("10.9.0.2:6443").unwrap(),
-            token: Zeroizing::new("abcdef.0123456789abcdef".into()),
+            token: asterism_cluster::BootstrapToken::parse("abcdef.0123456789abcdef").unwrap(),
             discovery_token_ca_cert_hash: format!("sha256:{}", "ab".repeat(32)),
             role: Role::ControlPlane,
             node_name: "cp-1".into(),
@@ -463,18 +458,22 @@ mod tests {
                 },
             ],
         };
-        NoneDriver::new().join(&join).await.unwrap();
-        assert_eq!(std::fs::read(pki_dir.join("ca.key")).unwrap(), b"k");
-        assert_eq!(std::fs::read(pki_dir.join("etcd/ca.crt")).unwrap(), b"c");
-        // A worker is handed none, and nothing is written.
         let worker_dir = dir.path().join("worker-pki");
         let worker = ClusterJoin {
+            api_server_endpoint: join.api_server_endpoint.clone(),
+            token: asterism_cluster::BootstrapToken::parse("abcdef.0123456789abcdef").unwrap(),
+            discovery_token_ca_cert_hash: join.discovery_token_ca_cert_hash.clone(),
+            node_name: join.node_name.clone(),
+            components: Components::default(),
             pki_dir: worker_dir.clone(),
             control_plane_files: Vec::new(),
             role: Role::Worker,
-            ..join
         };
-        NoneDriver::new().join(&worker).await.unwrap();
+        NoneDriver::new().join(join).await.unwrap();
+        assert_eq!(std::fs::read(pki_dir.join("ca.key")).unwrap(), b"k");
+        assert_eq!(std::fs::read(pki_dir.join("etcd/ca.crt")).unwrap(), b"c");
+        // A worker is handed none, and nothing is written.
+        NoneDriver::new().join(worker).await.unwrap();
         assert!(!worker_dir.exists());
     }
 }

@@ -6,16 +6,15 @@
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
+use asterism_cluster::{BootstrapToken, Role};
+use asterism_components::{Component, ComponentError, check_all};
 use asterism_disk::{DataKey, DiskError, DiskUuid, StateDisk, Unlocked};
 use asterism_kms::ClusterId;
-use asterism_components::{Component, ComponentError, check_all};
 use asterism_kubeadm::setup::ControlPlaneFile;
 use asterism_tpm::marker::{self, MarkerError};
 use asterism_tpm::{Tpm, TpmConfig, TpmError};
 use futures::future::BoxFuture;
 use zeroize::Zeroizing;
-
-use crate::node_state::Role;
 
 /// The node marker: PCR 15, all zero until the node takes the node lock, then extended
 /// with the cluster ID (docs/bootstrapper.md).
@@ -291,8 +290,8 @@ impl std::fmt::Display for ApiServerEndpoint {
 pub struct ClusterJoin {
     /// The API server to join through, from the join ticket.
     pub api_server_endpoint: ApiServerEndpoint,
-    /// The bootstrap token (secret).
-    pub token: Zeroizing<String>,
+    /// The bootstrap token (secret), checked when the ticket was.
+    pub token: BootstrapToken,
     /// `sha256:<hex>` of the cluster CA's public key.
     pub discovery_token_ca_cert_hash: String,
     /// The node's role.
@@ -346,6 +345,7 @@ pub trait KubernetesDriver: Send + Sync {
         params: &'a ClusterInit,
     ) -> BoxFuture<'a, Result<Zeroizing<Vec<u8>>, DriverError>>;
 
-    /// Joins this node to the cluster.
-    fn join<'a>(&'a self, params: &'a ClusterJoin) -> BoxFuture<'a, Result<(), DriverError>>;
+    /// Joins this node to the cluster. The parameters are handed over: the bootstrap
+    /// token goes on into the kubeadm configuration without a copy.
+    fn join(&self, params: ClusterJoin) -> BoxFuture<'_, Result<(), DriverError>>;
 }

@@ -3,14 +3,14 @@
 
 use std::time::Duration;
 
+use asterism_cluster::Role;
 use asterism_kms::DiskUuid;
-use asterism_metadata::{Metadata, Role as MetadataRole};
+use asterism_metadata::Metadata;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::chain::chain;
 use crate::flow::pause;
-use crate::node_state::Role;
 use crate::pki::HostKey;
 
 /// What metadata says about this node.
@@ -18,7 +18,7 @@ use crate::pki::HostKey;
 pub struct Identity {
     /// The instance name (the Kubernetes node name).
     pub name: String,
-    /// The node's role.
+    /// The node's role: never [`Role::Unknown`] (the metadata is asked until it names one).
     pub role: Role,
 }
 
@@ -56,20 +56,14 @@ pub(crate) async fn learn<M: Metadata>(
 async fn ask<M: Metadata>(metadata: &M, timeout: Duration) -> Option<Identity> {
     match tokio::time::timeout(timeout, metadata.self_instance()).await {
         Ok(Ok(me)) => {
-            let role = match me.role {
-                MetadataRole::ControlPlane => Some(Role::ControlPlane),
-                MetadataRole::Worker => Some(Role::Worker),
-                MetadataRole::Unknown => None,
-            };
-            match role {
-                Some(role) if !me.name.is_empty() => {
-                    return Some(Identity {
-                        name: me.name,
-                        role,
-                    });
-                }
-                _ => warn!("the metadata does not name this node or its role yet"),
+            // A node without a known role waits: it cannot tell which flow it is in.
+            if me.role != Role::Unknown && !me.name.is_empty() {
+                return Some(Identity {
+                    name: me.name,
+                    role: me.role,
+                });
             }
+            warn!("the metadata does not name this node or its role yet");
         }
         Ok(Err(e)) => warn!(error = %chain(&e), "cannot ask the metadata who this node is"),
         Err(_) => warn!("the metadata did not answer in time"),

@@ -15,9 +15,8 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
-use asterism_kms::{
-    KeyId, KmsUri, MEASUREMENT_SALT_LEN, STATE_DISK_KEY_LEN, StorageUri, derive_cluster_id,
-};
+use asterism_cluster::MEASUREMENT_SALT_LEN;
+use asterism_kms::{KeyId, KmsUri, STATE_DISK_KEY_LEN, StorageUri, derive_cluster_id};
 use asterism_metadata::Metadata;
 use asterism_proto::init::api_server::Api;
 use asterism_proto::init::{

@@ -10,9 +10,10 @@
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
+use asterism_cluster::Role;
 use asterism_disk::Unlocked;
 use asterism_kms::{ClusterId, DataKey, DiskUuid, derive_cluster_id};
-use asterism_metadata::{Metadata, Role as MetadataRole};
+use asterism_metadata::Metadata;
 use asterism_proto::join::api_client::ApiClient;
 use asterism_proto::join::{IssueJoinTicketRequest, IssueRejoinTicketRequest};
 use tokio::sync::watch;
@@ -27,7 +28,7 @@ use crate::flow::{JoinEnd, pause};
 use crate::identity::ThisNode;
 use crate::lock::Holder;
 use crate::node::Node;
-use crate::node_state::{NodeState, Role};
+use crate::node_state::NodeState;
 use crate::pki;
 use crate::ticket::{self, Expect, ForNode, JoinTicket, TicketError, key32};
 
@@ -63,7 +64,7 @@ async fn endpoints<M: Metadata>(node: &Node<M>) -> Vec<SocketAddr> {
         Ok(Ok(instances)) => hosts.extend(
             instances
                 .iter()
-                .filter(|i| i.role == MetadataRole::ControlPlane)
+                .filter(|i| i.role == Role::ControlPlane)
                 .filter_map(|i| i.vpc_ip_addr()),
         ),
         Ok(Err(e)) => warn!(error = %chain(&e), "cannot list the cluster's instances"),

@@ -48,6 +48,7 @@ mod run;
 mod ticket;
 mod trust;
 
+pub use asterism_cluster::Role;
 pub use boot::prepare_state_image;
 pub use chain::error_chain;
 pub use config::{
@@ -70,7 +71,7 @@ pub use init::DEFAULT_CLUSTER_NAME;
 pub use lock::{Holder, LockError, NodeLock};
 pub use logbuf::{DEFAULT_LOG_BUFFER_BYTES, LogBuffer, LogBufferLayer};
 pub use node::Node;
-pub use node_state::{NodeDir, NodeState, Role};
+pub use node_state::{NodeDir, NodeState};
 pub use pki::PkiError;
 pub use run::{EXIT_FAILED, EXIT_RESET, EXIT_STOPPED, Failure, Outcome, run};
 pub use ticket::TicketError;

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use asterism_kms::MEASUREMENT_SALT_LEN;
+use asterism_cluster::{MEASUREMENT_SALT_LEN, Role};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 
@@ -12,32 +12,6 @@ use crate::files::{self, FileError};
 
 /// The largest node state file accepted when reading it back.
 const MAX_NODE_STATE_LEN: u64 = 4096;
-
-/// The node's role in the cluster.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    /// A control-plane node.
-    ControlPlane,
-    /// A worker node.
-    Worker,
-}
-
-impl Role {
-    /// The spelling of the node state file and the metadata API.
-    #[must_use]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::ControlPlane => "ControlPlane",
-            Self::Worker => "Worker",
-        }
-    }
-}
-
-impl std::fmt::Display for Role {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// What a node keeps on its state disk to find its cluster again after a reboot: its role
 /// and the cluster's measurement salt (with the measurement secret from a rejoin ticket,
@@ -94,6 +68,8 @@ impl NodeState {
             reason,
         };
         let wire: Wire = serde_json::from_slice(text).map_err(|e| bad(e.to_string()))?;
+        // Exactly the two spellings this file is written with; `Unknown` is no role a
+        // bootstrapped node can have.
         let role = match wire.role.as_str() {
             "ControlPlane" => Role::ControlPlane,
             "Worker" => Role::Worker,
@@ -257,7 +233,14 @@ mod tests {
     fn a_salt_of_the_wrong_length_or_an_unknown_role_is_refused() {
         let short = "{\"Role\": \"Worker\", \"MeasurementSalt\": \"AAAA\"}";
         assert!(NodeState::from_json(short.as_bytes(), Path::new("x")).is_err());
-        let role = "{\"Role\": \"Boss\", \"MeasurementSalt\": \"q6urq6urq6urq6urq6urq6urq6urq6urq6urq6urq6s=\"}";
-        assert!(NodeState::from_json(role.as_bytes(), Path::new("x")).is_err());
+        for role in ["Boss", "Unknown", "worker"] {
+            let json = format!(
+                "{{\"Role\": \"{role}\", \"MeasurementSalt\": \"q6urq6urq6urq6urq6urq6urq6urq6urq6urq6urq6s=\"}}"
+            );
+            assert!(
+                NodeState::from_json(json.as_bytes(), Path::new("x")).is_err(),
+                "{role}"
+            );
+        }
     }
 }

@@ -24,9 +24,12 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::path::{Component as PathPart, Path, PathBuf};
 
-use asterism_kms::{ClusterId, DataKey, DeriveError, MEASUREMENT_SALT_LEN, derive_cluster_id};
+use asterism_cluster::{
+    BootstrapToken, CONTROL_PLANE_FILES, MEASUREMENT_SALT_LEN, REQUIRED_CONTROL_PLANE_FILES,
+    TokenError,
+};
 use asterism_components::ComponentError;
-use asterism_kubeadm::setup::CONTROL_PLANE_FILES;
+use asterism_kms::{ClusterId, DataKey, DeriveError, derive_cluster_id};
 use asterism_proto::join::IssueJoinTicketResponse;
 use x509_parser::prelude::{FromDer as _, GeneralName, SubjectPublicKeyInfo, X509Certificate};
 use zeroize::Zeroizing;
@@ -55,6 +58,9 @@ pub enum TicketError {
     /// A Kubernetes component is unusable.
     #[error("kubernetes_components")]
     Components(#[source] ComponentError),
+    /// The bootstrap token does not have kubeadm's format.
+    #[error("token")]
+    Token(#[source] TokenError),
     /// The API server endpoint is not `host:port`.
     #[error("api_server_endpoint")]
     Endpoint(#[source] EndpointError),
@@ -82,7 +88,7 @@ pub(crate) struct JoinTicket {
     pub(crate) measurement_salt: [u8; MEASUREMENT_SALT_LEN],
     pub(crate) kubelet_cert: Vec<u8>,
     pub(crate) api_server_endpoint: ApiServerEndpoint,
-    pub(crate) token: Zeroizing<String>,
+    pub(crate) token: BootstrapToken,
     pub(crate) discovery_token_ca_cert_hash: String,
     pub(crate) control_plane_files: Vec<(String, Zeroizing<Vec<u8>>)>,
     pub(crate) ssh_ca_public_key: Vec<u8>,
@@ -98,7 +104,7 @@ struct Parsed {
     measurement_salt: [u8; MEASUREMENT_SALT_LEN],
     kubelet_cert: Vec<u8>,
     api_server_endpoint: ApiServerEndpoint,
-    token: Zeroizing<String>,
+    token: BootstrapToken,
     discovery_token_ca_cert_hash: String,
     control_plane_files: Vec<(String, Zeroizing<Vec<u8>>)>,
     ssh_ca_public_key: Vec<u8>,
@@ -131,6 +137,8 @@ impl TryFrom<IssueJoinTicketResponse> for Parsed {
             .map_err(TicketError::Components)?;
         let api_server_endpoint =
             ApiServerEndpoint::parse(&r.api_server_endpoint).map_err(TicketError::Endpoint)?;
+        let token = BootstrapToken::new(Zeroizing::new(std::mem::take(&mut r.token)))
+            .map_err(TicketError::Token)?;
         if r.control_plane_files.len() > MAX_CONTROL_PLANE_FILES {
             return Err(TicketError::TooManyFiles);
         }
@@ -147,7 +155,7 @@ impl TryFrom<IssueJoinTicketResponse> for Parsed {
             measurement_salt,
             kubelet_cert: r.kubelet_cert,
             api_server_endpoint,
-            token: Zeroizing::new(std::mem::take(&mut r.token)),
+            token,
             discovery_token_ca_cert_hash: r.discovery_token_ca_cert_hash,
             control_plane_files,
             ssh_ca_public_key: r.authorized_ca_public_key,
@@ -404,8 +412,12 @@ pub(crate) fn check_control_plane_files(
             .find(|(n, _)| n == name)
             .map(|(_, d)| d.as_slice())
     };
-    if expect.control_plane && (get("ca.crt").is_none() || get("ca.key").is_none()) {
-        return Err("a control-plane node needs ca.crt and ca.key".into());
+    if expect.control_plane
+        && let Some(missing) = REQUIRED_CONTROL_PLANE_FILES
+            .into_iter()
+            .find(|name| get(name).is_none())
+    {
+        return Err(format!("a control-plane node needs {missing}"));
     }
     for (crt_name, key_name) in CA_PAIRS {
         match (get(crt_name), get(key_name)) {
@@ -1065,6 +1077,7 @@ mod tests {
             measurement_secret: vec![2; 32],
             measurement_salt: vec![3; 32],
             api_server_endpoint: "10.0.0.2:6443".into(),
+            token: "abcdef.0123456789abcdef".into(),
             kubernetes_components: components,
             ..IssueJoinTicketResponse::default()
         }
@@ -1138,6 +1151,20 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_ticket_whose_token_is_not_a_bootstrap_token_is_refused() {
+        for bad in ["", "abcdef.0123456789abcde", "ABCDEF.0123456789abcdef"] {
+            let mut t = ticket(Vec::new());
+            t.token = bad.into();
+            assert!(
+                matches!(Parsed::try_from(t), Err(TicketError::Token(_))),
+                "{bad:?}"
+            );
+        }
+        let parsed = Parsed::try_from(ticket(Vec::new())).unwrap();
+        assert_eq!(parsed.token.id(), "abcdef");
     }
 
     #[test]

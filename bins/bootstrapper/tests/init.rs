@@ -199,10 +199,10 @@ impl asterism_bootstrapper::KubernetesDriver for ComponentsDriver {
         })
     }
 
-    fn join<'a>(
-        &'a self,
-        _params: &'a asterism_bootstrapper::ClusterJoin,
-    ) -> futures::future::BoxFuture<'a, Result<(), asterism_bootstrapper::DriverError>> {
+    fn join(
+        &self,
+        _params: asterism_bootstrapper::ClusterJoin,
+    ) -> futures::future::BoxFuture<'_, Result<(), asterism_bootstrapper::DriverError>> {
         Box::pin(async { Ok(()) })
     }
 }

@@ -107,7 +107,7 @@ impl KubernetesDriver for GateDriver {
         })
     }
 
-    fn join<'a>(&'a self, _params: &'a ClusterJoin) -> BoxFuture<'a, Result<(), DriverError>> {
+    fn join(&self, _params: ClusterJoin) -> BoxFuture<'_, Result<(), DriverError>> {
         Box::pin(async { Ok(()) })
     }
 }

@@ -1,16 +1,14 @@
 //! `asterism-metadata`: the local cluster's metadata service (plain HTTP), answering
 //! `GET /self`, `/peers`, `/endpoint` and `/initsecrethash` from a JSON file.
 
-use std::io::IsTerminal as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
+use asterism_binkit::logging::{self, LogFormat};
 use asterism_metadata::{MetadataConfig, MetadataServer};
 use clap::Parser;
-use tokio::signal::unix::{SignalKind, signal};
-use tracing_subscriber::EnvFilter;
 
 /// Serves instance metadata over plain HTTP; `GET /self` answers by the caller's source
 /// address.
@@ -31,8 +29,7 @@ struct Args {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
-    let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
-    let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+    let shutdown = asterism_binkit::shutdown_signal()?;
     let config = MetadataConfig::load(&args.config)
         .with_context(|| format!("loading {}", args.config.display()))?;
     let listener = tokio::net::TcpListener::bind(args.listen)
@@ -41,35 +38,20 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let address = listener.local_addr().context("reading the bound address")?;
     tracing::info!(listen = %address, instances = config.instances.len(), "metadata service listening");
     MetadataServer::new(config)
-        .serve(listener, async move {
-            tokio::select! {
-                _ = term.recv() => tracing::info!("received SIGTERM"),
-                _ = int.recv() => tracing::info!("received SIGINT"),
-            }
-        })
+        .serve(listener, shutdown)
         .await
         .context("serving")?;
     tracing::info!("metadata service stopped");
     Ok(())
 }
 
-/// The log filter: `ASTERISM_LOG` when set (a level or a tracing filter, as for the
-/// `asterism` CLI; the end-to-end tests run every process at `trace` with it), else `default`.
-fn log_filter(default: &str) -> EnvFilter {
-    match std::env::var("ASTERISM_LOG") {
-        Ok(filter) if !filter.trim().is_empty() => EnvFilter::new(filter),
-        _ => EnvFilter::new(default),
-    }
-}
-
 fn main() -> ExitCode {
     let args = Args::parse();
     let level = if args.verbose > 0 { "debug" } else { "info" };
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(log_filter(&format!("warn,asterism_metadata={level}")))
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .try_init();
+    logging::init(
+        LogFormat::Human,
+        &logging::directives(&logging::crate_directives(level, &["asterism_metadata"])),
+    );
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -14,9 +14,9 @@ use anyhow::{Context, Result, bail};
 use asterism_swtpm::{SwtpmConfig, SwtpmProcess};
 use serde::{Deserialize, Serialize};
 use std::ffi::OsString;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -134,16 +134,9 @@ fn abs(path: &Path) -> Result<PathBuf> {
     std::path::absolute(path).with_context(|| format!("resolving {}", path.display()))
 }
 
+/// Creates `path` (it must not exist) with mode 0600 and `contents`, synced.
 fn write_private(path: &Path, contents: &[u8]) -> Result<()> {
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("creating {}", path.display()))?;
-    f.write_all(contents)
-        .and_then(|()| f.sync_all())
-        .with_context(|| format!("writing {}", path.display()))
+    Ok(asterism_binkit::write_new(path, contents, 0o600)?)
 }
 
 /// Runs a program to completion, its output appended to `log`; fails with the log's tail.
@@ -227,8 +220,8 @@ fn http_get(addr: &str, path: &str) -> Result<String> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
     write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
-    let mut body = Vec::new();
-    s.take(1 << 20).read_to_end(&mut body)?;
+    let body = asterism_binkit::fs::read_capped_from(&mut s, 1 << 20)?
+        .context("the metrics answer is larger than 1 MiB")?;
     let text = String::from_utf8_lossy(&body).into_owned();
     let (head, body) = text
         .split_once("\r\n\r\n")

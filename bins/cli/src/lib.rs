@@ -1,6 +1,7 @@
 //! The `asterism` command-line tool as a library: every subcommand, so that tests (and the
 //! `asterism-mini` orchestration) can drive them step by step. The binary only parses
 //! arguments.
+#![forbid(unsafe_code)]
 
 pub mod data_key;
 pub mod identity;

@@ -7,6 +7,7 @@
 //!
 //! `mini` is the `asterism-mini` program, run git-style: it drives swtpm and LUKS2 images,
 //! and this tool must link neither the TSS nor libcryptsetup (scripts/check-deps).
+#![forbid(unsafe_code)]
 
 use anyhow::{Context, Result};
 use asterism::{data_key, identity, init, readmit, verify};

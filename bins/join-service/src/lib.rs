@@ -19,6 +19,7 @@
 //!
 //! It must never log or return a secret except inside a ticket to the attested node it
 //! belongs to.
+#![forbid(unsafe_code)]
 
 mod error;
 mod keys;

@@ -1,5 +1,6 @@
 //! `asterism-join-service`: verifies joining nodes over attested TLS and issues join and
 //! rejoin tickets; serves metrics, health and the member list on a plain HTTP listener.
+#![forbid(unsafe_code)]
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};

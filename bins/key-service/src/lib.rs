@@ -26,6 +26,7 @@
 //! # Ok(())
 //! # }
 //! ```
+#![forbid(unsafe_code)]
 
 mod listen;
 mod secret_file;

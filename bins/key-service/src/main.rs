@@ -1,6 +1,7 @@
 //! `asterism-key-service`: derives data keys from the cluster's master secret and serves
 //! them over plaintext gRPC on a Unix socket or a loopback address, or over attested TLS
 //! (clients must attest) on any address.
+#![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

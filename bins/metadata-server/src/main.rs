@@ -1,5 +1,6 @@
 //! `asterism-metadata`: the local cluster's metadata service (plain HTTP), answering
 //! `GET /self`, `/peers`, `/endpoint` and `/initsecrethash` from a JSON file.
+#![forbid(unsafe_code)]
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

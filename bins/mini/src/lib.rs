@@ -9,6 +9,7 @@
 //! A binary of its own because it drives the node side too (swtpm, LUKS2 images): the
 //! operator's `asterism` CLI must link neither the TSS nor libcryptsetup, and runs this one
 //! for `asterism mini`. The cluster steps are a library so that tests drive them one by one.
+#![forbid(unsafe_code)]
 
 use anyhow::{Context, Result, bail};
 use asterism_swtpm::{SwtpmConfig, SwtpmProcess};

@@ -1,5 +1,6 @@
 //! `asterism-mini`: a local cluster on this machine (`up`, `status`, `down`). The operator's
 //! `asterism` CLI runs it for `asterism mini …`, with the same arguments.
+#![forbid(unsafe_code)]
 
 use anyhow::{Context, Result};
 use asterism_mini as mini;

@@ -14,6 +14,7 @@
 //!
 //! Progress goes to stderr; the only output on stdout is the answer of `node-marker`. Keys
 //! never appear in the output.
+#![forbid(unsafe_code)]
 
 mod ca;
 mod files;

@@ -5,6 +5,7 @@
 //! self-authenticating (signed by the TPM over `SHA-256("asterism/verify/v1" || nonce)`),
 //! and `asterism verify` checks it. The purpose label keeps this service from ever signing
 //! a binding that attested TLS would accept.
+#![forbid(unsafe_code)]
 
 use anyhow::{Context as _, Result};
 use asterism_attestation::{Issuer, ReportData};

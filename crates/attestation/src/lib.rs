@@ -10,6 +10,7 @@
 //!   for one purpose (say, `asterism verify`) can never satisfy another (attested TLS).
 //!
 //! This crate must never depend on an async runtime or a C library: verifiers embed it.
+#![forbid(unsafe_code)]
 
 #![cfg_attr(not(test), deny(clippy::indexing_slicing))]
 

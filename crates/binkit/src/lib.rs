@@ -7,6 +7,7 @@
 //! For binaries (and the library halves of binary packages) only. A library crate must
 //! never depend on this one: libraries take values (bytes, measurements, a shutdown future),
 //! not flags, environment variables, signals or paths to watch (docs/binkit.md).
+#![forbid(unsafe_code)]
 
 pub mod ak_trust;
 pub mod fs;

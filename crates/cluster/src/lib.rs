@@ -5,6 +5,7 @@
 //!
 //! This crate is pure and small: values and checks, no I/O, no randomness of its own, no
 //! runtime. It must never let a token's secret reach a `Debug` output or an error.
+#![forbid(unsafe_code)]
 
 mod role;
 mod token;

@@ -18,6 +18,7 @@
 //! A crate of its own because it carries its own HTTP client and TLS (hyper with rustls and
 //! Mozilla's root set): only the bootstrapper, which installs components, builds them
 //! (docs/dependencies.md). It never installs a file whose hash it has not checked.
+#![forbid(unsafe_code)]
 
 use std::collections::HashSet;
 use std::fmt;

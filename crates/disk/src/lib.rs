@@ -20,6 +20,7 @@
 //! line, in a file, in a log or in an error: passphrases reach the program on standard input
 //! only and the library as borrowed bytes, and live in [`asterism_kms::DataKey`] values (no `Clone`, redacted `Debug`, wiped on
 //! drop). It reads no environment. It is blocking: async callers run it on a blocking thread.
+#![forbid(unsafe_code)]
 
 mod command;
 mod config;

@@ -18,6 +18,7 @@
 //! assert_eq!(key.len(), 32);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+#![forbid(unsafe_code)]
 
 mod address;
 #[cfg(feature = "client")]

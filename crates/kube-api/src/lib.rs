@@ -23,6 +23,7 @@
 //! This is the only crate that may depend on `kube` (docs/dependencies.md; the join service
 //! needs nothing else of Kubernetes). It never logs tokens or keys. With the `testing`
 //! feature, [`testing`] is a recording API server for tests, never for a program.
+#![forbid(unsafe_code)]
 
 mod client;
 mod config_maps;

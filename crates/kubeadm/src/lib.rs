@@ -5,6 +5,7 @@
 //!
 //! It talks to no Kubernetes API (that is `asterism-kube-api`) and never logs bootstrap
 //! tokens, certificate keys or the admin kubeconfig. docs/kubernetes.md describes it.
+#![forbid(unsafe_code)]
 
 pub mod config;
 pub mod runner;

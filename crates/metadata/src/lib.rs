@@ -13,6 +13,7 @@
 //! Metadata is **not** a security boundary on its own: it says who a node claims to be by
 //! its address. The join service combines it with attestation. This crate must never
 //! carry secrets (the init secret's *hash* is public by design).
+#![forbid(unsafe_code)]
 
 mod client;
 mod instance;

@@ -9,6 +9,7 @@
 //! Nothing here does network I/O or reads the environment; the only file operation is
 //! writing private key files (mode 0600). Private keys are secret types: not `Clone`,
 //! redacted in `Debug`, wiped on drop. This crate must never log key material.
+#![forbid(unsafe_code)]
 
 mod der;
 mod files;

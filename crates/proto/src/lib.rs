@@ -7,6 +7,7 @@
 //!
 //! Messages that carry secrets (keys, init secret, KMS URI) have a hand-written `Debug`
 //! that redacts them.
+#![forbid(unsafe_code)]
 
 #![allow(missing_docs)] // generated code carries the .proto comments, not rustdoc on every item
 

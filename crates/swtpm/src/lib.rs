@@ -51,6 +51,7 @@
 //! Only one swtpm can run on a state directory at a time: swtpm locks it (`.lock`), and the
 //! start functions refuse with [`SwtpmError::AlreadyRunning`] when the run directory names a
 //! live swtpm on it.
+#![forbid(unsafe_code)]
 
 use std::ffi::{OsStr, OsString};
 use std::fs::{self, File};

@@ -6,6 +6,7 @@
 //!   is a thin wrapper around the production launcher [`asterism_swtpm`], which
 //!   programs use on persistent state directories.
 //! * [`check_swtpm_installed`] explains what to install when swtpm is missing.
+#![forbid(unsafe_code)]
 
 mod swtpm;
 

@@ -20,6 +20,7 @@
 //! verifies it (that is pure Rust, elsewhere), holds no secret and reads no environment.
 //! It spawns no processes. It is blocking by design: callers in async code run it on a
 //! blocking thread.
+#![forbid(unsafe_code)]
 
 pub mod ak;
 mod config;

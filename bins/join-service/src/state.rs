@@ -349,7 +349,7 @@ fn write_loop(db: &Database, mut queue: mpsc::Receiver<Box<dyn PendingWrite>>) {
         }
         let failure = commit(db, &mut batch).err().map(Arc::new);
         if let Some(f) = &failure {
-            tracing::error!(writes = batch.len(), error = %crate::error::chain(f.as_ref()), "cluster state: a transaction failed; none of its writes was committed");
+            tracing::error!(writes = batch.len(), error = %asterism_binkit::error_chain(f.as_ref()), "cluster state: a transaction failed; none of its writes was committed");
         }
         for w in batch {
             w.answer(failure.as_ref());
@@ -978,7 +978,7 @@ mod tests {
         });
         run_batch(dir.path(), vec![wa, wb]);
         assert!(
-            matches!(ra.await.unwrap(), Err(e @ StateError::Store { .. }) if crate::error::chain(&e).contains("full"))
+            matches!(ra.await.unwrap(), Err(e @ StateError::Store { .. }) if asterism_binkit::error_chain(&e).contains("full"))
         );
         assert!(rb.await.unwrap().is_err());
 

@@ -38,8 +38,8 @@ pub fn prepare_state_image(path: &Path, size: u64) -> Result<(), FileError> {
     }
     match OpenOptions::new().write(true).create_new(true).open(path) {
         Ok(file) => {
-            file.set_len(size).map_err(|source| FileError {
-                what: "cannot size the state disk image",
+            file.set_len(size).map_err(|source| FileError::Io {
+                action: "size the state disk image",
                 path: path.to_path_buf(),
                 source,
             })?;
@@ -47,8 +47,8 @@ pub fn prepare_state_image(path: &Path, size: u64) -> Result<(), FileError> {
             Ok(())
         }
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        Err(source) => Err(FileError {
-            what: "cannot create the state disk image",
+        Err(source) => Err(FileError::Io {
+            action: "create the state disk image",
             path: path.to_path_buf(),
             source,
         }),
@@ -90,8 +90,8 @@ async fn format_fresh(disk: &Arc<dyn DiskOps>, dir: &NodeDir) -> Result<DiskUuid
     let state = dir.state();
     if exists(&state) {
         // `state/` stands for the file system on the disk: a new disk has none of it.
-        std::fs::remove_dir_all(&state).map_err(|source| FileError {
-            what: "cannot empty the state directory",
+        std::fs::remove_dir_all(&state).map_err(|source| FileError::Io {
+            action: "empty the state directory",
             path: state.clone(),
             source,
         })?;

@@ -1,15 +1,13 @@
-//! Crash-safe file writes: write a temporary file next to the target, fsync it, rename it
-//! over the target, fsync the directory.
+//! Crash-safe file writes: `asterism_binkit::write_atomic` (a temporary file next to the
+//! target with its final mode, fsynced, renamed over the target), with the missing parent
+//! directories created (0700) and the directory fsynced, so that the rename is durable.
 //!
 //! Files created with `O_EXCL` would make a retry after a partial write fail. Here a write either leaves the old content or the complete new
 //! content, and writing the same file again simply replaces it.
 
-use std::fs::{self, DirBuilder, File, OpenOptions};
-use std::io::Write as _;
-use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _};
+use std::fs::{self, DirBuilder, File};
+use std::os::unix::fs::DirBuilderExt as _;
 use std::path::{Path, PathBuf};
-
-use ring::rand::{SecureRandom as _, SystemRandom};
 
 /// Mode of secret files (keys, node state).
 pub const SECRET_MODE: u32 = 0o600;
@@ -20,28 +18,7 @@ pub const PUBLIC_MODE: u32 = 0o644;
 /// Mode of directories this crate creates.
 pub const DIR_MODE: u32 = 0o700;
 
-/// A file operation failed.
-#[derive(Debug, thiserror::Error)]
-#[error("{what} {path}")]
-pub struct FileError {
-    /// What was being done.
-    pub what: &'static str,
-    /// The file or directory.
-    pub path: PathBuf,
-    /// The cause.
-    #[source]
-    pub source: std::io::Error,
-}
-
-impl FileError {
-    fn new(what: &'static str, path: &Path, source: std::io::Error) -> Self {
-        Self {
-            what,
-            path: path.to_path_buf(),
-            source,
-        }
-    }
-}
+pub use asterism_binkit::fs::{FileError, read_capped};
 
 /// Creates `dir` and its missing parents with mode 0700.
 pub fn create_dirs(dir: &Path) -> Result<(), FileError> {
@@ -49,7 +26,11 @@ pub fn create_dirs(dir: &Path) -> Result<(), FileError> {
         .recursive(true)
         .mode(DIR_MODE)
         .create(dir)
-        .map_err(|e| FileError::new("cannot create directory", dir, e))
+        .map_err(|source| FileError::Io {
+            action: "create directory",
+            path: dir.to_path_buf(),
+            source,
+        })
 }
 
 /// Writes `bytes` to `path` atomically with file mode `mode`, creating missing parent
@@ -59,7 +40,7 @@ pub fn create_dirs(dir: &Path) -> Result<(), FileError> {
 pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FileError> {
     let dir = parent_dir(path);
     create_dirs(dir)?;
-    replace_file(path, bytes, mode)?;
+    asterism_binkit::write_atomic(path, bytes, mode)?;
     // Make the rename itself durable.
     if let Ok(d) = File::open(dir) {
         let _ = d.sync_all();
@@ -87,17 +68,19 @@ pub fn write_all_atomic(files: &[FileToWrite<'_>]) -> Result<(), FileError> {
     let results: Vec<Result<(), FileError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = files
             .iter()
-            .map(|&(path, bytes, mode)| scope.spawn(move || replace_file(path, bytes, mode)))
+            .map(|&(path, bytes, mode)| {
+                scope.spawn(move || asterism_binkit::write_atomic(path, bytes, mode))
+            })
             .collect();
         handles
             .into_iter()
             .map(|h| {
                 h.join().unwrap_or_else(|_| {
-                    Err(FileError::new(
-                        "a writer thread failed for",
-                        Path::new("."),
-                        std::io::Error::other("thread panicked"),
-                    ))
+                    Err(FileError::Io {
+                        action: "write (the writer thread failed)",
+                        path: PathBuf::from("."),
+                        source: std::io::Error::other("thread panicked"),
+                    })
                 })
             })
             .collect()
@@ -116,71 +99,11 @@ pub fn write_all_atomic(files: &[FileToWrite<'_>]) -> Result<(), FileError> {
     Ok(())
 }
 
-/// Writes and syncs a temporary file next to `path` and renames it over `path` (the
-/// directory is not synced); removes the temporary file if that fails.
-fn replace_file(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FileError> {
-    let tmp = temporary_name(path)?;
-    let result = write_then_rename(&tmp, path, bytes, mode);
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
-}
-
 /// The directory `path` is in (`.` for a bare file name).
 fn parent_dir(path: &Path) -> &Path {
     path.parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."))
-}
-
-/// `.<name>.tmp-<random>` next to `path`.
-fn temporary_name(path: &Path) -> Result<PathBuf, FileError> {
-    let dir = parent_dir(path);
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let mut suffix = [0u8; 8];
-    SystemRandom::new().fill(&mut suffix).map_err(|_| {
-        FileError::new(
-            "no randomness for a temporary name next to",
-            path,
-            std::io::Error::other("system random number generator failed"),
-        )
-    })?;
-    Ok(dir.join(format!(".{name}.tmp-{}", hex::encode(suffix))))
-}
-
-fn write_then_rename(tmp: &Path, path: &Path, bytes: &[u8], mode: u32) -> Result<(), FileError> {
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(tmp)
-        .map_err(|e| FileError::new("cannot create", tmp, e))?;
-    // The umask may have removed bits; set the mode exactly.
-    file.set_permissions(fs::Permissions::from_mode(mode))
-        .map_err(|e| FileError::new("cannot set the mode of", tmp, e))?;
-    file.write_all(bytes)
-        .map_err(|e| FileError::new("cannot write", tmp, e))?;
-    file.sync_all()
-        .map_err(|e| FileError::new("cannot sync", tmp, e))?;
-    drop(file);
-    fs::rename(tmp, path).map_err(|e| FileError::new("cannot rename a temporary file to", path, e))
-}
-
-/// Reads a file of at most `cap` bytes (a file larger than that is an error, not truncated).
-pub fn read_capped(path: &Path, cap: u64) -> Result<Vec<u8>, FileError> {
-    let meta = fs::metadata(path).map_err(|e| FileError::new("cannot read", path, e))?;
-    if meta.len() > cap {
-        return Err(FileError::new(
-            "file is larger than expected:",
-            path,
-            std::io::Error::other(format!("{} bytes, at most {cap} expected", meta.len())),
-        ));
-    }
-    fs::read(path).map_err(|e| FileError::new("cannot read", path, e))
 }
 
 /// Whether `path` exists (a missing file is `false`; any other error is `true` so that it
@@ -192,6 +115,7 @@ pub(crate) fn exists(path: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt as _;
 
     #[test]
     fn a_batch_writes_every_file_with_its_mode_and_leaves_no_temporary_file() {

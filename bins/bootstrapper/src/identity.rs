@@ -3,13 +3,13 @@
 
 use std::time::Duration;
 
+use asterism_binkit::error_chain;
 use asterism_cluster::Role;
 use asterism_kms::DiskUuid;
 use asterism_metadata::Metadata;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::chain::chain;
 use crate::flow::pause;
 use crate::pki::HostKey;
 
@@ -65,7 +65,7 @@ async fn ask<M: Metadata>(metadata: &M, timeout: Duration) -> Option<Identity> {
             }
             warn!("the metadata does not name this node or its role yet");
         }
-        Ok(Err(e)) => warn!(error = %chain(&e), "cannot ask the metadata who this node is"),
+        Ok(Err(e)) => warn!(error = %error_chain(&e), "cannot ask the metadata who this node is"),
         Err(_) => warn!("the metadata did not answer in time"),
     }
     None

@@ -15,6 +15,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
+use asterism_binkit::error_chain;
 use asterism_cluster::MEASUREMENT_SALT_LEN;
 use asterism_kms::{KeyId, KmsUri, STATE_DISK_KEY_LEN, StorageUri, derive_cluster_id};
 use asterism_metadata::Metadata;
@@ -30,7 +31,6 @@ use tracing::{info, warn};
 use zeroize::Zeroizing;
 
 use crate::activation::{Activated, Activation, InitActivation};
-use crate::chain::chain;
 use crate::config::LOG_CHUNK_SIZE;
 use crate::effects::{ClusterInit, Components};
 use crate::error::blocking;
@@ -111,7 +111,7 @@ impl<M: Metadata + 'static> InitService<M> {
         // The components first: a bad hash, URL or path refuses the request here, before
         // the lock, rather than fail the driver after it.
         let components = Components::try_from(std::mem::take(&mut req.kubernetes_components))
-            .map_err(|e| format!("Kubernetes components: {}", chain(&e)))?;
+            .map_err(|e| format!("Kubernetes components: {}", error_chain(&e)))?;
         let kms_uri = Zeroizing::new(std::mem::take(&mut req.kms_uri));
         let kms = KmsUri::parse(&kms_uri).map_err(|e| format!("KMS URI: {e}"))?;
         let storage = if req.storage_uri.is_empty() {
@@ -151,7 +151,7 @@ impl<M: Metadata + 'static> InitService<M> {
         let mut principals = pki::host_principals(self.node.config.node_ip, &identity.name);
         principals.extend(req.apiserver_cert_sans.iter().cloned());
         let ssh = pki::ssh_files_from_ca_seed(&seed, &self.this.host_key, &principals)
-            .map_err(|e| format!("the emergency SSH CA: {}", chain(&e)))?;
+            .map_err(|e| format!("the emergency SSH CA: {}", error_chain(&e)))?;
         drop(seed);
         let cluster_name = if req.cluster_name.is_empty() {
             DEFAULT_CLUSTER_NAME.to_owned()
@@ -299,7 +299,7 @@ impl<M: Metadata + 'static> Api for InitService<M> {
                             let message = format!(
                                 "initialization failed after the point of no return: {}; \
                                  the state disk is marked for reset, reboot the node",
-                                chain(&e)
+                                error_chain(&e)
                             );
                             (failure_with_logs(message, &node.logs), Err(e))
                         }
@@ -315,7 +315,7 @@ impl<M: Metadata + 'static> Api for InitService<M> {
                 self.node.reset_after_failure(&e).await;
                 let message = format!(
                     "initialization failed after the point of no return: {}",
-                    chain(&e)
+                    error_chain(&e)
                 );
                 let responses = failure_with_logs(message, &self.node.logs);
                 let _ = self.events.send(Event::InitDone(Err(e)));
@@ -340,7 +340,7 @@ pub(crate) async fn fetch_secret_hash<M: Metadata>(
         match tokio::time::timeout(timeout, metadata.init_secret_hash()).await {
             Ok(Ok(hash)) if !hash.trim().is_empty() => return Some(hash.trim().to_owned()),
             Ok(Ok(_)) => warn!("the metadata has no init-secret hash"),
-            Ok(Err(e)) => warn!(error = %chain(&e), "cannot fetch the init-secret hash"),
+            Ok(Err(e)) => warn!(error = %error_chain(&e), "cannot fetch the init-secret hash"),
             Err(_) => warn!("the metadata did not answer in time"),
         }
         if pause(stop, retry).await {

@@ -10,6 +10,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
+use asterism_binkit::error_chain;
 use asterism_cluster::Role;
 use asterism_disk::Unlocked;
 use asterism_kms::{ClusterId, DataKey, DiskUuid, derive_cluster_id};
@@ -21,7 +22,6 @@ use tracing::{debug, info, warn};
 use zeroize::Zeroizing;
 
 use crate::activation::Activation;
-use crate::chain::chain;
 use crate::dial::Dialer;
 use crate::error::{StepError, blocking};
 use crate::flow::{JoinEnd, pause};
@@ -57,7 +57,9 @@ async fn endpoints<M: Metadata>(node: &Node<M>) -> Vec<SocketAddr> {
                 warn!(host = %host, "the control-plane endpoint is not an IP address; skipped")
             }
         },
-        Ok(Err(e)) => debug!(error = %chain(&e), "no control-plane endpoint from the metadata"),
+        Ok(Err(e)) => {
+            debug!(error = %error_chain(&e), "no control-plane endpoint from the metadata")
+        }
         Err(_) => debug!("the control-plane endpoint lookup timed out"),
     }
     match tokio::time::timeout(timeout, node.metadata.list()).await {
@@ -67,7 +69,7 @@ async fn endpoints<M: Metadata>(node: &Node<M>) -> Vec<SocketAddr> {
                 .filter(|i| i.role == Role::ControlPlane)
                 .filter_map(|i| i.vpc_ip_addr()),
         ),
-        Ok(Err(e)) => warn!(error = %chain(&e), "cannot list the cluster's instances"),
+        Ok(Err(e)) => warn!(error = %error_chain(&e), "cannot list the cluster's instances"),
         Err(_) => warn!("listing the cluster's instances timed out"),
     }
     let own = node.config.node_ip.to_canonical();
@@ -156,7 +158,7 @@ async fn join_round<M: Metadata>(
         let csr = match pki::kubelet_csr(&identity.name, node.config.node_ip) {
             Ok(csr) => csr,
             Err(e) => {
-                warn!(error = %chain(&e), "cannot make a kubelet CSR");
+                warn!(error = %error_chain(&e), "cannot make a kubelet CSR");
                 return None;
             }
         };
@@ -198,12 +200,12 @@ async fn join_round<M: Metadata>(
                         return Some((ticket, csr.key_pem));
                     }
                     Err(e) => {
-                        warn!(endpoint = %addr, error = %chain(&e), "the join service sent an unusable ticket")
+                        warn!(endpoint = %addr, error = %error_chain(&e), "the join service sent an unusable ticket")
                     }
                 }
             }
             Err(e) => {
-                warn!(attempt, endpoint = %addr, error = %chain(&e), "join attempt failed")
+                warn!(attempt, endpoint = %addr, error = %error_chain(&e), "join attempt failed")
             }
         }
     }
@@ -310,12 +312,12 @@ async fn rejoin_round<M: Metadata>(
                         return Some(keys);
                     }
                     Err(e) => {
-                        warn!(endpoint = %addr, error = %chain(&e), "the join service sent an unusable rejoin ticket")
+                        warn!(endpoint = %addr, error = %error_chain(&e), "the join service sent an unusable rejoin ticket")
                     }
                 }
             }
             Err(e) => {
-                warn!(attempt, endpoint = %addr, error = %chain(&e), "rejoin attempt failed")
+                warn!(attempt, endpoint = %addr, error = %error_chain(&e), "rejoin attempt failed")
             }
         }
     }

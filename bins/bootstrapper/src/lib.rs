@@ -27,7 +27,6 @@
 
 mod activation;
 pub mod boot;
-mod chain;
 mod config;
 mod dial;
 mod driver;
@@ -48,9 +47,9 @@ mod run;
 mod ticket;
 mod trust;
 
+pub use asterism_binkit::error_chain;
 pub use asterism_cluster::Role;
 pub use boot::prepare_state_image;
-pub use chain::error_chain;
 pub use config::{
     Config, DEFAULT_ACTIVATION_TIMEOUT, DEFAULT_COMPONENTS_DIRS, DEFAULT_INIT_PORT,
     DEFAULT_JOIN_PORT, DEFAULT_RETRY_INTERVAL, DEFAULT_RPC_TIMEOUT, DEFAULT_STATE_DISK_SIZE,

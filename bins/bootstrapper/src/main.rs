@@ -5,8 +5,6 @@
 //! 2 usage error, 3 failed after the point of no return (state disk marked for reset;
 //! reboot the node), 4 stopped by a signal before the node lock.
 
-use std::future::Future;
-use std::io::IsTerminal as _;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -14,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use asterism_binkit::{LogFormat, logging, shutdown_signal};
 use asterism_bootstrapper::{
     Config, KubeadmDriver, KubeadmDriverConfig, KubernetesDriver, LogBuffer, LuksDisk, Node,
     NodeDir, Outcome, TpmMarker, UnlockMode,
@@ -22,11 +21,8 @@ use asterism_disk::{DiskConfig, Integrity, Pbkdf, StateDisk};
 use asterism_metadata::HttpMetadata;
 use asterism_tpm::{AkConfig, PcrSelection, Tpm, TpmConfig, TpmIssuer};
 use clap::{Parser, ValueEnum};
-use tokio::signal::unix::{SignalKind, signal};
 use tracing::Level;
-use tracing_subscriber::EnvFilter;
-use tracing_subscriber::layer::SubscriberExt as _;
-use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::{EnvFilter, Layer as _};
 
 /// Bootstraps this node into a cluster: serves Init on the node's address and, in parallel,
 /// asks the cluster's join services for a join ticket; whichever comes first wins.
@@ -205,8 +201,7 @@ fn kubeadm_driver(
     use asterism_kubeadm::setup::SetupConfig;
     let components = match &args.kubernetes_components {
         Some(path) => {
-            let bytes =
-                std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+            let bytes = asterism_binkit::read_capped(path, MAX_COMPONENTS_FILE)?;
             serde_json::from_slice(&bytes)
                 .with_context(|| format!("{} is not a JSON list of components", path.display()))?
         }
@@ -250,14 +245,6 @@ enum UnlockArg {
     Map,
 }
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum LogFormat {
-    /// One human-readable line per event.
-    Human,
-    /// One JSON object per line.
-    Json,
-}
-
 /// `30s`, `1s`, `500ms`, `2m`.
 fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
@@ -279,57 +266,36 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// The log filter: `ASTERISM_LOG` when set (a level or a tracing filter, as for the
-/// `asterism` CLI; the end-to-end tests run every process at `trace` with it), else `default`.
-fn log_filter(default: &str) -> EnvFilter {
-    match std::env::var("ASTERISM_LOG") {
-        Ok(filter) if !filter.trim().is_empty() => EnvFilter::new(filter),
-        _ => EnvFilter::new(default),
-    }
-}
+/// The largest `--kubernetes-components` file read (a JSON list of URLs and hashes).
+const MAX_COMPONENTS_FILE: u64 = 1 << 20;
+/// The largest AK certificate file read (one DER certificate).
+const MAX_AK_CERT_FILE: u64 = 64 << 10;
 
+/// The crates whose lines the log and the buffer keep at info (debug with `-v`); the rest
+/// only at warn.
+const LOGGED_CRATES: [&str; 9] = [
+    "asterism_bootstrapper",
+    "asterism_components",
+    "asterism_kubeadm",
+    "asterism_kube_api",
+    "asterism_disk",
+    "asterism_tpm",
+    "asterism_atls",
+    "asterism_attestation",
+    "asterism_metadata",
+];
+
+/// The log: `ASTERISM_LOG` when set, else [`LOGGED_CRATES`] at info (debug with `-v`); and
+/// the buffer a failed Init streams back, which keeps the same crates at info whatever the
+/// log shows (never secrets: nothing logs them).
 fn init_logging(format: LogFormat, verbose: u8, buffer: &LogBuffer) {
     let level = if verbose > 0 { "debug" } else { "info" };
-    let filter = log_filter(&format!(
-        "warn,asterism_bootstrapper={level},asterism_components={level},asterism_kubeadm={level},asterism_kube_api={level},asterism_disk={level},asterism_tpm={level},asterism_atls={level},asterism_attestation={level},asterism_metadata={level},asterism_binkit={level}"
-    ));
-    let fmt = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
-    // The buffer keeps the same lines the log shows (never secrets: nothing logs them).
-    let buffer_filter = EnvFilter::new(
-        "warn,asterism_bootstrapper=info,asterism_components=info,asterism_kubeadm=info,asterism_kube_api=info,asterism_disk=info,asterism_tpm=info,asterism_atls=info,asterism_attestation=info,asterism_metadata=info,asterism_binkit=info",
+    let buffer_filter = EnvFilter::new(logging::crate_directives("info", &LOGGED_CRATES));
+    logging::init_with(
+        format,
+        &logging::directives(&logging::crate_directives(level, &LOGGED_CRATES)),
+        buffer.layer(Level::INFO).with_filter(buffer_filter),
     );
-    let registry = tracing_subscriber::registry().with(tracing_subscriber::Layer::with_filter(
-        buffer.layer(Level::INFO),
-        buffer_filter,
-    ));
-    let installed = match format {
-        LogFormat::Human => registry
-            .with(tracing_subscriber::Layer::with_filter(fmt, filter))
-            .try_init(),
-        LogFormat::Json => registry
-            .with(tracing_subscriber::Layer::with_filter(
-                fmt.json().flatten_event(true),
-                filter,
-            ))
-            .try_init(),
-    };
-    if let Err(err) = installed {
-        eprintln!("cannot install the log subscriber: {err}");
-    }
-}
-
-/// Completes on SIGTERM or SIGINT; handlers are installed at once.
-fn shutdown_signal() -> anyhow::Result<impl Future<Output = ()> + Send + 'static> {
-    let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
-    let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
-    Ok(async move {
-        tokio::select! {
-            _ = term.recv() => tracing::info!("received SIGTERM"),
-            _ = int.recv() => tracing::info!("received SIGINT"),
-        }
-    })
 }
 
 fn disk_config(args: &Args, dir: &NodeDir) -> DiskConfig {
@@ -372,7 +338,7 @@ fn parse_cluster_id(s: &str) -> Result<asterism_kms::ClusterId, String> {
 }
 
 fn join_service_trust(args: &Args) -> anyhow::Result<asterism_bootstrapper::JoinServiceTrust> {
-    use asterism_attestation::{AkTrust, PlatformCa};
+    use asterism_attestation::AkTrust;
     use asterism_bootstrapper::JoinServiceTrust;
     if args.insecure_skip_join_service_verification {
         return Ok(JoinServiceTrust::insecure_skip_verification());
@@ -390,11 +356,7 @@ fn join_service_trust(args: &Args) -> anyhow::Result<asterism_bootstrapper::Join
             "--cluster-id needs --verify-join-service-measurements and --platform-ca to verify the join service"
         );
     };
-    let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
-    let trust = AkTrust::platform_ca(
-        PlatformCa::from_pem(&pem)
-            .with_context(|| format!("{} holds no usable CA certificate", ca.display()))?,
-    );
+    let trust = AkTrust::platform_ca(asterism_binkit::ak_trust::platform_ca(ca)?);
     let measurements = asterism_binkit::measurements::watch(measurements)
         .with_context(|| format!("loading measurements from {}", measurements.display()))?;
     tracing::info!(cluster_id = %cluster_id, "the join service must attest as a member of this cluster (mutual aTLS, PCR 15)");
@@ -413,7 +375,7 @@ async fn run(args: Args, logs: LogBuffer) -> anyhow::Result<u8> {
     });
     let chain = match &ak_cert {
         Some(path) => {
-            vec![std::fs::read(path).with_context(|| format!("reading {}", path.display()))?]
+            vec![asterism_binkit::read_capped(path, MAX_AK_CERT_FILE)?]
         }
         None => {
             tracing::warn!("no AK certificate: verifiers must pin this node's AK");

@@ -5,9 +5,9 @@
 use std::sync::Arc;
 
 use asterism_attestation::Issuer;
+use asterism_binkit::error_chain;
 use tracing::warn;
 
-use crate::chain::chain;
 use crate::config::Config;
 use crate::effects::{DiskOps, KubernetesDriver, NodeMarker};
 use crate::error::blocking;
@@ -76,13 +76,15 @@ impl<M> Node<M> {
     /// Marks the state disk for reset after a failure past the point of no return, so that
     /// the next boot formats it instead of finding a half-initialised node.
     pub(crate) async fn reset_after_failure(&self, error: &(dyn std::error::Error + Send + Sync)) {
-        tracing::error!(error = %chain(error), "a step after the point of no return failed; marking the state disk for reset");
+        tracing::error!(error = %error_chain(error), "a step after the point of no return failed; marking the state disk for reset");
         let disk = self.disk.clone();
         match blocking(move || disk.mark_for_reset()).await {
             Ok(()) => warn!(
                 "the state disk is marked for reset: the next boot formats it; reboot the node (reset its TPM) to start over"
             ),
-            Err(e) => tracing::error!(error = %chain(&e), "cannot mark the state disk for reset"),
+            Err(e) => {
+                tracing::error!(error = %error_chain(&e), "cannot mark the state disk for reset")
+            }
         }
     }
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use asterism_atls::{AtlsConfig, AtlsServer};
+use asterism_binkit::error_chain;
 use asterism_kms::ClusterId;
 use asterism_metadata::Metadata;
 use asterism_proto::init::api_server::ApiServer;
@@ -15,7 +16,6 @@ use tokio::sync::{mpsc, watch};
 use tracing::{error, info, warn};
 
 use crate::boot::{Boot, boot_phase};
-use crate::chain::chain;
 use crate::error::{StepError, blocking};
 use crate::flow::{Event, JoinEnd};
 use crate::identity::{self, ThisNode};
@@ -144,7 +144,7 @@ async fn run_inner<M: Metadata + 'static>(
                 Ok(None) => Ok(Outcome::Stopped),
                 Err(RejoinError::Before(e)) => Err(Failure::BeforeLock(e)),
                 Err(RejoinError::Incomplete(e)) => {
-                    error!(error = %chain(&e), "the rejoined disk holds no complete node state");
+                    error!(error = %error_chain(&e), "the rejoined disk holds no complete node state");
                     node.reset_after_failure(&e).await;
                     Err(Failure::Interrupted)
                 }
@@ -252,7 +252,7 @@ async fn bootstrap<M: Metadata + 'static>(
             }
             Event::JoinDone(Ok(JoinEnd::Joined(id))) => break Ok(Outcome::Joined(id)),
             Event::JoinDone(Err(e)) => {
-                error!(error = %chain(&e), "the JoinClient failed");
+                error!(error = %error_chain(&e), "the JoinClient failed");
                 break Err(if node.lock.is_taken() {
                     Failure::AfterLock(e)
                 } else {
@@ -268,7 +268,7 @@ async fn bootstrap<M: Metadata + 'static>(
             Event::ServerDone(result) => {
                 server_running = false;
                 if let Err(e) = &result {
-                    error!(error = %chain(e), "the InitServer failed");
+                    error!(error = %error_chain(e), "the InitServer failed");
                 }
                 if !node.lock.is_taken() {
                     if *stop.borrow() {

@@ -24,6 +24,7 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::path::{Component as PathPart, Path, PathBuf};
 
+use asterism_binkit::error_chain;
 use asterism_cluster::{
     BootstrapToken, CONTROL_PLANE_FILES, MEASUREMENT_SALT_LEN, REQUIRED_CONTROL_PLANE_FILES,
     TokenError,
@@ -34,7 +35,6 @@ use asterism_proto::join::IssueJoinTicketResponse;
 use x509_parser::prelude::{FromDer as _, GeneralName, SubjectPublicKeyInfo, X509Certificate};
 use zeroize::Zeroizing;
 
-use crate::chain::chain;
 use crate::effects::{ApiServerEndpoint, Components, EndpointError};
 use crate::trust::{ClusterMismatch, JoinServiceTrust};
 
@@ -170,7 +170,9 @@ impl TryFrom<IssueJoinTicketResponse> for Parsed {
 /// be fuzzed from outside the crate.
 #[doc(hidden)]
 pub fn check_join_ticket(ticket: IssueJoinTicketResponse) -> Result<(), String> {
-    Parsed::try_from(ticket).map(drop).map_err(|e| chain(&e))
+    Parsed::try_from(ticket)
+        .map(drop)
+        .map_err(|e| error_chain(&e))
 }
 
 /// Who the ticket must be for, beyond [`Expect`]: the SSH host key and principals the node
@@ -441,7 +443,7 @@ pub(crate) fn check_control_plane_files(
                 asterism_pki::ClusterCa::from_pem(crt, &key).map_err(|e| {
                     format!(
                         "{crt_name} and {key_name} are not a CA and its key: {}",
-                        chain(&e)
+                        error_chain(&e)
                     )
                 })?;
             }
@@ -1103,7 +1105,7 @@ mod tests {
             let Err(e) = Parsed::try_from(ticket(vec![component(bad)])) else {
                 panic!("accepted the hash {bad:?}");
             };
-            let e = crate::chain::chain(&e);
+            let e = error_chain(&e);
             assert!(e.starts_with("kubernetes_components"), "{e}");
         }
     }

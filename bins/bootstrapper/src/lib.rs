@@ -24,6 +24,7 @@
 //! This crate must never log or return a secret (init secret, KMS URI, keys, tokens), never
 //! send its logs to a caller that did not present the right init secret, and never take a
 //! step past the node lock without marking the disk for reset when it fails.
+#![forbid(unsafe_code)]
 
 mod activation;
 pub mod boot;

@@ -4,6 +4,7 @@
 //! Exit status: 0 bootstrapped (or already was), 1 failed before the point of no return,
 //! 2 usage error, 3 failed after the point of no return (state disk marked for reset;
 //! reboot the node), 4 stopped by a signal before the node lock.
+#![forbid(unsafe_code)]
 
 use std::net::IpAddr;
 use std::path::PathBuf;

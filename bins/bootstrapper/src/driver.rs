@@ -334,7 +334,7 @@ impl<M: Metadata + 'static> KubernetesDriver for KubeadmDriver<M> {
             let node_name = k8s_node_name(&params.node_name).map_err(fail("the node name"))?;
             let kubeconfig = self
                 .node
-                .init(components.as_slice(), &init, params.conformance_mode)
+                .init(components.checked(), &init, params.conformance_mode)
                 .await
                 .map_err(fail("kubeadm init"))?;
             info!(cluster = %params.cluster_name, version = %params.kubernetes_version, "kubeadm driver: kubeadm init finished");
@@ -374,7 +374,7 @@ impl<M: Metadata + 'static> KubernetesDriver for KubeadmDriver<M> {
             let components = self.components(&params.components);
             self.node
                 .join_with_installed_kubeadm(
-                    components.as_slice(),
+                    components.checked(),
                     join,
                     &params.control_plane_files,
                 )

@@ -7,7 +7,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
 use asterism_cluster::{BootstrapToken, Role};
-use asterism_components::{Component, ComponentError, check_all};
+use asterism_components::{CheckedComponents, Component, ComponentError};
 use asterism_disk::{DataKey, DiskError, DiskUuid, StateDisk, Unlocked};
 use asterism_kms::ClusterId;
 use asterism_kubeadm::setup::ControlPlaneFile;
@@ -150,18 +150,23 @@ impl DiskOps for LuksDisk {
 /// absolute install path. The original strings are kept, since the components ConfigMap
 /// records them and is named by their hashes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Components(Vec<Component>);
+pub struct Components(CheckedComponents);
 
 impl Components {
     /// Checks `list`; the first bad component refuses the whole list.
     pub fn new(list: Vec<Component>) -> Result<Self, ComponentError> {
-        check_all(&list)?;
-        Ok(Self(list))
+        Ok(Self(CheckedComponents::new(list)?))
     }
 
-    /// The components, in order.
+    /// The components as received, in order.
     #[must_use]
     pub fn as_slice(&self) -> &[Component] {
+        self.0.received()
+    }
+
+    /// The checked components, for the installer: nothing checks them again.
+    #[must_use]
+    pub fn checked(&self) -> &CheckedComponents {
         &self.0
     }
 
@@ -181,6 +186,7 @@ impl Components {
     #[must_use]
     pub fn to_proto(&self) -> Vec<asterism_proto::components::Component> {
         self.0
+            .received()
             .iter()
             .map(|c| asterism_proto::components::Component {
                 url: c.url.clone(),

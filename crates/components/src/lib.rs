@@ -338,6 +338,51 @@ pub fn check_all(components: &[Component]) -> Result<Vec<CheckedComponent>, Comp
     components.iter().map(CheckedComponent::try_from).collect()
 }
 
+/// A list of components as received, every one checked. Only [`CheckedComponents::new`]
+/// makes one, so whoever holds it (the bootstrapper, kubeadm's setup) installs without
+/// checking again. The received strings are kept: the components ConfigMap records them and
+/// is named by their hashes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CheckedComponents {
+    received: Vec<Component>,
+    checked: Vec<CheckedComponent>,
+}
+
+impl CheckedComponents {
+    /// Checks `list`; the first bad component refuses the whole list.
+    pub fn new(list: Vec<Component>) -> Result<Self, ComponentError> {
+        let checked = check_all(&list)?;
+        Ok(Self {
+            received: list,
+            checked,
+        })
+    }
+
+    /// The components as received, in order.
+    #[must_use]
+    pub fn received(&self) -> &[Component] {
+        &self.received
+    }
+
+    /// The checked components, in the same order.
+    #[must_use]
+    pub fn checked(&self) -> &[CheckedComponent] {
+        &self.checked
+    }
+
+    /// How many there are.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.checked.len()
+    }
+
+    /// Whether there are none (the image holds what kubeadm needs).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.checked.is_empty()
+    }
+}
+
 /// Retries, timeouts and size limits of downloads and archives.
 #[derive(Debug, Clone)]
 pub struct DownloadPolicy {
@@ -671,8 +716,16 @@ impl Installer {
     /// Checks every component first (a missing or malformed hash, URL or path refuses the
     /// whole list before anything is downloaded), then installs them in order.
     pub async fn install_all(&self, components: &[Component]) -> Result<(), ComponentError> {
-        let checked = check_all(components)?;
-        for c in &checked {
+        self.install_checked(&check_all(components)?).await
+    }
+
+    /// Installs components that were checked already ([`CheckedComponents::checked`]), in
+    /// order.
+    pub async fn install_checked(
+        &self,
+        checked: &[CheckedComponent],
+    ) -> Result<(), ComponentError> {
+        for c in checked {
             self.install(c).await?;
         }
         if !checked.is_empty() {

@@ -13,7 +13,7 @@ use super::config::{
     self, AUDIT_POLICY, ConfigError, InitParams, JoinParams, NodePaths, PrivateConfigFile,
 };
 use super::runner::{Commands, InitRun, Kubeadm, KubeadmError, LocalKubeletCert, Systemd};
-use asterism_components::{Component, ComponentError, Installer, check_all};
+use asterism_components::{CheckedComponents, ComponentError, Installer};
 
 pub use asterism_cluster::CONTROL_PLANE_FILES;
 
@@ -111,11 +111,11 @@ impl<C: Commands> KubeadmNode<C> {
         &self.kubeadm
     }
 
-    async fn install(&self, components: &[Component]) -> Result<(), SetupError> {
+    async fn install(&self, components: &CheckedComponents) -> Result<(), SetupError> {
         if components.is_empty() {
             info!("no Kubernetes components to install: using what the image holds");
         } else {
-            self.installer.install_all(components).await?;
+            self.installer.install_checked(components.checked()).await?;
         }
         self.systemd.enable_kubelet().await?;
         Ok(())
@@ -134,12 +134,12 @@ impl<C: Commands> KubeadmNode<C> {
     /// admin kubeconfig. `params.paths` must be this setup's paths.
     pub async fn init(
         &self,
-        components: &[Component],
+        components: &CheckedComponents,
         params: &InitParams,
         conformance_mode: bool,
     ) -> Result<Zeroizing<Vec<u8>>, SetupError> {
-        // Everything that can be refused is refused before anything is downloaded or run.
-        check_all(components)?;
+        // Everything that can be refused is refused before anything is downloaded or run
+        // (the components were checked when `components` was made).
         let yaml = config::render_init(params)?;
         let node_name = config::k8s_node_name(&params.node_name)?;
         self.install(components).await?;
@@ -178,11 +178,10 @@ impl<C: Commands> KubeadmNode<C> {
     /// certificate directory first (keys 0600, the rest 0644) when `params.control_plane`.
     pub async fn join(
         &self,
-        components: &[Component],
+        components: &CheckedComponents,
         params: &JoinParams,
         control_plane_files: &[ControlPlaneFile],
     ) -> Result<(), SetupError> {
-        check_all(components)?;
         let yaml = config::render_join(params)?;
         for f in control_plane_files {
             check_file_name(&f.name)?;
@@ -221,21 +220,21 @@ impl<C: Commands> KubeadmNode<C> {
     /// cluster's version (the join ticket carries none).
     pub async fn join_with_installed_kubeadm(
         &self,
-        components: &[Component],
+        components: &CheckedComponents,
         mut params: JoinParams,
         control_plane_files: &[ControlPlaneFile],
     ) -> Result<(), SetupError> {
-        check_all(components)?;
         for f in control_plane_files {
             check_file_name(&f.name)?;
         }
         if !components.is_empty() {
-            self.installer.install_all(components).await?;
+            self.installer.install_checked(components.checked()).await?;
         }
         let version = self.kubeadm.version().await?;
         params.api_version = config::ApiVersion::for_kubernetes(&version);
         info!(kubeadm = %version, api = params.api_version.as_str(), "chose the join configuration version");
-        self.join(&[], &params, control_plane_files).await
+        self.join(&CheckedComponents::default(), &params, control_plane_files)
+            .await
     }
 
     /// Starts the kubelet on an already-bootstrapped node (a reboot: no kubeadm).

@@ -15,7 +15,9 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use asterism_components::{Component, ComponentError, DownloadPolicy, Installer};
+use asterism_components::{
+    CheckedComponents, Component, ComponentError, DownloadPolicy, Installer,
+};
 use asterism_kubeadm::config::{
     AUDIT_POLICY, ApiVersion, BootstrapToken, CloudProvider, InitParams, JoinParams, NodePaths,
 };
@@ -125,6 +127,11 @@ async fn components(node: &Node) -> (TestServer, Vec<Component>) {
     (server, list)
 }
 
+/// `list`, checked (every list these tests install is well formed).
+fn checked(list: Vec<Component>) -> CheckedComponents {
+    CheckedComponents::new(list).unwrap()
+}
+
 fn init_params(node: &Node) -> InitParams {
     InitParams {
         kubernetes_version: "v1.31.2".parse().unwrap(),
@@ -165,7 +172,7 @@ async fn init_installs_components_runs_kubeadm_and_returns_the_kubeconfig() {
     let (server, list) = components(&node).await;
     let kubeconfig = node
         .setup
-        .init(&list, &init_params(&node), false)
+        .init(&checked(list), &init_params(&node), false)
         .await
         .unwrap();
     assert!(String::from_utf8_lossy(&kubeconfig).contains("https://10.9.0.2:6443"));
@@ -207,18 +214,13 @@ async fn init_installs_components_runs_kubeadm_and_returns_the_kubeconfig() {
 
 #[tokio::test]
 async fn a_bad_component_hash_stops_init_before_anything_runs() {
+    // A list with a bad hash cannot become the checked list that init takes, so nothing
+    // is downloaded and kubeadm never runs.
     let node = Node::new();
     let (server, mut list) = components(&node).await;
     list[1].hash.clear();
-    let err = node
-        .setup
-        .init(&list, &init_params(&node), false)
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, SetupError::Components(ComponentError::Hash { .. })),
-        "{err:?}"
-    );
+    let err = CheckedComponents::new(list).unwrap_err();
+    assert!(matches!(err, ComponentError::Hash { .. }), "{err:?}");
     assert_eq!(server.hits("/kubelet"), 0);
     assert!(node.stand_in.calls().is_empty());
     node.no_config_files_left();
@@ -229,7 +231,7 @@ async fn a_worker_joins() {
     let node = Node::new();
     let (_server, list) = components(&node).await;
     node.setup
-        .join(&list, &join_params(&node, false), &[])
+        .join(&checked(list), &join_params(&node, false), &[])
         .await
         .unwrap();
     let calls = node.stand_in.calls();
@@ -257,7 +259,11 @@ fn control_plane_files() -> Vec<ControlPlaneFile> {
 async fn a_control_plane_node_gets_its_files_where_kubeadm_expects_them_and_joins() {
     let node = Node::new();
     node.setup
-        .join(&[], &join_params(&node, true), &control_plane_files())
+        .join(
+            &CheckedComponents::default(),
+            &join_params(&node, true),
+            &control_plane_files(),
+        )
         .await
         .unwrap();
     let pki = node.paths().pki_dir();
@@ -285,7 +291,11 @@ async fn a_control_plane_join_without_its_files_is_refused_by_kubeadm() {
     let node = Node::new();
     let err = node
         .setup
-        .join(&[], &join_params(&node, true), &[])
+        .join(
+            &CheckedComponents::default(),
+            &join_params(&node, true),
+            &[],
+        )
         .await
         .unwrap_err();
     assert!(
@@ -304,7 +314,11 @@ async fn a_failed_join_removes_the_token_file_and_reports_the_exit_code() {
     node.stand_in.settings(serde_json::json!({"fail": {"join": {"code": 1, "stderr": "couldn't validate the identity of the API Server\n"}}}));
     let err = node
         .setup
-        .join(&[], &join_params(&node, false), &[])
+        .join(
+            &CheckedComponents::default(),
+            &join_params(&node, false),
+            &[],
+        )
         .await
         .unwrap_err();
     match &err {
@@ -328,7 +342,11 @@ async fn control_plane_file_names_that_leave_the_pki_directory_are_refused() {
     }];
     let err = node
         .setup
-        .join(&[], &join_params(&node, true), &files)
+        .join(
+            &CheckedComponents::default(),
+            &join_params(&node, true),
+            &files,
+        )
         .await
         .unwrap_err();
     assert!(
@@ -375,7 +393,7 @@ async fn a_join_uses_the_configuration_version_of_the_installed_kubeadm() {
     let mut params = join_params(&node, false);
     params.api_version = ApiVersion::V1Beta4;
     node.setup
-        .join_with_installed_kubeadm(&list, params, &[])
+        .join_with_installed_kubeadm(&checked(list), params, &[])
         .await
         .unwrap();
     let calls = node.stand_in.calls();

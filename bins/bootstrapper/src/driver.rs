@@ -16,8 +16,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use asterism_kube_api::{ApiOptions, ClusterApi, WaitPolicy};
 use asterism_components::{Component, DownloadPolicy, Installer};
+use asterism_kube_api::{ApiOptions, ClusterApi, WaitPolicy};
 use asterism_kubeadm::config::{
     ApiVersion, BootstrapToken, CloudProvider, InitParams, JoinParams, NodePaths, k8s_node_name,
 };

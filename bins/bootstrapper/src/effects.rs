@@ -6,9 +6,9 @@
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
+use asterism_components::{Component, ComponentError, check_all};
 use asterism_disk::{DataKey, DiskError, DiskUuid, StateDisk, Unlocked};
 use asterism_kms::ClusterId;
-use asterism_components::{Component, ComponentError, check_all};
 use asterism_kubeadm::setup::ControlPlaneFile;
 use asterism_tpm::marker::{self, MarkerError};
 use asterism_tpm::{Tpm, TpmConfig, TpmError};

@@ -24,8 +24,8 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::path::{Component as PathPart, Path, PathBuf};
 
-use asterism_kms::{ClusterId, DataKey, DeriveError, MEASUREMENT_SALT_LEN, derive_cluster_id};
 use asterism_components::ComponentError;
+use asterism_kms::{ClusterId, DataKey, DeriveError, MEASUREMENT_SALT_LEN, derive_cluster_id};
 use asterism_kubeadm::setup::CONTROL_PLANE_FILES;
 use asterism_proto::join::IssueJoinTicketResponse;
 use x509_parser::prelude::{FromDer as _, GeneralName, SubjectPublicKeyInfo, X509Certificate};

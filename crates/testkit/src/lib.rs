@@ -5,9 +5,13 @@
 //!   free loopback TCP ports, optionally an EK with a certificate, and clean-up on drop. It
 //!   is a thin wrapper around the production launcher [`asterism_swtpm`], which
 //!   programs use on persistent state directories.
+//! * [`TpmNode`] is the set-up most TPM tests share: a swtpm, an issuer on it, and the
+//!   fingerprint of its AK to pin ([`TpmNode::ak_trust`], [`pin`]).
 //! * [`check_swtpm_installed`] explains what to install when swtpm is missing.
 
 mod swtpm;
+mod tpm_node;
 
 pub use asterism_swtpm::{SwtpmError, check_swtpm_installed};
 pub use swtpm::{Swtpm, SwtpmBuilder};
+pub use tpm_node::{TpmNode, TpmNodeError, pin};

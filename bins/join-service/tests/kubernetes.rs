@@ -1,5 +1,5 @@
 //! The join service with its cluster state on the Kubernetes API (`KubeState`), against the
-//! recording API server of asterism-kube-api: HTTPS with a test CA and an admin
+//! recording API server of asterism-testkit: HTTPS with a test CA and an admin
 //! kubeconfig, answers recorded from a real API server, every request recorded. The rest is
 //! real as in tests/join.rs: aTLS and gRPC on loopback, the key service, the metadata
 //! service, swtpm or pinned software AKs.
@@ -17,8 +17,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 use asterism_join_service::{JoiningNodes, KubeState};
-use asterism_kube_api::testing::{RecordingServer, Reply};
 use asterism_testkit::TpmNode;
+use asterism_testkit::kube_api::{RecordingServer, Reply};
 use common::*;
 use tonic::Code;
 

@@ -7,10 +7,11 @@
 //!   programs use on persistent state directories.
 //! * [`TpmNode`] is the set-up most TPM tests share: a swtpm, an issuer on it, and the
 //!   fingerprint of its AK to pin ([`TpmNode::ak_trust`], [`pin`]).
-//! * [`kube_api`] is a recording Kubernetes API server (HTTPS with a test CA on loopback,
+//! * `kube_api` (feature `kube-api`) is a recording Kubernetes API server (HTTPS with a test CA on loopback,
 //!   recorded responses, every request recorded), since no API server runs where tests run.
 //! * [`check_swtpm_installed`] explains what to install when swtpm is missing.
 
+#[cfg(feature = "kube-api")]
 pub mod kube_api;
 mod swtpm;
 mod tpm_node;

@@ -137,7 +137,8 @@ async fn start_tampering_stub(
         .unwrap();
     let port = listener.local_addr().unwrap().port();
     let server = AtlsServer::new(
-        AtlsConfig::attesting(Arc::new(self_issuer(&cp.swtpm))).with_validator(node.validator()),
+        AtlsConfig::attesting(Arc::new(cp.swtpm.held_issuer().unwrap()))
+            .with_validator(node.validator()),
     )
     .unwrap();
     let service = StubJoinService {

@@ -20,11 +20,11 @@ use asterism_bootstrapper::{
     ClusterInit, Components, KubeadmDriver, KubeadmDriverConfig, KubernetesDriver, PostInitApi,
 };
 use asterism_components::{Component, DownloadPolicy};
-use asterism_kube_api::testing::{RecordingServer, Reply};
 use asterism_kube_api::{ApiOptions, WaitPolicy};
 use asterism_kubeadm::config::{CloudProvider, NodePaths};
 use asterism_kubeadm::setup::SetupConfig;
 use asterism_metadata::{InstanceMetadata, Role, StaticMetadata};
+use asterism_testkit::kube_api::{RecordingServer, Reply};
 
 const CONFIG_MAPS: &str = "/api/v1/namespaces/kube-system/configmaps";
 const NODE: &str = "/api/v1/nodes/cp-0";

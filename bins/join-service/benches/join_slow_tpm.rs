@@ -43,8 +43,8 @@ use asterism_join_service::{
 use asterism_metadata::{HttpMetadata, InstanceMetadata, MetadataConfig, MetadataServer, Role};
 use asterism_proto::join::IssueJoinTicketRequest;
 use asterism_proto::join::api_client::ApiClient;
-use asterism_testkit::Swtpm;
-use asterism_tpm::{AkConfig, PcrSelection, TpmIssuer};
+use asterism_testkit::TpmNode;
+use asterism_tpm::TpmIssuer;
 use common::*;
 use hyper_util::rt::TokioIo;
 use std::net::{IpAddr, SocketAddr};
@@ -91,7 +91,7 @@ struct Run {
     quotes: usize,
 }
 
-async fn run(swtpm_issuer: Arc<TpmIssuer>, delay: Duration, refresh: Duration) -> Run {
+async fn run(service_tpm: &TpmNode, delay: Duration, refresh: Duration) -> Run {
     let k = env_usize("JOIN_SLOW_JOINERS", 384);
     let concurrency = env_usize("JOIN_SLOW_CONCURRENCY", 16);
     let total = WARM_UP + k;
@@ -134,9 +134,8 @@ async fn run(swtpm_issuer: Arc<TpmIssuer>, delay: Duration, refresh: Duration) -
     }
 
     // The join service, attesting with a session key over the (delayed) swtpm.
-    let server_fp = AkFingerprint::of_public_area(swtpm_issuer.ak_public());
     let delayed = Arc::new(Delayed {
-        inner: swtpm_issuer,
+        inner: service_tpm.issuer.clone(),
         delay,
         quotes: AtomicUsize::new(0),
     });
@@ -174,7 +173,7 @@ async fn run(swtpm_issuer: Arc<TpmIssuer>, delay: Duration, refresh: Duration) -
 
     // The nodes verify the service: its pinned swtpm AK and PCRs 0–7.
     let service_validator = Arc::new(TpmQuoteValidator::new(
-        AkTrust::pinned([server_fp]),
+        service_tpm.ak_trust(),
         zero_measurements().into_provider(),
     ));
     let join_one = |(issuer, req): (Arc<dyn Issuer>, IssueJoinTicketRequest)| {
@@ -235,16 +234,7 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let swtpm = Swtpm::start().unwrap();
-    let issuer = Arc::new(
-        TpmIssuer::connecting_per_use(
-            swtpm.config(),
-            AkConfig::default(),
-            PcrSelection::all(),
-            vec![],
-        )
-        .unwrap(),
-    );
+    let service = TpmNode::start().unwrap();
     let sixty = Duration::from_secs(60);
     let slow = Duration::from_millis(200);
     let rounds = env_usize("JOIN_SLOW_ROUNDS", 3);
@@ -252,9 +242,9 @@ fn main() {
     // mostly measure what else ran at the time.
     let (mut a, mut b, mut c) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..rounds {
-        a.push(rt.block_on(run(issuer.clone(), Duration::ZERO, sixty)));
-        b.push(rt.block_on(run(issuer.clone(), slow, sixty)));
-        c.push(rt.block_on(run(issuer.clone(), slow, Duration::from_millis(500))));
+        a.push(rt.block_on(run(&service, Duration::ZERO, sixty)));
+        b.push(rt.block_on(run(&service, slow, sixty)));
+        c.push(rt.block_on(run(&service, slow, Duration::from_millis(500))));
         println!(
             "round {round}: a {:.1}/s, b {:.1}/s, c {:.1}/s ({} quotes)",
             a[round].tickets_per_second,
@@ -289,5 +279,5 @@ fn main() {
         mb / ma,
         mc / ma
     );
-    drop(swtpm);
+    drop(service);
 }

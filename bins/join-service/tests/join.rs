@@ -8,11 +8,11 @@ mod common;
 
 use std::sync::Arc;
 
-use asterism_attestation::{AkFingerprint, PcrIndex};
+use asterism_attestation::PcrIndex;
 use asterism_kms::KeyId;
 use asterism_proto::join::IssueRejoinTicketRequest;
-use asterism_testkit::Swtpm;
-use asterism_tpm::{AkConfig, PcrSelection, Tpm, TpmIssuer};
+use asterism_testkit::TpmNode;
+use asterism_tpm::Tpm;
 use common::*;
 use tonic::Code;
 use x509_parser::prelude::{FromDer, X509Certificate};
@@ -24,17 +24,11 @@ fn der_of(pem: &[u8]) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_attesting_with_swtpm_gets_a_complete_ticket_and_a_rejoin_ticket_until_its_pcrs_change()
  {
-    let swtpm = Swtpm::start().unwrap();
-    let issuer = Arc::new(
-        TpmIssuer::connecting_per_use(
-            swtpm.config(),
-            AkConfig::default(),
-            PcrSelection::all(),
-            vec![],
-        )
-        .unwrap(),
-    );
-    let fp = AkFingerprint::of_public_area(issuer.ak_public());
+    let TpmNode {
+        issuer,
+        fingerprint: fp,
+        swtpm,
+    } = TpmNode::start().unwrap();
     let cluster = Cluster::start().await;
     let js = start_join_service(&cluster, Options::pinning(vec![fp])).await;
 

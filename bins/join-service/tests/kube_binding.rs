@@ -14,8 +14,8 @@ use asterism_join_service::{
     Admission, ClusterState, InitNode, JoiningNodes, KubeState, StateError,
 };
 use asterism_kms::DiskUuid;
-use asterism_kube_api::testing::{RecordingServer, Reply, recorded};
 use asterism_metadata::Role;
+use asterism_testkit::kube_api::{RecordingServer, Reply, recorded};
 use std::time::{Duration, SystemTime};
 
 const CONFIG_MAPS: &str = "/api/v1/namespaces/kube-system/configmaps";

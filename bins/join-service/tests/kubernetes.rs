@@ -1,5 +1,5 @@
 //! The join service with its cluster state on the Kubernetes API (`KubeState`), against the
-//! recording API server of asterism-kube-api: HTTPS with a test CA and an admin
+//! recording API server of asterism-testkit: HTTPS with a test CA and an admin
 //! kubeconfig, answers recorded from a real API server, every request recorded. The rest is
 //! real as in tests/join.rs: aTLS and gRPC on loopback, the key service, the metadata
 //! service, swtpm or pinned software AKs.
@@ -14,14 +14,11 @@
 mod common;
 
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use asterism_attestation::AkFingerprint;
 use asterism_join_service::{JoiningNodes, KubeState};
-use asterism_kube_api::testing::{RecordingServer, Reply};
-use asterism_testkit::Swtpm;
-use asterism_tpm::{AkConfig, PcrSelection, TpmIssuer};
+use asterism_testkit::TpmNode;
+use asterism_testkit::kube_api::{RecordingServer, Reply};
 use common::*;
 use tonic::Code;
 
@@ -113,17 +110,11 @@ fn parse_rfc3339(s: &str) -> SystemTime {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_swtpm_node_gets_a_ticket_whose_token_is_a_bootstrap_token_stored_in_the_cluster() {
-    let swtpm = Swtpm::start().unwrap();
-    let issuer = Arc::new(
-        TpmIssuer::connecting_per_use(
-            swtpm.config(),
-            AkConfig::default(),
-            PcrSelection::all(),
-            vec![],
-        )
-        .unwrap(),
-    );
-    let fp = AkFingerprint::of_public_area(issuer.ak_public());
+    let TpmNode {
+        issuer,
+        fingerprint: fp,
+        swtpm: _swtpm,
+    } = TpmNode::start().unwrap();
     let cluster = Cluster::start().await;
     let server = RecordingServer::start().await;
     empty_cluster(&server);

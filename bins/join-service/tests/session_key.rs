@@ -9,15 +9,15 @@ mod common;
 use asterism_atls::{
     AtlsConfig, AtlsConnector, AtlsServer, Issuer, SessionKeyIssuer, VerifiedPeer,
 };
-use asterism_attestation::{AkFingerprint, AkTrust, IssueError, ReportData, TpmQuoteValidator};
+use asterism_attestation::{AkTrust, IssueError, ReportData, TpmQuoteValidator};
 use asterism_join_service::{
     JoinConfig, JoinService, KeyServiceAddress, KeyServiceClient, Limits, Metrics, RedbState,
 };
 use asterism_metadata::HttpMetadata;
 use asterism_proto::join::IssueJoinTicketRequest;
 use asterism_proto::join::api_client::ApiClient;
-use asterism_testkit::Swtpm;
-use asterism_tpm::{AkConfig, PcrSelection, TpmIssuer};
+use asterism_testkit::TpmNode;
+use asterism_tpm::TpmIssuer;
 use common::*;
 use hyper_util::rt::TokioIo;
 use std::net::{IpAddr, SocketAddr};
@@ -28,7 +28,7 @@ use tonic::transport::{Endpoint, Uri};
 
 /// The real swtpm issuer, counting its quotes.
 struct Counting {
-    inner: TpmIssuer,
+    inner: Arc<TpmIssuer>,
     quotes: AtomicUsize,
 }
 
@@ -87,17 +87,9 @@ async fn join_from(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_joins_verify_a_session_key_and_the_service_quotes_once() {
-    let swtpm = Swtpm::start().unwrap();
-    let tpm = TpmIssuer::connecting_per_use(
-        swtpm.config(),
-        AkConfig::default(),
-        PcrSelection::all(),
-        vec![],
-    )
-    .unwrap();
-    let service_fp = AkFingerprint::of_public_area(tpm.ak_public());
+    let service_tpm = TpmNode::start().unwrap();
     let quotes = Arc::new(Counting {
-        inner: tpm,
+        inner: service_tpm.issuer.clone(),
         quotes: AtomicUsize::new(0),
     });
     let (w0, w0_fp) = soft_node();
@@ -164,7 +156,7 @@ async fn mutual_joins_verify_a_session_key_and_the_service_quotes_once() {
     // A node that verifies the service (its pinned swtpm AK, PCRs 0–7) gets its ticket
     // over a session key; a second connection reuses the key.
     let service_validator = Arc::new(TpmQuoteValidator::new(
-        AkTrust::pinned([service_fp]),
+        service_tpm.ak_trust(),
         zero_measurements().into_provider(),
     ));
     for _ in 0..2 {
@@ -177,7 +169,10 @@ async fn mutual_joins_verify_a_session_key_and_the_service_quotes_once() {
         )
         .await
         .expect("the node verified the join service");
-        assert_eq!(peer.evidence().identity(), service_fp.to_string());
+        assert_eq!(
+            peer.evidence().identity(),
+            service_tpm.fingerprint.to_string()
+        );
     }
     assert_eq!(
         quotes.quotes.load(Ordering::SeqCst),

@@ -12,10 +12,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use asterism_atls::{AtlsConfig, AtlsConnector};
-use asterism_attestation::AkFingerprint;
 use asterism_proto::kms::api_client::ApiClient;
-use asterism_testkit::Swtpm;
-use asterism_tpm::{AkConfig, PcrSelection, Tpm, TpmIssuer};
+use asterism_testkit::TpmNode;
+use asterism_tpm::{PcrSelection, Tpm, TpmIssuer};
 use common::*;
 use tonic::transport::{Channel, Endpoint};
 
@@ -32,9 +31,15 @@ async fn attested_channel(
 
 #[test]
 fn a_client_attesting_with_an_swtpm_quote_gets_its_key_until_its_pcrs_change() {
-    let swtpm = Swtpm::start().unwrap();
-    let mut tpm = Tpm::open(&swtpm.config()).unwrap();
-    let pcrs = tpm.read_pcrs(&PcrSelection::all()).unwrap();
+    let TpmNode {
+        issuer,
+        fingerprint,
+        swtpm,
+    } = TpmNode::start().unwrap();
+    let pcrs = Tpm::open(&swtpm.config())
+        .unwrap()
+        .read_pcrs(&PcrSelection::all())
+        .unwrap();
     // Expected measurements: PCRs 0..=7 and 15 as they are now, enforced.
     let entries: Vec<String> = pcrs
         .iter()
@@ -61,10 +66,6 @@ fn a_client_attesting_with_an_swtpm_quote_gets_its_key_until_its_pcrs_change() {
     };
     let (ms, salt) = (secret("mastersecret"), secret("salt"));
 
-    let issuer = Arc::new(
-        TpmIssuer::new(tpm, &AkConfig::default(), PcrSelection::all(), Vec::new()).unwrap(),
-    );
-    let fingerprint = AkFingerprint::of_public_area(issuer.ak_public());
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

@@ -3,12 +3,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use asterism_attestation::{
-    AkFingerprint, AkTrust, ExpectedPcr, Measurements, PcrIndex, ReportData, TpmQuoteValidator,
-    Validator,
+    ExpectedPcr, Measurements, PcrIndex, ReportData, TpmQuoteValidator, Validator,
 };
 use asterism_proto::verify::GetAttestationRequest;
 use asterism_proto::verify::api_client::ApiClient;
-use asterism_testkit::Swtpm;
+use asterism_testkit::{Swtpm, pin};
 use asterism_tpm::{AkConfig, PcrSelection, Tpm};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -77,7 +76,7 @@ fn serves_evidence_bound_to_the_callers_nonce_and_refuses_bad_nonces() {
     assert_eq!(long, tonic::Code::InvalidArgument);
 
     let validator = TpmQuoteValidator::new(
-        AkTrust::pinned([AkFingerprint::of_public_area(&ak_public)]),
+        pin(&ak_public),
         Measurements::new([(PcrIndex::new(0).unwrap(), ExpectedPcr::enforce(pcr0))])
             .unwrap()
             .into_provider(),

@@ -20,7 +20,6 @@
 //! This crate is the only one that may depend on rustls. It must never let application
 //! data flow before the exchange has succeeded, and never log evidence or secrets.
 #![forbid(unsafe_code)]
-
 #![cfg_attr(not(test), deny(clippy::indexing_slicing))]
 
 mod client;

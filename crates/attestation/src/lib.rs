@@ -11,7 +11,6 @@
 //!
 //! This crate must never depend on an async runtime or a C library: verifiers embed it.
 #![forbid(unsafe_code)]
-
 #![cfg_attr(not(test), deny(clippy::indexing_slicing))]
 
 mod binding;

@@ -21,8 +21,8 @@
 //! what the recorded-response tests cover.
 //!
 //! This is the only crate that may depend on `kube` (docs/dependencies.md; the join service
-//! needs nothing else of Kubernetes). It never logs tokens or keys. With the `testing`
-//! feature, [`testing`] is a recording API server for tests, never for a program.
+//! needs nothing else of Kubernetes). It never logs tokens or keys. Its tests run against
+//! the recording API server in `asterism-testkit`.
 #![forbid(unsafe_code)]
 
 mod client;
@@ -30,9 +30,6 @@ mod config_maps;
 mod error;
 mod join_state;
 mod tokens;
-
-#[cfg(feature = "testing")]
-pub mod testing;
 
 pub use client::{ApiOptions, ClusterApi, WaitPolicy};
 pub use config_maps::{

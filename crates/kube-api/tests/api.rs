@@ -1,6 +1,6 @@
 //! The Kubernetes API module against a recording API server: HTTPS on loopback with a test CA
 //! and a client certificate from an admin kubeconfig, answers recorded from the real API
-//! (tests/recorded/), every request recorded so that each test checks what the client sent
+//! (`crates/testkit/recorded/`), every request recorded so that each test checks what the client sent
 //! as well as how it handled the answer.
 
 #![allow(
@@ -10,11 +10,11 @@
     clippy::indexing_slicing
 )]
 
-use asterism_kube_api::testing::{RecordingServer, Reply, recorded};
 use asterism_kube_api::{
     ApiError, ApiOptions, ClusterApi, JoinConfigChange, JoiningNode, TokenPolicy, WaitPolicy,
 };
 use asterism_proto::components::Component;
+use asterism_testkit::kube_api::{RecordingServer, Reply, recorded};
 use base64::Engine as _;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -798,7 +798,7 @@ async fn api_failures_become_typed_errors() {
 
 #[tokio::test]
 async fn the_recorded_responses_are_json() {
-    for entry in std::fs::read_dir(asterism_kube_api::testing::recorded_dir()).unwrap() {
+    for entry in std::fs::read_dir(asterism_testkit::kube_api::recorded_dir()).unwrap() {
         let name = entry.unwrap().file_name().into_string().unwrap();
         let v: serde_json::Value =
             serde_json::from_str(&recorded(&name)).unwrap_or_else(|e| panic!("{name}: {e}"));

@@ -8,7 +8,6 @@
 //! Messages that carry secrets (keys, init secret, KMS URI) have a hand-written `Debug`
 //! that redacts them.
 #![forbid(unsafe_code)]
-
 #![allow(missing_docs)] // generated code carries the .proto comments, not rustdoc on every item
 
 use std::fmt;

@@ -5,10 +5,18 @@
 //!   free loopback TCP ports, optionally an EK with a certificate, and clean-up on drop. It
 //!   is a thin wrapper around the production launcher [`asterism_swtpm`], which
 //!   programs use on persistent state directories.
+//! * [`TpmNode`] is the set-up most TPM tests share: a swtpm, an issuer on it, and the
+//!   fingerprint of its AK to pin ([`TpmNode::ak_trust`], [`pin`]).
+//! * `kube_api` (feature `kube-api`) is a recording Kubernetes API server (HTTPS with a test CA on loopback,
+//!   recorded responses, every request recorded), since no API server runs where tests run.
 //! * [`check_swtpm_installed`] explains what to install when swtpm is missing.
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "kube-api")]
+pub mod kube_api;
 mod swtpm;
+mod tpm_node;
 
 pub use asterism_swtpm::{SwtpmError, check_swtpm_installed};
 pub use swtpm::{Swtpm, SwtpmBuilder};
+pub use tpm_node::{TpmNode, TpmNodeError, pin};

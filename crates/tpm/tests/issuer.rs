@@ -3,18 +3,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use asterism_attestation::{
-    AkFingerprint, AkTrust, ExpectedPcr, Issuer, Measurements, PcrIndex, ReportData, Role,
-    TpmQuoteValidator, Validator,
+    ExpectedPcr, Issuer, Measurements, PcrIndex, ReportData, Role, TpmQuoteValidator, Validator,
 };
-use asterism_testkit::Swtpm;
+use asterism_testkit::{Swtpm, pin};
 use asterism_tpm::{AkConfig, PcrSelection, Tpm, TpmIssuer};
 
 fn validator_for(ak_public: &[u8], pcr0: [u8; 32]) -> TpmQuoteValidator {
     let m = Measurements::new([(PcrIndex::new(0).unwrap(), ExpectedPcr::enforce(pcr0))]).unwrap();
-    TpmQuoteValidator::new(
-        AkTrust::pinned([AkFingerprint::of_public_area(ak_public)]),
-        m.into_provider(),
-    )
+    TpmQuoteValidator::new(pin(ak_public), m.into_provider())
 }
 
 #[test]
@@ -24,20 +20,8 @@ fn per_use_issuers_share_one_swtpm_and_their_evidence_verifies() {
         let mut tpm = Tpm::open(&swtpm.config()).unwrap();
         tpm.read_pcrs(&PcrSelection::new([0]).unwrap()).unwrap()[0].1
     };
-    let a = TpmIssuer::connecting_per_use(
-        swtpm.config(),
-        AkConfig::default(),
-        PcrSelection::all(),
-        Vec::new(),
-    )
-    .unwrap();
-    let b = TpmIssuer::connecting_per_use(
-        swtpm.config(),
-        AkConfig::default(),
-        PcrSelection::all(),
-        Vec::new(),
-    )
-    .unwrap();
+    let a = swtpm.issuer().unwrap();
+    let b = swtpm.issuer().unwrap();
     assert_eq!(a.ak_public(), b.ak_public(), "both load the persisted AK");
     let validator = validator_for(a.ak_public(), pcr0);
     for i in 0..3u8 {

@@ -14,15 +14,15 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
 
 use asterism_atls::{AtlsConfig, AtlsConnector};
-use asterism_attestation::{AkFingerprint, AkTrust, Measurements, TpmQuoteValidator};
+use asterism_attestation::{Measurements, TpmQuoteValidator};
 use asterism_bootstrapper::{
     Config, Failure, JoinServiceTrust, KubernetesDriver, LogBuffer, LuksDisk, Node, NodeDir,
     NoneDriver, Outcome, TpmMarker, UnlockMode,
 };
 use asterism_disk::{DiskConfig, Integrity, Pbkdf, StateDisk};
 use asterism_metadata::{InstanceMetadata, Role, StaticMetadata};
-use asterism_testkit::Swtpm;
-use asterism_tpm::{AkConfig, PcrSelection, Tpm, TpmIssuer};
+use asterism_testkit::{Swtpm, pin};
+use asterism_tpm::{PcrSelection, Tpm};
 use std::io::Write as _;
 use tonic::transport::Channel;
 
@@ -60,7 +60,7 @@ impl TestNode {
         let dir = tempfile::tempdir().unwrap();
         let node_dir = NodeDir::new(dir.path().join("node"));
         let ip: IpAddr = ip.parse().unwrap();
-        let issuer = self_issuer(&swtpm);
+        let issuer = swtpm.held_issuer().unwrap();
         let ak_public = issuer.ak_public().to_vec();
         Self {
             swtpm,
@@ -140,7 +140,7 @@ impl TestNode {
             config,
             Arc::new(TpmMarker::new(self.swtpm.config())),
             Arc::new(LuksDisk::new(disk, UnlockMode::KeyCheck)),
-            Arc::new(self_issuer(&self.swtpm)),
+            Arc::new(self.swtpm.held_issuer().unwrap()),
             metadata,
             driver,
             logs,
@@ -199,7 +199,7 @@ impl TestNode {
         let json = format!("{{\"measurements\": {{{}}}}}", entries.join(", "));
         let measurements = Measurements::from_json(json.as_bytes()).unwrap();
         Arc::new(TpmQuoteValidator::new(
-            AkTrust::pinned([AkFingerprint::of_public_area(&self.ak_public)]),
+            pin(&self.ak_public),
             measurements.into_provider(),
         ))
     }
@@ -217,7 +217,7 @@ impl TestNode {
         let json = format!("{{\"measurements\": {{{}}}}}", entries.join(", "));
         let measurements = Measurements::from_json(json.as_bytes()).unwrap();
         JoinServiceTrust::cluster(
-            AkTrust::pinned([AkFingerprint::of_public_area(&self.ak_public)]),
+            pin(&self.ak_public),
             measurements.into_provider(),
             cluster_id,
         )
@@ -253,11 +253,6 @@ impl TestNode {
 }
 
 /// A TPM issuer on `swtpm` (a connection of its own).
-pub fn self_issuer(swtpm: &Swtpm) -> TpmIssuer {
-    let tpm = Tpm::open(&swtpm.config()).unwrap();
-    TpmIssuer::new(tpm, &AkConfig::default(), PcrSelection::all(), Vec::new()).unwrap()
-}
-
 /// Whether `key` opens the LUKS image, asked of the cryptsetup program directly.
 pub fn opens(image: &Path, key: &[u8]) -> bool {
     let mut child = Command::new("cryptsetup")

@@ -1,6 +1,6 @@
-//! A recording Kubernetes API server for tests (feature `testing`): no API server can run
-//! where the tests run, so this one answers with **recorded responses** (JSON files in the
-//! real API format under `crates/kube-api/tests/recorded/`) and **records every request**
+//! A recording Kubernetes API server for tests: no API server can run where the tests run,
+//! so this one answers with **recorded responses** (JSON files in the real API format under
+//! `crates/testkit/recorded/`) and **records every request**
 //! (method, path, query, body), so that a test asserts both what the client sent and how it
 //! handled the answers.
 //!
@@ -12,7 +12,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use super::{ApiOptions, ClusterApi};
+use asterism_kube_api::{ApiOptions, ClusterApi};
 use base64::Engine as _;
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full};
@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 
 /// The directory of the recorded responses.
 pub fn recorded_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/recorded")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("recorded")
 }
 
 /// The recorded response `file` (e.g. `secret-list-empty.json`).

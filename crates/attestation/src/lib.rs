@@ -14,6 +14,7 @@
 #![cfg_attr(not(test), deny(clippy::indexing_slicing))]
 
 mod binding;
+pub mod explain;
 pub mod measurements;
 pub mod tpm;
 mod verified;
@@ -79,6 +80,34 @@ pub enum ValidationError {
     /// A structural or policy check failed (attributes, algorithms, selection, …).
     #[error("policy: {0}")]
     Policy(String),
+    /// A field of a confidential-VM report does not meet the policy.
+    #[error("{field}: expected {expected}, observed {observed}")]
+    Field {
+        /// The field, named as in the vendor's specification (`reported_tcb.snp`).
+        field: String,
+        /// What the policy wants.
+        expected: String,
+        /// What the report holds.
+        observed: String,
+    },
+    /// A certificate, CRL or signed collateral item is not acceptable.
+    #[error("certificate {which}: {reason}")]
+    Certificate {
+        /// Which one (`VCEK`, `ASK`, `ARK`, `PCK`, `TCB info`, …).
+        which: String,
+        /// Why it was refused (signature, validity period, issuer, extension, revoked).
+        reason: String,
+    },
+}
+
+impl From<&explain::Check> for ValidationError {
+    fn from(c: &explain::Check) -> Self {
+        ValidationError::Field {
+            field: c.field.clone(),
+            expected: c.expected.clone(),
+            observed: c.observed.clone(),
+        }
+    }
 }
 
 /// Produces evidence that binds `report_data` to the attesting platform.

@@ -1,0 +1,113 @@
+//! What a verifier checked, field by field: the record `asterism verify` prints for a
+//! confidential-VM report (launch measurement, TCB parts, policy bits, binding), each with
+//! the expected and the observed value and whether it passed.
+
+use std::fmt;
+
+/// How one check ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The observed value meets the policy.
+    Pass,
+    /// The observed value differs, but the policy only warns about this field.
+    Warn,
+    /// The observed value does not meet the policy; the evidence is refused.
+    Fail,
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Outcome::Pass => "pass",
+            Outcome::Warn => "warn",
+            Outcome::Fail => "FAIL",
+        })
+    }
+}
+
+/// One checked field: its name, the value the policy wants and the value the evidence has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Check {
+    /// The field, named as in the hardware vendor's specification (for example
+    /// `reported_tcb.snp` or `td_attributes.debug`).
+    pub field: String,
+    /// What the policy wants, in words or as a value (for example `>= 8` or a hex digest).
+    pub expected: String,
+    /// What the evidence holds.
+    pub observed: String,
+    /// Whether the field passed.
+    pub outcome: Outcome,
+}
+
+impl Check {
+    /// A check of `field` that ended with `outcome`.
+    pub fn new(
+        field: impl Into<String>,
+        expected: impl Into<String>,
+        observed: impl Into<String>,
+        outcome: Outcome,
+    ) -> Self {
+        Self {
+            field: field.into(),
+            expected: expected.into(),
+            observed: observed.into(),
+            outcome,
+        }
+    }
+
+    /// A check that passes when `ok`, and fails otherwise.
+    pub fn pass_if(
+        ok: bool,
+        field: impl Into<String>,
+        expected: impl Into<String>,
+        observed: impl Into<String>,
+    ) -> Self {
+        let outcome = if ok { Outcome::Pass } else { Outcome::Fail };
+        Self::new(field, expected, observed, outcome)
+    }
+}
+
+impl fmt::Display for Check {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:<4} {}: expected {}, observed {}",
+            self.outcome, self.field, self.expected, self.observed
+        )
+    }
+}
+
+/// Every check of one report, in the order they ran. Verification stops at the first
+/// signature or chain failure (nothing after it can be trusted), but runs every field check
+/// of a correctly signed report, so that one rejection lists all that is wrong.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Explanation {
+    /// The checks, in order.
+    pub checks: Vec<Check>,
+}
+
+impl Explanation {
+    /// Records a check.
+    pub fn push(&mut self, check: Check) {
+        self.checks.push(check);
+    }
+
+    /// The first failed check, if any.
+    pub fn first_failure(&self) -> Option<&Check> {
+        self.checks.iter().find(|c| c.outcome == Outcome::Fail)
+    }
+
+    /// The checks that only warned.
+    pub fn warnings(&self) -> impl Iterator<Item = &Check> {
+        self.checks.iter().filter(|c| c.outcome == Outcome::Warn)
+    }
+}
+
+impl fmt::Display for Explanation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for c in &self.checks {
+            writeln!(f, "{c}")?;
+        }
+        Ok(())
+    }
+}

@@ -111,3 +111,49 @@ impl fmt::Display for Explanation {
         Ok(())
     }
 }
+
+/// An expected fixed-size value of a confidential-VM report (a 48-byte launch measurement,
+/// an MRTD, an RTMR, a 32-byte host data field) and what a mismatch means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reference<const N: usize> {
+    /// The expected bytes.
+    pub value: [u8; N],
+    /// Enforce (a mismatch rejects) or warn only (a mismatch is reported, never gates).
+    pub mode: crate::MeasurementMode,
+}
+
+impl<const N: usize> Reference<N> {
+    /// An enforced reference value.
+    pub fn enforce(value: [u8; N]) -> Self {
+        Self {
+            value,
+            mode: crate::MeasurementMode::Enforce,
+        }
+    }
+
+    /// A warn-only reference value.
+    pub fn warn_only(value: [u8; N]) -> Self {
+        Self {
+            value,
+            mode: crate::MeasurementMode::WarnOnly,
+        }
+    }
+
+    /// Compares `observed` with the reference: pass when equal, otherwise fail or warn as
+    /// the mode says. Values print as lower-case hex.
+    pub fn check(&self, field: impl Into<String>, observed: &[u8]) -> Check {
+        let outcome = if observed == self.value.as_slice() {
+            Outcome::Pass
+        } else if self.mode == crate::MeasurementMode::WarnOnly {
+            Outcome::Warn
+        } else {
+            Outcome::Fail
+        };
+        Check::new(
+            field,
+            hex::encode(self.value),
+            hex::encode(observed),
+            outcome,
+        )
+    }
+}

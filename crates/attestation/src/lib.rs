@@ -24,8 +24,8 @@ pub mod test_ed25519;
 
 pub use binding::{Purpose, ReportData, Role};
 pub use measurements::{
-    ExpectedPcr, MeasurementMode, Measurements, MeasurementsError, MeasurementsProvider, PcrIndex,
-    SharedMeasurements,
+    CvmReferences, ExpectedPcr, MeasurementMode, Measurements, MeasurementsError,
+    MeasurementsProvider, PcrIndex, SharedMeasurements,
 };
 pub use tpm::{AkFingerprint, AkTrust, PlatformCa, TpmQuoteValidator};
 pub use verified::{Measurement, VerifiedEvidence};

@@ -16,6 +16,27 @@
 //! }
 //! ```
 //!
+//! A file for nodes on confidential VMs may add the reference values of the hardware report
+//! under the vTPM, per variant. Each entry has the same two forms as a PCR entry:
+//!
+//! ```json
+//! {
+//!   "measurements": { "4": "<64 hex digits>" },
+//!   "snp": {
+//!     "launchMeasurement": {"expected": "<96 hex digits>", "warnOnly": false},
+//!     "hostData": "<64 hex digits>"
+//!   },
+//!   "tdx": {
+//!     "mrtd": "<96 hex digits>",
+//!     "rtmr0": "<96 hex digits>", "rtmr1": "…", "rtmr2": "…", "rtmr3": "…"
+//!   }
+//! }
+//! ```
+//!
+//! SEV-SNP's launch measurement, TDX's MRTD and RTMRs are 48 bytes (SHA-384), SNP host data
+//! 32 bytes. Every field is optional; a field that is absent is not compared. They are
+//! reloaded with the file like the PCRs.
+//!
 //! Keys are decimal PCR indices `0..=23` (no sign, no leading zeros). A value is either an
 //! object with `expected` (hex, exactly 32 bytes) and an optional `warnOnly` (default
 //! `false`), or a bare hex string, which means enforced. Unknown keys, duplicate keys,
@@ -34,6 +55,7 @@
 //! by ordinary software at locality 0, and are accepted.
 
 use crate::ValidationError;
+use crate::explain::Reference;
 use serde::Deserialize;
 use serde::de::{self, MapAccess, Visitor};
 use std::collections::BTreeMap;
@@ -197,6 +219,14 @@ pub enum MeasurementsError {
          nothing, use warnOnly"
     )]
     EnforcedResettable(PcrIndex),
+    /// A confidential-VM reference value is not hex of the right length.
+    #[error("{field}: {reason}")]
+    BadReference {
+        /// The field, as in the file (`snp.launchMeasurement`).
+        field: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// No PCR is enforced, so nothing would gate.
     #[error("no PCR is enforced; a measurements map must enforce at least one PCR")]
     NoEnforced,
@@ -205,7 +235,31 @@ pub enum MeasurementsError {
 /// Expected PCR values (SHA-256 bank), by index. Valid by construction: indices `0..=23`,
 /// 32-byte values, no enforced resettable PCR, at least one enforced PCR.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Measurements(BTreeMap<PcrIndex, ExpectedPcr>);
+pub struct Measurements {
+    pcrs: BTreeMap<PcrIndex, ExpectedPcr>,
+    cvm: CvmReferences,
+}
+
+/// Reference values of a confidential VM's hardware report (the report the vTPM is bound
+/// to). Absent fields are not compared.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CvmReferences {
+    /// SEV-SNP: the launch measurement (`MEASUREMENT`, SHA-384 of the launch digest).
+    pub snp_launch_measurement: Option<Reference<48>>,
+    /// SEV-SNP: the host data the hypervisor set at launch (`HOST_DATA`).
+    pub snp_host_data: Option<Reference<32>>,
+    /// TDX: the build-time measurement of the TD (`MRTD`).
+    pub tdx_mrtd: Option<Reference<48>>,
+    /// TDX: the run-time measurement registers `RTMR0`..`RTMR3`.
+    pub tdx_rtmrs: [Option<Reference<48>>; 4],
+}
+
+impl CvmReferences {
+    /// Whether no reference value is set.
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
 
 impl Measurements {
     /// Builds a map; refuses duplicates, enforced resettable PCRs and maps that enforce
@@ -225,7 +279,22 @@ impl Measurements {
         if !map.values().any(|p| p.mode == MeasurementMode::Enforce) {
             return Err(MeasurementsError::NoEnforced);
         }
-        Ok(Self(map))
+        Ok(Self {
+            pcrs: map,
+            cvm: CvmReferences::default(),
+        })
+    }
+
+    /// These PCR expectations with `cvm` as the confidential-VM reference values.
+    #[must_use]
+    pub fn with_cvm(mut self, cvm: CvmReferences) -> Self {
+        self.cvm = cvm;
+        self
+    }
+
+    /// The confidential-VM reference values.
+    pub fn cvm(&self) -> &CvmReferences {
+        &self.cvm
     }
 
     /// Parses the JSON file format (module documentation).
@@ -234,20 +303,7 @@ impl Measurements {
         let mut entries = Vec::with_capacity(file.measurements.0.len());
         for (key, entry) in file.measurements.0 {
             let index: PcrIndex = key.parse()?;
-            let (hex_value, mode) = match entry {
-                EntryRepr::Bare(h) => (h, MeasurementMode::Enforce),
-                EntryRepr::Full {
-                    expected,
-                    warn_only,
-                } => (
-                    expected,
-                    if warn_only {
-                        MeasurementMode::WarnOnly
-                    } else {
-                        MeasurementMode::Enforce
-                    },
-                ),
-            };
+            let (hex_value, mode) = entry.into_parts();
             let bytes = hex::decode(&hex_value).map_err(|e| MeasurementsError::BadHex {
                 index,
                 reason: e.to_string(),
@@ -262,7 +318,22 @@ impl Measurements {
                     })?;
             entries.push((index, ExpectedPcr { expected, mode }));
         }
-        Self::new(entries)
+        let mut cvm = CvmReferences::default();
+        if let Some(snp) = file.snp {
+            cvm.snp_launch_measurement =
+                reference("snp.launchMeasurement", snp.launch_measurement)?;
+            cvm.snp_host_data = reference("snp.hostData", snp.host_data)?;
+        }
+        if let Some(tdx) = file.tdx {
+            cvm.tdx_mrtd = reference("tdx.mrtd", tdx.mrtd)?;
+            cvm.tdx_rtmrs = [
+                reference("tdx.rtmr0", tdx.rtmr0)?,
+                reference("tdx.rtmr1", tdx.rtmr1)?,
+                reference("tdx.rtmr2", tdx.rtmr2)?,
+                reference("tdx.rtmr3", tdx.rtmr3)?,
+            ];
+        }
+        Ok(Self::new(entries)?.with_cvm(cvm))
     }
 
     /// Reads and parses a measurements file.
@@ -273,7 +344,7 @@ impl Measurements {
     /// The JSON file format, indices ascending, every entry in object form.
     pub fn to_json(&self) -> String {
         let entries: Vec<String> = self
-            .0
+            .pcrs
             .iter()
             .map(|(i, p)| {
                 format!(
@@ -283,30 +354,53 @@ impl Measurements {
                 )
             })
             .collect();
-        format!(
-            "{{\n  \"measurements\": {{\n{}\n  }}\n}}\n",
+        let mut sections = vec![format!(
+            "  \"measurements\": {{\n{}\n  }}",
             entries.join(",\n")
-        )
+        )];
+        let c = &self.cvm;
+        let snp = json_entries(&[
+            (
+                "launchMeasurement",
+                c.snp_launch_measurement.as_ref().map(entry_json),
+            ),
+            ("hostData", c.snp_host_data.as_ref().map(entry_json)),
+        ]);
+        if !snp.is_empty() {
+            sections.push(format!("  \"snp\": {{\n{snp}\n  }}"));
+        }
+        let [r0, r1, r2, r3] = &c.tdx_rtmrs;
+        let tdx = json_entries(&[
+            ("mrtd", c.tdx_mrtd.as_ref().map(entry_json)),
+            ("rtmr0", r0.as_ref().map(entry_json)),
+            ("rtmr1", r1.as_ref().map(entry_json)),
+            ("rtmr2", r2.as_ref().map(entry_json)),
+            ("rtmr3", r3.as_ref().map(entry_json)),
+        ]);
+        if !tdx.is_empty() {
+            sections.push(format!("  \"tdx\": {{\n{tdx}\n  }}"));
+        }
+        format!("{{\n{}\n}}\n", sections.join(",\n"))
     }
 
     /// The expectation for one PCR.
     pub fn get(&self, index: PcrIndex) -> Option<&ExpectedPcr> {
-        self.0.get(&index)
+        self.pcrs.get(&index)
     }
 
     /// All expectations, ascending by index.
     pub fn iter(&self) -> impl Iterator<Item = (PcrIndex, &ExpectedPcr)> {
-        self.0.iter().map(|(i, p)| (*i, p))
+        self.pcrs.iter().map(|(i, p)| (*i, p))
     }
 
     /// Number of PCRs with an expectation.
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.pcrs.len()
     }
 
     /// Always `false`: a valid map enforces at least one PCR.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.pcrs.is_empty()
     }
 
     /// Compares observed PCR values with the expectations, ascending by index. PCRs without
@@ -320,7 +414,7 @@ impl Measurements {
         observed: &BTreeMap<PcrIndex, [u8; 32]>,
     ) -> Result<Vec<String>, ValidationError> {
         let mut warnings = Vec::new();
-        for (index, want) in &self.0 {
+        for (index, want) in &self.pcrs {
             let got = observed.get(index);
             if got == Some(&want.expected) {
                 continue;
@@ -434,6 +528,91 @@ fn read_bounded(path: &Path) -> Result<Vec<u8>, MeasurementsError> {
 #[serde(deny_unknown_fields)]
 struct FileRepr {
     measurements: EntriesRepr,
+    #[serde(default)]
+    snp: Option<SnpRepr>,
+    #[serde(default)]
+    tdx: Option<TdxRepr>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct SnpRepr {
+    #[serde(default)]
+    launch_measurement: Option<EntryRepr>,
+    #[serde(default)]
+    host_data: Option<EntryRepr>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TdxRepr {
+    #[serde(default)]
+    mrtd: Option<EntryRepr>,
+    #[serde(default)]
+    rtmr0: Option<EntryRepr>,
+    #[serde(default)]
+    rtmr1: Option<EntryRepr>,
+    #[serde(default)]
+    rtmr2: Option<EntryRepr>,
+    #[serde(default)]
+    rtmr3: Option<EntryRepr>,
+}
+
+impl EntryRepr {
+    fn into_parts(self) -> (String, MeasurementMode) {
+        match self {
+            EntryRepr::Bare(h) => (h, MeasurementMode::Enforce),
+            EntryRepr::Full {
+                expected,
+                warn_only,
+            } => (
+                expected,
+                if warn_only {
+                    MeasurementMode::WarnOnly
+                } else {
+                    MeasurementMode::Enforce
+                },
+            ),
+        }
+    }
+}
+
+/// A confidential-VM reference value of `N` bytes from its file form.
+fn reference<const N: usize>(
+    field: &str,
+    entry: Option<EntryRepr>,
+) -> Result<Option<Reference<N>>, MeasurementsError> {
+    let Some(entry) = entry else {
+        return Ok(None);
+    };
+    let bad = |reason: String| MeasurementsError::BadReference {
+        field: field.to_owned(),
+        reason,
+    };
+    let (hex_value, mode) = entry.into_parts();
+    let bytes = hex::decode(&hex_value).map_err(|e| bad(format!("not hex: {e}")))?;
+    let value: [u8; N] = bytes
+        .as_slice()
+        .try_into()
+        .map_err(|_| bad(format!("{} bytes, want {N}", bytes.len())))?;
+    Ok(Some(Reference { value, mode }))
+}
+
+fn entry_json<const N: usize>(r: &Reference<N>) -> String {
+    format!(
+        "{{\"expected\": \"{}\", \"warnOnly\": {}}}",
+        hex::encode(r.value),
+        r.mode == MeasurementMode::WarnOnly
+    )
+}
+
+/// `"name": value` lines of the entries that are set.
+fn json_entries(entries: &[(&str, Option<String>)]) -> String {
+    entries
+        .iter()
+        .filter_map(|(name, value)| value.as_ref().map(|v| format!("    \"{name}\": {v}")))
+        .collect::<Vec<_>>()
+        .join(",\n")
 }
 
 /// The measurement map as written, in order, duplicates kept (so they can be refused).
@@ -538,6 +717,45 @@ mod tests {
         let json = m.to_json();
         assert!(json.find("\"4\"").unwrap() < json.find("\"11\"").unwrap());
         assert_eq!(Measurements::from_json(json.as_bytes()).unwrap(), m);
+    }
+
+    #[test]
+    fn cvm_reference_values_round_trip_and_refuse_bad_lengths() {
+        let cvm = CvmReferences {
+            snp_launch_measurement: Some(Reference::enforce([0x11; 48])),
+            snp_host_data: Some(Reference::warn_only([0x22; 32])),
+            tdx_mrtd: Some(Reference::enforce([0x33; 48])),
+            tdx_rtmrs: [None, Some(Reference::warn_only([0x44; 48])), None, None],
+        };
+        let m = Measurements::new([(idx(4), ExpectedPcr::enforce([0xab; 32]))])
+            .unwrap()
+            .with_cvm(cvm.clone());
+        let parsed = Measurements::from_json(m.to_json().as_bytes()).unwrap();
+        assert_eq!(parsed.cvm(), &cvm);
+        assert_eq!(parsed, m);
+
+        let pcr = format!(r#""measurements": {{"4": "{}"}}"#, hex::encode([1; 32]));
+        // A 32-byte value where SNP's launch measurement is 48 bytes.
+        let short = format!(
+            r#"{{{pcr}, "snp": {{"launchMeasurement": "{}"}}}}"#,
+            hex::encode([1; 32])
+        );
+        let err = Measurements::from_json(short.as_bytes()).unwrap_err();
+        assert!(
+            matches!(&err, MeasurementsError::BadReference { field, .. } if field == "snp.launchMeasurement"),
+            "{err}"
+        );
+        let unknown = format!(
+            r#"{{{pcr}, "tdx": {{"rtmr4": "{}"}}}}"#,
+            hex::encode([1; 48])
+        );
+        assert!(Measurements::from_json(unknown.as_bytes()).is_err());
+        let bare = format!(
+            r#"{{{pcr}, "tdx": {{"mrtd": "{}"}}}}"#,
+            hex::encode([7; 48])
+        );
+        let m = Measurements::from_json(bare.as_bytes()).unwrap();
+        assert_eq!(m.cvm().tdx_mrtd, Some(Reference::enforce([7; 48])));
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The proof that a validator accepted evidence.
 
+use crate::explain::Check;
 use std::fmt;
 
 /// One measured value the evidence attested (for a TPM: a PCR index and its digest).
@@ -27,6 +28,7 @@ pub struct VerifiedEvidence {
     identity: String,
     measurements: Vec<Measurement>,
     warnings: Vec<String>,
+    checks: Vec<Check>,
 }
 
 impl VerifiedEvidence {
@@ -43,7 +45,15 @@ impl VerifiedEvidence {
             identity,
             measurements,
             warnings,
+            checks: Vec::new(),
         }
+    }
+
+    /// Adds the field-by-field record of a confidential-VM report's checks.
+    #[allow(dead_code)] // used by the confidential-VM AK trust modes
+    pub(crate) fn with_checks(mut self, checks: Vec<Check>) -> Self {
+        self.checks = checks;
+        self
     }
 
     /// The evidence variant (for example `tpm-quote`).
@@ -66,6 +76,12 @@ impl VerifiedEvidence {
     pub fn warnings(&self) -> &[String] {
         &self.warnings
     }
+
+    /// What was checked of a confidential-VM hardware report under the evidence, field by
+    /// field (empty for evidence without one).
+    pub fn checks(&self) -> &[Check] {
+        &self.checks
+    }
 }
 
 impl fmt::Debug for VerifiedEvidence {
@@ -75,6 +91,7 @@ impl fmt::Debug for VerifiedEvidence {
             .field("identity", &self.identity)
             .field("measurements", &self.measurements)
             .field("warnings", &self.warnings)
+            .field("checks", &self.checks.len())
             .finish()
     }
 }

@@ -4,7 +4,9 @@
 //! only this crate may link the TSS libraries; the verifier side stays pure Rust.
 
 use crate::{AkConfig, AttestationKey, PcrSelection, Tpm, TpmConfig, TpmError};
-use asterism_attestation::tpm::{EVIDENCE_VERSION, PcrValue, TpmQuoteEvidence, VARIANT};
+use asterism_attestation::tpm::{
+    EVIDENCE_VERSION, PcrValue, PlatformKind, PlatformReport, TpmQuoteEvidence, VARIANT,
+};
 use asterism_attestation::{IssueError, Issuer, ReportData};
 use prost::Message;
 use std::sync::Mutex;
@@ -20,6 +22,7 @@ pub struct TpmIssuer {
     ak_public: Vec<u8>,
     selection: PcrSelection,
     ak_cert_chain: Vec<Vec<u8>>,
+    platform: Option<PlatformKind>,
 }
 
 impl std::fmt::Debug for TpmIssuer {
@@ -27,6 +30,7 @@ impl std::fmt::Debug for TpmIssuer {
         f.debug_struct("TpmIssuer")
             .field("selection", &self.selection)
             .field("ak_cert_chain_len", &self.ak_cert_chain.len())
+            .field("platform_report", &self.platform.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -59,6 +63,7 @@ impl TpmIssuer {
             device: Mutex::new(Device::PerUse(config, ak)),
             selection,
             ak_cert_chain,
+            platform: None,
         })
     }
 
@@ -77,7 +82,16 @@ impl TpmIssuer {
             device: Mutex::new(Device::Held(Box::new(tpm), key)),
             selection,
             ak_cert_chain,
+            platform: None,
         })
+    }
+
+    /// Sends `report` with every quote: on a confidential VM, the hardware report that
+    /// vouches for this AK (read once at start: it does not change while the VM runs).
+    #[must_use]
+    pub fn with_platform_report(mut self, report: PlatformKind) -> Self {
+        self.platform = Some(report);
+        self
     }
 
     /// The AK's `TPMT_PUBLIC`, as verifiers pin it.
@@ -134,6 +148,10 @@ impl Issuer for TpmIssuer {
             ak_public: self.ak_public.clone(),
             ak_cert_chain: self.ak_cert_chain.clone(),
             event_log: None,
+            platform: self
+                .platform
+                .clone()
+                .map(|kind| PlatformReport { kind: Some(kind) }),
         };
         Ok(evidence.encode_to_vec())
     }

@@ -13,7 +13,27 @@
 //!   bytes ak_public = 5;               // TPMT_PUBLIC of the attestation key
 //!   repeated bytes ak_cert_chain = 6;  // DER, leaf first; may be empty
 //!   optional bytes event_log = 7;      // TCG event log; carried, not yet interpreted
+//!   optional PlatformReport platform = 8; // confidential VM: the hardware report the AK
+//!                                         // is bound to; absent on other machines
 //! }
+//!
+//! // The confidential-VM hardware report that vouches for the AK (docs/attestation.md).
+//! message PlatformReport {
+//!   oneof kind {
+//!     AzureSnp azure_sev_snp = 1;
+//!     AzureTdx azure_tdx = 2;
+//!     AwsSnp aws_sev_snp = 3;
+//!   }
+//! }
+//! // Azure SEV-SNP: the HCL report read from the vTPM (SNP report + runtime data with the
+//! // AK), and the VCEK (DER) with its ASK, as Azure's certificate service serves them.
+//! message AzureSnp { bytes hcl_report = 1; repeated bytes certs = 2; }
+//! // Azure TDX: the DCAP quote over the HCL report's TD report, and the runtime data
+//! // (with the AK) whose SHA-256 the quote's REPORT_DATA carries.
+//! message AzureTdx { bytes quote = 1; bytes runtime_data = 2; }
+//! // AWS SEV-SNP: the SNP report whose REPORT_DATA is SHA-512 of the AK, and the VLEK
+//! // (DER) with its ASVK.
+//! message AwsSnp { bytes report = 1; repeated bytes certs = 2; }
 //!
 //! message PcrValue {
 //!   uint32 index = 1;                  // 0..=23
@@ -65,6 +85,64 @@ pub struct TpmQuoteEvidence {
     /// TCG event log, carried along; not interpreted yet.
     #[prost(bytes = "vec", optional, tag = "7")]
     pub event_log: Option<Vec<u8>>,
+    /// On a confidential VM: the hardware report the AK is bound to.
+    #[prost(message, optional, tag = "8")]
+    pub platform: Option<PlatformReport>,
+}
+
+/// The confidential-VM hardware report that vouches for the AK.
+#[derive(Clone, PartialEq, Eq, Message)]
+pub struct PlatformReport {
+    /// Which cloud's binding, with its report.
+    #[prost(oneof = "PlatformKind", tags = "1, 2, 3")]
+    pub kind: Option<PlatformKind>,
+}
+
+/// The bindings of a vTPM's AK to a hardware report, as the clouds ship them.
+#[derive(Clone, PartialEq, Eq, prost::Oneof)]
+pub enum PlatformKind {
+    /// Azure SEV-SNP.
+    #[prost(message, tag = "1")]
+    AzureSevSnp(AzureSnp),
+    /// Azure TDX.
+    #[prost(message, tag = "2")]
+    AzureTdx(AzureTdx),
+    /// AWS SEV-SNP.
+    #[prost(message, tag = "3")]
+    AwsSevSnp(AwsSnp),
+}
+
+/// Azure SEV-SNP: the vTPM's HCL report and the VCEK chain.
+#[derive(Clone, PartialEq, Eq, Message)]
+pub struct AzureSnp {
+    /// The HCL report as read from the vTPM's NV index.
+    #[prost(bytes = "vec", tag = "1")]
+    pub hcl_report: Vec<u8>,
+    /// The VCEK (DER), then the ASK (DER); the ARK is built into the verifier.
+    #[prost(bytes = "vec", repeated, tag = "2")]
+    pub certs: Vec<Vec<u8>>,
+}
+
+/// Azure TDX: the quote over the HCL report's TD report and the runtime data.
+#[derive(Clone, PartialEq, Eq, Message)]
+pub struct AzureTdx {
+    /// The DCAP quote (version 4 or 5).
+    #[prost(bytes = "vec", tag = "1")]
+    pub quote: Vec<u8>,
+    /// The HCL runtime data (JSON with the AK) whose SHA-256 the quote's REPORT_DATA holds.
+    #[prost(bytes = "vec", tag = "2")]
+    pub runtime_data: Vec<u8>,
+}
+
+/// AWS SEV-SNP: the SNP report bound to the AK and the VLEK chain.
+#[derive(Clone, PartialEq, Eq, Message)]
+pub struct AwsSnp {
+    /// The SNP attestation report.
+    #[prost(bytes = "vec", tag = "1")]
+    pub report: Vec<u8>,
+    /// The VLEK (DER), then the ASVK (DER); the ARK is built into the verifier.
+    #[prost(bytes = "vec", repeated, tag = "2")]
+    pub certs: Vec<Vec<u8>>,
 }
 
 /// One SHA-256 PCR value.
@@ -118,6 +196,10 @@ pub enum EvidenceError {
         /// Its length.
         len: usize,
     },
+    /// A `platform` field that names no platform (one meaning, one encoding: leave the
+    /// field out instead).
+    #[error("the platform report is empty")]
+    EmptyPlatform,
     /// More certificates than [`MAX_CERT_CHAIN`].
     #[error("AK certificate chain has {0} certificates, at most {MAX_CERT_CHAIN} allowed")]
     CertChainTooLong(usize),
@@ -142,6 +224,9 @@ pub struct QuoteEvidence {
     pub ak_cert_chain: Vec<Vec<u8>>,
     /// The event log, if any.
     pub event_log: Option<Vec<u8>>,
+    /// The confidential-VM hardware report the AK is bound to, if any (checked by the AK
+    /// trust policy that needs it).
+    pub platform: Option<PlatformKind>,
 }
 
 impl QuoteEvidence {
@@ -169,6 +254,11 @@ impl TryFrom<TpmQuoteEvidence> for QuoteEvidence {
         if wire.version != EVIDENCE_VERSION {
             return Err(EvidenceError::UnsupportedVersion(wire.version));
         }
+        let platform = match wire.platform {
+            None => None,
+            Some(PlatformReport { kind: None }) => return Err(EvidenceError::EmptyPlatform),
+            Some(PlatformReport { kind }) => kind,
+        };
         if wire.ak_cert_chain.len() > MAX_CERT_CHAIN {
             return Err(EvidenceError::CertChainTooLong(wire.ak_cert_chain.len()));
         }
@@ -205,6 +295,7 @@ impl TryFrom<TpmQuoteEvidence> for QuoteEvidence {
             ak_public,
             ak_cert_chain: wire.ak_cert_chain,
             event_log: wire.event_log,
+            platform,
         })
     }
 }
@@ -233,6 +324,38 @@ impl TpmQuoteEvidence {
             ak_public,
             ak_cert_chain,
             event_log,
+            platform: None,
         }
+    }
+
+    /// Adds the confidential-VM hardware report the AK is bound to.
+    #[must_use]
+    pub fn with_platform(mut self, kind: PlatformKind) -> Self {
+        self.platform = Some(PlatformReport { kind: Some(kind) });
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_platform_report_round_trips_and_an_empty_one_is_refused() {
+        let base = TpmQuoteEvidence::new(vec![1], vec![2], &BTreeMap::new(), vec![3], vec![], None);
+        let kind = PlatformKind::AwsSevSnp(AwsSnp {
+            report: vec![7; 16],
+            certs: vec![vec![8; 4]],
+        });
+        let with = base.clone().with_platform(kind.clone());
+        let decoded = TpmQuoteEvidence::decode(with.encode_to_vec().as_slice()).unwrap();
+        assert_eq!(decoded.platform.and_then(|p| p.kind), Some(kind));
+
+        let mut empty = base;
+        empty.platform = Some(PlatformReport { kind: None });
+        assert_eq!(
+            QuoteEvidence::decode(&empty.encode_to_vec()),
+            Err(EvidenceError::EmptyPlatform)
+        );
     }
 }

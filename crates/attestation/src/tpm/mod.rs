@@ -19,8 +19,8 @@ mod wire;
 pub mod soft;
 
 pub use evidence::{
-    EVIDENCE_VERSION, EvidenceError, MAX_EVIDENCE_SIZE, PcrValue, QuoteEvidence, TpmQuoteEvidence,
-    VARIANT,
+    AwsSnp, AzureSnp, AzureTdx, EVIDENCE_VERSION, EvidenceError, MAX_EVIDENCE_SIZE, PcrValue,
+    PlatformKind, PlatformReport, QuoteEvidence, TpmQuoteEvidence, VARIANT,
 };
 pub use structures::{TpmsAttest, TpmtPublic, TpmtSignature};
 #[cfg(feature = "insecure-test-attestation")]

@@ -1,0 +1,250 @@
+//! What a correctly signed SEV-SNP report must also show: its binding, TCB minimums, guest
+//! policy bits, VMPL and reference values.
+
+use subtle::ConstantTimeEq;
+
+use super::{Product, SignerKind, SnpReport};
+use crate::ValidationError;
+use crate::explain::{Check, Explanation, Outcome, Reference};
+
+/// Minimum security versions of the TCB components.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MinimumTcb {
+    /// PSP boot loader.
+    pub bootloader: u8,
+    /// PSP operating system (TEE).
+    pub tee: u8,
+    /// SNP firmware.
+    pub snp: u8,
+    /// CPU microcode.
+    pub microcode: u8,
+    /// FMC; applied on Turin, whose TCB has this component.
+    pub fmc: u8,
+}
+
+/// One value per product (TCB versions are numbered per product).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PerProduct<T> {
+    /// For Milan.
+    pub milan: T,
+    /// For Genoa.
+    pub genoa: T,
+    /// For Turin.
+    pub turin: T,
+}
+
+impl<T: Copy> PerProduct<T> {
+    /// The value for `product`.
+    pub fn get(&self, product: Product) -> T {
+        match product {
+            Product::Milan => self.milan,
+            Product::Genoa => self.genoa,
+            Product::Turin => self.turin,
+        }
+    }
+}
+
+/// What a verified SEV-SNP report must show besides a valid signature and chain.
+///
+/// The default: the Milan TCB floor of AMD's 2023 firmware and microcode (boot loader 3,
+/// TEE 0, SNP 8, microcode 115) and no floor for Genoa and Turin (set one for the fleet);
+/// debug always refused; no migration agent; SMT allowed (every cloud runs its hosts with
+/// SMT); VMPL 0 (the report must come from the most privileged level, the guest firmware or
+/// the cloud's paravisor); VCEK and VLEK both accepted (AWS signs with a VLEK); no reference
+/// for the launch measurement (shown as a warning), the host data or the key digests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnpPolicy {
+    /// Minimum SVNs applied to `reported_tcb`, the TCB the signing key was issued for (the
+    /// current, committed and launch TCBs are reported, not checked).
+    pub minimum_tcb: PerProduct<MinimumTcb>,
+    /// Accept a guest that may be associated with a migration agent.
+    pub allow_migration_agent: bool,
+    /// Accept a guest whose policy lets the host use SMT.
+    pub allow_smt: bool,
+    /// The VMPL the report must have been requested from; `None` accepts any.
+    pub vmpl: Option<u32>,
+    /// Accept reports signed by a VCEK.
+    pub allow_vcek: bool,
+    /// Accept reports signed by a VLEK.
+    pub allow_vlek: bool,
+    /// The expected launch measurement; `None` records a warning that nothing was compared.
+    pub measurement: Option<Reference<48>>,
+    /// The expected host data, if any is configured.
+    pub host_data: Option<Reference<32>>,
+    /// The ID key digests accepted, if restricted.
+    pub id_key_digests: Option<Vec<[u8; 48]>>,
+    /// The author key digests accepted, if restricted.
+    pub author_key_digests: Option<Vec<[u8; 48]>>,
+}
+
+impl Default for SnpPolicy {
+    fn default() -> Self {
+        Self {
+            minimum_tcb: PerProduct {
+                milan: MinimumTcb {
+                    bootloader: 3,
+                    tee: 0,
+                    snp: 8,
+                    microcode: 115,
+                    fmc: 0,
+                },
+                genoa: MinimumTcb::default(),
+                turin: MinimumTcb::default(),
+            },
+            allow_migration_agent: false,
+            allow_smt: true,
+            vmpl: Some(0),
+            allow_vcek: true,
+            allow_vlek: true,
+            measurement: None,
+            host_data: None,
+            id_key_digests: None,
+            author_key_digests: None,
+        }
+    }
+}
+
+impl SnpPolicy {
+    /// Whether reports signed by `signer` are accepted.
+    pub fn allows_signer(&self, signer: SignerKind) -> bool {
+        match signer {
+            SignerKind::Vcek => self.allow_vcek,
+            SignerKind::Vlek => self.allow_vlek,
+        }
+    }
+}
+
+fn at_least(field: &str, min: u8, observed: u8) -> Check {
+    Check::pass_if(
+        observed >= min,
+        field,
+        format!(">= {min}"),
+        observed.to_string(),
+    )
+}
+
+fn bit_refused(field: &str, allowed: bool, set: bool) -> Check {
+    let expected = if allowed { "0 or 1" } else { "0" };
+    Check::pass_if(allowed || !set, field, expected, u8::from(set).to_string())
+}
+
+fn digest_in(field: &str, allowed: Option<&[[u8; 48]]>, observed: &[u8; 48]) -> Check {
+    match allowed {
+        None => Check::pass_if(true, field, "any", hex::encode(observed)),
+        Some(set) => Check::pass_if(
+            set.contains(observed),
+            field,
+            format!(
+                "one of [{}]",
+                set.iter().map(hex::encode).collect::<Vec<_>>().join(", ")
+            ),
+            hex::encode(observed),
+        ),
+    }
+}
+
+/// Checks the fields of a report whose signature and chain were verified (so `product` is
+/// the product its chain ended at), recording every check, and refuses with the first
+/// failure: [`ValidationError::BindingMismatch`] for REPORT_DATA, otherwise
+/// [`ValidationError::Field`] naming the field. All checks run even after a failure.
+pub fn check_fields(
+    report: &SnpReport,
+    product: Product,
+    policy: &SnpPolicy,
+    expected_report_data: &[u8; 64],
+    explanation: &mut Explanation,
+) -> Result<(), ValidationError> {
+    let first = explanation.checks.len();
+
+    // Compared in constant time: the expected value may be derived from a session secret.
+    let bound: bool = report.report_data.ct_eq(expected_report_data).into();
+    explanation.push(Check::pass_if(
+        bound,
+        "report_data",
+        hex::encode(expected_report_data),
+        hex::encode(report.report_data),
+    ));
+
+    let tcb = report.reported_tcb.parts(product);
+    let min = policy.minimum_tcb.get(product);
+    if let Some(fmc) = tcb.fmc {
+        explanation.push(at_least("reported_tcb.fmc", min.fmc, fmc));
+    }
+    explanation.push(at_least(
+        "reported_tcb.bootloader",
+        min.bootloader,
+        tcb.bootloader,
+    ));
+    explanation.push(at_least("reported_tcb.tee", min.tee, tcb.tee));
+    explanation.push(at_least("reported_tcb.snp", min.snp, tcb.snp));
+    explanation.push(at_least(
+        "reported_tcb.microcode",
+        min.microcode,
+        tcb.microcode,
+    ));
+    explanation.push(Check::pass_if(
+        report.reported_tcb.reserved_is_zero(product),
+        "reported_tcb.reserved",
+        "zero",
+        hex::encode(report.reported_tcb.0),
+    ));
+
+    explanation.push(bit_refused(
+        "policy.debug",
+        false,
+        report.policy.debug_allowed(),
+    ));
+    explanation.push(bit_refused(
+        "policy.migrate_ma",
+        policy.allow_migration_agent,
+        report.policy.migrate_ma_allowed(),
+    ));
+    explanation.push(bit_refused(
+        "policy.smt",
+        policy.allow_smt,
+        report.policy.smt_allowed(),
+    ));
+    explanation.push(match policy.vmpl {
+        Some(vmpl) => Check::pass_if(
+            report.vmpl == vmpl,
+            "vmpl",
+            vmpl.to_string(),
+            report.vmpl.to_string(),
+        ),
+        None => Check::pass_if(true, "vmpl", "any", report.vmpl.to_string()),
+    });
+
+    explanation.push(match &policy.measurement {
+        Some(reference) => reference.check("measurement", &report.measurement),
+        None => Check::new(
+            "measurement",
+            "no reference configured",
+            hex::encode(report.measurement),
+            Outcome::Warn,
+        ),
+    });
+    explanation.push(match &policy.host_data {
+        Some(reference) => reference.check("host_data", &report.host_data),
+        None => Check::pass_if(true, "host_data", "any", hex::encode(report.host_data)),
+    });
+    explanation.push(digest_in(
+        "id_key_digest",
+        policy.id_key_digests.as_deref(),
+        &report.id_key_digest,
+    ));
+    explanation.push(digest_in(
+        "author_key_digest",
+        policy.author_key_digests.as_deref(),
+        &report.author_key_digest,
+    ));
+
+    match explanation
+        .checks
+        .get(first..)
+        .and_then(|new| new.iter().find(|c| c.outcome == Outcome::Fail))
+    {
+        None => Ok(()),
+        Some(c) if c.field == "report_data" => Err(ValidationError::BindingMismatch),
+        Some(c) => Err(c.into()),
+    }
+}

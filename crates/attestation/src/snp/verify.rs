@@ -1,0 +1,365 @@
+//! The SEV-SNP verifier: chain, certificate against report, signature, fields.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use ring::signature::{self, UnparsedPublicKey};
+
+use super::certs::{SnpCerts, VerifiedChain, verify_chain};
+use super::policy::{SnpPolicy, check_fields};
+use super::{Product, SignerKind, SnpReport, Tcb};
+use crate::ValidationError;
+use crate::explain::{Check, Explanation, Outcome};
+
+/// How many verified chains the verifier remembers (a chain per chip and TCB; a cluster has
+/// far fewer). When full, one entry makes room for the next.
+const CACHE_CAPACITY: usize = 1024;
+
+/// The cache key: the report's chip and TCB, and the certificates as given.
+type CacheKey = ([u8; 64], [u8; 8], [u8; 32]);
+
+/// Verifies SEV-SNP reports against a policy. Verified chains are cached per chip ID, TCB
+/// and certificates, so a chip's later reports cost one P-384 verification: a cache hit
+/// skips the RSA signatures of the chain, but still checks each certificate's validity at
+/// `now` and the certificate's extensions against the report.
+#[derive(Debug)]
+pub struct SnpVerifier {
+    policy: SnpPolicy,
+    cache: Mutex<HashMap<CacheKey, Arc<VerifiedChain>>>,
+}
+
+/// A report whose signature, chain and fields were all accepted. Only this crate constructs
+/// it.
+#[derive(Debug, Clone)]
+pub struct VerifiedSnpReport {
+    report: SnpReport,
+    product: Product,
+    signer: SignerKind,
+    tcb: Tcb,
+    explanation: Explanation,
+}
+
+impl VerifiedSnpReport {
+    /// The report.
+    pub fn report(&self) -> &SnpReport {
+        &self.report
+    }
+
+    /// The product, detected from the root the chain ended at.
+    pub fn product(&self) -> Product {
+        self.product
+    }
+
+    /// The kind of key that signed the report.
+    pub fn signer(&self) -> SignerKind {
+        self.signer
+    }
+
+    /// The chip ID (zero when the platform masks it, as VLEK-signing clouds may).
+    pub fn chip_id(&self) -> &[u8; 64] {
+        &self.report.chip_id
+    }
+
+    /// The reported TCB, decoded for the product.
+    pub fn tcb(&self) -> Tcb {
+        self.tcb
+    }
+
+    /// The launch measurement.
+    pub fn measurement(&self) -> &[u8; 48] {
+        &self.report.measurement
+    }
+
+    /// The REPORT_DATA, equal to what the caller expected.
+    pub fn report_data(&self) -> &[u8; 64] {
+        &self.report.report_data
+    }
+
+    /// Every check that ran, in order.
+    pub fn explanation(&self) -> &Explanation {
+        &self.explanation
+    }
+}
+
+fn unix_seconds(t: SystemTime) -> i64 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        Err(e) => i64::try_from(e.duration().as_secs()).map_or(i64::MIN, |s| -s),
+    }
+}
+
+/// Checks that the certificate belongs to this report: its product against the chain's and
+/// the report's CPUID, its chip ID and SPLs against the report's. Records every check and
+/// refuses with the first failure.
+fn check_leaf(
+    report: &SnpReport,
+    chain: &VerifiedChain,
+    tcbm: Option<u64>,
+    explanation: &mut Explanation,
+) -> Result<(), ValidationError> {
+    let first = explanation.checks.len();
+    let product = chain.product;
+    let leaf_name = chain.signer.name();
+    let leaf = &chain.leaf;
+
+    explanation.push(Check::pass_if(
+        super::Product::from_product_name(&leaf.product_name) == Some(product),
+        format!("{leaf_name}.productName"),
+        product.name(),
+        leaf.product_name.clone(),
+    ));
+    if let Some(cpuid) = report.cpuid {
+        explanation.push(Check::pass_if(
+            cpuid.product() == Some(product),
+            "cpuid",
+            format!("a {product} family and model"),
+            format!(
+                "family {:#x} model {:#x} stepping {:#x}",
+                cpuid.family, cpuid.model, cpuid.stepping
+            ),
+        ));
+    }
+
+    if let Some(hwid) = &leaf.hwid {
+        // Turin's chip ID is 8 bytes; the report pads it with zeros.
+        let (head, tail) = report.chip_id.split_at(hwid.len().min(64));
+        let ok = head == hwid.as_slice() && tail.iter().all(|b| *b == 0);
+        explanation.push(Check::pass_if(
+            ok,
+            "chip_id",
+            format!("{leaf_name} hwID {}", hex::encode(hwid)),
+            hex::encode(report.chip_id),
+        ));
+    }
+
+    let tcb = report.reported_tcb.parts(product);
+    let spl = |field: &str, ext: &str, cert: Option<u8>, observed: Option<u8>| {
+        Check::pass_if(
+            cert == observed,
+            field,
+            format!(
+                "{leaf_name} {ext} {}",
+                cert.map_or("absent".into(), |v| v.to_string())
+            ),
+            observed.map_or("absent".into(), |v| v.to_string()),
+        )
+    };
+    if product == Product::Turin {
+        explanation.push(spl("reported_tcb.fmc", "fmcSPL", leaf.fmc, tcb.fmc));
+    }
+    explanation.push(spl(
+        "reported_tcb.bootloader",
+        "blSPL",
+        Some(leaf.bootloader),
+        Some(tcb.bootloader),
+    ));
+    explanation.push(spl(
+        "reported_tcb.tee",
+        "teeSPL",
+        Some(leaf.tee),
+        Some(tcb.tee),
+    ));
+    explanation.push(spl(
+        "reported_tcb.snp",
+        "snpSPL",
+        Some(leaf.snp),
+        Some(tcb.snp),
+    ));
+    explanation.push(spl(
+        "reported_tcb.microcode",
+        "ucodeSPL",
+        Some(leaf.microcode),
+        Some(tcb.microcode),
+    ));
+    if let Some(tcbm) = tcbm {
+        explanation.push(Check::pass_if(
+            tcbm == report.reported_tcb.as_u64(),
+            "reported_tcb",
+            format!("THIM tcbm {tcbm:016X}"),
+            format!("{:016X}", report.reported_tcb.as_u64()),
+        ));
+    }
+
+    match explanation
+        .checks
+        .get(first..)
+        .and_then(|new| new.iter().find(|c| c.outcome == Outcome::Fail))
+    {
+        None => Ok(()),
+        Some(c) => Err(c.into()),
+    }
+}
+
+impl SnpVerifier {
+    /// A verifier enforcing `policy`.
+    pub fn new(policy: SnpPolicy) -> Self {
+        Self {
+            policy,
+            cache: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The policy this verifier enforces.
+    pub fn policy(&self) -> &SnpPolicy {
+        &self.policy
+    }
+
+    /// Verifies `report` (the raw 1184 bytes) signed by the key `certs` certify, bound to
+    /// `expected_report_data`, with certificate validity judged at `now`.
+    pub fn verify(
+        &self,
+        report: &[u8],
+        certs: &SnpCerts,
+        expected_report_data: &[u8; 64],
+        now: SystemTime,
+    ) -> Result<VerifiedSnpReport, ValidationError> {
+        self.verify_explained(report, certs, expected_report_data, now)
+            .1
+    }
+
+    /// Like [`SnpVerifier::verify`], and also returns every check that ran, in order (for
+    /// `asterism verify`): a signature or chain failure ends the list; field checks all run.
+    pub fn verify_explained(
+        &self,
+        report: &[u8],
+        certs: &SnpCerts,
+        expected_report_data: &[u8; 64],
+        now: SystemTime,
+    ) -> (Explanation, Result<VerifiedSnpReport, ValidationError>) {
+        let mut explanation = Explanation::default();
+        let result = self.run(report, certs, expected_report_data, now, &mut explanation);
+        match &result {
+            Ok(v) => tracing::debug!(
+                product = %v.product,
+                signer = %v.signer,
+                chip_id = %hex::encode(v.report.chip_id),
+                "SEV-SNP report verified"
+            ),
+            Err(e) => tracing::info!(error = %e, "SEV-SNP report refused"),
+        }
+        (explanation, result)
+    }
+
+    fn run(
+        &self,
+        bytes: &[u8],
+        certs: &SnpCerts,
+        expected_report_data: &[u8; 64],
+        now: SystemTime,
+        explanation: &mut Explanation,
+    ) -> Result<VerifiedSnpReport, ValidationError> {
+        let report = SnpReport::parse(bytes)?;
+        explanation.push(Check::pass_if(
+            true,
+            "version",
+            format!("{} to {}", super::MIN_VERSION, super::MAX_VERSION),
+            report.version.to_string(),
+        ));
+
+        let signer = report.key_info.signer();
+        let allowed = signer.is_some_and(|s| self.policy.allows_signer(s));
+        let allowed_names = [SignerKind::Vcek, SignerKind::Vlek]
+            .into_iter()
+            .filter(|s| self.policy.allows_signer(*s))
+            .map(SignerKind::name)
+            .collect::<Vec<_>>()
+            .join(" or ");
+        let check = Check::pass_if(
+            allowed,
+            "key_info.signing_key",
+            allowed_names,
+            signer.map_or_else(
+                || report.key_info.signing_key().to_string(),
+                |s| s.name().to_string(),
+            ),
+        );
+        explanation.push(check.clone());
+        let Some(signer) = signer.filter(|_| allowed) else {
+            return Err((&check).into());
+        };
+
+        let now_secs = unix_seconds(now);
+        let chain = self.chain(&report, certs, signer, now_secs, explanation)?;
+        check_leaf(&report, &chain, certs.tcbm(), explanation)?;
+
+        let signature = report.signature_fixed();
+        let signed = UnparsedPublicKey::new(&signature::ECDSA_P384_SHA384_FIXED, &chain.leaf_key)
+            .verify(report.signed_bytes(), &signature)
+            .is_ok();
+        explanation.push(Check::pass_if(
+            signed,
+            "signature",
+            format!("ECDSA P-384 by the {}", signer.name()),
+            if signed { "valid" } else { "invalid" },
+        ));
+        if !signed {
+            return Err(ValidationError::BadSignature(format!(
+                "the SEV-SNP report is not signed by the {}",
+                signer.name()
+            )));
+        }
+
+        check_fields(
+            &report,
+            chain.product,
+            &self.policy,
+            expected_report_data,
+            explanation,
+        )?;
+
+        let tcb = report.reported_tcb.parts(chain.product);
+        Ok(VerifiedSnpReport {
+            report,
+            product: chain.product,
+            signer,
+            tcb,
+            explanation: explanation.clone(),
+        })
+    }
+
+    /// The verified chain for this report: from the cache, with each certificate's validity
+    /// checked again at `now`, or verified and cached.
+    fn chain(
+        &self,
+        report: &SnpReport,
+        certs: &SnpCerts,
+        signer: SignerKind,
+        now: i64,
+        explanation: &mut Explanation,
+    ) -> Result<Arc<VerifiedChain>, ValidationError> {
+        let key: CacheKey = (report.chip_id, report.reported_tcb.0, certs.digest());
+        let cached = self
+            .cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .cloned();
+        if let Some(chain) = cached.filter(|c| c.signer == signer) {
+            explanation.push(Check::pass_if(
+                true,
+                "chain",
+                "verified earlier",
+                format!(
+                    "{} → {} → ARK-{}",
+                    signer,
+                    signer.intermediate_name(),
+                    chain.product
+                ),
+            ));
+            for w in &chain.windows {
+                w.check(now, explanation)?;
+            }
+            return Ok(chain);
+        }
+        let chain = Arc::new(verify_chain(certs, signer, now, explanation)?);
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        if cache.len() >= CACHE_CAPACITY
+            && let Some(evict) = cache.keys().next().copied()
+        {
+            cache.remove(&evict);
+        }
+        cache.insert(key, Arc::clone(&chain));
+        Ok(chain)
+    }
+}

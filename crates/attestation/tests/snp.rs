@@ -1,0 +1,1028 @@
+//! The SEV-SNP verifier on real reports from real AMD hardware (Azure and AWS on Milan, a
+//! Milan sample from the `sev` project) and their real certificates, at a fixed time inside
+//! their validity. Every tampered copy is refused with its own reason: the test asserts the
+//! error variant and the field or certificate, so removing a check makes its test fail.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)] // test code
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use asterism_attestation::ValidationError;
+use asterism_attestation::explain::{Explanation, Outcome, Reference};
+use asterism_attestation::snp::{
+    MinimumTcb, PerProduct, Product, REPORT_SIZE, SignerKind, SnpCerts, SnpPolicy, SnpReport,
+    SnpVerifier, check_fields, kds,
+};
+use base64::Engine;
+use sha2::Digest;
+
+const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/cvm");
+
+/// 2025-06-01T00:00:00Z: inside every certificate's validity (the AWS VLEK's ends in
+/// December 2025).
+fn now() -> SystemTime {
+    at(1_748_736_000)
+}
+
+fn at(unix: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(unix)
+}
+
+fn read(path: &str) -> Vec<u8> {
+    std::fs::read(format!("{DATA}/{path}")).unwrap()
+}
+
+/// The AWS report's REPORT_DATA: the SHA-512 of the instance's vTPM attestation key.
+const AWS_REPORT_DATA: &str = "87ab7caf510e1b3520dc3cceb64ee44128e10976fb0d3fc5e274699d8aaf506154af4c1de0a026b49fdf861e9ac75551551b3534d1c61369a3b08f5baed0db2f";
+
+struct Case {
+    report: Vec<u8>,
+    certs: SnpCerts,
+    report_data: [u8; 64],
+}
+
+fn milan() -> Case {
+    let hex_text = String::from_utf8(read("snp-milan/report_milan.hex")).unwrap();
+    let report = hex::decode(hex_text.trim()).unwrap();
+    let report_data = SnpReport::parse(&report).unwrap().report_data;
+    // No intermediate given: the embedded Milan ASK is used.
+    let certs = SnpCerts::from_der(&read("snp-milan/vcek_milan.der"), None, None).unwrap();
+    Case {
+        report,
+        certs,
+        report_data,
+    }
+}
+
+/// The Azure report is the first 1184 bytes of what the vTPM's HCL report carries; the
+/// runtime data header follows it.
+fn azure() -> Case {
+    let report = read("snp-azure/attestation.bin")[..REPORT_SIZE].to_vec();
+    let certs = SnpCerts::from_pem(
+        &read("snp-azure/vcek.pem"),
+        Some(&read("snp-azure/certchain.pem")),
+    )
+    .unwrap();
+    // Azure: REPORT_DATA = SHA-256(runtime data) ‖ 32 zero bytes.
+    let mut report_data = [0u8; 64];
+    report_data[..32].copy_from_slice(&sha2::Sha256::digest(read("snp-azure/runtimedata.bin")));
+    Case {
+        report,
+        certs,
+        report_data,
+    }
+}
+
+fn aws() -> Case {
+    let b64 = String::from_utf8(read("snp-aws/report.txt")).unwrap();
+    let report = base64::engine::general_purpose::STANDARD
+        .decode(b64.trim())
+        .unwrap();
+    let certs = SnpCerts::from_pem(
+        &read("snp-aws/vlek.pem"),
+        Some(&read("snp-aws/certchain.pem")),
+    )
+    .unwrap();
+    Case {
+        report,
+        certs,
+        report_data: hex::decode(AWS_REPORT_DATA).unwrap().try_into().unwrap(),
+    }
+}
+
+/// A policy with no TCB floor (the Azure report predates the default Milan floor).
+fn no_floor() -> SnpPolicy {
+    SnpPolicy {
+        minimum_tcb: PerProduct::default(),
+        ..SnpPolicy::default()
+    }
+}
+
+fn verify(case: &Case, policy: SnpPolicy) -> Result<(), ValidationError> {
+    SnpVerifier::new(policy)
+        .verify(&case.report, &case.certs, &case.report_data, now())
+        .map(|_| ())
+}
+
+fn field_error(err: ValidationError) -> (String, String, String) {
+    match err {
+        ValidationError::Field {
+            field,
+            expected,
+            observed,
+        } => (field, expected, observed),
+        other => panic!("expected a field error, got {other:?}"),
+    }
+}
+
+fn cert_error(err: ValidationError) -> (String, String) {
+    match err {
+        ValidationError::Certificate { which, reason } => (which, reason),
+        other => panic!("expected a certificate error, got {other:?}"),
+    }
+}
+
+fn flip(bytes: &[u8], offset: usize) -> Vec<u8> {
+    let mut copy = bytes.to_vec();
+    copy[offset] ^= 0x01;
+    copy
+}
+
+#[test]
+fn the_three_real_reports_verify_and_their_product_is_detected() {
+    let v = SnpVerifier::new(no_floor());
+    for (name, case, signer) in [
+        ("milan", milan(), SignerKind::Vcek),
+        ("azure", azure(), SignerKind::Vcek),
+        ("aws", aws(), SignerKind::Vlek),
+    ] {
+        let ok = v
+            .verify(&case.report, &case.certs, &case.report_data, now())
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(ok.product(), Product::Milan, "{name}");
+        assert_eq!(ok.signer(), signer, "{name}");
+        assert_eq!(ok.report_data(), &case.report_data, "{name}");
+        assert!(ok.explanation().first_failure().is_none(), "{name}");
+    }
+}
+
+#[test]
+fn the_default_policy_accepts_the_milan_and_aws_reports_and_refuses_the_older_azure_tcb() {
+    verify(&milan(), SnpPolicy::default()).unwrap();
+    verify(&aws(), SnpPolicy::default()).unwrap();
+    let (field, expected, observed) =
+        field_error(verify(&azure(), SnpPolicy::default()).unwrap_err());
+    assert_eq!(
+        (field.as_str(), expected.as_str(), observed.as_str()),
+        ("reported_tcb.bootloader", ">= 3", "2")
+    );
+}
+
+#[test]
+fn the_parsed_fields_are_those_of_the_real_reports() {
+    let m = SnpReport::parse(&milan().report).unwrap();
+    assert_eq!(m.version, 2);
+    assert_eq!(m.cpuid, None);
+    let tcb = m.reported_tcb.parts(Product::Milan);
+    assert_eq!(
+        (tcb.bootloader, tcb.tee, tcb.snp, tcb.microcode, tcb.fmc),
+        (3, 0, 8, 115, None)
+    );
+    assert_eq!(m.key_info.signer(), Some(SignerKind::Vcek));
+    assert!(m.policy.smt_allowed() && !m.policy.debug_allowed());
+    assert_eq!(m.current_version.to_string(), "1.52.4");
+
+    let a = SnpReport::parse(&aws().report).unwrap();
+    assert_eq!(a.version, 3);
+    let cpuid = a.cpuid.unwrap();
+    assert_eq!((cpuid.family, cpuid.model, cpuid.stepping), (0x19, 1, 1));
+    assert_eq!(cpuid.product(), Some(Product::Milan));
+    assert_eq!(a.key_info.signer(), Some(SignerKind::Vlek));
+    assert_eq!(a.chip_id, [0; 64], "AWS masks the chip ID");
+}
+
+#[test]
+fn azure_report_data_is_the_sha256_of_the_runtime_data_then_zeros() {
+    let case = azure();
+    let report = SnpReport::parse(&case.report).unwrap();
+    assert_eq!(report.report_data, case.report_data);
+}
+
+#[test]
+fn the_explanation_lists_every_checked_field_in_order() {
+    let case = milan();
+    let (explanation, result) = SnpVerifier::new(no_floor()).verify_explained(
+        &case.report,
+        &case.certs,
+        &case.report_data,
+        now(),
+    );
+    result.unwrap();
+    let fields: Vec<&str> = explanation
+        .checks
+        .iter()
+        .map(|c| c.field.as_str())
+        .collect();
+    for want in [
+        "version",
+        "key_info.signing_key",
+        "ARK",
+        "ARK.validity",
+        "ASK",
+        "ASK.validity",
+        "VCEK",
+        "VCEK.validity",
+        "VCEK.productName",
+        "chip_id",
+        "reported_tcb.bootloader",
+        "signature",
+        "report_data",
+        "reported_tcb.snp",
+        "policy.debug",
+        "policy.migrate_ma",
+        "policy.smt",
+        "vmpl",
+        "measurement",
+        "host_data",
+        "id_key_digest",
+        "author_key_digest",
+    ] {
+        assert!(fields.contains(&want), "{want} missing from {fields:?}");
+    }
+    let pos = |f: &str| fields.iter().position(|x| *x == f).unwrap();
+    assert!(pos("ARK") < pos("ASK") && pos("ASK") < pos("VCEK"));
+    assert!(pos("chip_id") < pos("signature") && pos("signature") < pos("report_data"));
+    // No launch measurement configured: compared with nothing, shown as a warning.
+    let warned: Vec<_> = explanation.warnings().map(|c| c.field.as_str()).collect();
+    assert_eq!(warned, ["measurement"]);
+}
+
+#[test]
+fn one_flipped_bit_anywhere_in_the_signed_fields_breaks_the_signature() {
+    // guest_svn, policy, family_id, image_id, vmpl, current_tcb, platform_info,
+    // report_data, measurement, host_data, id_key_digest, author_key_digest, report_id,
+    // report_id_ma, committed_tcb, current version, launch_tcb.
+    let offsets = [
+        0x04, 0x08, 0x10, 0x20, 0x30, 0x38, 0x40, 0x50, 0x8F, 0x90, 0xBF, 0xC0, 0xE0, 0x110, 0x140,
+        0x160, 0x1E0, 0x1E8, 0x1F0,
+    ];
+    for (name, case) in [("milan", milan()), ("azure", azure()), ("aws", aws())] {
+        let v = SnpVerifier::new(no_floor());
+        for offset in offsets {
+            let tampered = Case {
+                report: flip(&case.report, offset),
+                certs: case.certs.clone(),
+                report_data: case.report_data,
+            };
+            match v.verify(&tampered.report, &tampered.certs, &case.report_data, now()) {
+                Err(ValidationError::BadSignature(_)) => {}
+                other => panic!("{name} offset {offset:#x}: {other:?}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn one_flipped_bit_in_the_signature_breaks_it() {
+    for (name, case) in [("milan", milan()), ("azure", azure()), ("aws", aws())] {
+        for offset in [0x2A0, 0x2A0 + 47, 0x2E8, 0x2E8 + 47] {
+            let tampered = flip(&case.report, offset);
+            match SnpVerifier::new(no_floor()).verify(
+                &tampered,
+                &case.certs,
+                &case.report_data,
+                now(),
+            ) {
+                Err(ValidationError::BadSignature(_)) => {}
+                other => panic!("{name} offset {offset:#x}: {other:?}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn a_report_whose_tcb_differs_from_the_vcek_is_refused_naming_the_component() {
+    let case = milan();
+    // Byte 6 of reported_tcb is the SNP version on Milan, byte 7 the microcode.
+    for (offset, field, ext) in [
+        (0x180, "reported_tcb.bootloader", "blSPL"),
+        (0x181, "reported_tcb.tee", "teeSPL"),
+        (0x186, "reported_tcb.snp", "snpSPL"),
+        (0x187, "reported_tcb.microcode", "ucodeSPL"),
+    ] {
+        let tampered = flip(&case.report, offset);
+        let err = SnpVerifier::new(no_floor())
+            .verify(&tampered, &case.certs, &case.report_data, now())
+            .unwrap_err();
+        let (f, expected, _) = field_error(err);
+        assert_eq!(f, field);
+        assert!(expected.contains(&format!("VCEK {ext}")), "{expected}");
+    }
+}
+
+#[test]
+fn a_vcek_of_another_chip_is_refused_for_its_chip_id() {
+    let milan_case = milan();
+    let azure_case = azure();
+    // The Milan sample's report with the Azure machine's VCEK, and the other way round.
+    let azure_vcek = SnpCerts::from_der(&read("snp-azure/vcek.cert"), None, None).unwrap();
+    let err = SnpVerifier::new(no_floor())
+        .verify(
+            &milan_case.report,
+            &azure_vcek,
+            &milan_case.report_data,
+            now(),
+        )
+        .unwrap_err();
+    assert_eq!(field_error(err).0, "chip_id");
+    let err = SnpVerifier::new(no_floor())
+        .verify(
+            &azure_case.report,
+            &milan_case.certs,
+            &azure_case.report_data,
+            now(),
+        )
+        .unwrap_err();
+    assert_eq!(field_error(err).0, "chip_id");
+    // One flipped bit of the report's chip ID.
+    let tampered = flip(&milan_case.report, 0x1A0);
+    let err = SnpVerifier::new(no_floor())
+        .verify(&tampered, &milan_case.certs, &milan_case.report_data, now())
+        .unwrap_err();
+    assert_eq!(field_error(err).0, "chip_id");
+}
+
+#[test]
+fn a_turin_vcek_and_chain_are_recognised_as_turin_and_refused_for_a_milan_report() {
+    let case = milan();
+    let certs = SnpCerts::from_pem(
+        pem("CERTIFICATE", &read("snp-milan/vcek_turin.der")).as_bytes(),
+        Some(&read("snp-milan/cert_chain_turin")),
+    )
+    .unwrap();
+    let (explanation, result) = SnpVerifier::new(no_floor()).verify_explained(
+        &case.report,
+        &certs,
+        &case.report_data,
+        now(),
+    );
+    let ark = explanation
+        .checks
+        .iter()
+        .find(|c| c.field == "ARK")
+        .unwrap();
+    assert_eq!(ark.observed, "ARK-Turin");
+    let (field, expected, _) = field_error(result.unwrap_err());
+    assert_eq!(field, "chip_id");
+    assert!(
+        expected.starts_with("VCEK hwID 1e550a8ee5cf9f4d"),
+        "{expected}"
+    );
+}
+
+#[test]
+fn a_milan_vcek_under_the_turin_chain_is_refused() {
+    let case = milan();
+    let certs = SnpCerts::from_pem(
+        pem("CERTIFICATE", &read("snp-milan/vcek_milan.der")).as_bytes(),
+        Some(&read("snp-milan/cert_chain_turin")),
+    )
+    .unwrap();
+    let (which, reason) = cert_error(
+        SnpVerifier::new(no_floor())
+            .verify(&case.report, &certs, &case.report_data, now())
+            .unwrap_err(),
+    );
+    assert_eq!(which, "VCEK");
+    assert!(reason.contains("SEV-Turin"), "{reason}");
+}
+
+fn pem(label: &str, der: &[u8]) -> String {
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let lines: Vec<&str> = b64
+        .as_bytes()
+        .chunks(64)
+        .map(|c| std::str::from_utf8(c).unwrap())
+        .collect();
+    format!(
+        "-----BEGIN {label}-----\n{}\n-----END {label}-----\n",
+        lines.join("\n")
+    )
+}
+
+/// The DER certificates of a PEM file.
+fn ders(path: &str) -> Vec<Vec<u8>> {
+    let text = String::from_utf8(read(path)).unwrap();
+    text.split("-----BEGIN CERTIFICATE-----")
+        .skip(1)
+        .map(|block| {
+            let body: String = block
+                .split("-----END CERTIFICATE-----")
+                .next()
+                .unwrap()
+                .split_whitespace()
+                .collect();
+            base64::engine::general_purpose::STANDARD
+                .decode(body)
+                .unwrap()
+        })
+        .collect()
+}
+
+/// A self-made root and intermediate named like AMD's (rcgen, P-384).
+fn fake_amd_chain() -> (Vec<u8>, Vec<u8>) {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose,
+    };
+    let ca = |cn: &str| {
+        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.distinguished_name.push(DnType::CommonName, cn);
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        p.key_usages = vec![KeyUsagePurpose::KeyCertSign];
+        p
+    };
+    let root_key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384).unwrap();
+    let root_params = ca("ARK-Milan");
+    let root = root_params.self_signed(&root_key).unwrap();
+    let issuer = Issuer::new(root_params, root_key);
+    let ask_key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384).unwrap();
+    let ask = ca("SEV-Milan").signed_by(&ask_key, &issuer).unwrap();
+    (root.der().to_vec(), ask.der().to_vec())
+}
+
+#[test]
+fn a_chain_ending_at_a_self_made_root_is_refused() {
+    let case = milan();
+    let vcek = read("snp-milan/vcek_milan.der");
+    let (fake_root, fake_ask) = fake_amd_chain();
+    let certs = SnpCerts::from_der(&vcek, Some(&fake_ask), Some(&fake_root)).unwrap();
+    let (which, reason) = cert_error(
+        SnpVerifier::new(no_floor())
+            .verify(&case.report, &certs, &case.report_data, now())
+            .unwrap_err(),
+    );
+    assert_eq!(which, "ASK");
+    assert!(
+        reason.contains("none of the embedded AMD roots"),
+        "{reason}"
+    );
+}
+
+#[test]
+fn a_root_other_than_the_embedded_one_is_refused() {
+    let case = azure();
+    let chain = ders("snp-azure/certchain.pem");
+    let vcek = read("snp-azure/vcek.cert");
+    let (fake_root, _) = fake_amd_chain();
+    let turin_ark = ders("snp-milan/cert_chain_turin").pop().unwrap();
+    for root in [fake_root, turin_ark] {
+        let certs = SnpCerts::from_der(&vcek, Some(&chain[0]), Some(&root)).unwrap();
+        let (which, reason) = cert_error(
+            SnpVerifier::new(no_floor())
+                .verify(&case.report, &certs, &case.report_data, now())
+                .unwrap_err(),
+        );
+        assert_eq!(which, "ARK");
+        assert!(
+            reason.contains("not the embedded AMD ARK-Milan"),
+            "{reason}"
+        );
+    }
+    // The real ARK given explicitly is accepted.
+    let certs = SnpCerts::from_der(&vcek, Some(&chain[0]), Some(&chain[1])).unwrap();
+    verify(&Case { certs, ..azure() }, no_floor()).unwrap();
+}
+
+/// Flips a bit near the end of a certificate: inside its signature value.
+fn tamper_signature(der: &[u8]) -> Vec<u8> {
+    flip(der, der.len() - 10)
+}
+
+#[test]
+fn a_certificate_whose_signature_was_tampered_with_is_refused_by_name() {
+    let case = azure();
+    let chain = ders("snp-azure/certchain.pem");
+    let vcek = read("snp-azure/vcek.cert");
+    for (which, certs) in [
+        (
+            "ASK",
+            SnpCerts::from_der(&vcek, Some(&tamper_signature(&chain[0])), None).unwrap(),
+        ),
+        (
+            "VCEK",
+            SnpCerts::from_der(&tamper_signature(&vcek), Some(&chain[0]), None).unwrap(),
+        ),
+    ] {
+        let (w, reason) = cert_error(
+            SnpVerifier::new(no_floor())
+                .verify(&case.report, &certs, &case.report_data, now())
+                .unwrap_err(),
+        );
+        assert_eq!(w, which);
+        assert!(reason.contains("signature does not verify"), "{reason}");
+    }
+}
+
+#[test]
+fn an_asvk_in_place_of_the_ask_and_a_vlek_in_place_of_the_vcek_are_refused() {
+    let case = azure();
+    let vcek = read("snp-azure/vcek.cert");
+    let asvk = &ders("snp-aws/certchain.pem")[0];
+    let certs = SnpCerts::from_der(&vcek, Some(asvk), None).unwrap();
+    let (which, reason) = cert_error(
+        SnpVerifier::new(no_floor())
+            .verify(&case.report, &certs, &case.report_data, now())
+            .unwrap_err(),
+    );
+    assert_eq!(which, "ASK");
+    assert!(reason.contains("SEV-VLEK-Milan"), "{reason}");
+
+    let vlek = SnpCerts::from_pem(
+        &read("snp-aws/vlek.pem"),
+        Some(&read("snp-azure/certchain.pem")),
+    )
+    .unwrap();
+    let (which, reason) = cert_error(
+        SnpVerifier::new(no_floor())
+            .verify(&case.report, &vlek, &case.report_data, now())
+            .unwrap_err(),
+    );
+    assert_eq!(which, "VCEK");
+    assert!(reason.contains("SEV-VLEK"), "{reason}");
+}
+
+#[test]
+fn a_certificate_outside_its_validity_is_refused_by_name() {
+    // The Milan VCEK: 2023-04-03 to 2030-04-03; the AWS VLEK: 2024-12-10 to 2025-12-10.
+    for (case, time, which) in [
+        (milan(), at(1_672_531_200), "VCEK"), // 2023-01-01
+        (milan(), at(1_924_992_000), "VCEK"), // 2031-01-01
+        (aws(), at(1_767_225_600), "VLEK"),   // 2026-01-01
+    ] {
+        let (w, reason) = cert_error(
+            SnpVerifier::new(no_floor())
+                .verify(&case.report, &case.certs, &case.report_data, time)
+                .unwrap_err(),
+        );
+        assert_eq!(w, which);
+        assert!(reason.contains("valid from"), "{reason}");
+    }
+}
+
+#[test]
+fn a_cached_chain_is_reused_but_still_checked_at_now_and_against_the_report() {
+    let case = milan();
+    let v = SnpVerifier::new(no_floor());
+    v.verify(&case.report, &case.certs, &case.report_data, now())
+        .unwrap();
+    let (explanation, result) =
+        v.verify_explained(&case.report, &case.certs, &case.report_data, now());
+    result.unwrap();
+    let chain = explanation
+        .checks
+        .iter()
+        .find(|c| c.field == "chain")
+        .unwrap();
+    assert_eq!(chain.expected, "verified earlier");
+    assert!(!explanation.checks.iter().any(|c| c.field == "ASK"));
+
+    let expired = v
+        .verify(
+            &case.report,
+            &case.certs,
+            &case.report_data,
+            at(1_924_992_000),
+        )
+        .unwrap_err();
+    assert_eq!(cert_error(expired).0, "VCEK");
+
+    // Same chip and TCB key, other report content: the leaf checks run again.
+    let tampered = flip(&case.report, 0x187);
+    let err = v
+        .verify(&tampered, &case.certs, &case.report_data, now())
+        .unwrap_err();
+    assert_eq!(field_error(err).0, "reported_tcb.microcode");
+}
+
+#[test]
+fn azure_thim_json_is_read_and_its_tcbm_must_match_the_report() {
+    let case = azure();
+    let thim = |tcbm: &str| {
+        serde_json::json!({
+            "vcekCert": String::from_utf8(read("snp-azure/vcek.pem")).unwrap(),
+            "certificateChain": String::from_utf8(read("snp-azure/certchain.pem")).unwrap(),
+            "tcbm": tcbm,
+            "cacheControl": "86400",
+        })
+        .to_string()
+    };
+    let certs = SnpCerts::from_thim_json(thim("5D06000000000002").as_bytes()).unwrap();
+    assert_eq!(certs.tcbm(), Some(0x5D06_0000_0000_0002));
+    verify(&Case { certs, ..azure() }, no_floor()).unwrap();
+
+    let certs = SnpCerts::from_thim_json(thim("5D07000000000002").as_bytes()).unwrap();
+    let err = SnpVerifier::new(no_floor())
+        .verify(&case.report, &certs, &case.report_data, now())
+        .unwrap_err();
+    let (field, expected, _) = field_error(err);
+    assert_eq!(field, "reported_tcb");
+    assert!(expected.starts_with("THIM tcbm"), "{expected}");
+
+    for bad in [
+        &b"{}"[..],
+        b"not json",
+        br#"{"vcekCert":"x","certificateChain":"y"}"#,
+    ] {
+        assert!(matches!(
+            SnpCerts::from_thim_json(bad),
+            Err(ValidationError::Malformed(_))
+        ));
+    }
+}
+
+#[test]
+fn a_report_data_mismatch_is_a_binding_mismatch() {
+    for case in [milan(), azure(), aws()] {
+        let mut other = case.report_data;
+        other[63] ^= 1;
+        let err = SnpVerifier::new(no_floor())
+            .verify(&case.report, &case.certs, &other, now())
+            .unwrap_err();
+        assert_eq!(err, ValidationError::BindingMismatch);
+    }
+}
+
+#[test]
+fn each_tcb_part_below_its_minimum_is_refused_naming_it() {
+    // The Milan report's TCB: boot loader 3, TEE 0, SNP 8, microcode 115.
+    let case = milan();
+    let base = MinimumTcb {
+        bootloader: 3,
+        tee: 0,
+        snp: 8,
+        microcode: 115,
+        fmc: 0,
+    };
+    for (min, field, expected) in [
+        (
+            MinimumTcb {
+                bootloader: 4,
+                ..base
+            },
+            "reported_tcb.bootloader",
+            ">= 4",
+        ),
+        (MinimumTcb { tee: 1, ..base }, "reported_tcb.tee", ">= 1"),
+        (MinimumTcb { snp: 9, ..base }, "reported_tcb.snp", ">= 9"),
+        (
+            MinimumTcb {
+                microcode: 116,
+                ..base
+            },
+            "reported_tcb.microcode",
+            ">= 116",
+        ),
+    ] {
+        let policy = SnpPolicy {
+            minimum_tcb: PerProduct {
+                milan: min,
+                ..PerProduct::default()
+            },
+            ..no_floor()
+        };
+        let (f, e, _) = field_error(verify(&case, policy).unwrap_err());
+        assert_eq!((f.as_str(), e.as_str()), (field, expected));
+    }
+    // Exactly at the minimum passes.
+    let policy = SnpPolicy {
+        minimum_tcb: PerProduct {
+            milan: base,
+            ..PerProduct::default()
+        },
+        ..no_floor()
+    };
+    verify(&case, policy).unwrap();
+}
+
+#[test]
+fn the_fmc_minimum_applies_to_turin_layouts() {
+    // No Turin report is public: the Milan report's TCB read with Turin's layout
+    // (byte 0 FMC = 3), through the same field checks the verifier runs.
+    let case = milan();
+    let report = SnpReport::parse(&case.report).unwrap();
+    let policy = SnpPolicy {
+        minimum_tcb: PerProduct {
+            turin: MinimumTcb {
+                fmc: 4,
+                ..MinimumTcb::default()
+            },
+            ..PerProduct::default()
+        },
+        ..no_floor()
+    };
+    let err = check_fields(
+        &report,
+        Product::Turin,
+        &policy,
+        &case.report_data,
+        &mut Explanation::default(),
+    )
+    .unwrap_err();
+    let (field, expected, observed) = field_error(err);
+    assert_eq!(
+        (field.as_str(), expected.as_str(), observed.as_str()),
+        ("reported_tcb.fmc", ">= 4", "3")
+    );
+}
+
+fn with_policy_bit(report: &[u8], bit: u32) -> Vec<u8> {
+    let mut copy = report.to_vec();
+    let mut policy = u64::from_le_bytes(copy[8..16].try_into().unwrap());
+    policy |= 1 << bit;
+    copy[8..16].copy_from_slice(&policy.to_le_bytes());
+    copy
+}
+
+#[test]
+fn a_debug_policy_is_always_refused() {
+    let case = milan();
+    let debug = with_policy_bit(&case.report, 19);
+    let report = SnpReport::parse(&debug).unwrap();
+    assert!(report.policy.debug_allowed());
+    let policy = SnpPolicy {
+        allow_migration_agent: true,
+        allow_smt: true,
+        ..no_floor()
+    };
+    let err = check_fields(
+        &report,
+        Product::Milan,
+        &policy,
+        &case.report_data,
+        &mut Explanation::default(),
+    )
+    .unwrap_err();
+    let (field, expected, observed) = field_error(err);
+    assert_eq!(
+        (field.as_str(), expected.as_str(), observed.as_str()),
+        ("policy.debug", "0", "1")
+    );
+    // Through the verifier, the tampered copy fails its signature first.
+    assert!(matches!(
+        SnpVerifier::new(policy).verify(&debug, &case.certs, &case.report_data, now()),
+        Err(ValidationError::BadSignature(_))
+    ));
+}
+
+#[test]
+fn a_migration_agent_is_refused_unless_allowed() {
+    let case = milan();
+    let ma = with_policy_bit(&case.report, 18);
+    let report = SnpReport::parse(&ma).unwrap();
+    let err = check_fields(
+        &report,
+        Product::Milan,
+        &no_floor(),
+        &case.report_data,
+        &mut Explanation::default(),
+    )
+    .unwrap_err();
+    assert_eq!(field_error(err).0, "policy.migrate_ma");
+    let allowed = SnpPolicy {
+        allow_migration_agent: true,
+        ..no_floor()
+    };
+    check_fields(
+        &report,
+        Product::Milan,
+        &allowed,
+        &case.report_data,
+        &mut Explanation::default(),
+    )
+    .unwrap();
+}
+
+#[test]
+fn smt_and_vmpl_are_as_configured() {
+    // The real reports allow SMT and were requested at VMPL 0.
+    for case in [milan(), azure(), aws()] {
+        let no_smt = SnpPolicy {
+            allow_smt: false,
+            ..no_floor()
+        };
+        let (field, expected, observed) = field_error(verify(&case, no_smt).unwrap_err());
+        assert_eq!(
+            (field.as_str(), expected.as_str(), observed.as_str()),
+            ("policy.smt", "0", "1")
+        );
+        let vmpl1 = SnpPolicy {
+            vmpl: Some(1),
+            ..no_floor()
+        };
+        let (field, expected, observed) = field_error(verify(&case, vmpl1).unwrap_err());
+        assert_eq!(
+            (field.as_str(), expected.as_str(), observed.as_str()),
+            ("vmpl", "1", "0")
+        );
+        let any_vmpl = SnpPolicy {
+            vmpl: None,
+            ..no_floor()
+        };
+        verify(&case, any_vmpl).unwrap();
+    }
+}
+
+#[test]
+fn a_measurement_or_host_data_mismatch_is_refused_and_warn_only_passes() {
+    let case = azure();
+    let real = SnpReport::parse(&case.report).unwrap();
+    let mut other = real.measurement;
+    other[0] ^= 1;
+    let enforce = SnpPolicy {
+        measurement: Some(Reference::enforce(other)),
+        ..no_floor()
+    };
+    let (field, expected, observed) = field_error(verify(&case, enforce).unwrap_err());
+    assert_eq!(field, "measurement");
+    assert_eq!(expected, hex::encode(other));
+    assert_eq!(observed, hex::encode(real.measurement));
+
+    let warn = SnpPolicy {
+        measurement: Some(Reference::warn_only(other)),
+        ..no_floor()
+    };
+    verify(&case, warn).unwrap();
+    let exact = SnpPolicy {
+        measurement: Some(Reference::enforce(real.measurement)),
+        ..no_floor()
+    };
+    verify(&case, exact).unwrap();
+
+    let host = SnpPolicy {
+        host_data: Some(Reference::enforce([1; 32])),
+        ..no_floor()
+    };
+    assert_eq!(field_error(verify(&case, host).unwrap_err()).0, "host_data");
+}
+
+#[test]
+fn id_and_author_key_digests_outside_the_allowed_sets_are_refused() {
+    let case = milan();
+    let real = SnpReport::parse(&case.report).unwrap();
+    let id = SnpPolicy {
+        id_key_digests: Some(vec![[7; 48]]),
+        ..no_floor()
+    };
+    assert_eq!(
+        field_error(verify(&case, id).unwrap_err()).0,
+        "id_key_digest"
+    );
+    let author = SnpPolicy {
+        author_key_digests: Some(vec![[7; 48]]),
+        ..no_floor()
+    };
+    assert_eq!(
+        field_error(verify(&case, author).unwrap_err()).0,
+        "author_key_digest"
+    );
+    let both = SnpPolicy {
+        id_key_digests: Some(vec![[7; 48], real.id_key_digest]),
+        author_key_digests: Some(vec![real.author_key_digest]),
+        ..no_floor()
+    };
+    verify(&case, both).unwrap();
+}
+
+#[test]
+fn one_rejection_lists_every_failed_field() {
+    let case = azure();
+    let policy = SnpPolicy {
+        allow_smt: false,
+        vmpl: Some(2),
+        host_data: Some(Reference::enforce([1; 32])),
+        ..SnpPolicy::default()
+    };
+    let mut wrong = case.report_data;
+    wrong[0] ^= 1;
+    let (explanation, result) =
+        SnpVerifier::new(policy).verify_explained(&case.report, &case.certs, &wrong, now());
+    assert_eq!(result.unwrap_err(), ValidationError::BindingMismatch);
+    let failed: Vec<_> = explanation
+        .checks
+        .iter()
+        .filter(|c| c.outcome == Outcome::Fail)
+        .map(|c| c.field.as_str())
+        .collect();
+    assert_eq!(
+        failed,
+        [
+            "report_data",
+            "reported_tcb.bootloader",
+            "reported_tcb.snp",
+            "reported_tcb.microcode",
+            "policy.smt",
+            "vmpl",
+            "host_data"
+        ]
+    );
+}
+
+#[test]
+fn signers_are_accepted_only_as_the_policy_allows() {
+    let no_vlek = SnpPolicy {
+        allow_vlek: false,
+        ..no_floor()
+    };
+    let (field, expected, observed) = field_error(verify(&aws(), no_vlek.clone()).unwrap_err());
+    assert_eq!(
+        (field.as_str(), expected.as_str(), observed.as_str()),
+        ("key_info.signing_key", "VCEK", "VLEK")
+    );
+    verify(&milan(), no_vlek).unwrap();
+    let no_vcek = SnpPolicy {
+        allow_vcek: false,
+        ..no_floor()
+    };
+    let (field, _, observed) = field_error(verify(&milan(), no_vcek.clone()).unwrap_err());
+    assert_eq!(
+        (field.as_str(), observed.as_str()),
+        ("key_info.signing_key", "VCEK")
+    );
+    verify(&aws(), no_vcek).unwrap();
+}
+
+#[test]
+fn malformed_reports_are_refused_before_anything_else() {
+    let case = milan();
+    let mut long = case.report.clone();
+    long.push(0);
+    let mut wrong_version = case.report.clone();
+    wrong_version[0] = 1;
+    let mut future_version = case.report.clone();
+    future_version[0] = 6;
+    let mut sig_algo = case.report.clone();
+    sig_algo[0x34] = 2;
+    let mut key_info = case.report.clone();
+    key_info[0x48] |= 0x20;
+    for (name, bytes) in [
+        ("trailing byte", long),
+        ("short", case.report[..REPORT_SIZE - 1].to_vec()),
+        ("empty", Vec::new()),
+        ("the Azure HCL framing", read("snp-azure/attestation.bin")),
+        ("version 1", wrong_version),
+        ("version 6", future_version),
+        ("signature algorithm 2", sig_algo),
+        ("reserved key information bit", key_info),
+        ("reserved after key information", flip(&case.report, 0x4C)),
+        ("reserved after the CPUID fields", flip(&case.report, 0x19F)),
+        (
+            "reserved after the current version",
+            flip(&case.report, 0x1EB),
+        ),
+        ("reserved after the launch TCB", flip(&case.report, 0x1F8)),
+        ("reserved before the signature", flip(&case.report, 0x29F)),
+        ("R wider than 48 bytes", flip(&case.report, 0x2A0 + 48)),
+        ("S wider than 48 bytes", flip(&case.report, 0x2E8 + 71)),
+        (
+            "reserved after the signature",
+            flip(&case.report, REPORT_SIZE - 1),
+        ),
+    ] {
+        match SnpVerifier::new(no_floor()).verify(&bytes, &case.certs, &case.report_data, now()) {
+            Err(ValidationError::Malformed(_)) => {}
+            other => panic!("{name}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn malformed_certificates_are_refused() {
+    let vcek = read("snp-milan/vcek_milan.der");
+    assert!(matches!(
+        SnpCerts::from_der(&[], None, None),
+        Err(ValidationError::Malformed(_))
+    ));
+    assert!(matches!(
+        SnpCerts::from_der(&vec![0; 16 * 1024 + 1], None, None),
+        Err(ValidationError::Malformed(_))
+    ));
+    assert!(matches!(
+        SnpCerts::from_pem(&read("snp-azure/certchain.pem"), None),
+        Err(ValidationError::Malformed(_))
+    ));
+    // Trailing bytes after a DER certificate.
+    let mut long = vcek.clone();
+    long.push(0);
+    let certs = SnpCerts::from_der(&long, None, None).unwrap();
+    let case = milan();
+    let (which, _) = cert_error(
+        SnpVerifier::new(no_floor())
+            .verify(&case.report, &certs, &case.report_data, now())
+            .unwrap_err(),
+    );
+    assert_eq!(which, "VCEK");
+}
+
+#[test]
+fn the_kds_url_of_a_report_names_its_chip_and_tcb() {
+    let report = SnpReport::parse(&milan().report).unwrap();
+    assert_eq!(
+        kds::vcek_url(Product::Milan, &report.chip_id, report.reported_tcb),
+        format!(
+            "https://kdsintf.amd.com/vcek/v1/Milan/{}?blSPL=3&teeSPL=0&snpSPL=8&ucodeSPL=115",
+            hex::encode(report.chip_id)
+        )
+    );
+    assert_eq!(
+        kds::vcek_chain_url(Product::Turin),
+        "https://kdsintf.amd.com/vcek/v1/Turin/cert_chain"
+    );
+    assert_eq!(
+        kds::vlek_chain_url(Product::Milan),
+        "https://kdsintf.amd.com/vlek/v1/Milan/cert_chain"
+    );
+}

@@ -16,6 +16,7 @@
 mod binding;
 pub mod explain;
 pub mod measurements;
+pub mod tdx;
 pub mod tpm;
 mod verified;
 

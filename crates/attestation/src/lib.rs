@@ -17,6 +17,7 @@ mod binding;
 pub mod explain;
 pub mod measurements;
 pub mod snp;
+pub mod tdx;
 pub mod tpm;
 mod verified;
 

@@ -15,6 +15,7 @@
 
 mod binding;
 pub mod explain;
+pub mod hcl;
 pub mod measurements;
 pub mod snp;
 pub mod tdx;

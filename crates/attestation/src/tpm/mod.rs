@@ -23,6 +23,7 @@ pub use evidence::{
     PlatformKind, PlatformReport, QuoteEvidence, TpmQuoteEvidence, VARIANT,
 };
 pub use structures::{TpmsAttest, TpmtPublic, TpmtSignature};
+pub(crate) use trust::AkKey;
 #[cfg(feature = "insecure-test-attestation")]
 pub use trust::InsecureAnyAk;
 pub use trust::{

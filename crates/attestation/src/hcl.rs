@@ -118,14 +118,14 @@ pub enum HardwareReport<'a> {
 impl HardwareReport<'_> {
     /// The REPORT_DATA field as written in the report, **not verified**: the binding must
     /// be checked against the REPORT_DATA the hardware verifier returns from a verified
-    /// report or quote. Useful for tools and for explaining a mismatch.
+    /// report or quote. Useful for tools and for explaining a mismatch. Zeros for a slice
+    /// shorter than its kind's report (only a hand-made value can be).
     pub fn unverified_report_data(&self) -> [u8; 64] {
         let (bytes, offset) = match self {
             Self::Snp(b) => (*b, SNP_REPORT_DATA_OFFSET),
             Self::Tdx(b) => (*b, TD_REPORT_DATA_OFFSET),
         };
         let mut out = [0u8; 64];
-        // Both reports are longer than offset + 64 by construction (exact sizes).
         if let Some(src) = bytes.get(offset..offset + 64) {
             out.copy_from_slice(src);
         }

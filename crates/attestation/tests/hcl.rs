@@ -389,8 +389,17 @@ fn aws_report_data_is_the_sha512_of_the_aks_der_public_key() {
     let digest = aws_snp_report_data(&public).unwrap();
     assert_eq!(hex::encode(digest), AZURE_SNP_AK_SPKI_SHA512);
     aws_snp_ak_matches(&digest, &public).unwrap();
-    // An ECC AK hashes too (a different key, a different digest).
+    // An ECC P-256 AK hashes too (a different key, a different digest); a P-256 point
+    // with short coordinates is not the key a certificate would carry, and is refused.
     assert_ne!(aws_snp_report_data(&ecc_public()).unwrap(), digest);
+    let mut short = TpmtPublic::parse(&ecc_public()).unwrap();
+    if let PublicParams::Ecc { x, .. } = &mut short.params {
+        x.pop();
+    }
+    assert!(matches!(
+        aws_snp_report_data(&short.to_bytes().unwrap()),
+        Err(ValidationError::Malformed(m)) if m.contains("P-256")
+    ));
 }
 
 #[test]

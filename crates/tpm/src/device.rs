@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
 
+use asterism_attestation::hcl::HCL_REPORT_NV_INDEX;
 use sha1::Sha1;
 use sha2::{Digest as _, Sha256, Sha384, Sha512};
 use tracing::{debug, info, warn};
@@ -40,6 +41,10 @@ pub const MAX_QUALIFYING_DATA: usize = 32;
 
 /// The most event data [`Tpm::pcr_event`] accepts: the capacity of a TPM2B_EVENT.
 pub const MAX_EVENT_DATA: usize = 1024;
+
+/// The most bytes [`Tpm::read_nv_index`] reads. An NV index's size is a u16, and TPMs cap
+/// it lower (swtpm at 2 KiB, Azure's HCL report index is larger); this keeps one read bounded.
+pub const MAX_NV_READ: usize = 16 * 1024;
 
 /// TPM2_PCR_Read returns at most this many digests per call (TPML_DIGEST holds 8).
 const PCR_READ_BATCH: usize = 8;
@@ -317,6 +322,61 @@ impl Tpm {
             Err(TpmError::Tpm { code, .. }) if code.tpm_base() == Some(TPM_RC_HANDLE) => Ok(None),
             Err(other) => Err(other),
         }
+    }
+
+    /// Reads the whole NV index `index` with owner authorization (empty password), in chunks
+    /// of the TPM's largest NV buffer. Refuses an undefined index and one larger than
+    /// [`MAX_NV_READ`] before reading it.
+    pub fn read_nv_index(&mut self, index: u32) -> Result<Vec<u8>, TpmError> {
+        if !self.handle_exists(index)? {
+            return Err(TpmError::NvIndexNotDefined { index });
+        }
+        let handle = binding("NV index", NvIndexTpmHandle::new(index))?;
+        let size = self.run("TPM2_NV_ReadPublic", |ctx| {
+            ctx.execute_without_session(|ctx| {
+                let object = ctx.tr_from_tpm_public(TpmHandle::NvIndex(handle))?;
+                ctx.nv_read_public(object.into())
+            })
+        });
+        let size = match size {
+            Ok((public, _)) => public.data_size(),
+            // Undefined between the look-up and the read.
+            Err(TpmError::Tpm { code, .. }) if code.tpm_base() == Some(TPM_RC_HANDLE) => {
+                return Err(TpmError::NvIndexNotDefined { index });
+            }
+            Err(other) => return Err(other),
+        };
+        let too_large = |size| TpmError::NvIndexTooLarge {
+            index,
+            size,
+            max: MAX_NV_READ,
+        };
+        if size > MAX_NV_READ {
+            return Err(too_large(size));
+        }
+        // `read_full` reads in chunks of TPM_PT_NV_BUFFER_MAX.
+        let data = self.run("TPM2_NV_Read", |ctx| {
+            ctx.execute_with_session(Some(AuthSession::Password), |ctx| {
+                nv::read_full(ctx, NvAuth::Owner, handle)
+            })
+        })?;
+        // Redefined larger between the size check and the read.
+        if data.len() > MAX_NV_READ {
+            return Err(too_large(data.len()));
+        }
+        debug!(
+            index = format_args!("{index:#010x}"),
+            bytes = data.len(),
+            "read NV index"
+        );
+        Ok(data)
+    }
+
+    /// Reads the HCL report an Azure confidential VM's paravisor keeps in NV index
+    /// [`HCL_REPORT_NV_INDEX`], whole (zero padding included); parse it with
+    /// `asterism_attestation::hcl::HclReport::parse`.
+    pub fn read_hcl_report(&mut self) -> Result<Vec<u8>, TpmError> {
+        self.read_nv_index(HCL_REPORT_NV_INDEX)
     }
 
     // ---- internals ----

@@ -498,6 +498,24 @@ pub enum TpmError {
         detail: String,
     },
 
+    /// No NV index is defined at this handle.
+    #[error("NV index {index:#010x} is not defined")]
+    NvIndexNotDefined {
+        /// The NV index.
+        index: u32,
+    },
+
+    /// The NV index holds more than this crate reads.
+    #[error("NV index {index:#010x} holds {size} bytes; at most {max} are read")]
+    NvIndexTooLarge {
+        /// The NV index.
+        index: u32,
+        /// Its size.
+        size: usize,
+        /// The limit.
+        max: usize,
+    },
+
     /// The PCRs kept changing between the quote and the read-back.
     #[error(
         "PCR values changed between TPM2_Quote and TPM2_PCR_Read on {attempts} attempts; \

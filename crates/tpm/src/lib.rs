@@ -6,8 +6,9 @@
 //!   ([`ak`] documents the templates and handles).
 //! * [`Tpm::quote`] returns a [`Quote`]: the TPMS_ATTEST and TPMT_SIGNATURE exactly as the TPM
 //!   produced them, plus the quoted SHA-256 PCR values.
-//! * [`Tpm::read_pcrs`], [`Tpm::extend_pcr`], [`Tpm::pcr_event`] and
-//!   [`Tpm::read_ek_certificate`] do what they say.
+//! * [`Tpm::read_pcrs`], [`Tpm::extend_pcr`], [`Tpm::pcr_event`],
+//!   [`Tpm::read_ek_certificate`] and [`Tpm::read_nv_index`] do what they say;
+//!   [`Tpm::read_hcl_report`] reads an Azure confidential VM's HCL report from its vTPM.
 //! * [`TpmIssuer`] turns quotes into `tpm-quote` evidence for attested TLS.
 //! * [`marker`] is the node marker in PCR 15. Running swtpm processes (local clusters,
 //!   tests) is the separate `asterism-swtpm` crate, which links no TSS; open one here with
@@ -34,7 +35,7 @@ pub mod retry;
 
 pub use ak::{AkAlgorithm, AkConfig, AttestationKey, PersistentHandle};
 pub use config::{ConfigError, DEFAULT_DEVICE, DEFAULT_SWTPM_HOST, DEFAULT_SWTPM_PORT, TpmConfig};
-pub use device::{MAX_EVENT_DATA, MAX_QUALIFYING_DATA, Quote, Tpm};
+pub use device::{MAX_EVENT_DATA, MAX_NV_READ, MAX_QUALIFYING_DATA, Quote, Tpm};
 pub use ek::EkCertSlot;
 pub use error::{Layer, ResponseCode, TpmError};
 pub use issuer::TpmIssuer;

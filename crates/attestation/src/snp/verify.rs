@@ -227,8 +227,29 @@ impl SnpVerifier {
         expected_report_data: &[u8; 64],
         now: SystemTime,
     ) -> (Explanation, Result<VerifiedSnpReport, ValidationError>) {
+        self.verify_explained_with(&self.policy, report, certs, expected_report_data, now)
+    }
+
+    /// As [`SnpVerifier::verify_explained`], enforcing `policy` instead of the verifier's
+    /// own: for reference values that change while the verifier lives (a reloaded
+    /// measurements file). Cached chains stay valid; they do not depend on the policy.
+    pub fn verify_explained_with(
+        &self,
+        policy: &SnpPolicy,
+        report: &[u8],
+        certs: &SnpCerts,
+        expected_report_data: &[u8; 64],
+        now: SystemTime,
+    ) -> (Explanation, Result<VerifiedSnpReport, ValidationError>) {
         let mut explanation = Explanation::default();
-        let result = self.run(report, certs, expected_report_data, now, &mut explanation);
+        let result = self.run(
+            policy,
+            report,
+            certs,
+            expected_report_data,
+            now,
+            &mut explanation,
+        );
         match &result {
             Ok(v) => tracing::debug!(
                 product = %v.product,
@@ -243,6 +264,7 @@ impl SnpVerifier {
 
     fn run(
         &self,
+        policy: &SnpPolicy,
         bytes: &[u8],
         certs: &SnpCerts,
         expected_report_data: &[u8; 64],
@@ -258,10 +280,10 @@ impl SnpVerifier {
         ));
 
         let signer = report.key_info.signer();
-        let allowed = signer.is_some_and(|s| self.policy.allows_signer(s));
+        let allowed = signer.is_some_and(|s| policy.allows_signer(s));
         let allowed_names = [SignerKind::Vcek, SignerKind::Vlek]
             .into_iter()
-            .filter(|s| self.policy.allows_signer(*s))
+            .filter(|s| policy.allows_signer(*s))
             .map(SignerKind::name)
             .collect::<Vec<_>>()
             .join(" or ");
@@ -303,7 +325,7 @@ impl SnpVerifier {
         check_fields(
             &report,
             chain.product,
-            &self.policy,
+            policy,
             expected_report_data,
             explanation,
         )?;

@@ -314,8 +314,23 @@ impl TdxVerifier {
         expected_report_data: &[u8; 64],
         now: SystemTime,
     ) -> (Explanation, Result<VerifiedTdQuote, ValidationError>) {
+        self.verify_explained_with(&self.policy, quote, collateral, expected_report_data, now)
+    }
+
+    /// As [`TdxVerifier::verify_explained`], enforcing `policy` instead of the verifier's
+    /// own: for reference values that change while the verifier lives (a reloaded
+    /// measurements file). Cached collateral stays valid; it does not depend on the policy.
+    pub fn verify_explained_with(
+        &self,
+        policy: &TdxPolicy,
+        quote: &[u8],
+        collateral: &TdxCollateral,
+        expected_report_data: &[u8; 64],
+        now: SystemTime,
+    ) -> (Explanation, Result<VerifiedTdQuote, ValidationError>) {
         let mut explanation = Explanation::default();
         let result = self.run(
+            policy,
             quote,
             collateral,
             expected_report_data,
@@ -343,6 +358,7 @@ impl TdxVerifier {
 
     fn run(
         &self,
+        policy: &TdxPolicy,
         raw: &[u8],
         collateral: &TdxCollateral,
         expected_report_data: &[u8; 64],
@@ -470,7 +486,7 @@ impl TdxVerifier {
         };
 
         check_fields(
-            &self.policy,
+            policy,
             quote.report(),
             outcome.tcb_status,
             &outcome.advisory_ids,

@@ -10,6 +10,7 @@
 //!   benchmarks.
 
 pub mod evidence;
+mod platform;
 pub mod structures;
 mod trust;
 mod validator;
@@ -21,6 +22,9 @@ pub mod soft;
 pub use evidence::{
     AwsSnp, AzureSnp, AzureTdx, EVIDENCE_VERSION, EvidenceError, MAX_EVIDENCE_SIZE, PcrValue,
     PlatformKind, PlatformReport, QuoteEvidence, TpmQuoteEvidence, VARIANT,
+};
+pub use platform::{
+    CvmAkTrust, CvmPlatform, MAX_TDX_COLLATERAL_SETS, TdxCollateralSet, UnknownPlatform,
 };
 pub use structures::{TpmsAttest, TpmtPublic, TpmtSignature};
 pub(crate) use trust::AkKey;

@@ -1,15 +1,20 @@
 //! Which attestation keys (AKs) a verifier trusts, and the AK policy every AK must meet.
 
+use super::evidence::QuoteEvidence;
+use super::platform::CvmAkTrust;
 use super::structures::{
     AsymScheme, ECC_NIST_P256, KdfScheme, ObjectAttributes, PublicParams, SymDefObject, TpmtPublic,
     TpmtSignature, alg,
 };
 use crate::ValidationError;
+use crate::explain::Check;
+use crate::measurements::CvmReferences;
 use ring::signature::{self, RsaPublicKeyComponents, UnparsedPublicKey};
 use rustls_pki_types::{CertificateDer, SignatureVerificationAlgorithm, TrustAnchor, UnixTime};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeSet;
 use std::fmt;
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Smallest RSA AK accepted, in bits.
@@ -256,6 +261,9 @@ pub enum AkTrust {
     /// with the `insecure-test-attestation` feature, which never compile optimised.
     #[cfg(feature = "insecure-test-attestation")]
     InsecureAnyAk(InsecureAnyAk),
+    /// The evidence carries a confidential VM's hardware report that vouches for the AK
+    /// (Azure SEV-SNP, Azure TDX, AWS SEV-SNP); see [`CvmAkTrust`].
+    ConfidentialVm(Arc<CvmAkTrust>),
 }
 
 impl AkTrust {
@@ -278,9 +286,49 @@ impl AkTrust {
         Self::InsecureAnyAk(InsecureAnyAk(()))
     }
 
+    /// Trusts AKs that a confidential VM's hardware report vouches for.
+    pub fn confidential_vm(trust: CvmAkTrust) -> Self {
+        Self::ConfidentialVm(Arc::new(trust))
+    }
+
+    /// Which AK attributes this policy accepts. A platform CA or a pin vouches for keys
+    /// made by our own template, so the template must match exactly. A cloud's vTPM makes
+    /// its AK with its own template (Azure's lacks noDA); the hardware report vouches for
+    /// the key itself, so only the attributes that make it an AK are required.
+    pub(crate) fn attribute_rule(&self) -> AttributeRule {
+        match self {
+            Self::ConfidentialVm(_) => AttributeRule::Required,
+            _ => AttributeRule::Exact,
+        }
+    }
+
     /// Checks the AK against the policy; returns a warning to carry along when the policy
-    /// is insecure.
+    /// is insecure, and the checks of a confidential VM's hardware report (empty for the
+    /// other policies).
     pub(crate) fn check(
+        &self,
+        ak: &AkKey,
+        fingerprint: &AkFingerprint,
+        evidence: &QuoteEvidence,
+        cvm: &CvmReferences,
+        now: SystemTime,
+    ) -> (Vec<Check>, Result<Option<String>, ValidationError>) {
+        if let Self::ConfidentialVm(trust) = self {
+            let (explanation, result) = trust.check(
+                &evidence.ak_public_bytes,
+                evidence.platform.as_ref(),
+                cvm,
+                now,
+            );
+            return (explanation.checks, result.map(|()| None));
+        }
+        (
+            Vec::new(),
+            self.check_key(ak, fingerprint, &evidence.ak_cert_chain, now),
+        )
+    }
+
+    fn check_key(
         &self,
         ak: &AkKey,
         fingerprint: &AkFingerprint,
@@ -288,6 +336,9 @@ impl AkTrust {
         now: SystemTime,
     ) -> Result<Option<String>, ValidationError> {
         match self {
+            Self::ConfidentialVm(_) => Err(ValidationError::UntrustedKey(
+                "confidential-VM trust needs the evidence's hardware report".into(),
+            )),
             Self::PlatformCa(ca) => ca.verify(chain, ak, now).map(|()| None),
             Self::Pinned(pins) if pins.contains(fingerprint) => Ok(None),
             Self::Pinned(_) => Err(ValidationError::UntrustedKey(format!(
@@ -305,6 +356,15 @@ impl AkTrust {
             }
         }
     }
+}
+
+/// How strictly an AK's `TPMA_OBJECT` is checked ([`AkTrust::attribute_rule`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AttributeRule {
+    /// Exactly [`AK_ATTRIBUTES`].
+    Exact,
+    /// [`REQUIRED_AK_ATTRIBUTES`] set and decrypt clear; the rest as the maker chose.
+    Required,
 }
 
 /// An AK public key that passed the AK policy, ready to verify quotes.
@@ -337,7 +397,10 @@ impl AkKey {
     /// Applies the AK policy: attributes (restricted, sign, fixedTPM, fixedParent, not
     /// decrypt), nameAlg SHA-256, no symmetric part, and exactly ECC P-256 with
     /// ECDSA-SHA256 (KDF null) or RSA 2048–8192 with RSASSA-SHA256.
-    pub(crate) fn from_public(p: &TpmtPublic) -> Result<Self, ValidationError> {
+    pub(crate) fn from_public(
+        p: &TpmtPublic,
+        rule: AttributeRule,
+    ) -> Result<Self, ValidationError> {
         let attrs = p.attributes;
         if !p.auth_policy.is_empty() {
             return Err(policy(format!(
@@ -368,7 +431,7 @@ impl AkKey {
                 attrs.0
             )));
         }
-        if attrs.0 != AK_ATTRIBUTES {
+        if rule == AttributeRule::Exact && attrs.0 != AK_ATTRIBUTES {
             return Err(policy(format!(
                 "AK objectAttributes {:#010x} are not the AK template's {AK_ATTRIBUTES:#010x}",
                 attrs.0

@@ -3,6 +3,7 @@
 use super::evidence::{QuoteEvidence, VARIANT};
 use super::structures::{QuoteInfo, alg};
 use super::trust::{AkKey, AkTrust};
+use crate::explain::{Check, Outcome};
 use crate::measurements::{MeasurementsProvider, PcrIndex};
 use crate::{Measurement, ReportData, ValidationError, Validator, VerifiedEvidence};
 use sha2::{Digest, Sha256};
@@ -56,21 +57,39 @@ impl TpmQuoteValidator {
         self
     }
 
+    /// Like [`Validator::validate`], and also returns what was checked of a confidential
+    /// VM's hardware report, field by field, whether or not the evidence was accepted (for
+    /// `asterism verify`; empty for the other AK trust policies).
+    pub fn validate_explained(
+        &self,
+        evidence: &[u8],
+        expected: &ReportData,
+    ) -> (Vec<Check>, Result<VerifiedEvidence, ValidationError>) {
+        let mut checks = Vec::new();
+        let result = self.check(evidence, expected, &mut checks);
+        log_result(&result);
+        (checks, result)
+    }
+
     fn check(
         &self,
         evidence: &[u8],
         expected: &ReportData,
+        checks: &mut Vec<Check>,
     ) -> Result<VerifiedEvidence, ValidationError> {
         let ev = QuoteEvidence::decode(evidence)
             .map_err(|e| ValidationError::Malformed(error_chain(&e)))?;
 
-        let ak = AkKey::from_public(&ev.ak_public)?;
+        let ak = AkKey::from_public(&ev.ak_public, self.trust.attribute_rule())?;
         // The identity comes from the key, the part a certificate vouches for, not from
         // the presented bytes.
         let fingerprint = ak.fingerprint()?;
-        let trust_warning =
+        let measurements = self.measurements.current();
+        let (cvm_checks, trust) =
             self.trust
-                .check(&ak, &fingerprint, &ev.ak_cert_chain, (self.clock)())?;
+                .check(&ak, &fingerprint, &ev, measurements.cvm(), (self.clock)());
+        checks.extend(cvm_checks);
+        let trust_warning = trust?;
 
         ak.verify(&ev.attest_bytes, &ev.signature)?;
 
@@ -94,9 +113,15 @@ impl TpmQuoteValidator {
         }
 
         let mut warnings: Vec<String> = trust_warning.into_iter().collect();
-        warnings.extend(self.measurements.current().compare(&ev.pcrs)?);
+        warnings.extend(
+            checks
+                .iter()
+                .filter(|c| c.outcome == Outcome::Warn)
+                .map(|c| format!("warn-only: {c}")),
+        );
+        warnings.extend(measurements.compare(&ev.pcrs)?);
 
-        let measurements = ev
+        let measured = ev
             .pcrs
             .iter()
             .map(|(i, v)| Measurement {
@@ -104,12 +129,10 @@ impl TpmQuoteValidator {
                 value: v.to_vec(),
             })
             .collect();
-        Ok(VerifiedEvidence::new(
-            VARIANT,
-            fingerprint.to_string(),
-            measurements,
-            warnings,
-        ))
+        Ok(
+            VerifiedEvidence::new(VARIANT, fingerprint.to_string(), measured, warnings)
+                .with_checks(checks.clone()),
+        )
     }
 }
 
@@ -125,12 +148,16 @@ impl Validator for TpmQuoteValidator {
         evidence: &[u8],
         expected: &ReportData,
     ) -> Result<VerifiedEvidence, ValidationError> {
-        let result = self.check(evidence, expected);
-        match &result {
-            Ok(v) => tracing::debug!(ak = v.identity(), "tpm-quote evidence accepted"),
-            Err(e) => tracing::info!(reason = %e, "tpm-quote evidence rejected"),
-        }
+        let result = self.check(evidence, expected, &mut Vec::new());
+        log_result(&result);
         result
+    }
+}
+
+fn log_result(result: &Result<VerifiedEvidence, ValidationError>) {
+    match result {
+        Ok(v) => tracing::debug!(ak = v.identity(), "tpm-quote evidence accepted"),
+        Err(e) => tracing::info!(reason = %e, "tpm-quote evidence rejected"),
     }
 }
 

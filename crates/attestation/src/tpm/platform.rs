@@ -1,0 +1,355 @@
+//! AK trust rooted in a confidential VM's hardware report: the vTPM's attestation key is
+//! vouched for by the CPU vendor's signature over the VM's launch state, as the clouds ship
+//! it (docs/attestation.md, "Confidential VMs").
+//!
+//! * **Azure SEV-SNP**: the evidence carries the HCL report (SNP report + runtime data) and
+//!   the VCEK with its ASK. The SNP report must verify to an AMD root; its REPORT_DATA must
+//!   be SHA-256 of the runtime data; the runtime data's `HCLAkPub` must be the AK.
+//! * **Azure TDX**: the evidence carries the DCAP quote over the TD report and the runtime
+//!   data. The quote must verify against Intel's root with collateral passed in; its
+//!   REPORT_DATA must be SHA-256 of the runtime data; the runtime data's AK must be the AK.
+//! * **AWS SEV-SNP**: the evidence carries the SNP report and the VLEK with its ASVK; the
+//!   report's REPORT_DATA must be SHA-512 of the AK's SubjectPublicKeyInfo.
+//!
+//! The hardware report binds the AK, not the session: the session is bound by the TPM
+//! quote the AK signs (its qualifying data), checked by the quote validator as for every
+//! other AK. The chain is therefore hardware → AK → PCRs → session.
+
+use super::evidence::PlatformKind;
+use crate::ValidationError;
+use crate::explain::{Check, Explanation};
+use crate::hcl::{self, HardwareKind, HardwareReport, HclReport, RuntimeData};
+use crate::measurements::CvmReferences;
+use crate::snp::{SnpCerts, SnpPolicy, SnpVerifier};
+use crate::tdx::{TdxCollateral, TdxPolicy, TdxVerifier};
+use std::fmt;
+use std::str::FromStr;
+use std::time::SystemTime;
+
+/// Most TDX collateral sets (one per platform FMSPC) a verifier holds.
+pub const MAX_TDX_COLLATERAL_SETS: usize = 64;
+
+/// The clouds' bindings of a vTPM AK to a hardware report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CvmPlatform {
+    /// Azure confidential VM on AMD SEV-SNP (HCL report, VCEK).
+    AzureSevSnp,
+    /// Azure confidential VM on Intel TDX (DCAP quote over the HCL's TD report).
+    AzureTdx,
+    /// AWS instance with AMD SEV-SNP (report bound to the AK, VLEK).
+    AwsSevSnp,
+}
+
+impl CvmPlatform {
+    /// Every platform, for help texts.
+    pub const ALL: [CvmPlatform; 3] = [Self::AzureSevSnp, Self::AzureTdx, Self::AwsSevSnp];
+
+    /// The name used on command lines and in the evidence (`azure-sev-snp`, …).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::AzureSevSnp => "azure-sev-snp",
+            Self::AzureTdx => "azure-tdx",
+            Self::AwsSevSnp => "aws-sev-snp",
+        }
+    }
+
+    fn of(kind: &PlatformKind) -> Self {
+        match kind {
+            PlatformKind::AzureSevSnp(_) => Self::AzureSevSnp,
+            PlatformKind::AzureTdx(_) => Self::AzureTdx,
+            PlatformKind::AwsSevSnp(_) => Self::AwsSevSnp,
+        }
+    }
+}
+
+impl fmt::Display for CvmPlatform {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A platform name that is none of [`CvmPlatform::ALL`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown confidential-VM platform {0:?}; known: azure-sev-snp, azure-tdx, aws-sev-snp")]
+pub struct UnknownPlatform(pub String);
+
+impl FromStr for CvmPlatform {
+    type Err = UnknownPlatform;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| UnknownPlatform(s.to_owned()))
+    }
+}
+
+/// TDX collateral passed in by the operator (an offline bundle), one set per platform
+/// FMSPC. Verification never fetches any.
+#[derive(Debug, Clone, Default)]
+pub struct TdxCollateralSet(Vec<TdxCollateral>);
+
+impl TdxCollateralSet {
+    /// A set of collateral; refuses more than [`MAX_TDX_COLLATERAL_SETS`].
+    pub fn new(sets: Vec<TdxCollateral>) -> Result<Self, ValidationError> {
+        if sets.len() > MAX_TDX_COLLATERAL_SETS {
+            return Err(ValidationError::Malformed(format!(
+                "{} TDX collateral sets, at most {MAX_TDX_COLLATERAL_SETS}",
+                sets.len()
+            )));
+        }
+        Ok(Self(sets))
+    }
+
+    /// Number of sets.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there is none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// How a verifier trusts AKs on confidential VMs of one platform; an [`super::AkTrust`]
+/// mode ([`super::AkTrust::confidential_vm`]).
+pub struct CvmAkTrust {
+    platform: CvmPlatform,
+    snp: SnpVerifier,
+    tdx: TdxVerifier,
+    tdx_collateral: TdxCollateralSet,
+}
+
+impl fmt::Debug for CvmAkTrust {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CvmAkTrust")
+            .field("platform", &self.platform)
+            .field("tdx_collateral_sets", &self.tdx_collateral.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl CvmAkTrust {
+    /// Azure SEV-SNP or AWS SEV-SNP AKs, with the SNP report checked against `policy`.
+    /// The launch measurement and host data come from the measurements in force at each
+    /// validation (they override the policy's when set there).
+    pub fn sev_snp(platform: CvmPlatform, policy: SnpPolicy) -> Result<Self, UnknownPlatform> {
+        if platform == CvmPlatform::AzureTdx {
+            return Err(UnknownPlatform(format!(
+                "{platform} is not an SEV-SNP platform"
+            )));
+        }
+        Ok(Self {
+            platform,
+            snp: SnpVerifier::new(policy),
+            tdx: TdxVerifier::new(TdxPolicy::default()),
+            tdx_collateral: TdxCollateralSet::default(),
+        })
+    }
+
+    /// Azure TDX AKs, with the quote checked against `policy` and `collateral`. MRTD and
+    /// the RTMRs come from the measurements in force at each validation (they override
+    /// the policy's when set there).
+    pub fn azure_tdx(policy: TdxPolicy, collateral: TdxCollateralSet) -> Self {
+        Self {
+            platform: CvmPlatform::AzureTdx,
+            snp: SnpVerifier::new(SnpPolicy::default()),
+            tdx: TdxVerifier::new(policy),
+            tdx_collateral: collateral,
+        }
+    }
+
+    /// The platform this trust is for.
+    pub fn platform(&self) -> CvmPlatform {
+        self.platform
+    }
+
+    /// Checks that the evidence's platform report vouches for the AK `ak_public`
+    /// (`TPMT_PUBLIC` bytes as presented). Returns every check that ran, and the verdict.
+    pub(crate) fn check(
+        &self,
+        ak_public: &[u8],
+        platform: Option<&PlatformKind>,
+        references: &CvmReferences,
+        now: SystemTime,
+    ) -> (Explanation, Result<(), ValidationError>) {
+        let mut explanation = Explanation::default();
+        let result = self.run(ak_public, platform, references, now, &mut explanation);
+        (explanation, result)
+    }
+
+    fn run(
+        &self,
+        ak_public: &[u8],
+        platform: Option<&PlatformKind>,
+        references: &CvmReferences,
+        now: SystemTime,
+        explanation: &mut Explanation,
+    ) -> Result<(), ValidationError> {
+        let kind = platform.ok_or_else(|| {
+            ValidationError::UntrustedKey(format!(
+                "the evidence carries no {} hardware report for its AK",
+                self.platform
+            ))
+        })?;
+        if CvmPlatform::of(kind) != self.platform {
+            return Err(ValidationError::UntrustedKey(format!(
+                "the evidence carries a {} hardware report; this verifier trusts {} AKs",
+                CvmPlatform::of(kind),
+                self.platform
+            )));
+        }
+        match kind {
+            PlatformKind::AzureSevSnp(azure) => {
+                let hcl = HclReport::parse(&azure.hcl_report)?;
+                let HardwareReport::Snp(report) = hcl.hardware_report() else {
+                    return Err(ValidationError::Field {
+                        field: "hcl_report.report_type".into(),
+                        expected: "SEV-SNP".into(),
+                        observed: format!("{:?}", HardwareKind::Tdx),
+                    });
+                };
+                let runtime = RuntimeData::parse(hcl.runtime_data())?;
+                let certs = snp_certs(&azure.certs)?;
+                self.verify_snp(
+                    report,
+                    &certs,
+                    &hcl.expected_report_data(),
+                    references,
+                    now,
+                    explanation,
+                )?;
+                ak_check(explanation, hcl::hcl_ak_matches(&runtime, ak_public))
+            }
+            PlatformKind::AwsSevSnp(aws) => {
+                let expected = hcl::aws_snp_report_data(ak_public)?;
+                let certs = snp_certs(&aws.certs)?;
+                self.verify_snp(&aws.report, &certs, &expected, references, now, explanation)?;
+                explanation.push(Check::pass_if(
+                    true,
+                    "ak",
+                    "the key whose SHA-512 is report_data",
+                    "the quote's AK",
+                ));
+                Ok(())
+            }
+            PlatformKind::AzureTdx(azure) => {
+                let runtime = RuntimeData::parse(&azure.runtime_data)?;
+                let expected = hcl::runtime_data_report_data(&azure.runtime_data);
+                self.verify_tdx(&azure.quote, &expected, references, now, explanation)?;
+                ak_check(explanation, hcl::hcl_ak_matches(&runtime, ak_public))
+            }
+        }
+    }
+
+    fn verify_snp(
+        &self,
+        report: &[u8],
+        certs: &SnpCerts,
+        expected_report_data: &[u8; 64],
+        references: &CvmReferences,
+        now: SystemTime,
+        explanation: &mut Explanation,
+    ) -> Result<crate::snp::VerifiedSnpReport, ValidationError> {
+        let mut policy = self.snp.policy().clone();
+        if references.snp_launch_measurement.is_some() {
+            policy.measurement = references.snp_launch_measurement;
+        }
+        if references.snp_host_data.is_some() {
+            policy.host_data = references.snp_host_data;
+        }
+        let (checks, result) =
+            self.snp
+                .verify_explained_with(&policy, report, certs, expected_report_data, now);
+        explanation.checks.extend(checks.checks);
+        result
+    }
+
+    fn verify_tdx(
+        &self,
+        quote: &[u8],
+        expected_report_data: &[u8; 64],
+        references: &CvmReferences,
+        now: SystemTime,
+        explanation: &mut Explanation,
+    ) -> Result<(), ValidationError> {
+        let mut policy = self.tdx.policy().clone();
+        if references.tdx_mrtd.is_some() {
+            policy.mrtd = references.tdx_mrtd;
+        }
+        for (slot, reference) in policy.rtmrs.iter_mut().zip(references.tdx_rtmrs) {
+            if reference.is_some() {
+                *slot = reference;
+            }
+        }
+        // Collateral is per platform (FMSPC); the quote's PCK certificate names its
+        // platform, and the verifier refuses collateral for another. Try each set.
+        let mut last = None;
+        for collateral in &self.tdx_collateral.0 {
+            let (checks, result) = self.tdx.verify_explained_with(
+                &policy,
+                quote,
+                collateral,
+                expected_report_data,
+                now,
+            );
+            match result {
+                Ok(_) => {
+                    explanation.checks.extend(checks.checks);
+                    return Ok(());
+                }
+                Err(e) => last = Some((checks, e)),
+            }
+        }
+        match last {
+            Some((checks, e)) => {
+                explanation.checks.extend(checks.checks);
+                Err(e)
+            }
+            None => Err(ValidationError::Certificate {
+                which: "TDX collateral".into(),
+                reason: "none was passed in (an offline bundle is needed)".into(),
+            }),
+        }
+    }
+}
+
+/// Records the AK binding check and returns its verdict.
+fn ak_check(
+    explanation: &mut Explanation,
+    result: Result<(), ValidationError>,
+) -> Result<(), ValidationError> {
+    explanation.push(match &result {
+        Ok(()) => Check::pass_if(
+            true,
+            "runtime_data.keys[HCLAkPub]",
+            "the quote's AK",
+            "the quote's AK",
+        ),
+        Err(ValidationError::Field {
+            field,
+            expected,
+            observed,
+        }) => Check::pass_if(false, field.clone(), expected.clone(), observed.clone()),
+        Err(e) => Check::pass_if(
+            false,
+            "runtime_data.keys[HCLAkPub]",
+            "the quote's AK",
+            e.to_string(),
+        ),
+    });
+    result
+}
+
+/// The signing key's certificate and its intermediate, DER, as the evidence carries them.
+fn snp_certs(certs: &[Vec<u8>]) -> Result<SnpCerts, ValidationError> {
+    match certs {
+        [leaf] => SnpCerts::from_der(leaf, None, None),
+        [leaf, intermediate] => SnpCerts::from_der(leaf, Some(intermediate), None),
+        _ => Err(ValidationError::Malformed(format!(
+            "{} SEV-SNP certificates; want the VCEK or VLEK, optionally its ASK or ASVK",
+            certs.len()
+        ))),
+    }
+}

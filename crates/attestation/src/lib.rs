@@ -14,6 +14,7 @@
 #![cfg_attr(not(test), deny(clippy::indexing_slicing))]
 
 mod binding;
+pub mod cvm_policy;
 pub mod explain;
 pub mod hcl;
 pub mod measurements;

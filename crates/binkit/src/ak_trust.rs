@@ -3,6 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
+use asterism_attestation::cvm_policy::CvmPolicy;
+use asterism_attestation::tdx::TdxCollateral;
+use asterism_attestation::tpm::{CvmAkTrust, CvmPlatform, TdxCollateralSet};
 use asterism_attestation::{AkFingerprint, AkTrust, PlatformCa};
 
 use crate::fs::{FileError, read_capped};
@@ -22,6 +25,22 @@ pub struct AkTrustArgs {
     /// hex digits) instead of a platform CA. Repeatable.
     #[arg(long, value_name = "HEX")]
     pub pinned_ak: Vec<String>,
+
+    /// Trust attestation keys that a confidential VM's hardware report vouches for:
+    /// azure-sev-snp, azure-tdx or aws-sev-snp (docs/attestation.md).
+    #[arg(long, value_name = "PLATFORM")]
+    pub confidential_vm: Option<CvmPlatform>,
+
+    /// With --confidential-vm: the policy for the hardware report (JSON: TCB minimums,
+    /// guest policy, accepted TDX TCB statuses). Without it, the secure defaults.
+    #[arg(long, value_name = "PATH", requires = "confidential_vm")]
+    pub cvm_policy: Option<PathBuf>,
+
+    /// With --confidential-vm azure-tdx: Intel PCS collateral (TCB info, QE identity,
+    /// CRLs) as JSON, a file or a directory of `*.json` files, one per platform FMSPC.
+    /// Repeatable. Verification never fetches collateral.
+    #[arg(long, value_name = "PATH", requires = "confidential_vm")]
+    pub tdx_collateral: Vec<PathBuf>,
 
     /// INSECURE, development only: accept any attestation key (the PCR values are still
     /// checked). Warned on every connection.
@@ -48,6 +67,36 @@ pub enum AkTrustArgsError {
         #[source]
         source: asterism_attestation::tpm::AkTrustError,
     },
+    /// The confidential-VM policy file is not valid.
+    #[error("confidential-VM policy {}", path.display())]
+    CvmPolicy {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: asterism_attestation::cvm_policy::CvmPolicyError,
+    },
+    /// A TDX collateral file is not valid.
+    #[error("TDX collateral {}", path.display())]
+    TdxCollateral {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: asterism_attestation::ValidationError,
+    },
+    /// A TDX collateral directory could not be listed.
+    #[error("listing TDX collateral in {}", path.display())]
+    TdxCollateralDir {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Azure TDX trust needs collateral, or collateral was given for another platform.
+    #[error("{0}")]
+    Collateral(String),
     /// A pinned fingerprint is not 64 hex digits.
     #[error("--pinned-ak {value:?}")]
     Pin {
@@ -62,9 +111,9 @@ pub enum AkTrustArgsError {
 /// The policies a build offers, for the error message.
 fn policies() -> &'static str {
     if cfg!(feature = "insecure-test-attestation") {
-        "--platform-ca, --pinned-ak or --insecure-any-ak"
+        "--platform-ca, --pinned-ak, --confidential-vm or --insecure-any-ak"
     } else {
-        "--platform-ca or --pinned-ak"
+        "--platform-ca, --pinned-ak or --confidential-vm"
     }
 }
 
@@ -93,6 +142,7 @@ impl AkTrustArgs {
     fn given(&self) -> usize {
         usize::from(self.platform_ca.is_some())
             + usize::from(!self.pinned_ak.is_empty())
+            + usize::from(self.confidential_vm.is_some())
             + usize::from(self.insecure_any_ak())
     }
 
@@ -127,8 +177,85 @@ impl AkTrustArgs {
                 .collect::<Result<Vec<_>, _>>()?;
             return Ok(AkTrust::pinned(pins));
         }
+        if let Some(platform) = self.confidential_vm {
+            return self.confidential_vm_trust(platform);
+        }
         insecure_any_ak()
     }
+
+    fn confidential_vm_trust(&self, platform: CvmPlatform) -> Result<AkTrust, AkTrustArgsError> {
+        let policy =
+            match &self.cvm_policy {
+                Some(path) => CvmPolicy::from_json(&read_capped(path, MAX_POLICY_FILE)?).map_err(
+                    |source| AkTrustArgsError::CvmPolicy {
+                        path: path.clone(),
+                        source,
+                    },
+                )?,
+                None => CvmPolicy::default(),
+            };
+        let trust = if platform == CvmPlatform::AzureTdx {
+            let sets = tdx_collateral(&self.tdx_collateral)?;
+            if sets.is_empty() {
+                return Err(AkTrustArgsError::Collateral(
+                    "--confidential-vm azure-tdx needs --tdx-collateral (Intel PCS collateral \
+                     for the nodes' platforms)"
+                        .into(),
+                ));
+            }
+            let set = TdxCollateralSet::new(sets)
+                .map_err(|e| AkTrustArgsError::Collateral(e.to_string()))?;
+            CvmAkTrust::azure_tdx(policy.tdx, set)
+        } else {
+            if !self.tdx_collateral.is_empty() {
+                return Err(AkTrustArgsError::Collateral(format!(
+                    "--tdx-collateral is for azure-tdx, not {platform}"
+                )));
+            }
+            CvmAkTrust::sev_snp(platform, policy.snp)
+                .map_err(|e| AkTrustArgsError::Collateral(e.to_string()))?
+        };
+        tracing::info!(%platform, "attestation keys are trusted through the confidential VM's hardware report");
+        Ok(AkTrust::confidential_vm(trust))
+    }
+}
+
+/// Largest confidential-VM policy file read.
+const MAX_POLICY_FILE: u64 = 64 * 1024;
+/// Largest TDX collateral file read (Intel's are about 16 KiB).
+const MAX_COLLATERAL_FILE: u64 = 1024 * 1024;
+
+/// Reads TDX collateral from files and directories of `*.json` files (an offline bundle),
+/// in a fixed order.
+fn tdx_collateral(paths: &[PathBuf]) -> Result<Vec<TdxCollateral>, AkTrustArgsError> {
+    let mut files = Vec::new();
+    for path in paths {
+        if path.is_dir() {
+            let listing = |source| AkTrustArgsError::TdxCollateralDir {
+                path: path.clone(),
+                source,
+            };
+            let mut found = Vec::new();
+            for entry in std::fs::read_dir(path).map_err(listing)? {
+                let file = entry.map_err(listing)?.path();
+                if file.extension().is_some_and(|e| e == "json") {
+                    found.push(file);
+                }
+            }
+            found.sort();
+            files.extend(found);
+        } else {
+            files.push(path.clone());
+        }
+    }
+    files
+        .into_iter()
+        .map(|file| {
+            let json = read_capped(&file, MAX_COLLATERAL_FILE)?;
+            TdxCollateral::from_json(&json)
+                .map_err(|source| AkTrustArgsError::TdxCollateral { path: file, source })
+        })
+        .collect()
 }
 
 /// Reads and parses a platform CA file.
@@ -172,6 +299,62 @@ mod tests {
             Err(AkTrustArgsError::NotExactlyOne)
         ));
         assert!(AkTrustArgs::pinned(["ab".repeat(32)]).ak_trust().is_ok());
+    }
+
+    #[test]
+    fn confidential_vm_trust_reads_its_policy_and_collateral() {
+        let dir = tempfile::tempdir().unwrap();
+        let snp = AkTrustArgs {
+            confidential_vm: Some(CvmPlatform::AzureSevSnp),
+            ..AkTrustArgs::default()
+        };
+        assert!(matches!(snp.ak_trust(), Ok(AkTrust::ConfidentialVm(_))));
+
+        let policy = dir.path().join("policy.json");
+        std::fs::write(&policy, r#"{"snp": {"allowDebug": true}}"#).unwrap();
+        let bad_policy = AkTrustArgs {
+            cvm_policy: Some(policy),
+            ..snp.clone()
+        };
+        assert!(matches!(
+            bad_policy.ak_trust(),
+            Err(AkTrustArgsError::CvmPolicy { .. })
+        ));
+
+        let tdx = AkTrustArgs {
+            confidential_vm: Some(CvmPlatform::AzureTdx),
+            ..AkTrustArgs::default()
+        };
+        assert!(matches!(
+            tdx.ak_trust(),
+            Err(AkTrustArgsError::Collateral(_))
+        ));
+        let bundle = dir.path().join("bundle");
+        std::fs::create_dir(&bundle).unwrap();
+        std::fs::write(
+            bundle.join("00906ed50000.json"),
+            include_bytes!("../../attestation/tests/data/cvm/tdx-dcap/tdx_quote_collateral.json"),
+        )
+        .unwrap();
+        std::fs::write(bundle.join("README"), "not collateral").unwrap();
+        let with = AkTrustArgs {
+            tdx_collateral: vec![bundle.clone()],
+            ..tdx
+        };
+        assert!(matches!(with.ak_trust(), Ok(AkTrust::ConfidentialVm(_))));
+        std::fs::write(bundle.join("broken.json"), "{}").unwrap();
+        assert!(matches!(
+            with.ak_trust(),
+            Err(AkTrustArgsError::TdxCollateral { .. })
+        ));
+        let misplaced = AkTrustArgs {
+            tdx_collateral: vec![bundle],
+            ..snp
+        };
+        assert!(matches!(
+            misplaced.ak_trust(),
+            Err(AkTrustArgsError::Collateral(_))
+        ));
     }
 
     #[test]

@@ -333,7 +333,7 @@ fn refuse(explanation: &mut Explanation, which: &str, reason: String) -> Validat
 
 fn parse_cert(der: &[u8]) -> Result<X509Certificate<'_>, String> {
     match X509Certificate::from_der(der) {
-        Ok((rest, cert)) if rest.is_empty() => Ok(cert),
+        Ok(([], cert)) => Ok(cert),
         Ok((rest, _)) => Err(format!("{} bytes after the certificate", rest.len())),
         Err(e) => Err(format!("not an X.509 certificate: {e}")),
     }

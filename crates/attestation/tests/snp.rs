@@ -987,10 +987,21 @@ fn malformed_reports_are_refused_before_anything_else() {
             flip(&case.report, REPORT_SIZE - 1),
         ),
     ] {
-        match SnpVerifier::new(no_floor()).verify(&bytes, &case.certs, &case.report_data, now()) {
+        let (explanation, result) = SnpVerifier::new(no_floor()).verify_explained(
+            &bytes,
+            &case.certs,
+            &case.report_data,
+            now(),
+        );
+        match result {
             Err(ValidationError::Malformed(_)) => {}
             other => panic!("{name}: {other:?}"),
         }
+        assert_eq!(
+            explanation.first_failure().unwrap().field,
+            "report",
+            "{name}"
+        );
     }
 }
 

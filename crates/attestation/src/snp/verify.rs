@@ -251,11 +251,23 @@ impl SnpVerifier {
         now: SystemTime,
         explanation: &mut Explanation,
     ) -> Result<VerifiedSnpReport, ValidationError> {
-        let report = SnpReport::parse(bytes)?;
+        let layout = format!(
+            "a report of version {} to {}",
+            super::MIN_VERSION,
+            super::MAX_VERSION
+        );
+        let report = SnpReport::parse(bytes).inspect_err(|e| {
+            explanation.push(Check::pass_if(
+                false,
+                "report",
+                layout.clone(),
+                e.to_string(),
+            ))
+        })?;
         explanation.push(Check::pass_if(
             true,
             "version",
-            format!("{} to {}", super::MIN_VERSION, super::MAX_VERSION),
+            layout,
             report.version.to_string(),
         ));
 

@@ -146,6 +146,15 @@ fn the_three_real_reports_verify_and_their_product_is_detected() {
         assert_eq!(ok.product(), Product::Milan, "{name}");
         assert_eq!(ok.signer(), signer, "{name}");
         assert_eq!(ok.report_data(), &case.report_data, "{name}");
+        let report = SnpReport::parse(&case.report).unwrap();
+        assert_eq!(ok.chip_id(), &report.chip_id, "{name}");
+        assert_eq!(ok.measurement(), &report.measurement, "{name}");
+        assert_eq!(
+            ok.tcb(),
+            report.reported_tcb.parts(Product::Milan),
+            "{name}"
+        );
+        assert_eq!(ok.report(), &report, "{name}");
         assert!(ok.explanation().first_failure().is_none(), "{name}");
     }
 }
@@ -461,11 +470,17 @@ fn a_root_other_than_the_embedded_one_is_refused() {
     let turin_ark = ders("snp-milan/cert_chain_turin").pop().unwrap();
     for root in [fake_root, turin_ark] {
         let certs = SnpCerts::from_der(&vcek, Some(&chain[0]), Some(&root)).unwrap();
-        let (which, reason) = cert_error(
-            SnpVerifier::new(no_floor())
-                .verify(&case.report, &certs, &case.report_data, now())
-                .unwrap_err(),
+        let (explanation, result) = SnpVerifier::new(no_floor()).verify_explained(
+            &case.report,
+            &certs,
+            &case.report_data,
+            now(),
         );
+        // A chain failure ends the explanation: nothing after it was checked.
+        let last = explanation.checks.last().unwrap();
+        assert_eq!((last.field.as_str(), last.outcome), ("ARK", Outcome::Fail));
+        assert!(!explanation.checks.iter().any(|c| c.field == "signature"));
+        let (which, reason) = cert_error(result.unwrap_err());
         assert_eq!(which, "ARK");
         assert!(
             reason.contains("not the embedded AMD ARK-Milan"),
@@ -972,10 +987,21 @@ fn malformed_reports_are_refused_before_anything_else() {
             flip(&case.report, REPORT_SIZE - 1),
         ),
     ] {
-        match SnpVerifier::new(no_floor()).verify(&bytes, &case.certs, &case.report_data, now()) {
+        let (explanation, result) = SnpVerifier::new(no_floor()).verify_explained(
+            &bytes,
+            &case.certs,
+            &case.report_data,
+            now(),
+        );
+        match result {
             Err(ValidationError::Malformed(_)) => {}
             other => panic!("{name}: {other:?}"),
         }
+        assert_eq!(
+            explanation.first_failure().unwrap().field,
+            "report",
+            "{name}"
+        );
     }
 }
 

@@ -5,8 +5,6 @@
 //! extensions, and the chain has a fixed shape, so it is checked here link by link with `ring`
 //! rather than by a general-purpose path builder: each refusal names the certificate.
 
-use std::sync::LazyLock;
-
 use ring::signature::{self, UnparsedPublicKey};
 use serde::Deserialize;
 use x509_parser::certificate::X509Certificate;
@@ -58,34 +56,43 @@ pub fn embedded_intermediate(product: Product, signer: SignerKind) -> Option<&'s
 }
 
 /// One embedded product: its ARK and intermediates, DER.
+#[derive(Debug)]
 struct EmbeddedProduct {
     product: Product,
     ark: Vec<u8>,
     intermediates: Vec<(SignerKind, Vec<u8>)>,
 }
 
-/// The embedded roots, decoded once. A PEM that does not decode leaves its product out, so
-/// chains ending there are refused rather than trusted (a unit test proves all decode).
-static EMBEDDED: LazyLock<Vec<EmbeddedProduct>> = LazyLock::new(|| {
-    Product::ALL
-        .into_iter()
-        .filter_map(|product| {
-            let ark = single_pem(embedded_ark(product).as_bytes()).ok()?;
-            let intermediates = [SignerKind::Vcek, SignerKind::Vlek]
+/// The embedded roots and intermediates, decoded once per verifier. A PEM that does not
+/// decode leaves its product out, so chains ending there are refused rather than trusted (a
+/// unit test proves all decode).
+#[derive(Debug)]
+pub(crate) struct Roots(Vec<EmbeddedProduct>);
+
+impl Roots {
+    pub(crate) fn embedded() -> Self {
+        Self(
+            Product::ALL
                 .into_iter()
-                .filter_map(|s| {
-                    let pem = embedded_intermediate(product, s)?;
-                    Some((s, single_pem(pem.as_bytes()).ok()?))
+                .filter_map(|product| {
+                    let ark = single_pem(embedded_ark(product).as_bytes()).ok()?;
+                    let intermediates = [SignerKind::Vcek, SignerKind::Vlek]
+                        .into_iter()
+                        .filter_map(|s| {
+                            let pem = embedded_intermediate(product, s)?;
+                            Some((s, single_pem(pem.as_bytes()).ok()?))
+                        })
+                        .collect();
+                    Some(EmbeddedProduct {
+                        product,
+                        ark,
+                        intermediates,
+                    })
                 })
-                .collect();
-            Some(EmbeddedProduct {
-                product,
-                ark,
-                intermediates,
-            })
-        })
-        .collect()
-});
+                .collect(),
+        )
+    }
+}
 
 /// The certificates that vouch for a report's signing key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -333,7 +340,7 @@ fn refuse(explanation: &mut Explanation, which: &str, reason: String) -> Validat
 
 fn parse_cert(der: &[u8]) -> Result<X509Certificate<'_>, String> {
     match X509Certificate::from_der(der) {
-        Ok((rest, cert)) if rest.is_empty() => Ok(cert),
+        Ok(([], cert)) => Ok(cert),
         Ok((rest, _)) => Err(format!("{} bytes after the certificate", rest.len())),
         Err(e) => Err(format!("not an X.509 certificate: {e}")),
     }
@@ -496,6 +503,7 @@ fn leaf_key(cert: &X509Certificate<'_>) -> Result<Vec<u8>, String> {
 /// Verifies the chain of `certs` for a report signed by `signer`, at `now` (unix seconds),
 /// recording each link.
 pub(crate) fn verify_chain(
+    roots: &Roots,
     certs: &SnpCerts,
     signer: SignerKind,
     now: i64,
@@ -506,7 +514,7 @@ pub(crate) fn verify_chain(
     let leaf = parse_cert(&certs.leaf).map_err(|r| refuse(explanation, leaf_name, r))?;
 
     // The intermediate: the caller's, or the embedded one whose subject issued the leaf.
-    let embedded_int = EMBEDDED.iter().find_map(|p| {
+    let embedded_int = roots.0.iter().find_map(|p| {
         p.intermediates.iter().find_map(|(s, der)| {
             let cert = parse_cert(der).ok()?;
             (*s == signer && cert.subject().as_raw() == leaf.issuer().as_raw())
@@ -530,7 +538,7 @@ pub(crate) fn verify_chain(
     let int = parse_cert(int_der).map_err(|r| refuse(explanation, int_name, r))?;
 
     // The root: the embedded ARK whose subject issued the intermediate.
-    let Some((product, ark_der)) = EMBEDDED.iter().find_map(|p| {
+    let Some((product, ark_der)) = roots.0.iter().find_map(|p| {
         let ark = parse_cert(&p.ark).ok()?;
         (ark.subject().as_raw() == int.issuer().as_raw()).then_some((p.product, p.ark.as_slice()))
     }) else {
@@ -634,8 +642,9 @@ mod tests {
 
     #[test]
     fn embedded_arks_are_self_signed_amd_roots_of_their_product() {
-        assert_eq!(EMBEDDED.len(), 3, "every embedded root decodes");
-        for p in EMBEDDED.iter() {
+        let roots = Roots::embedded();
+        assert_eq!(roots.0.len(), 3, "every embedded root decodes");
+        for p in &roots.0 {
             let ark = parse_cert(&p.ark).unwrap();
             verify_pss(&ark, &ark).unwrap();
             check_ca(&ark).unwrap();
@@ -656,9 +665,16 @@ mod tests {
 
     #[test]
     fn a_root_signature_check_refuses_another_products_root() {
-        let milan = parse_cert(&EMBEDDED[0].ark).unwrap();
-        let turin = parse_cert(&EMBEDDED[2].ark).unwrap();
+        let roots = Roots::embedded();
+        let milan = parse_cert(&roots.0[0].ark).unwrap();
+        let turin = parse_cert(&roots.0[2].ark).unwrap();
         assert!(verify_pss(&turin, &milan).is_err());
+    }
+
+    #[test]
+    fn a_signing_key_certificate_is_no_ca() {
+        let vcek = include_bytes!("../../tests/data/cvm/snp-milan/vcek_milan.der");
+        assert!(check_ca(&parse_cert(vcek).unwrap()).is_err());
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use ring::signature::{self, UnparsedPublicKey};
 
-use super::certs::{SnpCerts, VerifiedChain, verify_chain};
+use super::certs::{Roots, SnpCerts, VerifiedChain, verify_chain};
 use super::policy::{SnpPolicy, check_fields};
 use super::{Product, SignerKind, SnpReport, Tcb};
 use crate::ValidationError;
@@ -26,6 +26,7 @@ type CacheKey = ([u8; 64], [u8; 8], [u8; 32]);
 #[derive(Debug)]
 pub struct SnpVerifier {
     policy: SnpPolicy,
+    roots: Roots,
     cache: Mutex<HashMap<CacheKey, Arc<VerifiedChain>>>,
 }
 
@@ -196,6 +197,7 @@ impl SnpVerifier {
     pub fn new(policy: SnpPolicy) -> Self {
         Self {
             policy,
+            roots: Roots::embedded(),
             cache: Mutex::new(HashMap::new()),
         }
     }
@@ -271,11 +273,23 @@ impl SnpVerifier {
         now: SystemTime,
         explanation: &mut Explanation,
     ) -> Result<VerifiedSnpReport, ValidationError> {
-        let report = SnpReport::parse(bytes)?;
+        let layout = format!(
+            "a report of version {} to {}",
+            super::MIN_VERSION,
+            super::MAX_VERSION
+        );
+        let report = SnpReport::parse(bytes).inspect_err(|e| {
+            explanation.push(Check::pass_if(
+                false,
+                "report",
+                layout.clone(),
+                e.to_string(),
+            ))
+        })?;
         explanation.push(Check::pass_if(
             true,
             "version",
-            format!("{} to {}", super::MIN_VERSION, super::MAX_VERSION),
+            layout,
             report.version.to_string(),
         ));
 
@@ -374,7 +388,7 @@ impl SnpVerifier {
             }
             return Ok(chain);
         }
-        let chain = Arc::new(verify_chain(certs, signer, now, explanation)?);
+        let chain = Arc::new(verify_chain(&self.roots, certs, signer, now, explanation)?);
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         if cache.len() >= CACHE_CAPACITY
             && let Some(evict) = cache.keys().next().copied()

@@ -1,10 +1,11 @@
 //! `asterism verify`: fetch fresh evidence from a node and print every measured PCR with
-//! pass or fail.
+//! pass or fail, and on a confidential VM every checked field of its hardware report.
 
 use crate::trust::TrustArgs;
 use anyhow::{Context, Result, bail};
+use asterism_attestation::explain::Check;
 use asterism_attestation::{
-    ExpectedPcr, MeasurementMode, Measurements, PcrIndex, ReportData, TpmQuoteValidator, Validator,
+    ExpectedPcr, MeasurementMode, Measurements, PcrIndex, ReportData, TpmQuoteValidator,
 };
 use asterism_proto::verify::GetAttestationRequest;
 use asterism_proto::verify::api_client::ApiClient;
@@ -66,9 +67,9 @@ fn cluster_id(workspace: &std::path::Path) -> Result<Vec<u8>> {
 
 /// Runs the command; fails when an enforced PCR does not match.
 pub async fn run(args: Args) -> Result<()> {
-    let expected = args.trust.load_measurements()?;
+    let loaded = args.trust.load_measurements()?;
     let mut expected: Vec<(PcrIndex, ExpectedPcr)> =
-        expected.iter().map(|(i, e)| (i, *e)).collect();
+        loaded.iter().map(|(i, e)| (i, *e)).collect();
     let pcr15 = PcrIndex::new(15).context("PCR 15")?;
     if let Some(ws) = &args.workspace {
         let want = ExpectedPcr::enforce(marker(&cluster_id(ws)?));
@@ -85,7 +86,8 @@ pub async fn run(args: Args) -> Result<()> {
         } else {
             (*i, ExpectedPcr::warn_only(e.expected))
         }
-    }))?;
+    }))?
+    .with_cvm(loaded.cvm().clone());
     let validator = TpmQuoteValidator::new(args.trust.ak_trust()?, lenient.into_provider());
 
     let mut nonce = [0u8; 32];
@@ -114,11 +116,16 @@ pub async fn run(args: Args) -> Result<()> {
         })?
         .into_inner()
         .attestation;
-    let verified = validator
-        .validate(&evidence, &ReportData::verify(&nonce))
-        .map_err(|e| anyhow::anyhow!("the node's evidence was rejected: {e}"))?;
-
+    let (checks, verified) = validator.validate_explained(&evidence, &ReportData::verify(&nonce));
     let mut out = std::io::stdout().lock();
+    let verified = match verified {
+        Ok(v) => v,
+        Err(e) => {
+            print_checks(&mut out, &checks)?;
+            bail!("the node's evidence was rejected: {e}");
+        }
+    };
+
     writeln!(
         out,
         "node {}: {} evidence, attestation key {} (fresh: bound to this call's nonce)",
@@ -159,8 +166,30 @@ pub async fn run(args: Args) -> Result<()> {
             index.get()
         )?;
     }
+    print_checks(&mut out, verified.checks())?;
     if failed > 0 {
         bail!("{failed} enforced PCR(s) differ from the expected measurements");
+    }
+    Ok(())
+}
+
+/// Prints every checked field of a confidential VM's hardware report (nothing for other
+/// nodes): the report's fields, certificates and binding, each with pass, warn or FAIL.
+fn print_checks(out: &mut impl Write, checks: &[Check]) -> Result<()> {
+    if checks.is_empty() {
+        return Ok(());
+    }
+    writeln!(out, "confidential-VM hardware report:")?;
+    writeln!(out, "{:<6}  {:<32}  {:<40}  EXPECTED", "RESULT", "FIELD", "OBSERVED")?;
+    for c in checks {
+        writeln!(
+            out,
+            "{:<6}  {:<32}  {:<40}  {}",
+            c.outcome.to_string(),
+            c.field,
+            c.observed,
+            c.expected
+        )?;
     }
     Ok(())
 }

@@ -8,7 +8,11 @@
 //! 12 P-256 verifications (quote, QE report twice, PCK leaf and PCK CA, TCB signing
 //! certificate, TCB info, QE identity, two CRLs, and one more QE report signature).
 //!
-//! Run: `cargo bench -p asterism-attestation --bench tdx`
+//! Run: `cargo bench -p asterism-attestation --bench tdx`. The workspace's bench profile
+//! builds this crate unoptimised (for the insecure test variant's build gate), so its own
+//! code (parsing, field checks) runs at opt-level 0 while ring and dcap-qvl are optimised;
+//! for figures as a release build would give, add
+//! `--config 'profile.bench.package.asterism-attestation.opt-level=3'`.
 #![allow(
     clippy::print_stdout,
     clippy::unwrap_used,

@@ -613,7 +613,16 @@ fn map_dcap_error(
     }
     let which = if has("tcbinfo") || has("tcb info") || has("tcb_info") {
         "TCB info"
-    } else if has("qeidentity") || has("qe identity") || has("qe_identity") {
+    } else if has("qeidentity")
+        || has("qe identity")
+        || has("qe_identity")
+        || has("qe mrsigner")
+        || has("qe isvprodid")
+        || has("qe miscselect")
+        || has("qe attributes")
+        || has("qe report validation")
+        || has("qe tcb")
+    {
         "QE identity"
     } else if has("crl") {
         "CRL"
@@ -684,20 +693,28 @@ pub fn check_fields(
     ));
 
     let bits = report.td_attributes_bits();
-    let flag = |name: &str, mask: u64, want_set: bool| {
+    let flag = |field: &'static str, mask: u64, want_set: bool| {
         let set = bits & mask != 0;
         Check::pass_if(
             set == want_set,
-            format!("td_attributes.{name}"),
+            field,
             if want_set { "set" } else { "clear" },
             if set { "set" } else { "clear" },
         )
     };
-    ex.push(flag("debug", attr::DEBUG, false));
-    ex.push(flag("tud_profiling", attr::TUD_PROFILING, false));
-    ex.push(flag("sept_ve_disable", attr::SEPT_VE_DISABLE, true));
-    ex.push(flag("migratable", attr::MIGRATABLE, false));
-    ex.push(flag("servtd_ext", attr::SERVTD_EXT, false));
+    ex.push(flag("td_attributes.debug", attr::DEBUG, false));
+    ex.push(flag(
+        "td_attributes.tud_profiling",
+        attr::TUD_PROFILING,
+        false,
+    ));
+    ex.push(flag(
+        "td_attributes.sept_ve_disable",
+        attr::SEPT_VE_DISABLE,
+        true,
+    ));
+    ex.push(flag("td_attributes.migratable", attr::MIGRATABLE, false));
+    ex.push(flag("td_attributes.servtd_ext", attr::SERVTD_EXT, false));
     ex.push(Check::pass_if(
         bits & attr::RESERVED == 0,
         "td_attributes.reserved",
@@ -774,11 +791,12 @@ fn reference_check(want: Option<&Reference<48>>, field: &str, got: &[u8; 48]) ->
 /// Lower-case hex, as `hex::encode` writes it, without its per-character iterator: the
 /// field checks run on every quote, and encoding was a noticeable share of their cost.
 fn lower_hex(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len() * 2);
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let digit = |n: u8| DIGITS.get(usize::from(n)).copied().unwrap_or(b'0');
+    let mut out = Vec::with_capacity(bytes.len() * 2);
     for &b in bytes {
-        for nibble in [b >> 4, b & 0x0f] {
-            out.push(char::from_digit(u32::from(nibble), 16).unwrap_or('0'));
-        }
+        out.push(digit(b >> 4));
+        out.push(digit(b & 0x0f));
     }
-    out
+    String::from_utf8(out).unwrap_or_default()
 }

@@ -153,8 +153,8 @@ fn verify_chain(
             | webpki::Error::CrlExpired { .. }
             | webpki::Error::IssuerNotCrlSigner
             | webpki::Error::UnknownRevocationStatus
-            | webpki::Error::UnsupportedCrlSignatureAlgorithm
-            | webpki::Error::UnsupportedCrlSignatureAlgorithmForPublicKey => {
+            | webpki::Error::UnsupportedCrlSignatureAlgorithmContext(_)
+            | webpki::Error::UnsupportedCrlSignatureAlgorithmForPublicKeyContext(_) => {
                 ChainError::Crl(reason)
             }
             _ => ChainError::Cert(reason),

@@ -482,6 +482,13 @@ fn refuses_truncated_and_trailing_bytes() {
         matches!(&err, ValidationError::Malformed(m) if m.contains("trailing")),
         "{err:?}"
     );
+    let (ex, _) = TdxVerifier::new(TdxPolicy::default()).verify_explained(
+        &longer,
+        &collateral(),
+        &[0; 64],
+        at(NOW),
+    );
+    assert_eq!(ex.first_failure().unwrap().field, "quote");
     let huge = vec![0u8; MAX_QUOTE_LEN + 1];
     assert!(matches!(
         TdQuote::parse(&huge),

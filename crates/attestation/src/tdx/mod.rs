@@ -364,7 +364,14 @@ impl TdxVerifier {
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_err(|_| ValidationError::Policy("verification time is before 1970".into()))?
             .as_secs();
-        let quote = TdQuote::parse(raw)?;
+        let quote = TdQuote::parse(raw).inspect_err(|e| {
+            ex.push(Check::new(
+                "quote",
+                "a TDX quote, version 4 or 5, exact sizes",
+                e.to_string(),
+                Outcome::Fail,
+            ));
+        })?;
 
         let key = {
             let mut k = [0u8; 65];
@@ -414,7 +421,14 @@ impl TdxVerifier {
                 Outcome::Pass,
             ));
         } else {
-            let pck_chain = chain::pem_chain(quote.pck_chain_pem(), "PCK")?;
+            let pck_chain = chain::pem_chain(quote.pck_chain_pem(), "PCK").inspect_err(|e| {
+                ex.push(Check::new(
+                    "pck_chain",
+                    "PEM certificates",
+                    e.to_string(),
+                    Outcome::Fail,
+                ));
+            })?;
             let leaf = pck_chain
                 .first()
                 .ok_or_else(|| chain::cert_error("PCK", "empty chain"))?;

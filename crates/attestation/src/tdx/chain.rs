@@ -83,8 +83,11 @@ pub(crate) fn diagnose_chains(
             Ok(chain) => chain,
             Err(e) => return Some(e),
         };
-        if let Err(reason) = verify_chain(&chain, &crls, now) {
-            return Some(cert_error(which, reason));
+        if let Err(e) = verify_chain(&chain, &crls, now) {
+            return Some(match e {
+                ChainError::Crl(reason) => cert_error(&format!("CRL ({which} path)"), reason),
+                ChainError::Cert(reason) => cert_error(which, reason),
+            });
         }
     }
     None
@@ -101,26 +104,34 @@ fn parse_crls(ders: &[&Vec<u8>]) -> Result<Vec<CertRevocationList<'static>>, Val
         .collect()
 }
 
+/// Why a chain failed: a certificate on it, or a CRL that vouches for one.
+enum ChainError {
+    Cert(String),
+    Crl(String),
+}
+
 fn verify_chain(
     chain: &[CertificateDer<'_>],
     crls: &[CertRevocationList<'_>],
     now: UnixTime,
-) -> Result<(), String> {
+) -> Result<(), ChainError> {
     let [leaf, intermediates @ ..] = chain else {
-        return Err("empty chain".into());
+        return Err(ChainError::Cert("empty chain".into()));
     };
     let root = CertificateDer::from(INTEL_SGX_ROOT_CA);
-    let anchor = webpki::anchor_from_trusted_cert(&root).map_err(|e| e.to_string())?;
+    let anchor =
+        webpki::anchor_from_trusted_cert(&root).map_err(|e| ChainError::Cert(e.to_string()))?;
     // The root itself may come last in the chain: it is the anchor, not an intermediate.
     let intermediates: Vec<CertificateDer<'_>> = intermediates
         .iter()
         .filter(|c| c.as_ref() != INTEL_SGX_ROOT_CA)
         .cloned()
         .collect();
-    let leaf = EndEntityCert::try_from(leaf).map_err(|e| format!("does not parse: {e}"))?;
+    let leaf = EndEntityCert::try_from(leaf)
+        .map_err(|e| ChainError::Cert(format!("does not parse: {e}")))?;
     let crl_refs: Vec<&CertRevocationList<'_>> = crls.iter().collect();
     let revocation = RevocationOptionsBuilder::new(&crl_refs)
-        .map_err(|_| "no CRL".to_string())?
+        .map_err(|_| ChainError::Crl("no CRL".into()))?
         .with_depth(RevocationCheckDepth::Chain)
         .with_status_policy(UnknownStatusPolicy::Deny)
         .with_expiration_policy(ExpirationPolicy::Enforce)
@@ -135,16 +146,30 @@ fn verify_chain(
         None,
     )
     .map(|_| ())
-    .map_err(|e| describe_webpki(&e))
+    .map_err(|e| {
+        let reason = describe_webpki(&e);
+        match e {
+            webpki::Error::InvalidCrlSignatureForPublicKey
+            | webpki::Error::CrlExpired { .. }
+            | webpki::Error::IssuerNotCrlSigner
+            | webpki::Error::UnknownRevocationStatus
+            | webpki::Error::UnsupportedCrlSignatureAlgorithmContext(_)
+            | webpki::Error::UnsupportedCrlSignatureAlgorithmForPublicKeyContext(_) => {
+                ChainError::Crl(reason)
+            }
+            _ => ChainError::Cert(reason),
+        }
+    })
 }
 
 fn describe_webpki(e: &webpki::Error) -> String {
     match e {
+        webpki::Error::InvalidCrlSignatureForPublicKey => "its signature does not verify".into(),
         webpki::Error::UnknownIssuer => "does not chain to the Intel SGX Root CA".into(),
         webpki::Error::CertExpired { .. } => "expired at the verification time".into(),
         webpki::Error::CertNotValidYet { .. } => "not yet valid at the verification time".into(),
         webpki::Error::CertRevoked => "revoked".into(),
-        webpki::Error::CrlExpired { .. } => "a CRL on its path is past its next update".into(),
+        webpki::Error::CrlExpired { .. } => "past its next update".into(),
         other => format!("{other:?}"),
     }
 }

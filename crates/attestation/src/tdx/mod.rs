@@ -304,6 +304,7 @@ impl TdxVerifier {
     ) -> Result<VerifiedTdQuote, ValidationError> {
         let mut explanation = Explanation::default();
         let result = self.run(
+            &self.policy,
             quote,
             collateral,
             expected_report_data,

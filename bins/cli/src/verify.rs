@@ -68,8 +68,7 @@ fn cluster_id(workspace: &std::path::Path) -> Result<Vec<u8>> {
 /// Runs the command; fails when an enforced PCR does not match.
 pub async fn run(args: Args) -> Result<()> {
     let loaded = args.trust.load_measurements()?;
-    let mut expected: Vec<(PcrIndex, ExpectedPcr)> =
-        loaded.iter().map(|(i, e)| (i, *e)).collect();
+    let mut expected: Vec<(PcrIndex, ExpectedPcr)> = loaded.iter().map(|(i, e)| (i, *e)).collect();
     let pcr15 = PcrIndex::new(15).context("PCR 15")?;
     if let Some(ws) = &args.workspace {
         let want = ExpectedPcr::enforce(marker(&cluster_id(ws)?));
@@ -180,7 +179,11 @@ fn print_checks(out: &mut impl Write, checks: &[Check]) -> Result<()> {
         return Ok(());
     }
     writeln!(out, "confidential-VM hardware report:")?;
-    writeln!(out, "{:<6}  {:<32}  {:<40}  EXPECTED", "RESULT", "FIELD", "OBSERVED")?;
+    writeln!(
+        out,
+        "{:<6}  {:<32}  {:<40}  EXPECTED",
+        "RESULT", "FIELD", "OBSERVED"
+    )?;
     for c in checks {
         writeln!(
             out,
@@ -192,4 +195,40 @@ fn print_checks(out: &mut impl Write, checks: &[Check]) -> Result<()> {
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use asterism_attestation::explain::Outcome;
+
+    #[test]
+    fn every_checked_field_is_printed_with_its_outcome() {
+        let checks = [
+            Check::new(
+                "measurement",
+                "ab".repeat(48),
+                "cd".repeat(48),
+                Outcome::Fail,
+            ),
+            Check::new("reported_tcb.snp", ">= 8", "22", Outcome::Pass),
+            Check::new("policy.smt", "allowed", "allowed", Outcome::Warn),
+        ];
+        let mut out = Vec::new();
+        print_checks(&mut out, &checks).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 2 + checks.len(), "{text}");
+        assert!(lines[2].starts_with("FAIL") && lines[2].contains(&"cd".repeat(48)));
+        assert!(lines[3].starts_with("pass") && lines[3].contains("reported_tcb.snp"));
+        assert!(lines[4].starts_with("warn"));
+
+        let mut none = Vec::new();
+        print_checks(&mut none, &[]).unwrap();
+        assert!(
+            none.is_empty(),
+            "nodes without a hardware report print nothing extra"
+        );
+    }
 }

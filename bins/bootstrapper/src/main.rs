@@ -13,7 +13,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use asterism_attestation::tpm::CvmPlatform;
 use asterism_binkit::{LogFormat, logging, shutdown_signal};
+use asterism_bootstrapper::platform::{self, Imds};
 use asterism_bootstrapper::{
     Config, KubeadmDriver, KubeadmDriverConfig, KubernetesDriver, LogBuffer, LuksDisk, Node,
     NodeDir, Outcome, TpmMarker, UnlockMode,
@@ -51,6 +53,16 @@ struct Args {
     /// The metadata service.
     #[arg(long, value_name = "URL", default_value = "http://127.0.10.254:8080")]
     metadata_url: String,
+
+    /// This node is a confidential VM (azure-sev-snp, azure-tdx or aws-sev-snp): its evidence
+    /// carries the hardware report that vouches for its AK, gathered at start from the vTPM,
+    /// the cloud's instance metadata service or configfs-tsm (docs/attestation-issuing.md).
+    #[arg(long, value_name = "PLATFORM")]
+    confidential_vm: Option<CvmPlatform>,
+
+    /// With --confidential-vm: the cloud's instance metadata service (plain http).
+    #[arg(long, value_name = "URL", default_value = asterism_bootstrapper::platform::DEFAULT_IMDS_URL)]
+    imds_url: String,
 
     /// The InitServer port (0: any free port; the log names it).
     #[arg(long, value_name = "PORT", default_value_t = asterism_bootstrapper::DEFAULT_INIT_PORT)]
@@ -384,13 +396,41 @@ async fn run(args: Args, logs: LogBuffer) -> anyhow::Result<u8> {
         }
     };
     let tpm_config = args.tpm.clone();
-    let issuer = tokio::task::spawn_blocking(move || {
-        let tpm = Tpm::open(&tpm_config)?;
-        TpmIssuer::new(tpm, &AkConfig::default(), PcrSelection::all(), chain)
+    let cvm = args.confidential_vm;
+    // Checked before the TPM is touched, so a bad URL fails the start at once.
+    let imds = cvm
+        .map(|_| Imds::new(&args.imds_url))
+        .transpose()
+        .context("--imds-url")?;
+    let (issuer, hcl_report) = tokio::task::spawn_blocking(move || {
+        let mut tpm = Tpm::open(&tpm_config).context("cannot open the TPM")?;
+        let hcl_report = match cvm {
+            Some(platform) => platform::read_from_tpm(platform, &mut tpm)?,
+            None => None,
+        };
+        let issuer = TpmIssuer::new(tpm, &AkConfig::default(), PcrSelection::all(), chain)
+            .context("cannot load the attestation key from the TPM")?;
+        anyhow::Ok((issuer, hcl_report))
     })
     .await
-    .context("the TPM task failed")?
-    .context("cannot load the attestation key from the TPM")?;
+    .context("the TPM task failed")??;
+    // A confidential VM that cannot prove it is one must not start as a plain node.
+    let issuer = match (cvm, &imds) {
+        (Some(platform), Some(imds)) => {
+            let kind = platform::gather(
+                platform,
+                hcl_report,
+                issuer.ak_public(),
+                imds,
+                asterism_tsm::ConfigfsTsm::default(),
+            )
+            .await
+            .with_context(|| format!("cannot gather the {platform} hardware report for the AK"))?;
+            platform::check_ak(&kind, issuer.ak_public())?;
+            issuer.with_platform_report(kind)
+        }
+        _ => issuer,
+    };
     let ak_identity =
         asterism_attestation::AkFingerprint::of_public_area(issuer.ak_public()).to_string();
     tracing::info!(ak = %ak_identity, "loaded the attestation key");

@@ -599,4 +599,26 @@ mod tests {
         // A cluster ID without the means to verify the join service is refused.
         assert!(with(&["--cluster-id", &hex]).is_err());
     }
+
+    #[test]
+    fn the_confidential_vm_flag_names_a_platform_and_defaults_to_none() {
+        let base = [
+            "asterism-bootstrapper",
+            "--node-dir",
+            "/n",
+            "--node-ip",
+            "127.0.0.1",
+        ];
+        let with = |extra: &[&str]| {
+            Args::try_parse_from(base.iter().copied().chain(extra.iter().copied()))
+        };
+        let plain = with(&[]).unwrap();
+        assert_eq!(plain.confidential_vm, None);
+        assert_eq!(plain.imds_url, "http://169.254.169.254");
+        for platform in CvmPlatform::ALL {
+            let args = with(&["--confidential-vm", platform.name()]).unwrap();
+            assert_eq!(args.confidential_vm, Some(platform));
+        }
+        assert!(with(&["--confidential-vm", "gcp-sev-snp"]).is_err());
+    }
 }

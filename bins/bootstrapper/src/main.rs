@@ -15,13 +15,14 @@ use std::time::Duration;
 use anyhow::Context as _;
 use asterism_attestation::tpm::CvmPlatform;
 use asterism_binkit::{LogFormat, logging, shutdown_signal};
-use asterism_bootstrapper::platform::{self, Imds};
+use asterism_bootstrapper::platform;
 use asterism_bootstrapper::{
     Config, KubeadmDriver, KubeadmDriverConfig, KubernetesDriver, LogBuffer, LuksDisk, Node,
     NodeDir, Outcome, TpmMarker, UnlockMode,
 };
 use asterism_disk::{DiskConfig, Integrity, Pbkdf, StateDisk};
 use asterism_metadata::HttpMetadata;
+use asterism_metadata::imds::Imds;
 use asterism_tpm::{AkConfig, PcrSelection, Tpm, TpmConfig, TpmIssuer};
 use clap::{Parser, ValueEnum};
 use tracing::Level;
@@ -61,7 +62,7 @@ struct Args {
     confidential_vm: Option<CvmPlatform>,
 
     /// With --confidential-vm: the cloud's instance metadata service (plain http).
-    #[arg(long, value_name = "URL", default_value = asterism_bootstrapper::platform::DEFAULT_IMDS_URL)]
+    #[arg(long, value_name = "URL", default_value = asterism_metadata::imds::DEFAULT_IMDS_URL)]
     imds_url: String,
 
     /// The InitServer port (0: any free port; the log names it).
@@ -547,6 +548,18 @@ fn log_peak_memory() {
 mod tests {
     use super::*;
 
+    /// The flags with the required ones before `extra`.
+    fn with(extra: &[&str]) -> Result<Args, clap::Error> {
+        let base = [
+            "asterism-bootstrapper",
+            "--node-dir",
+            "/n",
+            "--node-ip",
+            "127.0.0.1",
+        ];
+        Args::try_parse_from(base.iter().chain(extra))
+    }
+
     #[test]
     fn durations_parse_as_the_flags_document() {
         assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
@@ -572,17 +585,7 @@ mod tests {
 
     #[test]
     fn the_insecure_join_flag_excludes_the_verification_flags() {
-        let base = [
-            "asterism-bootstrapper",
-            "--node-dir",
-            "/n",
-            "--node-ip",
-            "127.0.0.1",
-        ];
         let hex = "ab".repeat(32);
-        let with = |extra: &[&str]| {
-            Args::try_parse_from(base.iter().copied().chain(extra.iter().copied()))
-        };
         assert!(with(&["--insecure-skip-join-service-verification"]).is_ok());
         assert!(
             with(&[
@@ -602,16 +605,6 @@ mod tests {
 
     #[test]
     fn the_confidential_vm_flag_names_a_platform_and_defaults_to_none() {
-        let base = [
-            "asterism-bootstrapper",
-            "--node-dir",
-            "/n",
-            "--node-ip",
-            "127.0.0.1",
-        ];
-        let with = |extra: &[&str]| {
-            Args::try_parse_from(base.iter().copied().chain(extra.iter().copied()))
-        };
         let plain = with(&[]).unwrap();
         assert_eq!(plain.confidential_vm, None);
         assert_eq!(plain.imds_url, "http://169.254.169.254");

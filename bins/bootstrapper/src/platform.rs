@@ -13,102 +13,28 @@
 //!   kernel's configfs-tsm, and the VLEK (with the ASVK when the host attaches it) from its
 //!   certificate table.
 //!
-//! The instance metadata service is plain HTTP on a link-local address: nothing it returns
-//! is secret, and everything is checked by the verifier against AMD's or Intel's roots.
-//! Every call has a deadline and a body cap and is retried a few times, since the service
-//! may not answer yet at boot.
-
-use std::time::Duration;
+//! The instance metadata service (`asterism_metadata::imds`) is plain HTTP on a link-local
+//! address: nothing it returns is secret, and everything is checked by the verifier against
+//! AMD's or Intel's roots.
 
 use asterism_attestation::hcl::{self, HardwareKind, HardwareReport, HclReport};
 use asterism_attestation::tpm::{AwsSnp, AzureSnp, AzureTdx, CvmPlatform, PlatformKind};
+use asterism_metadata::imds::{Imds, ImdsError};
 use asterism_tpm::{Tpm, TpmError};
 use asterism_tsm::{CertKind, CertTableError, ConfigfsTsm, TsmError};
-use base64::Engine as _;
-use base64::alphabet::URL_SAFE;
-use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
-use bytes::Bytes;
-use http::{Method, Request, StatusCode, Uri};
-use http_body_util::{BodyExt as _, Full, Limited};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
-use serde::Deserialize;
-
-/// The clouds' instance metadata service (link-local, plain HTTP).
-pub const DEFAULT_IMDS_URL: &str = "http://169.254.169.254";
-/// Deadline of one call: connect, request, response headers and body.
-pub const IMDS_TIMEOUT: Duration = Duration::from_secs(10);
-/// Largest response body accepted (a TDX quote in base64 is under 16 KiB).
-pub const MAX_IMDS_BODY: usize = 64 * 1024;
-/// Calls made before giving up on a service that does not answer (yet).
-pub const IMDS_ATTEMPTS: u32 = 5;
-/// Pause after the first failed call; doubled after each further one.
-pub const IMDS_BACKOFF: Duration = Duration::from_secs(1);
-
-/// Azure THIM's answer with the VCEK of this VM's chip and TCB.
-const THIM_PATH: &str = "/metadata/THIM/amd/certification";
-/// Azure's quote service for a TD report.
-const TDQUOTE_PATH: &str = "/acc/tdquote";
-
-/// base64url as Azure writes it: no padding, but padding tolerated on input.
-const BASE64URL: GeneralPurpose = GeneralPurpose::new(
-    &URL_SAFE,
-    GeneralPurposeConfig::new()
-        .with_encode_padding(false)
-        .with_decode_padding_mode(DecodePaddingMode::Indifferent),
-);
 
 /// Why the hardware report could not be gathered. Each error of a call names its URL.
 #[derive(Debug, thiserror::Error)]
 pub enum PlatformError {
-    /// `--imds-url` is not a plain `http://` URL with a host.
-    #[error("instance metadata URL {url:?}: {reason}")]
-    InvalidUrl {
-        /// The URL given.
-        url: String,
-        /// What is wrong with it.
-        reason: &'static str,
-    },
-    /// The call failed before an answer (connection refused, reset, …).
-    #[error("{url}: request failed")]
-    Request {
+    /// The instance metadata service gave no usable answer.
+    #[error(transparent)]
+    Imds(#[from] ImdsError),
+    /// THIM's certificates are not the PEM certificates it documents.
+    #[error("{url}: {reason}")]
+    ThimCerts {
         /// The URL called.
         url: String,
-        /// The cause.
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
-    /// The service answered with another status than 200.
-    #[error("{url}: HTTP status {status}")]
-    Status {
-        /// The URL called.
-        url: String,
-        /// The status.
-        status: u16,
-    },
-    /// The answer is larger than [`MAX_IMDS_BODY`].
-    #[error("{url}: the answer is larger than {cap} bytes")]
-    TooLarge {
-        /// The URL called.
-        url: String,
-        /// The cap.
-        cap: usize,
-    },
-    /// No complete answer within the deadline.
-    #[error("{url}: no answer within {after:?}")]
-    Timeout {
-        /// The URL called.
-        url: String,
-        /// The deadline.
-        after: Duration,
-    },
-    /// The answer is not what the service documents.
-    #[error("{url}: unexpected answer: {reason}")]
-    Decode {
-        /// The URL called.
-        url: String,
-        /// What is wrong with it.
+        /// What is wrong with them.
         reason: String,
     },
     /// The vTPM's HCL report could not be read.
@@ -164,248 +90,25 @@ pub enum PlatformError {
     Task(&'static str),
 }
 
-/// A client for the cloud's instance metadata service: plain HTTP, every call with a
-/// deadline, a body cap and retries with backoff.
-#[derive(Clone)]
-pub struct Imds {
-    base: String,
-    timeout: Duration,
-    attempts: u32,
-    backoff: Duration,
-    client: Client<HttpConnector, Full<Bytes>>,
-}
-
-impl std::fmt::Debug for Imds {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Imds")
-            .field("base", &self.base)
-            .field("timeout", &self.timeout)
-            .field("attempts", &self.attempts)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Imds {
-    /// A client for the service at `base_url` (`http://host[:port]`); only `http` is
-    /// accepted: the service is plain HTTP on a link-local address.
-    pub fn new(base_url: &str) -> Result<Self, PlatformError> {
-        let invalid = |reason| PlatformError::InvalidUrl {
-            url: base_url.to_owned(),
-            reason,
-        };
-        let uri: Uri = base_url.parse().map_err(|_| invalid("not a URL"))?;
-        if uri.scheme_str() != Some("http") {
-            return Err(invalid("the scheme must be http"));
-        }
-        if uri.authority().is_none() {
-            return Err(invalid("the URL has no host"));
-        }
-        if uri.query().is_some() {
-            return Err(invalid("the URL must not have a query"));
-        }
-        Ok(Self {
-            base: base_url.trim_end_matches('/').to_owned(),
-            timeout: IMDS_TIMEOUT,
-            attempts: IMDS_ATTEMPTS,
-            backoff: IMDS_BACKOFF,
-            client: build_client(IMDS_TIMEOUT),
-        })
-    }
-
-    /// Replaces the per-call deadline.
-    #[must_use]
-    pub fn with_timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self.client = build_client(timeout);
-        self
-    }
-
-    /// Replaces how many calls are made (at least one) and the first pause between them.
-    #[must_use]
-    pub fn with_retries(mut self, attempts: u32, backoff: Duration) -> Self {
-        self.attempts = attempts.max(1);
-        self.backoff = backoff;
-        self
-    }
-
-    /// The service's base URL.
-    pub fn base_url(&self) -> &str {
-        &self.base
-    }
-
-    /// The VCEK of this VM's chip and TCB and its ASK, DER, from Azure's THIM.
-    pub async fn azure_vcek(&self) -> Result<Vec<Vec<u8>>, PlatformError> {
-        let url = format!("{}{THIM_PATH}", self.base);
-        let body = self.call(Method::GET, &url, None).await?;
-        thim_certs(&url, &body)
-    }
-
-    /// A DCAP quote over `td_report` from Azure's quote service.
-    pub async fn azure_td_quote(&self, td_report: &[u8]) -> Result<Vec<u8>, PlatformError> {
-        let url = format!("{}{TDQUOTE_PATH}", self.base);
-        let request = serde_json::json!({ "report": BASE64URL.encode(td_report) });
-        let body = self
-            .call(Method::POST, &url, Some(request.to_string().into()))
-            .await?;
-        #[derive(Deserialize)]
-        struct Answer {
-            quote: String,
-        }
-        let answer: Answer = serde_json::from_slice(&body).map_err(|e| PlatformError::Decode {
-            url: url.clone(),
-            reason: e.to_string(),
-        })?;
-        let quote =
-            BASE64URL
-                .decode(answer.quote.as_bytes())
-                .map_err(|e| PlatformError::Decode {
-                    url: url.clone(),
-                    reason: format!("quote is not base64url: {e}"),
-                })?;
-        if quote.is_empty() {
-            return Err(PlatformError::Decode {
-                url,
-                reason: "empty quote".into(),
-            });
-        }
-        Ok(quote)
-    }
-
-    /// One call, retried with backoff while it fails in a way that may pass (no answer,
-    /// a timeout, a 5xx or 429 status).
-    async fn call(
-        &self,
-        method: Method,
-        url: &str,
-        body: Option<Bytes>,
-    ) -> Result<Bytes, PlatformError> {
-        let mut pause = self.backoff;
-        let mut attempt = 1;
-        loop {
-            match self.call_once(method.clone(), url, body.clone()).await {
-                Err(e) if attempt < self.attempts && transient(&e) => {
-                    tracing::warn!(error = %asterism_binkit::error_chain(&e), attempt, "instance metadata call failed; retrying");
-                    tokio::time::sleep(pause).await;
-                    pause = pause.saturating_mul(2);
-                    attempt += 1;
-                }
-                result => return result,
-            }
-        }
-    }
-
-    async fn call_once(
-        &self,
-        method: Method,
-        url: &str,
-        body: Option<Bytes>,
-    ) -> Result<Bytes, PlatformError> {
-        let mut request = Request::builder()
-            .method(method)
-            .uri(url)
-            .header("Metadata", "true");
-        if body.is_some() {
-            request = request.header(http::header::CONTENT_TYPE, "application/json");
-        }
-        let request = request
-            .body(Full::new(body.unwrap_or_default()))
-            .map_err(|_| PlatformError::InvalidUrl {
-                url: url.to_owned(),
-                reason: "not a valid request URL",
-            })?;
-        let call = async {
-            let response =
-                self.client
-                    .request(request)
-                    .await
-                    .map_err(|e| PlatformError::Request {
-                        url: url.to_owned(),
-                        source: Box::new(e),
-                    })?;
-            let status = response.status();
-            if status != StatusCode::OK {
-                return Err(PlatformError::Status {
-                    url: url.to_owned(),
-                    status: status.as_u16(),
-                });
-            }
-            let too_large = || PlatformError::TooLarge {
-                url: url.to_owned(),
-                cap: MAX_IMDS_BODY,
-            };
-            let declared = response
-                .headers()
-                .get(http::header::CONTENT_LENGTH)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse::<u64>().ok());
-            if declared.is_some_and(|n| n > MAX_IMDS_BODY as u64) {
-                return Err(too_large());
-            }
-            let body = Limited::new(response.into_body(), MAX_IMDS_BODY)
-                .collect()
-                .await
-                .map_err(|e| {
-                    if e.is::<http_body_util::LengthLimitError>() {
-                        too_large()
-                    } else {
-                        PlatformError::Request {
-                            url: url.to_owned(),
-                            source: e,
-                        }
-                    }
-                })?;
-            Ok(body.to_bytes())
-        };
-        tokio::time::timeout(self.timeout, call)
-            .await
-            .map_err(|_| PlatformError::Timeout {
-                url: url.to_owned(),
-                after: self.timeout,
-            })?
-    }
-}
-
-fn build_client(timeout: Duration) -> Client<HttpConnector, Full<Bytes>> {
-    let mut connector = HttpConnector::new();
-    connector.set_connect_timeout(Some(timeout));
-    connector.enforce_http(true);
-    Client::builder(TokioExecutor::new()).build(connector)
-}
-
-/// Whether a failed call may succeed when made again.
-fn transient(error: &PlatformError) -> bool {
-    match error {
-        PlatformError::Request { .. } | PlatformError::Timeout { .. } => true,
-        PlatformError::Status { status, .. } => *status >= 500 || *status == 429,
-        _ => false,
-    }
-}
-
-/// THIM's JSON: `vcekCert` (PEM) and `certificateChain` (PEM, ASK then ARK); returns DER
-/// [VCEK, ASK]. The ARK is left out: verifiers trust their embedded AMD roots.
-fn thim_certs(url: &str, body: &[u8]) -> Result<Vec<Vec<u8>>, PlatformError> {
-    #[derive(Deserialize)]
-    #[serde(rename_all = "camelCase")]
-    struct Thim {
-        vcek_cert: String,
-        certificate_chain: String,
-    }
-    let decode = |reason: String| PlatformError::Decode {
-        url: url.to_owned(),
+/// The VCEK of this VM's chip and TCB and its ASK, DER, from Azure THIM (the ARK is left
+/// out: verifiers trust their embedded AMD roots).
+pub async fn azure_vcek(imds: &Imds) -> Result<Vec<Vec<u8>>, PlatformError> {
+    let thim = imds.azure_thim().await?;
+    let bad = |reason: String| PlatformError::ThimCerts {
+        url: imds.azure_thim_url(),
         reason,
     };
-    let thim: Thim = serde_json::from_slice(body).map_err(|e| decode(e.to_string()))?;
-    let vcek = pem_certs(&thim.vcek_cert)
-        .map_err(|e| decode(format!("vcekCert: {e}")))?
-        .into_iter()
-        .next()
-        .ok_or_else(|| decode("vcekCert holds no certificate".into()))?;
-    let ask = pem_certs(&thim.certificate_chain)
-        .map_err(|e| decode(format!("certificateChain: {e}")))?
-        .into_iter()
-        .next()
-        .ok_or_else(|| decode("certificateChain holds no certificate".into()))?;
-    Ok(vec![vcek, ask])
+    let first = |what: &str, pem: &str| {
+        pem_certs(pem)
+            .map_err(|e| bad(format!("{what}: {e}")))?
+            .into_iter()
+            .next()
+            .ok_or_else(|| bad(format!("{what} holds no certificate")))
+    };
+    Ok(vec![
+        first("vcekCert", &thim.vcek_cert)?,
+        first("certificateChain", &thim.certificate_chain)?,
+    ])
 }
 
 /// The DER certificates of a PEM text, in order.
@@ -522,7 +225,7 @@ pub async fn azure_sev_snp(
     imds: &Imds,
 ) -> Result<PlatformKind, PlatformError> {
     parsed_hcl(CvmPlatform::AzureSevSnp, &hcl_report)?;
-    let certs = imds.azure_vcek().await?;
+    let certs = azure_vcek(imds).await?;
     Ok(PlatformKind::AzureSevSnp(AzureSnp { hcl_report, certs }))
 }
 

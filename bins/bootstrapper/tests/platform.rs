@@ -29,7 +29,8 @@ use asterism_attestation::tpm::{
 use asterism_attestation::{
     ExpectedPcr, Issuer as _, Measurements, PcrIndex, ReportData, Role, ValidationError,
 };
-use asterism_bootstrapper::platform::{self, Imds, MAX_IMDS_BODY, PlatformError};
+use asterism_bootstrapper::platform::{self, PlatformError};
+use asterism_metadata::imds::{DEFAULT_IMDS_URL, Imds, ImdsError, MAX_IMDS_BODY};
 use asterism_testkit::Swtpm;
 use asterism_tpm::{AkAlgorithm, AkConfig, PcrSelection, Tpm, TpmIssuer};
 use asterism_tsm::{CertKind, ConfigfsTsm, TsmError};
@@ -172,19 +173,8 @@ fn azure_vcek_and_ask() -> Vec<Vec<u8>> {
 
 // ---- Azure SEV-SNP, end to end over swtpm ----
 
-/// The real Azure SNP HCL report: its files hold it without the 32-byte header.
 fn azure_snp_hcl_report() -> Vec<u8> {
-    let body = read("snp-azure/attestation.bin");
-    let runtime = read("snp-azure/runtimedata.bin");
-    let mut out = b"HCLA".to_vec();
-    out.extend_from_slice(&2u32.to_le_bytes());
-    let size = u32::try_from(32 + body.len() + runtime.len()).unwrap();
-    out.extend_from_slice(&size.to_le_bytes());
-    out.extend_from_slice(&2u32.to_le_bytes());
-    out.extend_from_slice(&[0u8; 16]);
-    out.extend_from_slice(&body);
-    out.extend_from_slice(&runtime);
-    out
+    asterism_testkit::cvm::azure_snp_hcl_report().unwrap()
 }
 
 /// Plays Azure's paravisor: defines the HCL report's NV index and writes `data` into it,
@@ -370,7 +360,7 @@ async fn a_failing_service_is_retried_and_its_answer_then_taken() {
         Reply::Ok(thim_json()),
     ])
     .await;
-    let certs = imds.imds().azure_vcek().await.unwrap();
+    let certs = platform::azure_vcek(&imds.imds()).await.unwrap();
     assert_eq!(certs, azure_vcek_and_ask());
     assert_eq!(imds.received().len(), 3);
 }
@@ -378,10 +368,10 @@ async fn a_failing_service_is_retried_and_its_answer_then_taken() {
 #[tokio::test]
 async fn a_service_that_keeps_failing_is_named_with_its_status_after_every_attempt() {
     let imds = StandIn::start(vec![Reply::Status(500)]).await;
-    let err = imds.imds().azure_vcek().await.unwrap_err();
+    let err = platform::azure_vcek(&imds.imds()).await.unwrap_err();
     let url = format!("{}/metadata/THIM/amd/certification", imds.url);
     match &err {
-        PlatformError::Status { url: u, status } => {
+        PlatformError::Imds(ImdsError::Status { url: u, status }) => {
             assert_eq!((u.as_str(), *status), (url.as_str(), 500))
         }
         other => panic!("want the status, got {other:?}"),
@@ -393,9 +383,12 @@ async fn a_service_that_keeps_failing_is_named_with_its_status_after_every_attem
 #[tokio::test]
 async fn a_client_error_status_is_not_retried() {
     let imds = StandIn::start(vec![Reply::Status(404)]).await;
-    let err = imds.imds().azure_vcek().await.unwrap_err();
+    let err = platform::azure_vcek(&imds.imds()).await.unwrap_err();
     assert!(
-        matches!(err, PlatformError::Status { status: 404, .. }),
+        matches!(
+            err,
+            PlatformError::Imds(ImdsError::Status { status: 404, .. })
+        ),
         "{err:?}"
     );
     assert_eq!(imds.received().len(), 1);
@@ -404,9 +397,9 @@ async fn a_client_error_status_is_not_retried() {
 #[tokio::test]
 async fn an_answer_over_the_cap_is_refused_naming_the_url() {
     let imds = StandIn::start(vec![Reply::Oversized]).await;
-    let err = imds.imds().azure_vcek().await.unwrap_err();
+    let err = platform::azure_vcek(&imds.imds()).await.unwrap_err();
     match &err {
-        PlatformError::TooLarge { url, cap } => {
+        PlatformError::Imds(ImdsError::TooLarge { url, cap }) => {
             assert!(url.starts_with(&imds.url), "{url}");
             assert_eq!(*cap, MAX_IMDS_BODY);
         }
@@ -422,9 +415,9 @@ async fn a_slow_service_times_out_on_each_attempt() {
         .imds()
         .with_timeout(Duration::from_millis(200))
         .with_retries(2, Duration::from_millis(10));
-    let err = client.azure_vcek().await.unwrap_err();
+    let err = client.azure_thim().await.unwrap_err();
     match &err {
-        PlatformError::Timeout { url, after } => {
+        ImdsError::Timeout { url, after } => {
             assert!(url.starts_with(&imds.url), "{url}");
             assert_eq!(*after, Duration::from_millis(200));
         }
@@ -441,9 +434,12 @@ async fn an_answer_that_is_not_thim_json_is_refused_naming_the_url() {
         r#"{"vcekCert": "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"}"#,
     ] {
         let imds = StandIn::start(vec![Reply::Ok(body.into())]).await;
-        let err = imds.imds().azure_vcek().await.unwrap_err();
+        let err = platform::azure_vcek(&imds.imds()).await.unwrap_err();
         assert!(
-            matches!(err, PlatformError::Decode { .. }),
+            matches!(
+                err,
+                PlatformError::Imds(ImdsError::Decode { .. }) | PlatformError::ThimCerts { .. }
+            ),
             "{body}: {err:?}"
         );
         assert!(err.to_string().contains(&imds.url), "{err}");
@@ -459,16 +455,16 @@ async fn a_closed_port_is_retried_and_named() {
     let err = Imds::new(&url)
         .unwrap()
         .with_retries(2, Duration::from_millis(10))
-        .azure_vcek()
+        .azure_thim()
         .await
         .unwrap_err();
-    assert!(matches!(err, PlatformError::Request { .. }), "{err:?}");
+    assert!(matches!(err, ImdsError::Request { .. }), "{err:?}");
     assert!(err.to_string().contains(&url), "{err}");
 }
 
 #[test]
 fn the_imds_url_must_be_plain_http_with_a_host() {
-    assert!(Imds::new(platform::DEFAULT_IMDS_URL).is_ok());
+    assert!(Imds::new(DEFAULT_IMDS_URL).is_ok());
     for bad in [
         "https://169.254.169.254",
         "169.254.169.254",
@@ -476,7 +472,7 @@ fn the_imds_url_must_be_plain_http_with_a_host() {
         "not a url",
     ] {
         assert!(
-            matches!(Imds::new(bad), Err(PlatformError::InvalidUrl { .. })),
+            matches!(Imds::new(bad), Err(ImdsError::InvalidUrl { .. })),
             "{bad}"
         );
     }
@@ -524,7 +520,10 @@ async fn azure_tdx_refuses_a_quote_that_is_not_base64url() {
     let hcl = read("tdx-azure-hcl/hclreport.bin");
     let imds = StandIn::start(vec![Reply::Ok(r#"{"quote": "+/+/"}"#.into())]).await;
     let err = platform::azure_tdx(&hcl, &imds.imds()).await.unwrap_err();
-    assert!(matches!(err, PlatformError::Decode { .. }), "{err:?}");
+    assert!(
+        matches!(err, PlatformError::Imds(ImdsError::Decode { .. })),
+        "{err:?}"
+    );
     assert!(err.to_string().contains("/acc/tdquote"), "{err}");
 }
 

@@ -21,7 +21,7 @@ use asterism_attestation::hcl::{self, HardwareKind, HardwareReport, HclReport};
 use asterism_attestation::tpm::{AwsSnp, AzureSnp, AzureTdx, CvmPlatform, PlatformKind};
 use asterism_metadata::imds::{Imds, ImdsError};
 use asterism_tpm::{Tpm, TpmError};
-use asterism_tsm::{CertKind, CertTableError, ConfigfsTsm, TsmError};
+use asterism_tsm::{CertKind, CertTableError, ConfigfsTsm, Provider, TsmError};
 
 /// Why the hardware report could not be gathered. Each error of a call names its URL.
 #[derive(Debug, thiserror::Error)]
@@ -60,8 +60,11 @@ pub enum PlatformError {
     /// configfs-tsm gave no report.
     #[error("cannot get an SEV-SNP report from configfs-tsm")]
     Tsm(#[source] TsmError),
+    /// configfs-tsm answered with another provider's report than SEV-SNP's.
+    #[error("configfs-tsm answered a {0:?} report; --confidential-vm aws-sev-snp needs sev_guest")]
+    NotSnp(Provider),
     /// The SNP certificate table is malformed.
-    #[error("the SEV-SNP certificate table from configfs-tsm")]
+    #[error("the SEV-SNP certificate table from configfs-tsm is malformed")]
     CertTable(#[source] CertTableError),
     /// The host attached no VLEK, which AWS signs its reports with.
     #[error(
@@ -253,6 +256,9 @@ pub fn aws_sev_snp(
     tsm: &ConfigfsTsm,
 ) -> Result<PlatformKind, PlatformError> {
     let report = tsm.report(report_data).map_err(PlatformError::Tsm)?;
+    if report.provider != Provider::SevGuest {
+        return Err(PlatformError::NotSnp(report.provider));
+    }
     let certs = vlek_certs(report.auxblob.as_deref().unwrap_or_default())?;
     Ok(PlatformKind::AwsSevSnp(AwsSnp {
         report: report.outblob,

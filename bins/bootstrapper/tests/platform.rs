@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use asterism_attestation::explain::Outcome;
-use asterism_attestation::hcl::{HCL_REPORT_NV_INDEX, HardwareReport, HclReport};
+use asterism_attestation::hcl::{HCL_REPORT_NV_INDEX, HardwareKind, HardwareReport, HclReport};
 use asterism_attestation::snp::{PerProduct, SnpPolicy};
 use asterism_attestation::tpm::{
     AkTrust, AzureSnp, AzureTdx, CvmAkTrust, CvmPlatform, PlatformKind, TpmQuoteValidator,
@@ -329,6 +329,25 @@ async fn azure_snp_refuses_an_hcl_report_that_does_not_parse_before_asking_thim(
         .await
         .unwrap_err();
     assert!(matches!(err, PlatformError::HclReport(_)), "{err:?}");
+    assert!(imds.received().is_empty());
+}
+
+#[tokio::test]
+async fn azure_snp_refuses_a_tdx_hcl_report_before_asking_thim() {
+    let imds = StandIn::start(vec![Reply::Ok(thim_json())]).await;
+    let err = platform::azure_sev_snp(read("tdx-azure-hcl/hclreport.bin"), &imds.imds())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PlatformError::WrongHardware {
+                platform: CvmPlatform::AzureSevSnp,
+                found: HardwareKind::Tdx
+            }
+        ),
+        "{err:?}"
+    );
     assert!(imds.received().is_empty());
 }
 

@@ -44,6 +44,7 @@ mod logbuf;
 mod node;
 pub mod node_state;
 mod pki;
+pub mod platform;
 mod run;
 mod ticket;
 mod trust;

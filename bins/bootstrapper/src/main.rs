@@ -13,13 +13,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use asterism_attestation::tpm::CvmPlatform;
 use asterism_binkit::{LogFormat, logging, shutdown_signal};
+use asterism_bootstrapper::platform;
 use asterism_bootstrapper::{
     Config, KubeadmDriver, KubeadmDriverConfig, KubernetesDriver, LogBuffer, LuksDisk, Node,
     NodeDir, Outcome, TpmMarker, UnlockMode,
 };
 use asterism_disk::{DiskConfig, Integrity, Pbkdf, StateDisk};
 use asterism_metadata::HttpMetadata;
+use asterism_metadata::imds::Imds;
 use asterism_tpm::{AkConfig, PcrSelection, Tpm, TpmConfig, TpmIssuer};
 use clap::{Parser, ValueEnum};
 use tracing::Level;
@@ -51,6 +54,16 @@ struct Args {
     /// The metadata service.
     #[arg(long, value_name = "URL", default_value = "http://127.0.10.254:8080")]
     metadata_url: String,
+
+    /// This node is a confidential VM (azure-sev-snp, azure-tdx or aws-sev-snp): its evidence
+    /// carries the hardware report that vouches for its AK, gathered at start from the vTPM,
+    /// the cloud's instance metadata service or configfs-tsm (docs/attestation-issuing.md).
+    #[arg(long, value_name = "PLATFORM")]
+    confidential_vm: Option<CvmPlatform>,
+
+    /// With --confidential-vm: the cloud's instance metadata service (plain http).
+    #[arg(long, value_name = "URL", default_value = asterism_metadata::imds::DEFAULT_IMDS_URL)]
+    imds_url: String,
 
     /// The InitServer port (0: any free port; the log names it).
     #[arg(long, value_name = "PORT", default_value_t = asterism_bootstrapper::DEFAULT_INIT_PORT)]
@@ -384,13 +397,41 @@ async fn run(args: Args, logs: LogBuffer) -> anyhow::Result<u8> {
         }
     };
     let tpm_config = args.tpm.clone();
-    let issuer = tokio::task::spawn_blocking(move || {
-        let tpm = Tpm::open(&tpm_config)?;
-        TpmIssuer::new(tpm, &AkConfig::default(), PcrSelection::all(), chain)
+    let cvm = args.confidential_vm;
+    // Checked before the TPM is touched, so a bad URL fails the start at once.
+    let imds = cvm
+        .map(|_| Imds::new(&args.imds_url))
+        .transpose()
+        .context("--imds-url")?;
+    let (issuer, hcl_report) = tokio::task::spawn_blocking(move || {
+        let mut tpm = Tpm::open(&tpm_config).context("cannot open the TPM")?;
+        let hcl_report = match cvm {
+            Some(platform) => platform::read_from_tpm(platform, &mut tpm)?,
+            None => None,
+        };
+        let issuer = TpmIssuer::new(tpm, &AkConfig::default(), PcrSelection::all(), chain)
+            .context("cannot load the attestation key from the TPM")?;
+        anyhow::Ok((issuer, hcl_report))
     })
     .await
-    .context("the TPM task failed")?
-    .context("cannot load the attestation key from the TPM")?;
+    .context("the TPM task failed")??;
+    // A confidential VM that cannot prove it is one must not start as a plain node.
+    let issuer = match (cvm, &imds) {
+        (Some(platform), Some(imds)) => {
+            let kind = platform::gather(
+                platform,
+                hcl_report,
+                issuer.ak_public(),
+                imds,
+                asterism_tsm::ConfigfsTsm::default(),
+            )
+            .await
+            .with_context(|| format!("cannot gather the {platform} hardware report for the AK"))?;
+            platform::check_ak(&kind, issuer.ak_public())?;
+            issuer.with_platform_report(kind)
+        }
+        _ => issuer,
+    };
     let ak_identity =
         asterism_attestation::AkFingerprint::of_public_area(issuer.ak_public()).to_string();
     tracing::info!(ak = %ak_identity, "loaded the attestation key");
@@ -507,6 +548,18 @@ fn log_peak_memory() {
 mod tests {
     use super::*;
 
+    /// The flags with the required ones before `extra`.
+    fn with(extra: &[&str]) -> Result<Args, clap::Error> {
+        let base = [
+            "asterism-bootstrapper",
+            "--node-dir",
+            "/n",
+            "--node-ip",
+            "127.0.0.1",
+        ];
+        Args::try_parse_from(base.iter().chain(extra))
+    }
+
     #[test]
     fn durations_parse_as_the_flags_document() {
         assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
@@ -532,17 +585,7 @@ mod tests {
 
     #[test]
     fn the_insecure_join_flag_excludes_the_verification_flags() {
-        let base = [
-            "asterism-bootstrapper",
-            "--node-dir",
-            "/n",
-            "--node-ip",
-            "127.0.0.1",
-        ];
         let hex = "ab".repeat(32);
-        let with = |extra: &[&str]| {
-            Args::try_parse_from(base.iter().copied().chain(extra.iter().copied()))
-        };
         assert!(with(&["--insecure-skip-join-service-verification"]).is_ok());
         assert!(
             with(&[
@@ -558,5 +601,17 @@ mod tests {
         );
         // A cluster ID without the means to verify the join service is refused.
         assert!(with(&["--cluster-id", &hex]).is_err());
+    }
+
+    #[test]
+    fn the_confidential_vm_flag_names_a_platform_and_defaults_to_none() {
+        let plain = with(&[]).unwrap();
+        assert_eq!(plain.confidential_vm, None);
+        assert_eq!(plain.imds_url, "http://169.254.169.254");
+        for platform in CvmPlatform::ALL {
+            let args = with(&["--confidential-vm", platform.name()]).unwrap();
+            assert_eq!(args.confidential_vm, Some(platform));
+        }
+        assert!(with(&["--confidential-vm", "gcp-sev-snp"]).is_err());
     }
 }

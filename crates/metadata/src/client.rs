@@ -1,12 +1,12 @@
 //! [`HttpMetadata`]: the metadata client over plain HTTP.
 
+use crate::call::{self, CallError};
 use crate::{InstanceMetadata, Metadata, MetadataError};
 use bytes::Bytes;
-use http::{Request, StatusCode, Uri};
-use http_body_util::{BodyExt, Empty, Limited};
+use http::Request;
+use http_body_util::Empty;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use serde::de::DeserializeOwned;
 use std::net::IpAddr;
 use std::time::Duration;
@@ -46,23 +46,12 @@ impl HttpMetadata {
     /// prefix). Only `http` is accepted: the service is plain HTTP by design, its answers
     /// are not secret, and whatever is security-relevant is checked elsewhere.
     pub fn new(base_url: &str) -> Result<Self, MetadataError> {
-        let invalid = |reason: &str| MetadataError::InvalidUrl {
+        let base = call::base_url(base_url).map_err(|reason| MetadataError::InvalidUrl {
             url: base_url.to_owned(),
             reason: reason.to_owned(),
-        };
-        let uri: Uri = base_url.parse().map_err(|_| invalid("not a URL"))?;
-        if uri.scheme_str() != Some("http") {
-            return Err(invalid("the scheme must be http"));
-        }
-        if uri.authority().is_none() {
-            return Err(invalid("the URL has no host"));
-        }
-        if uri.query().is_some() {
-            return Err(invalid("the URL must not have a query"));
-        }
-        let base = base_url.trim_end_matches('/').to_owned();
+        })?;
         Ok(Self {
-            client: build_client(None, DEFAULT_TIMEOUT),
+            client: call::client(None, DEFAULT_TIMEOUT),
             base,
             local: None,
             timeout: DEFAULT_TIMEOUT,
@@ -73,7 +62,7 @@ impl HttpMetadata {
     #[must_use]
     pub fn with_local_address(mut self, ip: IpAddr) -> Self {
         self.local = Some(ip);
-        self.client = build_client(self.local, self.timeout);
+        self.client = call::client(self.local, self.timeout);
         self
     }
 
@@ -81,7 +70,7 @@ impl HttpMetadata {
     #[must_use]
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
-        self.client = build_client(self.local, self.timeout);
+        self.client = call::client(self.local, self.timeout);
         self
     }
 
@@ -100,72 +89,26 @@ impl HttpMetadata {
                 url: url.clone(),
                 reason: e.to_string(),
             })?;
-        let call = async {
-            let response =
-                self.client
-                    .request(request)
-                    .await
-                    .map_err(|e| MetadataError::Request {
-                        path,
-                        source: Box::new(e),
-                    })?;
-            let status = response.status();
-            if status != StatusCode::OK {
-                return Err(MetadataError::Status {
-                    path,
-                    status: status.as_u16(),
-                });
-            }
-            let declared = response
-                .headers()
-                .get(http::header::CONTENT_LENGTH)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse::<u64>().ok());
-            if declared.is_some_and(|n| n > MAX_RESPONSE_LEN as u64) {
-                return Err(MetadataError::BodyTooLarge {
+        call::call(&self.client, request, MAX_RESPONSE_LEN, self.timeout)
+            .await
+            .map_err(|e| match e {
+                CallError::Request(source) => MetadataError::Request { path, source },
+                CallError::Status(status) => MetadataError::Status { path, status },
+                CallError::TooLarge => MetadataError::BodyTooLarge {
                     path,
                     cap: MAX_RESPONSE_LEN,
-                });
-            }
-            let body = Limited::new(response.into_body(), MAX_RESPONSE_LEN)
-                .collect()
-                .await
-                .map_err(|e| {
-                    if e.is::<http_body_util::LengthLimitError>() {
-                        MetadataError::BodyTooLarge {
-                            path,
-                            cap: MAX_RESPONSE_LEN,
-                        }
-                    } else {
-                        MetadataError::Request { path, source: e }
-                    }
-                })?;
-            Ok(body.to_bytes())
-        };
-        tokio::time::timeout(self.timeout, call)
-            .await
-            .map_err(|_| MetadataError::Timeout {
-                path,
-                after: self.timeout,
-            })?
+                },
+                CallError::Timeout => MetadataError::Timeout {
+                    path,
+                    after: self.timeout,
+                },
+            })
     }
 
     async fn get_json<T: DeserializeOwned>(&self, path: &'static str) -> Result<T, MetadataError> {
         let body = self.get_bytes(path).await?;
         serde_json::from_slice(&body).map_err(|source| MetadataError::Decode { path, source })
     }
-}
-
-fn build_client(local: Option<IpAddr>, timeout: Duration) -> Client<HttpConnector, Empty<Bytes>> {
-    let mut connector = HttpConnector::new();
-    connector.set_local_address(local);
-    connector.set_connect_timeout(Some(timeout));
-    connector.set_nodelay(true);
-    connector.enforce_http(true);
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(30))
-        .pool_max_idle_per_host(4)
-        .build(connector)
 }
 
 impl Metadata for HttpMetadata {

@@ -5,6 +5,8 @@
 //! * The [`Metadata`] trait, the narrow seam every program uses; implemented by
 //!   [`HttpMetadata`] (a client of the metadata service) and [`StaticMetadata`] (in memory,
 //!   for tests).
+//! * [`imds::Imds`]: a client for a cloud's instance metadata service, for what a
+//!   confidential VM's evidence needs from it (Azure THIM's VCEK, Azure's TDX quotes).
 //! * [`MetadataServer`]: the local metadata service, which identifies the caller of `GET
 //!   /self` by its source address, as cloud metadata services do by VPC IP. The
 //!   `asterism-metadata` program around it is the package `asterism-metadata-server`, so
@@ -15,7 +17,9 @@
 //! carry secrets (the init secret's *hash* is public by design).
 #![forbid(unsafe_code)]
 
+mod call;
 mod client;
+pub mod imds;
 mod instance;
 mod server;
 

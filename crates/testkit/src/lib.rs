@@ -9,9 +9,12 @@
 //!   fingerprint of its AK to pin ([`TpmNode::ak_trust`], [`pin`]).
 //! * `kube_api` (feature `kube-api`) is a recording Kubernetes API server (HTTPS with a test CA on loopback,
 //!   recorded responses, every request recorded), since no API server runs where tests run.
+//! * [`cvm`] gives the real confidential-VM evidence of `asterism-attestation`'s test data
+//!   in the forms tests elsewhere need (the Azure SEV-SNP HCL report, whole).
 //! * [`check_swtpm_installed`] explains what to install when swtpm is missing.
 #![forbid(unsafe_code)]
 
+pub mod cvm;
 #[cfg(feature = "kube-api")]
 pub mod kube_api;
 mod swtpm;

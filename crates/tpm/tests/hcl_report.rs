@@ -37,19 +37,9 @@ const DATA: &str = concat!(
 /// The largest NV index swtpm defines (TPM_PT_NV_INDEX_MAX).
 const SWTPM_NV_INDEX_MAX: usize = 2048;
 
-/// The real Azure SNP HCL report: its files hold it without the 32-byte header.
+/// The real Azure SNP HCL report, whole.
 fn snp_hcl_report() -> Vec<u8> {
-    let body = std::fs::read(format!("{DATA}/attestation.bin")).unwrap();
-    let runtime = std::fs::read(format!("{DATA}/runtimedata.bin")).unwrap();
-    let mut out = b"HCLA".to_vec();
-    out.extend_from_slice(&2u32.to_le_bytes());
-    let size = u32::try_from(32 + body.len() + runtime.len()).unwrap();
-    out.extend_from_slice(&size.to_le_bytes());
-    out.extend_from_slice(&2u32.to_le_bytes());
-    out.extend_from_slice(&[0u8; 16]);
-    out.extend_from_slice(&body);
-    out.extend_from_slice(&runtime);
-    out
+    asterism_testkit::cvm::azure_snp_hcl_report().unwrap()
 }
 
 /// Defines an owner-read/write NV index of `data.len()` bytes and writes `data` into it,

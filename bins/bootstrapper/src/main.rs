@@ -23,7 +23,7 @@ use asterism_bootstrapper::{
 use asterism_disk::{DiskConfig, Integrity, Pbkdf, StateDisk};
 use asterism_metadata::HttpMetadata;
 use asterism_metadata::imds::Imds;
-use asterism_tpm::{AkConfig, PcrSelection, Tpm, TpmConfig, TpmIssuer};
+use asterism_tpm::{PcrSelection, Tpm, TpmConfig, TpmIssuer};
 use clap::{Parser, ValueEnum};
 use tracing::Level;
 use tracing_subscriber::{EnvFilter, Layer as _};
@@ -57,7 +57,7 @@ struct Args {
 
     /// This node is a confidential VM (azure-sev-snp, azure-tdx or aws-sev-snp): its evidence
     /// carries the hardware report that vouches for its AK, gathered at start from the vTPM,
-    /// the cloud's instance metadata service or configfs-tsm (docs/attestation-issuing.md).
+    /// the cloud's instance metadata service or configfs-tsm (docs/attestation.md, section 11).
     #[arg(long, value_name = "PLATFORM")]
     confidential_vm: Option<CvmPlatform>,
 
@@ -409,7 +409,8 @@ async fn run(args: Args, logs: LogBuffer) -> anyhow::Result<u8> {
             Some(platform) => platform::read_from_tpm(platform, &mut tpm)?,
             None => None,
         };
-        let issuer = TpmIssuer::new(tpm, &AkConfig::default(), PcrSelection::all(), chain)
+        let ak = platform::ak_config(cvm)?;
+        let issuer = TpmIssuer::new(tpm, &ak, PcrSelection::all(), chain)
             .context("cannot load the attestation key from the TPM")?;
         anyhow::Ok((issuer, hcl_report))
     })

@@ -20,7 +20,7 @@
 use asterism_attestation::hcl::{self, HardwareKind, HardwareReport, HclReport};
 use asterism_attestation::tpm::{AwsSnp, AzureSnp, AzureTdx, CvmPlatform, PlatformKind};
 use asterism_metadata::imds::{Imds, ImdsError};
-use asterism_tpm::{Tpm, TpmError};
+use asterism_tpm::{AkAlgorithm, AkConfig, PersistentHandle, Tpm, TpmError};
 use asterism_tsm::{CertKind, CertTableError, ConfigfsTsm, Provider, TsmError};
 
 /// Why the hardware report could not be gathered. Each error of a call names its URL.
@@ -123,6 +123,23 @@ fn pem_certs(text: &str) -> Result<Vec<Vec<u8>>, String> {
             Err(e) => Err(format!("not PEM: {e}")),
         })
         .collect()
+}
+
+/// Where Azure's vTPM keeps the AK its runtime data names (persistent, RSA-2048, made by
+/// the paravisor; without noDA).
+pub const AZURE_AK_HANDLE: u32 = 0x8100_0003;
+
+/// The attestation key to quote with on `platform`: on Azure the vTPM's own AK, as the
+/// paravisor made it (the HCL report vouches for that key and no other); elsewhere (AWS,
+/// where the report is made over our AK, and plain machines) ours.
+pub fn ak_config(platform: Option<CvmPlatform>) -> Result<AkConfig, TpmError> {
+    Ok(match platform {
+        Some(CvmPlatform::AzureSevSnp | CvmPlatform::AzureTdx) => AkConfig::provisioned_at(
+            AkAlgorithm::Rsa2048,
+            PersistentHandle::try_from(AZURE_AK_HANDLE)?,
+        ),
+        Some(CvmPlatform::AwsSevSnp) | None => AkConfig::default(),
+    })
 }
 
 /// What the platform needs from the vTPM, read before the TPM moves into the issuer: the
@@ -286,4 +303,23 @@ pub fn vlek_certs(auxblob: &[u8]) -> Result<Vec<Vec<u8>>, PlatformError> {
         });
     };
     Ok(std::iter::once(vlek).chain(take(CertKind::Ask)).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn on_azure_the_vtpms_own_ak_is_used_and_elsewhere_ours() {
+        for azure in [CvmPlatform::AzureSevSnp, CvmPlatform::AzureTdx] {
+            let ak = ak_config(Some(azure)).unwrap();
+            assert!(ak.provisioned, "never create or replace the paravisor's AK");
+            assert_eq!(ak.handle.raw(), AZURE_AK_HANDLE);
+            assert_eq!(ak.algorithm, AkAlgorithm::Rsa2048);
+        }
+        for ours in [Some(CvmPlatform::AwsSevSnp), None] {
+            assert_eq!(ak_config(ours).unwrap(), AkConfig::default());
+        }
+    }
 }

@@ -101,6 +101,10 @@ pub struct AkConfig {
     pub algorithm: AkAlgorithm,
     /// Where the key is persisted.
     pub handle: PersistentHandle,
+    /// Use the key already at `handle` as its maker made it, never create or replace it
+    /// (a cloud vTPM's own AK, which the VM's hardware report vouches for). Without it, a
+    /// key at `handle` that was not made from our template is replaced by one that is.
+    pub provisioned: bool,
 }
 
 impl AkConfig {
@@ -109,6 +113,18 @@ impl AkConfig {
         AkConfig {
             algorithm,
             handle: algorithm.default_handle(),
+            provisioned: false,
+        }
+    }
+
+    /// The key the platform provisioned at `handle`: loaded as it is, never created or
+    /// replaced; it must be an attestation key of `algorithm` (see
+    /// [`provisioned_mismatch`]).
+    pub const fn provisioned_at(algorithm: AkAlgorithm, handle: PersistentHandle) -> Self {
+        AkConfig {
+            algorithm,
+            handle,
+            provisioned: true,
         }
     }
 
@@ -207,6 +223,62 @@ pub(crate) fn template(algorithm: AkAlgorithm) -> tss_esapi::Result<Public> {
     }
 }
 
+/// Why a key a platform provisioned cannot serve as an AK of `algorithm`, if it cannot: it
+/// must be a restricted signing key that never leaves the TPM (restricted, sign, fixedTPM,
+/// fixedParent, not decrypt), named with SHA-256, with an empty auth policy, and of the
+/// algorithm's key type (RSA-2048 with RSASSA-SHA256, or ECC P-256 with ECDSA-SHA256).
+/// The rest of its attributes are its maker's (a cloud's AK may lack noDA).
+pub fn provisioned_mismatch(algorithm: AkAlgorithm, found: &Public) -> Option<String> {
+    const RESTRICTED: u32 = 1 << 16;
+    const DECRYPT: u32 = 1 << 17;
+    const SIGN: u32 = 1 << 18;
+    const FIXED_TPM: u32 = 1 << 1;
+    const FIXED_PARENT: u32 = 1 << 4;
+    let required = RESTRICTED | SIGN | FIXED_TPM | FIXED_PARENT;
+    let attributes = u32::from(found.object_attributes());
+    if attributes & required != required || attributes & DECRYPT != 0 {
+        return Some(format!(
+            "attributes {attributes:#010x}: an AK is restricted, sign, fixedTPM, fixedParent and not decrypt"
+        ));
+    }
+    if found.name_hashing_algorithm() != HashingAlgorithm::Sha256 {
+        return Some(format!(
+            "name algorithm {:?}, expected SHA-256",
+            found.name_hashing_algorithm()
+        ));
+    }
+    if !found.auth_policy().is_empty() {
+        return Some("a non-empty auth policy".to_owned());
+    }
+    match (algorithm, found) {
+        (AkAlgorithm::Rsa2048, Public::Rsa { parameters, .. })
+            if parameters.key_bits() == RsaKeyBits::Rsa2048
+                && parameters.rsa_scheme()
+                    == RsaScheme::RsaSsa(HashScheme::new(HashingAlgorithm::Sha256)) =>
+        {
+            None
+        }
+        (AkAlgorithm::EccP256, Public::Ecc { parameters, .. })
+            if parameters.ecc_curve() == EccCurve::NistP256
+                && parameters.ecc_scheme()
+                    == EccScheme::EcDsa(HashScheme::new(HashingAlgorithm::Sha256)) =>
+        {
+            None
+        }
+        (_, Public::Rsa { parameters, .. }) => Some(format!(
+            "RSA key {:?} with scheme {:?}, expected {algorithm:?}",
+            parameters.key_bits(),
+            parameters.rsa_scheme()
+        )),
+        (_, Public::Ecc { parameters, .. }) => Some(format!(
+            "ECC key {:?} with scheme {:?}, expected {algorithm:?}",
+            parameters.ecc_curve(),
+            parameters.ecc_scheme()
+        )),
+        _ => Some(format!("another key type, expected {algorithm:?}")),
+    }
+}
+
 /// Whether the public area `found` at the AK handle is a key made from `expected`'s template:
 /// same type, name algorithm, attributes, auth policy and parameters. The `unique` field (the
 /// public key itself) is not compared. Returns what differs, or `None` when it matches.
@@ -245,6 +317,57 @@ pub(crate) fn template_mismatch(expected: &Public, found: &Public) -> Option<Str
 mod tests {
     use super::*;
     use tss_esapi::traits::Marshall;
+
+    #[test]
+    fn a_provisioned_key_must_be_a_restricted_signing_key_of_the_algorithm() {
+        let rsa = template(AkAlgorithm::Rsa2048).unwrap();
+        let ecc = template(AkAlgorithm::EccP256).unwrap();
+        assert_eq!(provisioned_mismatch(AkAlgorithm::Rsa2048, &rsa), None);
+        assert_eq!(provisioned_mismatch(AkAlgorithm::EccP256, &ecc), None);
+        assert!(provisioned_mismatch(AkAlgorithm::EccP256, &rsa).is_some());
+        assert!(provisioned_mismatch(AkAlgorithm::Rsa2048, &ecc).is_some());
+
+        // Without noDA (as a cloud makes its AK): still an AK.
+        let without_no_da = ObjectAttributesBuilder::new()
+            .with_fixed_tpm(true)
+            .with_fixed_parent(true)
+            .with_sensitive_data_origin(true)
+            .with_user_with_auth(true)
+            .with_restricted(true)
+            .with_sign_encrypt(true)
+            .build()
+            .unwrap();
+        let cloud = rebuild(&rsa, without_no_da);
+        assert_eq!(provisioned_mismatch(AkAlgorithm::Rsa2048, &cloud), None);
+
+        // Not restricted: it could sign anything, a fake quote included.
+        let unrestricted = ObjectAttributesBuilder::new()
+            .with_fixed_tpm(true)
+            .with_fixed_parent(true)
+            .with_sign_encrypt(true)
+            .build()
+            .unwrap();
+        let reason = provisioned_mismatch(AkAlgorithm::Rsa2048, &rebuild(&rsa, unrestricted));
+        assert!(reason.is_some_and(|r| r.contains("restricted")));
+    }
+
+    /// `public` with other object attributes.
+    fn rebuild(public: &Public, attributes: tss_esapi::attributes::ObjectAttributes) -> Public {
+        let Public::Rsa {
+            parameters, unique, ..
+        } = public
+        else {
+            panic!("an RSA template");
+        };
+        PublicBuilder::new()
+            .with_name_hashing_algorithm(HashingAlgorithm::Sha256)
+            .with_object_attributes(attributes)
+            .with_public_algorithm(PublicAlgorithm::Rsa)
+            .with_rsa_parameters(*parameters)
+            .with_rsa_unique_identifier(unique.clone())
+            .build()
+            .unwrap()
+    }
 
     #[test]
     fn persistent_handles_are_range_checked() {

@@ -147,6 +147,9 @@ impl Tpm {
     /// hierarchy, see [`crate::ak`]) and persists it there, evicting whatever object of
     /// another template occupied the handle.
     pub fn load_attestation_key(&mut self, config: &AkConfig) -> Result<AttestationKey, TpmError> {
+        if config.provisioned {
+            return self.load_provisioned_key(config);
+        }
         let template = binding("AK template", ak::template(config.algorithm))?;
         if let Some((handle, public)) = self.read_persistent(config.handle)? {
             match ak::template_mismatch(&template, &public) {
@@ -175,6 +178,33 @@ impl Tpm {
             }
         }
         self.create_persistent_ak(config, template)
+    }
+
+    /// The key a platform provisioned at `config.handle`, as it is: never created, never
+    /// evicted. Refused when there is none or it is no attestation key.
+    fn load_provisioned_key(&mut self, config: &AkConfig) -> Result<AttestationKey, TpmError> {
+        let raw = config.handle.raw();
+        let Some((handle, public)) = self.read_persistent(config.handle)? else {
+            return Err(TpmError::NoProvisionedKey { handle: raw });
+        };
+        if let Some(reason) = ak::provisioned_mismatch(config.algorithm, &public) {
+            return Err(TpmError::ProvisionedKeyUnusable {
+                handle: raw,
+                reason,
+            });
+        }
+        debug!(
+            handle = format_args!("{raw:#010x}"),
+            "using the platform's provisioned AK"
+        );
+        let public = binding("marshal TPMT_PUBLIC", public.marshall())?;
+        self.remember_ak(config.handle, handle, public.clone());
+        Ok(AttestationKey {
+            algorithm: config.algorithm,
+            handle: config.handle,
+            public,
+            created: false,
+        })
     }
 
     /// Reads SHA-256 PCR values, ascending by index. Several `TPM2_PCR_Read` calls are made

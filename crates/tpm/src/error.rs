@@ -482,6 +482,24 @@ pub enum TpmError {
         handle: u32,
     },
 
+    /// No key at the handle where the platform provisions its AK.
+    #[error(
+        "no key at persistent handle {handle:#010x}, where the platform provisions its attestation key"
+    )]
+    NoProvisionedKey {
+        /// The handle.
+        handle: u32,
+    },
+
+    /// The platform's key at the handle cannot serve as an attestation key.
+    #[error("the key at persistent handle {handle:#010x} is no attestation key: {reason}")]
+    ProvisionedKeyUnusable {
+        /// The handle.
+        handle: u32,
+        /// What is wrong with it.
+        reason: String,
+    },
+
     /// An allocated PCR bank whose hash this crate cannot compute in software.
     #[error("PCR bank {algorithm} is allocated but cannot be hashed in software for PCR_Event")]
     UnsupportedPcrBank {

@@ -155,3 +155,35 @@ fn persistent_handles_outside_the_persistent_range_are_rejected() {
     assert!(PersistentHandle::try_from(0x0100_0000).is_err());
     assert!(PersistentHandle::try_from(0x81FF_FFFF).is_ok());
 }
+
+/// A platform's own AK (as a cloud vTPM provisions one) is used as it is, and never created
+/// or replaced.
+#[test]
+fn a_provisioned_ak_is_used_as_it_is_and_never_created_or_replaced() {
+    let (_swtpm, mut tpm) = swtpm_and_tpm(false);
+    let azure = PersistentHandle::try_from(0x8100_0003).unwrap();
+
+    // Nothing provisioned: an error, and nothing made at the handle.
+    let config = AkConfig::provisioned_at(AkAlgorithm::Rsa2048, azure);
+    let err = tpm.load_attestation_key(&config).unwrap_err();
+    assert!(err.to_string().contains("0x81000003"), "{err}");
+    assert!(
+        tpm.load_attestation_key(&config).is_err(),
+        "nothing was created"
+    );
+
+    // The platform made an RSA AK there (here: our template, at that handle).
+    let made = tpm
+        .load_attestation_key(&AkConfig::new(AkAlgorithm::Rsa2048).with_handle(azure))
+        .unwrap();
+    let loaded = tpm.load_attestation_key(&config).unwrap();
+    assert!(!loaded.was_created());
+    assert_eq!(loaded.public_area(), made.public_area());
+
+    // Asked for an ECC AK where the platform's key is RSA: refused, and the key stays.
+    let wrong = AkConfig::provisioned_at(AkAlgorithm::EccP256, azure);
+    let err = tpm.load_attestation_key(&wrong).unwrap_err();
+    assert!(err.to_string().contains("no attestation key"), "{err}");
+    let again = tpm.load_attestation_key(&config).unwrap();
+    assert_eq!(again.public_area(), made.public_area(), "never replaced");
+}

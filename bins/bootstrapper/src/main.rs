@@ -112,21 +112,38 @@ struct Args {
     /// service must attest with this cluster's marker in PCR 15, and a ticket must be for
     /// this cluster. Without it (and without --insecure-skip-join-service-verification)
     /// the node does not join or rejoin; it waits to be initialised.
-    #[arg(long, value_name = "HEX", value_parser = parse_cluster_id, requires = "platform_ca")]
+    #[arg(
+        long,
+        value_name = "HEX",
+        value_parser = parse_cluster_id,
+        requires = "verify_join_service_measurements"
+    )]
     cluster_id: Option<asterism_kms::ClusterId>,
 
     /// The join service's expected measurements (JSON, docs/attestation.md; re-read when it
-    /// changes); PCR 15 is always the marker of --cluster-id. Needs --platform-ca.
-    #[arg(long, value_name = "PATH", requires = "platform_ca")]
+    /// changes); PCR 15 is always the marker of --cluster-id. Needs --platform-ca, or
+    /// --confidential-vm (the join service runs on a confidential VM of the same platform).
+    #[arg(long, value_name = "PATH")]
     verify_join_service_measurements: Option<PathBuf>,
 
     /// PEM file of the platform CA(s) that certify the join service's attestation key.
     #[arg(
         long,
         value_name = "PATH",
-        requires = "verify_join_service_measurements"
+        requires = "verify_join_service_measurements",
+        conflicts_with = "confidential_vm"
     )]
     platform_ca: Option<PathBuf>,
+
+    /// With --confidential-vm: the policy for the join service's hardware report (JSON,
+    /// docs/attestation.md section 7.1); without it the secure defaults.
+    #[arg(long, value_name = "PATH", requires = "confidential_vm")]
+    cvm_policy: Option<PathBuf>,
+
+    /// With --confidential-vm azure-tdx: Intel PCS collateral to verify the join service's
+    /// quote (a JSON file or a directory of them; repeatable).
+    #[arg(long, value_name = "PATH", requires = "confidential_vm")]
+    tdx_collateral: Vec<PathBuf>,
 
     /// INSECURE, development only: trust whichever join service answers; it chooses this
     /// node's disk key and cluster. Warned on every join and rejoin attempt.
@@ -363,14 +380,26 @@ fn join_service_trust(args: &Args) -> anyhow::Result<asterism_bootstrapper::Join
         );
         return Ok(JoinServiceTrust::init_only());
     };
-    let (Some(measurements), Some(ca)) =
-        (&args.verify_join_service_measurements, &args.platform_ca)
-    else {
+    let Some(measurements) = &args.verify_join_service_measurements else {
         anyhow::bail!(
-            "--cluster-id needs --verify-join-service-measurements and --platform-ca to verify the join service"
+            "--cluster-id needs --verify-join-service-measurements to verify the join service"
         );
     };
-    let trust = AkTrust::platform_ca(asterism_binkit::ak_trust::platform_ca(ca)?);
+    // On a confidential VM the join service runs on one of the same platform: its AK is
+    // vouched for by its hardware report. Elsewhere a platform CA certifies it.
+    let trust = match (args.confidential_vm, &args.platform_ca) {
+        (Some(platform), _) => asterism_binkit::AkTrustArgs {
+            confidential_vm: Some(platform),
+            cvm_policy: args.cvm_policy.clone(),
+            tdx_collateral: args.tdx_collateral.clone(),
+            ..asterism_binkit::AkTrustArgs::default()
+        }
+        .ak_trust()?,
+        (None, Some(ca)) => AkTrust::platform_ca(asterism_binkit::ak_trust::platform_ca(ca)?),
+        (None, None) => anyhow::bail!(
+            "--cluster-id needs --platform-ca (or, on a confidential VM, --confidential-vm) to verify the join service"
+        ),
+    };
     let measurements = asterism_binkit::measurements::watch(measurements)
         .with_context(|| format!("loading measurements from {}", measurements.display()))?;
     tracing::info!(cluster_id = %cluster_id, "the join service must attest as a member of this cluster (mutual aTLS, PCR 15)");
@@ -602,6 +631,40 @@ mod tests {
         );
         // A cluster ID without the means to verify the join service is refused.
         assert!(with(&["--cluster-id", &hex]).is_err());
+    }
+
+    #[test]
+    fn on_a_confidential_vm_the_join_service_is_verified_by_its_hardware_report() {
+        let hex = "ab".repeat(32);
+        let cvm = [
+            "--cluster-id",
+            &hex,
+            "--verify-join-service-measurements",
+            "/m.json",
+            "--confidential-vm",
+            "azure-sev-snp",
+        ];
+        let args = with(&cvm).unwrap();
+        assert!(args.platform_ca.is_none());
+        // Both at once: which one vouches for the join service would be ambiguous.
+        let both: Vec<&str> = cvm
+            .iter()
+            .copied()
+            .chain(["--platform-ca", "/ca.pem"])
+            .collect();
+        assert!(with(&both).is_err());
+        // The CVM policy and collateral only with --confidential-vm.
+        assert!(with(&["--tdx-collateral", "/c.json"]).is_err());
+        assert!(with(&["--cvm-policy", "/p.json"]).is_err());
+        // Neither a platform CA nor a platform: nothing could verify the join service.
+        let args = with(&[
+            "--cluster-id",
+            &hex,
+            "--verify-join-service-measurements",
+            "/m.json",
+        ])
+        .unwrap();
+        assert!(join_service_trust(&args).is_err());
     }
 
     #[test]

@@ -396,6 +396,46 @@ fn rejects_an_enforced_pcr_mismatch_naming_index_expected_and_observed() {
 }
 
 #[test]
+fn a_measurement_refusal_still_returns_the_proven_pcr_values() {
+    let (mut tpm, v) = setup();
+    tpm.extend_pcr(idx(9), &[0xee; 32]);
+    let explained = v.validate_with_pcrs(&tpm.issue(&rd()).unwrap(), &rd());
+    assert!(matches!(
+        explained.result,
+        Err(ValidationError::Measurement { index: 9, .. })
+    ));
+    let pcrs = explained
+        .pcrs
+        .expect("the quote was verified up to the measurements");
+    let nine = pcrs.iter().find(|m| m.index == 9).unwrap();
+    assert_eq!(nine.value, tpm.pcr(idx(9)).to_vec());
+    assert_eq!(pcrs.len(), 24, "every PCR of the quote");
+}
+
+#[test]
+fn no_pcr_values_are_returned_from_a_quote_that_is_not_proven() {
+    let (tpm, v) = setup();
+    // Bound to another nonce: signed by the trusted AK, but not for this call.
+    let other = tpm.issue(&ReportData::verify(&[0x22; 32])).unwrap();
+    let explained = v.validate_with_pcrs(&other, &rd());
+    assert_eq!(
+        explained.result.unwrap_err(),
+        ValidationError::BindingMismatch
+    );
+    assert!(explained.pcrs.is_none());
+    // Signature broken.
+    let mut wire = tpm.quote(&rd()).sign(tpm.ak()).unwrap();
+    let last = wire.signature.len() - 1;
+    wire.signature[last] ^= 1;
+    let explained = v.validate_with_pcrs(&wire.encode_to_vec(), &rd());
+    assert!(matches!(
+        explained.result,
+        Err(ValidationError::BadSignature(_))
+    ));
+    assert!(explained.pcrs.is_none());
+}
+
+#[test]
 fn rejects_an_enforced_pcr_the_quote_does_not_cover() {
     let (mut tpm, v) = setup();
     tpm.set_selection([4u8, 8, 9, 11, 12, 13].map(idx)); // 15 missing

@@ -34,5 +34,5 @@ pub use trust::{
     AK_ATTRIBUTES, AkFingerprint, AkTrust, AkTrustError, MAX_RSA_BITS, MIN_RSA_BITS, PinnedAks,
     PlatformCa, REQUIRED_AK_ATTRIBUTES,
 };
-pub use validator::TpmQuoteValidator;
+pub use validator::{Explained, TpmQuoteValidator};
 pub use wire::ParseError;

@@ -65,10 +65,22 @@ impl TpmQuoteValidator {
         evidence: &[u8],
         expected: &ReportData,
     ) -> (Vec<Check>, Result<VerifiedEvidence, ValidationError>) {
+        let explained = self.validate_with_pcrs(evidence, expected);
+        (explained.checks, explained.result)
+    }
+
+    /// Like [`Self::validate_explained`], and also returns the quote's PCR values once they
+    /// are proven, so that a refusal by the measurements can still show every PCR.
+    pub fn validate_with_pcrs(&self, evidence: &[u8], expected: &ReportData) -> Explained {
         let mut checks = Vec::new();
-        let result = self.check(evidence, expected, &mut checks);
+        let mut pcrs = None;
+        let result = self.check(evidence, expected, &mut checks, &mut pcrs);
         log_result(&result);
-        (checks, result)
+        Explained {
+            checks,
+            pcrs,
+            result,
+        }
     }
 
     fn check(
@@ -76,6 +88,7 @@ impl TpmQuoteValidator {
         evidence: &[u8],
         expected: &ReportData,
         checks: &mut Vec<Check>,
+        proven_pcrs: &mut Option<Vec<Measurement>>,
     ) -> Result<VerifiedEvidence, ValidationError> {
         let ev = QuoteEvidence::decode(evidence)
             .map_err(|e| ValidationError::Malformed(error_chain(&e)))?;
@@ -111,6 +124,16 @@ impl TpmQuoteValidator {
         if !expected.matches(&ev.attest.extra_data) {
             return Err(ValidationError::BindingMismatch);
         }
+        // Only now: the values come from a trusted AK, are signed, and belong to this nonce.
+        let measured: Vec<Measurement> = ev
+            .pcrs
+            .iter()
+            .map(|(i, v)| Measurement {
+                index: u32::from(i.get()),
+                value: v.to_vec(),
+            })
+            .collect();
+        *proven_pcrs = Some(measured.clone());
 
         let mut warnings: Vec<String> = trust_warning.into_iter().collect();
         warnings.extend(
@@ -121,19 +144,25 @@ impl TpmQuoteValidator {
         );
         warnings.extend(measurements.compare(&ev.pcrs)?);
 
-        let measured = ev
-            .pcrs
-            .iter()
-            .map(|(i, v)| Measurement {
-                index: u32::from(i.get()),
-                value: v.to_vec(),
-            })
-            .collect();
         Ok(
             VerifiedEvidence::new(VARIANT, fingerprint.to_string(), measured, warnings)
                 .with_checks(checks.clone()),
         )
     }
+}
+
+/// What [`TpmQuoteValidator::validate_with_pcrs`] found.
+#[derive(Debug)]
+pub struct Explained {
+    /// What was checked of a confidential VM's hardware report (empty for other AK trust
+    /// policies).
+    pub checks: Vec<Check>,
+    /// The quote's PCR values, set only once the AK was trusted, the signature, the PCR
+    /// digest and the nonce binding verified: trustworthy even when `result` is a
+    /// measurement refusal. `None` when the evidence was refused before that.
+    pub pcrs: Option<Vec<Measurement>>,
+    /// The verdict, as [`Validator::validate`] returns it.
+    pub result: Result<VerifiedEvidence, ValidationError>,
 }
 
 impl crate::sealed::Sealed for TpmQuoteValidator {}
@@ -148,7 +177,7 @@ impl Validator for TpmQuoteValidator {
         evidence: &[u8],
         expected: &ReportData,
     ) -> Result<VerifiedEvidence, ValidationError> {
-        let result = self.check(evidence, expected, &mut Vec::new());
+        let result = self.check(evidence, expected, &mut Vec::new(), &mut None);
         log_result(&result);
         result
     }

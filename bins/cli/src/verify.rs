@@ -527,6 +527,36 @@ mod tests {
         assert!(err.contains("larger than 131072 bytes"), "{err}");
     }
 
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn parse(extra: &[&str]) -> Result<Args, clap::Error> {
+        let base = [
+            "verify",
+            "--measurements",
+            "m.json",
+            "--platform-ca",
+            "ca.pem",
+        ];
+        let all: Vec<&str> = base.iter().chain(extra).copied().collect();
+        <Cli as clap::Parser>::try_parse_from(all).map(|c| c.args)
+    }
+
+    #[test]
+    fn exactly_one_of_endpoint_and_evidence() {
+        assert!(parse(&["--endpoint", "h:1"]).is_ok());
+        assert!(parse(&["--evidence", "e.json"]).is_ok());
+        assert!(parse(&[]).is_err(), "neither");
+        assert!(parse(&["--endpoint", "h:1", "--evidence", "e.json"]).is_err());
+        assert!(
+            parse(&["--evidence", "e.json", "--save-evidence", "f.json"]).is_err(),
+            "saving needs fetched evidence"
+        );
+    }
+
     /// Real signed evidence from the software TPM of the attestation crate.
     #[cfg(feature = "insecure-test-attestation")]
     mod signed {

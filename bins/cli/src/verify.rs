@@ -104,18 +104,10 @@ pub async fn run(args: Args) -> Result<()> {
         expected.push((pcr15, want));
         expected.sort_by_key(|(i, _)| *i);
     }
-    // The validator checks the AK, the signature, the digest and the nonce binding; every
-    // PCR is compared below, one by one, so that all are reported. PCR 15 stays enforced
-    // (the validator requires one enforced entry), the rest are compared here.
-    let lenient = Measurements::new(expected.iter().map(|(i, e)| {
-        if *i == pcr15 {
-            (*i, *e)
-        } else {
-            (*i, ExpectedPcr::warn_only(e.expected))
-        }
-    }))?
-    .with_cvm(loaded.cvm().clone());
-    let validator = TpmQuoteValidator::new(args.trust.ak_trust()?, lenient.into_provider());
+    // The validator gates on every enforced PCR; on a refusal by the measurements alone it
+    // still returns the proven PCR values, so the table below shows them all.
+    let measurements = Measurements::new(expected.iter().copied())?.with_cvm(loaded.cvm().clone());
+    let validator = TpmQuoteValidator::new(args.trust.ak_trust()?, measurements.into_provider());
 
     let (saved, source) = match (&args.evidence, &args.endpoint) {
         (Some(path), _) => (
@@ -569,29 +561,28 @@ mod tests {
             PcrIndex::new(i).unwrap()
         }
 
-        /// A TPM, a validator pinning its AK that enforces PCR 15 and sees the others
-        /// warn-only (as `run` builds it), and the expectations: PCR 4, 9 and 15 enforced at
-        /// the TPM's values.
+        /// A TPM, a validator pinning its AK, and the expectations it enforces (as `run`
+        /// builds them): PCR 4, 9 and 15 at the TPM's values.
         fn setup() -> (SoftTpm, TpmQuoteValidator, Vec<(PcrIndex, ExpectedPcr)>) {
             let mut tpm = SoftTpm::new(SoftAk::generate_ecdsa_p256().unwrap());
             tpm.extend_pcr(idx(4), &[4; 32]);
             tpm.extend_pcr(idx(9), &[9; 32]);
-            let expected: Vec<_> = [4u8, 9, 15]
+            let mut expected: Vec<_> = [4u8, 9, 15]
                 .map(|i| (idx(i), ExpectedPcr::enforce(tpm.pcr(idx(i)))))
                 .to_vec();
-            let lenient = Measurements::new(expected.iter().map(|(i, e)| {
-                if i.get() == 15 {
-                    (*i, *e)
-                } else {
-                    (*i, ExpectedPcr::warn_only(e.expected))
-                }
-            }))
-            .unwrap();
-            let validator = TpmQuoteValidator::new(
-                AkTrust::pinned([tpm.ak().fingerprint()]),
-                lenient.into_provider(),
-            );
+            expected.push((idx(8), ExpectedPcr::warn_only([8; 32])));
+            expected.sort_by_key(|(i, _)| *i);
+            let validator = validator(&tpm, &expected);
             (tpm, validator, expected)
+        }
+
+        fn validator(tpm: &SoftTpm, expected: &[(PcrIndex, ExpectedPcr)]) -> TpmQuoteValidator {
+            TpmQuoteValidator::new(
+                AkTrust::pinned([tpm.ak().fingerprint()]),
+                Measurements::new(expected.iter().copied())
+                    .unwrap()
+                    .into_provider(),
+            )
         }
 
         fn saved(tpm: &SoftTpm) -> SavedEvidence {
@@ -617,6 +608,11 @@ mod tests {
             report(&mut out, &validator, &expected, &loaded, "saved").unwrap();
             let text = String::from_utf8(out).unwrap();
             assert_eq!(text.matches("  pass  ").count(), 3, "{text}");
+            assert_eq!(
+                text.matches("  warn  ").count(),
+                1,
+                "PCR 8, warn-only: {text}"
+            );
         }
 
         #[test]
@@ -692,17 +688,15 @@ mod tests {
 
         #[test]
         fn an_enforced_mismatch_prints_the_whole_table_then_fails() {
-            let (mut tpm, validator, mut expected) = setup();
-            // PCR 15 (enforced by the validator) and PCR 9 (compared in the table) differ.
+            let (mut tpm, validator, expected) = setup();
+            // PCR 9 and PCR 15 differ; the validator names the lowest, the table shows both.
             tpm.extend_pcr(idx(15), &[15; 32]);
             tpm.extend_pcr(idx(9), &[0xee; 32]);
-            expected.push((idx(8), ExpectedPcr::warn_only([8; 32])));
-            expected.sort_by_key(|(i, _)| *i);
             let mut out = Vec::new();
             let err = report(&mut out, &validator, &expected, &saved(&tpm), "saved").unwrap_err();
             assert!(matches!(
                 why(&err),
-                ValidationError::Measurement { index: 15, .. }
+                ValidationError::Measurement { index: 9, .. }
             ));
             let text = String::from_utf8(out).unwrap();
             let rows: Vec<&str> = text.lines().skip(2).collect();

@@ -160,11 +160,7 @@ fn value(field: &str, reason: impl Into<String>) -> CvmPolicyError {
 }
 
 fn hex_array<const N: usize>(field: &str, text: &str) -> Result<[u8; N], CvmPolicyError> {
-    let bytes = hex::decode(text).map_err(|e| value(field, format!("not hex: {e}")))?;
-    bytes
-        .as_slice()
-        .try_into()
-        .map_err(|_| value(field, format!("{} bytes, want {N}", bytes.len())))
+    crate::explain::hex_array(text).map_err(|reason| value(field, reason))
 }
 
 fn digests(field: &str, list: &[String]) -> Result<Vec<[u8; 48]>, CvmPolicyError> {

@@ -112,6 +112,16 @@ impl fmt::Display for Explanation {
     }
 }
 
+/// Decodes `text`, hex, into exactly `N` bytes; the error says what is wrong ("not hex: …"
+/// or "<n> bytes, want N"). Reference values and policy digests are read with it.
+pub(crate) fn hex_array<const N: usize>(text: &str) -> Result<[u8; N], String> {
+    let bytes = hex::decode(text).map_err(|e| format!("not hex: {e}"))?;
+    bytes
+        .as_slice()
+        .try_into()
+        .map_err(|_| format!("{} bytes, want {N}", bytes.len()))
+}
+
 /// An expected fixed-size value of a confidential-VM report (a 48-byte launch measurement,
 /// an MRTD, an RTMR, a 32-byte host data field) and what a mismatch means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

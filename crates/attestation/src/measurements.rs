@@ -55,7 +55,7 @@
 //! by ordinary software at locality 0, and are accepted.
 
 use crate::ValidationError;
-use crate::explain::Reference;
+use crate::explain::{Reference, hex_array};
 use serde::Deserialize;
 use serde::de::{self, MapAccess, Visitor};
 use std::collections::BTreeMap;
@@ -585,16 +585,11 @@ fn reference<const N: usize>(
     let Some(entry) = entry else {
         return Ok(None);
     };
-    let bad = |reason: String| MeasurementsError::BadReference {
+    let (hex_value, mode) = entry.into_parts();
+    let value = hex_array(&hex_value).map_err(|reason| MeasurementsError::BadReference {
         field: field.to_owned(),
         reason,
-    };
-    let (hex_value, mode) = entry.into_parts();
-    let bytes = hex::decode(&hex_value).map_err(|e| bad(format!("not hex: {e}")))?;
-    let value: [u8; N] = bytes
-        .as_slice()
-        .try_into()
-        .map_err(|_| bad(format!("{} bytes, want {N}", bytes.len())))?;
+    })?;
     Ok(Some(Reference { value, mode }))
 }
 

@@ -313,32 +313,17 @@ impl AkTrust {
         cvm: &CvmReferences,
         now: SystemTime,
     ) -> (Vec<Check>, Result<Option<String>, ValidationError>) {
-        if let Self::ConfidentialVm(trust) = self {
-            let (explanation, result) = trust.check(
-                &evidence.ak_public_bytes,
-                evidence.platform.as_ref(),
-                cvm,
-                now,
-            );
-            return (explanation.checks, result.map(|()| None));
-        }
-        (
-            Vec::new(),
-            self.check_key(ak, fingerprint, &evidence.ak_cert_chain, now),
-        )
-    }
-
-    fn check_key(
-        &self,
-        ak: &AkKey,
-        fingerprint: &AkFingerprint,
-        chain: &[Vec<u8>],
-        now: SystemTime,
-    ) -> Result<Option<String>, ValidationError> {
-        match self {
-            Self::ConfidentialVm(_) => Err(ValidationError::UntrustedKey(
-                "confidential-VM trust needs the evidence's hardware report".into(),
-            )),
+        let chain = &evidence.ak_cert_chain;
+        let result = match self {
+            Self::ConfidentialVm(trust) => {
+                let (explanation, result) = trust.check(
+                    &evidence.ak_public_bytes,
+                    evidence.platform.as_ref(),
+                    cvm,
+                    now,
+                );
+                return (explanation.checks, result.map(|()| None));
+            }
             Self::PlatformCa(ca) => ca.verify(chain, ak, now).map(|()| None),
             Self::Pinned(pins) if pins.contains(fingerprint) => Ok(None),
             Self::Pinned(_) => Err(ValidationError::UntrustedKey(format!(
@@ -354,7 +339,8 @@ impl AkTrust {
                     "insecure_any_ak: AK {fingerprint} was not checked against any trust policy"
                 )))
             }
-        }
+        };
+        (Vec::new(), result)
     }
 }
 

@@ -320,24 +320,15 @@ fn ak_check(
     explanation: &mut Explanation,
     result: Result<(), ValidationError>,
 ) -> Result<(), ValidationError> {
+    let field = || format!("runtime_data.keys[{}]", hcl::AK_KEY_ID);
     explanation.push(match &result {
-        Ok(()) => Check::pass_if(
-            true,
-            "runtime_data.keys[HCLAkPub]",
-            "the quote's AK",
-            "the quote's AK",
-        ),
+        Ok(()) => Check::pass_if(true, field(), "the quote's AK", "the quote's AK"),
         Err(ValidationError::Field {
             field,
             expected,
             observed,
         }) => Check::pass_if(false, field.clone(), expected.clone(), observed.clone()),
-        Err(e) => Check::pass_if(
-            false,
-            "runtime_data.keys[HCLAkPub]",
-            "the quote's AK",
-            e.to_string(),
-        ),
+        Err(e) => Check::pass_if(false, field(), "the quote's AK", e.to_string()),
     });
     result
 }

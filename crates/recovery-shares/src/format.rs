@@ -231,11 +231,6 @@ impl DecryptedShareFile {
         out.copy_from_slice(ctx.finish().as_ref());
         out
     }
-
-    #[cfg(test)]
-    pub(crate) fn value_mut(&mut self) -> &mut Vec<u8> {
-        &mut self.value
-    }
 }
 
 impl fmt::Debug for DecryptedShareFile {
@@ -336,11 +331,6 @@ impl EncryptedShareFile {
             "share {} of {}-of-{} in set {}",
             self.index, self.threshold, self.shares, self.share_set
         )
-    }
-
-    #[cfg(test)]
-    pub(crate) fn ciphertext_mut(&mut self) -> &mut String {
-        &mut self.ciphertext
     }
 }
 

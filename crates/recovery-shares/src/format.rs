@@ -344,14 +344,26 @@ pub(crate) fn label_of(share: &DecryptedShareFile) -> String {
 
 /// The workspace's `recovery.json`: how the master secret was split, to whom, a digest of
 /// every share and a commitment to the secret. Public: it gives nothing about the secret.
-#[derive(Debug)]
+/// `Debug` leaves out the salt, which the key service treats as a secret too.
 pub struct RecoveryRecord {
     set: ShareSetId,
     threshold: Threshold,
     secret_len: usize,
     secret_commitment: [u8; 32],
-    salt: Vec<u8>,
+    salt: Zeroizing<Vec<u8>>,
     custodians: Vec<(String, [u8; 32])>,
+}
+
+impl fmt::Debug for RecoveryRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RecoveryRecord")
+            .field("share_set", &self.set)
+            .field("threshold", &self.threshold)
+            .field("secret_len", &self.secret_len)
+            .field("salt", &"<redacted>")
+            .field("custodians", &self.custodians().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -390,7 +402,7 @@ impl RecoveryRecord {
             threshold,
             secret_len,
             secret_commitment,
-            salt: salt.expose_secret().to_vec(),
+            salt: Zeroizing::new(salt.expose_secret().to_vec()),
             custodians,
         }
     }
@@ -437,9 +449,10 @@ impl RecoveryRecord {
             threshold,
             secret_len: json.secret_length,
             secret_commitment: hex32(&json.secret_commitment, "secretCommitment")?,
-            salt: B64
-                .decode(json.salt.as_bytes())
-                .map_err(|e| malformed(origin, WHAT, format!("salt: {e}")))?,
+            salt: Zeroizing::new(
+                B64.decode(json.salt.as_bytes())
+                    .map_err(|e| malformed(origin, WHAT, format!("salt: {e}")))?,
+            ),
             custodians,
         })
     }
@@ -455,7 +468,7 @@ impl RecoveryRecord {
             shares: self.threshold.total(),
             secret_length: self.secret_len,
             secret_commitment: hex::encode(self.secret_commitment),
-            salt: B64.encode(&self.salt),
+            salt: B64.encode(self.salt.as_slice()),
             custodians: (1u8..)
                 .zip(&self.custodians)
                 .map(|(index, (recipient, digest))| CustodianJson {
@@ -490,7 +503,7 @@ impl RecoveryRecord {
 
     /// The cluster's salt, which goes with the master secret into every key derivation.
     pub fn salt(&self) -> Result<Salt, SecretError> {
-        Salt::new(self.salt.clone())
+        Salt::new(self.salt.to_vec())
     }
 
     /// The custodians' public keys, share 1 first.

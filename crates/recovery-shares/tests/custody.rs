@@ -356,7 +356,10 @@ fn the_record_keeps_the_salt_and_the_custodians() {
     let record = record(&f);
     assert_eq!(record.threshold(), Threshold::new(2, 3).unwrap());
     assert_eq!(record.custodians().count(), 3);
-    assert_eq!(record.salt().unwrap().len(), 32);
+    let salt = record.salt().unwrap();
+    assert_eq!(salt.len(), 32);
+    assert!(!format!("{record:?}").contains(&hex::encode(salt.expose_secret())));
+    assert!(format!("{record:?}").contains("<redacted>"));
     // Nothing of the secret in it, nor in the encrypted shares.
     let text = String::from_utf8(f.split.record.to_json()).unwrap();
     assert!(!text.contains(&hex::encode(f.secret.expose_secret())));

@@ -3,13 +3,17 @@
 //! for another.
 
 use crate::{Error, Threshold};
-use asterism_kms::{Salt, SecretError};
+use asterism_kms::{MasterSecret, Salt, SecretError};
 use base64::Engine as _;
 use ring::hmac;
 use ring::rand::{SecureRandom, SystemRandom};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use zeroize::{Zeroize, Zeroizing};
+
+/// The longest master secret a record may describe: reconstruction allocates this much, and
+/// generated secrets are 32 bytes.
+const MAX_SECRET_LEN: usize = 1024;
 
 /// The version of every file format here.
 const VERSION: u32 = 1;
@@ -414,6 +418,17 @@ impl RecoveryRecord {
             serde_json::from_slice(bytes).map_err(|e| malformed(origin, WHAT, e))?;
         check_header(json.version, &json.kind, KIND_RECORD, origin, WHAT)?;
         let threshold = threshold_of(json.threshold, json.shares, origin, WHAT)?;
+        if !(MasterSecret::MIN_LEN..=MAX_SECRET_LEN).contains(&json.secret_length) {
+            return Err(malformed(
+                origin,
+                WHAT,
+                format!(
+                    "secretLength {} is outside {}..={MAX_SECRET_LEN}",
+                    json.secret_length,
+                    MasterSecret::MIN_LEN
+                ),
+            ));
+        }
         if json.custodians.len() != usize::from(threshold.total()) {
             return Err(malformed(
                 origin,

@@ -328,9 +328,11 @@ pub fn reconstruct(
             });
         }
         // The digest covers the index, M, N and the value: a change to any fails here.
-        let digest_ok = recovery
-            .share_digest(share.index())
-            .is_some_and(|expected| bool::from(expected.ct_eq(&share.digest())));
+        // The digest covers the value's length; the record's length is checked with it.
+        let digest_ok = share.value().len() == recovery.secret_len()
+            && recovery
+                .share_digest(share.index())
+                .is_some_and(|expected| bool::from(expected.ct_eq(&share.digest())));
         if !digest_ok {
             return Err(Error::ShareDigest {
                 origin: share.origin().to_owned(),

@@ -427,3 +427,81 @@ fn decrypted_shares_hide_their_value_in_debug() {
     let text = format!("{:?}", decrypted(&f, 1));
     assert!(text.contains("<redacted>"), "{text}");
 }
+
+/// A test-only OpenSSH Ed25519 key protected by the passphrase "test passphrase".
+const PASSPHRASE_PROTECTED_SSH_KEY: &str = "-----BEGIN OPENSSH PRIVATE KEY-----
+b3BlbnNzaC1rZXktdjEAAAAACmFlczI1Ni1jdHIAAAAGYmNyeXB0AAAAGAAAABBHzUp9y9
+qPImtPuPr4z+/8AAAAEAAAAAEAAAAzAAAAC3NzaC1lZDI1NTE5AAAAIM/kgmjv+3oEZ9K5
+6QQ3DW1Rgb2rqDCschI2HY6/yOQJAAAAwIWOT5ssKfvk1CpsDs9K2pAY3Jmt5I2iBDs+VG
+6hRF+uNDv+Qgrjn00Ik0qs5VNAjZ35oSHNikzSso8oqdx24F5n5jeZgrus5kkZ3kNJ3n67
+fUgJq7f3m5kKI1gnBMsxI4Np+YKa5oBdHjtr9LYGJMxxHpD+lLkl4vHVuPVDNSLI+kO2Dz
+3FgYUCASNrP3lf2bOGoHD4wTj161RXNf1lvugN31mDLgKWp9mtK93vHVkfNugjjAHfuE3A
+NNVWaTslmA==
+-----END OPENSSH PRIVATE KEY-----
+";
+
+#[test]
+fn a_passphrase_protected_ssh_key_is_refused_with_how_to_use_it() {
+    let err = CustodianIdentity::from_bytes(PASSPHRASE_PROTECTED_SSH_KEY.as_bytes(), "id_ed25519")
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Identity { origin, reason }
+            if origin == "id_ed25519" && reason.contains("passphrase") && reason.contains("ssh-keygen -p")),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn garbage_identities_are_refused() {
+    for bad in [
+        "",
+        "AGE-SECRET-KEY-1NOTAKEY",
+        "-----BEGIN OPENSSH PRIVATE KEY-----\nxx\n",
+    ] {
+        let err = CustodianIdentity::from_bytes(bad.as_bytes(), "key").unwrap_err();
+        assert!(matches!(err, Error::Identity { .. }), "{bad:?}: {err:?}");
+    }
+}
+
+#[test]
+fn one_kind_of_file_is_never_taken_for_another() {
+    let f = fixture(2, 3);
+    let encrypted = f.split.shares[0].to_json();
+    let err = DecryptedShareFile::from_json(&encrypted, "share-1-of-3.json").unwrap_err();
+    assert!(matches!(err, Error::Malformed { .. }), "{err:?}");
+    let decrypted = decrypted(&f, 1).to_json();
+    let err = EncryptedShareFile::from_json(&decrypted, "d.json").unwrap_err();
+    assert!(matches!(err, Error::Malformed { .. }), "{err:?}");
+    let err = RecoveryRecord::from_json(&decrypted, "d.json").unwrap_err();
+    assert!(matches!(err, Error::Malformed { .. }), "{err:?}");
+    // Same fields, another kind or version.
+    for (field, value) in [
+        (
+            "kind",
+            serde_json::json!("asterism-recovery-share-encrypted"),
+        ),
+        ("version", serde_json::json!(2)),
+    ] {
+        let mut json: serde_json::Value = serde_json::from_slice(&decrypted).unwrap();
+        json[field] = value;
+        let err = DecryptedShareFile::from_json(&serde_json::to_vec(&json).unwrap(), "d.json")
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::Malformed { reason, .. } if reason.contains(field) || reason.contains("version")),
+            "{field}: {err:?}"
+        );
+    }
+}
+
+#[test]
+fn a_record_with_an_absurd_secret_length_is_refused() {
+    let f = fixture(2, 3);
+    let mut json: serde_json::Value = serde_json::from_slice(&f.split.record.to_json()).unwrap();
+    json["secretLength"] = (1usize << 40).into();
+    let err = RecoveryRecord::from_json(&serde_json::to_vec(&json).unwrap(), "recovery.json")
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Malformed { reason, .. } if reason.contains("secretLength")),
+        "{err:?}"
+    );
+}

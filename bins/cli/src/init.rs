@@ -342,10 +342,6 @@ fn write_workspace(dir: &Path, ws: &Workspace<'_>) -> Result<()> {
     ];
     if let Some(split) = ws.recovery {
         files.push(("recovery.json".into(), split.record.to_json()));
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(tmp.join(SHARES_DIR))
-            .with_context(|| format!("creating {}", tmp.join(SHARES_DIR).display()))?;
         for share in &split.shares {
             files.push((
                 format!("{SHARES_DIR}/{}", share.file_name()),
@@ -354,6 +350,12 @@ fn write_workspace(dir: &Path, ws: &Workspace<'_>) -> Result<()> {
         }
     }
     let result = (|| {
+        if ws.recovery.is_some() {
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(tmp.join(SHARES_DIR))
+                .with_context(|| format!("creating {}", tmp.join(SHARES_DIR).display()))?;
+        }
         if ws.keep_master_secret {
             asterism_binkit::write_new(
                 &tmp.join("master-secret.json"),

@@ -10,6 +10,7 @@ use asterism_atls::{AtlsConfig, AtlsConnector};
 use asterism_kms::{KmsUri, MasterSecret, Salt};
 use asterism_proto::init::api_client::ApiClient;
 use asterism_proto::init::{InitRequest, init_response};
+use asterism_recovery_shares::{Custodian, Split, Threshold};
 use base64::Engine as _;
 use ring::rand::SecureRandom;
 use std::os::unix::fs::DirBuilderExt;
@@ -44,6 +45,45 @@ pub struct Args {
     /// Which nodes to trust.
     #[command(flatten)]
     pub trust: TrustArgs,
+    /// Also split the master secret into N shares, any M of which give it back (for
+    /// example `3-of-5`), each encrypted to one custodian (`--recovery-recipient`).
+    #[arg(long, value_name = "M-of-N")]
+    pub recovery_shares: Option<Threshold>,
+    /// A custodian's public key file: one age recipient (age1…) or one SSH Ed25519 public
+    /// key (ssh-ed25519 …). Give it N times, in share order.
+    #[arg(long = "recovery-recipient", value_name = "FILE")]
+    pub recovery_recipients: Vec<PathBuf>,
+    /// Keep no master-secret.json in the workspace: only the custodians' shares can bring
+    /// the secret back. Requires --recovery-shares.
+    #[arg(long)]
+    pub no_master_secret_file: bool,
+}
+
+/// Checks the recovery-share flags together and reads the custodians' keys, before anything
+/// is generated or sent.
+fn recovery_plan(args: &Args) -> Result<Option<(Threshold, Vec<Custodian>)>> {
+    let Some(threshold) = args.recovery_shares else {
+        if args.no_master_secret_file {
+            bail!(
+                "--no-master-secret-file without --recovery-shares would lose the master \
+                 secret: nothing else could bring it back"
+            );
+        }
+        if !args.recovery_recipients.is_empty() {
+            bail!("--recovery-recipient needs --recovery-shares M-of-N");
+        }
+        return Ok(None);
+    };
+    if args.recovery_recipients.len() != usize::from(threshold.total()) {
+        bail!(
+            "--recovery-shares {threshold} needs {} --recovery-recipient files, one per \
+             custodian; {} given",
+            threshold.total(),
+            args.recovery_recipients.len()
+        );
+    }
+    let custodians = crate::recovery_share::read_custodians(&args.recovery_recipients)?;
+    Ok(Some((threshold, custodians)))
 }
 
 /// What a successful init produced (for `mini`, which drives init in process).
@@ -87,10 +127,21 @@ pub async fn run(args: Args) -> Result<Initialised> {
     let measurements = args.trust.load_measurements()?;
     let validator = args.trust.validator(measurements)?;
     let init_secret = read_init_secret(&args.init_secret_file)?;
+    let recovery = recovery_plan(&args)?;
 
     let master_secret = random32()?;
     let salt = random32()?;
     let measurement_salt = random32()?;
+    // Split before anything is sent: a failure here leaves no cluster without its shares.
+    let split = match &recovery {
+        Some((threshold, custodians)) => Some(asterism_recovery_shares::split(
+            &MasterSecret::new(master_secret.to_vec())?,
+            &Salt::new(salt.to_vec())?,
+            *threshold,
+            custodians,
+        )?),
+        None => None,
+    };
     let kms_uri = KmsUri::cluster(
         MasterSecret::new(master_secret.to_vec())?,
         Salt::new(salt.to_vec())?,
@@ -186,10 +237,19 @@ pub async fn run(args: Args) -> Result<Initialised> {
             salt: &salt,
             measurement_salt: &measurement_salt,
             endpoint: &args.endpoint,
+            recovery: split.as_ref(),
+            keep_master_secret: !args.no_master_secret_file,
         },
     )?;
     eprintln!("▸ cluster initialised; cluster ID {cluster_id}");
     eprintln!("  workspace: {}", args.workspace.display());
+    if let Some(split) = &split {
+        eprintln!(
+            "  recovery: {} shares in {}; hand each to its custodian",
+            split.record.threshold(),
+            args.workspace.join(SHARES_DIR).display()
+        );
+    }
     Ok(Initialised {
         cluster_id,
         workspace: args.workspace.clone(),
@@ -236,7 +296,14 @@ struct Workspace<'a> {
     salt: &'a [u8],
     measurement_salt: &'a [u8],
     endpoint: &'a str,
+    /// The shares and their record, when the secret was split.
+    recovery: Option<&'a Split>,
+    /// Whether `master-secret.json` is written (not with `--no-master-secret-file`).
+    keep_master_secret: bool,
 }
+
+/// The workspace's folder of encrypted shares, one per custodian.
+const SHARES_DIR: &str = "recovery-shares";
 
 /// Writes the workspace into a fresh temporary directory beside `dir` and renames it into
 /// place, so that a crash leaves either nothing or a complete workspace.
@@ -268,14 +335,46 @@ fn write_workspace(dir: &Path, ws: &Workspace<'_>) -> Result<()> {
         ws.endpoint
     );
     let cluster_id_line = format!("{}\n", ws.cluster_id);
-    let files: [(&str, &[u8]); 4] = [
-        ("master-secret.json", master.as_bytes()),
-        ("admin.conf", ws.kubeconfig),
-        ("cluster-id", cluster_id_line.as_bytes()),
-        ("cluster.json", cluster.as_bytes()),
+    let mut files: Vec<(String, Vec<u8>)> = vec![
+        ("admin.conf".into(), ws.kubeconfig.to_vec()),
+        ("cluster-id".into(), cluster_id_line.into_bytes()),
+        ("cluster.json".into(), cluster.into_bytes()),
     ];
-    for (file, contents) in files {
-        asterism_binkit::write_new(&tmp.join(file), contents, asterism_binkit::fs::PRIVATE_MODE)?;
+    if let Some(split) = ws.recovery {
+        files.push(("recovery.json".into(), split.record.to_json()));
+        for share in &split.shares {
+            files.push((
+                format!("{SHARES_DIR}/{}", share.file_name()),
+                share.to_json(),
+            ));
+        }
+    }
+    let result = (|| {
+        if ws.recovery.is_some() {
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(tmp.join(SHARES_DIR))
+                .with_context(|| format!("creating {}", tmp.join(SHARES_DIR).display()))?;
+        }
+        if ws.keep_master_secret {
+            asterism_binkit::write_new(
+                &tmp.join("master-secret.json"),
+                master.as_bytes(),
+                asterism_binkit::fs::PRIVATE_MODE,
+            )?;
+        }
+        for (file, contents) in &files {
+            asterism_binkit::write_new(
+                &tmp.join(file),
+                contents,
+                asterism_binkit::fs::PRIVATE_MODE,
+            )?;
+        }
+        Ok::<_, anyhow::Error>(())
+    })();
+    if let Err(e) = result {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
     }
     if dir.exists() {
         let _ = std::fs::remove_dir_all(&tmp);
@@ -287,4 +386,184 @@ fn write_workspace(dir: &Path, ws: &Workspace<'_>) -> Result<()> {
     std::fs::rename(&tmp, dir)
         .with_context(|| format!("moving the workspace into {}", dir.display()))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+    use age::secrecy::ExposeSecret as _;
+    use asterism_recovery_shares::{
+        CustodianIdentity, DecryptedShareFile, EncryptedShareFile, RecoveryRecord,
+    };
+    use std::os::unix::fs::PermissionsExt as _;
+
+    /// A 2-of-3 split of `master` to fresh age keys, and the custodians' private keys.
+    fn split_2_of_3(master: &[u8], salt: &[u8]) -> (Split, Vec<String>) {
+        let keys: Vec<age::x25519::Identity> =
+            (0..3).map(|_| age::x25519::Identity::generate()).collect();
+        let custodians: Vec<Custodian> = keys
+            .iter()
+            .map(|k| Custodian::parse(&k.to_public().to_string(), "c.pub").unwrap())
+            .collect();
+        let split = asterism_recovery_shares::split(
+            &MasterSecret::new(master.to_vec()).unwrap(),
+            &Salt::new(salt.to_vec()).unwrap(),
+            "2-of-3".parse().unwrap(),
+            &custodians,
+        )
+        .unwrap();
+        let private = keys
+            .iter()
+            .map(|k| k.to_string().expose_secret().to_owned())
+            .collect();
+        (split, private)
+    }
+
+    fn workspace<'a>(split: Option<&'a Split>, keep: bool, secret: &'a [u8]) -> Workspace<'a> {
+        Workspace {
+            kubeconfig: b"kubeconfig",
+            cluster_id: "00",
+            master_secret: secret,
+            salt: secret,
+            measurement_salt: secret,
+            endpoint: "127.0.0.1:9000",
+            recovery: split,
+            keep_master_secret: keep,
+        }
+    }
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn without_the_master_secret_file_only_shares_and_their_record_are_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        let secret = [9u8; 32];
+        let (split, keys) = split_2_of_3(&secret, &[8; 32]);
+        write_workspace(&ws, &workspace(Some(&split), false, &secret)).unwrap();
+
+        assert!(!ws.join("master-secret.json").exists());
+        // No file of the workspace holds the secret's bytes in any encoding.
+        let b64 = base64::engine::general_purpose::STANDARD.encode(secret);
+        for entry in walk(&ws) {
+            let text = String::from_utf8_lossy(&std::fs::read(&entry).unwrap()).into_owned();
+            assert!(!text.contains(&b64), "{} holds the secret", entry.display());
+            assert_eq!(mode(&entry), 0o600, "{}", entry.display());
+        }
+        assert_eq!(mode(&ws), 0o700);
+        assert_eq!(mode(&ws.join(SHARES_DIR)), 0o700);
+
+        // Two custodians' shares and the record give the secret back.
+        let record =
+            RecoveryRecord::from_json(&std::fs::read(ws.join("recovery.json")).unwrap(), "r")
+                .unwrap();
+        let shares: Vec<DecryptedShareFile> = [1usize, 3]
+            .iter()
+            .map(|&i| {
+                let path = ws.join(SHARES_DIR).join(format!("share-{i}-of-3.json"));
+                let file =
+                    EncryptedShareFile::from_json(&std::fs::read(&path).unwrap(), "s").unwrap();
+                let key = CustodianIdentity::from_bytes(keys[i - 1].as_bytes(), "k").unwrap();
+                asterism_recovery_shares::decrypt_share(&file, &key).unwrap()
+            })
+            .collect();
+        let back = asterism_recovery_shares::reconstruct(&shares, &record).unwrap();
+        assert_eq!(back.expose_secret(), secret);
+    }
+
+    #[test]
+    fn with_shares_the_master_secret_file_is_kept_unless_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        let secret = [9u8; 32];
+        let (split, _) = split_2_of_3(&secret, &[8; 32]);
+        write_workspace(&ws, &workspace(Some(&split), true, &secret)).unwrap();
+        assert_eq!(mode(&ws.join("master-secret.json")), 0o600);
+        assert_eq!(mode(&ws.join("recovery.json")), 0o600);
+        assert_eq!(std::fs::read_dir(ws.join(SHARES_DIR)).unwrap().count(), 3);
+    }
+
+    fn walk(dir: &Path) -> Vec<PathBuf> {
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                files.extend(walk(&path));
+            } else {
+                files.push(path);
+            }
+        }
+        files
+    }
+
+    fn args(extra: &[&str]) -> Args {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: Args,
+        }
+        let mut argv = vec![
+            "init",
+            "--endpoint",
+            "127.0.0.1:9000",
+            "--init-secret-file",
+            "s",
+            "--workspace",
+            "w",
+            "--platform-ca",
+            "ca.pem",
+            "--measurements",
+            "m.json",
+        ];
+        argv.extend_from_slice(extra);
+        <Cli as clap::Parser>::try_parse_from(argv).unwrap().args
+    }
+
+    #[test]
+    fn no_master_secret_file_is_refused_without_shares() {
+        let err = recovery_plan(&args(&["--no-master-secret-file"])).unwrap_err();
+        assert!(
+            err.to_string().contains("would lose the master secret"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_number_of_recipients_must_be_n() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("c.pub");
+        std::fs::write(
+            &key,
+            age::x25519::Identity::generate().to_public().to_string(),
+        )
+        .unwrap();
+        let key = key.to_str().unwrap();
+        let err = recovery_plan(&args(&[
+            "--recovery-shares",
+            "2-of-3",
+            "--recovery-recipient",
+            key,
+            "--recovery-recipient",
+            key,
+        ]))
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("needs 3 --recovery-recipient"),
+            "{err}"
+        );
+        let plan = recovery_plan(&args(&[
+            "--recovery-shares",
+            "2-of-2",
+            "--recovery-recipient",
+            key,
+            "--recovery-recipient",
+            key,
+        ]))
+        .unwrap();
+        assert_eq!(plan.map(|(t, c)| (t.needed(), c.len())), Some((2, 2)));
+    }
 }

@@ -2,15 +2,16 @@
 //!
 //! `init` initialises the first node of a cluster, `verify` checks a node's fresh evidence,
 //! `mini` runs a local cluster, `readmit` lets a member with a new attestation key rejoin,
-//! `data-key` fetches a key from a key service over attested
-//! TLS. The commands live in the `asterism` library so that tests can drive them.
+//! `data-key` fetches a key from a key service over attested TLS, `recovery-share decrypt`
+//! opens a custodian's share of the master secret. The commands live in the `asterism`
+//! library so that tests can drive them.
 //!
 //! `mini` is the `asterism-mini` program, run git-style: it drives swtpm and LUKS2 images,
 //! and this tool must link neither the TSS nor libcryptsetup (scripts/check-deps).
 #![forbid(unsafe_code)]
 
 use anyhow::{Context, Result};
-use asterism::{data_key, identity, init, readmit, verify};
+use asterism::{data_key, identity, init, readmit, recovery_share, verify};
 use clap::{Parser, Subcommand};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -41,6 +42,9 @@ enum Command {
     /// Let a member that came back with another attestation key (a replaced TPM) receive
     /// its next join ticket. Run on a control-plane node, as the join service's user.
     Readmit(readmit::Args),
+    /// A custodian's share of the master secret (`asterism init --recovery-shares`):
+    /// `decrypt` it with the custodian's key for `asterism recover --share`.
+    RecoveryShare(recovery_share::Args),
     /// A local cluster on this machine: swtpm per node, LUKS2 image files, real services.
     /// Runs `asterism-mini` (next to this executable, else on PATH) with these arguments:
     /// `up`, `status`, `down`; `asterism mini --help` lists them.
@@ -104,6 +108,15 @@ fn run(cli: Cli) -> Result<std::process::ExitCode> {
         // Its exit code is ours.
         Command::Mini { args } => return run_mini(&args, &cli.log),
         Command::InsecureTestIdentity { out } => identity::create(&out),
+        Command::RecoveryShare(args) => {
+            let out = recovery_share::run(&args)?;
+            eprintln!(
+                "decrypted share written to {} (mode 0600); give it to whoever runs \
+                 `asterism recover --share`, and delete it afterwards",
+                out.display()
+            );
+            Ok(())
+        }
         Command::Readmit(args) => {
             let member = readmit::run(&args)?;
             eprintln!(

@@ -486,6 +486,9 @@ impl LocalCluster {
             apiserver_cert_sans: Vec::new(),
             timeout_secs: 120,
             trust: asterism::trust::TrustArgs::platform_ca(&self.platform_ca, &self.measurements),
+            recovery_shares: None,
+            recovery_recipients: Vec::new(),
+            no_master_secret_file: false,
         }
     }
 

@@ -294,7 +294,10 @@ async fn rejoin_round<M: Metadata>(
                     .and_then(|disk_key| {
                         Ok(RejoinKeys {
                             disk_key,
-                            measurement_secret: key32(&mut r.measurement_secret, "measurement_secret")?,
+                            measurement_secret: key32(
+                                &mut r.measurement_secret,
+                                "measurement_secret",
+                            )?,
                         })
                     });
                 match keys {

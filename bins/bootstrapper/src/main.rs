@@ -537,8 +537,10 @@ async fn run(args: Args, logs: LogBuffer) -> anyhow::Result<u8> {
     match asterism_bootstrapper::run(node, listeners, shutdown).await {
         Ok(outcome) => {
             tracing::info!(?outcome, "done");
-            if let (Some(kubeadm), Outcome::AlreadyBootstrapped | Outcome::Rejoined(_) | Outcome::Recovered(_)) =
-                (&kubeadm, &outcome)
+            if let (
+                Some(kubeadm),
+                Outcome::AlreadyBootstrapped | Outcome::Rejoined(_) | Outcome::Recovered(_),
+            ) = (&kubeadm, &outcome)
                 && let Err(e) = kubeadm.start_kubelet().await
             {
                 tracing::error!(error = %asterism_bootstrapper::error_chain(&e), "cannot start the kubelet; reboot the node");

@@ -16,9 +16,7 @@ use asterism_binkit::error_chain;
 use asterism_disk::Unlocked;
 use asterism_kms::{ClusterId, DataKey, DiskUuid, KeyId, KmsUri, StorageUri, derive_cluster_id};
 use asterism_proto::recover::api_server::Api;
-use asterism_proto::recover::{
-    DescribeRequest, DescribeResponse, RecoverMessage, RecoverResponse,
-};
+use asterism_proto::recover::{DescribeRequest, DescribeResponse, RecoverMessage, RecoverResponse};
 use tokio::sync::{Mutex, mpsc};
 use tonic::{Request, Response, Status};
 use tracing::{info, warn};
@@ -135,9 +133,10 @@ impl<M: Send + Sync + 'static> Resume<M> {
             measurement_secret,
         } = keys;
         let disk = node.disk.clone();
-        let (opens, disk_key) = blocking(move || disk.check_key(&disk_key).map(|ok| (ok, disk_key)))
-            .await
-            .map_err(ResumeError::Step)?;
+        let (opens, disk_key) =
+            blocking(move || disk.check_key(&disk_key).map(|ok| (ok, disk_key)))
+                .await
+                .map_err(ResumeError::Step)?;
         if !opens {
             warn!(step = "resume", source = ?source, "refused a disk key that does not open the state disk; nothing changed");
             return Err(ResumeError::WrongKey);
@@ -351,5 +350,330 @@ impl<M: Send + Sync + 'static> Api for RecoverService<M> {
                 Err(status)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex as StdMutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use asterism_attestation::{IssueError, Issuer, Measurements, ReportData};
+    use asterism_cluster::Role;
+    use asterism_disk::DiskError;
+    use asterism_kms::{ClusterKms, MasterSecret, Salt};
+
+    use crate::config::Config;
+    use crate::effects::{DiskOps, MarkError, NodeMarker};
+    use crate::logbuf::LogBuffer;
+    use crate::node_state::NodeDir;
+    use crate::trust::JoinServiceTrust;
+
+    const UUID: &str = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
+    const SALT: [u8; 32] = [5; 32];
+
+    fn kms() -> ClusterKms {
+        ClusterKms::new(
+            MasterSecret::new(vec![1; 32]).unwrap(),
+            Salt::new(vec![2; 32]).unwrap(),
+        )
+    }
+
+    fn keys_of(kms: &ClusterKms) -> RejoinKeys {
+        let uuid = DiskUuid::parse(UUID).unwrap();
+        RejoinKeys {
+            disk_key: kms.data_key(&KeyId::Disk(uuid), 32).unwrap(),
+            measurement_secret: kms.data_key(&KeyId::MeasurementSecret, 32).unwrap(),
+        }
+    }
+
+    fn cluster_of(kms: &ClusterKms) -> ClusterId {
+        let secret = kms.data_key(&KeyId::MeasurementSecret, 32).unwrap();
+        derive_cluster_id(&secret, &SALT).unwrap()
+    }
+
+    /// A disk that one key opens; it counts unlocks and the key checks in flight at once.
+    struct FakeDisk {
+        key: Vec<u8>,
+        unlocks: AtomicUsize,
+        in_flight: AtomicUsize,
+        most_in_flight: AtomicUsize,
+    }
+
+    impl DiskOps for FakeDisk {
+        fn is_initialized(&self) -> Result<bool, DiskError> {
+            Ok(true)
+        }
+        fn format_new(&self, _: &DataKey) -> Result<DiskUuid, DiskError> {
+            unreachable!("a recovered disk is never formatted")
+        }
+        fn uuid(&self) -> Result<DiskUuid, DiskError> {
+            Ok(DiskUuid::parse(UUID).unwrap())
+        }
+        fn replace_passphrase(&self, _: &DataKey, _: &DataKey) -> Result<(), DiskError> {
+            unreachable!("a recovered disk is never re-keyed")
+        }
+        fn mark_for_reset(&self) -> Result<(), DiskError> {
+            unreachable!("no test here resets")
+        }
+        fn unlock(&self, _: &DataKey) -> Result<Unlocked, DiskError> {
+            self.unlocks.fetch_add(1, Ordering::SeqCst);
+            Ok(Unlocked::KeyChecked)
+        }
+        fn check_key(&self, passphrase: &DataKey) -> Result<bool, DiskError> {
+            let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most_in_flight.fetch_max(now, Ordering::SeqCst);
+            // Long enough for concurrent callers to overlap if nothing serialised them.
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
+            Ok(passphrase.expose_secret() == self.key.as_slice())
+        }
+    }
+
+    #[derive(Default)]
+    struct Marks(StdMutex<Vec<ClusterId>>);
+
+    impl NodeMarker for Marks {
+        fn is_marked(&self) -> Result<bool, MarkError> {
+            Ok(!self.0.lock().unwrap().is_empty())
+        }
+        fn mark(&self, cluster_id: &ClusterId) -> Result<(), MarkError> {
+            self.0.lock().unwrap().push(*cluster_id);
+            Ok(())
+        }
+    }
+
+    struct NoIssuer;
+
+    impl Issuer for NoIssuer {
+        fn variant(&self) -> &'static str {
+            "none"
+        }
+        fn issue(&self, _: &ReportData) -> Result<Vec<u8>, IssueError> {
+            unreachable!("Resume never attests")
+        }
+    }
+
+    struct Fixture {
+        resume: Arc<Resume<()>>,
+        disk: Arc<FakeDisk>,
+        marks: Arc<Marks>,
+        node: Arc<Node<()>>,
+        _dir: tempfile::TempDir,
+    }
+
+    fn fixture(trust: JoinServiceTrust) -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let node_dir = NodeDir::new(dir.path().join("node"));
+        NodeState {
+            role: Role::ControlPlane,
+            measurement_salt: SALT,
+        }
+        .write(&node_dir.node_state())
+        .unwrap();
+        let mut config = Config::new(node_dir, "127.0.0.1".parse().unwrap());
+        config.join_service = trust;
+        let disk = Arc::new(FakeDisk {
+            key: keys_of(&kms()).disk_key.expose_secret().to_vec(),
+            unlocks: AtomicUsize::new(0),
+            in_flight: AtomicUsize::new(0),
+            most_in_flight: AtomicUsize::new(0),
+        });
+        let marks = Arc::new(Marks::default());
+        let node = Arc::new(Node::new(
+            config,
+            marks.clone(),
+            disk.clone(),
+            Arc::new(NoIssuer),
+            (),
+            Arc::new(crate::driver::NoneDriver::new()),
+            LogBuffer::new(1024),
+        ));
+        let resume = Arc::new(Resume::new(node.clone(), DiskUuid::parse(UUID).unwrap()));
+        Fixture {
+            resume,
+            disk,
+            marks,
+            node,
+            _dir: dir,
+        }
+    }
+
+    fn trusting_cluster(cluster_id: ClusterId) -> JoinServiceTrust {
+        let measurements = Measurements::from_json(
+            format!("{{\"measurements\": {{\"0\": \"{}\"}}}}", "00".repeat(32)).as_bytes(),
+        )
+        .unwrap();
+        JoinServiceTrust::cluster(
+            asterism_testkit::pin(b"ak"),
+            measurements.into_provider(),
+            cluster_id,
+        )
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_key_that_does_not_open_the_disk_is_refused_and_changes_nothing() {
+        let f = fixture(trusting_cluster(cluster_of(&kms())));
+        let other = ClusterKms::new(
+            MasterSecret::new(vec![9; 32]).unwrap(),
+            Salt::new(vec![2; 32]).unwrap(),
+        );
+        let refused = f.resume.resume(keys_of(&other), Source::Recovery).await;
+        assert!(matches!(refused, Err(ResumeError::WrongKey)), "{refused:?}");
+        assert_eq!(f.disk.unlocks.load(Ordering::SeqCst), 0);
+        assert!(f.marks.0.lock().unwrap().is_empty());
+        assert!(!f.node.lock.is_taken());
+        // The node kept waiting: the right keys still bring it back.
+        let id = f
+            .resume
+            .resume(keys_of(&kms()), Source::Recovery)
+            .await
+            .unwrap();
+        assert_eq!(id, cluster_of(&kms()));
+        assert_eq!(*f.marks.0.lock().unwrap(), [id]);
+    }
+
+    #[tokio::test]
+    async fn a_measurement_secret_of_another_cluster_marks_nothing_and_the_disk_is_opened_once() {
+        let f = fixture(trusting_cluster(cluster_of(&kms())));
+        let mut keys = keys_of(&kms());
+        keys.measurement_secret = DataKey::new(vec![7; 32]).unwrap();
+        let refused = f.resume.resume(keys, Source::Recovery).await;
+        assert!(
+            matches!(refused, Err(ResumeError::OtherCluster(_))),
+            "{refused:?}"
+        );
+        assert!(f.marks.0.lock().unwrap().is_empty());
+        assert!(!f.node.lock.is_taken());
+        f.resume
+            .resume(keys_of(&kms()), Source::Recovery)
+            .await
+            .unwrap();
+        // The disk key was right both times: the disk is unlocked (mapped) once only.
+        assert_eq!(f.disk.unlocks.load(Ordering::SeqCst), 1);
+        assert_eq!(f.marks.0.lock().unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_repeated_call_after_success_is_refused_and_changes_nothing() {
+        let f = fixture(JoinServiceTrust::insecure_skip_verification());
+        f.resume
+            .resume(keys_of(&kms()), Source::Recovery)
+            .await
+            .unwrap();
+        let again = f.resume.resume(keys_of(&kms()), Source::Recovery).await;
+        assert!(matches!(again, Err(ResumeError::AlreadyDone)), "{again:?}");
+        // The loser of the race (a rejoin ticket arriving after the recovery) likewise.
+        let late = f.resume.resume(keys_of(&kms()), Source::RejoinTicket).await;
+        assert!(matches!(late, Err(ResumeError::AlreadyDone)), "{late:?}");
+        assert_eq!(f.disk.unlocks.load(Ordering::SeqCst), 1);
+        assert_eq!(f.marks.0.lock().unwrap().len(), 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_calls_are_serialised_and_exactly_one_wins() {
+        let f = fixture(JoinServiceTrust::insecure_skip_verification());
+        let calls: Vec<_> = (0..6)
+            .map(|i| {
+                let resume = f.resume.clone();
+                let source = if i % 2 == 0 {
+                    Source::Recovery
+                } else {
+                    Source::RejoinTicket
+                };
+                tokio::spawn(async move { resume.resume(keys_of(&kms()), source).await })
+            })
+            .collect();
+        let mut won = 0;
+        for call in calls {
+            match call.await.unwrap() {
+                Ok(_) => won += 1,
+                Err(ResumeError::AlreadyDone) => {}
+                Err(e) => panic!("unexpected: {e:?}"),
+            }
+        }
+        assert_eq!(won, 1);
+        assert_eq!(f.disk.most_in_flight.load(Ordering::SeqCst), 1);
+        assert_eq!(f.disk.unlocks.load(Ordering::SeqCst), 1);
+        assert_eq!(f.marks.0.lock().unwrap().len(), 1);
+    }
+
+    fn uuid() -> DiskUuid {
+        DiskUuid::parse(UUID).unwrap()
+    }
+
+    fn original_form() -> RecoverMessage {
+        RecoverMessage {
+            kms_uri: KmsUri::cluster(
+                MasterSecret::new(vec![1; 32]).unwrap(),
+                Salt::new(vec![2; 32]).unwrap(),
+            )
+            .to_uri_string()
+            .to_string(),
+            storage_uri: "storage://no-store".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_original_form_with_the_master_secret_is_refused_by_default() {
+        let refused = decode(original_form(), &uuid(), false);
+        assert!(
+            matches!(refused, Err(RequestError::MasterSecretRefused)),
+            "{:?}",
+            refused.err()
+        );
+    }
+
+    #[test]
+    fn the_original_form_when_allowed_derives_the_same_keys_as_the_key_service() {
+        let keys = decode(original_form(), &uuid(), true).unwrap();
+        let want = keys_of(&kms());
+        assert_eq!(keys.disk_key.expose_secret(), want.disk_key.expose_secret());
+        assert_eq!(
+            keys.measurement_secret.expose_secret(),
+            want.measurement_secret.expose_secret()
+        );
+    }
+
+    #[test]
+    fn keys_derived_for_another_disk_are_refused() {
+        let want = keys_of(&kms());
+        let msg = RecoverMessage {
+            disk_key: want.disk_key.expose_secret().to_vec(),
+            cluster_measurement_secret: want.measurement_secret.expose_secret().to_vec(),
+            disk_uuid: "00000000-0000-0000-0000-000000000000".into(),
+            ..Default::default()
+        };
+        let refused = decode(msg, &uuid(), false);
+        assert!(
+            matches!(refused, Err(RequestError::OtherDisk { .. })),
+            "{:?}",
+            refused.err()
+        );
+    }
+
+    #[test]
+    fn a_key_of_the_wrong_length_is_refused() {
+        let msg = RecoverMessage {
+            disk_key: vec![1; 31],
+            cluster_measurement_secret: vec![2; 32],
+            disk_uuid: UUID.into(),
+            ..Default::default()
+        };
+        let refused = decode(msg, &uuid(), false);
+        assert!(
+            matches!(
+                refused,
+                Err(RequestError::Key(TicketError::KeyLength {
+                    field: "disk_key",
+                    len: 31
+                }))
+            ),
+            "{:?}",
+            refused.err()
+        );
     }
 }

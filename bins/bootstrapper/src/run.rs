@@ -21,9 +21,9 @@ use crate::flow::{Event, JoinEnd};
 use crate::identity::{self, ThisNode};
 use crate::init::{InitService, fetch_secret_hash};
 use crate::join::{RejoinEnd, join_client, rejoin};
-use crate::recover::{RecoverService, Resume, ResumeError};
 use crate::node::Node;
 use crate::pki;
+use crate::recover::{RecoverService, Resume, ResumeError};
 
 /// How long a stopping InitServer may take to deliver its last response.
 const SERVER_DRAIN: Duration = Duration::from_secs(10);

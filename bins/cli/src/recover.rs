@@ -14,7 +14,9 @@
 use crate::trust::TrustArgs;
 use anyhow::{Context, Result, bail};
 use asterism_atls::{AtlsConfig, AtlsConnector, AtlsError, VerifiedPeer};
-use asterism_attestation::{ExpectedPcr, Measurements, PcrIndex, TpmQuoteValidator, Validator};
+use asterism_attestation::{
+    ExpectedPcr, Measurements, PcrIndex, TpmQuoteValidator, ValidationError, Validator,
+};
 use asterism_kms::{ClusterKms, DataKey, DiskUuid, KeyId, KmsUri, MasterSecret, Salt};
 use asterism_proto::recover::api_client::ApiClient;
 use asterism_proto::recover::{DescribeRequest, RecoverMessage};
@@ -205,7 +207,9 @@ async fn attempt(target: &Target, kms: &ClusterKms) -> Result<Recovered, Attempt
         .await
         .map_err(|e| classify_connect(&target.endpoint, &e))?;
     let peer = connector.last_verified_peer().ok_or_else(|| {
-        AttemptError::Fatal(anyhow::anyhow!("the connection carried no verified evidence"))
+        AttemptError::Fatal(anyhow::anyhow!(
+            "the connection carried no verified evidence"
+        ))
     })?;
     let mut client = ApiClient::new(channel).max_decoding_message_size(4096);
     let (message, disk_uuid) = if target.insecure_send_master_secret {
@@ -357,23 +361,28 @@ pub fn check_cluster(workspace: &Path, kms: &ClusterKms) -> Result<()> {
     Ok(())
 }
 
-/// The validator of a node waiting for recovery: the expected measurements, with PCR 15
-/// enforced as zero whatever the file says. A node waiting for its keys has not marked
-/// PCR 15 (it marks it only once its keys opened the disk); a marked node is back already
-/// and needs nothing, and any other value is not this cluster's node in a fresh boot.
+/// The validator of a node waiting for recovery: the expected measurements with PCR 15
+/// enforced as zero (see [`recovery_measurements`]).
 pub fn validator(trust: &TrustArgs) -> Result<Arc<dyn Validator>> {
-    let loaded = trust.load_measurements()?;
+    let measurements = recovery_measurements(&trust.load_measurements()?)?;
+    Ok(Arc::new(TpmQuoteValidator::new(
+        trust.ak_trust()?,
+        measurements.into_provider(),
+    )))
+}
+
+/// `loaded` with PCR 15 enforced as zero whatever it said. A node waiting for its keys has
+/// not marked PCR 15 (it marks it only once its keys opened the disk); a marked node is
+/// back already and needs nothing, and any other value is not a node of this cluster in
+/// a fresh boot.
+pub fn recovery_measurements(loaded: &Measurements) -> Result<Measurements> {
     let pcr15 = PcrIndex::new(15).context("PCR 15")?;
     let expected = loaded
         .iter()
         .filter(|(i, _)| *i != pcr15)
         .map(|(i, e)| (i, *e))
         .chain([(pcr15, ExpectedPcr::enforce([0; 32]))]);
-    let measurements = Measurements::new(expected)?.with_cvm(loaded.cvm().clone());
-    Ok(Arc::new(TpmQuoteValidator::new(
-        trust.ak_trust()?,
-        measurements.into_provider(),
-    )))
+    Ok(Measurements::new(expected)?.with_cvm(loaded.cvm().clone()))
 }
 
 /// `host:port`, with the recovery port added when `endpoint` names none.
@@ -394,18 +403,33 @@ pub fn with_default_port(endpoint: &str) -> String {
 }
 
 fn classify_connect(endpoint: &str, e: &tonic::transport::Error) -> AttemptError {
-    let text = format!("{e:?}");
-    if text.contains("Connection refused") {
-        AttemptError::Unavailable(format!("nothing listens at {endpoint}"))
-    } else if text.contains("measurement mismatch")
-        || text.contains("untrusted attestation key")
-        || text.contains("certificate")
-    {
-        AttemptError::Fatal(anyhow::anyhow!(
-            "the node at {endpoint} is not one to recover (its evidence was refused: other software, an untrusted attestation key, or PCR 15 already marked); nothing was sent. Details: {text}"
-        ))
-    } else {
-        AttemptError::Transient(format!("could not open an attested connection: {text}"))
+    // The aTLS error is in the cause chain; its variant decides, never its text.
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if let Some(atls) = c.downcast_ref::<AtlsError>() {
+            return classify_atls(endpoint, atls);
+        }
+        cause = c.source();
+    }
+    AttemptError::Transient(format!("could not connect to {endpoint}: {e}"))
+}
+
+fn classify_atls(endpoint: &str, e: &AtlsError) -> AttemptError {
+    match e {
+        AtlsError::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+            AttemptError::Unavailable(format!("nothing listens at {endpoint}"))
+        }
+        AtlsError::Rejected(ValidationError::Measurement { index: 15, .. }) => {
+            AttemptError::Fatal(anyhow::anyhow!(
+                "the node at {endpoint} is not one to recover: its PCR 15 is not zero (it is back already, or marked by something else); nothing was sent. Details: {e}"
+            ))
+        }
+        AtlsError::Rejected(_) => AttemptError::Fatal(anyhow::anyhow!(
+            "the node at {endpoint} is not one to recover: its evidence was refused (other software, or an untrusted attestation key); nothing was sent. Details: {e}"
+        )),
+        _ => AttemptError::Transient(format!(
+            "could not open an attested connection to {endpoint}: {e}"
+        )),
     }
 }
 
@@ -500,12 +524,35 @@ mod tests {
         // Another disk, another key.
         let other = DiskUuid::parse("00000000-0000-0000-0000-000000000001").unwrap();
         assert_ne!(
-            NodeKeys::derive(&kms, &other).unwrap().disk_key.expose_secret(),
+            NodeKeys::derive(&kms, &other)
+                .unwrap()
+                .disk_key
+                .expose_secret(),
             keys.disk_key.expose_secret()
         );
         let message = keys.into_message(&uuid);
         assert!(message.kms_uri.is_empty(), "the master secret never leaves");
         assert_eq!(message.disk_uuid, uuid.as_str());
+    }
+
+    #[test]
+    fn pcr15_is_enforced_zero_whatever_the_measurements_file_says() {
+        let marker = "ab".repeat(32);
+        let loaded = Measurements::from_json(
+            format!(
+                "{{\"measurements\": {{\"4\": \"{}\", \"15\": {{\"expected\": \"{marker}\", \"warnOnly\": true}}}}}}",
+                "11".repeat(32)
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+        let m = recovery_measurements(&loaded).unwrap();
+        let pcr15 = m.get(PcrIndex::new(15).unwrap()).unwrap();
+        assert_eq!(*pcr15, ExpectedPcr::enforce([0; 32]));
+        assert_eq!(
+            m.get(PcrIndex::new(4).unwrap()),
+            loaded.get(PcrIndex::new(4).unwrap())
+        );
     }
 
     #[test]

@@ -202,6 +202,14 @@ impl TestNode {
 
     /// A validator for this node's AK and its current PCRs whose index passes `keep`.
     pub fn validator_with(&self, keep: impl Fn(u32) -> bool) -> Arc<TpmQuoteValidator> {
+        Arc::new(TpmQuoteValidator::new(
+            pin(&self.ak_public),
+            self.measurements_with(keep).into_provider(),
+        ))
+    }
+
+    /// This node's PCRs 0–7 and 15 as they are now, those whose index passes `keep`.
+    pub fn measurements_with(&self, keep: impl Fn(u32) -> bool) -> Measurements {
         let mut tpm = Tpm::open(&self.swtpm.config()).unwrap();
         let pcrs = tpm.read_pcrs(&PcrSelection::all()).unwrap();
         let entries: Vec<String> = pcrs
@@ -210,11 +218,7 @@ impl TestNode {
             .map(|(i, v)| format!("\"{i}\": \"{}\"", hex::encode(v)))
             .collect();
         let json = format!("{{\"measurements\": {{{}}}}}", entries.join(", "));
-        let measurements = Measurements::from_json(json.as_bytes()).unwrap();
-        Arc::new(TpmQuoteValidator::new(
-            pin(&self.ak_public),
-            measurements.into_provider(),
-        ))
+        Measurements::from_json(json.as_bytes()).unwrap()
     }
 
     /// Trust in this node as the join service of `cluster_id`: its AK (pinned), PCRs 0–7 as

@@ -296,7 +296,7 @@ fn to_status(e: &ResumeError) -> Status {
         ResumeError::Incomplete(_) | ResumeError::Marking(_) => Status::internal(format!(
             "{e}; the state disk is marked for reset, reboot the node"
         )),
-        ResumeError::Step(_) => Status::unavailable("the node could not try the keys"),
+        ResumeError::Step(_) => Status::internal("the node could not try the keys"),
     }
 }
 

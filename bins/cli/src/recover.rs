@@ -114,19 +114,14 @@ pub async fn run(args: Args) -> Result<Vec<Recovered>> {
 pub async fn recover(target: &Target, kms: &ClusterKms) -> Result<Vec<Recovered>> {
     let deadline = Instant::now() + target.deadline;
     let mut recovered = Vec::new();
-    loop {
-        match retrier(target, kms, deadline).await? {
-            Some(node) => {
-                eprintln!(
-                    "▸ recovered {}: attestation key {}, disk {}",
-                    node.peer,
-                    node.ak,
-                    node.disk_uuid.as_deref().unwrap_or("(not asked)")
-                );
-                recovered.push(node);
-            }
-            None => break,
-        }
+    while let Some(node) = retrier(target, kms, deadline).await? {
+        eprintln!(
+            "▸ recovered {}: attestation key {}, disk {}",
+            node.peer,
+            node.ak,
+            node.disk_uuid.as_deref().unwrap_or("(not asked)")
+        );
+        recovered.push(node);
     }
     if recovered.is_empty() {
         eprintln!(
@@ -436,6 +431,12 @@ fn classify_atls(endpoint: &str, e: &AtlsError) -> AttemptError {
 fn classify_status(s: &tonic::Status, call: &str) -> AttemptError {
     match s.code() {
         tonic::Code::Unavailable => AttemptError::Unavailable(s.message().to_owned()),
+        // Brought back meanwhile (its rejoin won, or another recovery): it needs nothing;
+        // the next attempt finds its port closed or another node.
+        tonic::Code::FailedPrecondition => AttemptError::Transient(format!(
+            "the node no longer needs recovery: {}",
+            s.message()
+        )),
         _ => AttemptError::Fatal(anyhow::anyhow!(
             "the node refused {call}: {:?}: {}",
             s.code(),

@@ -334,21 +334,34 @@ impl<M: Send + Sync + 'static> Api for RecoverService<M> {
             warn!(step = "recover", peer = ?peer, error = %e, "refused a Recover request");
             Status::invalid_argument(e.to_string())
         })?;
-        match self.resume.resume(keys, Source::Recovery).await {
-            Ok(cluster_id) => {
-                let _ = self.events.send(Ok(cluster_id));
-                Ok(Response::new(RecoverResponse {}))
-            }
-            Err(e) => {
-                let status = to_status(&e);
-                if e.is_terminal() {
-                    tracing::error!(error = %error_chain(&e), "recovery failed after the disk opened");
-                    let _ = self.events.send(Err(e));
-                } else {
-                    warn!(step = "recover", peer = ?peer, error = %error_chain(&e), "refused the recovery keys; still waiting");
+        // The attempt runs to its end even if the caller goes away: once it took the node
+        // lock, the orchestrator must hear of it.
+        let (resume, events) = (self.resume.clone(), self.events.clone());
+        let attempt = tokio::spawn(async move {
+            let result = resume.resume(keys, Source::Recovery).await;
+            match &result {
+                Ok(cluster_id) => {
+                    let _ = events.send(Ok(*cluster_id));
                 }
-                Err(status)
+                Err(e) if e.is_terminal() => {
+                    tracing::error!(error = %error_chain(e), "recovery failed after the disk opened");
+                }
+                Err(e) => {
+                    warn!(step = "recover", peer = ?peer, error = %error_chain(e), "refused the recovery keys; still waiting");
+                }
             }
+            let status = result.as_ref().err().map(to_status);
+            if let Err(e) = result
+                && e.is_terminal()
+            {
+                let _ = events.send(Err(e));
+            }
+            status
+        });
+        match attempt.await {
+            Ok(None) => Ok(Response::new(RecoverResponse {})),
+            Ok(Some(status)) => Err(status),
+            Err(_) => Err(Status::internal("the recovery attempt failed")),
         }
     }
 }

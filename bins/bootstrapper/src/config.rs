@@ -55,6 +55,10 @@ pub struct Config {
     /// public area, hex): recorded at init with the disk UUID, so that the join service
     /// binds the first node's disk to it.
     pub ak_identity: Option<String>,
+    /// Whether the recovery server accepts the original's request form, which carries the
+    /// cluster's master secret (logged at warn on every use). Off: only the two derived
+    /// keys are accepted.
+    pub insecure_accept_master_secret: bool,
 }
 
 impl std::fmt::Debug for Config {
@@ -71,6 +75,10 @@ impl std::fmt::Debug for Config {
             .field("components_dirs", &self.components_dirs)
             .field("init_limits", &self.init_limits)
             .field("ak_identity", &self.ak_identity)
+            .field(
+                "insecure_accept_master_secret",
+                &self.insecure_accept_master_secret,
+            )
             .finish()
     }
 }
@@ -91,6 +99,7 @@ impl Config {
             components_dirs: DEFAULT_COMPONENTS_DIRS.iter().map(PathBuf::from).collect(),
             init_limits: InitLimits::default(),
             ak_identity: None,
+            insecure_accept_master_secret: false,
         }
     }
 }

@@ -81,6 +81,9 @@ pub trait DiskOps: Send + Sync {
     /// Unlocks the disk: maps it, or (without device-mapper, or when mapping is not
     /// wanted) checks the key.
     fn unlock(&self, passphrase: &DataKey) -> Result<Unlocked, DiskError>;
+    /// Whether `passphrase` opens a keyslot of the disk; changes nothing (a refused
+    /// recovery key must leave the disk as it was).
+    fn check_key(&self, passphrase: &DataKey) -> Result<bool, DiskError>;
 }
 
 /// How [`LuksDisk`] unlocks a disk.
@@ -127,6 +130,10 @@ impl DiskOps for LuksDisk {
 
     fn mark_for_reset(&self) -> Result<(), DiskError> {
         self.disk.mark_for_reset()
+    }
+
+    fn check_key(&self, passphrase: &DataKey) -> Result<bool, DiskError> {
+        self.disk.check_key(passphrase)
     }
 
     fn unlock(&self, passphrase: &DataKey) -> Result<Unlocked, DiskError> {

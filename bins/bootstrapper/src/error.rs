@@ -86,7 +86,10 @@ pub enum StepError {
     /// The InitServer stopped before the node was bootstrapped.
     #[error("the InitServer stopped unexpectedly")]
     InitServerStopped,
-    /// Every flow ended and none bootstrapped the node.
+    /// A reboot's keys were refused or could not be used.
+    #[error("the node could not be brought back")]
+    Resume(#[source] Box<crate::recover::ResumeError>),
+    /// Every flow ended without a result.
     #[error("every flow ended without a result")]
     FlowsEnded,
     /// The activation did not finish in time.

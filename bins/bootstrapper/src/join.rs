@@ -12,8 +12,7 @@ use std::sync::Arc;
 
 use asterism_binkit::error_chain;
 use asterism_cluster::Role;
-use asterism_disk::Unlocked;
-use asterism_kms::{ClusterId, DataKey, DiskUuid, derive_cluster_id};
+use asterism_kms::{ClusterId, DiskUuid};
 use asterism_metadata::Metadata;
 use asterism_proto::join::api_client::ApiClient;
 use asterism_proto::join::{IssueJoinTicketRequest, IssueRejoinTicketRequest};
@@ -28,8 +27,8 @@ use crate::flow::{JoinEnd, pause};
 use crate::identity::ThisNode;
 use crate::lock::Holder;
 use crate::node::Node;
-use crate::node_state::NodeState;
 use crate::pki;
+use crate::recover::{RejoinKeys, Resume, ResumeError, Source};
 use crate::ticket::{self, Expect, ForNode, JoinTicket, TicketError, key32};
 
 fn dialer<M>(node: &Node<M>) -> Result<Dialer, StepError> {
@@ -212,67 +211,54 @@ async fn join_round<M: Metadata>(
     None
 }
 
-/// A reboot of an initialized node: get the disk key and measurement secret from a join
-/// service, unlock the disk, read the node state, derive the cluster ID and mark PCR 15.
-/// `None` when stopped first.
-pub(crate) async fn rejoin<M: Metadata>(
+/// How the rejoin client ended.
+#[derive(Debug)]
+pub(crate) enum RejoinEnd {
+    /// The node is back in its cluster.
+    Rejoined(ClusterId),
+    /// The recovery server brought the node back first.
+    LostRace,
+    /// Stopped before it got a rejoin ticket.
+    Stopped,
+}
+
+/// The rejoin client of a reboot: asks a join service for the disk key and the
+/// measurement secret until it gets them or `stop`, then hands them to `resume` (which
+/// unlocks the disk, reads the node state, derives the cluster ID and marks PCR 15).
+pub(crate) async fn rejoin<M: Metadata + 'static>(
     node: &Node<M>,
+    resume: &Resume<M>,
     mut stop: watch::Receiver<bool>,
-) -> Result<Option<ClusterId>, RejoinError> {
-    if !node.config.join_service.may_join() {
-        return Err(RejoinError::Before(StepError::NoClusterToRejoin));
-    }
-    let disk = node.disk.clone();
-    let uuid = blocking(move || disk.uuid())
-        .await
-        .map_err(RejoinError::Before)?;
-    let dialer = dialer(node).map_err(RejoinError::Before)?;
+) -> Result<RejoinEnd, ResumeError> {
+    let dialer = dialer(node).map_err(ResumeError::Step)?;
+    let uuid = resume.uuid();
     info!(step = "rejoin", uuid = %uuid, "the state disk is initialized: this is a reboot; asking a join service for a rejoin ticket");
     let mut attempt: u64 = 0;
-    let (disk_key, measurement_secret) = loop {
+    let keys = loop {
         if *stop.borrow() {
-            return Ok(None);
+            return Ok(RejoinEnd::Stopped);
         }
         attempt += 1;
-        let round = rejoin_round(node, &dialer, &uuid, attempt);
+        let round = rejoin_round(node, &dialer, uuid, attempt);
         let got = tokio::select! {
             got = round => got,
-            _ = stop.wait_for(|s| *s) => return Ok(None),
+            _ = stop.wait_for(|s| *s) => return Ok(RejoinEnd::Stopped),
         };
         if let Some(got) = got {
             break got;
         }
         if pause(&mut stop, node.config.retry_interval).await {
-            return Ok(None);
+            return Ok(RejoinEnd::Stopped);
         }
     };
-    let disk = node.disk.clone();
-    let unlocked = blocking(move || disk.unlock(&disk_key))
-        .await
-        .map_err(RejoinError::Before)?;
-    match unlocked {
-        Unlocked::KeyChecked => info!(
-            step = "rejoin",
-            "unlocked the state disk by a key check, without device-mapper: the key opens the disk, nothing is mapped (local mode: the node directory's state/ stands for the mounted disk)"
-        ),
-        Unlocked::Mapped(path) => {
-            info!(step = "rejoin", mapped = %path.display(), "unlocked the state disk")
+    match resume.resume(keys, Source::RejoinTicket).await {
+        Ok(cluster_id) => Ok(RejoinEnd::Rejoined(cluster_id)),
+        Err(ResumeError::AlreadyDone) => {
+            info!("the node was recovered first; the rejoin client stops");
+            Ok(RejoinEnd::LostRace)
         }
+        Err(e) => Err(e),
     }
-    let state_path = node.dir().node_state();
-    let state = NodeState::read(&state_path).map_err(|e| RejoinError::Incomplete(e.into()))?;
-    let cluster_id = derive_cluster_id(&measurement_secret, &state.measurement_salt)
-        .map_err(|e| RejoinError::Before(e.into()))?;
-    node.config
-        .join_service
-        .accepts_cluster(&cluster_id)
-        .map_err(|e| RejoinError::Before(e.into()))?;
-    let marker = node.marker.clone();
-    blocking(move || marker.mark(&cluster_id))
-        .await
-        .map_err(RejoinError::Before)?;
-    info!(step = "done", cluster_id = %cluster_id, role = %state.role, "rejoined: marked PCR 15 with the cluster ID");
-    Ok(Some(cluster_id))
 }
 
 async fn rejoin_round<M: Metadata>(
@@ -280,7 +266,7 @@ async fn rejoin_round<M: Metadata>(
     dialer: &Dialer,
     uuid: &DiskUuid,
     attempt: u64,
-) -> Option<(DataKey, DataKey)> {
+) -> Option<RejoinKeys> {
     let endpoints = endpoints(node).await;
     if endpoints.is_empty() {
         info!(attempt, "no join service endpoint known yet");
@@ -305,7 +291,15 @@ async fn rejoin_round<M: Metadata>(
             Ok(r) => {
                 let mut r = r.into_inner();
                 let keys: Result<_, TicketError> = key32(&mut r.state_disk_key, "state_disk_key")
-                    .and_then(|k| Ok((k, key32(&mut r.measurement_secret, "measurement_secret")?)));
+                    .and_then(|disk_key| {
+                        Ok(RejoinKeys {
+                            disk_key,
+                            measurement_secret: key32(
+                                &mut r.measurement_secret,
+                                "measurement_secret",
+                            )?,
+                        })
+                    });
                 match keys {
                     Ok(keys) => {
                         info!(step = "rejoin", endpoint = %addr, "received a rejoin ticket");
@@ -322,16 +316,4 @@ async fn rejoin_round<M: Metadata>(
         }
     }
     None
-}
-
-/// Why a rejoin failed.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum RejoinError {
-    /// Before PCR 15 was marked: nothing changed; try again (reboot).
-    #[error(transparent)]
-    Before(StepError),
-    /// The disk opened but the node never finished bootstrapping (no node state): the disk
-    /// must be reset.
-    #[error("the state disk holds no complete node state")]
-    Incomplete(#[source] StepError),
 }

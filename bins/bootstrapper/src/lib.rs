@@ -3,8 +3,10 @@
 //!
 //! * **Boot phase** ([`run`] first): PCR 15 and the state disk say what this boot is. A
 //!   marked node is already bootstrapped; an initialized disk means a reboot, which asks a
-//!   join service for a rejoin ticket, unlocks the disk and re-marks PCR 15; a new disk is
-//!   formatted with a random first-boot passphrase.
+//!   join service for a rejoin ticket and, in parallel, serves `recoverproto.API/Recover`
+//!   (`<node ip>:9999`, aTLS, the node attests) for the owner's keys; the first keys that
+//!   open the disk unlock it and re-mark PCR 15. A new disk is formatted with a random
+//!   first-boot passphrase.
 //! * **What this node is** (its name and role from the metadata, its SSH host key, its disk
 //!   UUID) is learned once, then handed to both flows.
 //! * **InitServer** (`init.API/Init` on the listener [`run`] is given, `<node ip>:9000` in
@@ -45,6 +47,7 @@ mod node;
 pub mod node_state;
 mod pki;
 pub mod platform;
+mod recover;
 mod run;
 mod ticket;
 mod trust;
@@ -74,7 +77,8 @@ pub use logbuf::{DEFAULT_LOG_BUFFER_BYTES, LogBuffer, LogBufferLayer};
 pub use node::Node;
 pub use node_state::{NodeDir, NodeState};
 pub use pki::PkiError;
-pub use run::{EXIT_FAILED, EXIT_RESET, EXIT_STOPPED, Failure, Outcome, run};
+pub use recover::{DEFAULT_RECOVER_PORT, ResumeError};
+pub use run::{EXIT_FAILED, EXIT_RESET, EXIT_STOPPED, Failure, Listeners, Outcome, run};
 pub use ticket::TicketError;
 #[doc(hidden)]
 pub use ticket::check_join_ticket;

@@ -17,6 +17,10 @@ pub enum Holder {
     Init,
     /// The JoinClient.
     Join,
+    /// The rejoin client (a reboot, keys from a join service).
+    Rejoin,
+    /// The recovery server (a reboot, keys from the owner).
+    Recovery,
 }
 
 /// A one-shot lock with no unlock.

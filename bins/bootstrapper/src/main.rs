@@ -69,6 +69,11 @@ struct Args {
     #[arg(long, value_name = "PORT", default_value_t = asterism_bootstrapper::DEFAULT_INIT_PORT)]
     init_port: u16,
 
+    /// The recovery server port, served while a rebooted node waits for its keys (0: any
+    /// free port; the log names it).
+    #[arg(long, value_name = "PORT", default_value_t = asterism_bootstrapper::DEFAULT_RECOVER_PORT)]
+    recover_port: u16,
+
     /// The join service port on control-plane nodes.
     #[arg(long, value_name = "PORT", default_value_t = asterism_bootstrapper::DEFAULT_JOIN_PORT)]
     join_port: u16,
@@ -149,6 +154,12 @@ struct Args {
     /// node's disk key and cluster. Warned on every join and rejoin attempt.
     #[arg(long, conflicts_with_all = ["cluster_id", "verify_join_service_measurements", "platform_ca"])]
     insecure_skip_join_service_verification: bool,
+
+    /// INSECURE: let the recovery server accept the original's request form, which carries
+    /// the cluster's whole master secret (`kms_uri`), instead of only this node's two keys.
+    /// Warned on every use.
+    #[arg(long)]
+    insecure_accept_master_secret: bool,
 
     /// A directory a join ticket's Kubernetes components may install into (repeatable;
     /// replaces the defaults: /run/state/bin, /opt/cni/bin, /opt/kubernetes/patches).
@@ -497,6 +508,7 @@ async fn run(args: Args, logs: LogBuffer) -> anyhow::Result<u8> {
     config.rpc_timeout = args.rpc_timeout;
     config.state_disk_size = args.state_disk_size_mib * 1024 * 1024;
     config.join_service = join_service_trust(&args)?;
+    config.insecure_accept_master_secret = args.insecure_accept_master_secret;
     if !args.components_dirs.is_empty() {
         config.components_dirs = args.components_dirs.clone();
     }
@@ -510,17 +522,25 @@ async fn run(args: Args, logs: LogBuffer) -> anyhow::Result<u8> {
         driver,
         logs,
     ));
-    // Bound here, before anything else can take the port; the bootstrapper serves it only on
-    // a fresh boot.
-    let init_addr = std::net::SocketAddr::new(args.node_ip, args.init_port);
-    let init_listener = tokio::net::TcpListener::bind(init_addr)
-        .await
-        .with_context(|| format!("cannot listen on {init_addr}"))?;
-    match asterism_bootstrapper::run(node, init_listener, shutdown).await {
+    // Bound here, before anything else can take the ports; the bootstrapper serves the
+    // InitServer's only on a fresh boot, the recovery server's only on a reboot.
+    let bind = |port: u16| async move {
+        let addr = std::net::SocketAddr::new(args.node_ip, port);
+        tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))
+    };
+    let listeners = asterism_bootstrapper::Listeners {
+        init: bind(args.init_port).await?,
+        recover: bind(args.recover_port).await?,
+    };
+    match asterism_bootstrapper::run(node, listeners, shutdown).await {
         Ok(outcome) => {
             tracing::info!(?outcome, "done");
-            if let (Some(kubeadm), Outcome::AlreadyBootstrapped | Outcome::Rejoined(_)) =
-                (&kubeadm, &outcome)
+            if let (
+                Some(kubeadm),
+                Outcome::AlreadyBootstrapped | Outcome::Rejoined(_) | Outcome::Recovered(_),
+            ) = (&kubeadm, &outcome)
                 && let Err(e) = kubeadm.start_kubelet().await
             {
                 tracing::error!(error = %asterism_bootstrapper::error_chain(&e), "cannot start the kubelet; reboot the node");

@@ -1,6 +1,6 @@
 //! The orchestrator: the boot phase, then what this node is (learned once), then the
 //! InitServer and the JoinClient in parallel until one of them has taken the node lock and
-//! finished.
+//! finished. On a reboot, the rejoin client and the recovery server race the same way.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -20,9 +20,10 @@ use crate::error::{StepError, blocking};
 use crate::flow::{Event, JoinEnd};
 use crate::identity::{self, ThisNode};
 use crate::init::{InitService, fetch_secret_hash};
-use crate::join::{RejoinError, join_client, rejoin};
+use crate::join::{RejoinEnd, join_client, rejoin};
 use crate::node::Node;
 use crate::pki;
+use crate::recover::{RecoverService, Resume, ResumeError};
 
 /// How long a stopping InitServer may take to deliver its last response.
 const SERVER_DRAIN: Duration = Duration::from_secs(10);
@@ -34,8 +35,10 @@ pub enum Outcome {
     Initialized(ClusterId),
     /// The node joined an existing cluster.
     Joined(ClusterId),
-    /// A reboot: the node got its disk key back and re-marked PCR 15.
+    /// A reboot: the node got its disk key back from a join service and re-marked PCR 15.
     Rejoined(ClusterId),
+    /// A reboot: the owner sent the node its keys (`asterism recover`); it re-marked PCR 15.
+    Recovered(ClusterId),
     /// PCR 15 was already marked: nothing to do.
     AlreadyBootstrapped,
     /// Stopped by a signal before the node lock; nothing irreversible happened.
@@ -92,12 +95,23 @@ impl Failure {
     }
 }
 
+/// The sockets the bootstrapper may serve, bound by the program before anything else can
+/// take the ports. Each is served only in the boot it is for, and closed otherwise.
+#[derive(Debug)]
+pub struct Listeners {
+    /// The InitServer's (`<node ip>:9000`): served only on a fresh boot (an initialised
+    /// node takes no Init).
+    pub init: TcpListener,
+    /// The recovery server's (`<node ip>:9999`): served only on a reboot of an initialised
+    /// node, while it waits for its keys.
+    pub recover: TcpListener,
+}
+
 /// Runs the bootstrapper on `node` until it is bootstrapped, failed, or `shutdown`
-/// completes before the node lock. `init_listener` is the InitServer's socket: served only
-/// on a fresh boot, closed otherwise (an initialised node takes no Init).
+/// completes before the node lock.
 pub async fn run<M: Metadata + 'static>(
     node: Arc<Node<M>>,
-    init_listener: TcpListener,
+    listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Outcome, Failure> {
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -113,16 +127,20 @@ pub async fn run<M: Metadata + 'static>(
             let _ = signal_stop.send(true);
         }
     });
-    let result = run_inner(node, init_listener, stop_rx).await;
+    let result = run_inner(node, listeners, stop_rx).await;
     signal.abort();
     result
 }
 
 async fn run_inner<M: Metadata + 'static>(
     node: Arc<Node<M>>,
-    init_listener: TcpListener,
+    listeners: Listeners,
     stop: watch::Receiver<bool>,
 ) -> Result<Outcome, Failure> {
+    let Listeners {
+        init: init_listener,
+        recover: recover_listener,
+    } = listeners;
     let boot = boot_phase(&node.marker, &node.disk, node.dir()).await;
     let uuid = match boot.map_err(Failure::BeforeLock)? {
         Boot::AlreadyBootstrapped => {
@@ -139,20 +157,125 @@ async fn run_inner<M: Metadata + 'static>(
         Boot::Rejoin => {
             // An initialised node takes no Init: nobody may queue connections meanwhile.
             drop(init_listener);
-            return match rejoin(&node, stop).await {
-                Ok(Some(id)) => Ok(Outcome::Rejoined(id)),
-                Ok(None) => Ok(Outcome::Stopped),
-                Err(RejoinError::Before(e)) => Err(Failure::BeforeLock(e)),
-                Err(RejoinError::Incomplete(e)) => {
-                    error!(error = %error_chain(&e), "the rejoined disk holds no complete node state");
-                    node.reset_after_failure(&e).await;
-                    Err(Failure::Interrupted)
-                }
-            };
+            return rejoin_or_recover(node, recover_listener, stop).await;
         }
         Boot::Fresh(uuid) => uuid,
     };
+    // A fresh node has nothing to recover.
+    drop(recover_listener);
     bootstrap(node, uuid, init_listener, stop).await
+}
+
+/// A reboot: the rejoin client and the recovery server in parallel, until one of them
+/// brought the node back ([`Resume`]), or `stop`.
+async fn rejoin_or_recover<M: Metadata + 'static>(
+    node: Arc<Node<M>>,
+    listener: TcpListener,
+    stop: watch::Receiver<bool>,
+) -> Result<Outcome, Failure> {
+    // Both paths check the measurement secret by the cluster it derives: the node must
+    // know its cluster.
+    if !node.config.join_service.may_join() {
+        return Err(Failure::BeforeLock(StepError::NoClusterToRejoin));
+    }
+    let disk = node.disk.clone();
+    let uuid = blocking(move || disk.uuid())
+        .await
+        .map_err(Failure::BeforeLock)?;
+    let resume = Arc::new(Resume::new(node.clone(), uuid));
+
+    // The recovery server: aTLS where the node attests; the caller is not attested (the
+    // keys it sends prove themselves by opening the disk).
+    let (done_tx, done_rx) = watch::channel(false);
+    let server = AtlsServer::new(AtlsConfig::attesting(node.issuer.clone()))
+        .map_err(|e| Failure::BeforeLock(StepError::Atls(e)))?;
+    let addr = listener
+        .local_addr()
+        .map_or_else(|e| format!("(unknown: {e})"), |a| a.to_string());
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    let service = RecoverService::new(
+        resume.clone(),
+        node.config.insecure_accept_master_secret,
+        node.config.init_limits,
+        events_tx,
+    );
+    let incoming = limited_incoming(
+        server,
+        listener,
+        crate::limits::PeerLimiter::for_handshakes(node.config.init_limits),
+    );
+    let (mut server_done, mut outer_stop) = (done_rx.clone(), stop.clone());
+    let server_shutdown = async move {
+        tokio::select! {
+            _ = server_done.wait_for(|d| *d) => {},
+            _ = outer_stop.wait_for(|s| *s) => {},
+        }
+    };
+    let mut server_task = tokio::spawn(async move {
+        if let Err(e) = tonic::transport::Server::builder()
+            .add_service(service.into_server())
+            .serve_with_incoming_shutdown(incoming, server_shutdown)
+            .await
+        {
+            error!(error = %error_chain(&e), "the recovery server failed");
+        }
+    });
+    info!(step = "serve", listen = %addr, "recovery server listening (aTLS, the node attests): waiting for a rejoin ticket or the owner's keys");
+
+    // The rejoin client, stopped by the recovery or by the signal.
+    let (client_stop_tx, client_stop) = watch::channel(false);
+    let mut outer_stop = stop.clone();
+    let forward = client_stop_tx.clone();
+    let forwarder = tokio::spawn(async move {
+        let _ = outer_stop.wait_for(|s| *s).await;
+        let _ = forward.send(true);
+    });
+    let (client_node, client_resume) = (node.clone(), resume.clone());
+    let mut client =
+        tokio::spawn(async move { rejoin(&client_node, &client_resume, client_stop).await });
+
+    let mut client_running = true;
+    let ended: Result<Outcome, ResumeError> = loop {
+        tokio::select! {
+            Some(recovered) = events.recv() => break recovered.map(Outcome::Recovered),
+            joined = &mut client, if client_running => {
+                client_running = false;
+                match joined {
+                    Ok(Ok(RejoinEnd::Rejoined(id))) => break Ok(Outcome::Rejoined(id)),
+                    // The recovery's event follows.
+                    Ok(Ok(RejoinEnd::LostRace)) => {}
+                    Ok(Ok(RejoinEnd::Stopped)) => {
+                        if !node.lock.is_taken() {
+                            break Ok(Outcome::Stopped);
+                        }
+                    }
+                    Ok(Err(e)) => break Err(e),
+                    Err(e) => break Err(ResumeError::Step(StepError::Task(e))),
+                }
+            }
+            else => break Err(ResumeError::Step(StepError::FlowsEnded)),
+        }
+    };
+    let _ = done_tx.send(true);
+    let _ = client_stop_tx.send(true);
+    drain(&mut server_task).await;
+    forwarder.abort();
+    if client_running {
+        let _ = tokio::time::timeout(SERVER_DRAIN, client).await;
+    }
+    match ended {
+        Ok(outcome) => Ok(outcome),
+        Err(ResumeError::Incomplete(e)) => {
+            error!(error = %error_chain(&e), "the reopened disk holds no complete node state");
+            node.reset_after_failure(&e).await;
+            Err(Failure::Interrupted)
+        }
+        Err(ResumeError::Marking(e)) => {
+            node.reset_after_failure(&e).await;
+            Err(Failure::AfterLock(e))
+        }
+        Err(e) => Err(Failure::BeforeLock(StepError::Resume(Box::new(e)))),
+    }
 }
 
 async fn reset_if_initialized<M: Metadata + 'static>(node: &Arc<Node<M>>) {
@@ -347,15 +470,16 @@ fn limited_incoming(
     tokio_stream::wrappers::ReceiverStream::new(rx)
 }
 
-/// Waits for the InitServer to deliver its last responses and stop.
+/// Waits for a server (the InitServer, the recovery server) to deliver its last responses
+/// and stop.
 async fn drain(server: &mut tokio::task::JoinHandle<()>) {
     if tokio::time::timeout(SERVER_DRAIN, &mut *server)
         .await
         .is_err()
     {
-        warn!("the InitServer did not stop in time; closing it");
+        warn!("the server did not stop in time; closing it");
         server.abort();
     } else {
-        info!("InitServer stopped");
+        info!("server stopped");
     }
 }

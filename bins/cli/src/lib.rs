@@ -7,6 +7,7 @@ pub mod data_key;
 pub mod identity;
 pub mod init;
 pub mod readmit;
+pub mod recover;
 pub mod recovery_share;
 pub mod trust;
 pub mod verify;

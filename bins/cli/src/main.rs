@@ -1,6 +1,7 @@
 //! `asterism`: the command-line tool of a cluster's owner.
 //!
 //! `init` initialises the first node of a cluster, `verify` checks a node's fresh evidence,
+//! `recover` brings back the control plane of a cluster that went down whole,
 //! `mini` runs a local cluster, `readmit` lets a member with a new attestation key rejoin,
 //! `data-key` fetches a key from a key service over attested TLS, `recovery-share decrypt`
 //! opens a custodian's share of the master secret. The commands live in the `asterism`
@@ -11,7 +12,7 @@
 #![forbid(unsafe_code)]
 
 use anyhow::{Context, Result};
-use asterism::{data_key, identity, init, readmit, recovery_share, verify};
+use asterism::{data_key, identity, init, readmit, recover, recovery_share, verify};
 use clap::{Parser, Subcommand};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -37,6 +38,10 @@ enum Command {
     Init(init::Args),
     /// Fetch fresh evidence from a node and print every PCR with pass or fail.
     Verify(verify::Args),
+    /// Bring back the control-plane nodes of a cluster that went down whole: each node's
+    /// evidence is checked, then it gets the two keys it needs, derived from the master
+    /// secret here.
+    Recover(recover::Args),
     /// Fetch a data key from a key service over attested TLS.
     DataKey(data_key::Args),
     /// Let a member that came back with another attestation key (a replaced TPM) receive
@@ -97,6 +102,13 @@ fn run(cli: Cli) -> Result<std::process::ExitCode> {
                 format_args!("{}\t{}\n", done.cluster_id, done.workspace.display()),
             )?;
             Ok(())
+        }
+        Command::Recover(args) => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            rt.block_on(recover::run(args)).map(|_| ())
         }
         Command::Verify(args) => {
             let rt = tokio::runtime::Builder::new_current_thread()

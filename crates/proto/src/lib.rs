@@ -126,6 +126,9 @@ impl fmt::Debug for recover::RecoverMessage {
         f.debug_struct("RecoverMessage")
             .field("kms_uri", &REDACTED)
             .field("storage_uri", &self.storage_uri)
+            .field("disk_key", &REDACTED)
+            .field("cluster_measurement_secret", &REDACTED)
+            .field("disk_uuid", &self.disk_uuid)
             .finish()
     }
 }
@@ -193,8 +196,21 @@ mod tests {
         let msg = recover::RecoverMessage {
             kms_uri: "k".into(),
             storage_uri: "s".into(),
+            ..Default::default()
         };
         assert_eq!(msg.encode_to_vec(), vec![0x1a, 1, b'k', 0x22, 1, b's']);
+        // Asterism's form: numbers the original never used (5, 6, 7).
+        let msg = recover::RecoverMessage {
+            disk_key: vec![1],
+            cluster_measurement_secret: vec![2],
+            disk_uuid: "u".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            msg.encode_to_vec(),
+            vec![0x2a, 1, 1, 0x32, 1, 2, 0x3a, 1, b'u']
+        );
+        assert!(!format!("{msg:?}").contains("[1]"));
 
         let req = verify::GetAttestationRequest { nonce: vec![9] };
         assert_eq!(req.encode_to_vec(), vec![0x12, 1, 9]);

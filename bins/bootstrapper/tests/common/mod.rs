@@ -16,8 +16,8 @@ use std::time::Duration;
 use asterism_atls::{AtlsConfig, AtlsConnector};
 use asterism_attestation::{Measurements, TpmQuoteValidator};
 use asterism_bootstrapper::{
-    Config, Failure, JoinServiceTrust, KubernetesDriver, LogBuffer, LuksDisk, Node, NodeDir,
-    NoneDriver, Outcome, TpmMarker, UnlockMode,
+    Config, Failure, JoinServiceTrust, KubernetesDriver, Listeners, LogBuffer, LuksDisk, Node,
+    NodeDir, NoneDriver, Outcome, TpmMarker, UnlockMode,
 };
 use asterism_disk::{DiskConfig, Integrity, Pbkdf, StateDisk};
 use asterism_metadata::{InstanceMetadata, Role, StaticMetadata};
@@ -51,6 +51,8 @@ pub struct TestNode {
     pub ip: IpAddr,
     /// The port of the InitServer's listener bound last (0 before [`TestNode::run`]).
     init_port: AtomicU16,
+    /// The port of the recovery server's listener bound last.
+    recover_port: AtomicU16,
     pub ak_public: Vec<u8>,
 }
 
@@ -68,6 +70,7 @@ impl TestNode {
             node_dir,
             ip,
             init_port: AtomicU16::new(0),
+            recover_port: AtomicU16::new(0),
             ak_public,
         }
     }
@@ -152,6 +155,11 @@ impl TestNode {
         self.init_port.load(Ordering::SeqCst)
     }
 
+    /// The recovery server's port (of the listener [`TestNode::run`] bound last).
+    pub fn recover_port(&self) -> u16 {
+        self.recover_port.load(Ordering::SeqCst)
+    }
+
     /// Points [`TestNode::init_channel`] at `port` (an InitServer this test did not bind).
     pub fn use_init_port(&self, port: u16) {
         self.init_port.store(port, Ordering::SeqCst);
@@ -164,12 +172,17 @@ impl TestNode {
         node: Arc<Node<StaticMetadata>>,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> impl Future<Output = Result<Outcome, Failure>> + Send + 'static {
-        let listener = std::net::TcpListener::bind(SocketAddr::new(self.ip, 0)).unwrap();
-        listener.set_nonblocking(true).unwrap();
-        self.init_port
-            .store(listener.local_addr().unwrap().port(), Ordering::SeqCst);
-        let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-        asterism_bootstrapper::run(node, listener, shutdown)
+        let bind = |port: &AtomicU16| {
+            let listener = std::net::TcpListener::bind(SocketAddr::new(self.ip, 0)).unwrap();
+            listener.set_nonblocking(true).unwrap();
+            port.store(listener.local_addr().unwrap().port(), Ordering::SeqCst);
+            tokio::net::TcpListener::from_std(listener).unwrap()
+        };
+        let listeners = Listeners {
+            init: bind(&self.init_port),
+            recover: bind(&self.recover_port),
+        };
+        asterism_bootstrapper::run(node, listeners, shutdown)
     }
 
     pub fn none_driver() -> Arc<dyn KubernetesDriver> {
@@ -189,6 +202,14 @@ impl TestNode {
 
     /// A validator for this node's AK and its current PCRs whose index passes `keep`.
     pub fn validator_with(&self, keep: impl Fn(u32) -> bool) -> Arc<TpmQuoteValidator> {
+        Arc::new(TpmQuoteValidator::new(
+            pin(&self.ak_public),
+            self.measurements_with(keep).into_provider(),
+        ))
+    }
+
+    /// This node's PCRs 0–7 and 15 as they are now, those whose index passes `keep`.
+    pub fn measurements_with(&self, keep: impl Fn(u32) -> bool) -> Measurements {
         let mut tpm = Tpm::open(&self.swtpm.config()).unwrap();
         let pcrs = tpm.read_pcrs(&PcrSelection::all()).unwrap();
         let entries: Vec<String> = pcrs
@@ -197,11 +218,7 @@ impl TestNode {
             .map(|(i, v)| format!("\"{i}\": \"{}\"", hex::encode(v)))
             .collect();
         let json = format!("{{\"measurements\": {{{}}}}}", entries.join(", "));
-        let measurements = Measurements::from_json(json.as_bytes()).unwrap();
-        Arc::new(TpmQuoteValidator::new(
-            pin(&self.ak_public),
-            measurements.into_provider(),
-        ))
+        Measurements::from_json(json.as_bytes()).unwrap()
     }
 
     /// Trust in this node as the join service of `cluster_id`: its AK (pinned), PCRs 0–7 as

@@ -1,0 +1,291 @@
+//! Recovery of a rebooted node with no join service left: a real swtpm, a real LUKS2 image
+//! keyed with the cluster-derived key, the node's recovery server over real aTLS (the node
+//! attests; the test verifies its quote), and the keys derived from a master secret.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use asterism_atls::{AtlsConfig, AtlsConnector, AtlsServer};
+use asterism_bootstrapper::{NodeState, Outcome, Role};
+use asterism_disk::StateDisk;
+use asterism_kms::{ClusterKms, DataKey, KeyId, MasterSecret, Salt, derive_cluster_id};
+use asterism_metadata::{Role as MetaRole, StaticMetadata};
+use asterism_proto::recover::api_client::ApiClient;
+use asterism_proto::recover::api_server::{Api as RecoverApi, ApiServer as RecoverApiServer};
+use asterism_proto::recover::{DescribeRequest, RecoverMessage};
+use common::*;
+use tonic::transport::Channel;
+
+const MEASUREMENT_SALT: [u8; 32] = [0x44; 32];
+
+fn kms() -> ClusterKms {
+    ClusterKms::new(
+        MasterSecret::new(vec![0x55; 32]).unwrap(),
+        Salt::new(vec![0x66; 32]).unwrap(),
+    )
+}
+
+fn cluster_id() -> asterism_kms::ClusterId {
+    let secret = kms().data_key(&KeyId::MeasurementSecret, 32).unwrap();
+    derive_cluster_id(&secret, &MEASUREMENT_SALT).unwrap()
+}
+
+/// A node as an earlier boot left it: its disk formatted and re-keyed with the key derived
+/// for its UUID, its node state written, PCR 15 not marked (the TPM was reset). Returns
+/// the disk's UUID.
+fn rebooted_node(t: &TestNode) -> String {
+    asterism_bootstrapper::prepare_state_image(&t.image(), 32 * 1024 * 1024).unwrap();
+    asterism_bootstrapper::files::create_dirs(&t.node_dir.run()).unwrap();
+    let disk = StateDisk::open(t.image(), t.disk_config()).unwrap();
+    let first = DataKey::new(vec![0x11; 32]).unwrap();
+    let uuid = disk.format_new(&first).unwrap().uuid;
+    let key = kms().data_key(&KeyId::Disk(uuid.clone()), 32).unwrap();
+    disk.replace_passphrase(&first, &key).unwrap();
+    NodeState {
+        role: Role::ControlPlane,
+        measurement_salt: MEASUREMENT_SALT,
+    }
+    .write(&t.node_dir.node_state())
+    .unwrap();
+    uuid.as_str().to_owned()
+}
+
+/// An aTLS channel to the node's recovery server that verifies the node (PCR 15 zero).
+async fn recover_channel(t: &TestNode) -> Channel {
+    let connector = AtlsConnector::new(AtlsConfig::verifying(t.validator())).unwrap();
+    let addr = SocketAddr::new(t.ip, t.recover_port());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect_with_connector(connector.clone())
+            .await
+        {
+            Ok(channel) => return channel,
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("cannot reach the recovery server: {e:?}"),
+        }
+    }
+}
+
+fn keys_for(kms: &ClusterKms, uuid: &str) -> RecoverMessage {
+    RecoverMessage {
+        disk_key: kms
+            .data_key(&KeyId::disk(uuid).unwrap(), 32)
+            .unwrap()
+            .expose_secret()
+            .to_vec(),
+        cluster_measurement_secret: kms
+            .data_key(&KeyId::MeasurementSecret, 32)
+            .unwrap()
+            .expose_secret()
+            .to_vec(),
+        disk_uuid: uuid.to_owned(),
+        ..RecoverMessage::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rebooted_node_with_no_join_service_refuses_a_wrong_key_and_is_recovered_by_the_right_one()
+ {
+    let t = TestNode::new("127.0.13.1");
+    let uuid = rebooted_node(&t);
+    // The metadata names a control-plane endpoint where no join service answers: the
+    // rejoin client keeps trying while the recovery server waits.
+    let gone = "127.0.13.2".parse().unwrap();
+    let metadata = StaticMetadata::new(vec![
+        instance("cp-0", MetaRole::ControlPlane, t.ip),
+        instance("cp-1", MetaRole::ControlPlane, gone),
+    ])
+    .with_self("cp-0")
+    .with_init_secret_hash(init_secret_hash());
+    let node = t.node(
+        metadata,
+        TestNode::none_driver(),
+        30090,
+        Some(t.join_service_trust(cluster_id())),
+    );
+    let run = tokio::spawn(t.run(node, std::future::pending()));
+
+    let mut client = ApiClient::new(recover_channel(&t).await);
+    let described = client.describe(DescribeRequest {}).await.unwrap();
+    assert_eq!(described.into_inner().disk_uuid, uuid);
+
+    // Keys of another master secret: the disk key opens nothing; refused, nothing changed.
+    let other = ClusterKms::new(
+        MasterSecret::new(vec![0x77; 32]).unwrap(),
+        Salt::new(vec![0x66; 32]).unwrap(),
+    );
+    let refused = client.recover(keys_for(&other, &uuid)).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    assert!(refused.message().contains("does not open"), "{refused:?}");
+    // The original's form (the master secret itself) is refused by default.
+    let original = RecoverMessage {
+        kms_uri: asterism_kms::KmsUri::cluster(
+            MasterSecret::new(vec![0x55; 32]).unwrap(),
+            Salt::new(vec![0x66; 32]).unwrap(),
+        )
+        .to_uri_string()
+        .to_string(),
+        storage_uri: "storage://no-store".into(),
+        ..RecoverMessage::default()
+    };
+    let refused = client.recover(original).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().contains("master secret"), "{refused:?}");
+    assert_eq!(t.pcr15(), [0; 32]);
+    assert!(!run.is_finished(), "the node keeps waiting after a refusal");
+
+    // The right keys: the node unlocks its disk and marks PCR 15.
+    let started = Instant::now();
+    client.recover(keys_for(&kms(), &uuid)).await.unwrap();
+    eprintln!("recover: call to recovered in {:?}", started.elapsed());
+    let outcome = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(outcome, Outcome::Recovered(cluster_id()));
+    assert_eq!(
+        t.pcr15(),
+        asterism_tpm::marker::expected_marker_pcr(cluster_id().as_bytes())
+    );
+    // The disk still opens with the key the owner derived: nothing re-keyed it.
+    let key = kms().data_key(&KeyId::disk(&uuid).unwrap(), 32).unwrap();
+    assert!(opens(&t.image(), key.expose_secret()));
+}
+
+/// `asterism recover`'s target for `t`, trusting its AK and its PCRs as they are now, and
+/// expecting PCR 15 as a `verify` of the running cluster would (its marker): the recovery
+/// overrides that with zero.
+fn cli_target(t: &TestNode) -> asterism::recover::Target {
+    let marker = asterism_tpm::marker::expected_marker_pcr(cluster_id().as_bytes());
+    let loaded = t.measurements_with(|i| i != 15);
+    let pcr15 = asterism_attestation::PcrIndex::new(15).unwrap();
+    let as_verify_expects = asterism_attestation::Measurements::new(
+        loaded
+            .iter()
+            .map(|(i, e)| (i, *e))
+            .chain([(pcr15, asterism_attestation::ExpectedPcr::enforce(marker))]),
+    )
+    .unwrap();
+    let measurements = asterism::recover::recovery_measurements(&as_verify_expects).unwrap();
+    asterism::recover::Target {
+        endpoint: SocketAddr::new(t.ip, t.recover_port()).to_string(),
+        validator: Arc::new(asterism_attestation::TpmQuoteValidator::new(
+            asterism_testkit::pin(&t.ak_public),
+            measurements.into_provider(),
+        )),
+        insecure_send_master_secret: false,
+        deadline: Duration::from_secs(90),
+        retry_interval: Duration::from_millis(100),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn asterism_recover_brings_a_waiting_node_back_then_finds_none_left() {
+    let t = TestNode::new("127.0.13.3");
+    let uuid = rebooted_node(&t);
+    let metadata = StaticMetadata::new(vec![
+        instance("cp-0", MetaRole::ControlPlane, t.ip),
+        instance(
+            "cp-1",
+            MetaRole::ControlPlane,
+            "127.0.13.4".parse().unwrap(),
+        ),
+    ])
+    .with_self("cp-0")
+    .with_init_secret_hash(init_secret_hash());
+    let node = t.node(
+        metadata,
+        TestNode::none_driver(),
+        30090,
+        Some(t.join_service_trust(cluster_id())),
+    );
+    let run = tokio::spawn(t.run(node, std::future::pending()));
+    let target = cli_target(&t);
+
+    let started = Instant::now();
+    let recovered = asterism::recover::recover(&target, &kms()).await.unwrap();
+    eprintln!("asterism recover: start to done in {:?}", started.elapsed());
+    assert_eq!(recovered.len(), 1, "{recovered:?}");
+    assert_eq!(recovered[0].disk_uuid.as_deref(), Some(uuid.as_str()));
+    let outcome = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(outcome, Outcome::Recovered(cluster_id()));
+    assert_eq!(
+        t.pcr15(),
+        asterism_tpm::marker::expected_marker_pcr(cluster_id().as_bytes())
+    );
+
+    // Run again: nothing waits any more; it says so and succeeds.
+    let again = asterism::recover::recover(&target, &kms()).await.unwrap();
+    assert!(again.is_empty(), "{again:?}");
+}
+
+/// A recovery server that records whether it was called at all.
+struct RecordingServer(Arc<AtomicUsize>);
+
+#[tonic::async_trait]
+impl RecoverApi for RecordingServer {
+    async fn describe(
+        &self,
+        _: tonic::Request<DescribeRequest>,
+    ) -> Result<tonic::Response<asterism_proto::recover::DescribeResponse>, tonic::Status> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Err(tonic::Status::unimplemented("recording"))
+    }
+
+    async fn recover(
+        &self,
+        _: tonic::Request<RecoverMessage>,
+    ) -> Result<tonic::Response<asterism_proto::recover::RecoverResponse>, tonic::Status> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Err(tonic::Status::unimplemented("recording"))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_whose_pcr15_is_already_marked_gets_nothing() {
+    let t = TestNode::new("127.0.13.5");
+    let listener = tokio::net::TcpListener::bind(SocketAddr::new(t.ip, 0))
+        .await
+        .unwrap();
+    let port = listener.local_addr().unwrap().port();
+    // The target is made while PCR 15 is still zero; then the node is marked (a node that
+    // is back already, or one marked by something else).
+    let mut target = cli_target(&t);
+    target.endpoint = SocketAddr::new(t.ip, port).to_string();
+    t.mark(&cluster_id());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let server = AtlsServer::new(AtlsConfig::attesting(Arc::new(
+        t.swtpm.held_issuer().unwrap(),
+    )))
+    .unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(RecoverApiServer::new(RecordingServer(calls.clone())))
+            .serve_with_incoming(server.incoming(listener)),
+    );
+
+    let refused = asterism::recover::recover(&target, &kms())
+        .await
+        .unwrap_err();
+    assert!(
+        format!("{refused:#}").contains("not one to recover"),
+        "{refused:#}"
+    );
+    assert!(format!("{refused:#}").contains("PCR 15"), "{refused:#}");
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "nothing reached the node");
+}

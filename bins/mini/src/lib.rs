@@ -33,6 +33,8 @@ const JOIN_PORT: u16 = 30090;
 const METRICS_PORT: u16 = 9102;
 /// Port of every node's verify service.
 const VERIFY_PORT: u16 = 9090;
+/// Port of every node's recovery server (open only while a rebooted node waits for its keys).
+const RECOVER_PORT: u16 = 9999;
 /// How long any one process may take to come up or finish.
 const STEP_DEADLINE: Duration = Duration::from_secs(120);
 
@@ -113,6 +115,29 @@ impl Node {
         } else {
             "Worker"
         }
+    }
+
+    /// `host:port` of its recovery server.
+    pub fn recover_endpoint(&self) -> String {
+        format!("{}:{RECOVER_PORT}", self.ip)
+    }
+
+    /// Resets its TPM as a power cycle does: the swtpm restarts, PCRs are cleared, keys
+    /// and NV contents stay.
+    pub fn reset_tpm(&mut self) -> Result<()> {
+        let cfg = SwtpmConfig::new(self.dir.join("tpm"))?.with_run_dir(self.dir.join("run"))?;
+        let mut swtpm = SwtpmProcess::attach(&cfg)
+            .with_context(|| format!("finding the swtpm of {}", self.name))?;
+        swtpm
+            .restart()
+            .with_context(|| format!("restarting the swtpm of {}", self.name))?;
+        self.tcti = swtpm.tcti();
+        Ok(())
+    }
+
+    /// Kills its bootstrapper if one runs (SIGKILL: as abrupt as a power cut).
+    pub fn kill_bootstrapper(&self) -> Result<()> {
+        kill_pid_file(&self.dir.join("run/bootstrapper.pid"))
     }
 }
 
@@ -460,6 +485,14 @@ impl LocalCluster {
 
     /// Boots the control-plane node and runs `asterism init` against it.
     pub async fn init(&self) -> Result<(asterism::init::Initialised, (u64, String))> {
+        self.init_with(self.init_args()).await
+    }
+
+    /// [`Self::init`] with arguments of the caller's (from [`Self::init_args`], changed).
+    pub async fn init_with(
+        &self,
+        args: asterism::init::Args,
+    ) -> Result<(asterism::init::Initialised, (u64, String))> {
         let cp = self.control_plane()?;
         let booting = self.start_bootstrapper(cp)?;
         let cp_init = format!("{}:{INIT_PORT}", cp.ip);
@@ -469,7 +502,7 @@ impl LocalCluster {
             || tcp_ready(&cp_init),
         )?;
         step(format!("asterism init → {cp_init}"));
-        let done = asterism::init::run(self.init_args()).await?;
+        let done = asterism::init::run(args).await?;
         let result = self.finish_bootstrapper(booting, cp).await?;
         Ok((done, result))
     }
@@ -493,16 +526,13 @@ impl LocalCluster {
     }
 
     /// Starts the key service on the control-plane node (after init).
+    /// Its secrets are those [`Self::provide_key_service_secrets`] left on the node, or else
+    /// the workspace's master-secret file.
     pub fn start_key_service(&self) -> Result<()> {
         let cp = self.control_plane()?;
-        let (master, salt, measurement_salt) = read_workspace(&self.workspace)?;
         let secrets = cp.dir.join("run/secrets");
         if !secrets.exists() {
-            std::fs::create_dir_all(&secrets)?;
-            std::fs::set_permissions(&secrets, std::fs::Permissions::from_mode(0o700))?;
-            write_private(&secrets.join("mastersecret"), &master)?;
-            write_private(&secrets.join("salt"), &salt)?;
-            write_private(&secrets.join("measurementSalt"), &measurement_salt)?;
+            self.provide_key_service_secrets(&workspace_kms(&self.workspace)?)?;
         }
         let ks_sock = cp.dir.join("run/key-service.sock");
         step("starting the key service (Unix socket on the control-plane node)");
@@ -521,6 +551,28 @@ impl LocalCluster {
             &self.dir.join("run/key-service.pid"),
         )?;
         wait_until("the key service", &ks_log, || ks_sock.exists())
+    }
+
+    /// Leaves the key service's secrets on the control-plane node: the master secret and
+    /// salt of `kms`, and the workspace's measurement salt. What the owner deploys with the
+    /// key service after init; `start_key_service` takes them from the workspace's
+    /// master-secret file when this was not called (a workspace that keeps only custodian
+    /// shares has none).
+    pub fn provide_key_service_secrets(&self, kms: &asterism_kms::ClusterKms) -> Result<()> {
+        let cp = self.control_plane()?;
+        let secrets = cp.dir.join("run/secrets");
+        std::fs::create_dir_all(&secrets)?;
+        std::fs::set_permissions(&secrets, std::fs::Permissions::from_mode(0o700))?;
+        write_private(
+            &secrets.join("mastersecret"),
+            kms.master_secret().expose_secret(),
+        )?;
+        write_private(&secrets.join("salt"), kms.salt().expose_secret())?;
+        write_private(
+            &secrets.join("measurementSalt"),
+            &read_measurement_salt(&self.workspace)?,
+        )?;
+        Ok(())
     }
 
     /// The join service's metrics address.
@@ -585,12 +637,21 @@ impl LocalCluster {
 
     /// Stops the join service (SIGKILL: as abrupt as a crash).
     pub fn kill_join_service(&self) -> Result<()> {
-        let pid_file = self.dir.join("run/join-service.pid");
-        let pid: u32 = std::fs::read_to_string(&pid_file)?.trim().parse()?;
-        signal(pid, "KILL");
-        let start = Instant::now();
-        while alive(pid) && start.elapsed() < Duration::from_secs(5) {
-            std::thread::sleep(Duration::from_millis(10));
+        kill_pid_file(&self.dir.join("run/join-service.pid"))
+    }
+
+    /// A whole-cluster outage (a power cut): the key, join and verify services and every
+    /// bootstrapper killed, every node's TPM reset. Disks, node directories and the
+    /// workspace stay; the swtpm processes run on, as the TPMs of powered-on machines.
+    pub fn outage(&mut self) -> Result<()> {
+        step("outage: every service and bootstrapper killed, every TPM reset");
+        kill_pid_file(&self.dir.join("run/join-service.pid"))?;
+        kill_pid_file(&self.dir.join("run/key-service.pid"))?;
+        let _ = std::fs::remove_file(self.control_plane()?.dir.join("run/key-service.sock"));
+        for n in &mut self.nodes {
+            kill_pid_file(&n.dir.join("run/verify-service.pid"))?;
+            n.kill_bootstrapper()?;
+            n.reset_tpm()?;
         }
         Ok(())
     }
@@ -628,12 +689,8 @@ impl LocalCluster {
 
     /// Checks every node independently and records the outcome in `<dir>/mini.json`.
     pub fn record(&self, cluster_id: &str, results: &[(u64, String)]) -> Result<ClusterRecord> {
-        let (master, salt, _) = read_workspace(&self.workspace)?;
+        let kms = workspace_kms(&self.workspace)?;
         let members = self.members();
-        let kms = asterism_kms::ClusterKms::new(
-            asterism_kms::MasterSecret::new(master.to_vec())?,
-            asterism_kms::Salt::new(salt.to_vec())?,
-        );
         let mut record = ClusterRecord {
             cluster_id: cluster_id.to_string(),
             nodes: Vec::new(),
@@ -667,11 +724,7 @@ impl LocalCluster {
 
     /// The derived disk key of `node` (from the workspace's master secret).
     pub fn derived_disk_key(&self, node: &Node) -> Result<asterism_kms::DataKey> {
-        let (master, salt, _) = read_workspace(&self.workspace)?;
-        let kms = asterism_kms::ClusterKms::new(
-            asterism_kms::MasterSecret::new(master.to_vec())?,
-            asterism_kms::Salt::new(salt.to_vec())?,
-        );
+        let kms = workspace_kms(&self.workspace)?;
         let disk = asterism_disk::StateDisk::open(
             node.dir.join("state.img"),
             asterism_disk::DiskConfig::local(),
@@ -829,31 +882,25 @@ async fn finish_bootstrapper(mut b: Booting, n: &Node) -> Result<(u64, String)> 
     }
 }
 
-type WorkspaceSecrets = (
-    zeroize::Zeroizing<Vec<u8>>,
-    zeroize::Zeroizing<Vec<u8>>,
-    Vec<u8>,
-);
-
-fn read_workspace(ws: &Path) -> Result<WorkspaceSecrets> {
-    use base64::Engine as _;
-    #[derive(Deserialize)]
-    struct Master {
-        key: String,
-        salt: String,
-    }
+/// The workspace's measurement salt (`cluster.json`), 32 bytes.
+fn read_measurement_salt(ws: &Path) -> Result<Vec<u8>> {
     #[derive(Deserialize)]
     #[serde(rename_all = "camelCase")]
     struct Cluster {
         measurement_salt: String,
     }
-    let text = zeroize::Zeroizing::new(std::fs::read(ws.join("master-secret.json"))?);
-    let m: Master = serde_json::from_slice(&text).context("master-secret.json")?;
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let key = zeroize::Zeroizing::new(b64.decode(m.key.as_bytes())?);
-    let salt = zeroize::Zeroizing::new(b64.decode(m.salt.as_bytes())?);
-    let c: Cluster = serde_json::from_slice(&std::fs::read(ws.join("cluster.json"))?)?;
-    Ok((key, salt, hex::decode(c.measurement_salt)?))
+    let path = ws.join("cluster.json");
+    let c: Cluster = serde_json::from_slice(
+        &std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?,
+    )
+    .with_context(|| format!("{}", path.display()))?;
+    hex::decode(c.measurement_salt).with_context(|| format!("{}: measurementSalt", path.display()))
+}
+
+/// The cluster's KMS from the workspace's master-secret file (checked as `asterism
+/// recover` checks it: private, well-formed).
+fn workspace_kms(ws: &Path) -> Result<asterism_kms::ClusterKms> {
+    asterism::recover::read_master_secret(&ws.join("master-secret.json"))
 }
 
 /// The node's disk opens with the key derived from the master secret for its UUID, that
@@ -965,6 +1012,28 @@ fn pid_files(dir: &Path) -> Result<Vec<(String, u32)>> {
     }
     found.sort();
     Ok(found)
+}
+
+/// Kills (SIGKILL) the process a pid file names, waits for it to be gone and removes the
+/// file; nothing to do without the file.
+fn kill_pid_file(path: &Path) -> Result<()> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Ok(());
+    };
+    let pid: u32 = text
+        .trim()
+        .parse()
+        .with_context(|| format!("{} holds no pid", path.display()))?;
+    signal(pid, "KILL");
+    let start = Instant::now();
+    while alive(pid) {
+        if start.elapsed() > Duration::from_secs(5) {
+            bail!("pid {pid} ({}) survived SIGKILL", path.display());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = std::fs::remove_file(path);
+    Ok(())
 }
 
 fn alive(pid: u32) -> bool {

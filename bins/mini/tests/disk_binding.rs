@@ -33,29 +33,6 @@ fn luks_uuid(node: &Node) -> String {
     String::from_utf8(out.stdout).unwrap().trim().to_owned()
 }
 
-/// Stops the bootstrapper of `node` that keeps retrying (it was started by this test).
-fn stop_bootstrapper(node: &Node) {
-    let pid_file = node.dir.join("run/bootstrapper.pid");
-    if let Ok(pid) = std::fs::read_to_string(&pid_file) {
-        let _ = Command::new("kill")
-            .args(["-KILL", pid.trim()])
-            .status()
-            .unwrap();
-        let _ = std::fs::remove_file(pid_file);
-    }
-}
-
-/// A reboot: the node's swtpm restarts (PCRs cleared, keys kept).
-fn reboot_tpm(node: &mut Node) {
-    let cfg = asterism_swtpm::SwtpmConfig::new(node.dir.join("tpm"))
-        .unwrap()
-        .with_run_dir(node.dir.join("run"))
-        .unwrap();
-    let mut swtpm = asterism_swtpm::SwtpmProcess::attach(&cfg).unwrap();
-    swtpm.restart().unwrap();
-    node.tcti = swtpm.tcti();
-}
-
 fn member<'a>(members: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
     members
         .as_array()
@@ -127,7 +104,7 @@ fn a_worker_naming_the_control_planes_disk_gets_nothing_and_the_control_plane_st
     // The worker reboots with its disk header claiming the control plane's UUID (the
     // attacker owns its disk; the UUID is in the control plane's plaintext header).
     let mut attacker = worker.clone();
-    reboot_tpm(&mut attacker);
+    attacker.reset_tpm().unwrap();
     let status = Command::new("cryptsetup")
         .args(["luksUUID", "-q", "--uuid", &cp_disk])
         .arg(attacker.dir.join("state.img"))
@@ -145,7 +122,7 @@ fn a_worker_naming_the_control_planes_disk_gets_nothing_and_the_control_plane_st
             ))
         },
     );
-    stop_bootstrapper(&attacker);
+    attacker.kill_bootstrapper().unwrap();
     assert!(
         !join_service_log(&cluster)[before..].contains("issued a rejoin ticket"),
         "{}",
@@ -157,7 +134,7 @@ fn a_worker_naming_the_control_planes_disk_gets_nothing_and_the_control_plane_st
     // control-plane node knows no other join service. This is the same request over the
     // same attested TLS, from its address, with its AK.)
     let mut cp_node = cp_node;
-    reboot_tpm(&mut cp_node);
+    cp_node.reset_tpm().unwrap();
     let key = rt
         .block_on(rejoin_as(&cp_node, &cp_node.ip, &cp_disk))
         .unwrap();
@@ -296,7 +273,7 @@ fn a_worker_with_a_new_tpm_waits_for_asterism_readmit() {
         Duration::from_secs(60),
         || member(&cluster.members(), "worker-0")["ak"] != old_ak,
     );
-    stop_bootstrapper(&renewed);
+    renewed.kill_bootstrapper().unwrap();
     let m = cluster.members();
     assert_eq!(member(&m, "worker-0")["readmit"], false, "{m}");
 

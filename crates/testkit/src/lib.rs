@@ -11,12 +11,16 @@
 //!   recorded responses, every request recorded), since no API server runs where tests run.
 //! * [`cvm`] gives the real confidential-VM evidence of `asterism-attestation`'s test data
 //!   in the forms tests elsewhere need (the Azure SEV-SNP HCL report, whole).
+//! * `relay` (feature `tls-relay`) is a man in the middle that terminates TLS on both sides
+//!   and copies the plaintext: what a relayed attested session looks like.
 //! * [`check_swtpm_installed`] explains what to install when swtpm is missing.
 #![forbid(unsafe_code)]
 
 pub mod cvm;
 #[cfg(feature = "kube-api")]
 pub mod kube_api;
+#[cfg(feature = "tls-relay")]
+pub mod relay;
 mod swtpm;
 mod tpm_node;
 

@@ -28,6 +28,20 @@ impl Drop for Teardown<'_> {
     }
 }
 
+/// Stops every process of the cluster in a directory, even when the test fails; for tests
+/// that change the cluster (so cannot lend it to [`Teardown`]).
+pub struct TeardownAt(pub PathBuf);
+
+impl Drop for TeardownAt {
+    fn drop(&mut self) {
+        if self.0.exists() {
+            let _ = asterism_mini::down(asterism_mini::DirArgs {
+                dir: self.0.clone(),
+            });
+        }
+    }
+}
+
 /// A single-threaded runtime for the cluster's async steps.
 pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()

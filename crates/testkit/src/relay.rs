@@ -1,0 +1,154 @@
+//! A TLS-terminating relay: the man in the middle of a relayed attested session.
+//!
+//! It accepts TLS from the victim with its own self-signed certificate, opens its own TLS
+//! connection to the target (accepting any certificate, as an aTLS client does), and
+//! copies the plaintext both ways. Every byte the target sends (its evidence included)
+//! reaches the victim unchanged, but inside another TLS session with another exporter, so
+//! evidence bound to the target's session must not verify on the victim's.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// A running relay; stops when dropped.
+pub struct TlsRelay {
+    addr: SocketAddr,
+    relayed: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for TlsRelay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl TlsRelay {
+    /// Listens on `127.0.0.1` (a free port) and relays every connection to `target`.
+    pub async fn start(target: SocketAddr) -> Self {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["relay".into()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let mut server = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![cert.der().clone()],
+                PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
+            )
+            .unwrap();
+        server.alpn_protocols = vec![b"h2".to_vec()];
+        let mut client = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
+            .with_no_client_auth();
+        client.alpn_protocols = vec![b"h2".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+
+        let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .await
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let relayed = Arc::new(AtomicUsize::new(0));
+        let count = relayed.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((victim, _)) = listener.accept().await else {
+                    continue;
+                };
+                let (acceptor, connector, count) =
+                    (acceptor.clone(), connector.clone(), count.clone());
+                tokio::spawn(async move {
+                    let Ok(mut victim) = acceptor.accept(victim).await else {
+                        return;
+                    };
+                    let Ok(upstream) = tokio::net::TcpStream::connect(target).await else {
+                        return;
+                    };
+                    let name = ServerName::IpAddress(target.ip().into());
+                    let Ok(mut upstream) = connector.connect(name, upstream).await else {
+                        return;
+                    };
+                    count.fetch_add(1, Ordering::SeqCst);
+                    let _ = tokio::io::copy_bidirectional(&mut victim, &mut upstream).await;
+                });
+            }
+        });
+        Self {
+            addr,
+            relayed,
+            task,
+        }
+    }
+
+    /// Where victims connect.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// How many connections got as far as a TLS session with the target on one side and the
+    /// victim on the other (so a refusal afterwards is the evidence binding's doing).
+    pub fn relayed(&self) -> usize {
+        self.relayed.load(Ordering::SeqCst)
+    }
+}
+
+/// Accepts any server certificate (its handshake signature is still checked).
+#[derive(Debug)]
+struct AnyCertificate(Arc<rustls::crypto::CryptoProvider>);
+
+impl ServerCertVerifier for AnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}

@@ -311,3 +311,91 @@ fn a_node_whose_pcrs_differ_gets_nothing_and_is_recovered_after_a_clean_boot() {
         .unwrap();
     assert_eq!(exit, "ok", "{}", bootstrapper_log(&cp));
 }
+
+/// A custodian's SSH Ed25519 key pair, made by `ssh-keygen`; returns the private key's path
+/// (the public key is next to it, `.pub`).
+fn custodian_key(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
+    let key = dir.join(name);
+    let status = std::process::Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-C", name, "-f"])
+        .arg(&key)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    key
+}
+
+/// Custodian `index` (1-based) decrypts their share of the workspace with their key.
+fn decrypt_share(
+    cluster: &LocalCluster,
+    keys: &[std::path::PathBuf],
+    index: usize,
+) -> std::path::PathBuf {
+    asterism::recovery_share::run(&asterism::recovery_share::Args {
+        command: asterism::recovery_share::Command::Decrypt(
+            asterism::recovery_share::DecryptArgs {
+                share: cluster
+                    .workspace
+                    .join(format!("recovery-shares/share-{index}-of-3.json")),
+                identity: keys[index - 1].clone(),
+                out: None,
+            },
+        ),
+    })
+    .unwrap()
+}
+
+#[test]
+fn a_whole_cluster_outage_is_recovered_from_m_of_n_custodian_shares() {
+    let tmp = tempfile::tempdir().unwrap();
+    let _teardown = TeardownAt(tmp.path().join("c"));
+    let mut cluster = LocalCluster::create(&tmp.path().join("c"), 1, 63, bins()).unwrap();
+    let keys: Vec<_> = ["alice", "bob", "carol"]
+        .iter()
+        .map(|name| custodian_key(tmp.path(), name))
+        .collect();
+    // Initialised with 2-of-3 custody and no master-secret file. The key service gets the
+    // secret from two custodians, as the owner would deploy it.
+    let mut decrypted = Vec::new();
+    outage(&mut cluster, |c, rt| {
+        let mut args = c.init_args();
+        args.recovery_shares = Some("2-of-3".parse().unwrap());
+        args.recovery_recipients = keys.iter().map(|k| k.with_extension("pub")).collect();
+        args.no_master_secret_file = true;
+        assert_eq!(rt.block_on(c.init_with(args)).unwrap().1.1, "ok");
+        assert!(!c.workspace.join("master-secret.json").exists());
+        decrypted = vec![decrypt_share(c, &keys, 1), decrypt_share(c, &keys, 3)];
+        let kms = asterism::recover::read_shares(&c.workspace, &decrypted).unwrap();
+        c.provide_key_service_secrets(&kms).unwrap();
+    });
+    let rt = runtime();
+    let (cp, worker) = (cluster.nodes[0].clone(), cluster.nodes[1].clone());
+    let cp_boot = cluster.start_bootstrapper(&cp).unwrap();
+    let worker_boot = cluster.start_bootstrapper(&worker).unwrap();
+    wait_for_recovery_server(&cp);
+
+    // One share is not enough, and says so.
+    let err = asterism::recover::read_shares(&cluster.workspace, &decrypted[..1]).unwrap_err();
+    assert!(format!("{err:#}").contains("2 of 3"), "{err:#}");
+
+    // Two shares: the secret comes back (it derives the workspace's cluster ID) and the
+    // control plane is recovered with it.
+    let kms = asterism::recover::read_shares(&cluster.workspace, &decrypted).unwrap();
+    asterism::recover::check_cluster(&cluster.workspace, &kms).unwrap();
+    let recovered = rt
+        .block_on(asterism::recover::recover(
+            &target(&cluster, cp.recover_endpoint()),
+            &kms,
+        ))
+        .unwrap();
+    assert_eq!(recovered.len(), 1, "{recovered:?}");
+    let uuid = DiskUuid::parse(recovered[0].disk_uuid.as_deref().unwrap()).unwrap();
+    let (_, exit) = rt
+        .block_on(cluster.finish_bootstrapper(cp_boot, &cp))
+        .unwrap();
+    assert_eq!(exit, "ok", "{}", bootstrapper_log(&cp));
+    let keys = NodeKeys::derive(&kms, &uuid).unwrap();
+    assert!(cryptsetup_opens(&cp, keys.disk_key.expose_secret()));
+
+    workers_rejoin(&cluster, &rt, worker_boot);
+}

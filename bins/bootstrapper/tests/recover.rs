@@ -289,3 +289,130 @@ async fn a_node_whose_pcr15_is_already_marked_gets_nothing() {
     assert!(format!("{refused:#}").contains("PCR 15"), "{refused:#}");
     assert_eq!(calls.load(Ordering::SeqCst), 0, "nothing reached the node");
 }
+
+/// The master secret and salt of [`kms`] split 2-of-3 to three age custodians, as
+/// `asterism init --recovery-shares 2-of-3 --no-master-secret-file` splits them: the
+/// workspace's `recovery.json`, and shares 1 and 3 as `asterism recovery-share decrypt`
+/// wrote them. Made once; the custodians' keys were thrown away.
+const RECOVERY_JSON: &str = r#"{
+  "version": 1,
+  "kind": "asterism-recovery",
+  "shareSet": "93b3a3942b1a1f250e5e724d15a245ebe953d676eea4a5164b9e8ba97b367599",
+  "threshold": 2,
+  "shares": 3,
+  "secretLength": 32,
+  "secretCommitment": "69350d4759abcf1bc83b8e3dcc494389be77bd84316075d3e931601078c00dc7",
+  "salt": "ZmZmZmZmZmZmZmZmZmZmZmZmZmZmZmZmZmZmZmZmZmY=",
+  "custodians": [
+    {
+      "index": 1,
+      "recipient": "age1pll9l4ean5lvpye3g7ztuegwne9ys9nc73f7krsr5l6jayg9zejsr6wqyr",
+      "shareDigest": "ff0d97ef36429c87830b9902eacf2e4a6811128bcfb3ee95fc7767126e01cf0d"
+    },
+    {
+      "index": 2,
+      "recipient": "age12qk9svcw3tvymvql0jdcuudgzthy7prp4eqpl5ekxe6ftjkse33qnmynkl",
+      "shareDigest": "9799ba0cab0b17ab586637d0b804672a600d9735ff9ce750f3b99ded6145716d"
+    },
+    {
+      "index": 3,
+      "recipient": "age1ylgthg5wvzsncq24lf22sc0z4hwa8msrwdfuq6lhrpask9k06psq50y45a",
+      "shareDigest": "6a6034c465274304eba637083b8199227efc139d61afa22d975d48678200a600"
+    }
+  ]
+}"#;
+const SHARE_1_OF_3: &str = r#"{
+  "version": 1,
+  "kind": "asterism-recovery-share",
+  "shareSet": "93b3a3942b1a1f250e5e724d15a245ebe953d676eea4a5164b9e8ba97b367599",
+  "index": 1,
+  "threshold": 2,
+  "shares": 3,
+  "value": "M+QoxNsD6CrCeu6gMPJsKNEKLcseMAQ+3JVawP/UP5s="
+}"#;
+const SHARE_3_OF_3: &str = r#"{
+  "version": 1,
+  "kind": "asterism-recovery-share",
+  "shareSet": "93b3a3942b1a1f250e5e724d15a245ebe953d676eea4a5164b9e8ba97b367599",
+  "index": 3,
+  "threshold": 2,
+  "shares": 3,
+  "value": "/53S/dyvidT3JINR+qce0sK03eyI+qbo1Q5E8bDN6xw="
+}"#;
+
+/// A workspace that keeps only custodians' shares, and two of the three, decrypted (0600).
+fn shares_workspace(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::write(
+        dir.join("cluster.json"),
+        format!(
+            "{{\"clusterID\": \"{}\", \"measurementSalt\": \"{}\", \"initEndpoint\": \"127.0.0.1:9000\"}}",
+            cluster_id(),
+            hex::encode(MEASUREMENT_SALT)
+        ),
+    )
+    .unwrap();
+    std::fs::write(dir.join("recovery.json"), RECOVERY_JSON).unwrap();
+    [
+        ("share-1-of-3", SHARE_1_OF_3),
+        ("share-3-of-3", SHARE_3_OF_3),
+    ]
+    .into_iter()
+    .map(|(name, json)| {
+        let path = dir.join(format!("{name}.decrypted.json"));
+        std::fs::write(&path, json).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        path
+    })
+    .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn asterism_recover_with_two_of_three_shares_brings_a_waiting_node_back() {
+    let t = TestNode::new("127.0.13.6");
+    let uuid = rebooted_node(&t);
+    let metadata = StaticMetadata::new(vec![
+        instance("cp-0", MetaRole::ControlPlane, t.ip),
+        instance(
+            "cp-1",
+            MetaRole::ControlPlane,
+            "127.0.13.7".parse().unwrap(),
+        ),
+    ])
+    .with_self("cp-0")
+    .with_init_secret_hash(init_secret_hash());
+    let node = t.node(
+        metadata,
+        TestNode::none_driver(),
+        30090,
+        Some(t.join_service_trust(cluster_id())),
+    );
+    let run = tokio::spawn(t.run(node, std::future::pending()));
+
+    // As `asterism recover --workspace DIR --share A --share B` gets its keys: no
+    // master-secret file anywhere.
+    let workspace = tempfile::tempdir().unwrap();
+    let shares = shares_workspace(workspace.path());
+    assert!(!workspace.path().join("master-secret.json").exists());
+    let from_shares = asterism::recover::read_shares(workspace.path(), &shares).unwrap();
+    asterism::recover::check_cluster(workspace.path(), &from_shares).unwrap();
+
+    let recovered = asterism::recover::recover(&cli_target(&t), &from_shares)
+        .await
+        .unwrap();
+    assert_eq!(recovered.len(), 1, "{recovered:?}");
+    assert_eq!(recovered[0].disk_uuid.as_deref(), Some(uuid.as_str()));
+    let outcome = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(outcome, Outcome::Recovered(cluster_id()));
+    assert_eq!(
+        t.pcr15(),
+        asterism_tpm::marker::expected_marker_pcr(cluster_id().as_bytes())
+    );
+    // The disk opens with the key the original master secret derives.
+    let key = kms().data_key(&KeyId::disk(&uuid).unwrap(), 32).unwrap();
+    assert!(opens(&t.image(), key.expose_secret()));
+}

@@ -8,8 +8,9 @@
 //! `--insecure-send-master-secret` asks for the original's form.
 //!
 //! The master secret comes from wherever [`recover`] is given it: [`read_master_secret`]
-//! reads the workspace's `master-secret.json`; custodian shares can be reconstructed into
-//! the same [`ClusterKms`].
+//! reads the workspace's `master-secret.json`, [`read_shares`] reconstructs it from M
+//! custodians' decrypted shares and the workspace's `recovery.json`; [`cluster_kms`] picks
+//! between the two as the flags say.
 
 use crate::trust::TrustArgs;
 use anyhow::{Context, Result, bail};
@@ -20,6 +21,7 @@ use asterism_attestation::{
 use asterism_kms::{ClusterKms, DataKey, DiskUuid, KeyId, KmsUri, MasterSecret, Salt};
 use asterism_proto::recover::api_client::ApiClient;
 use asterism_proto::recover::{DescribeRequest, RecoverMessage};
+use asterism_recovery_shares::{DecryptedShareFile, EncryptedShareFile, RecoveryRecord};
 use base64::Engine as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -37,6 +39,14 @@ pub const RETRY_INTERVAL: Duration = Duration::from_secs(5);
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
 /// The largest master-secret file read.
 const MAX_MASTER_SECRET_FILE: u64 = 4096;
+/// The largest decrypted share read: a few hundred bytes for a 32-byte secret.
+const MAX_SHARE_FILE: u64 = 64 * 1024;
+/// The largest `recovery.json` read: a line per custodian, at most 255 of them.
+const MAX_RECORD_FILE: u64 = 1024 * 1024;
+/// The workspace's master-secret file.
+const MASTER_SECRET_FILE: &str = "master-secret.json";
+/// The workspace's record of the split (`asterism init --recovery-shares`).
+const RECORD_FILE: &str = "recovery.json";
 
 /// Arguments of `asterism recover`.
 #[derive(clap::Args, Debug)]
@@ -45,12 +55,17 @@ pub struct Args {
     /// balancer, every control-plane node it reaches is recovered.
     #[arg(long)]
     pub endpoint: String,
-    /// The cluster's workspace (cluster ID, measurement salt, master secret).
+    /// The cluster's workspace (cluster ID, measurement salt, and master-secret.json or
+    /// recovery.json).
     #[arg(long, value_name = "DIR")]
     pub workspace: PathBuf,
     /// The master-secret file (default: master-secret.json in the workspace).
     #[arg(long, value_name = "FILE")]
     pub master_secret: Option<PathBuf>,
+    /// A custodian's decrypted share (`asterism recovery-share decrypt`), once per share:
+    /// M of them and the workspace's recovery.json give the master secret back.
+    #[arg(long = "share", value_name = "FILE", conflicts_with = "master_secret")]
+    pub shares: Vec<PathBuf>,
     /// Deadline for the whole recovery, in seconds.
     #[arg(long, default_value_t = 600)]
     pub timeout_secs: u64,
@@ -89,14 +104,10 @@ pub struct Target {
     pub retry_interval: Duration,
 }
 
-/// Runs `asterism recover` with the master secret from `--master-secret` (or the
-/// workspace), printing per node what it did.
+/// Runs `asterism recover` with the master secret from `--share`, `--master-secret` or
+/// the workspace ([`cluster_kms`]), printing per node what it did.
 pub async fn run(args: Args) -> Result<Vec<Recovered>> {
-    let path = args
-        .master_secret
-        .clone()
-        .unwrap_or_else(|| args.workspace.join("master-secret.json"));
-    let kms = read_master_secret(&path)?;
+    let kms = cluster_kms(&args)?;
     check_cluster(&args.workspace, &kms)?;
     let target = Target {
         endpoint: with_default_port(&args.endpoint),
@@ -287,16 +298,100 @@ fn original_form(kms: &ClusterKms) -> Result<RecoverMessage> {
     })
 }
 
-/// Reads a `master-secret.json` (`{"key": base64, "salt": base64}`), refusing a file that
-/// others can read.
-pub fn read_master_secret(path: &Path) -> Result<ClusterKms> {
-    use std::os::unix::fs::MetadataExt;
-    // Borrowed from the zeroizing buffer: the base64 text is never copied.
-    #[derive(serde::Deserialize)]
-    struct File<'a> {
-        key: &'a str,
-        salt: &'a str,
+/// The master secret that `args` names: reconstructed from the `--share` files, else read
+/// from `--master-secret` or the workspace's `master-secret.json`. A workspace that keeps
+/// only shares (`init --no-master-secret-file`) without `--share` is refused with what to
+/// give.
+pub fn cluster_kms(args: &Args) -> Result<ClusterKms> {
+    if !args.shares.is_empty() {
+        return read_shares(&args.workspace, &args.shares);
     }
+    if let Some(path) = &args.master_secret {
+        return read_master_secret(path);
+    }
+    let path = args.workspace.join(MASTER_SECRET_FILE);
+    match std::fs::symlink_metadata(&path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        // Present, or unreadable for another reason that reading it will name.
+        _ => return read_master_secret(&path),
+    }
+    let record_path = args.workspace.join(RECORD_FILE);
+    if !record_path.exists() {
+        bail!(
+            "{} has neither {MASTER_SECRET_FILE} nor {RECORD_FILE}: give the master secret \
+             with --master-secret FILE, or custodians' decrypted shares with --share FILE",
+            args.workspace.display()
+        );
+    }
+    let threshold = read_record(&args.workspace)?.threshold();
+    bail!(
+        "{} keeps no {MASTER_SECRET_FILE}, only the custodians' shares ({} of {} needed): \
+         have {} custodians decrypt theirs with `asterism recovery-share decrypt` and give \
+         each with --share FILE",
+        args.workspace.display(),
+        threshold.needed(),
+        threshold.total(),
+        threshold.needed()
+    )
+}
+
+/// Reconstructs the master secret from custodians' decrypted shares (`files`) and the
+/// workspace's `recovery.json`, and pairs it with the record's salt. Every share is
+/// checked against the record before any is used; errors name the file. A share file that
+/// others can read is refused, as the master-secret file is.
+pub fn read_shares(workspace: &Path, files: &[PathBuf]) -> Result<ClusterKms> {
+    let record = read_record(workspace)?;
+    let shares = files
+        .iter()
+        .map(|path| read_share(path))
+        .collect::<Result<Vec<_>>>()?;
+    let secret = asterism_recovery_shares::reconstruct(&shares, &record).with_context(|| {
+        format!(
+            "reconstructing the master secret from {} share(s) with {}",
+            shares.len(),
+            workspace.join(RECORD_FILE).display()
+        )
+    })?;
+    let salt = record
+        .salt()
+        .with_context(|| format!("{}: salt", workspace.join(RECORD_FILE).display()))?;
+    Ok(ClusterKms::new(secret, salt))
+}
+
+/// The workspace's `recovery.json`.
+fn read_record(workspace: &Path) -> Result<RecoveryRecord> {
+    let path = workspace.join(RECORD_FILE);
+    let bytes = asterism_binkit::read_capped(&path, MAX_RECORD_FILE)
+        .with_context(|| format!("reading {}", path.display()))?;
+    Ok(RecoveryRecord::from_json(
+        &bytes,
+        &path.display().to_string(),
+    )?)
+}
+
+/// One decrypted share. An encrypted one is named as such: its custodian decrypts it first.
+fn read_share(path: &Path) -> Result<DecryptedShareFile> {
+    refuse_readable_by_others(path)?;
+    let bytes = Zeroizing::new(
+        asterism_binkit::read_capped(path, MAX_SHARE_FILE)
+            .with_context(|| format!("reading {}", path.display()))?,
+    );
+    let origin = path.display().to_string();
+    DecryptedShareFile::from_json(&bytes, &origin).map_err(|e| {
+        if EncryptedShareFile::from_json(&bytes, &origin).is_ok() {
+            anyhow::anyhow!(
+                "{origin} is a share still encrypted to its custodian; they decrypt it with \
+                 `asterism recovery-share decrypt --share {origin} --identity KEY`"
+            )
+        } else {
+            e.into()
+        }
+    })
+}
+
+/// Refuses a secret file that the group or others can read.
+fn refuse_readable_by_others(path: &Path) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
     if meta.mode() & 0o077 != 0 {
         bail!(
@@ -306,6 +401,19 @@ pub fn read_master_secret(path: &Path) -> Result<ClusterKms> {
             path.display()
         );
     }
+    Ok(())
+}
+
+/// Reads a `master-secret.json` (`{"key": base64, "salt": base64}`), refusing a file that
+/// others can read.
+pub fn read_master_secret(path: &Path) -> Result<ClusterKms> {
+    // Borrowed from the zeroizing buffer: the base64 text is never copied.
+    #[derive(serde::Deserialize)]
+    struct File<'a> {
+        key: &'a str,
+        salt: &'a str,
+    }
+    refuse_readable_by_others(path)?;
     let text = Zeroizing::new(
         asterism_binkit::read_capped(path, MAX_MASTER_SECRET_FILE)
             .with_context(|| format!("reading {}", path.display()))?,

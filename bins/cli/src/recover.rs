@@ -43,6 +43,8 @@ const MAX_MASTER_SECRET_FILE: u64 = 4096;
 const MAX_SHARE_FILE: u64 = 64 * 1024;
 /// The largest `recovery.json` read: a line per custodian, at most 255 of them.
 const MAX_RECORD_FILE: u64 = 1024 * 1024;
+/// The largest `cluster.json` read (a few hundred bytes in practice).
+const MAX_CLUSTER_FILE: u64 = 64 * 1024;
 /// The workspace's master-secret file.
 const MASTER_SECRET_FILE: &str = "master-secret.json";
 /// The workspace's record of the split (`asterism init --recovery-shares`).
@@ -446,7 +448,8 @@ pub fn check_cluster(workspace: &Path, kms: &ClusterKms) -> Result<()> {
         measurement_salt: String,
     }
     let path = workspace.join("cluster.json");
-    let text = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+    let text = asterism_binkit::read_capped(&path, MAX_CLUSTER_FILE)
+        .with_context(|| format!("reading {}", path.display()))?;
     let cluster: Cluster =
         serde_json::from_slice(&text).with_context(|| format!("{}", path.display()))?;
     let salt: [u8; 32] = hex::decode(&cluster.measurement_salt)

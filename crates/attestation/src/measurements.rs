@@ -722,10 +722,7 @@ fn events_json(events: &[ReferenceEvent]) -> String {
                     format!(", \"description\": {quoted}")
                 })
                 .unwrap_or_default();
-            format!(
-                "{{\"digest\": \"{}\"{description}}}",
-                hex::encode(e.digest)
-            )
+            format!("{{\"digest\": \"{}\"{description}}}", hex::encode(e.digest))
         })
         .collect();
     format!(

@@ -394,7 +394,12 @@ struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize, event: usize, field: &'static str) -> Result<&'a [u8], EventLogError> {
+    fn take(
+        &mut self,
+        n: usize,
+        event: usize,
+        field: &'static str,
+    ) -> Result<&'a [u8], EventLogError> {
         let (head, tail) = self
             .buf
             .split_at_checked(n)
@@ -515,13 +520,14 @@ fn parse_header(r: &mut Reader<'_>) -> Result<SpecId, EventLogError> {
 
 fn parse_event(r: &mut Reader<'_>, number: usize, spec: &SpecId) -> Result<Event, EventLogError> {
     let pcr_raw = r.u32(number, "pcrIndex")?;
-    let pcr = u8::try_from(pcr_raw)
-        .ok()
-        .and_then(PcrIndex::new)
-        .ok_or(EventLogError::PcrIndex {
-            event: number,
-            pcr: pcr_raw,
-        })?;
+    let pcr =
+        u8::try_from(pcr_raw)
+            .ok()
+            .and_then(PcrIndex::new)
+            .ok_or(EventLogError::PcrIndex {
+                event: number,
+                pcr: pcr_raw,
+            })?;
     let event_type = EventType(r.u32(number, "eventType")?);
     let count = r.u32(number, "digests.count")?;
     if usize::try_from(count).ok() != Some(spec.algorithms.len()) {

@@ -354,7 +354,8 @@ fn event_field(index: PcrIndex, position: usize, event: Option<&Event>) -> Strin
 }
 
 fn digest_hex(e: &Event) -> String {
-    e.sha256().map_or_else(|| "no SHA-256 digest".into(), hex::encode)
+    e.sha256()
+        .map_or_else(|| "no SHA-256 digest".into(), hex::encode)
 }
 
 fn list(s: &BTreeSet<PcrIndex>) -> String {

@@ -349,10 +349,8 @@ impl EventLog {
             return Err(EventLogError::NoSha256);
         }
         let mut start = [0u8; 32];
-        if let Some(locality) = self.startup_locality() {
-            if let Some(last) = start.last_mut() {
-                *last = locality;
-            }
+        if let (Some(locality), Some(last)) = (self.startup_locality(), start.last_mut()) {
+            *last = locality;
         }
         let mut pcrs: BTreeMap<PcrIndex, [u8; 32]> = BTreeMap::new();
         for e in self.events.iter().filter(|e| e.is_extended()) {

@@ -36,9 +36,9 @@ type Clock = Arc<dyn Fn() -> SystemTime + Send + Sync>;
 ///    replay equals the quoted value of every quoted PCR it extends (otherwise the log is
 ///    not this boot's, and the evidence is refused);
 /// 10. the PCR values against the expected measurements: an enforced mismatch rejects, a
-///    warn-only mismatch is logged and returned as a warning. With an event log, the
-///    explanation names the events of each differing PCR, and the first one that differs
-///    from the measurements' reference events when they list some.
+///     warn-only mismatch is logged and returned as a warning. With an event log, the
+///     explanation names the events of each differing PCR, and the first one that differs
+///     from the measurements' reference events when they list some.
 pub struct TpmQuoteValidator {
     trust: AkTrust,
     measurements: Arc<dyn MeasurementsProvider>,
@@ -242,14 +242,14 @@ fn replayed_log(
     let log = EventLog::parse(bytes).map_err(ValidationError::EventLog)?;
     let replayed = log.replay_sha256().map_err(ValidationError::EventLog)?;
     for (index, value) in &replayed {
-        if let Some(q) = quoted.get(index) {
-            if q != value {
-                return Err(ValidationError::EventLogReplay {
-                    index: u32::from(index.get()),
-                    replayed: hex::encode(value),
-                    quoted: hex::encode(q),
-                });
-            }
+        if let Some(q) = quoted.get(index)
+            && q != value
+        {
+            return Err(ValidationError::EventLogReplay {
+                index: u32::from(index.get()),
+                replayed: hex::encode(value),
+                quoted: hex::encode(q),
+            });
         }
     }
     let covered = replayed.keys().copied().collect();

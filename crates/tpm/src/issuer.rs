@@ -5,7 +5,8 @@
 
 use crate::{AkConfig, AttestationKey, PcrSelection, Tpm, TpmConfig, TpmError};
 use asterism_attestation::tpm::{
-    EVIDENCE_VERSION, PcrValue, PlatformKind, PlatformReport, TpmQuoteEvidence, VARIANT,
+    EVIDENCE_VERSION, MAX_EVIDENCE_SIZE, PcrValue, PlatformKind, PlatformReport, TpmQuoteEvidence,
+    VARIANT,
 };
 use asterism_attestation::{IssueError, Issuer, ReportData};
 use prost::Message;
@@ -23,6 +24,7 @@ pub struct TpmIssuer {
     selection: PcrSelection,
     ak_cert_chain: Vec<Vec<u8>>,
     platform: Option<PlatformKind>,
+    event_log: Option<Vec<u8>>,
 }
 
 impl std::fmt::Debug for TpmIssuer {
@@ -31,6 +33,7 @@ impl std::fmt::Debug for TpmIssuer {
             .field("selection", &self.selection)
             .field("ak_cert_chain_len", &self.ak_cert_chain.len())
             .field("platform_report", &self.platform.is_some())
+            .field("event_log_len", &self.event_log.as_ref().map(Vec::len))
             .finish_non_exhaustive()
     }
 }
@@ -64,6 +67,7 @@ impl TpmIssuer {
             selection,
             ak_cert_chain,
             platform: None,
+            event_log: None,
         })
     }
 
@@ -83,6 +87,7 @@ impl TpmIssuer {
             selection,
             ak_cert_chain,
             platform: None,
+            event_log: None,
         })
     }
 
@@ -91,6 +96,17 @@ impl TpmIssuer {
     #[must_use]
     pub fn with_platform_report(mut self, report: PlatformKind) -> Self {
         self.platform = Some(report);
+        self
+    }
+
+    /// Sends `log` with every quote: the TCG event log of this boot (read once at start:
+    /// the firmware's log does not change after boot), which verifiers replay against the
+    /// quoted PCRs to name the event behind a PCR that differs. A log that would make the
+    /// evidence larger than [`MAX_EVIDENCE_SIZE`] is left out of that evidence, with a
+    /// warning: the quote stands without it.
+    #[must_use]
+    pub fn with_event_log(mut self, log: Vec<u8>) -> Self {
+        self.event_log = Some(log);
         self
     }
 
@@ -133,7 +149,7 @@ impl Issuer for TpmIssuer {
             }
             .map_err(|e| Self::fail("quoting the PCRs failed", Some(e)))?
         };
-        let evidence = TpmQuoteEvidence {
+        let mut evidence = TpmQuoteEvidence {
             version: EVIDENCE_VERSION,
             attest: quote.attest,
             signature: quote.signature,
@@ -147,12 +163,20 @@ impl Issuer for TpmIssuer {
                 .collect(),
             ak_public: self.ak_public.clone(),
             ak_cert_chain: self.ak_cert_chain.clone(),
-            event_log: None,
+            event_log: self.event_log.clone(),
             platform: self
                 .platform
                 .clone()
                 .map(|kind| PlatformReport { kind: Some(kind) }),
         };
+        if evidence.encoded_len() > MAX_EVIDENCE_SIZE && evidence.event_log.is_some() {
+            tracing::warn!(
+                log_len = self.event_log.as_ref().map_or(0, Vec::len),
+                max = MAX_EVIDENCE_SIZE,
+                "the event log does not fit in the evidence; sending the quote without it"
+            );
+            evidence.event_log = None;
+        }
         Ok(evidence.encode_to_vec())
     }
 }

@@ -180,3 +180,68 @@ impl Issuer for TpmIssuer {
         Ok(evidence.encode_to_vec())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::indexing_slicing)] // test code
+
+    use super::*;
+    use asterism_attestation::tpm::QuoteEvidence;
+    use asterism_attestation::{
+        ExpectedPcr, Measurements, PcrIndex, Role, TpmQuoteValidator, ValidationError, Validator,
+    };
+    use asterism_testkit::{Swtpm, pin};
+
+    /// A crypto-agile log (SHA-256 only) with one `EV_EFI_ACTION` event on PCR 23.
+    fn log_extending_pcr23(digest: [u8; 32]) -> Vec<u8> {
+        let mut spec = b"Spec ID Event03\0".to_vec();
+        spec.extend_from_slice(&[0, 0, 0, 0, 0, 2, 0, 2, 1, 0, 0, 0, 0x0b, 0, 32, 0, 0]);
+        let mut log = [0u32, 3].map(u32::to_le_bytes).concat();
+        log.extend_from_slice(&[0; 20]);
+        log.extend_from_slice(&u32::try_from(spec.len()).unwrap().to_le_bytes());
+        log.extend_from_slice(&spec);
+        log.extend_from_slice(&[23u32, 0x8000_0007, 1].map(u32::to_le_bytes).concat());
+        log.extend_from_slice(&0x000bu16.to_le_bytes());
+        log.extend_from_slice(&digest);
+        log.extend_from_slice(&0u32.to_le_bytes());
+        log
+    }
+
+    #[test]
+    fn the_event_log_goes_with_the_quote_and_is_replayed_by_the_verifier() {
+        let swtpm = Swtpm::start().unwrap();
+        // Through its TCTI string: the test kit links its own build of this crate.
+        let config: TpmConfig = swtpm.tcti().parse().unwrap();
+        let mut tpm = Tpm::open(&config).unwrap();
+        tpm.extend_pcr(23, &[0x23; 32]).unwrap();
+        let pcr0 = tpm.read_pcrs(&PcrSelection::new([0]).unwrap()).unwrap()[0].1;
+        let issuer = TpmIssuer::new(tpm, &AkConfig::default(), PcrSelection::all(), Vec::new())
+            .unwrap()
+            .with_event_log(log_extending_pcr23([0x23; 32]));
+        let m =
+            Measurements::new([(PcrIndex::new(0).unwrap(), ExpectedPcr::enforce(pcr0))]).unwrap();
+        let validator = TpmQuoteValidator::new(pin(issuer.ak_public()), m.into_provider());
+        let rd = ReportData::atls(Role::Client, &[7; 32]);
+        let evidence = issuer.issue(&rd).unwrap();
+        assert!(
+            QuoteEvidence::decode(&evidence)
+                .unwrap()
+                .event_log
+                .is_some()
+        );
+        validator.validate(&evidence, &rd).unwrap();
+
+        // A log of another boot does not replay to this TPM's PCR 23.
+        let issuer = issuer.with_event_log(log_extending_pcr23([0x24; 32]));
+        assert!(matches!(
+            validator.validate(&issuer.issue(&rd).unwrap(), &rd),
+            Err(ValidationError::EventLogReplay { index: 23, .. })
+        ));
+
+        // A log too large for the evidence is left out; the quote still verifies.
+        let issuer = issuer.with_event_log(vec![0; MAX_EVIDENCE_SIZE]);
+        let evidence = issuer.issue(&rd).unwrap();
+        assert_eq!(QuoteEvidence::decode(&evidence).unwrap().event_log, None);
+        validator.validate(&evidence, &rd).unwrap();
+    }
+}

@@ -145,7 +145,8 @@ fn the_events_of_a_real_log_have_names_for_people() {
         "EV_EFI_VARIABLE_DRIVER_CONFIG SecureBoot",
         "EV_EFI_VARIABLE_DRIVER_CONFIG PK",
         "EV_EFI_VARIABLE_BOOT BootOrder",
-        "EV_EFI_BOOT_SERVICES_APPLICATION",
+        // The kernel: 0xd877c0 is the size of its vmlinuz.
+        "EV_EFI_BOOT_SERVICES_APPLICATION image of 0xd877c0 bytes",
         "EV_EFI_ACTION Calling EFI Application from Boot Option",
         "EV_EFI_ACTION Exit Boot Services Invocation",
         "EV_SEPARATOR separator",

@@ -579,6 +579,13 @@ fn describe(event_type: EventType, data: &[u8]) -> Option<String> {
         // EV_S_CRTM_VERSION: a UTF-16 string.
         0x8 => utf16(data).filter(|s| !s.is_empty()),
         0x8000_0001 | 0x8000_0002 | 0x8000_000c | 0x8000_00e0 => variable_name(data),
+        // UEFI_IMAGE_LOAD_EVENT (boot application, boot or runtime driver): location and
+        // length in memory, link-time address, then a device path, which is not decoded.
+        0x8000_0003..=0x8000_0005 => {
+            let (_location, rest) = data.split_first_chunk::<8>()?;
+            let (len, _) = rest.split_first_chunk::<8>()?;
+            Some(format!("image of {:#x} bytes", u64::from_le_bytes(*len)))
+        }
         // UEFI_PLATFORM_FIRMWARE_BLOB: base and length.
         0x8000_0008 => {
             let (base, rest) = data.split_first_chunk::<8>()?;

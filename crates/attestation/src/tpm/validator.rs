@@ -25,7 +25,7 @@ type Clock = Arc<dyn Fn() -> SystemTime + Send + Sync>;
 ///    fixedTPM, fixedParent, sensitiveDataOrigin, userWithAuth, noDA), empty authPolicy,
 ///    nameAlg SHA-256, ECC P-256 with ECDSA-SHA256 (KDF null, 32-byte coordinates) or RSA
 ///    2048–8192 with RSASSA-SHA256 and the default exponent; the AK's identity is then
-///    computed from the key alone ([`AkFingerprint`]);
+///    computed from the key alone ([`crate::AkFingerprint`]);
 /// 3. AK trust: the [`AkTrust`] policy;
 /// 4. the signature over the `TPMS_ATTEST` bytes, with the AK;
 /// 5. the signed PCR selection is exactly one bank, SHA-256, not empty (no SHA-1);

@@ -46,6 +46,13 @@ struct Args {
     #[arg(long, value_name = "TCTI", default_value = "device:/dev/tpmrm0")]
     tpm: TpmConfig,
 
+    /// The TCG event log sent with every quote, so that verifiers can replay it and name the
+    /// event behind a PCR that differs. Default: the kernel's securityfs file
+    /// (`/sys/kernel/security/tpm0/binary_bios_measurements`) when --tpm is a device, skipped
+    /// when it is not there; none for a software TPM, whose PCRs no firmware measured.
+    #[arg(long, value_name = "PATH")]
+    event_log: Option<PathBuf>,
+
     /// The AK certificate (DER) sent with the node's evidence; default
     /// `<node dir>/attestation/ak-cert.der` if it exists.
     #[arg(long, value_name = "PATH")]
@@ -313,6 +320,42 @@ const MAX_COMPONENTS_FILE: u64 = 1 << 20;
 /// The largest AK certificate file read (one DER certificate).
 const MAX_AK_CERT_FILE: u64 = 64 << 10;
 
+/// Where Linux exposes the firmware's TCG event log.
+const DEFAULT_EVENT_LOG: &str = "/sys/kernel/security/tpm0/binary_bios_measurements";
+
+/// The event log to send with every quote, if there is one that parses: a log the verifier
+/// cannot parse would make it refuse the node, so such a log is left out with a warning.
+fn event_log(args: &Args) -> Option<Vec<u8>> {
+    use asterism_attestation::tpm::eventlog::{EventLog, MAX_EVENT_LOG_SIZE};
+    let path = match (&args.event_log, &args.tpm) {
+        (Some(path), _) => path.clone(),
+        (None, TpmConfig::Device(_)) => PathBuf::from(DEFAULT_EVENT_LOG),
+        (None, _) => return None,
+    };
+    if !path.exists() {
+        tracing::debug!(path = %path.display(), "no TCG event log; quotes go without one");
+        return None;
+    }
+    let cap = u64::try_from(MAX_EVENT_LOG_SIZE).unwrap_or(u64::MAX);
+    let log = match asterism_binkit::read_capped(&path, cap) {
+        Ok(log) => log,
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot read the TCG event log; quotes go without one");
+            return None;
+        }
+    };
+    match EventLog::parse(&log) {
+        Ok(parsed) => {
+            tracing::info!(path = %path.display(), events = parsed.events().len(), "the TCG event log goes with every quote");
+            Some(log)
+        }
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "the TCG event log does not parse; quotes go without one");
+            None
+        }
+    }
+}
+
 /// The crates whose lines the log and the buffer keep at info (debug with `-v`); the rest
 /// only at warn.
 const LOGGED_CRATES: [&str; 9] = [
@@ -437,6 +480,7 @@ async fn run(args: Args, logs: LogBuffer) -> anyhow::Result<u8> {
         }
     };
     let tpm_config = args.tpm.clone();
+    let log = event_log(&args);
     let cvm = args.confidential_vm;
     // Checked before the TPM is touched, so a bad URL fails the start at once.
     let imds = cvm
@@ -452,6 +496,10 @@ async fn run(args: Args, logs: LogBuffer) -> anyhow::Result<u8> {
         let ak = platform::ak_config(cvm)?;
         let issuer = TpmIssuer::new(tpm, &ak, PcrSelection::all(), chain)
             .context("cannot load the attestation key from the TPM")?;
+        let issuer = match log {
+            Some(log) => issuer.with_event_log(log),
+            None => issuer,
+        };
         anyhow::Ok((issuer, hcl_report))
     })
     .await

@@ -29,7 +29,7 @@ pub mod test_ed25519;
 pub use binding::{Purpose, ReportData, Role};
 pub use measurements::{
     CvmReferences, ExpectedPcr, MeasurementMode, Measurements, MeasurementsError,
-    MeasurementsProvider, PcrIndex, SharedMeasurements,
+    MeasurementsProvider, PcrIndex, ReferenceEvent, SharedMeasurements,
 };
 pub use tpm::{AkFingerprint, AkTrust, PlatformCa, TpmQuoteValidator};
 pub use verified::{Measurement, VerifiedEvidence};
@@ -80,6 +80,23 @@ pub enum ValidationError {
         expected: String,
         /// Observed value, lower-case hex.
         observed: String,
+    },
+    /// The evidence carries an event log that is not a well-formed TCG event log.
+    #[error("event log: {0}")]
+    EventLog(tpm::eventlog::EventLogError),
+    /// The event log does not replay to a PCR value the quote signed: it is not the log of
+    /// this boot, or it was edited.
+    #[error(
+        "the event log is inconsistent with the quote at PCR {index}: it replays to {replayed}, \
+         the quote holds {quoted}"
+    )]
+    EventLogReplay {
+        /// The PCR.
+        index: u32,
+        /// The value the log's SHA-256 digests extend to, lower-case hex.
+        replayed: String,
+        /// The signed value, lower-case hex.
+        quoted: String,
     },
     /// A structural or policy check failed (attributes, algorithms, selection, …).
     #[error("policy: {0}")]

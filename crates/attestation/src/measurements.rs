@@ -37,6 +37,21 @@
 //! 32 bytes. Every field is optional; a field that is absent is not compared. They are
 //! reloaded with the file like the PCRs.
 //!
+//! A PCR entry in object form may also list the events the boot is expected to extend
+//! into that PCR, in order, so that a node whose event log shows another event can be told
+//! which one differs (docs/attestation.md):
+//!
+//! ```json
+//! "9": {"expected": "<64 hex digits>", "events": [
+//!   {"digest": "<64 hex digits>", "description": "Linux command line"},
+//!   {"digest": "<64 hex digits>", "description": "Linux initrd"}
+//! ]}
+//! ```
+//!
+//! The events' SHA-256 digests, extended from zero, must give `expected`: a list that does
+//! not is refused on load, so a stale list cannot explain a mismatch wrongly. At most
+//! [`MAX_REFERENCE_EVENTS`] per PCR; a description is optional.
+//!
 //! Keys are decimal PCR indices `0..=23` (no sign, no leading zeros). A value is either an
 //! object with `expected` (hex, exactly 32 bytes) and an optional `warnOnly` (default
 //! `false`), or a bare hex string, which means enforced. Unknown keys, duplicate keys,
@@ -68,6 +83,22 @@ pub const RESETTABLE_PCRS: [PcrIndex; 2] = [PcrIndex(16), PcrIndex(23)];
 
 /// Largest measurements file read (a full map is about 3 KiB).
 pub const MAX_FILE_SIZE: u64 = 1024 * 1024;
+
+/// Most reference events listed for one PCR.
+pub const MAX_REFERENCE_EVENTS: usize = 256;
+
+/// Longest description of a reference event, in characters.
+pub const MAX_REFERENCE_DESCRIPTION: usize = 200;
+
+/// One event the boot is expected to extend into a PCR: its SHA-256 digest and, for
+/// people, what it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReferenceEvent {
+    /// The expected SHA-256 digest of the event.
+    pub digest: [u8; 32],
+    /// What the event is (`Linux initrd`), if the file says.
+    pub description: Option<String>,
+}
 
 /// A PCR index of a PC-client TPM: `0..=23`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -227,6 +258,14 @@ pub enum MeasurementsError {
         /// What is wrong.
         reason: String,
     },
+    /// A PCR's reference events are not usable.
+    #[error("PCR {index}: reference events: {reason}")]
+    ReferenceEvents {
+        /// The PCR.
+        index: PcrIndex,
+        /// What is wrong (bad digest, too many, they do not extend to the expected value).
+        reason: String,
+    },
     /// No PCR is enforced, so nothing would gate.
     #[error("no PCR is enforced; a measurements map must enforce at least one PCR")]
     NoEnforced,
@@ -238,6 +277,7 @@ pub enum MeasurementsError {
 pub struct Measurements {
     pcrs: BTreeMap<PcrIndex, ExpectedPcr>,
     cvm: CvmReferences,
+    events: BTreeMap<PcrIndex, Vec<ReferenceEvent>>,
 }
 
 /// Reference values of a confidential VM's hardware report (the report the vTPM is bound
@@ -282,7 +322,60 @@ impl Measurements {
         Ok(Self {
             pcrs: map,
             cvm: CvmReferences::default(),
+            events: BTreeMap::new(),
         })
+    }
+
+    /// These expectations with `events` as the reference events of PCR `index`. Refused
+    /// when `index` has no expectation, when there are more than [`MAX_REFERENCE_EVENTS`]
+    /// or a description longer than [`MAX_REFERENCE_DESCRIPTION`], and when the digests,
+    /// extended from zero, do not give the expected value.
+    pub fn with_reference_events(
+        mut self,
+        index: PcrIndex,
+        events: Vec<ReferenceEvent>,
+    ) -> Result<Self, MeasurementsError> {
+        let bad = |reason: String| MeasurementsError::ReferenceEvents { index, reason };
+        let want = self
+            .pcrs
+            .get(&index)
+            .ok_or_else(|| bad("the PCR has no expected value".into()))?;
+        if events.len() > MAX_REFERENCE_EVENTS {
+            return Err(bad(format!(
+                "{} events, at most {MAX_REFERENCE_EVENTS} allowed",
+                events.len()
+            )));
+        }
+        if events.iter().any(|e| {
+            e.description
+                .as_ref()
+                .is_some_and(|d| d.chars().count() > MAX_REFERENCE_DESCRIPTION)
+        }) {
+            return Err(bad(format!(
+                "a description is longer than {MAX_REFERENCE_DESCRIPTION} characters"
+            )));
+        }
+        let replayed = events.iter().fold([0u8; 32], |pcr, e| {
+            crate::tpm::eventlog::extend(&pcr, &e.digest)
+        });
+        if replayed != want.expected {
+            return Err(bad(format!(
+                "they extend to {}, not to the expected value {}",
+                hex::encode(replayed),
+                hex::encode(want.expected)
+            )));
+        }
+        if events.is_empty() {
+            self.events.remove(&index);
+        } else {
+            self.events.insert(index, events);
+        }
+        Ok(self)
+    }
+
+    /// The reference events of PCR `index`, in order; empty when the file lists none.
+    pub fn reference_events(&self, index: PcrIndex) -> &[ReferenceEvent] {
+        self.events.get(&index).map_or(&[], Vec::as_slice)
     }
 
     /// These PCR expectations with `cvm` as the confidential-VM reference values.
@@ -301,9 +394,13 @@ impl Measurements {
     pub fn from_json(bytes: &[u8]) -> Result<Self, MeasurementsError> {
         let file: FileRepr = serde_json::from_slice(bytes).map_err(MeasurementsError::Json)?;
         let mut entries = Vec::with_capacity(file.measurements.0.len());
+        let mut reference_events = Vec::new();
         for (key, entry) in file.measurements.0 {
             let index: PcrIndex = key.parse()?;
-            let (hex_value, mode) = entry.into_parts();
+            let (hex_value, mode, events) = entry.into_parts();
+            if let Some(events) = events {
+                reference_events.push((index, events));
+            }
             let bytes = hex::decode(&hex_value).map_err(|e| MeasurementsError::BadHex {
                 index,
                 reason: e.to_string(),
@@ -333,7 +430,26 @@ impl Measurements {
                 reference("tdx.rtmr3", tdx.rtmr3)?,
             ];
         }
-        Ok(Self::new(entries)?.with_cvm(cvm))
+        let mut measurements = Self::new(entries)?.with_cvm(cvm);
+        for (index, events) in reference_events {
+            let events = events
+                .into_iter()
+                .map(|e| {
+                    let digest = hex_array(&e.digest).map_err(|reason| {
+                        MeasurementsError::ReferenceEvents {
+                            index,
+                            reason: format!("digest: {reason}"),
+                        }
+                    })?;
+                    Ok(ReferenceEvent {
+                        digest,
+                        description: e.description,
+                    })
+                })
+                .collect::<Result<Vec<_>, MeasurementsError>>()?;
+            measurements = measurements.with_reference_events(index, events)?;
+        }
+        Ok(measurements)
     }
 
     /// Reads and parses a measurements file.
@@ -348,9 +464,10 @@ impl Measurements {
             .iter()
             .map(|(i, p)| {
                 format!(
-                    "    \"{i}\": {{\"expected\": \"{}\", \"warnOnly\": {}}}",
+                    "    \"{i}\": {{\"expected\": \"{}\", \"warnOnly\": {}{}}}",
                     hex::encode(p.expected),
-                    p.mode == MeasurementMode::WarnOnly
+                    p.mode == MeasurementMode::WarnOnly,
+                    events_json(self.reference_events(*i))
                 )
             })
             .collect();
@@ -559,12 +676,13 @@ struct TdxRepr {
 }
 
 impl EntryRepr {
-    fn into_parts(self) -> (String, MeasurementMode) {
+    fn into_parts(self) -> (String, MeasurementMode, Option<Vec<EventRepr>>) {
         match self {
-            EntryRepr::Bare(h) => (h, MeasurementMode::Enforce),
+            EntryRepr::Bare(h) => (h, MeasurementMode::Enforce, None),
             EntryRepr::Full {
                 expected,
                 warn_only,
+                events,
             } => (
                 expected,
                 if warn_only {
@@ -572,9 +690,45 @@ impl EntryRepr {
                 } else {
                     MeasurementMode::Enforce
                 },
+                events,
             ),
         }
     }
+}
+
+/// A reference event as written in the file.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EventRepr {
+    digest: String,
+    #[serde(default)]
+    description: Option<String>,
+}
+
+/// `, "events": [...]` for an entry with reference events, nothing otherwise.
+fn events_json(events: &[ReferenceEvent]) -> String {
+    if events.is_empty() {
+        return String::new();
+    }
+    let items: Vec<String> = events
+        .iter()
+        .map(|e| {
+            let description = e
+                .description
+                .as_ref()
+                .map(|d| {
+                    // serde_json quotes and escapes a string; it cannot fail.
+                    let quoted = serde_json::to_string(d).unwrap_or_default();
+                    format!(", \"description\": {quoted}")
+                })
+                .unwrap_or_default();
+            format!("{{\"digest\": \"{}\"{description}}}", hex::encode(e.digest))
+        })
+        .collect();
+    format!(
+        ",\n      \"events\": [\n        {}\n      ]",
+        items.join(",\n        ")
+    )
 }
 
 /// A confidential-VM reference value of `N` bytes from its file form.
@@ -585,7 +739,13 @@ fn reference<const N: usize>(
     let Some(entry) = entry else {
         return Ok(None);
     };
-    let (hex_value, mode) = entry.into_parts();
+    let (hex_value, mode, events) = entry.into_parts();
+    if events.is_some() {
+        return Err(MeasurementsError::BadReference {
+            field: field.to_owned(),
+            reason: "reference events are for PCRs only".into(),
+        });
+    }
     let value = hex_array(&hex_value).map_err(|reason| MeasurementsError::BadReference {
         field: field.to_owned(),
         reason,
@@ -638,7 +798,11 @@ impl<'de> Deserialize<'de> for EntriesRepr {
 
 enum EntryRepr {
     Bare(String),
-    Full { expected: String, warn_only: bool },
+    Full {
+        expected: String,
+        warn_only: bool,
+        events: Option<Vec<EventRepr>>,
+    },
 }
 
 impl<'de> Deserialize<'de> for EntryRepr {
@@ -653,9 +817,10 @@ impl<'de> Deserialize<'de> for EntryRepr {
                 Ok(EntryRepr::Bare(v.to_owned()))
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                const FIELDS: &[&str] = &["expected", "warnOnly"];
+                const FIELDS: &[&str] = &["expected", "warnOnly", "events"];
                 let mut expected: Option<String> = None;
                 let mut warn_only: Option<bool> = None;
+                let mut events: Option<Vec<EventRepr>> = None;
                 while let Some(key) = map.next_key::<String>()? {
                     match key.as_str() {
                         "expected" if expected.is_some() => {
@@ -666,6 +831,10 @@ impl<'de> Deserialize<'de> for EntryRepr {
                             return Err(de::Error::duplicate_field("warnOnly"));
                         }
                         "warnOnly" => warn_only = Some(map.next_value()?),
+                        "events" if events.is_some() => {
+                            return Err(de::Error::duplicate_field("events"));
+                        }
+                        "events" => events = Some(map.next_value()?),
                         other => return Err(de::Error::unknown_field(other, FIELDS)),
                     }
                 }
@@ -673,6 +842,7 @@ impl<'de> Deserialize<'de> for EntryRepr {
                 Ok(EntryRepr::Full {
                     expected,
                     warn_only: warn_only.unwrap_or(false),
+                    events,
                 })
             }
         }

@@ -5,7 +5,8 @@
 
 use crate::{AkConfig, AttestationKey, PcrSelection, Tpm, TpmConfig, TpmError};
 use asterism_attestation::tpm::{
-    EVIDENCE_VERSION, PcrValue, PlatformKind, PlatformReport, TpmQuoteEvidence, VARIANT,
+    EVIDENCE_VERSION, MAX_EVIDENCE_SIZE, PcrValue, PlatformKind, PlatformReport, TpmQuoteEvidence,
+    VARIANT,
 };
 use asterism_attestation::{IssueError, Issuer, ReportData};
 use prost::Message;
@@ -23,6 +24,7 @@ pub struct TpmIssuer {
     selection: PcrSelection,
     ak_cert_chain: Vec<Vec<u8>>,
     platform: Option<PlatformKind>,
+    event_log: Option<Vec<u8>>,
 }
 
 impl std::fmt::Debug for TpmIssuer {
@@ -31,6 +33,7 @@ impl std::fmt::Debug for TpmIssuer {
             .field("selection", &self.selection)
             .field("ak_cert_chain_len", &self.ak_cert_chain.len())
             .field("platform_report", &self.platform.is_some())
+            .field("event_log_len", &self.event_log.as_ref().map(Vec::len))
             .finish_non_exhaustive()
     }
 }
@@ -64,6 +67,7 @@ impl TpmIssuer {
             selection,
             ak_cert_chain,
             platform: None,
+            event_log: None,
         })
     }
 
@@ -83,6 +87,7 @@ impl TpmIssuer {
             selection,
             ak_cert_chain,
             platform: None,
+            event_log: None,
         })
     }
 
@@ -91,6 +96,17 @@ impl TpmIssuer {
     #[must_use]
     pub fn with_platform_report(mut self, report: PlatformKind) -> Self {
         self.platform = Some(report);
+        self
+    }
+
+    /// Sends `log` with every quote: the TCG event log of this boot (read once at start:
+    /// the firmware's log does not change after boot), which verifiers replay against the
+    /// quoted PCRs to name the event behind a PCR that differs. A log that would make the
+    /// evidence larger than [`MAX_EVIDENCE_SIZE`] is left out of that evidence, with a
+    /// warning: the quote stands without it.
+    #[must_use]
+    pub fn with_event_log(mut self, log: Vec<u8>) -> Self {
+        self.event_log = Some(log);
         self
     }
 
@@ -133,7 +149,7 @@ impl Issuer for TpmIssuer {
             }
             .map_err(|e| Self::fail("quoting the PCRs failed", Some(e)))?
         };
-        let evidence = TpmQuoteEvidence {
+        let mut evidence = TpmQuoteEvidence {
             version: EVIDENCE_VERSION,
             attest: quote.attest,
             signature: quote.signature,
@@ -147,12 +163,85 @@ impl Issuer for TpmIssuer {
                 .collect(),
             ak_public: self.ak_public.clone(),
             ak_cert_chain: self.ak_cert_chain.clone(),
-            event_log: None,
+            event_log: self.event_log.clone(),
             platform: self
                 .platform
                 .clone()
                 .map(|kind| PlatformReport { kind: Some(kind) }),
         };
+        if evidence.encoded_len() > MAX_EVIDENCE_SIZE && evidence.event_log.is_some() {
+            tracing::warn!(
+                log_len = self.event_log.as_ref().map_or(0, Vec::len),
+                max = MAX_EVIDENCE_SIZE,
+                "the event log does not fit in the evidence; sending the quote without it"
+            );
+            evidence.event_log = None;
+        }
         Ok(evidence.encode_to_vec())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::indexing_slicing)] // test code
+
+    use super::*;
+    use asterism_attestation::tpm::QuoteEvidence;
+    use asterism_attestation::{
+        ExpectedPcr, Measurements, PcrIndex, Role, TpmQuoteValidator, ValidationError, Validator,
+    };
+    use asterism_testkit::{Swtpm, pin};
+
+    /// A crypto-agile log (SHA-256 only) with one `EV_EFI_ACTION` event on PCR 23.
+    fn log_extending_pcr23(digest: [u8; 32]) -> Vec<u8> {
+        let mut spec = b"Spec ID Event03\0".to_vec();
+        spec.extend_from_slice(&[0, 0, 0, 0, 0, 2, 0, 2, 1, 0, 0, 0, 0x0b, 0, 32, 0, 0]);
+        let mut log = [0u32, 3].map(u32::to_le_bytes).concat();
+        log.extend_from_slice(&[0; 20]);
+        log.extend_from_slice(&u32::try_from(spec.len()).unwrap().to_le_bytes());
+        log.extend_from_slice(&spec);
+        log.extend_from_slice(&[23u32, 0x8000_0007, 1].map(u32::to_le_bytes).concat());
+        log.extend_from_slice(&0x000bu16.to_le_bytes());
+        log.extend_from_slice(&digest);
+        log.extend_from_slice(&0u32.to_le_bytes());
+        log
+    }
+
+    #[test]
+    fn the_event_log_goes_with_the_quote_and_is_replayed_by_the_verifier() {
+        let swtpm = Swtpm::start().unwrap();
+        // Through its TCTI string: the test kit links its own build of this crate.
+        let config: TpmConfig = swtpm.tcti().parse().unwrap();
+        let mut tpm = Tpm::open(&config).unwrap();
+        tpm.extend_pcr(23, &[0x23; 32]).unwrap();
+        let pcr0 = tpm.read_pcrs(&PcrSelection::new([0]).unwrap()).unwrap()[0].1;
+        let issuer = TpmIssuer::new(tpm, &AkConfig::default(), PcrSelection::all(), Vec::new())
+            .unwrap()
+            .with_event_log(log_extending_pcr23([0x23; 32]));
+        let m =
+            Measurements::new([(PcrIndex::new(0).unwrap(), ExpectedPcr::enforce(pcr0))]).unwrap();
+        let validator = TpmQuoteValidator::new(pin(issuer.ak_public()), m.into_provider());
+        let rd = ReportData::atls(Role::Client, &[7; 32]);
+        let evidence = issuer.issue(&rd).unwrap();
+        assert!(
+            QuoteEvidence::decode(&evidence)
+                .unwrap()
+                .event_log
+                .is_some()
+        );
+        validator.validate(&evidence, &rd).unwrap();
+
+        // A log of another boot does not replay to this TPM's PCR 23.
+        let issuer = issuer.with_event_log(log_extending_pcr23([0x24; 32]));
+        assert!(matches!(
+            validator.validate(&issuer.issue(&rd).unwrap(), &rd),
+            Err(ValidationError::EventLogReplay { index: 23, .. })
+        ));
+
+        // A log too large for the evidence is left out; the quote still verifies.
+        let issuer = issuer.with_event_log(vec![0; MAX_EVIDENCE_SIZE]);
+        let evidence = issuer.issue(&rd).unwrap();
+        assert_eq!(QuoteEvidence::decode(&evidence).unwrap().event_log, None);
+        validator.validate(&evidence, &rd).unwrap();
     }
 }

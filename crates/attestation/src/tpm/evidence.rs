@@ -12,7 +12,8 @@
 //!   repeated PcrValue pcrs = 4;        // SHA-256 bank, strictly ascending index
 //!   bytes ak_public = 5;               // TPMT_PUBLIC of the attestation key
 //!   repeated bytes ak_cert_chain = 6;  // DER, leaf first; may be empty
-//!   optional bytes event_log = 7;      // TCG event log; carried, not yet interpreted
+//!   optional bytes event_log = 7;      // TCG event log (binary_bios_measurements); when
+//!                                      // present, replayed against pcrs (tpm::eventlog)
 //!   optional PlatformReport platform = 8; // confidential VM: the hardware report the AK
 //!                                         // is bound to; absent on other machines
 //! }
@@ -82,7 +83,8 @@ pub struct TpmQuoteEvidence {
     /// DER certificates for the AK, leaf first; may be empty.
     #[prost(bytes = "vec", repeated, tag = "6")]
     pub ak_cert_chain: Vec<Vec<u8>>,
-    /// TCG event log, carried along; not interpreted yet.
+    /// TCG event log (`binary_bios_measurements`); when present, the validator replays it
+    /// against `pcrs` ([`super::eventlog`]).
     #[prost(bytes = "vec", optional, tag = "7")]
     pub event_log: Option<Vec<u8>>,
     /// On a confidential VM: the hardware report the AK is bound to.

@@ -2,6 +2,8 @@
 //! an attestation key (AK), with the AK's public area and optionally its certificate chain.
 //!
 //! * [`evidence`]: the versioned protobuf message and its strict decoder;
+//! * [`eventlog`]: the TCG event log a node may send along, parsed exactly and replayed
+//!   against the quoted PCRs;
 //! * [`structures`]: parsers (and marshallers) for `TPMS_ATTEST`, `TPMT_SIGNATURE` and
 //!   `TPMT_PUBLIC`;
 //! * [`TpmQuoteValidator`]: the verification, with a mandatory [`AkTrust`] policy and a
@@ -9,6 +11,7 @@
 //! * `soft` (feature `insecure-test-attestation`): a software quote builder for tests and
 //!   benchmarks.
 
+pub mod eventlog;
 pub mod evidence;
 mod platform;
 pub mod structures;

@@ -1,10 +1,11 @@
 //! The `tpm-quote` validator.
 
+use super::eventlog::{Event, EventLog};
 use super::evidence::{QuoteEvidence, VARIANT};
 use super::structures::{QuoteInfo, alg};
 use super::trust::{AkKey, AkTrust};
 use crate::explain::{Check, Outcome};
-use crate::measurements::{MeasurementsProvider, PcrIndex};
+use crate::measurements::{MeasurementMode, Measurements, MeasurementsProvider, PcrIndex};
 use crate::{Measurement, ReportData, ValidationError, Validator, VerifiedEvidence};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet};
@@ -24,15 +25,20 @@ type Clock = Arc<dyn Fn() -> SystemTime + Send + Sync>;
 ///    fixedTPM, fixedParent, sensitiveDataOrigin, userWithAuth, noDA), empty authPolicy,
 ///    nameAlg SHA-256, ECC P-256 with ECDSA-SHA256 (KDF null, 32-byte coordinates) or RSA
 ///    2048–8192 with RSASSA-SHA256 and the default exponent; the AK's identity is then
-///    computed from the key alone ([`AkFingerprint`]);
+///    computed from the key alone ([`crate::AkFingerprint`]);
 /// 3. AK trust: the [`AkTrust`] policy;
 /// 4. the signature over the `TPMS_ATTEST` bytes, with the AK;
 /// 5. the signed PCR selection is exactly one bank, SHA-256, not empty (no SHA-1);
 /// 6. the supplied PCR values cover exactly the signed selection;
 /// 7. `pcrDigest` = SHA-256 of the supplied values in ascending index order;
 /// 8. the qualifying data (`extraData`) equals the expected report data (constant time);
-/// 9. the PCR values against the expected measurements: an enforced mismatch rejects, a
-///    warn-only mismatch is logged and returned as a warning.
+/// 9. when the evidence carries a TCG event log: the log parses exactly and its SHA-256
+///    replay equals the quoted value of every quoted PCR it extends (otherwise the log is
+///    not this boot's, and the evidence is refused);
+/// 10. the PCR values against the expected measurements: an enforced mismatch rejects, a
+///     warn-only mismatch is logged and returned as a warning. With an event log, the
+///     explanation names the events of each differing PCR, and the first one that differs
+///     from the measurements' reference events when they list some.
 pub struct TpmQuoteValidator {
     trust: AkTrust,
     measurements: Arc<dyn MeasurementsProvider>,
@@ -135,6 +141,11 @@ impl TpmQuoteValidator {
             .collect();
         *proven_pcrs = Some(measured.clone());
 
+        if let Some(bytes) = &ev.event_log {
+            let (log, covered) = replayed_log(bytes, &ev.pcrs)?;
+            checks.extend(explain_mismatches(&measurements, &ev.pcrs, &log, &covered));
+        }
+
         let mut warnings: Vec<String> = trust_warning.into_iter().collect();
         warnings.extend(
             checks
@@ -220,6 +231,131 @@ fn pcr_digest(pcrs: &BTreeMap<PcrIndex, [u8; 32]>) -> [u8; 32] {
         h.update(v);
     }
     h.finalize().into()
+}
+
+/// Parses the event log and replays it; refuses it unless every quoted PCR it extends
+/// replays to the quoted value. Returns the log and the PCRs it covers.
+fn replayed_log(
+    bytes: &[u8],
+    quoted: &BTreeMap<PcrIndex, [u8; 32]>,
+) -> Result<(EventLog, BTreeSet<PcrIndex>), ValidationError> {
+    let log = EventLog::parse(bytes).map_err(ValidationError::EventLog)?;
+    let replayed = log.replay_sha256().map_err(ValidationError::EventLog)?;
+    for (index, value) in &replayed {
+        if let Some(q) = quoted.get(index)
+            && q != value
+        {
+            return Err(ValidationError::EventLogReplay {
+                index: u32::from(index.get()),
+                replayed: hex::encode(value),
+                quoted: hex::encode(q),
+            });
+        }
+    }
+    let covered = replayed.keys().copied().collect();
+    Ok((log, covered))
+}
+
+/// For every PCR that differs from its expected value and that the (replayed) log covers:
+/// the first event that differs from the reference events, or, without reference events,
+/// every event of the PCR. Each is logged, so the verifier's log says which event changed.
+fn explain_mismatches(
+    measurements: &Measurements,
+    quoted: &BTreeMap<PcrIndex, [u8; 32]>,
+    log: &EventLog,
+    covered: &BTreeSet<PcrIndex>,
+) -> Vec<Check> {
+    let mut checks = Vec::new();
+    for (index, want) in measurements.iter() {
+        let differs = quoted.get(&index).is_some_and(|v| *v != want.expected);
+        if !differs || !covered.contains(&index) {
+            continue;
+        }
+        let outcome = match want.mode {
+            MeasurementMode::Enforce => Outcome::Fail,
+            MeasurementMode::WarnOnly => Outcome::Warn,
+        };
+        let events: Vec<&Event> = log.extended(index).collect();
+        let references = measurements.reference_events(index);
+        let found = if references.is_empty() {
+            events
+                .iter()
+                .enumerate()
+                .map(|(k, e)| {
+                    Check::new(
+                        event_field(index, k, Some(e)),
+                        "(no reference events)",
+                        digest_hex(e),
+                        outcome,
+                    )
+                })
+                .collect()
+        } else {
+            first_difference(index, &events, references, outcome)
+                .into_iter()
+                .collect::<Vec<_>>()
+        };
+        for c in &found {
+            tracing::info!(pcr = index.get(), check = %c, "PCR differs from its expected value at this event");
+        }
+        checks.extend(found);
+    }
+    checks
+}
+
+/// The first position where the log's events of PCR `index` and the reference events
+/// differ (a digest, an event the reference lacks, an event the log lacks).
+fn first_difference(
+    index: PcrIndex,
+    events: &[&Event],
+    references: &[crate::ReferenceEvent],
+    outcome: Outcome,
+) -> Option<Check> {
+    let reference_text = |r: &crate::ReferenceEvent| match &r.description {
+        Some(d) => format!("{} ({d})", hex::encode(r.digest)),
+        None => hex::encode(r.digest),
+    };
+    for k in 0..events.len().max(references.len()) {
+        let check = match (events.get(k), references.get(k)) {
+            (Some(e), Some(r)) if e.sha256() == Some(r.digest) => continue,
+            (Some(e), Some(r)) => Check::new(
+                event_field(index, k, Some(e)),
+                reference_text(r),
+                digest_hex(e),
+                outcome,
+            ),
+            (Some(e), None) => Check::new(
+                event_field(index, k, Some(e)),
+                format!("no such event (the reference has {})", references.len()),
+                digest_hex(e),
+                outcome,
+            ),
+            (None, Some(r)) => Check::new(
+                event_field(index, k, None),
+                reference_text(r),
+                format!("no such event (the log has {})", events.len()),
+                outcome,
+            ),
+            (None, None) => break,
+        };
+        return Some(check);
+    }
+    None
+}
+
+/// `PCR 9 event 2 (EV_EVENT_TAG Linux initrd)`: the event's position among the PCR's
+/// events, counted from 1, and what it is.
+fn event_field(index: PcrIndex, position: usize, event: Option<&Event>) -> String {
+    let n = position + 1;
+    match event {
+        Some(e) => format!("PCR {index} event {n} ({})", e.label()),
+        None => format!("PCR {index} event {n}"),
+    }
+}
+
+fn digest_hex(e: &Event) -> String {
+    e.sha256()
+        .map_or_else(|| "no SHA-256 digest".into(), hex::encode)
 }
 
 fn list(s: &BTreeSet<PcrIndex>) -> String {

@@ -10,12 +10,15 @@
 //! * `node`: manufactures an swtpm state directory, creates and persists the AK, certifies
 //!   it with the platform CA, reads the PCRs, writes what a verifier needs and checks that a
 //!   quote of the new TPM is accepted with exactly those files;
-//! * `node-marker status|mark`: reads or sets the node marker in PCR 15.
+//! * `node-marker status|mark`: reads or sets the node marker in PCR 15;
+//! * `boot-measurements`: the expected measurements of a VM image from a reference boot's
+//!   event log and PCR values (docs/vm-image.md).
 //!
 //! Progress goes to stderr; the only output on stdout is the answer of `node-marker`. Keys
 //! never appear in the output.
 #![forbid(unsafe_code)]
 
+mod boot;
 mod ca;
 mod files;
 mod marker;
@@ -58,6 +61,20 @@ enum Command {
     NodeMarker {
         #[command(subcommand)]
         command: MarkerCommand,
+    },
+    /// The expected measurements of nodes booted from a VM image: PCRs 0-9 from a reference
+    /// boot (its TCG event log must replay to the PCR values read), each with its events,
+    /// and PCR 15 zero.
+    BootMeasurements {
+        /// The reference boot's event log (`binary_bios_measurements`).
+        #[arg(long)]
+        event_log: PathBuf,
+        /// The PCR values the guest read: `{"sha256": {"0": "<hex>", …}}`.
+        #[arg(long)]
+        pcrs: PathBuf,
+        /// The measurements file to write (must not exist).
+        #[arg(long)]
+        out: PathBuf,
     },
 }
 
@@ -151,6 +168,11 @@ fn run(cli: Cli) -> Result<()> {
             }
             MarkerCommand::Mark { tpm, cluster_id } => marker::mark(&tpm, &cluster_id),
         },
+        Command::BootMeasurements {
+            event_log,
+            pcrs,
+            out,
+        } => boot::run(&event_log, &pcrs, &out),
     }
 }
 

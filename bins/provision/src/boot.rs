@@ -1,0 +1,189 @@
+//! `boot-measurements`: the expected measurements of a VM image, from one reference boot.
+//!
+//! A VM's PCRs 0–9 are what its firmware and its kernel's EFI stub measured. The image build
+//! predicts some of them; the rest depend on the firmware build and the VM's configuration,
+//! so they come from a reference boot: the TCG event log and the PCR values the guest read
+//! from its TPM. The log must replay to those values (else the boot's record is not
+//! trustworthy), and every PCR's events become its reference events, so that a verifier
+//! names the event that differs when a node's PCR does (docs/attestation.md).
+
+use anyhow::{Context, Result, bail};
+use asterism_attestation::measurements::ReferenceEvent;
+use asterism_attestation::tpm::eventlog::EventLog;
+use asterism_attestation::{ExpectedPcr, Measurements, PcrIndex};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// The PCRs a measured boot sets: firmware, its configuration, the boot loader (the kernel),
+/// Secure Boot, and the kernel's command line and initramfs.
+pub const BOOT_PCRS: std::ops::RangeInclusive<u8> = 0..=9;
+/// The largest event log or PCR file read.
+const MAX_INPUT: u64 = 1024 * 1024;
+
+/// Reads `pcrs_file` (`{"sha256": {"0": "<hex>", …}}`, as the reference boot writes it).
+pub fn read_pcrs(pcrs_file: &Path) -> Result<BTreeMap<PcrIndex, [u8; 32]>> {
+    #[derive(serde::Deserialize)]
+    struct File {
+        sha256: BTreeMap<String, String>,
+    }
+    let text = asterism_binkit::read_capped(pcrs_file, MAX_INPUT)
+        .with_context(|| format!("reading {}", pcrs_file.display()))?;
+    let file: File = serde_json::from_slice(&text).with_context(|| {
+        format!(
+            "{}: not a PCR file ({{\"sha256\": {{\"0\": hex, …}}}})",
+            pcrs_file.display()
+        )
+    })?;
+    let mut pcrs = BTreeMap::new();
+    for (index, value) in file.sha256 {
+        let i = index
+            .parse::<u8>()
+            .ok()
+            .and_then(PcrIndex::new)
+            .with_context(|| format!("{}: {index:?} is not a PCR index", pcrs_file.display()))?;
+        let v: [u8; 32] = hex::decode(&value)
+            .ok()
+            .and_then(|v| v.try_into().ok())
+            .with_context(|| format!("{}: PCR {index} is not 32 hex bytes", pcrs_file.display()))?;
+        pcrs.insert(i, v);
+    }
+    Ok(pcrs)
+}
+
+/// The expected measurements of nodes booted like the reference: PCRs 0–9 enforced at the
+/// values read, each with the events the log gives it; PCR 15 (the node marker) enforced
+/// zero. Refuses a log that does not replay to the values read.
+pub fn measurements(log: &EventLog, pcrs: &BTreeMap<PcrIndex, [u8; 32]>) -> Result<Measurements> {
+    let replayed = log.replay_sha256().context("replaying the event log")?;
+    for (index, value) in &replayed {
+        match pcrs.get(index) {
+            Some(read) if read == value => {}
+            Some(read) => bail!(
+                "PCR {}: the event log replays to {}, the TPM held {}: the log and the PCR values are not of the same boot",
+                index.get(),
+                hex::encode(value),
+                hex::encode(read)
+            ),
+            None => {}
+        }
+    }
+    let mut entries = Vec::new();
+    for i in BOOT_PCRS {
+        let index = PcrIndex::new(i).context("PCR index")?;
+        let value = pcrs
+            .get(&index)
+            .with_context(|| format!("the PCR values lack PCR {i}"))?;
+        entries.push((index, ExpectedPcr::enforce(*value)));
+    }
+    let marker = PcrIndex::new(15).context("PCR index")?;
+    entries.push((marker, ExpectedPcr::enforce([0; 32])));
+    let mut measurements = Measurements::new(entries)?;
+    for i in BOOT_PCRS {
+        let index = PcrIndex::new(i).context("PCR index")?;
+        let events: Vec<ReferenceEvent> = log
+            .extended(index)
+            .filter_map(|e| {
+                e.sha256().map(|digest| ReferenceEvent {
+                    digest,
+                    description: Some(e.label()),
+                })
+            })
+            .collect();
+        if !events.is_empty() {
+            measurements = measurements.with_reference_events(index, events)?;
+        }
+    }
+    Ok(measurements)
+}
+
+/// `asterism-provision boot-measurements`: reads the reference boot's event log and PCR
+/// values, writes the measurements file.
+pub fn run(event_log: &Path, pcrs_file: &Path, out: &Path) -> Result<()> {
+    let bytes = asterism_binkit::read_capped(event_log, MAX_INPUT)
+        .with_context(|| format!("reading {}", event_log.display()))?;
+    let log =
+        EventLog::parse(&bytes).with_context(|| format!("parsing {}", event_log.display()))?;
+    let m = measurements(&log, &read_pcrs(pcrs_file)?)?;
+    crate::files::write_new(out, m.to_json().as_bytes(), 0o644)?;
+    crate::progress!(
+        "wrote {}: PCRs 0-9 from the reference boot ({} events), PCR 15 zero",
+        out.display(),
+        log.events().len()
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+    use super::*;
+
+    const LOG: &[u8] =
+        include_bytes!("../../../crates/attestation/tests/data/eventlog/ovmf-q35-linux-6.1.bin");
+    const PCRS: &str =
+        include_str!("../../../crates/attestation/tests/data/eventlog/ovmf-q35-linux-6.1.pcrs");
+
+    fn pcrs() -> BTreeMap<PcrIndex, [u8; 32]> {
+        PCRS.lines()
+            .map(|l| {
+                let (i, v) = l.split_once(' ').unwrap();
+                (
+                    PcrIndex::new(i.parse().unwrap()).unwrap(),
+                    hex::decode(v.trim()).unwrap().try_into().unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_reference_boot_gives_pcrs_0_to_9_with_their_events_and_an_unmarked_pcr_15() {
+        let log = EventLog::parse(LOG).unwrap();
+        let m = measurements(&log, &pcrs()).unwrap();
+        let p = pcrs();
+        for i in 0..=9 {
+            let index = PcrIndex::new(i).unwrap();
+            assert_eq!(
+                m.get(index).unwrap(),
+                &ExpectedPcr::enforce(p[&index]),
+                "PCR {i}"
+            );
+        }
+        assert_eq!(
+            m.get(PcrIndex::new(15).unwrap()).unwrap(),
+            &ExpectedPcr::enforce([0; 32])
+        );
+        // PCR 9: the kernel's command line, then its initramfs, named.
+        let nine = m.reference_events(PcrIndex::new(9).unwrap());
+        assert_eq!(nine.len(), 2);
+        assert!(
+            nine[1]
+                .description
+                .as_deref()
+                .unwrap()
+                .contains("Linux initrd"),
+            "{nine:?}"
+        );
+        // PCR 8 is in no event: enforced at its value, with no events.
+        assert!(m.reference_events(PcrIndex::new(8).unwrap()).is_empty());
+        // The file round-trips.
+        assert_eq!(Measurements::from_json(m.to_json().as_bytes()).unwrap(), m);
+    }
+
+    #[test]
+    fn a_log_of_another_boot_is_refused_naming_the_pcr() {
+        let log = EventLog::parse(LOG).unwrap();
+        let mut p = pcrs();
+        p.insert(PcrIndex::new(4).unwrap(), [0x44; 32]);
+        let err = measurements(&log, &p).unwrap_err().to_string();
+        assert!(err.starts_with("PCR 4: the event log replays to"), "{err}");
+    }
+
+    #[test]
+    fn missing_pcr_values_are_refused() {
+        let log = EventLog::parse(LOG).unwrap();
+        let mut p = pcrs();
+        p.remove(&PcrIndex::new(8).unwrap());
+        let err = measurements(&log, &p).unwrap_err().to_string();
+        assert_eq!(err, "the PCR values lack PCR 8");
+    }
+}

@@ -768,7 +768,7 @@ impl Installer {
         }
         file.flush().await.map_err(DownloadError::Write)?;
         progress.done(received);
-        Ok(Sha256Hash(hasher.finalize().into()))
+        Ok(Sha256Hash::from_bytes(hasher.finalize().into()))
     }
 }
 

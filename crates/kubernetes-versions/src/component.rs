@@ -69,6 +69,12 @@ impl Sha256Hash {
         Self(Sha256::digest(bytes).into())
     }
 
+    /// A digest computed elsewhere (a download hashed as it streams).
+    #[must_use]
+    pub const fn from_bytes(digest: [u8; 32]) -> Self {
+        Self(digest)
+    }
+
     /// The digest bytes.
     #[must_use]
     pub fn as_bytes(&self) -> &[u8; 32] {

@@ -12,8 +12,10 @@
 //!   refused, and symlinks are created the right way round (link name → target);
 //! * files appear at their final path only complete: temporary file, fsync, rename.
 //!
-//! The pure parts (hash and URL parsing, `data:` decoding, archive path checks, retry
-//! decisions) take values and return values; [`Installer`] is the I/O adapter.
+//! The pure parts (URL parsing, archive path checks, retry decisions) take values and return
+//! values; [`Installer`] is the I/O adapter. The component type, its hash and `data:`
+//! decoding live in `asterism-kubernetes-versions` (re-exported here), which programs that
+//! only read the versions table use without this crate's HTTP client and TLS.
 //!
 //! A crate of its own because it carries its own HTTP client and TLS (hyper with rustls and
 //! Mozilla's root set): only the bootstrapper, which installs components, builds them
@@ -39,6 +41,7 @@ use hyper_util::rt::TokioExecutor;
 use sha2::{Digest as _, Sha256};
 use tracing::{debug, info, warn};
 
+// The wire type and hashing, shared with the versions table.
 pub use asterism_kubernetes_versions::{
     Component, DataUrlError, HashFormatError, Sha256Hash, decode_data_url, is_data_url, list_hash,
 };

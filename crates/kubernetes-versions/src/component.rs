@@ -14,7 +14,7 @@ pub struct Component {
     /// `https://…`, `http://…` or a `data:` URL (RFC 2397).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub url: String,
-    /// `sha256:<64 lowercase hex>`; mandatory here.
+    /// `sha256:<64 lowercase hex>`; the installer refuses a component without one.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub hash: String,
     /// The destination file, or the destination directory when `extract` is set.

@@ -255,7 +255,29 @@ struct RawTable {
     #[allow(dead_code)]
     source: String,
     default: String,
-    versions: BTreeMap<String, Vec<Component>>,
+    versions: BTreeMap<String, Vec<RawComponent>>,
+}
+
+/// A component as the file writes it: every key present, no other (a misspelt key is an
+/// error here, not an empty field found by the installer on a node).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawComponent {
+    url: String,
+    hash: String,
+    install_path: String,
+    extract: bool,
+}
+
+impl From<RawComponent> for Component {
+    fn from(c: RawComponent) -> Self {
+        Self {
+            url: c.url,
+            hash: c.hash,
+            install_path: c.install_path,
+            extract: c.extract,
+        }
+    }
 }
 
 /// The supported versions and their components, every component checked.
@@ -282,7 +304,7 @@ impl VersionTable {
             let version: KubernetesVersion = key.parse().map_err(TableError::Version)?;
             let components = components
                 .into_iter()
-                .map(|c| hashed(version, c))
+                .map(|c| hashed(version, c.into()))
                 .collect::<Result<Vec<_>, _>>()?;
             releases.insert(version, components);
         }
@@ -550,7 +572,11 @@ mod tests {
         let mut data = 0;
         for (key, raw_components) in raw.versions {
             let release = t.select(&key).unwrap();
-            for (raw_c, c) in raw_components.iter().zip(release.components()) {
+            for (raw_c, c) in raw_components
+                .into_iter()
+                .map(Component::from)
+                .zip(release.components())
+            {
                 if is_data_url(&raw_c.url) {
                     // The file leaves them unhashed; the table hashes what they decode to.
                     assert_eq!(raw_c.hash, "", "{key} {}", raw_c.install_path);
@@ -559,7 +585,7 @@ mod tests {
                     assert!(bytes.starts_with(br#"[{"op":"replace""#));
                     data += 1;
                 } else {
-                    assert_eq!(raw_c, c, "other components are as in the file");
+                    assert_eq!(&raw_c, c, "other components are as in the file");
                 }
             }
         }
@@ -658,5 +684,16 @@ mod tests {
         )
         .unwrap_err();
         assert!(matches!(err, TableError::Json(_)), "{err:?}");
+        for component in [
+            r#"{"url":"data:,x","hash":"","install_path":"/p"}"#,
+            r#"{"url":"data:,x","hash":"","install_path":"/p","extract":false,"mode":1}"#,
+            r#"{"url":"data:,x","hash":"","instal_path":"/p","extract":false}"#,
+        ] {
+            let json = format!(
+                r#"{{"source":"","default":"v1.31.1","versions":{{"v1.31.1":[{component}]}}}}"#
+            );
+            let err = VersionTable::parse(json.as_bytes()).unwrap_err();
+            assert!(matches!(err, TableError::Json(_)), "{component}: {err:?}");
+        }
     }
 }

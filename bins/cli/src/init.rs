@@ -89,12 +89,8 @@ fn init_request(
         kubernetes_components: release
             .components()
             .iter()
-            .map(|c| asterism_proto::components::Component {
-                url: c.url.clone(),
-                hash: c.hash.clone(),
-                install_path: c.install_path.clone(),
-                extract: c.extract,
-            })
+            .cloned()
+            .map(Into::into)
             .collect(),
         init_secret: init_secret.to_vec(),
         cluster_name: args.cluster_name.clone(),

@@ -44,6 +44,13 @@ fn component(url: String, hash: String, path: &Path, extract: bool) -> Component
     }
 }
 
+/// Installs one plain file (no archive) from `url` to `dest`.
+async fn install_file(url: String, hash: String, dest: &Path) -> Result<(), ComponentError> {
+    installer()
+        .install_all(&[component(url, hash, dest, false)])
+        .await
+}
+
 fn mode(p: &Path) -> u32 {
     fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
 }
@@ -181,13 +188,7 @@ async fn data_urls_install_without_a_server() {
 async fn a_data_component_whose_bytes_differ_from_its_hash_installs_nothing() {
     let root = tempfile::tempdir().unwrap();
     let dest = root.path().join("opt/kubernetes/patches/etcd+json.json");
-    let err = installer()
-        .install_all(&[component(
-            "data:,tampered".into(),
-            sha256(b"genuine"),
-            &dest,
-            false,
-        )])
+    let err = install_file("data:,tampered".into(), sha256(b"genuine"), &dest)
         .await
         .unwrap_err();
     assert!(
@@ -302,13 +303,7 @@ async fn a_wrong_hash_installs_nothing() {
         TestServer::start(vec![("/kubelet", vec![Reply::Body(b"tampered".to_vec())])]).await;
     let root = tempfile::tempdir().unwrap();
     let dest = root.path().join("bin/kubelet");
-    let err = installer()
-        .install_all(&[component(
-            server.url("/kubelet"),
-            sha256(b"genuine"),
-            &dest,
-            false,
-        )])
+    let err = install_file(server.url("/kubelet"), sha256(b"genuine"), &dest)
         .await
         .unwrap_err();
     assert!(

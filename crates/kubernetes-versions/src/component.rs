@@ -25,6 +25,30 @@ pub struct Component {
     pub extract: bool,
 }
 
+#[cfg(feature = "proto")]
+impl From<Component> for asterism_proto::components::Component {
+    fn from(c: Component) -> Self {
+        Self {
+            url: c.url,
+            hash: c.hash,
+            install_path: c.install_path,
+            extract: c.extract,
+        }
+    }
+}
+
+#[cfg(feature = "proto")]
+impl From<asterism_proto::components::Component> for Component {
+    fn from(c: asterism_proto::components::Component) -> Self {
+        Self {
+            url: c.url,
+            hash: c.hash,
+            install_path: c.install_path,
+            extract: c.extract,
+        }
+    }
+}
+
 /// The hash of a whole component list, as the original names its components ConfigMap
 /// after init: `sha256:` + hex(SHA-256(concatenation of every component's
 /// hash string)).
@@ -251,6 +275,23 @@ mod tests {
                 hex::encode(Sha256::digest(b"sha256:aasha256:bb"))
             )
         );
+    }
+
+    #[cfg(feature = "proto")]
+    #[test]
+    fn components_convert_to_and_from_the_grpc_message_unchanged() {
+        let c = Component {
+            url: "https://dl.example/kubelet".into(),
+            hash: Sha256Hash::of(b"x").to_string(),
+            install_path: "/run/state/bin/kubelet".into(),
+            extract: true,
+        };
+        let wire = asterism_proto::components::Component::from(c.clone());
+        assert_eq!(
+            (&wire.url, &wire.hash, &wire.install_path, wire.extract),
+            (&c.url, &c.hash, &c.install_path, c.extract)
+        );
+        assert_eq!(Component::from(wire), c);
     }
 
     #[test]

@@ -8,6 +8,8 @@ use crate::trust::TrustArgs;
 use anyhow::{Context, Result, bail};
 use asterism_atls::{AtlsConfig, AtlsConnector};
 use asterism_kms::{KmsUri, MasterSecret, Salt};
+pub use asterism_kubernetes_versions::{DEFAULT_REQUEST, VersionRequest};
+use asterism_kubernetes_versions::{Release, VersionSyntaxError, VersionTable};
 use asterism_proto::init::api_client::ApiClient;
 use asterism_proto::init::{InitRequest, init_response};
 use asterism_recovery_shares::{Custodian, Split, Threshold};
@@ -33,9 +35,11 @@ pub struct Args {
     /// Cluster name.
     #[arg(long, default_value = "asterism")]
     pub cluster_name: String,
-    /// Kubernetes version to install (passed to the node's Kubernetes driver).
-    #[arg(long, default_value = "v1.31.0")]
-    pub kubernetes_version: String,
+    /// Kubernetes version to install: `v1.31` (the latest supported patch of that minor) or
+    /// an exact `v1.31.13`. The node is sent that patch version and its components.
+    #[arg(long, value_name = "VERSION", default_value_t = DEFAULT_REQUEST,
+          value_parser = parse_kubernetes_version)]
+    pub kubernetes_version: VersionRequest,
     /// Extra subject alternative names for the API server certificate. Repeatable.
     #[arg(long = "apiserver-cert-san", value_name = "SAN")]
     pub apiserver_cert_sans: Vec<String>,
@@ -57,6 +61,42 @@ pub struct Args {
     /// the secret back. Requires --recovery-shares.
     #[arg(long)]
     pub no_master_secret_file: bool,
+}
+
+/// Checks `--kubernetes-version` against the built-in versions table, so an unsupported
+/// version is refused while the arguments are parsed, with the supported ones listed.
+fn parse_kubernetes_version(text: &str) -> Result<VersionRequest, String> {
+    let table = VersionTable::builtin().map_err(|e| format!("{:#}", anyhow::Error::new(e)))?;
+    table.select(text).map_err(|e| e.to_string())?;
+    text.parse().map_err(|e: VersionSyntaxError| e.to_string())
+}
+
+/// The init request: the owner's secrets and the chosen Kubernetes release, its exact
+/// patch version and its components (the node installs those, checking each hash).
+fn init_request(
+    args: &Args,
+    release: &Release,
+    kms_uri: String,
+    measurement_salt: &[u8],
+    init_secret: &[u8],
+) -> InitRequest {
+    InitRequest {
+        kms_uri,
+        storage_uri: "storage://no-store".into(),
+        measurement_salt: measurement_salt.to_vec(),
+        kubernetes_version: release.version().to_string(),
+        conformance_mode: false,
+        kubernetes_components: release
+            .components()
+            .iter()
+            .cloned()
+            .map(Into::into)
+            .collect(),
+        init_secret: init_secret.to_vec(),
+        cluster_name: args.cluster_name.clone(),
+        apiserver_cert_sans: args.apiserver_cert_sans.clone(),
+        service_cidr: String::new(),
+    }
 }
 
 /// Checks the recovery-share flags together and reads the custodians' keys, before anything
@@ -128,6 +168,9 @@ pub async fn run(args: Args) -> Result<Initialised> {
     let validator = args.trust.validator(measurements)?;
     let init_secret = read_init_secret(&args.init_secret_file)?;
     let recovery = recovery_plan(&args)?;
+    let release = VersionTable::builtin()
+        .context("the built-in Kubernetes versions table")?
+        .resolve(args.kubernetes_version)?;
 
     let master_secret = random32()?;
     let salt = random32()?;
@@ -172,19 +215,18 @@ pub async fn run(args: Args) -> Result<Initialised> {
         );
     }
 
-    eprintln!("▸ sending the init request; the node is setting up the cluster");
-    let request = InitRequest {
-        kms_uri: kms_uri.to_string(),
-        storage_uri: "storage://no-store".into(),
-        measurement_salt: measurement_salt.to_vec(),
-        kubernetes_version: args.kubernetes_version.clone(),
-        conformance_mode: false,
-        kubernetes_components: Vec::new(),
-        init_secret: init_secret.to_vec(),
-        cluster_name: args.cluster_name.clone(),
-        apiserver_cert_sans: args.apiserver_cert_sans.clone(),
-        service_cidr: String::new(),
-    };
+    eprintln!(
+        "▸ sending the init request; the node is setting up Kubernetes {} ({} components)",
+        release.version(),
+        release.components().len()
+    );
+    let request = init_request(
+        &args,
+        &release,
+        kms_uri.to_string(),
+        &measurement_salt,
+        &init_secret,
+    );
     let outcome = tokio::time::timeout(deadline, async {
         let mut stream = ApiClient::new(channel)
             .init(request)
@@ -501,6 +543,10 @@ mod tests {
     }
 
     fn args(extra: &[&str]) -> Args {
+        try_args(extra).unwrap()
+    }
+
+    fn try_args(extra: &[&str]) -> Result<Args, clap::Error> {
         #[derive(clap::Parser)]
         struct Cli {
             #[command(flatten)]
@@ -520,7 +566,78 @@ mod tests {
             "m.json",
         ];
         argv.extend_from_slice(extra);
-        <Cli as clap::Parser>::try_parse_from(argv).unwrap().args
+        <Cli as clap::Parser>::try_parse_from(argv).map(|c| c.args)
+    }
+
+    fn release(args: &Args) -> Release {
+        VersionTable::builtin()
+            .unwrap()
+            .resolve(args.kubernetes_version)
+            .unwrap()
+    }
+
+    #[test]
+    fn kubernetes_version_defaults_to_the_latest_v1_31() {
+        let a = args(&[]);
+        assert_eq!(a.kubernetes_version.to_string(), "v1.31");
+        assert_eq!(release(&a).version().to_string(), "v1.31.13");
+        assert_eq!(
+            release(&args(&["--kubernetes-version", "v1.31"])).version(),
+            release(&a).version()
+        );
+    }
+
+    #[test]
+    fn an_exact_kubernetes_version_is_kept() {
+        let a = args(&["--kubernetes-version", "v1.30.14"]);
+        assert_eq!(release(&a).version().to_string(), "v1.30.14");
+    }
+
+    #[test]
+    fn unsupported_kubernetes_versions_are_refused_while_parsing_arguments() {
+        for bad in ["v1.29", "v1.31.99", "1.31", "garbage"] {
+            let err = try_args(&["--kubernetes-version", bad]).unwrap_err();
+            assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation, "{bad}");
+            let text = err.to_string();
+            assert!(
+                text.contains("supported: v1.30.14, v1.31.13 (default), v1.32.9"),
+                "{bad}: {text}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_init_request_carries_the_exact_version_and_its_components() {
+        let a = args(&["--kubernetes-version", "v1.32"]);
+        let r = release(&a);
+        let req = init_request(&a, &r, "kms://x".into(), &[7; 32], b"secret");
+        assert_eq!(req.kubernetes_version, "v1.32.9");
+        assert_eq!(req.kubernetes_components.len(), 9);
+        for (sent, c) in req.kubernetes_components.iter().zip(r.components()) {
+            assert_eq!(
+                (&sent.url, &sent.hash, &sent.install_path, sent.extract),
+                (&c.url, &c.hash, &c.install_path, c.extract)
+            );
+            // Every component is sent with a hash, data: ones included.
+            assert!(
+                asterism_kubernetes_versions::Sha256Hash::parse(&sent.hash).is_ok(),
+                "{}",
+                sent.install_path
+            );
+        }
+        assert!(
+            req.kubernetes_components
+                .iter()
+                .any(|c| c.url == "https://dl.k8s.io/v1.32.9/bin/linux/amd64/kubeadm")
+        );
+        assert_eq!(
+            req.kubernetes_components
+                .iter()
+                .filter(|c| c.url.starts_with("data:"))
+                .count(),
+            4
+        );
+        assert_eq!(req.cluster_name, "asterism");
     }
 
     #[test]

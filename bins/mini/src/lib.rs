@@ -515,7 +515,7 @@ impl LocalCluster {
             init_secret_file: self.init_secret_file.clone(),
             workspace: self.workspace.clone(),
             cluster_name: "asterism-mini".into(),
-            kubernetes_version: "v1.31.0".into(),
+            kubernetes_version: asterism::init::DEFAULT_REQUEST,
             apiserver_cert_sans: Vec::new(),
             timeout_secs: 120,
             trust: asterism::trust::TrustArgs::platform_ca(&self.platform_ca, &self.measurements),

@@ -44,6 +44,13 @@ fn component(url: String, hash: String, path: &Path, extract: bool) -> Component
     }
 }
 
+/// Installs one plain file (no archive) from `url` to `dest`.
+async fn install_file(url: String, hash: String, dest: &Path) -> Result<(), ComponentError> {
+    installer()
+        .install_all(&[component(url, hash, dest, false)])
+        .await
+}
+
 fn mode(p: &Path) -> u32 {
     fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
 }
@@ -178,6 +185,57 @@ async fn data_urls_install_without_a_server() {
 }
 
 #[tokio::test]
+async fn a_data_component_whose_bytes_differ_from_its_hash_installs_nothing() {
+    let root = tempfile::tempdir().unwrap();
+    let dest = root.path().join("opt/kubernetes/patches/etcd+json.json");
+    let err = install_file("data:,tampered".into(), sha256(b"genuine"), &dest)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            ComponentError::HashMismatch { expected, actual, .. }
+                if expected.to_string() == sha256(b"genuine")
+                    && actual.to_string() == sha256(b"tampered")
+        ),
+        "{err:?}"
+    );
+    assert!(!dest.exists());
+    assert_eq!(
+        tree(root.path()),
+        ["opt", "opt/kubernetes", "opt/kubernetes/patches"]
+    );
+}
+
+#[tokio::test]
+async fn the_version_tables_data_components_install_under_their_computed_hashes() {
+    let table = asterism_kubernetes_versions::VersionTable::builtin().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    for version in table.versions() {
+        let release = table
+            .resolve(asterism_kubernetes_versions::VersionRequest::Exact(version))
+            .unwrap();
+        // Only the data: components: the others would need the network.
+        let local: Vec<Component> = release
+            .components()
+            .iter()
+            .filter(|c| asterism_components::is_data_url(&c.url))
+            .map(|c| Component {
+                install_path: format!("{}{}", root.path().display(), c.install_path),
+                ..c.clone()
+            })
+            .collect();
+        assert_eq!(local.len(), 4, "{version}");
+        installer().install_all(&local).await.unwrap();
+    }
+    assert!(
+        root.path()
+            .join("opt/kubernetes/patches/kube-apiserver+json.json")
+            .is_file()
+    );
+}
+
+#[tokio::test]
 async fn an_empty_hash_is_refused_before_anything_is_downloaded() {
     let server = TestServer::start(vec![("/kubelet", vec![Reply::Body(b"x".to_vec())])]).await;
     let root = tempfile::tempdir().unwrap();
@@ -245,13 +303,7 @@ async fn a_wrong_hash_installs_nothing() {
         TestServer::start(vec![("/kubelet", vec![Reply::Body(b"tampered".to_vec())])]).await;
     let root = tempfile::tempdir().unwrap();
     let dest = root.path().join("bin/kubelet");
-    let err = installer()
-        .install_all(&[component(
-            server.url("/kubelet"),
-            sha256(b"genuine"),
-            &dest,
-            false,
-        )])
+    let err = install_file(server.url("/kubelet"), sha256(b"genuine"), &dest)
         .await
         .unwrap_err();
     assert!(

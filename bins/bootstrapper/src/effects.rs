@@ -192,16 +192,7 @@ impl Components {
     /// The components in their wire form (for the components ConfigMap).
     #[must_use]
     pub fn to_proto(&self) -> Vec<asterism_proto::components::Component> {
-        self.0
-            .received()
-            .iter()
-            .map(|c| asterism_proto::components::Component {
-                url: c.url.clone(),
-                hash: c.hash.clone(),
-                install_path: c.install_path.clone(),
-                extract: c.extract,
-            })
-            .collect()
+        self.0.received().iter().cloned().map(Into::into).collect()
     }
 }
 
@@ -210,16 +201,7 @@ impl TryFrom<Vec<asterism_proto::components::Component>> for Components {
     type Error = ComponentError;
 
     fn try_from(list: Vec<asterism_proto::components::Component>) -> Result<Self, Self::Error> {
-        Self::new(
-            list.into_iter()
-                .map(|c| Component {
-                    url: c.url,
-                    hash: c.hash,
-                    install_path: c.install_path,
-                    extract: c.extract,
-                })
-                .collect(),
-        )
+        Self::new(list.into_iter().map(Component::from).collect())
     }
 }
 

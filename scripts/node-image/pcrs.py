@@ -233,7 +233,9 @@ def reference(args):
     if not pcrs:
         sys.exit("the console log holds no PCR values (did the init run with asterism.reference=1?)")
     log = base64.b64decode("".join(b64)) if b64 else b""
-    (out / "reference-pcrs.json").write_text(json.dumps(pcrs, indent=2, sort_keys=True) + "\n")
+    ordered = {bank: dict(sorted(values.items(), key=lambda kv: int(kv[0])))
+               for bank, values in sorted(pcrs.items())}
+    (out / "reference-pcrs.json").write_text(json.dumps(ordered, indent=2) + "\n")
     (out / "reference-eventlog.bin").write_bytes(log)
     result = {"pcrs_read": len(pcrs.get("sha256", {})), "eventlog_bytes": len(log)}
     ok = True

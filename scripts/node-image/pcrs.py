@@ -5,7 +5,8 @@ predict    writes image.json: the image's inputs, the sha256 of each output, and
            values the build can compute (the kernel's and the initramfs' measurements).
 reference  reads a reference boot's serial console log: the PCR values and the TCG event
            log the init printed between markers; writes reference-pcrs.json and
-           reference-eventlog.bin, replays the log and compares it with image.json.
+           reference-eventlog.bin, replays the log and compares it with image.json; when
+           the prediction holds, writes expected-pcrs.json (PCRs 0-9).
 """
 
 import argparse
@@ -262,6 +263,13 @@ def reference(args):
             print(f"PCR {index}: predicted {value} {'==' if match else '!='} booted {got}")
             ok = ok and match
         result["prediction_matches"] = ok
+        if ok:
+            # What a verifier expects of a node booted from this image in this VM: PCRs 0-9,
+            # those the build predicts checked against the boot, the rest from the boot.
+            booted = pcrs.get("sha256", {})
+            expected_all = {str(i): booted[str(i)] for i in range(10) if str(i) in booted}
+            (out / "expected-pcrs.json").write_text(
+                json.dumps({"sha256": expected_all}, indent=2) + "\n")
     json.dump(result, sys.stdout, sort_keys=True)
     sys.stdout.write("\n")
     return 0 if ok else 1

@@ -1,0 +1,299 @@
+#!/usr/bin/env python3
+"""PCR arithmetic for the node image (standard library only).
+
+predict    writes image.json: the image's inputs, the sha256 of each output, and the PCR
+           values the build can compute (the kernel's and the initramfs' measurements).
+reference  reads a reference boot's serial console log: the PCR values and the TCG event
+           log the init printed between markers; writes reference-pcrs.json and
+           reference-eventlog.bin, replays the log and compares it with image.json; when
+           the prediction holds, writes expected-pcrs.json (PCRs 0-9).
+"""
+
+import argparse
+import base64
+import hashlib
+import json
+import struct
+import sys
+from pathlib import Path
+
+SHA256_ZERO = bytes(32)
+
+# What OVMF (the Debian 2022.11 build) and the kernel's EFI stub (6.1) measure on a direct
+# kernel boot (-kernel/-initrd/-append), checked against the event log of a reference boot:
+# PCR 4: the kernel's PE image (Authenticode hash) as QEMU hands it over, the firmware's
+#        "calling the boot option" action, then the separator that ends the pre-boot phase.
+# PCR 9: the EFI stub's "LOADED_IMAGE::LoadOptions" event, the sha256 of the command line
+#        as OVMF passes it (UTF-16LE, " initrd=initrd" appended, NUL-terminated), then its
+#        "Linux initrd" event, the sha256 of the initramfs file.
+EV_NO_ACTION = 0x3
+EV_SEPARATOR = 0x4
+EV_EVENT_TAG = 0x6
+EV_IPL = 0xD
+EV_EFI_BOOT_SERVICES_APPLICATION = 0x80000003
+EV_EFI_ACTION = 0x80000007
+CALLING_EFI_APPLICATION = b"Calling EFI Application from Boot Option"
+
+EVENT_TYPE_NAMES = {
+    0x0: "EV_PREBOOT_CERT", 0x1: "EV_POST_CODE", 0x3: "EV_NO_ACTION",
+    0x4: "EV_SEPARATOR", 0x5: "EV_ACTION", 0x6: "EV_EVENT_TAG",
+    0x7: "EV_S_CRTM_CONTENTS", 0x8: "EV_S_CRTM_VERSION", 0xD: "EV_IPL",
+    0xA: "EV_PLATFORM_CONFIG_FLAGS", 0x12: "EV_TABLE_OF_DEVICES",
+    0x80000001: "EV_EFI_VARIABLE_DRIVER_CONFIG", 0x80000002: "EV_EFI_VARIABLE_BOOT",
+    0x80000003: "EV_EFI_BOOT_SERVICES_APPLICATION", 0x80000004: "EV_EFI_BOOT_SERVICES_DRIVER",
+    0x80000005: "EV_EFI_RUNTIME_SERVICES_DRIVER", 0x80000006: "EV_EFI_GPT_EVENT",
+    0x80000007: "EV_EFI_ACTION", 0x80000008: "EV_EFI_PLATFORM_FIRMWARE_BLOB",
+    0x80000009: "EV_EFI_HANDOFF_TABLES", 0x8000000A: "EV_EFI_PLATFORM_FIRMWARE_BLOB2",
+    0x8000000B: "EV_EFI_HANDOFF_TABLES2", 0x800000E0: "EV_EFI_VARIABLE_AUTHORITY",
+}
+DIGEST_SIZES = {0x0004: 20, 0x000B: 32, 0x000C: 48, 0x000D: 64, 0x0012: 32}
+ALG_SHA256 = 0x000B
+
+
+def sha256(data):
+    return hashlib.sha256(data).digest()
+
+
+def extend(pcr, digest):
+    return sha256(pcr + digest)
+
+
+def authenticode_sha256(image):
+    """The PE image hash that UEFI firmware measures: the file without its checksum, its
+    certificate-table entry and the certificates themselves."""
+    (pe_offset,) = struct.unpack_from("<I", image, 0x3C)
+    if image[pe_offset:pe_offset + 4] != b"PE\0\0":
+        raise ValueError("not a PE image")
+    coff = pe_offset + 4
+    sections, = struct.unpack_from("<H", image, coff + 2)
+    opt_size, = struct.unpack_from("<H", image, coff + 16)
+    opt = coff + 20
+    magic, = struct.unpack_from("<H", image, opt)
+    dirs = {0x10B: opt + 96, 0x20B: opt + 112}[magic]
+    checksum = opt + 64
+    cert_entry = dirs + 4 * 8
+    size_of_headers, = struct.unpack_from("<I", image, opt + 60)
+    cert_offset, cert_size = struct.unpack_from("<II", image, cert_entry)
+    h = hashlib.sha256()
+    h.update(image[:checksum])
+    h.update(image[checksum + 4:cert_entry])
+    h.update(image[cert_entry + 8:size_of_headers])
+    hashed = size_of_headers
+    table = opt + opt_size
+    raw = []
+    for i in range(sections):
+        size, ptr = struct.unpack_from("<II", image, table + 40 * i + 16)
+        if size:
+            raw.append((ptr, size))
+    for ptr, size in sorted(raw):
+        h.update(image[ptr:ptr + size])
+        hashed += size
+    if len(image) > hashed:
+        h.update(image[hashed:len(image) - cert_size])
+    return h.digest()
+
+
+# QEMU (7.2, x86_load_linux) fills in fields of the kernel's setup header before the
+# firmware sees it, and they are inside what the firmware hashes: the loader type, the heap
+# end, the command line's address, and the initrd's address and size. The initrd's
+# address depends on the VM's memory below 4 GiB (q35: all of it under 2.75 GiB, else
+# 2 GiB), less the space QEMU keeps for ACPI tables.
+QEMU_REAL_ADDR = 0x10000
+QEMU_CMDLINE_ADDR = 0x20000
+QEMU_ACPI_DATA_SIZE = 0x28000
+Q35_LOWMEM_SPLIT = 0xB0000000
+Q35_LOWMEM = 0x80000000
+
+
+def qemu_patched_kernel(kernel, initrd_size, memory_bytes):
+    image = bytearray(kernel)
+    if image[0x202:0x206] != b"HdrS" or struct.unpack_from("<H", image, 0x206)[0] < 0x202:
+        raise ValueError("the kernel's boot protocol is older than QEMU's patching assumes")
+    image[0x210] = 0xB0
+    image[0x211] |= 0x80
+    struct.pack_into("<H", image, 0x224, QEMU_CMDLINE_ADDR - QEMU_REAL_ADDR - 0x200)
+    struct.pack_into("<I", image, 0x228, QEMU_CMDLINE_ADDR)
+    below_4g = memory_bytes if memory_bytes < Q35_LOWMEM_SPLIT else Q35_LOWMEM
+    initrd_max = struct.unpack_from("<I", image, 0x22C)[0]
+    initrd_max = min(initrd_max, below_4g - QEMU_ACPI_DATA_SIZE - 1)
+    struct.pack_into("<I", image, 0x218, (initrd_max - initrd_size) & ~4095)
+    struct.pack_into("<I", image, 0x21C, initrd_size)
+    return bytes(image)
+
+
+def load_options(cmdline):
+    """The command line as OVMF passes it to the kernel, and so as the EFI stub hashes it."""
+    return (cmdline + " initrd=initrd").encode("utf-16-le") + b"\0\0"
+
+
+def predict(args):
+    kernel = Path(args.kernel).read_bytes()
+    initrd = Path(args.initrd).read_bytes()
+    cmdline_file = Path(args.cmdline).read_bytes()
+    cmdline = cmdline_file.decode("ascii").strip()
+    memory = int(args.memory_mib) * 1024 * 1024
+    kernel_hash = authenticode_sha256(qemu_patched_kernel(kernel, len(initrd), memory))
+    pcr4_events = [
+        ("EV_EFI_BOOT_SERVICES_APPLICATION", kernel_hash),
+        ("EV_EFI_ACTION", sha256(CALLING_EFI_APPLICATION)),
+        ("EV_SEPARATOR", sha256(bytes(4))),
+    ]
+    pcr9_events = [
+        ("EV_EVENT_TAG LOADED_IMAGE::LoadOptions", sha256(load_options(cmdline))),
+        ("EV_EVENT_TAG Linux initrd", sha256(initrd)),
+    ]
+    pcr4 = SHA256_ZERO
+    for _, digest in pcr4_events:
+        pcr4 = extend(pcr4, digest)
+    pcr9 = SHA256_ZERO
+    for _, digest in pcr9_events:
+        pcr9 = extend(pcr9, digest)
+    image = {
+        "format": 1,
+        "source_date_epoch": int(args.source_date_epoch),
+        "kernel_release": args.kernel_release,
+        "packages": json.loads(args.packages),
+        "modules": json.loads(args.modules),
+        "missing_optional_modules": args.missing_optional_modules.split(),
+        "files": {
+            "vmlinuz": hashlib.sha256(kernel).hexdigest(),
+            "initramfs.cpio.gz": hashlib.sha256(initrd).hexdigest(),
+            "cmdline": hashlib.sha256(cmdline_file).hexdigest(),
+        },
+        "bootstrapper_sha256": args.bootstrapper_sha256,
+        "vm": {"machine": "q35", "memory_mib": int(args.memory_mib), "firmware": "OVMF_CODE_4M.fd"},
+        "expected_pcrs": {"sha256": {"4": pcr4.hex(), "9": pcr9.hex()}},
+        "expected_events": {
+            "4": [{"type": t, "digest": d.hex()} for t, d in pcr4_events],
+            "9": [{"type": t, "digest": d.hex()} for t, d in pcr9_events],
+        },
+    }
+    json.dump(image, sys.stdout, indent=2, sort_keys=True)
+    sys.stdout.write("\n")
+
+
+def parse_event_log(data):
+    """The events of a crypto-agile TCG event log: (pcr, type, {alg: digest}, event data)."""
+    events = []
+    # The first event is in the SHA-1 format and only announces the digest sizes.
+    pcr, etype = struct.unpack_from("<II", data, 0)
+    size, = struct.unpack_from("<I", data, 28)
+    offset = 32 + size
+    events.append((pcr, etype, {}, data[32:offset]))
+    while offset + 12 <= len(data):
+        pcr, etype, count = struct.unpack_from("<III", data, offset)
+        if pcr == 0xFFFFFFFF or (pcr == 0 and etype == 0 and count == 0):
+            break
+        offset += 12
+        digests = {}
+        for _ in range(count):
+            alg, = struct.unpack_from("<H", data, offset)
+            n = DIGEST_SIZES[alg]
+            digests[alg] = data[offset + 2:offset + 2 + n]
+            offset += 2 + n
+        size, = struct.unpack_from("<I", data, offset)
+        offset += 4
+        events.append((pcr, etype, digests, data[offset:offset + size]))
+        offset += size
+    return events
+
+
+def replay(events):
+    pcrs = {}
+    for pcr, etype, digests, _ in events:
+        if etype == EV_NO_ACTION or ALG_SHA256 not in digests:
+            continue
+        pcrs[pcr] = extend(pcrs.get(pcr, SHA256_ZERO), digests[ALG_SHA256])
+    return pcrs
+
+
+def describe(etype, data):
+    name = EVENT_TYPE_NAMES.get(etype, hex(etype))
+    text = data.replace(b"\0", b"").decode("ascii", "replace")
+    printable = all(32 <= ord(c) < 127 for c in text) and text
+    return f"{name} {printable!r}" if printable else f"{name} ({len(data)} bytes)"
+
+
+def reference(args):
+    out = Path(args.out_dir)
+    pcrs, b64, in_log = {}, [], False
+    facts = []
+    for raw in Path(args.console).read_bytes().splitlines():
+        line = raw.decode("utf-8", "replace").strip("\r\n ")
+        if line == "ASTERISM-EVENTLOG-BEGIN":
+            in_log = True
+        elif line == "ASTERISM-EVENTLOG-END":
+            in_log = False
+        elif in_log:
+            b64.append(line)
+        elif line.startswith("ASTERISM-PCR "):
+            _, bank, index, value = line.split()
+            pcrs.setdefault(bank, {})[index] = value.lower()
+        elif line.startswith("asterism-init: "):
+            facts.append(line[len("asterism-init: "):])
+    if not pcrs:
+        sys.exit("the console log holds no PCR values (did the init run with asterism.reference=1?)")
+    log = base64.b64decode("".join(b64)) if b64 else b""
+    ordered = {bank: dict(sorted(values.items(), key=lambda kv: int(kv[0])))
+               for bank, values in sorted(pcrs.items())}
+    (out / "reference-pcrs.json").write_text(json.dumps(ordered, indent=2) + "\n")
+    (out / "reference-eventlog.bin").write_bytes(log)
+    result = {"pcrs_read": len(pcrs.get("sha256", {})), "eventlog_bytes": len(log)}
+    ok = True
+    quoted = {int(k): bytes.fromhex(v) for k, v in pcrs.get("sha256", {}).items()}
+    if log:
+        events = parse_event_log(log)
+        replayed = replay(events)
+        for index in sorted(replayed):
+            if index in quoted and quoted[index] != replayed[index]:
+                print(f"PCR {index}: the event log replays to {replayed[index].hex()}, "
+                      f"the TPM holds {quoted[index].hex()}")
+                ok = False
+        result["eventlog_replays_to_quoted"] = ok
+        if args.verbose:
+            for pcr, etype, digests, data in events:
+                if ALG_SHA256 in digests and pcr in (4, 5, 8, 9, 12, 14):
+                    print(f"  PCR {pcr:2} {digests[ALG_SHA256].hex()} {describe(etype, data)}")
+    if args.image:
+        image = json.loads(Path(args.image).read_text())
+        expected = image["expected_pcrs"]["sha256"]
+        for index, value in sorted(expected.items(), key=lambda kv: int(kv[0])):
+            got = pcrs.get("sha256", {}).get(index)
+            match = got == value
+            print(f"PCR {index}: predicted {value} {'==' if match else '!='} booted {got}")
+            ok = ok and match
+        result["prediction_matches"] = ok
+        if ok:
+            # What a verifier expects of a node booted from this image in this VM: PCRs 0-9,
+            # those the build predicts checked against the boot, the rest from the boot.
+            booted = pcrs.get("sha256", {})
+            expected_all = {str(i): booted[str(i)] for i in range(10) if str(i) in booted}
+            (out / "expected-pcrs.json").write_text(
+                json.dumps({"sha256": expected_all}, indent=2) + "\n")
+    json.dump(result, sys.stdout, sort_keys=True)
+    sys.stdout.write("\n")
+    return 0 if ok else 1
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("predict")
+    for name in ("kernel", "initrd", "cmdline", "kernel-release", "source-date-epoch",
+                 "packages", "modules", "missing-optional-modules", "bootstrapper-sha256",
+                 "memory-mib"):
+        p.add_argument("--" + name, required=True)
+    r = sub.add_parser("reference")
+    r.add_argument("--console", required=True)
+    r.add_argument("--out-dir", required=True)
+    r.add_argument("--image")
+    r.add_argument("--verbose", action="store_true")
+    args = parser.parse_args()
+    if args.command == "predict":
+        predict(args)
+        return 0
+    return reference(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

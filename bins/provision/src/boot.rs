@@ -170,6 +170,32 @@ mod tests {
     }
 
     #[test]
+    fn the_node_images_reference_boot_gives_its_measurements_file() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../scripts/node-image/reference");
+        let out = tempfile::tempdir()
+            .unwrap()
+            .keep()
+            .join("measurements.json");
+        run(&dir.join("eventlog.bin"), &dir.join("pcrs.json"), &out).unwrap();
+        let m = Measurements::load(&out).unwrap();
+        let pcrs = read_pcrs(&dir.join("pcrs.json")).unwrap();
+        let nine = PcrIndex::new(9).unwrap();
+        assert_eq!(m.get(nine).unwrap(), &ExpectedPcr::enforce(pcrs[&nine]));
+        let labels: Vec<_> = m
+            .reference_events(nine)
+            .iter()
+            .map(|e| e.description.clone().unwrap())
+            .collect();
+        assert!(
+            labels.iter().any(|l| l.contains("Linux initrd")),
+            "{labels:?}"
+        );
+        // Never overwrites.
+        assert!(run(&dir.join("eventlog.bin"), &dir.join("pcrs.json"), &out).is_err());
+    }
+
+    #[test]
     fn a_log_of_another_boot_is_refused_naming_the_pcr() {
         let log = EventLog::parse(LOG).unwrap();
         let mut p = pcrs();

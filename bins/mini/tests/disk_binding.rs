@@ -14,7 +14,7 @@
 mod common;
 
 use asterism_mini::{LocalCluster, Node};
-use common::{Teardown, bins, cryptsetup_opens, runtime, wait_for};
+use common::{Teardown, bins, cryptsetup_opens, join_worker, runtime, wait_for};
 use std::process::Command;
 use std::time::Duration;
 
@@ -63,16 +63,8 @@ fn a_worker_naming_the_control_planes_disk_gets_nothing_and_the_control_plane_st
     let rt = runtime();
     let (_, cp) = rt.block_on(cluster.init()).unwrap();
     assert_eq!(cp.1, "ok");
-    cluster.start_key_service().unwrap();
-    cluster.start_join_service().unwrap();
+    join_worker(&cluster, &rt);
     let worker = cluster.nodes[1].clone();
-    let b = cluster.start_bootstrapper(&worker).unwrap();
-    assert_eq!(
-        rt.block_on(cluster.finish_bootstrapper(b, &worker))
-            .unwrap()
-            .1,
-        "ok"
-    );
 
     // The init node is a member, its disk bound to its AK, from its bootstrapper's record.
     let cp_node = cluster.nodes[0].clone();
@@ -203,16 +195,8 @@ fn a_worker_with_a_new_tpm_waits_for_asterism_readmit() {
     let _teardown = Teardown(&cluster);
     let rt = runtime();
     rt.block_on(cluster.init()).unwrap();
-    cluster.start_key_service().unwrap();
-    cluster.start_join_service().unwrap();
+    join_worker(&cluster, &rt);
     let worker = cluster.nodes[1].clone();
-    let b = cluster.start_bootstrapper(&worker).unwrap();
-    assert_eq!(
-        rt.block_on(cluster.finish_bootstrapper(b, &worker))
-            .unwrap()
-            .1,
-        "ok"
-    );
     let old_ak = member(&cluster.members(), "worker-0")["ak"].clone();
 
     // The worker is re-installed: a new TPM (another AK, certified by the same platform

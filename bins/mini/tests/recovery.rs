@@ -19,7 +19,7 @@ use asterism_kms::DiskUuid;
 use asterism_mini::{LocalCluster, Node};
 use asterism_proto::recover::api_client::ApiClient;
 use asterism_proto::recover::{DescribeRequest, RecoverMessage};
-use common::{TeardownAt, bins, cryptsetup_opens, runtime, wait_for};
+use common::{TeardownAt, bins, cryptsetup_opens, join_worker, runtime, wait_for};
 use std::time::Duration;
 
 /// The recovery of `endpoint` as `asterism recover` runs it, with the cluster's trust
@@ -63,20 +63,43 @@ fn wait_for_recovery_server(node: &Node) {
 fn outage(cluster: &mut LocalCluster, init: impl FnOnce(&LocalCluster, &tokio::runtime::Runtime)) {
     let rt = runtime();
     init(cluster, &rt);
-    cluster.start_key_service().unwrap();
-    cluster.start_join_service().unwrap();
-    let worker = cluster.nodes[1].clone();
-    let b = cluster.start_bootstrapper(&worker).unwrap();
-    assert_eq!(
-        rt.block_on(cluster.finish_bootstrapper(b, &worker))
-            .unwrap()
-            .1,
-        "ok"
-    );
+    join_worker(cluster, &rt);
     cluster.outage().unwrap();
     for n in &cluster.nodes {
         assert_eq!(marker_pcr(n), [0; 32], "{} was power-cycled", n.name);
     }
+}
+
+/// `asterism recover` against the waiting control plane: exactly one node recovered, its
+/// bootstrapper ends with `Recovered`, and the disk key the CLI derived for the UUID the
+/// node named opens the disk (checked by the cryptsetup program). Returns the keys.
+fn recover_control_plane(
+    cluster: &LocalCluster,
+    rt: &tokio::runtime::Runtime,
+    kms: &asterism_kms::ClusterKms,
+    booting: asterism_mini::Booting,
+) -> NodeKeys {
+    let cp = &cluster.nodes[0];
+    let recovered = rt
+        .block_on(asterism::recover::recover(
+            &target(cluster, cp.recover_endpoint()),
+            kms,
+        ))
+        .unwrap();
+    assert_eq!(recovered.len(), 1, "{recovered:?}");
+    let uuid = DiskUuid::parse(recovered[0].disk_uuid.as_deref().unwrap()).unwrap();
+    let (_, exit) = rt
+        .block_on(cluster.finish_bootstrapper(booting, cp))
+        .unwrap();
+    assert_eq!(exit, "ok", "{}", bootstrapper_log(cp));
+    assert!(
+        bootstrapper_log(cp).contains("outcome=Recovered"),
+        "{}",
+        bootstrapper_log(cp)
+    );
+    let keys = NodeKeys::derive(kms, &uuid).unwrap();
+    assert!(cryptsetup_opens(cp, keys.disk_key.expose_secret()));
+    keys
 }
 
 /// After the control plane is back: the key and join services start again on it, and the
@@ -159,31 +182,12 @@ fn a_whole_cluster_outage_is_recovered_by_the_owner_and_the_workers_rejoin() {
     );
 
     // The owner recovers: one node, its disk, with keys derived on the owner's side.
-    let recovered = rt
-        .block_on(asterism::recover::recover(
-            &target(&cluster, cp.recover_endpoint()),
-            &kms,
-        ))
-        .unwrap();
-    assert_eq!(recovered.len(), 1, "{recovered:?}");
-    let uuid = DiskUuid::parse(recovered[0].disk_uuid.as_deref().unwrap()).unwrap();
-    let (_, exit) = rt
-        .block_on(cluster.finish_bootstrapper(cp_boot, &cp))
-        .unwrap();
-    assert_eq!(exit, "ok", "{}", bootstrapper_log(&cp));
-    assert!(
-        bootstrapper_log(&cp).contains("outcome=Recovered"),
-        "{}",
-        bootstrapper_log(&cp)
-    );
-    // The keys the CLI derived are the disk's: the UUID the node named is its LUKS2
-    // header's, and the cryptsetup program opens the disk with the key.
-    let keys = NodeKeys::derive(&kms, &uuid).unwrap();
+    let keys = recover_control_plane(&cluster, &rt, &kms, cp_boot);
+    // mini's own derivation, from the disk's LUKS2 header, agrees.
     assert_eq!(
         cluster.derived_disk_key(&cp).unwrap().expose_secret(),
         keys.disk_key.expose_secret()
     );
-    assert!(cryptsetup_opens(&cp, keys.disk_key.expose_secret()));
     // PCR 15 carries the cluster's marker again.
     let cluster_id: [u8; 32] = hex::decode(cluster.cluster_id().unwrap())
         .unwrap()
@@ -382,20 +386,7 @@ fn a_whole_cluster_outage_is_recovered_from_m_of_n_custodian_shares() {
     // control plane is recovered with it.
     let kms = asterism::recover::read_shares(&cluster.workspace, &decrypted).unwrap();
     asterism::recover::check_cluster(&cluster.workspace, &kms).unwrap();
-    let recovered = rt
-        .block_on(asterism::recover::recover(
-            &target(&cluster, cp.recover_endpoint()),
-            &kms,
-        ))
-        .unwrap();
-    assert_eq!(recovered.len(), 1, "{recovered:?}");
-    let uuid = DiskUuid::parse(recovered[0].disk_uuid.as_deref().unwrap()).unwrap();
-    let (_, exit) = rt
-        .block_on(cluster.finish_bootstrapper(cp_boot, &cp))
-        .unwrap();
-    assert_eq!(exit, "ok", "{}", bootstrapper_log(&cp));
-    let keys = NodeKeys::derive(&kms, &uuid).unwrap();
-    assert!(cryptsetup_opens(&cp, keys.disk_key.expose_secret()));
+    recover_control_plane(&cluster, &rt, &kms, cp_boot);
 
     workers_rejoin(&cluster, &rt, worker_boot);
 }

@@ -42,6 +42,16 @@ impl Drop for TeardownAt {
     }
 }
 
+/// After init: starts the key and join services, and the first worker joins.
+pub fn join_worker(cluster: &LocalCluster, rt: &tokio::runtime::Runtime) {
+    cluster.start_key_service().unwrap();
+    cluster.start_join_service().unwrap();
+    let worker = &cluster.nodes[1];
+    let b = cluster.start_bootstrapper(worker).unwrap();
+    let (_, exit) = rt.block_on(cluster.finish_bootstrapper(b, worker)).unwrap();
+    assert_eq!(exit, "ok", "{} joins", worker.name);
+}
+
 /// A single-threaded runtime for the cluster's async steps.
 pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()

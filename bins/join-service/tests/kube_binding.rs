@@ -177,6 +177,7 @@ async fn the_init_node_binds_its_disk_and_is_recorded_without_tickets() {
         ak: OTHER_AK.into(),
         name: "worker-0".into(),
         role: "ControlPlane".into(),
+        ..Default::default()
     };
     state.record_init_node(&init, t0()).await.unwrap();
     let writes = server.writes();

@@ -36,7 +36,7 @@ pub use error::{DenyReason, JoinError};
 pub use keys::KeySource;
 // The key-service client the binary, the tests and the benchmarks build the service with.
 pub use asterism_kms::{KeyError, KeyServiceAddress, KeyServiceClient};
-pub use kube_state::{JoiningNodes, KubeState};
+pub use kube_state::{JoiningNodes, KubeReleaseError, KubeState};
 pub use metrics::Metrics;
 pub use ratelimit::RateLimiter;
 pub use release::{ClusterRelease, ReleaseError};

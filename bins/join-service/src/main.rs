@@ -257,7 +257,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         cluster_sans: args.host_cert_san.clone(),
         kubernetes,
     };
-    let parts = Parts {
+    let mut parts = Parts {
         init_node,
         metadata,
         keys,
@@ -293,7 +293,17 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 JoiningNodesArg::Required => JoiningNodes::Required,
                 JoiningNodesArg::WhenInstalled => JoiningNodes::WhenInstalled,
             };
-            serve_with(&args, parts, KubeState::new(api, joining_nodes)).await
+            let state = KubeState::new(api, joining_nodes);
+            // The cluster's record (the components ConfigMap) over the init node's file.
+            if let Some(release) = state
+                .release()
+                .await
+                .context("loading the cluster's Kubernetes version and components")?
+            {
+                tracing::info!(version = %release.version(), components = release.components().len(), "join tickets carry the components ConfigMap's version and components");
+                parts.config.kubernetes = Some(release);
+            }
+            serve_with(&args, parts, state).await
         }
     }
 }

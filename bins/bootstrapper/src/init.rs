@@ -163,7 +163,7 @@ impl<M: Metadata + 'static> InitService<M> {
             measurement_salt,
             disk_key,
             ssh,
-            init_node_record: self.init_node_record(),
+            init_node_record: self.init_node_record(&req.kubernetes_version, &components),
             params: ClusterInit {
                 cluster_name,
                 kubernetes_version: req.kubernetes_version.clone(),
@@ -185,8 +185,14 @@ impl<M: Metadata + 'static> InitService<M> {
 
     /// This node's disk UUID and attestation key identity, for the join service, which
     /// binds the disk to the key at its start: the first node derives its disk key itself,
-    /// so no join ticket binds it, and an unbound disk would be refused on rejoin.
-    fn init_node_record(&self) -> Option<String> {
+    /// so no join ticket binds it, and an unbound disk would be refused on rejoin. With them
+    /// the cluster's Kubernetes version and components, which the join service puts into
+    /// every join ticket (the embedded cluster state's record of them).
+    fn init_node_record(
+        &self,
+        kubernetes_version: &str,
+        components: &Components,
+    ) -> Option<String> {
         let Some(ak) = &self.node.config.ak_identity else {
             warn!(
                 step = "disk",
@@ -199,6 +205,8 @@ impl<M: Metadata + 'static> InitService<M> {
             "ak": ak,
             "name": self.this.identity.name,
             "role": "ControlPlane",
+            "kubernetes_version": kubernetes_version,
+            "kubernetes_components": components.as_slice(),
         });
         Some(record.to_string())
     }

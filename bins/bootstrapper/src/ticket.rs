@@ -534,8 +534,10 @@ pub(crate) fn check_ssh(
     Ok(())
 }
 
-/// Checks that every component installs strictly inside one of `roots`, lexically and
-/// through no symlink that exists now.
+/// Checks that every component installs inside one of `roots`, lexically and through no
+/// symlink that exists now: a file strictly inside, an archive inside or into the
+/// directory itself (the versions table unpacks the CNI plugins into `/opt/cni/bin`; the
+/// unpacking keeps every entry inside its destination).
 pub(crate) fn check_component_paths(
     components: &Components,
     roots: &[std::path::PathBuf],
@@ -548,7 +550,7 @@ pub(crate) fn check_component_paths(
                 .all(|p| matches!(p, PathPart::RootDir | PathPart::Normal(_)));
         let inside = roots.iter().find_map(|root| {
             let rel = path.strip_prefix(root).ok().filter(|_| plain)?;
-            rel.components().next().is_some().then_some((root, rel))
+            (c.extract || rel.components().next().is_some()).then_some((root, rel))
         });
         let Some((root, rel)) = inside else {
             return Err(format!(
@@ -583,7 +585,12 @@ pub(crate) fn check_component_paths(
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+    #![allow(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::indexing_slicing,
+        clippy::panic
+    )]
     use super::*;
     use asterism_pki::{ClusterCa, KubeletCsr, kubelet_key_and_csr};
     use std::time::{Duration, SystemTime};
@@ -1051,6 +1058,51 @@ mod tests {
         ] {
             let e = check_component_paths(&components(&[&bad]), &roots).unwrap_err();
             assert!(e.contains("is not inside"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn archives_may_unpack_into_a_fixed_directory_itself_files_may_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let cni = dir.path().join("cni");
+        let archive = |path: String| {
+            Components::new(vec![asterism_components::Component {
+                url: "https://example.com/plugins.tgz".into(),
+                hash: format!("sha256:{}", "ab".repeat(32)),
+                install_path: path,
+                extract: true,
+            }])
+            .unwrap()
+        };
+        let roots = std::slice::from_ref(&cni);
+        check_component_paths(&archive(cni.display().to_string()), roots).unwrap();
+        check_component_paths(&archive(format!("{}/sub", cni.display())), roots).unwrap();
+        for bad in [
+            dir.path().display().to_string(),
+            format!("{}-other", cni.display()),
+            "/opt".to_owned(),
+        ] {
+            let e = check_component_paths(&archive(bad.clone()), roots).unwrap_err();
+            assert!(e.contains("is not inside"), "{bad}: {e}");
+        }
+        let e =
+            check_component_paths(&components(&[&cni.display().to_string()]), roots).unwrap_err();
+        assert!(e.contains("is not inside"), "{e}");
+    }
+
+    #[test]
+    fn every_release_of_the_versions_table_installs_into_the_default_directories() {
+        let roots: Vec<PathBuf> = crate::config::DEFAULT_COMPONENTS_DIRS
+            .iter()
+            .map(PathBuf::from)
+            .collect();
+        let table = asterism_kubernetes_versions::VersionTable::builtin().unwrap();
+        for version in table.versions() {
+            let release = table
+                .resolve(asterism_kubernetes_versions::VersionRequest::Exact(version))
+                .unwrap();
+            let list = Components::new(release.components().to_vec()).unwrap();
+            check_component_paths(&list, &roots).unwrap_or_else(|e| panic!("{version}: {e}"));
         }
     }
 

@@ -267,3 +267,49 @@ async fn a_bad_component_hash_is_refused_before_the_lock_and_good_components_rea
         )
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_init_node_record_holds_the_requested_version_and_components_for_the_join_service() {
+    let t = TestNode::new("127.0.11.7");
+    let ak = "5e1b3d5f7a9c1e3b5d7f9a1c3e5b7d9f1a3c5e7b9d1f3a5c7e9b1d3f5a7c9e0b";
+    let node = t.node_configured(
+        metadata(&t),
+        TestNode::none_driver(),
+        1,
+        None,
+        asterism_bootstrapper::LogBuffer::default(),
+        |c| c.ak_identity = Some(ak.into()),
+    );
+    let run = tokio::spawn(t.run(node, std::future::pending()));
+    let table = asterism_kubernetes_versions::VersionTable::builtin().unwrap();
+    let release = table.select("v1.31.13").unwrap();
+    let mut req = request(INIT_SECRET);
+    req.kubernetes_version = release.version().to_string();
+    req.kubernetes_components = release
+        .components()
+        .iter()
+        .cloned()
+        .map(Into::into)
+        .collect();
+    let responses = init(t.init_channel().await, req).await.unwrap();
+    assert!(
+        matches!(
+            responses.first().and_then(|r| r.kind.clone()),
+            Some(init_response::Kind::InitSuccess(_))
+        ),
+        "{responses:?}"
+    );
+    run.await.unwrap().unwrap();
+
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(t.node_dir.init_node_record()).unwrap()).unwrap();
+    assert_eq!(record["ak"], ak);
+    assert_eq!(record["kubernetes_version"], "v1.31.13");
+    let components: Vec<asterism_kubernetes_versions::Component> =
+        serde_json::from_value(record["kubernetes_components"].clone()).unwrap();
+    assert_eq!(
+        components,
+        release.components(),
+        "the list as requested, in order"
+    );
+}

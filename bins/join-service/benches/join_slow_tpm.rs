@@ -158,6 +158,7 @@ async fn run(service_tpm: &TpmNode, delay: Duration, refresh: Duration) -> Run {
             rate_per_second: 10.0,
             burst: 20,
             cluster_sans: Vec::new(),
+            kubernetes: None,
         },
         Metrics::new(),
     )

@@ -2,6 +2,7 @@
 //! join-service replica on every control-plane node sees the same tokens, disk bindings and
 //! members (docs/kubernetes-api.md).
 
+use crate::release::{ClusterRelease, ReleaseError};
 use crate::state::{
     Admission, ClusterState, InitNode, Member, StateError, TOKEN_MIN_REMAINING, TOKEN_TTL,
 };
@@ -21,6 +22,24 @@ pub enum JoiningNodes {
     /// Write JoiningNode records when the CRD and the NodeVersion exist; otherwise skip them
     /// with a warning. Control-plane joins are then **not serialised**.
     WhenInstalled,
+}
+
+/// Why the cluster's release could not be read from the Kubernetes API.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeReleaseError {
+    /// The NodeVersion or the components ConfigMap could not be read, or the ConfigMap's
+    /// list does not hash to its name ([`ApiError::ComponentsMismatch`]).
+    #[error("reading the cluster's Kubernetes components")]
+    Api(#[source] ApiError),
+    /// The ConfigMap's version or a component's hash is malformed.
+    #[error("the components ConfigMap {name}")]
+    Release {
+        /// The ConfigMap.
+        name: String,
+        /// What is wrong.
+        #[source]
+        source: ReleaseError,
+    },
 }
 
 /// [`ClusterState`] on the Kubernetes API. Per join: a read and (first time only) a create
@@ -116,6 +135,32 @@ impl KubeState {
             }
             Err(e) => Err(state_error(e)),
         }
+    }
+
+    /// The cluster's Kubernetes version and components: the components ConfigMap the
+    /// NodeVersion names, checked to hash to its name and then as a release. Without the
+    /// NodeVersion (or its CRD) and with [`JoiningNodes::WhenInstalled`], `None` with a
+    /// warning: tickets then carry no components.
+    pub async fn release(&self) -> Result<Option<ClusterRelease>, KubeReleaseError> {
+        let name = match self.api.components_reference().await {
+            Ok(name) => name,
+            Err(e @ (ApiError::NotFound { .. } | ApiError::NotInstalled { .. }))
+                if self.joining_nodes == JoiningNodes::WhenInstalled =>
+            {
+                tracing::warn!(error = %chain(&e), "no NodeVersion names the cluster's components: join tickets carry none");
+                return Ok(None);
+            }
+            Err(e) => return Err(KubeReleaseError::Api(e)),
+        };
+        let recorded = self
+            .api
+            .components_config_map(&name)
+            .await
+            .map_err(KubeReleaseError::Api)?;
+        let components = recorded.components.into_iter().map(Into::into).collect();
+        let release = ClusterRelease::new(&recorded.cluster_version, components)
+            .map_err(|source| KubeReleaseError::Release { name, source })?;
+        Ok(Some(release))
     }
 
     fn warn_skipped(&self, e: &ApiError) {

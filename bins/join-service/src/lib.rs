@@ -26,6 +26,7 @@ mod keys;
 mod kube_state;
 mod metrics;
 mod ratelimit;
+mod release;
 mod request;
 mod serve;
 mod service;
@@ -35,9 +36,10 @@ pub use error::{DenyReason, JoinError};
 pub use keys::KeySource;
 // The key-service client the binary, the tests and the benchmarks build the service with.
 pub use asterism_kms::{KeyError, KeyServiceAddress, KeyServiceClient};
-pub use kube_state::{JoiningNodes, KubeState};
+pub use kube_state::{JoiningNodes, KubeReleaseError, KubeState};
 pub use metrics::Metrics;
 pub use ratelimit::RateLimiter;
+pub use release::{ClusterRelease, ReleaseError};
 pub use serve::{
     HttpAccess, LISTEN_BACKLOG, Limits, bind_admin_socket, bind_listener, is_loopback, serve,
     serve_admin, serve_http, serve_http_with,

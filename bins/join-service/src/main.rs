@@ -12,8 +12,8 @@ use asterism_atls::{AtlsConfig, AtlsServer};
 use asterism_attestation::TpmQuoteValidator;
 use asterism_binkit::{AkTrustArgs, LogArgs, read_capped};
 use asterism_join_service::{
-    ClusterState, HttpAccess, InitNode, JoinConfig, JoinService, JoiningNodes, KeyServiceAddress,
-    KeyServiceClient, KubeState, Limits, Metrics, RedbState,
+    ClusterRelease, ClusterState, HttpAccess, InitNode, JoinConfig, JoinService, JoiningNodes,
+    KeyServiceAddress, KeyServiceClient, KubeState, Limits, Metrics, RedbState,
 };
 use asterism_kube_api::{ApiOptions, ClusterApi, WaitPolicy};
 use asterism_metadata::HttpMetadata;
@@ -239,6 +239,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
         !measurement_salt.is_empty(),
         "the measurement salt file is empty"
     );
+    let init_node = args.init_node.as_deref().map(read_init_node).transpose()?;
+    let kubernetes = match &init_node {
+        Some(init) => cluster_release(init)?,
+        None => None,
+    };
     let metadata = HttpMetadata::new(&args.metadata_url)?;
     let keys = KeyServiceClient::new(&args.key_service)?;
     let metrics = Metrics::new();
@@ -250,8 +255,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
         rate_per_second: args.rate_limit_per_second,
         burst: args.rate_limit_burst,
         cluster_sans: args.host_cert_san.clone(),
+        kubernetes,
     };
-    let parts = Parts {
+    let mut parts = Parts {
+        init_node,
         metadata,
         keys,
         ca,
@@ -286,13 +293,24 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 JoiningNodesArg::Required => JoiningNodes::Required,
                 JoiningNodesArg::WhenInstalled => JoiningNodes::WhenInstalled,
             };
-            serve_with(&args, parts, KubeState::new(api, joining_nodes)).await
+            let state = KubeState::new(api, joining_nodes);
+            // The cluster's record (the components ConfigMap) over the init node's file.
+            if let Some(release) = state
+                .release()
+                .await
+                .context("loading the cluster's Kubernetes version and components")?
+            {
+                tracing::info!(version = %release.version(), components = release.components().len(), "join tickets carry the components ConfigMap's version and components");
+                parts.config.kubernetes = Some(release);
+            }
+            serve_with(&args, parts, state).await
         }
     }
 }
 
 /// Everything of the service but its cluster state.
 struct Parts {
+    init_node: Option<InitNode>,
     metadata: HttpMetadata,
     keys: KeyServiceClient,
     ca: ClusterCa,
@@ -304,6 +322,7 @@ struct Parts {
 
 async fn serve_with<S: ClusterState>(args: &Args, parts: Parts, state: S) -> anyhow::Result<()> {
     let Parts {
+        init_node,
         metadata,
         keys,
         ca,
@@ -315,8 +334,8 @@ async fn serve_with<S: ClusterState>(args: &Args, parts: Parts, state: S) -> any
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
-    if let Some(path) = &args.init_node {
-        record_init_node(path, &state).await?;
+    if let Some(init) = &init_node {
+        record_init_node(init, &state).await?;
     }
     let service = JoinService::new(metadata, keys, state, ca, config, metrics)?;
 
@@ -377,14 +396,41 @@ async fn serve_with<S: ClusterState>(args: &Args, parts: Parts, state: S) -> any
     Ok(())
 }
 
-/// Records the init node of `path` in `state`; a record the state contradicts (its disk or
-/// its name held by another key) stops the service: one of the two is not what it claims.
-async fn record_init_node<S: ClusterState>(path: &Path, state: &S) -> anyhow::Result<()> {
-    let bytes = read_capped(path, 64 * 1024)?;
-    let init: InitNode = serde_json::from_slice(&bytes)
-        .with_context(|| format!("{} is no init-node record", path.display()))?;
+/// The largest init-node record read: the record names every component of the release.
+const MAX_INIT_NODE_RECORD: u64 = 1024 * 1024;
+
+/// The init node's record at `path`.
+fn read_init_node(path: &Path) -> anyhow::Result<InitNode> {
+    let bytes = read_capped(path, MAX_INIT_NODE_RECORD)?;
+    serde_json::from_slice(&bytes)
+        .with_context(|| format!("{} is no init-node record", path.display()))
+}
+
+/// The cluster's release as the init node recorded it, checked once here: a bad hash or
+/// version stops the service rather than reach a joining node in a ticket.
+fn cluster_release(init: &InitNode) -> anyhow::Result<Option<ClusterRelease>> {
+    let release = init.release().with_context(|| {
+        format!(
+            "the Kubernetes release recorded by the init node {}",
+            init.name
+        )
+    })?;
+    match &release {
+        Some(r) => {
+            tracing::info!(version = %r.version(), components = r.components().len(), "join tickets carry the cluster's Kubernetes version and components");
+        }
+        None => {
+            tracing::warn!(node = %init.name, "the init node recorded no Kubernetes version or components: join tickets carry none");
+        }
+    }
+    Ok(release)
+}
+
+/// Records the init node in `state`; a record the state contradicts (its disk or its name
+/// held by another key) stops the service: one of the two is not what it claims.
+async fn record_init_node<S: ClusterState>(init: &InitNode, state: &S) -> anyhow::Result<()> {
     state
-        .record_init_node(&init, std::time::SystemTime::now())
+        .record_init_node(init, std::time::SystemTime::now())
         .await
         .with_context(|| {
             format!(

@@ -4,6 +4,7 @@
 //! only.
 
 use crate::error::JoinError;
+use crate::release::ClusterRelease;
 use asterism_cluster::{BootstrapToken, Role};
 use asterism_kms::{DataKey, DiskUuid};
 use asterism_pki::{KubeletCsr, parse_wire_public_key};
@@ -99,8 +100,7 @@ impl std::fmt::Debug for ControlPlaneFile {
     }
 }
 
-/// What a join ticket carries. The Kubernetes version and components are not among them
-/// (the components ConfigMap is not read yet), so the response leaves them empty.
+/// What a join ticket carries.
 pub(crate) struct JoinTicket<'a> {
     /// The node's state-disk key.
     pub disk_key: DataKey,
@@ -125,6 +125,9 @@ pub(crate) struct JoinTicket<'a> {
     pub ssh_ca_line: &'a [u8],
     /// The node's SSH host certificate (`authorized_keys` format).
     pub host_certificate: String,
+    /// The cluster's Kubernetes version and components, the same in every ticket (`None`:
+    /// the cluster state records none, and the ticket carries none).
+    pub kubernetes: Option<&'a ClusterRelease>,
 }
 
 impl From<JoinTicket<'_>> for IssueJoinTicketResponse {
@@ -149,7 +152,14 @@ impl From<JoinTicket<'_>> for IssueJoinTicketResponse {
                 .collect(),
             authorized_ca_public_key: t.ssh_ca_line.to_vec(),
             host_certificate: t.host_certificate.into_bytes(),
-            ..Self::default()
+            kubernetes_version: t
+                .kubernetes
+                .map(|k| k.version().to_string())
+                .unwrap_or_default(),
+            kubernetes_components: t
+                .kubernetes
+                .map(|k| k.components().iter().cloned().map(Into::into).collect())
+                .unwrap_or_default(),
         }
     }
 }

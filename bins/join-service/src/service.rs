@@ -6,6 +6,7 @@ use crate::error::{DenyReason, JoinError, chain};
 use crate::keys::KeySource;
 use crate::metrics::Metrics;
 use crate::ratelimit::RateLimiter;
+use crate::release::ClusterRelease;
 use crate::request::{ControlPlaneFile, JoinRequest, JoinTicket, RejoinRequest, RejoinTicket};
 use crate::state::{Admission, ClusterState, Member, StateError};
 use asterism_atls::VerifiedPeer;
@@ -47,6 +48,9 @@ pub struct JoinConfig {
     /// The cluster's names (the API server certificate's SANs) that a control-plane node's
     /// SSH host certificate may carry besides its own name and address.
     pub cluster_sans: Vec<String>,
+    /// The cluster's Kubernetes version and components, put into every join ticket; `None`
+    /// when the cluster state records none (tickets then carry none).
+    pub kubernetes: Option<ClusterRelease>,
 }
 
 /// The join service: verifies what attestation cannot (who the node is, per the metadata;
@@ -371,6 +375,7 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
             control_plane_files,
             ssh_ca_line: &cluster_keys.ssh_ca_line,
             host_certificate,
+            kubernetes: self.inner.config.kubernetes.as_ref(),
         })
     }
 
@@ -670,6 +675,7 @@ mod tests {
                 rate_per_second: 10.0,
                 burst: 20,
                 cluster_sans: Vec::new(),
+                kubernetes: None,
             },
             Metrics::new(),
         )

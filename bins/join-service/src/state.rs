@@ -2,8 +2,10 @@
 //! [`ClusterState`] trait. The default implementation, [`RedbState`], keeps them in an
 //! embedded database file (redb) so they survive restarts.
 
+use crate::release::{ClusterRelease, ReleaseError};
 use asterism_cluster::{BootstrapToken, ExpiringToken, Role};
 use asterism_kms::DiskUuid;
+use asterism_kubernetes_versions::Component;
 use redb::{Database, ReadableDatabase as _, ReadableTable as _, TableDefinition};
 use ring::rand::{SecureRandom, SystemRandom};
 use serde::{Deserialize, Serialize};
@@ -134,8 +136,10 @@ impl Member {
 
 /// The first node of the cluster, as its bootstrapper recorded it at init: it derived its
 /// own disk key from the master secret, so no join ticket ever bound its disk. The join
-/// service records it at start ([`ClusterState::record_init_node`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// service records it at start ([`ClusterState::record_init_node`]). The record also holds
+/// the cluster's Kubernetes version and components, which every join ticket carries
+/// ([`InitNode::release`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InitNode {
     /// The state disk's UUID.
     pub disk: String,
@@ -146,6 +150,24 @@ pub struct InitNode {
     pub name: String,
     /// The role (`ControlPlane`).
     pub role: String,
+    /// The Kubernetes version the cluster was initialised with (`v1.31.13`); empty in a
+    /// record that names no release.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub kubernetes_version: String,
+    /// The components the first node installed, as the init request named them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kubernetes_components: Vec<Component>,
+}
+
+impl InitNode {
+    /// The recorded release, checked; `None` when the record names neither a version nor
+    /// components (tickets then carry none, as before the record held them).
+    pub fn release(&self) -> Result<Option<ClusterRelease>, ReleaseError> {
+        if self.kubernetes_version.is_empty() && self.kubernetes_components.is_empty() {
+            return Ok(None);
+        }
+        ClusterRelease::new(&self.kubernetes_version, self.kubernetes_components.clone()).map(Some)
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -826,6 +848,7 @@ mod tests {
             ak: "ak-cp".into(),
             name: "cp-0".into(),
             role: "ControlPlane".into(),
+            ..Default::default()
         };
         {
             let s = RedbState::open(dir.path()).unwrap();

@@ -66,6 +66,7 @@ async fn the_init_nodes_disk_key_goes_to_the_init_node_only() {
                 ak: cpfp.to_string(),
                 name: "cp-0".into(),
                 role: "ControlPlane".into(),
+                ..Default::default()
             },
             SystemTime::now(),
         )

@@ -1,7 +1,8 @@
 //! Disk bindings and member keys in the Kubernetes-API store (`KubeState`), against the
 //! recording API server: a rejoin needs a disk bound to its key, a member with another key
 //! is refused without a write until an operator re-admits it, and the init node's record
-//! binds its disk.
+//! binds its disk; tickets carry the components ConfigMap the NodeVersion names, checked
+//! against its name.
 
 #![allow(
     clippy::unwrap_used,
@@ -11,9 +12,10 @@
 )]
 
 use asterism_join_service::{
-    Admission, ClusterState, InitNode, JoiningNodes, KubeState, StateError,
+    Admission, ClusterState, InitNode, JoiningNodes, KubeReleaseError, KubeState, StateError,
 };
 use asterism_kms::DiskUuid;
+use asterism_kube_api::ApiError;
 use asterism_metadata::Role;
 use asterism_testkit::kube_api::{RecordingServer, Reply, recorded};
 use std::time::{Duration, SystemTime};
@@ -177,6 +179,7 @@ async fn the_init_node_binds_its_disk_and_is_recorded_without_tickets() {
         ak: OTHER_AK.into(),
         name: "worker-0".into(),
         role: "ControlPlane".into(),
+        ..Default::default()
     };
     state.record_init_node(&init, t0()).await.unwrap();
     let writes = server.writes();
@@ -200,4 +203,87 @@ async fn the_init_node_binds_its_disk_and_is_recorded_without_tickets() {
         "{err:?}"
     );
     assert!(server.writes().is_empty());
+}
+
+const NODE_VERSION: &str =
+    "/apis/update.edgeless.systems/v1alpha1/nodeversions/constellation-version";
+/// The recorded components ConfigMap: one kubelet of v1.33.4.
+const COMPONENTS: &str =
+    "k8s-components-sha256-5d4cc820b37f3d1fd0c6e04ed50a56ead8d497ecfd3c25c749855ed9d852837d";
+
+/// The recorded NodeVersion, naming the recorded components ConfigMap.
+fn node_version() -> String {
+    let mut nv: serde_json::Value =
+        serde_json::from_str(&recorded("nodeversion-constellation-version.json")).unwrap();
+    nv["spec"]["kubernetesComponentsReference"] = COMPONENTS.into();
+    nv.to_string()
+}
+
+#[tokio::test]
+async fn tickets_carry_the_components_configmap_the_node_version_names() {
+    let (server, state, _dir) = setup().await;
+    let mut swapped: serde_json::Value =
+        serde_json::from_str(&recorded("configmap-components-created.json")).unwrap();
+    swapped["data"]["components"] = serde_json::json!([{
+        "url": "https://example.com/kubelet",
+        "hash": format!("sha256:{}", "2".repeat(64)),
+        "install_path": "/run/state/bin/kubelet",
+    }])
+    .to_string()
+    .into();
+    server
+        .on("GET", NODE_VERSION, [Reply::json(200, node_version())])
+        .on(
+            "GET",
+            &format!("{CONFIG_MAPS}/{COMPONENTS}"),
+            [
+                Reply::recorded(200, "configmap-components-created.json"),
+                Reply::json(200, swapped.to_string()),
+            ],
+        );
+    let release = state.release().await.unwrap().unwrap();
+    assert_eq!(release.version().to_string(), "v1.33.4");
+    let hashes: Vec<&str> = release
+        .components()
+        .iter()
+        .map(|c| c.hash.as_str())
+        .collect();
+    assert_eq!(hashes, [format!("sha256:{}", "1".repeat(64))]);
+    assert_eq!(
+        release.components()[0].install_path,
+        "/run/state/bin/kubelet"
+    );
+
+    // Another list under the same name is refused, not handed to nodes.
+    let err = state.release().await.unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            KubeReleaseError::Api(ApiError::ComponentsMismatch { name, .. }) if name == COMPONENTS
+        ),
+        "{err:?}"
+    );
+    assert!(server.writes().is_empty(), "{:?}", server.writes());
+}
+
+#[tokio::test]
+async fn without_a_node_version_tickets_carry_no_components_only_when_joining_nodes_are_optional() {
+    let server = RecordingServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    server.on(
+        "GET",
+        NODE_VERSION,
+        [
+            Reply::recorded(404, "status-404-nodeversion.json"),
+            Reply::recorded(404, "status-404-nodeversion.json"),
+        ],
+    );
+    let optional = KubeState::new(server.api(dir.path()).await, JoiningNodes::WhenInstalled);
+    assert_eq!(optional.release().await.unwrap(), None);
+    let required = KubeState::new(server.api(dir.path()).await, JoiningNodes::Required);
+    let err = required.release().await.unwrap_err();
+    assert!(
+        matches!(err, KubeReleaseError::Api(ApiError::NotFound { .. })),
+        "{err:?}"
+    );
 }

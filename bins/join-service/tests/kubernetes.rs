@@ -373,6 +373,21 @@ async fn the_binary_keeps_its_state_on_the_kubernetes_api_with_cluster_state_kub
     let cluster = Cluster::start().await;
     let server = RecordingServer::start().await;
     empty_cluster(&server);
+    // The NodeVersion names the recorded components ConfigMap (one kubelet of v1.33.4).
+    let components =
+        "k8s-components-sha256-5d4cc820b37f3d1fd0c6e04ed50a56ead8d497ecfd3c25c749855ed9d852837d";
+    let mut nv: serde_json::Value = serde_json::from_str(&asterism_testkit::kube_api::recorded(
+        "nodeversion-constellation-version.json",
+    ))
+    .unwrap();
+    nv["spec"]["kubernetesComponentsReference"] = components.into();
+    server
+        .on("GET", NODE_VERSION, [Reply::json(200, nv.to_string())])
+        .on(
+            "GET",
+            &format!("{CONFIG_MAPS}/{components}"),
+            [Reply::recorded(200, "configmap-components-created.json")],
+        );
     let dir = cluster.dir.path();
     std::fs::write(dir.join("salt"), SALT).unwrap();
     std::fs::write(dir.join("measurements.json"), zero_measurements().to_json()).unwrap();
@@ -445,4 +460,16 @@ async fn the_binary_keeps_its_state_on_the_kubernetes_api_with_cluster_state_kub
     assert_eq!(token_write.secret_data("token-secret").unwrap(), secret);
     assert!(logs.contains("Kubernetes API"), "{logs}");
     assert!(!logs.contains(secret), "the token is never logged");
+    // The ticket carries the components ConfigMap's version and list.
+    assert_eq!(ticket.kubernetes_version, "v1.33.4");
+    let paths: Vec<&str> = ticket
+        .kubernetes_components
+        .iter()
+        .map(|c| c.install_path.as_str())
+        .collect();
+    assert_eq!(paths, ["/run/state/bin/kubelet"]);
+    assert_eq!(
+        ticket.kubernetes_components[0].hash,
+        format!("sha256:{}", "1".repeat(64))
+    );
 }

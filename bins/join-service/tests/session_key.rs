@@ -121,6 +121,7 @@ async fn mutual_joins_verify_a_session_key_and_the_service_quotes_once() {
             rate_per_second: 10.0,
             burst: 20,
             cluster_sans: Vec::new(),
+            kubernetes: None,
         },
         Metrics::new(),
     )

@@ -53,11 +53,44 @@ pub enum JoinConfigChange {
 /// `sha256:<hex of SHA-256 over every component's hash string, in order>` with `:`
 /// replaced by `-`.
 pub fn components_config_map_name(components: &[Component]) -> String {
+    format!(
+        "{COMPONENTS_PREFIX}sha256-{}",
+        components_digest(components)
+    )
+}
+
+/// Hex of SHA-256 over every component's hash string, in order.
+fn components_digest(components: &[Component]) -> String {
     let mut h = Sha256::new();
     for c in components {
         h.update(c.hash.as_bytes());
     }
-    format!("{COMPONENTS_PREFIX}sha256-{}", hex::encode(h.finalize()))
+    hex::encode(h.finalize())
+}
+
+/// What a components ConfigMap records: the cluster's Kubernetes version and components,
+/// checked to hash to the ConfigMap's name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedComponents {
+    /// The ConfigMap's name.
+    pub name: String,
+    /// `data.cluster-version`.
+    pub cluster_version: String,
+    /// `data.components`, in order.
+    pub components: Vec<Component>,
+}
+
+/// One component as the ConfigMap's JSON holds it (zero values omitted).
+#[derive(serde::Deserialize)]
+struct StoredComponent {
+    #[serde(default)]
+    url: String,
+    #[serde(default)]
+    hash: String,
+    #[serde(default)]
+    install_path: String,
+    #[serde(default)]
+    extract: bool,
 }
 
 /// The components list as stored in the ConfigMap: keys `url`, `hash`,
@@ -219,6 +252,51 @@ impl ClusterApi {
                 other => Err(other),
             },
         }
+    }
+
+    /// Reads the components ConfigMap `name` (as the NodeVersion or a node annotation names
+    /// it) and checks that its list hashes to the name:
+    /// [`ApiError::ComponentsMismatch`] otherwise, since whoever can write ConfigMaps but
+    /// not the reference could else hand joining nodes other binaries.
+    pub async fn components_config_map(&self, name: &str) -> Result<RecordedComponents> {
+        let object = format!("ConfigMap {NAMESPACE}/{name}");
+        let cm = self
+            .config_maps()
+            .get(name)
+            .await
+            .map_err(|e| ApiError::from_kube(format!("get {object}"), e))?;
+        let data = cm.data.unwrap_or_default();
+        let field = |key: &str| {
+            data.get(key).ok_or_else(|| ApiError::Malformed {
+                object: object.clone(),
+                detail: format!("no data.{key}"),
+            })
+        };
+        let stored: Vec<StoredComponent> =
+            serde_json::from_str(field(COMPONENTS_KEY)?).map_err(|e| ApiError::Malformed {
+                object: object.clone(),
+                detail: format!("data.{COMPONENTS_KEY} is no component list: {e}"),
+            })?;
+        let components: Vec<Component> = stored
+            .into_iter()
+            .map(|c| Component {
+                url: c.url,
+                hash: c.hash,
+                install_path: c.install_path,
+                extract: c.extract,
+            })
+            .collect();
+        if components_config_map_name(&components) != name {
+            return Err(ApiError::ComponentsMismatch {
+                name: name.to_owned(),
+                content_hash: format!("sha256:{}", components_digest(&components)),
+            });
+        }
+        Ok(RecordedComponents {
+            name: name.to_owned(),
+            cluster_version: field(CLUSTER_VERSION_KEY)?.clone(),
+            components,
+        })
     }
 
     /// Creates the empty `kube-system/internal-config`; an

@@ -143,6 +143,15 @@ pub enum ApiError {
     /// ID derives from it) and is never overwritten.
     #[error("kube-system/join-config holds another measurement salt; it never changes after init")]
     SaltMismatch,
+    /// A components ConfigMap whose list does not hash to its name: the name is what nodes
+    /// and the NodeVersion refer to, so this content is not the list they mean.
+    #[error("ConfigMap kube-system/{name}: its components hash to {content_hash}, not to its name")]
+    ComponentsMismatch {
+        /// The ConfigMap.
+        name: String,
+        /// What its list hashes to (`sha256:<hex>`).
+        content_hash: String,
+    },
     /// An argument is not usable as (part of) an object name or value.
     #[error("invalid {what}: {detail}")]
     InvalidInput {
@@ -180,6 +189,7 @@ impl ApiError {
             | Self::DiskBoundToOtherKey { .. }
             | Self::MemberKeyChanged { .. }
             | Self::SaltMismatch
+            | Self::ComponentsMismatch { .. }
             | Self::InvalidInput { .. }
             | Self::Random => false,
         }

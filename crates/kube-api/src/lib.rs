@@ -35,8 +35,8 @@ pub use client::{ApiOptions, ClusterApi, WaitPolicy};
 pub use config_maps::{
     ATTESTATION_CONFIG_BACKUP_KEY, ATTESTATION_CONFIG_KEY, CLUSTER_VERSION_KEY,
     COMPONENTS_ANNOTATION, COMPONENTS_KEY, COMPONENTS_PREFIX, INTERNAL_CONFIG, JOIN_CONFIG,
-    JoinConfigChange, MEASUREMENT_SALT_KEY, MEASUREMENT_SALT_LEN, components_config_map_name,
-    components_json,
+    JoinConfigChange, MEASUREMENT_SALT_KEY, MEASUREMENT_SALT_LEN, RecordedComponents,
+    components_config_map_name, components_json,
 };
 pub use error::ApiError;
 pub use join_state::{

@@ -282,6 +282,74 @@ async fn the_components_configmap_is_immutable_and_named_by_the_hashes() {
 }
 
 #[tokio::test]
+async fn the_components_configmap_is_read_back_only_when_its_list_hashes_to_its_name() {
+    let (server, api, _dir) = setup().await;
+    let name =
+        "k8s-components-sha256-5d4cc820b37f3d1fd0c6e04ed50a56ead8d497ecfd3c25c749855ed9d852837d";
+    let recorded_cm: serde_json::Value =
+        serde_json::from_str(&recorded("configmap-components-created.json")).unwrap();
+    // The same object with another binary swapped in under the same name.
+    let mut swapped = recorded_cm.clone();
+    swapped["data"]["components"] = serde_json::json!([{
+        "url": "https://example.com/kubelet",
+        "hash": format!("sha256:{}", "2".repeat(64)),
+        "install_path": "/run/state/bin/kubelet",
+    }])
+    .to_string()
+    .into();
+    let mut no_version = recorded_cm.clone();
+    no_version["data"]
+        .as_object_mut()
+        .unwrap()
+        .remove("cluster-version");
+    server.on(
+        "GET",
+        &format!("{CONFIG_MAPS}/{name}"),
+        [
+            Reply::recorded(200, "configmap-components-created.json"),
+            Reply::json(200, swapped.to_string()),
+            Reply::json(200, no_version.to_string()),
+        ],
+    );
+
+    let recorded = api.components_config_map(name).await.unwrap();
+    assert_eq!(recorded.name, name);
+    assert_eq!(recorded.cluster_version, "v1.33.4");
+    assert_eq!(
+        recorded.components,
+        [Component {
+            url: "https://dl.k8s.io/v1.33.4/bin/linux/amd64/kubelet".into(),
+            hash: format!("sha256:{}", "1".repeat(64)),
+            install_path: "/run/state/bin/kubelet".into(),
+            extract: false,
+        }]
+    );
+
+    let err = api.components_config_map(name).await.unwrap_err();
+    match &err {
+        ApiError::ComponentsMismatch {
+            name: n,
+            content_hash,
+        } => {
+            assert_eq!(n, name);
+            assert_ne!(
+                content_hash.replace(':', "-"),
+                name["k8s-components-".len()..]
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(!err.is_retryable());
+
+    let err = api.components_config_map(name).await.unwrap_err();
+    assert!(
+        matches!(&err, ApiError::Malformed { detail, .. } if detail.contains("cluster-version")),
+        "{err:?}"
+    );
+    assert!(server.writes().is_empty());
+}
+
+#[tokio::test]
 async fn internal_config_is_created_empty_and_an_existing_one_is_fine() {
     let (server, api, _dir) = setup().await;
     server.on(

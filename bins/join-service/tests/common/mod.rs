@@ -157,6 +157,7 @@ pub struct Options {
     pub rate: f64,
     pub key_socket: Option<PathBuf>,
     pub cluster_sans: Vec<String>,
+    pub kubernetes: Option<asterism_join_service::ClusterRelease>,
 }
 
 impl Options {
@@ -168,6 +169,7 @@ impl Options {
             rate: 10.0,
             key_socket: None,
             cluster_sans: Vec::new(),
+            kubernetes: None,
         }
     }
 }
@@ -239,6 +241,7 @@ pub async fn start_join_service_with<S: ClusterState>(
             rate_per_second: options.rate,
             burst: options.burst,
             cluster_sans: options.cluster_sans,
+            kubernetes: options.kubernetes,
         },
         Metrics::new(),
     )

@@ -8,5 +8,6 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod etcdio;
 pub mod runner;
 pub mod setup;

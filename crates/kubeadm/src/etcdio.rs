@@ -386,7 +386,9 @@ mod tests {
         assert!(waited < Duration::from_secs(2), "{waited:?}");
         assert!(setter.calls.lock().unwrap().is_empty());
         // The logging form swallows it.
-        step(root.path(), &setter, Duration::ZERO).prioritize().await;
+        step(root.path(), &setter, Duration::ZERO)
+            .prioritize()
+            .await;
     }
 
     #[tokio::test]
@@ -400,7 +402,10 @@ mod tests {
             .try_prioritize()
             .await
             .unwrap_err();
-        assert!(matches!(&err, EtcdIoError::Several(p) if p == &[20, 31]), "{err:?}");
+        assert!(
+            matches!(&err, EtcdIoError::Several(p) if p == &[20, 31]),
+            "{err:?}"
+        );
         assert!(started.elapsed() < Duration::from_secs(2), "not retried");
         assert!(setter.calls.lock().unwrap().is_empty());
     }
@@ -415,12 +420,13 @@ mod tests {
         };
         let s = step(root.path(), &setter, Duration::from_secs(5));
         let err = s.try_prioritize().await.unwrap_err();
-        assert!(
-            matches!(err, EtcdIoError::Set { pid: 4242, .. }),
-            "{err:?}"
-        );
+        assert!(matches!(err, EtcdIoError::Set { pid: 4242, .. }), "{err:?}");
         s.prioritize().await;
-        assert_eq!(setter.calls.lock().unwrap().len(), 2, "one call per attempt");
+        assert_eq!(
+            setter.calls.lock().unwrap().len(),
+            2,
+            "one call per attempt"
+        );
     }
 
     #[tokio::test]

@@ -7,7 +7,8 @@
 //! * `kubeadm` (real machines, docs/kubernetes.md): components, kubeadm configuration and
 //!   kubeadm through `asterism_kubeadm`; after init, the Kubernetes API steps
 //!   through `asterism_kube_api` (components ConfigMap, node annotation,
-//!   `internal-config`).
+//!   `internal-config`); etcd's I/O priority after init, a control-plane join and a kubelet
+//!   start, and a join tried up to three times, through `asterism_kubeadm`.
 //!
 //! Both take the components from the init request or the join ticket; the `none` driver
 //! ignores them.
@@ -22,6 +23,7 @@ use asterism_kube_api::{ApiOptions, ClusterApi, WaitPolicy};
 use asterism_kubeadm::config::{
     ApiVersion, CloudProvider, InitParams, JoinParams, NodePaths, k8s_node_name,
 };
+use asterism_kubeadm::etcdio::EtcdIoPriority;
 use asterism_kubeadm::runner::ProcessCommands;
 use asterism_kubeadm::setup::{KubeadmNode, SetupConfig};
 use asterism_metadata::Metadata;
@@ -238,6 +240,14 @@ impl<M: Metadata> KubeadmDriver<M> {
             fallback_components,
             api: config.api,
         })
+    }
+
+    /// Prioritises etcd's I/O with `step` after init, after a control-plane join and after
+    /// the kubelet starts (docs/kubernetes.md); the step never fails the driver.
+    #[must_use]
+    pub fn with_etcd_io_priority(mut self, step: EtcdIoPriority) -> Self {
+        self.node = self.node.with_etcd_io_priority(step);
+        self
     }
 
     /// The components to install: the request's (or ticket's), else the fallback list.

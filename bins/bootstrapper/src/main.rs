@@ -112,6 +112,11 @@ struct Args {
     #[arg(long, value_name = "PATH", default_value = "systemctl")]
     systemctl: PathBuf,
 
+    /// kubeadm driver: the ionice program (gives etcd the realtime I/O class on control-plane
+    /// nodes after init, join and kubelet start).
+    #[arg(long, value_name = "PATH", default_value = "ionice")]
+    ionice: PathBuf,
+
     /// Pause between join (and rejoin) rounds: `30s`, `1s`, `500ms`.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
     join_retry_interval: Duration,
@@ -278,7 +283,15 @@ fn kubeadm_driver(
         download: asterism_components::DownloadPolicy::default(),
         api: PostInitApi::admin_conf(&args.kubernetes_dir),
     };
-    Ok(KubeadmDriver::new(config, metadata)?)
+    let etcd_io =
+        asterism_kubeadm::etcdio::EtcdIoPriority::standard(asterism_kubeadm::etcdio::Ionice::new(
+            args.ionice.clone(),
+            asterism_kubeadm::runner::ProcessCommands {
+                timeout: Duration::from_secs(30),
+                ..asterism_kubeadm::runner::ProcessCommands::default()
+            },
+        ));
+    Ok(KubeadmDriver::new(config, metadata)?.with_etcd_io_priority(etcd_io))
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

@@ -6,16 +6,21 @@
 
 use std::path::{Component as PathPart, Path, PathBuf};
 
-use tracing::info;
+use tracing::{info, warn};
 use zeroize::Zeroizing;
 
 use super::config::{
     self, AUDIT_POLICY, ConfigError, InitParams, JoinParams, NodePaths, PrivateConfigFile,
 };
+use super::etcdio::EtcdIoPriority;
 use super::runner::{Commands, InitRun, Kubeadm, KubeadmError, LocalKubeletCert, Systemd};
 use asterism_components::{CheckedComponents, ComponentError, Installer};
 
 pub use asterism_cluster::CONTROL_PLANE_FILES;
+
+/// How often a join is tried, back to back, as the original does: joining sometimes fails
+/// transiently, and a failed join makes the node reset its disk.
+pub const JOIN_ATTEMPTS: u32 = 3;
 
 /// Setting up the node failed.
 #[derive(Debug, thiserror::Error)]
@@ -85,6 +90,7 @@ pub struct KubeadmNode<C> {
     kubeadm: Kubeadm<C>,
     systemd: Systemd<C>,
     installer: Installer,
+    etcd_io: Option<EtcdIoPriority>,
 }
 
 impl<C: Commands + Clone> KubeadmNode<C> {
@@ -95,6 +101,7 @@ impl<C: Commands + Clone> KubeadmNode<C> {
             systemd: Systemd::new(config.systemctl.clone(), commands),
             config,
             installer,
+            etcd_io: None,
         }
     }
 }
@@ -109,6 +116,21 @@ impl<C: Commands> KubeadmNode<C> {
     /// The kubeadm runner.
     pub fn kubeadm(&self) -> &Kubeadm<C> {
         &self.kubeadm
+    }
+
+    /// Prioritises etcd's I/O with `step` after init, after a control-plane join and
+    /// after the kubelet starts (without it, etcd's priority is left alone).
+    #[must_use]
+    pub fn with_etcd_io_priority(mut self, step: EtcdIoPriority) -> Self {
+        self.etcd_io = Some(step);
+        self
+    }
+
+    /// The etcd I/O step, if configured; it never fails.
+    async fn prioritize_etcd_io(&self) {
+        if let Some(step) = &self.etcd_io {
+            step.prioritize().await;
+        }
     }
 
     async fn install(&self, components: &CheckedComponents) -> Result<(), SetupError> {
@@ -171,6 +193,7 @@ impl<C: Commands> KubeadmNode<C> {
         let removed = file.remove();
         let kubeconfig = result?;
         removed?;
+        self.prioritize_etcd_io().await;
         Ok(kubeconfig)
     }
 
@@ -212,12 +235,20 @@ impl<C: Commands> KubeadmNode<C> {
         let removed = file.remove();
         result?;
         removed?;
+        if params.control_plane {
+            self.prioritize_etcd_io().await;
+        }
         Ok(())
     }
 
     /// Joins like [`Self::join`], with the configuration API version of the kubeadm the
     /// components installed (`kubeadm version -o short`): a joining node does not know the
     /// cluster's version (the join ticket carries none).
+    ///
+    /// The whole join (install, version, kubeadm join) is tried up to [`JOIN_ATTEMPTS`]
+    /// times back to back, as the original does; each attempt empties the manifests
+    /// directory first and nothing else is reset. Refusals that would repeat (a
+    /// configuration or a control-plane file name) are not retried.
     pub async fn join_with_installed_kubeadm(
         &self,
         components: &CheckedComponents,
@@ -227,21 +258,57 @@ impl<C: Commands> KubeadmNode<C> {
         for f in control_plane_files {
             check_file_name(&f.name)?;
         }
+        // Refused here, once, rather than on every attempt.
+        config::render_join(&params)?;
+        let mut attempt = 1;
+        loop {
+            match self
+                .join_once_with_installed_kubeadm(components, &mut params, control_plane_files)
+                .await
+            {
+                Ok(()) => return Ok(()),
+                Err(e) if attempt < JOIN_ATTEMPTS && is_transient(&e) => {
+                    warn!(attempt, of = JOIN_ATTEMPTS, error = ?e, "joining the cluster failed; trying again");
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn join_once_with_installed_kubeadm(
+        &self,
+        components: &CheckedComponents,
+        params: &mut JoinParams,
+        control_plane_files: &[ControlPlaneFile],
+    ) -> Result<(), SetupError> {
         if !components.is_empty() {
             self.installer.install_checked(components.checked()).await?;
         }
         let version = self.kubeadm.version().await?;
         params.api_version = config::ApiVersion::for_kubernetes(&version);
         info!(kubeadm = %version, api = params.api_version.as_str(), "chose the join configuration version");
-        self.join(&CheckedComponents::default(), &params, control_plane_files)
+        self.join(&CheckedComponents::default(), params, control_plane_files)
             .await
     }
 
-    /// Starts the kubelet on an already-bootstrapped node (a reboot: no kubeadm).
+    /// Starts the kubelet on an already-bootstrapped node (a reboot: no kubeadm), then
+    /// prioritises etcd's I/O (on any node, as the original: a worker has no etcd, and the
+    /// step gives up after its bounded wait).
     pub async fn start_kubelet(&self) -> Result<(), SetupError> {
         self.systemd.start_kubelet().await?;
+        self.prioritize_etcd_io().await;
         Ok(())
     }
+}
+
+/// Whether another join attempt may end otherwise: everything but a refusal of the
+/// configuration or of a file name (those are the same on every attempt).
+fn is_transient(e: &SetupError) -> bool {
+    !matches!(
+        e,
+        SetupError::Config(_) | SetupError::ControlPlaneFileName(_)
+    )
 }
 
 /// A control-plane file name must be a plain relative path (`etcd/ca.key`), nothing that

@@ -21,9 +21,10 @@ use asterism_components::{
 use asterism_kubeadm::config::{
     AUDIT_POLICY, ApiVersion, BootstrapToken, CloudProvider, InitParams, JoinParams, NodePaths,
 };
+use asterism_kubeadm::etcdio::{EtcdIoPriority, Ionice};
 use asterism_kubeadm::runner::{KubeadmError, ProcessCommands};
 use asterism_kubeadm::setup::{
-    CONTROL_PLANE_FILES, ControlPlaneFile, KubeadmNode, SetupConfig, SetupError,
+    CONTROL_PLANE_FILES, ControlPlaneFile, JOIN_ATTEMPTS, KubeadmNode, SetupConfig, SetupError,
 };
 use kubeadm_support::{Entry, Reply, StandIn, TestServer, sha256, tarball};
 use zeroize::Zeroizing;
@@ -409,4 +410,187 @@ async fn a_join_uses_the_configuration_version_of_the_installed_kubeadm() {
             .starts_with("apiVersion: kubeadm.k8s.io/v1beta3\n")
     );
     node.no_config_files_left();
+}
+
+// --- Join retries ------------------------------------------------------------------------------
+
+/// The kubeadm calls of the recorded calls (no systemctl).
+fn kubeadm_words(node: &Node) -> Vec<String> {
+    node.stand_in
+        .argv()
+        .into_iter()
+        .filter(|a| a.starts_with("kubeadm "))
+        .map(|a| a.split(" -").next().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_join_that_fails_twice_succeeds_on_the_third_attempt() {
+    let node = Node::new();
+    node.stand_in.settings(serde_json::json!({"fail": {"join": {"code": 1, "times": 2, "stderr": "connection refused\n"}}}));
+    let (server, list) = components(&node).await;
+    node.setup
+        .join_with_installed_kubeadm(&checked(list), join_params(&node, false), &[])
+        .await
+        .unwrap();
+    assert_eq!(JOIN_ATTEMPTS, 3);
+    assert_eq!(
+        kubeadm_words(&node),
+        [
+            "kubeadm version",
+            "kubeadm join",
+            "kubeadm version",
+            "kubeadm join",
+            "kubeadm version",
+            "kubeadm join"
+        ],
+        "each attempt is the whole join"
+    );
+    // Every attempt installs the components again (the kubelet: 503 then 200 the first
+    // time, 200 on the next two).
+    assert_eq!(server.hits("/kubelet"), 4);
+    node.no_config_files_left();
+}
+
+#[tokio::test]
+async fn a_join_is_tried_three_times_then_fails_with_the_last_exit_code() {
+    let node = Node::new();
+    node.stand_in.settings(serde_json::json!({"fail": {"join": {"code": 7, "stderr": "couldn't validate the identity of the API Server\n"}}}));
+    let err = node
+        .setup
+        .join_with_installed_kubeadm(
+            &CheckedComponents::default(),
+            join_params(&node, false),
+            &[],
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            SetupError::Kubeadm(KubeadmError::Failed { code: Some(7), .. })
+        ),
+        "{err:?}"
+    );
+    let joins = kubeadm_words(&node)
+        .iter()
+        .filter(|w| *w == "kubeadm join")
+        .count();
+    assert_eq!(joins, 3);
+    node.no_config_files_left();
+}
+
+#[tokio::test]
+async fn a_refused_join_configuration_is_not_retried() {
+    let node = Node::new();
+    let mut params = join_params(&node, false);
+    params.ca_cert_hashes = vec!["sha256:not-hex".into()];
+    let err = node
+        .setup
+        .join_with_installed_kubeadm(&CheckedComponents::default(), params, &[])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, SetupError::Config(_)), "{err:?}");
+    assert!(node.stand_in.calls().is_empty());
+}
+
+// --- etcd I/O priority -------------------------------------------------------------------------
+
+impl Node {
+    /// This node with the etcd I/O step on a fake process table where etcd is pid 4242
+    /// (`with_etcd`) or absent, the stand-in as `ionice`.
+    fn with_etcd_io(mut self, with_etcd: bool) -> (Self, tempfile::TempDir) {
+        let proc_root = tempfile::tempdir().unwrap();
+        let add = |pid: &str, exe: &str| {
+            let dir = proc_root.path().join(pid);
+            fs::create_dir_all(&dir).unwrap();
+            std::os::unix::fs::symlink(exe, dir.join("exe")).unwrap();
+        };
+        add("1", "/usr/lib/systemd/systemd");
+        add("700", "/usr/bin/kubelet");
+        if with_etcd {
+            add("4242", "/usr/local/bin/etcd");
+        }
+        let step = EtcdIoPriority::new(
+            proc_root.path(),
+            Ionice::new(self.stand_in.ionice(), ProcessCommands::default()),
+            Duration::from_millis(10),
+            Duration::from_millis(50),
+        );
+        self.setup = self.setup.with_etcd_io_priority(step);
+        (self, proc_root)
+    }
+
+    fn ionice_calls(&self) -> Vec<String> {
+        self.stand_in
+            .argv()
+            .into_iter()
+            .filter(|a| a.starts_with("ionice "))
+            .collect()
+    }
+}
+
+const ETCD_REALTIME_0: &str = "ionice -c 1 -n 0 -p 4242";
+
+#[tokio::test]
+async fn init_prioritises_etcd_io_after_kubeadm_init() {
+    let (node, _proc) = Node::new().with_etcd_io(true);
+    node.setup
+        .init(&CheckedComponents::default(), &init_params(&node), false)
+        .await
+        .unwrap();
+    let argv = node.stand_in.argv();
+    assert_eq!(argv.last().unwrap(), ETCD_REALTIME_0, "{argv:?}");
+    assert_eq!(node.ionice_calls().len(), 1);
+}
+
+#[tokio::test]
+async fn a_control_plane_join_prioritises_etcd_io_and_a_worker_join_does_not() {
+    let (node, _proc) = Node::new().with_etcd_io(true);
+    node.setup
+        .join(
+            &CheckedComponents::default(),
+            &join_params(&node, true),
+            &control_plane_files(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(node.ionice_calls(), [ETCD_REALTIME_0]);
+
+    let (worker, _proc) = Node::new().with_etcd_io(true);
+    worker
+        .setup
+        .join(
+            &CheckedComponents::default(),
+            &join_params(&worker, false),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(worker.ionice_calls().is_empty());
+}
+
+#[tokio::test]
+async fn starting_the_kubelet_prioritises_etcd_io() {
+    let (node, _proc) = Node::new().with_etcd_io(true);
+    node.setup.start_kubelet().await.unwrap();
+    assert_eq!(node.ionice_calls(), [ETCD_REALTIME_0]);
+}
+
+#[tokio::test]
+async fn no_etcd_or_a_refused_priority_never_fails_the_caller() {
+    // No etcd: the step waits its bounded time and gives up.
+    let (node, _proc) = Node::new().with_etcd_io(false);
+    node.setup.start_kubelet().await.unwrap();
+    assert!(node.ionice_calls().is_empty());
+    // ionice fails: still no error.
+    let (node, _proc) = Node::new().with_etcd_io(true);
+    node.stand_in.settings(
+        serde_json::json!({"fail": {"ionice": {"code": 1, "stderr": "ionice: ioprio_set failed: Operation not permitted\n"}}}),
+    );
+    node.setup
+        .init(&CheckedComponents::default(), &init_params(&node), false)
+        .await
+        .unwrap();
+    assert_eq!(node.ionice_calls(), [ETCD_REALTIME_0]);
 }

@@ -21,7 +21,12 @@ impl StandIn {
         let exe = env!("CARGO_BIN_EXE_asterism-kubeadm-stand-in");
         std::fs::copy(exe, dir.path().join("kubeadm")).unwrap();
         std::fs::copy(exe, dir.path().join("systemctl")).unwrap();
+        std::fs::copy(exe, dir.path().join("ionice")).unwrap();
         Self { dir }
+    }
+
+    pub fn ionice(&self) -> PathBuf {
+        self.dir.path().join("ionice")
     }
 
     pub fn kubeadm(&self) -> PathBuf {

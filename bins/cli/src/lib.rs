@@ -14,8 +14,8 @@ pub mod verify;
 
 use anyhow::{Context, Result, bail};
 
-/// Reads a 32-byte Ed25519 seed file, refusing one that others can read.
-pub fn read_seed(path: &std::path::Path) -> Result<zeroize::Zeroizing<[u8; 32]>> {
+/// Refuses a secret file that the group or others can read, saying how to fix it.
+pub(crate) fn refuse_readable_by_others(path: &std::path::Path) -> Result<()> {
     use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
     if meta.mode() & 0o077 != 0 {
@@ -26,6 +26,12 @@ pub fn read_seed(path: &std::path::Path) -> Result<zeroize::Zeroizing<[u8; 32]>>
             path.display()
         );
     }
+    Ok(())
+}
+
+/// Reads a 32-byte Ed25519 seed file, refusing one that others can read.
+pub fn read_seed(path: &std::path::Path) -> Result<zeroize::Zeroizing<[u8; 32]>> {
+    refuse_readable_by_others(path)?;
     let bytes = zeroize::Zeroizing::new(
         std::fs::read(path).with_context(|| format!("reading {}", path.display()))?,
     );

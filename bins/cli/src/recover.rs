@@ -12,6 +12,7 @@
 //! custodians' decrypted shares and the workspace's `recovery.json`; [`cluster_kms`] picks
 //! between the two as the flags say.
 
+use crate::refuse_readable_by_others;
 use crate::trust::TrustArgs;
 use anyhow::{Context, Result, bail};
 use asterism_atls::{AtlsConfig, AtlsConnector, AtlsError, VerifiedPeer};
@@ -389,21 +390,6 @@ fn read_share(path: &Path) -> Result<DecryptedShareFile> {
             e.into()
         }
     })
-}
-
-/// Refuses a secret file that the group or others can read.
-fn refuse_readable_by_others(path: &Path) -> Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
-    if meta.mode() & 0o077 != 0 {
-        bail!(
-            "{} has mode {:o}, readable by others; run `chmod 600 {}`",
-            path.display(),
-            meta.mode() & 0o777,
-            path.display()
-        );
-    }
-    Ok(())
 }
 
 /// Reads a `master-secret.json` (`{"key": base64, "salt": base64}`), refusing a file that

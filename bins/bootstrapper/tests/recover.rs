@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use asterism_atls::{AtlsConfig, AtlsConnector, AtlsServer};
+use asterism_atls::{AtlsConfig, AtlsServer};
 use asterism_bootstrapper::{NodeState, Outcome, Role};
 use asterism_disk::StateDisk;
 use asterism_kms::{ClusterKms, DataKey, KeyId, MasterSecret, Salt, derive_cluster_id};
@@ -56,24 +56,49 @@ fn rebooted_node(t: &TestNode) -> String {
     uuid.as_str().to_owned()
 }
 
+/// Starts the bootstrapper of the rebooted node `t`. The metadata names another
+/// control-plane node at `other_cp` where no join service answers, so the rejoin client
+/// keeps trying while the recovery server waits for keys.
+fn wait_for_keys(
+    t: &TestNode,
+    other_cp: std::net::IpAddr,
+) -> tokio::task::JoinHandle<Result<Outcome, asterism_bootstrapper::Failure>> {
+    let metadata = StaticMetadata::new(vec![
+        instance("cp-0", MetaRole::ControlPlane, t.ip),
+        instance("cp-1", MetaRole::ControlPlane, other_cp),
+    ])
+    .with_self("cp-0")
+    .with_init_secret_hash(init_secret_hash());
+    let node = t.node(
+        metadata,
+        TestNode::none_driver(),
+        30090,
+        Some(t.join_service_trust(cluster_id())),
+    );
+    tokio::spawn(t.run(node, std::future::pending()))
+}
+
+/// The bootstrapper of `t` ends with `Recovered`, and PCR 15 holds the cluster's marker.
+async fn assert_recovered(
+    t: &TestNode,
+    run: tokio::task::JoinHandle<Result<Outcome, asterism_bootstrapper::Failure>>,
+) {
+    let outcome = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(outcome, Outcome::Recovered(cluster_id()));
+    assert_eq!(
+        t.pcr15(),
+        asterism_tpm::marker::expected_marker_pcr(cluster_id().as_bytes())
+    );
+}
+
 /// An aTLS channel to the node's recovery server that verifies the node (PCR 15 zero).
 async fn recover_channel(t: &TestNode) -> Channel {
-    let connector = AtlsConnector::new(AtlsConfig::verifying(t.validator())).unwrap();
-    let addr = SocketAddr::new(t.ip, t.recover_port());
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        match tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect_with_connector(connector.clone())
-            .await
-        {
-            Ok(channel) => return channel,
-            Err(_) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => panic!("cannot reach the recovery server: {e:?}"),
-        }
-    }
+    t.attested_channel(t.recover_port(), "the recovery server")
+        .await
 }
 
 fn keys_for(kms: &ClusterKms, uuid: &str) -> RecoverMessage {
@@ -98,22 +123,7 @@ async fn a_rebooted_node_with_no_join_service_refuses_a_wrong_key_and_is_recover
  {
     let t = TestNode::new("127.0.13.1");
     let uuid = rebooted_node(&t);
-    // The metadata names a control-plane endpoint where no join service answers: the
-    // rejoin client keeps trying while the recovery server waits.
-    let gone = "127.0.13.2".parse().unwrap();
-    let metadata = StaticMetadata::new(vec![
-        instance("cp-0", MetaRole::ControlPlane, t.ip),
-        instance("cp-1", MetaRole::ControlPlane, gone),
-    ])
-    .with_self("cp-0")
-    .with_init_secret_hash(init_secret_hash());
-    let node = t.node(
-        metadata,
-        TestNode::none_driver(),
-        30090,
-        Some(t.join_service_trust(cluster_id())),
-    );
-    let run = tokio::spawn(t.run(node, std::future::pending()));
+    let run = wait_for_keys(&t, "127.0.13.2".parse().unwrap());
 
     let mut client = ApiClient::new(recover_channel(&t).await);
     let described = client.describe(DescribeRequest {}).await.unwrap();
@@ -148,16 +158,7 @@ async fn a_rebooted_node_with_no_join_service_refuses_a_wrong_key_and_is_recover
     let started = Instant::now();
     client.recover(keys_for(&kms(), &uuid)).await.unwrap();
     eprintln!("recover: call to recovered in {:?}", started.elapsed());
-    let outcome = tokio::time::timeout(Duration::from_secs(60), run)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    assert_eq!(outcome, Outcome::Recovered(cluster_id()));
-    assert_eq!(
-        t.pcr15(),
-        asterism_tpm::marker::expected_marker_pcr(cluster_id().as_bytes())
-    );
+    assert_recovered(&t, run).await;
     // The disk still opens with the key the owner derived: nothing re-keyed it.
     let key = kms().data_key(&KeyId::disk(&uuid).unwrap(), 32).unwrap();
     assert!(opens(&t.image(), key.expose_secret()));
@@ -194,23 +195,7 @@ fn cli_target(t: &TestNode) -> asterism::recover::Target {
 async fn asterism_recover_brings_a_waiting_node_back_then_finds_none_left() {
     let t = TestNode::new("127.0.13.3");
     let uuid = rebooted_node(&t);
-    let metadata = StaticMetadata::new(vec![
-        instance("cp-0", MetaRole::ControlPlane, t.ip),
-        instance(
-            "cp-1",
-            MetaRole::ControlPlane,
-            "127.0.13.4".parse().unwrap(),
-        ),
-    ])
-    .with_self("cp-0")
-    .with_init_secret_hash(init_secret_hash());
-    let node = t.node(
-        metadata,
-        TestNode::none_driver(),
-        30090,
-        Some(t.join_service_trust(cluster_id())),
-    );
-    let run = tokio::spawn(t.run(node, std::future::pending()));
+    let run = wait_for_keys(&t, "127.0.13.4".parse().unwrap());
     let target = cli_target(&t);
 
     let started = Instant::now();
@@ -218,16 +203,7 @@ async fn asterism_recover_brings_a_waiting_node_back_then_finds_none_left() {
     eprintln!("asterism recover: start to done in {:?}", started.elapsed());
     assert_eq!(recovered.len(), 1, "{recovered:?}");
     assert_eq!(recovered[0].disk_uuid.as_deref(), Some(uuid.as_str()));
-    let outcome = tokio::time::timeout(Duration::from_secs(60), run)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    assert_eq!(outcome, Outcome::Recovered(cluster_id()));
-    assert_eq!(
-        t.pcr15(),
-        asterism_tpm::marker::expected_marker_pcr(cluster_id().as_bytes())
-    );
+    assert_recovered(&t, run).await;
 
     // Run again: nothing waits any more; it says so and succeeds.
     let again = asterism::recover::recover(&target, &kms()).await.unwrap();
@@ -371,23 +347,7 @@ fn shares_workspace(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 async fn asterism_recover_with_two_of_three_shares_brings_a_waiting_node_back() {
     let t = TestNode::new("127.0.13.6");
     let uuid = rebooted_node(&t);
-    let metadata = StaticMetadata::new(vec![
-        instance("cp-0", MetaRole::ControlPlane, t.ip),
-        instance(
-            "cp-1",
-            MetaRole::ControlPlane,
-            "127.0.13.7".parse().unwrap(),
-        ),
-    ])
-    .with_self("cp-0")
-    .with_init_secret_hash(init_secret_hash());
-    let node = t.node(
-        metadata,
-        TestNode::none_driver(),
-        30090,
-        Some(t.join_service_trust(cluster_id())),
-    );
-    let run = tokio::spawn(t.run(node, std::future::pending()));
+    let run = wait_for_keys(&t, "127.0.13.7".parse().unwrap());
 
     // As `asterism recover --workspace DIR --share A --share B` gets its keys: no
     // master-secret file anywhere.
@@ -402,16 +362,7 @@ async fn asterism_recover_with_two_of_three_shares_brings_a_waiting_node_back() 
         .unwrap();
     assert_eq!(recovered.len(), 1, "{recovered:?}");
     assert_eq!(recovered[0].disk_uuid.as_deref(), Some(uuid.as_str()));
-    let outcome = tokio::time::timeout(Duration::from_secs(60), run)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    assert_eq!(outcome, Outcome::Recovered(cluster_id()));
-    assert_eq!(
-        t.pcr15(),
-        asterism_tpm::marker::expected_marker_pcr(cluster_id().as_bytes())
-    );
+    assert_recovered(&t, run).await;
     // The disk opens with the key the original master secret derives.
     let key = kms().data_key(&KeyId::disk(&uuid).unwrap(), 32).unwrap();
     assert!(opens(&t.image(), key.expose_secret()));

@@ -249,8 +249,15 @@ impl TestNode {
 
     /// An aTLS channel to the node's InitServer that verifies the node first.
     pub async fn init_channel(&self) -> Channel {
+        self.attested_channel(self.init_port(), "the InitServer")
+            .await
+    }
+
+    /// An aTLS channel to the node's server on `port` (`what`, for the failure message)
+    /// that verifies the node first; retried for a minute while the server starts.
+    pub async fn attested_channel(&self, port: u16, what: &str) -> Channel {
         let connector = AtlsConnector::new(AtlsConfig::verifying(self.validator())).unwrap();
-        let addr = SocketAddr::new(self.ip, self.init_port());
+        let addr = SocketAddr::new(self.ip, port);
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {
             match tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
@@ -259,11 +266,10 @@ impl TestNode {
                 .await
             {
                 Ok(channel) => return channel,
-                Err(e) if std::time::Instant::now() < deadline => {
-                    let _ = e;
+                Err(_) if std::time::Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
-                Err(e) => panic!("cannot reach the InitServer: {e:?}"),
+                Err(e) => panic!("cannot reach {what}: {e:?}"),
             }
         }
     }

@@ -88,7 +88,7 @@ pub enum StepError {
     InitServerStopped,
     /// A reboot's keys were refused or could not be used.
     #[error("the node could not be brought back")]
-    Resume(#[source] Box<crate::recover::ResumeError>),
+    Resume(#[source] Box<ResumeError>),
     /// Every flow ended without a result.
     #[error("every flow ended without a result")]
     FlowsEnded,
@@ -98,6 +98,36 @@ pub enum StepError {
     /// A blocking task died.
     #[error("a background task failed")]
     Task(#[source] tokio::task::JoinError),
+}
+
+/// Why a rebooted node's keys (from a rejoin ticket or the owner) did not bring it back.
+#[derive(Debug, thiserror::Error)]
+pub enum ResumeError {
+    /// The disk key opens no keyslot: nothing changed.
+    #[error("the disk key does not open this node's state disk")]
+    WrongKey,
+    /// The measurement secret derives another cluster: nothing was marked.
+    #[error("the measurement secret derives another cluster")]
+    OtherCluster(#[source] ClusterMismatch),
+    /// The node lock is taken: the node is already back (or going).
+    #[error("the node is already rejoined or recovered")]
+    AlreadyDone,
+    /// The disk opened but holds no complete node state: the disk must be reset.
+    #[error("the state disk holds no complete node state")]
+    Incomplete(#[source] StepError),
+    /// The node lock was taken but PCR 15 could not be marked: past the point of no return.
+    #[error("took the node lock but could not mark PCR 15")]
+    Marking(#[source] StepError),
+    /// The disk or a derivation failed before anything was marked.
+    #[error(transparent)]
+    Step(StepError),
+}
+
+impl ResumeError {
+    /// Whether the run must end: the node cannot come back in this boot.
+    pub(crate) fn is_terminal(&self) -> bool {
+        matches!(self, Self::Incomplete(_) | Self::Marking(_))
+    }
 }
 
 /// Runs `f` on a blocking thread.

@@ -22,13 +22,13 @@ use zeroize::Zeroizing;
 
 use crate::activation::Activation;
 use crate::dial::Dialer;
-use crate::error::{StepError, blocking};
+use crate::error::{ResumeError, StepError, blocking};
 use crate::flow::{JoinEnd, pause};
 use crate::identity::ThisNode;
 use crate::lock::Holder;
 use crate::node::Node;
 use crate::pki;
-use crate::recover::{RejoinKeys, Resume, ResumeError, Source};
+use crate::recover::{RejoinKeys, Resume, Source};
 use crate::ticket::{self, Expect, ForNode, JoinTicket, TicketError, key32};
 
 fn dialer<M>(node: &Node<M>) -> Result<Dialer, StepError> {

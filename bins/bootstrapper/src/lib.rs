@@ -69,6 +69,7 @@ pub use effects::{
     ApiServerEndpoint, ClusterInit, ClusterJoin, Components, DiskOps, DriverError, EndpointError,
     KubernetesDriver, LuksDisk, MarkError, NodeMarker, TpmMarker, UnlockMode,
 };
+pub use error::ResumeError;
 pub use error::StepError;
 pub use identity::Identity;
 pub use init::DEFAULT_CLUSTER_NAME;
@@ -77,7 +78,7 @@ pub use logbuf::{DEFAULT_LOG_BUFFER_BYTES, LogBuffer, LogBufferLayer};
 pub use node::Node;
 pub use node_state::{NodeDir, NodeState};
 pub use pki::PkiError;
-pub use recover::{DEFAULT_RECOVER_PORT, ResumeError};
+pub use recover::DEFAULT_RECOVER_PORT;
 pub use run::{EXIT_FAILED, EXIT_RESET, EXIT_STOPPED, Failure, Listeners, Outcome, run};
 pub use ticket::TicketError;
 #[doc(hidden)]

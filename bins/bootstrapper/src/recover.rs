@@ -22,12 +22,11 @@ use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 use zeroize::Zeroizing;
 
-use crate::error::{StepError, blocking};
+use crate::error::{ResumeError, blocking};
 use crate::lock::Holder;
 use crate::node::Node;
 use crate::node_state::NodeState;
 use crate::ticket::{TicketError, key32};
-use crate::trust::ClusterMismatch;
 
 /// The recovery server's port, as the original has it: the owner's CLI dials it.
 pub const DEFAULT_RECOVER_PORT: u16 = 9999;
@@ -58,36 +57,6 @@ impl Source {
             Self::RejoinTicket => Holder::Rejoin,
             Self::Recovery => Holder::Recovery,
         }
-    }
-}
-
-/// Why [`Resume::resume`] did not bring the node back.
-#[derive(Debug, thiserror::Error)]
-pub enum ResumeError {
-    /// The disk key opens no keyslot: nothing changed.
-    #[error("the disk key does not open this node's state disk")]
-    WrongKey,
-    /// The measurement secret derives another cluster: nothing was marked.
-    #[error("the measurement secret derives another cluster")]
-    OtherCluster(#[source] ClusterMismatch),
-    /// The node lock is taken: the node is already back (or going).
-    #[error("the node is already rejoined or recovered")]
-    AlreadyDone,
-    /// The disk opened but holds no complete node state: the disk must be reset.
-    #[error("the state disk holds no complete node state")]
-    Incomplete(#[source] StepError),
-    /// The node lock was taken but PCR 15 could not be marked: past the point of no return.
-    #[error("took the node lock but could not mark PCR 15")]
-    Marking(#[source] StepError),
-    /// The disk or a derivation failed before anything was marked.
-    #[error(transparent)]
-    Step(StepError),
-}
-
-impl ResumeError {
-    /// Whether the run must end: the node cannot come back in this boot.
-    pub(crate) fn is_terminal(&self) -> bool {
-        matches!(self, Self::Incomplete(_) | Self::Marking(_))
     }
 }
 

@@ -16,14 +16,14 @@ use tokio::sync::{mpsc, watch};
 use tracing::{error, info, warn};
 
 use crate::boot::{Boot, boot_phase};
-use crate::error::{StepError, blocking};
+use crate::error::{ResumeError, StepError, blocking};
 use crate::flow::{Event, JoinEnd};
 use crate::identity::{self, ThisNode};
 use crate::init::{InitService, fetch_secret_hash};
 use crate::join::{RejoinEnd, join_client, rejoin};
 use crate::node::Node;
 use crate::pki;
-use crate::recover::{RecoverService, Resume, ResumeError};
+use crate::recover::{RecoverService, Resume};
 
 /// How long a stopping InitServer may take to deliver its last response.
 const SERVER_DRAIN: Duration = Duration::from_secs(10);

@@ -24,7 +24,7 @@
 //! digest size; PCR indices are `0..=23`; the log ends exactly after its last event.
 
 use crate::measurements::PcrIndex;
-use sha2::{Digest, Sha256};
+pub use crate::measurements::extend;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -376,14 +376,6 @@ impl EventLog {
             }
         })
     }
-}
-
-/// `SHA-256(pcr || digest)`, a PCR extend.
-pub fn extend(pcr: &[u8; 32], digest: &[u8; 32]) -> [u8; 32] {
-    let mut h = Sha256::new();
-    h.update(pcr);
-    h.update(digest);
-    h.finalize().into()
 }
 
 /// A little-endian cursor; every read is bounds-checked.

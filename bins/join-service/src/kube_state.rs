@@ -2,6 +2,7 @@
 //! join-service replica on every control-plane node sees the same tokens, disk bindings and
 //! members (docs/kubernetes-api.md).
 
+use crate::error::chain;
 use crate::release::{ClusterRelease, ReleaseError};
 use crate::state::{
     Admission, ClusterState, InitNode, Member, StateError, TOKEN_MIN_REMAINING, TOKEN_TTL,
@@ -66,10 +67,6 @@ fn token_policy() -> TokenPolicy {
         ttl: TOKEN_TTL,
         min_remaining: TOKEN_MIN_REMAINING,
     }
-}
-
-fn chain(e: &dyn std::error::Error) -> String {
-    crate::error::chain(e)
 }
 
 /// The one place API errors become state errors: a disk of another key is a refusal,

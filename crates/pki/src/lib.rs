@@ -6,18 +6,15 @@
 //!   signing, the admin client certificate, and the discovery hash;
 //! * [`kubeconfig`]: an admin kubeconfig.
 //!
-//! Nothing here does network I/O or reads the environment; the only file operation is
-//! writing private key files (mode 0600). Private keys are secret types: not `Clone`,
+//! Nothing here does network I/O, file I/O or reads the environment. Private keys are secret types: not `Clone`,
 //! redacted in `Debug`, wiped on drop. This crate must never log key material.
 #![forbid(unsafe_code)]
 
 mod der;
-mod files;
 pub mod kubeconfig;
 pub mod ssh;
 pub mod x509;
 
-pub use files::write_private;
 pub use kubeconfig::{Kubeconfig, render_admin_kubeconfig};
 pub use ssh::{
     HOST_CERTIFICATE_VALIDITY, HostCertificate, HostKey, SshCa, SshError, check_principals,

@@ -7,7 +7,6 @@ use ssh_key::certificate::{Builder, CertType, Certificate};
 use ssh_key::private::{Ed25519Keypair, KeypairData};
 use ssh_key::public::KeyData;
 use ssh_key::{Algorithm, LineEnding, PrivateKey, PublicKey};
-use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 use zeroize::Zeroizing;
 
@@ -312,16 +311,6 @@ impl HostKey {
             .to_openssh(LineEnding::LF)
             .map_err(ssh("encoding the host key"))
     }
-
-    /// Writes the OpenSSH private key file at `path` with mode 0600 (created, or truncated
-    /// and restricted if it exists).
-    pub fn write_openssh_file(&self, path: &Path) -> Result<(), SshError> {
-        let text = self.to_openssh()?;
-        crate::files::write_private(path, text.as_bytes()).map_err(|e| SshError::Ssh {
-            what: "writing the host key file",
-            source: ssh_key::Error::Io(e.kind()),
-        })
-    }
 }
 
 #[cfg(test)]
@@ -449,15 +438,9 @@ mod tests {
     }
 
     #[test]
-    fn host_key_file_is_openssh_format_with_mode_0600() {
-        use std::os::unix::fs::PermissionsExt;
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("ssh_host_ed25519_key");
+    fn host_key_round_trips_through_openssh_format_and_debug_redacts_it() {
         let key = HostKey::generate().unwrap();
-        key.write_openssh_file(&path).unwrap();
-        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode, 0o600);
-        let text = std::fs::read_to_string(&path).unwrap();
+        let text = key.to_openssh().unwrap();
         assert!(text.starts_with("-----BEGIN OPENSSH PRIVATE KEY-----"));
         let back = HostKey::from_openssh(&text).unwrap();
         assert_eq!(back.public_key(), key.public_key());

@@ -82,7 +82,7 @@ impl Cluster {
         std::fs::create_dir_all(&pki).unwrap();
         let ca = ClusterCa::generate(std::time::SystemTime::now()).unwrap();
         std::fs::write(pki.join("ca.crt"), ca.cert_pem()).unwrap();
-        asterism_pki::write_private(
+        asterism_binkit::fs::write_private(
             &pki.join("ca.key"),
             ca.key_pem().unwrap().expose_secret().as_bytes(),
         )

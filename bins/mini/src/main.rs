@@ -33,10 +33,7 @@ enum MiniCommand {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(&cli.log))
-        .with_writer(std::io::stderr)
-        .init();
+    asterism_binkit::logging::init(asterism_binkit::LogFormat::Human, &cli.log);
     match run(cli.command) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

@@ -3,7 +3,8 @@
 //! the same four things for both after the node lock (the point of no return):
 //!
 //! 1. re-key the state disk from the first-boot passphrase to the cluster-derived key;
-//! 2. write the node's files (one batch: each file atomic, the syncs shared);
+//! 2. write the node's files (one batch: each file atomic, the syncs shared), among them
+//!    the record of what the node hands its Kubernetes driver;
 //! 3. set up Kubernetes through the driver (init or join);
 //! 4. write the node state, last: its presence says the node finished bootstrapping.
 //!
@@ -23,7 +24,7 @@ use crate::error::{StepError, blocking};
 use crate::files;
 use crate::identity::Identity;
 use crate::node::Node;
-use crate::node_state::{NodeDir, NodeState};
+use crate::node_state::{KubernetesHandover, NodeDir, NodeState};
 use crate::pki::SshFiles;
 use crate::ticket::JoinTicket;
 
@@ -53,6 +54,21 @@ pub(crate) enum KubernetesStep {
     Init(ClusterInit),
     /// Join the cluster.
     Join(ClusterJoin),
+}
+
+impl KubernetesStep {
+    /// What this step hands the driver named `driver`.
+    fn handover(&self, driver: &str) -> KubernetesHandover {
+        let (version, components) = match self {
+            Self::Init(p) => (&p.kubernetes_version, &p.components),
+            Self::Join(p) => (&p.kubernetes_version, &p.components),
+        };
+        KubernetesHandover {
+            driver: driver.to_owned(),
+            kubernetes_version: version.clone(),
+            kubernetes_components: components.as_slice().to_vec(),
+        }
+    }
 }
 
 /// Everything an activation needs, checked.
@@ -135,6 +151,7 @@ impl Activation {
             role: identity.role,
             node_name: identity.name.clone(),
             pki_dir: dir.kubernetes_pki(),
+            kubernetes_version: ticket.kubernetes_version,
             components: ticket.components,
             control_plane_files,
         });
@@ -204,10 +221,16 @@ impl Activation {
         let dir = node.dir();
         // 1. The disk.
         rekey_disk(node, self.disk_key).await?;
-        // 2. The files.
+        // 2. The files, with the record of what the driver is handed.
+        let handover = NodeFile::new(
+            dir.kubernetes_handover(),
+            self.kubernetes.handover(node.driver.name()).to_json(),
+            files::PUBLIC_MODE,
+        );
         let batch: Vec<files::FileToWrite<'_>> = self
             .files
             .iter()
+            .chain(std::iter::once(&handover))
             .map(|f| (f.path.as_path(), f.data.as_slice(), f.mode))
             .collect();
         files::write_all_atomic(&batch)?;

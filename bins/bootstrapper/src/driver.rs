@@ -10,8 +10,8 @@
 //!   `internal-config`); etcd's I/O priority after init, a control-plane join and a kubelet
 //!   start, and a join tried up to three times, through `asterism_kubeadm`.
 //!
-//! Both take the components from the init request or the join ticket; the `none` driver
-//! ignores them.
+//! Both are handed the Kubernetes version and the checked components of the init request or
+//! the join ticket; the `none` driver installs nothing and says so in its log.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -54,14 +54,18 @@ fn fail<E: Into<Box<dyn std::error::Error + Send + Sync>>>(
     move |e| DriverError::new(what, e)
 }
 
-/// The `none` driver installs nothing; it says so when the request named components.
-fn ignore_components(components: &Components) {
-    if !components.is_empty() {
-        info!(
-            count = components.len(),
-            "none driver: ignored the Kubernetes components (nothing is installed)"
-        );
-    }
+/// The `none` driver installs nothing: it says what it was handed, and that nothing is
+/// installed, so that a local cluster's log never suggests Kubernetes binaries are there.
+fn nothing_installed(kubernetes_version: &str, components: &Components) {
+    let version = if kubernetes_version.is_empty() {
+        "no Kubernetes version"
+    } else {
+        kubernetes_version
+    };
+    info!(
+        "none driver: {} components for {version} handed over, nothing installed",
+        components.len()
+    );
 }
 
 impl KubernetesDriver for NoneDriver {
@@ -74,7 +78,7 @@ impl KubernetesDriver for NoneDriver {
         params: &'a ClusterInit,
     ) -> BoxFuture<'a, Result<Zeroizing<Vec<u8>>, DriverError>> {
         Box::pin(async move {
-            ignore_components(&params.components);
+            nothing_installed(&params.kubernetes_version, &params.components);
             let now = SystemTime::now();
             let ca = ClusterCa::generate(now).map_err(fail("generating the cluster CA"))?;
             let key = ca.key_pem().map_err(fail("encoding the cluster CA key"))?;
@@ -108,7 +112,7 @@ impl KubernetesDriver for NoneDriver {
 
     fn join(&self, params: ClusterJoin) -> BoxFuture<'_, Result<(), DriverError>> {
         Box::pin(async move {
-            ignore_components(&params.components);
+            nothing_installed(&params.kubernetes_version, &params.components);
             // kubeadm would put the control-plane files into its certificate directory;
             // here they go into the node's (a worker has none).
             let paths: Vec<PathBuf> = params
@@ -390,7 +394,7 @@ impl<M: Metadata + 'static> KubernetesDriver for KubeadmDriver<M> {
                 )
                 .await
                 .map_err(fail("kubeadm join"))?;
-            info!(node = %params.node_name, role = %params.role, "kubeadm driver: joined the cluster");
+            info!(node = %params.node_name, role = %params.role, version = %params.kubernetes_version, "kubeadm driver: joined the cluster");
             Ok(())
         })
     }
@@ -456,6 +460,7 @@ mod tests {
             role: Role::ControlPlane,
             node_name: "cp-1".into(),
             pki_dir: pki_dir.clone(),
+            kubernetes_version: String::new(),
             components: Components::default(),
             control_plane_files: vec![
                 ControlPlaneFile {
@@ -474,6 +479,7 @@ mod tests {
             token: asterism_cluster::BootstrapToken::parse("abcdef.0123456789abcdef").unwrap(),
             discovery_token_ca_cert_hash: join.discovery_token_ca_cert_hash.clone(),
             node_name: join.node_name.clone(),
+            kubernetes_version: String::new(),
             components: Components::default(),
             pki_dir: worker_dir.clone(),
             control_plane_files: Vec::new(),
@@ -485,5 +491,39 @@ mod tests {
         // A worker is handed none, and nothing is written.
         NoneDriver::new().join(worker).await.unwrap();
         assert!(!worker_dir.exists());
+    }
+
+    #[tokio::test]
+    async fn the_none_driver_is_handed_the_version_on_join_and_says_it_installs_nothing() {
+        use tracing_subscriber::layer::SubscriberExt as _;
+        let logs = crate::logbuf::LogBuffer::default();
+        let _log = tracing::subscriber::set_default(
+            tracing_subscriber::registry().with(logs.layer(tracing::Level::INFO)),
+        );
+        let table = asterism_kubernetes_versions::VersionTable::builtin().unwrap();
+        let release = table.select("v1.31.13").unwrap();
+        let components = Components::new(release.components().to_vec()).unwrap();
+        let count = components.len();
+        assert!(count > 0);
+        let dir = tempfile::tempdir().unwrap();
+        let join = ClusterJoin {
+            api_server_endpoint: crate::effects::ApiServerEndpoint::parse("10.9.0.2:6443").unwrap(),
+            token: asterism_cluster::BootstrapToken::parse("abcdef.0123456789abcdef").unwrap(),
+            discovery_token_ca_cert_hash: format!("sha256:{}", "ab".repeat(32)),
+            role: Role::Worker,
+            node_name: "worker-0".into(),
+            pki_dir: dir.path().join("pki"),
+            kubernetes_version: release.version().to_string(),
+            components,
+            control_plane_files: Vec::new(),
+        };
+        NoneDriver::new().join(join).await.unwrap();
+        let log = String::from_utf8(logs.snapshot()).unwrap();
+        assert!(
+            log.contains(&format!(
+                "none driver: {count} components for v1.31.13 handed over, nothing installed"
+            )),
+            "{log}"
+        );
     }
 }

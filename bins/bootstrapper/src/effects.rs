@@ -295,6 +295,9 @@ pub struct ClusterJoin {
     pub node_name: String,
     /// Where the cluster PKI lives (`state/kubernetes/pki`).
     pub pki_dir: PathBuf,
+    /// The Kubernetes version the join ticket names: `v<major>.<minor>.<patch>` (checked
+    /// with the ticket), or empty when the join service records no release.
+    pub kubernetes_version: String,
     /// The components the join ticket names (may be empty).
     pub components: Components,
     /// The control-plane files of a control-plane node's ticket, checked (empty for a

@@ -1,10 +1,12 @@
 //! The node state file (`state/constellation/node_state.json`: role and measurement salt,
-//! docs/bootstrapper.md) and the layout of a node directory
+//! docs/bootstrapper.md), the record of what the node was handed to set up Kubernetes
+//! (`state/asterism/kubernetes.json`), and the layout of a node directory
 //! (docs/design/local-cluster.md, "Per-node directory").
 
 use std::path::{Path, PathBuf};
 
 use asterism_cluster::{MEASUREMENT_SALT_LEN, Role};
+use asterism_components::Component;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 
@@ -104,6 +106,30 @@ impl NodeState {
     }
 }
 
+/// What the node was handed to set up Kubernetes with: the driver it was handed to, and the
+/// Kubernetes version and components of the init request or join ticket, in order. Written
+/// with the node's files, for the operator and `asterism mini status` (docs/mini.md); the
+/// bootstrapper never reads it back. Handed is not installed: the `none` driver installs
+/// nothing, and the kubeadm driver installs its fallback list when the list is empty.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct KubernetesHandover {
+    /// The Kubernetes driver's name (`none`, `kubeadm`).
+    pub driver: String,
+    /// `v<major>.<minor>.<patch>`, or empty when the request or ticket named none.
+    pub kubernetes_version: String,
+    /// The components, as received.
+    pub kubernetes_components: Vec<Component>,
+}
+
+impl KubernetesHandover {
+    /// The file content: indented JSON (components with their wire keys, zero values left
+    /// out as they travel).
+    #[must_use]
+    pub fn to_json(&self) -> String {
+        format!("{:#}", serde_json::json!(self))
+    }
+}
+
 /// The paths of one node directory (`<cluster dir>/nodes/<name>/`). `state/` stands for the
 /// mounted state disk (`/run/state` on a real node).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -153,6 +179,13 @@ impl NodeDir {
     #[must_use]
     pub fn init_node_record(&self) -> PathBuf {
         self.state().join("asterism").join("init-node.json")
+    }
+
+    /// `state/asterism/kubernetes.json`: what the node was handed to set up Kubernetes with
+    /// ([`KubernetesHandover`]).
+    #[must_use]
+    pub fn kubernetes_handover(&self) -> PathBuf {
+        self.state().join("asterism").join("kubernetes.json")
     }
 
     /// `state/ssh/`.
@@ -227,6 +260,27 @@ mod tests {
         );
         let back = NodeState::from_json(json.as_bytes(), Path::new("x")).unwrap();
         assert_eq!(back, state);
+    }
+
+    #[test]
+    fn the_kubernetes_handover_reads_back_as_written() {
+        let handover = KubernetesHandover {
+            driver: "none".into(),
+            kubernetes_version: "v1.31.13".into(),
+            kubernetes_components: vec![Component {
+                url: "https://example.com/cni.tgz".into(),
+                hash: format!("sha256:{}", "ab".repeat(32)),
+                install_path: "/run/state/cni/bin".into(),
+                extract: true,
+            }],
+        };
+        let json = handover.to_json();
+        assert!(
+            json.contains("\"kubernetes_version\": \"v1.31.13\""),
+            "{json}"
+        );
+        let back: KubernetesHandover = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, handover);
     }
 
     #[test]

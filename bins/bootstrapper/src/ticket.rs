@@ -19,6 +19,8 @@
 //! * Component install paths lie strictly inside one directory (the components directory),
 //!   lexically (absolute, no `.` or `..`) and on disk (no existing part of the path below
 //!   that directory is a symlink).
+//! * The Kubernetes version is `v<major>.<minor>.<patch>`, or empty when the join service
+//!   names no release.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -31,6 +33,7 @@ use asterism_cluster::{
 };
 use asterism_components::ComponentError;
 use asterism_kms::{ClusterId, DataKey, DeriveError, derive_cluster_id};
+use asterism_kubernetes_versions::{KubernetesVersion, VersionSyntaxError};
 use asterism_proto::join::IssueJoinTicketResponse;
 use x509_parser::prelude::{FromDer as _, GeneralName, SubjectPublicKeyInfo, X509Certificate};
 use zeroize::Zeroizing;
@@ -58,6 +61,9 @@ pub enum TicketError {
     /// A Kubernetes component is unusable.
     #[error("kubernetes_components")]
     Components(#[source] ComponentError),
+    /// The Kubernetes version is neither empty nor `v<major>.<minor>.<patch>`.
+    #[error("kubernetes_version")]
+    Version(#[source] VersionSyntaxError),
     /// The bootstrap token does not have kubeadm's format.
     #[error("token")]
     Token(#[source] TokenError),
@@ -94,6 +100,8 @@ pub(crate) struct JoinTicket {
     pub(crate) ssh_ca_public_key: Vec<u8>,
     pub(crate) host_certificate: Vec<u8>,
     pub(crate) components: Components,
+    /// `v<major>.<minor>.<patch>`, or empty when the join service names no release.
+    pub(crate) kubernetes_version: String,
 }
 
 /// A ticket's fields, parsed: the form of each is right, nothing is checked against the
@@ -110,6 +118,7 @@ struct Parsed {
     ssh_ca_public_key: Vec<u8>,
     host_certificate: Vec<u8>,
     components: Components,
+    kubernetes_version: String,
 }
 
 /// A 32-byte key from a ticket field.
@@ -135,6 +144,13 @@ impl TryFrom<IssueJoinTicketResponse> for Parsed {
         // Checked here, so that a ticket with a bad component is refused before the lock.
         let components = Components::try_from(std::mem::take(&mut r.kubernetes_components))
             .map_err(TicketError::Components)?;
+        // Only its form: the version names what the node was handed (the node records it),
+        // and an empty one is a join service that records no release.
+        if !r.kubernetes_version.is_empty() {
+            r.kubernetes_version
+                .parse::<KubernetesVersion>()
+                .map_err(TicketError::Version)?;
+        }
         let api_server_endpoint =
             ApiServerEndpoint::parse(&r.api_server_endpoint).map_err(TicketError::Endpoint)?;
         let token = BootstrapToken::new(Zeroizing::new(std::mem::take(&mut r.token)))
@@ -161,6 +177,7 @@ impl TryFrom<IssueJoinTicketResponse> for Parsed {
             ssh_ca_public_key: r.authorized_ca_public_key,
             host_certificate: r.host_certificate,
             components,
+            kubernetes_version: r.kubernetes_version,
         })
     }
 }
@@ -238,6 +255,7 @@ pub(crate) fn check(
         ssh_ca_public_key: t.ssh_ca_public_key,
         host_certificate: t.host_certificate,
         components: t.components,
+        kubernetes_version: t.kubernetes_version,
     })
 }
 
@@ -1177,6 +1195,31 @@ mod tests {
                 .components
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn a_ticket_whose_kubernetes_version_is_not_a_patch_version_is_refused() {
+        for ok in ["", "v1.31.13", "v1.30.14"] {
+            let mut t = ticket(Vec::new());
+            t.kubernetes_version = ok.into();
+            assert_eq!(Parsed::try_from(t).unwrap().kubernetes_version, ok);
+        }
+        for bad in [
+            "v1.31",
+            "1.31.13",
+            "v1.31.13-rc.0",
+            "v1.31.13\n",
+            "v01.31.13",
+            "latest",
+        ] {
+            let mut t = ticket(Vec::new());
+            t.kubernetes_version = bad.into();
+            match Parsed::try_from(t) {
+                Err(TicketError::Version(e)) => assert_eq!(e.text, bad),
+                Err(e) => panic!("{bad:?}: refused for another reason: {e}"),
+                Ok(_) => panic!("{bad:?}: accepted"),
+            }
+        }
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use asterism_atls::{AtlsConfig, AtlsServer, verified_peer};
-use asterism_bootstrapper::{NodeState, Outcome, Role};
+use asterism_bootstrapper::{KubernetesHandover, NodeState, Outcome, Role};
 use asterism_kms::{ClusterKms, KeyId, MasterSecret, Salt, derive_cluster_id};
 use asterism_metadata::{Role as MetaRole, StaticMetadata};
 use asterism_pki::{ClusterCa, KubeletCsr, SshCa, parse_wire_public_key};
@@ -54,6 +54,14 @@ fn cluster_id() -> asterism_kms::ClusterId {
     derive_cluster_id(&secret, &MEASUREMENT_SALT).unwrap()
 }
 
+/// The release the stub's tickets name, as a join service takes it from the cluster state.
+fn release() -> asterism_kubernetes_versions::Release {
+    asterism_kubernetes_versions::VersionTable::builtin()
+        .unwrap()
+        .select("v1.31.13")
+        .unwrap()
+}
+
 fn key(id: &KeyId) -> Vec<u8> {
     kms().data_key(id, 32).unwrap().expose_secret().to_vec()
 }
@@ -88,6 +96,13 @@ impl Api for StubJoinService {
             discovery_token_ca_cert_hash: self.ca.discovery_hash().unwrap(),
             authorized_ca_public_key: ssh_ca.authorized_keys_line().into_bytes(),
             host_certificate: host_cert.into_bytes(),
+            kubernetes_version: release().version().to_string(),
+            kubernetes_components: release()
+                .components()
+                .iter()
+                .cloned()
+                .map(Into::into)
+                .collect(),
             ..IssueJoinTicketResponse::default()
         };
         if let Some(tamper) = &self.tamper {
@@ -222,6 +237,17 @@ async fn a_worker_joins_through_a_mutually_attested_join_service_and_rejoins_aft
     assert!(
         !t.node_dir.kubernetes_pki().join("ca.key").exists(),
         "a worker gets no CA key"
+    );
+    // What the ticket named reached the driver, and the node recorded it.
+    let handover: KubernetesHandover =
+        serde_json::from_slice(&std::fs::read(t.node_dir.kubernetes_handover()).unwrap()).unwrap();
+    assert_eq!(
+        handover,
+        KubernetesHandover {
+            driver: "none".into(),
+            kubernetes_version: "v1.31.13".into(),
+            kubernetes_components: release().components().to_vec(),
+        }
     );
 
     // Reboot: the TPM resets (PCR 15 cleared, AK kept); the disk is initialized, so the

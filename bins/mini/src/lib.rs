@@ -64,6 +64,17 @@ pub struct DirArgs {
     pub dir: PathBuf,
 }
 
+/// Arguments of `asterism mini status`.
+#[derive(clap::Args, Debug)]
+pub struct StatusArgs {
+    /// The cluster.
+    #[command(flatten)]
+    pub cluster: DirArgs,
+    /// Print the record and the processes as JSON (every node's components in full).
+    #[arg(long)]
+    pub json: bool,
+}
+
 /// What `mini up` recorded about the cluster, in `<dir>/mini.json`.
 #[derive(Serialize, Deserialize, Debug, Clone)]
 pub struct ClusterRecord {
@@ -90,6 +101,66 @@ pub struct NodeRecord {
     pub bootstrap_ms: u64,
     /// `ok` or the bootstrapper's exit status.
     pub exit: String,
+    /// What its bootstrapper handed its Kubernetes driver (the node's
+    /// `state/asterism/kubernetes.json`); `None` when the node recorded nothing (it did not
+    /// get that far), and in a record of an older `mini`.
+    #[serde(default)]
+    pub kubernetes: Option<KubernetesHandover>,
+}
+
+/// What a node's bootstrapper handed its Kubernetes driver: the record the bootstrapper
+/// writes as `state/asterism/kubernetes.json` in the node directory.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct KubernetesHandover {
+    /// The driver (`none` in a local cluster: nothing is installed).
+    pub driver: String,
+    /// The Kubernetes version of the init request or join ticket (`v1.31.13`); empty when
+    /// it named none.
+    #[serde(default)]
+    pub kubernetes_version: String,
+    /// The components, in order: URL, hash, install path and extract flag of each (the
+    /// flag only where set, as components travel).
+    #[serde(default)]
+    pub kubernetes_components: Vec<asterism_kubernetes_versions::Component>,
+}
+
+/// The largest hand-over record read from a node directory.
+const MAX_HANDOVER_LEN: u64 = 1 << 20;
+
+impl KubernetesHandover {
+    /// Reads the record of `node`; `None` when it wrote none.
+    pub fn read(node: &Node) -> Result<Option<Self>> {
+        let path = node.dir.join("state/asterism/kubernetes.json");
+        if !path.exists() {
+            return Ok(None);
+        }
+        let bytes = asterism_binkit::fs::read_capped(&path, MAX_HANDOVER_LEN)?;
+        let record = serde_json::from_slice(&bytes)
+            .with_context(|| format!("{} is not a hand-over record", path.display()))?;
+        Ok(Some(record))
+    }
+
+    /// The table's KUBERNETES column: `v1.31.13, 9 components (none driver: not installed)`.
+    #[must_use]
+    pub fn summary(&self) -> String {
+        let version = if self.kubernetes_version.is_empty() {
+            "no version"
+        } else {
+            &self.kubernetes_version
+        };
+        let count = self.kubernetes_components.len();
+        let noun = if count == 1 {
+            "component"
+        } else {
+            "components"
+        };
+        let installed = if self.driver == "none" {
+            "none driver: not installed".to_owned()
+        } else {
+            format!("{} driver", self.driver)
+        };
+        format!("{version}, {count} {noun} ({installed})")
+    }
 }
 
 /// One node of a local cluster: its "machine" directory, address and TPM.
@@ -713,6 +784,10 @@ impl LocalCluster {
                 disk_rekeyed,
                 bootstrap_ms: *ms,
                 exit: exit.clone(),
+                kubernetes: KubernetesHandover::read(n).unwrap_or_else(|e| {
+                    eprintln!("  {}: {e:#}", n.name);
+                    None
+                }),
             });
         }
         std::fs::write(
@@ -938,41 +1013,73 @@ fn member_verdict(members: &serde_json::Value, name: &str) -> String {
     }
 }
 
-/// Prints the node table.
-pub fn print_table(r: &ClusterRecord) {
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "cluster {}", r.cluster_id);
-    let _ = writeln!(
-        out,
-        "{:<16} {:<13} {:<52} {:<13} {:>9}  EXIT",
-        "NODE", "ROLE", "ATTESTATION", "DISK RE-KEYED", "JOIN (ms)"
-    );
+/// The node table: one line per node, its Kubernetes hand-over last.
+#[must_use]
+pub fn table(r: &ClusterRecord) -> String {
+    let mut out = format!("cluster {}\n", r.cluster_id);
+    out.push_str(&format!(
+        "{:<16} {:<13} {:<52} {:<13} {:>9}  {:<6} KUBERNETES\n",
+        "NODE", "ROLE", "ATTESTATION", "DISK RE-KEYED", "JOIN (ms)", "EXIT"
+    ));
     for n in &r.nodes {
-        let _ = writeln!(
-            out,
-            "{:<16} {:<13} {:<52} {:<13} {:>9}  {}",
+        let kubernetes = n.kubernetes.as_ref().map_or_else(
+            || "- (nothing recorded)".to_owned(),
+            KubernetesHandover::summary,
+        );
+        out.push_str(&format!(
+            "{:<16} {:<13} {:<52} {:<13} {:>9}  {:<6} {}\n",
             n.name,
             n.role,
             n.attestation,
             if n.disk_rekeyed { "yes" } else { "NO" },
             n.bootstrap_ms,
-            n.exit
-        );
+            n.exit,
+            kubernetes
+        ));
     }
+    out
 }
 
-/// `asterism mini status`.
-pub fn status(args: DirArgs) -> Result<()> {
-    let dir = abs(&args.dir)?;
+/// Prints the node table.
+pub fn print_table(r: &ClusterRecord) {
+    let _ = std::io::stdout().lock().write_all(table(r).as_bytes());
+}
+
+/// One process of the cluster, as `status --json` lists it.
+#[derive(Serialize, Debug)]
+struct ProcessStatus {
+    /// Its pid file, relative to the cluster directory.
+    pid_file: String,
+    pid: u32,
+    running: bool,
+}
+
+/// `asterism mini status`: the table (or, with `--json`, the record with every node's
+/// components in full) and the cluster's processes.
+pub fn status(args: StatusArgs) -> Result<()> {
+    let dir = abs(&args.cluster.dir)?;
     let record: ClusterRecord = serde_json::from_slice(
         &std::fs::read(dir.join("mini.json"))
             .with_context(|| format!("no local cluster recorded in {}", dir.display()))?,
     )?;
-    print_table(&record);
+    let processes: Vec<ProcessStatus> = pid_files(&dir)?
+        .into_iter()
+        .map(|(pid_file, pid)| ProcessStatus {
+            pid_file,
+            pid,
+            running: alive(pid),
+        })
+        .collect();
     let mut out = std::io::stdout().lock();
-    for (what, pid) in pid_files(&dir)? {
-        let state = if alive(pid) { "running" } else { "stopped" };
-        let _ = writeln!(out, "{what:<40} pid {pid:<8} {state}");
+    if args.json {
+        let report = serde_json::json!({ "cluster": record, "processes": processes });
+        writeln!(out, "{report:#}")?;
+        return Ok(());
+    }
+    out.write_all(table(&record).as_bytes())?;
+    for p in &processes {
+        let state = if p.running { "running" } else { "stopped" };
+        writeln!(out, "{:<40} pid {:<8} {state}", p.pid_file, p.pid)?;
     }
     Ok(())
 }
@@ -1096,4 +1203,61 @@ pub fn down(args: DirArgs) -> Result<()> {
         dir.display()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
+    use super::*;
+
+    fn node(kubernetes: Option<KubernetesHandover>) -> NodeRecord {
+        NodeRecord {
+            name: "worker-0".into(),
+            role: "Worker".into(),
+            ip: "127.0.10.2".into(),
+            attestation: "verified by join service (tpm-quote AK 3f0c)".into(),
+            disk_rekeyed: true,
+            bootstrap_ms: 1234,
+            exit: "ok".into(),
+            kubernetes,
+        }
+    }
+
+    #[test]
+    fn the_table_names_the_version_and_count_and_that_the_none_driver_installed_nothing() {
+        let handed = KubernetesHandover {
+            driver: "none".into(),
+            kubernetes_version: "v1.31.13".into(),
+            kubernetes_components: vec![asterism_kubernetes_versions::Component::default(); 9],
+        };
+        let record = ClusterRecord {
+            cluster_id: "ab".into(),
+            nodes: vec![node(Some(handed.clone())), node(None)],
+        };
+        let text = table(&record);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[1].ends_with("EXIT   KUBERNETES"), "{text}");
+        assert!(
+            lines[2].ends_with("ok     v1.31.13, 9 components (none driver: not installed)"),
+            "{text}"
+        );
+        assert!(lines[3].ends_with("- (nothing recorded)"), "{text}");
+        let kubeadm = KubernetesHandover {
+            driver: "kubeadm".into(),
+            kubernetes_version: String::new(),
+            kubernetes_components: vec![asterism_kubernetes_versions::Component::default()],
+        };
+        assert_eq!(
+            kubeadm.summary(),
+            "no version, 1 component (kubeadm driver)"
+        );
+    }
+
+    #[test]
+    fn a_record_of_an_older_mini_still_reads() {
+        let old = r#"{"cluster_id":"ab","nodes":[{"name":"worker-0","role":"Worker",
+            "ip":"127.0.10.2","attestation":"x","disk_rekeyed":true,"bootstrap_ms":1,"exit":"ok"}]}"#;
+        let record: ClusterRecord = serde_json::from_str(old).unwrap();
+        assert!(record.nodes[0].kubernetes.is_none());
+    }
 }

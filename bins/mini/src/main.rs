@@ -26,7 +26,7 @@ enum MiniCommand {
     /// Build and start a local cluster (one control plane, N workers).
     Up(mini::UpArgs),
     /// Show the nodes and the processes of a local cluster.
-    Status(mini::DirArgs),
+    Status(mini::StatusArgs),
     /// Stop every process of a local cluster.
     Down(mini::DirArgs),
 }

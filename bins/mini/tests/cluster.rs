@@ -46,6 +46,72 @@ fn member_names(cluster: &LocalCluster) -> Vec<String> {
     names
 }
 
+/// Every node, the control plane through the init request and each worker through its join
+/// ticket, was handed the release `asterism init` picks by default (v1.31.13), component
+/// for component; the record, the table, `status --json` and the bootstrapper's log all say
+/// so, and that the `none` driver installed nothing.
+fn handed_the_default_release_and_installed_nothing(
+    cluster: &LocalCluster,
+    record: &asterism_mini::ClusterRecord,
+) {
+    let table = asterism_kubernetes_versions::VersionTable::builtin().unwrap();
+    let release = table
+        .resolve(asterism_kubernetes_versions::DEFAULT_REQUEST)
+        .unwrap();
+    assert_eq!(release.version().to_string(), "v1.31.13");
+    let components = release.components();
+    assert!(!components.is_empty());
+    let roles: Vec<&str> = record.nodes.iter().map(|n| n.role.as_str()).collect();
+    assert_eq!(roles, ["ControlPlane", "Worker", "Worker"]);
+    for n in &record.nodes {
+        let k = n
+            .kubernetes
+            .as_ref()
+            .unwrap_or_else(|| panic!("{}: no hand-over recorded", n.name));
+        assert_eq!(k.driver, "none", "{}", n.name);
+        assert_eq!(k.kubernetes_version, "v1.31.13", "{}", n.name);
+        assert_eq!(k.kubernetes_components, components, "{}", n.name);
+    }
+
+    let summary = format!(
+        "v1.31.13, {} components (none driver: not installed)",
+        components.len()
+    );
+    let text = asterism_mini::table(record);
+    for n in &record.nodes {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&n.name))
+            .unwrap_or_else(|| panic!("{}: no line in\n{text}", n.name));
+        assert!(line.ends_with(&summary), "{line}");
+    }
+
+    let out = Command::new(bins().join("asterism-mini"))
+        .args(["status", "--json", "--dir"])
+        .arg(&cluster.dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let nodes = json["cluster"]["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), record.nodes.len());
+    for n in nodes {
+        let listed: Vec<asterism_kubernetes_versions::Component> =
+            serde_json::from_value(n["kubernetes"]["kubernetes_components"].clone()).unwrap();
+        assert_eq!(listed, components, "{}", n["name"]);
+        assert_eq!(n["kubernetes"]["kubernetes_version"], "v1.31.13");
+    }
+
+    for node in &cluster.nodes {
+        let log = std::fs::read_to_string(node.dir.join("log/bootstrapper.log")).unwrap();
+        let said = format!(
+            "none driver: {} components for v1.31.13 handed over, nothing installed",
+            components.len()
+        );
+        assert!(log.contains(&said), "{}: {log}", node.name);
+    }
+}
+
 #[test]
 fn init_two_joins_verify_and_a_reboot_with_rejoin() {
     let tmp = tempfile::tempdir().unwrap();
@@ -74,6 +140,7 @@ fn init_two_joins_verify_and_a_reboot_with_rejoin() {
         member_names(&cluster),
         ["control-plane-0", "worker-0", "worker-1"]
     );
+    handed_the_default_release_and_installed_nothing(&cluster, &record);
 
     // Independently of our crates: the derived key opens each disk, and it is the only
     // key left (the first-boot passphrase's keyslot is gone).

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use asterism_binkit::error_chain;
 use asterism_cluster::MEASUREMENT_SALT_LEN;
 use asterism_kms::{KeyId, KmsUri, STATE_DISK_KEY_LEN, StorageUri, derive_cluster_id};
+use asterism_kubernetes_versions::KubernetesVersion;
 use asterism_metadata::Metadata;
 use asterism_proto::init::api_server::Api;
 use asterism_proto::init::{
@@ -112,6 +113,11 @@ impl<M: Metadata + 'static> InitService<M> {
         // the lock, rather than fail the driver after it.
         let components = Components::try_from(std::mem::take(&mut req.kubernetes_components))
             .map_err(|e| format!("Kubernetes components: {}", error_chain(&e)))?;
+        // The version's form, here as in a join ticket: the node records it, the join
+        // service hands it to every joining node, and kubeadm needs a patch version.
+        req.kubernetes_version
+            .parse::<KubernetesVersion>()
+            .map_err(|e| format!("Kubernetes version: {}", error_chain(&e)))?;
         let kms_uri = Zeroizing::new(std::mem::take(&mut req.kms_uri));
         let kms = KmsUri::parse(&kms_uri).map_err(|e| format!("KMS URI: {e}"))?;
         let storage = if req.storage_uri.is_empty() {

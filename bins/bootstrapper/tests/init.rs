@@ -208,7 +208,8 @@ impl asterism_bootstrapper::KubernetesDriver for ComponentsDriver {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_bad_component_hash_is_refused_before_the_lock_and_good_components_reach_the_driver() {
+async fn a_bad_component_hash_or_version_is_refused_before_the_lock_and_good_components_reach_the_driver()
+ {
     use asterism_proto::components::Component;
     let t = TestNode::new("127.0.11.6");
     let driver = Arc::new(ComponentsDriver(std::sync::Mutex::new(Vec::new())));
@@ -235,6 +236,20 @@ async fn a_bad_component_hash_is_refused_before_the_lock_and_good_components_rea
         failure.starts_with("invalid init request: Kubernetes components"),
         "{failure}"
     );
+    assert_eq!(t.pcr15(), [0; 32], "refused before the node lock");
+    assert!(driver.0.lock().unwrap().is_empty());
+
+    // A version that is not a patch version is refused the same way, before the lock.
+    for version in ["v1.31", "1.31.13", "latest", ""] {
+        let mut request = request(INIT_SECRET);
+        request.kubernetes_version = version.into();
+        let refused = init(t.init_channel().await, request).await.unwrap();
+        let failure = failure_of(&refused).unwrap();
+        assert!(
+            failure.starts_with("invalid init request: Kubernetes version"),
+            "{version:?}: {failure}"
+        );
+    }
     assert_eq!(t.pcr15(), [0; 32], "refused before the node lock");
     assert!(driver.0.lock().unwrap().is_empty());
 

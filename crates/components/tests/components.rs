@@ -421,6 +421,110 @@ async fn service_unavailable_is_retried() {
 }
 
 #[tokio::test]
+async fn every_status_the_original_retries_is_retried_and_no_other() {
+    for status in [408, 425, 429, 502, 503, 504] {
+        let server = TestServer::start(vec![(
+            "/k",
+            vec![Reply::Status(status), Reply::Body(b"ok".to_vec())],
+        )])
+        .await;
+        let root = tempfile::tempdir().unwrap();
+        let dest = root.path().join("k");
+        install_file(server.url("/k"), sha256(b"ok"), &dest)
+            .await
+            .unwrap_or_else(|e| panic!("{status}: {e:?}"));
+        assert_eq!(server.hits("/k"), 2, "{status} is retried");
+        assert_eq!(fs::read(&dest).unwrap(), b"ok");
+    }
+    for status in [400, 401, 403, 500, 501] {
+        let server = TestServer::start(vec![(
+            "/k",
+            vec![Reply::Status(status), Reply::Body(b"ok".to_vec())],
+        )])
+        .await;
+        let root = tempfile::tempdir().unwrap();
+        let err = install_file(server.url("/k"), sha256(b"ok"), &root.path().join("k"))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, ComponentError::Download { attempts: 1, source: DownloadError::Status(s), .. } if s.as_u16() == status),
+            "{status}: {err:?}"
+        );
+        assert_eq!(server.hits("/k"), 1, "{status} is not retried");
+        assert!(tree(root.path()).is_empty());
+    }
+}
+
+#[tokio::test]
+async fn a_partial_download_is_retried_and_one_that_always_ends_early_installs_nothing() {
+    let body = b"the whole binary".to_vec();
+    let server = TestServer::start(vec![
+        (
+            "/once",
+            vec![
+                Reply::Partial(body[..4].to_vec(), body.len() as u64),
+                Reply::Body(body.clone()),
+            ],
+        ),
+        (
+            "/always",
+            vec![Reply::Partial(body[..4].to_vec(), body.len() as u64)],
+        ),
+    ])
+    .await;
+    let root = tempfile::tempdir().unwrap();
+    let dest = root.path().join("once");
+    install_file(server.url("/once"), sha256(&body), &dest)
+        .await
+        .unwrap();
+    assert_eq!(server.hits("/once"), 2);
+    assert_eq!(fs::read(&dest).unwrap(), body);
+
+    let root = tempfile::tempdir().unwrap();
+    let err = install_file(server.url("/always"), sha256(&body), &root.path().join("a"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            ComponentError::Download {
+                attempts: 3,
+                source: DownloadError::Transport(_),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(server.hits("/always"), 3);
+    assert!(tree(root.path()).is_empty(), "no partial file is left");
+}
+
+#[tokio::test]
+async fn an_unknown_host_fails_after_bounded_attempts_and_installs_nothing() {
+    // `.invalid` never resolves (RFC 6761).
+    let root = tempfile::tempdir().unwrap();
+    let err = install_file(
+        "http://unknown-host.invalid/kubelet".into(),
+        sha256(b"x"),
+        &root.path().join("k"),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            ComponentError::Download {
+                attempts: 3,
+                source: DownloadError::Transport(_),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(tree(root.path()).is_empty());
+}
+
+#[tokio::test]
 async fn not_found_fails_at_once() {
     let server = TestServer::start(vec![("/k", vec![Reply::Status(404)])]).await;
     let root = tempfile::tempdir().unwrap();

@@ -32,6 +32,8 @@ pub enum Reply {
     Status(u16),
     /// Close the connection without an answer.
     Drop,
+    /// 200 announcing `Content-Length: announced`, then only this body, then close.
+    Partial(Vec<u8>, u64),
     /// 302 to this location.
     Redirect(String),
     /// Never answer (until the client gives up).
@@ -129,6 +131,10 @@ async fn answer(routes: &Routes, path: &str) -> Result<Response<Full<Bytes>>, Dr
             .body(Full::new(Bytes::new()))
             .unwrap()),
         Reply::Drop => Err(Dropped),
+        Reply::Partial(b, announced) => Ok(Response::builder()
+            .header("content-length", announced.to_string())
+            .body(Full::new(Bytes::from(b)))
+            .unwrap()),
         Reply::Hang => {
             tokio::time::sleep(Duration::from_secs(3600)).await;
             Err(Dropped)

@@ -82,8 +82,8 @@ pub fn join_service_trust(ak: &AkTrustArgs) -> Result<JoinServiceTrust> {
     let mut trust = JoinServiceTrust::default();
     let add_file = |trust: &mut JoinServiceTrust, flag: &str, name: String, path: &Path| {
         let bytes = asterism_binkit::read_capped(path, MAX_TRUST_FILE)?;
-        let text = String::from_utf8(bytes)
-            .with_context(|| format!("{} is not text", path.display()))?;
+        let text =
+            String::from_utf8(bytes).with_context(|| format!("{} is not text", path.display()))?;
         trust.args.push(format!("{flag}={TRUST_DIR}/{name}"));
         trust.files.insert(name, text);
         Ok::<_, anyhow::Error>(())
@@ -95,7 +95,9 @@ pub fn join_service_trust(ak: &AkTrustArgs) -> Result<JoinServiceTrust> {
         trust.args.push(format!("--pinned-ak={pin}"));
     }
     if let Some(platform) = ak.confidential_vm {
-        trust.args.push(format!("--confidential-vm={}", platform.name()));
+        trust
+            .args
+            .push(format!("--confidential-vm={}", platform.name()));
     }
     if let Some(policy) = &ak.cvm_policy {
         add_file(&mut trust, "--cvm-policy", "cvm-policy.json".into(), policy)?;

@@ -97,7 +97,10 @@ fn run(cli: Cli) -> Result<std::process::ExitCode> {
                 .context("starting the async runtime")?;
             rt.block_on(data_key::run(args))
         }
-        Command::Init { init: args, bring_up } => {
+        Command::Init {
+            init: args,
+            bring_up,
+        } => {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()

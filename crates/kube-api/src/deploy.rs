@@ -19,15 +19,15 @@
 //! answer, which echoes the data.
 
 use super::error::{ApiError, Result};
-use super::{ClusterApi, JOIN_CONFIG, MEASUREMENT_SALT_KEY, MEASUREMENT_SALT_LEN, NAMESPACE};
 use super::{ATTESTATION_CONFIG_KEY, WaitPolicy};
+use super::{ClusterApi, JOIN_CONFIG, MEASUREMENT_SALT_KEY, MEASUREMENT_SALT_LEN, NAMESPACE};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec};
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar,
-    EnvVarSource, ExecAction, HTTPGetAction, HostPathVolumeSource, ObjectFieldSelector, PodSpec,
-    PodTemplateSpec, Probe, Secret, SecretVolumeSource, SecurityContext, ServiceAccount,
-    TCPSocketAction, Toleration, Volume, VolumeMount,
+    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
+    ExecAction, HTTPGetAction, HostPathVolumeSource, ObjectFieldSelector, PodSpec, PodTemplateSpec,
+    Probe, Secret, SecretVolumeSource, SecurityContext, ServiceAccount, TCPSocketAction,
+    Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
@@ -318,7 +318,10 @@ fn meta(name: &str, namespace: Option<&str>, app: &str) -> ObjectMeta {
 fn app_labels(app: &str) -> BTreeMap<String, String> {
     BTreeMap::from([
         ("app.kubernetes.io/name".to_owned(), app.to_owned()),
-        ("app.kubernetes.io/part-of".to_owned(), "asterism".to_owned()),
+        (
+            "app.kubernetes.io/part-of".to_owned(),
+            "asterism".to_owned(),
+        ),
         (
             "app.kubernetes.io/managed-by".to_owned(),
             CLI_FIELD_MANAGER.to_owned(),
@@ -514,9 +517,7 @@ fn with_optional_file(program: &str, flag: &str, file: &str) -> Vec<String> {
     vec![
         "/bin/sh".to_owned(),
         "-c".to_owned(),
-        format!(
-            "if [ -f {file} ]; then set -- \"$@\" {flag}={file}; fi; exec {program} \"$@\""
-        ),
+        format!("if [ -f {file} ]; then set -- \"$@\" {flag}={file}; fi; exec {program} \"$@\""),
         program.to_owned(),
     ]
 }
@@ -834,7 +835,10 @@ impl RolloutStatus {
 
     /// At least one pod, and every node's pod of the current template and ready.
     pub fn is_ready(&self) -> bool {
-        self.observed && self.desired > 0 && self.updated >= self.desired && self.ready >= self.desired
+        self.observed
+            && self.desired > 0
+            && self.updated >= self.desired
+            && self.ready >= self.desired
     }
 }
 
@@ -1004,7 +1008,10 @@ impl ClusterApi {
                 return Err(ApiError::DaemonSetNotReady {
                     name: name.to_owned(),
                     waited: round(waited),
-                    status: last.map(|s| s.to_string()).or(last_error).unwrap_or_else(|| "never read".to_owned()),
+                    status: last
+                        .map(|s| s.to_string())
+                        .or(last_error)
+                        .unwrap_or_else(|| "never read".to_owned()),
                 });
             }
             tokio::time::sleep(policy.interval).await;
@@ -1024,9 +1031,21 @@ mod tests {
     #[test]
     fn key_service_secret_refuses_what_the_key_service_would() {
         let err = KeyServiceSecret::new(&[1; 15], &[2; 32]).unwrap_err();
-        assert!(matches!(err, ApiError::InvalidInput { what: "master secret", .. }), "{err:?}");
+        assert!(
+            matches!(
+                err,
+                ApiError::InvalidInput {
+                    what: "master secret",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
         let err = KeyServiceSecret::new(&[1; 32], &[2; 31]).unwrap_err();
-        assert!(matches!(err, ApiError::InvalidInput { what: "salt", .. }), "{err:?}");
+        assert!(
+            matches!(err, ApiError::InvalidInput { what: "salt", .. }),
+            "{err:?}"
+        );
         let ok = KeyServiceSecret::new(&[1; 32], &[2; 32]).unwrap();
         assert_eq!(format!("{ok:?}"), "KeyServiceSecret(<redacted>)");
     }
@@ -1044,6 +1063,9 @@ mod tests {
         assert!(!s(0, 0, 0, true).is_ready(), "no control-plane node yet");
         assert!(!s(3, 3, 2, true).is_ready());
         assert!(!s(3, 2, 3, true).is_ready(), "an old pod is still ready");
-        assert!(!s(1, 1, 1, false).is_ready(), "the template was not seen yet");
+        assert!(
+            !s(1, 1, 1, false).is_ready(),
+            "the template was not seen yet"
+        );
     }
 }

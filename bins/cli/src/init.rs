@@ -592,6 +592,48 @@ mod tests {
         assert_eq!(std::fs::read_dir(ws.join(SHARES_DIR)).unwrap().count(), 3);
     }
 
+    #[test]
+    fn the_manifests_are_written_private_and_hold_no_secret() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        let secret = [9u8; 32];
+        let plan = Plan::new(DeploymentSpec {
+            images: bring_up::Args::skipped("test").images(),
+            attestation_config: r#"{"measurements":{}}"#.into(),
+            measurement_salt: [7; 32],
+            trust: asterism_kube_api::JoinServiceTrust {
+                args: vec!["--pinned-ak=00".into()],
+                files: Default::default(),
+            },
+        })
+        .unwrap();
+        let manifests = bring_up::manifest_files(&plan.deployment).unwrap();
+        let mut files = workspace(None, true, &secret);
+        files.manifests = &manifests;
+        write_workspace(&ws, &files).unwrap();
+
+        assert_eq!(mode(&ws.join(MANIFESTS_DIR)), 0o700);
+        let written = walk(&ws.join(MANIFESTS_DIR));
+        assert_eq!(written.len(), 5);
+        let b64 = base64::engine::general_purpose::STANDARD.encode(secret);
+        for path in written {
+            assert_eq!(mode(&path), 0o600, "{}", path.display());
+            let text = std::fs::read_to_string(&path).unwrap();
+            assert!(!text.contains(&b64), "{} holds the secret", path.display());
+            assert!(!text.contains(&hex::encode(secret)), "{}", path.display());
+        }
+        let secret_manifest =
+            std::fs::read_to_string(ws.join(MANIFESTS_DIR).join("key-service-secret.yaml"))
+                .unwrap();
+        assert!(secret_manifest.contains("kind: Secret"));
+        assert!(
+            !secret_manifest
+                .lines()
+                .any(|l| l.starts_with("data:") || l.starts_with("stringData:")),
+            "{secret_manifest}"
+        );
+    }
+
     fn walk(dir: &Path) -> Vec<PathBuf> {
         let mut files = Vec::new();
         for entry in std::fs::read_dir(dir).unwrap() {

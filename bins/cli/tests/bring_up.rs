@@ -5,14 +5,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use asterism::bring_up::{self, Plan};
-use asterism_kube_api::{DeploymentSpec, Images, JoinServiceTrust, KeyServiceSecret, Object};
+use asterism_kube_api::{DeploymentSpec, Images, JoinServiceTrust, KeyServiceSecret};
 use asterism_testkit::kube_api::{RecordingServer, Reply};
 use base64::Engine as _;
 use std::sync::{Arc, Mutex};
 
 const MASTER_SECRET: &[u8; 32] = b"master-secret-never-printed-0001";
 const SALT: &[u8; 32] = b"salt-value-never-in-any-output!!";
-const CONFIG_MAPS: &str = "/api/v1/namespaces/kube-system/configmaps";
 
 /// A log sink the test reads back.
 #[derive(Clone, Default)]
@@ -28,6 +27,19 @@ impl std::io::Write for Captured {
     }
 }
 
+/// Every event of every crate at every level, from now until the guard is dropped. The
+/// tests run on one thread (current-thread runtime), so the subscriber sees every event.
+fn capture_logs() -> (Captured, tracing::subscriber::DefaultGuard) {
+    let logs = Captured::default();
+    let sink = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_ansi(false)
+        .with_writer(move || sink.clone())
+        .finish();
+    (logs, tracing::subscriber::set_default(subscriber))
+}
+
 fn plan() -> Plan {
     Plan::new(DeploymentSpec {
         images: Images::from_repository("registry.example", "v0.1.0"),
@@ -39,28 +51,6 @@ fn plan() -> Plan {
         },
     })
     .unwrap()
-}
-
-fn path(object: &Object) -> String {
-    let name = object.name();
-    match object {
-        Object::ConfigMap(_) => format!("{CONFIG_MAPS}/{name}"),
-        Object::Secret(_) => format!("/api/v1/namespaces/kube-system/secrets/{name}"),
-        Object::ServiceAccount(_) => {
-            format!("/api/v1/namespaces/kube-system/serviceaccounts/{name}")
-        }
-        Object::Role(_) => {
-            format!("/apis/rbac.authorization.k8s.io/v1/namespaces/kube-system/roles/{name}")
-        }
-        Object::RoleBinding(_) => {
-            format!("/apis/rbac.authorization.k8s.io/v1/namespaces/kube-system/rolebindings/{name}")
-        }
-        Object::ClusterRole(_) => format!("/apis/rbac.authorization.k8s.io/v1/clusterroles/{name}"),
-        Object::ClusterRoleBinding(_) => {
-            format!("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{name}")
-        }
-        Object::DaemonSet(_) => format!("/apis/apps/v1/namespaces/kube-system/daemonsets/{name}"),
-    }
 }
 
 fn ready_daemon_set() -> Reply {
@@ -80,15 +70,7 @@ fn ready_daemon_set() -> Reply {
 
 #[tokio::test]
 async fn the_bring_up_never_prints_or_logs_the_master_secret_or_the_salt() {
-    let logs = Captured::default();
-    let sink = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_ansi(false)
-        .with_writer(move || sink.clone())
-        .finish();
-    // The test runs on one thread (current-thread runtime): the subscriber sees every event.
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (logs, _guard) = capture_logs();
 
     let server = RecordingServer::start().await;
     let dir = tempfile::tempdir().unwrap();
@@ -99,22 +81,10 @@ async fn the_bring_up_never_prints_or_logs_the_master_secret_or_the_salt() {
         "/api/v1/namespaces",
         [Reply::recorded(200, "namespace-list.json")],
     );
-    server.on(
-        "GET",
-        &format!("{CONFIG_MAPS}/join-config"),
-        [Reply::recorded(
-            404,
-            "status-404-configmap-join-config.json",
-        )],
-    );
-    server.on(
-        "POST",
-        CONFIG_MAPS,
-        [Reply::recorded(201, "configmap-join-config-created.json")],
-    );
+    server.route_new_join_config();
     let plan = plan();
     for object in plan.deployment.objects() {
-        server.echo("PATCH", &path(object));
+        server.echo("PATCH", &object.api_path());
     }
     server.on(
         "GET",
@@ -170,14 +140,7 @@ async fn the_bring_up_never_prints_or_logs_the_master_secret_or_the_salt() {
 /// answer echoes its values, so it is never parsed: an odd answer stays out of the logs.
 #[tokio::test]
 async fn an_unparsable_answer_to_the_secret_is_not_logged() {
-    let logs = Captured::default();
-    let sink = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_ansi(false)
-        .with_writer(move || sink.clone())
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (logs, _guard) = capture_logs();
 
     let server = RecordingServer::start().await;
     let dir = tempfile::tempdir().unwrap();

@@ -241,6 +241,33 @@ impl Object {
         self.meta().namespace.as_deref()
     }
 
+    /// The object's path on the API server (`/apis/apps/v1/namespaces/kube-system/daemonsets/
+    /// join-service`): where an apply goes, and what `kubectl get --raw` reads.
+    pub fn api_path(&self) -> String {
+        let prefix = match self {
+            Self::ConfigMap(_) | Self::Secret(_) | Self::ServiceAccount(_) => "/api/v1",
+            Self::Role(_)
+            | Self::RoleBinding(_)
+            | Self::ClusterRole(_)
+            | Self::ClusterRoleBinding(_) => "/apis/rbac.authorization.k8s.io/v1",
+            Self::DaemonSet(_) => "/apis/apps/v1",
+        };
+        let plural = match self {
+            Self::ConfigMap(_) => "configmaps",
+            Self::Secret(_) => "secrets",
+            Self::ServiceAccount(_) => "serviceaccounts",
+            Self::Role(_) => "roles",
+            Self::RoleBinding(_) => "rolebindings",
+            Self::ClusterRole(_) => "clusterroles",
+            Self::ClusterRoleBinding(_) => "clusterrolebindings",
+            Self::DaemonSet(_) => "daemonsets",
+        };
+        match self.namespace() {
+            Some(ns) => format!("{prefix}/namespaces/{ns}/{plural}/{}", self.name()),
+            None => format!("{prefix}/{plural}/{}", self.name()),
+        }
+    }
+
     /// `Kind namespace/name` or `Kind name`, for messages.
     pub fn describe(&self) -> String {
         match self.namespace() {

@@ -49,29 +49,6 @@ fn b64(bytes: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
-/// The API path of `object`.
-fn path(object: &Object) -> String {
-    let name = object.name();
-    match object {
-        Object::ConfigMap(_) => format!("{CONFIG_MAPS}/{name}"),
-        Object::Secret(_) => format!("/api/v1/namespaces/kube-system/secrets/{name}"),
-        Object::ServiceAccount(_) => {
-            format!("/api/v1/namespaces/kube-system/serviceaccounts/{name}")
-        }
-        Object::Role(_) => {
-            format!("/apis/rbac.authorization.k8s.io/v1/namespaces/kube-system/roles/{name}")
-        }
-        Object::RoleBinding(_) => {
-            format!("/apis/rbac.authorization.k8s.io/v1/namespaces/kube-system/rolebindings/{name}")
-        }
-        Object::ClusterRole(_) => format!("/apis/rbac.authorization.k8s.io/v1/clusterroles/{name}"),
-        Object::ClusterRoleBinding(_) => {
-            format!("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{name}")
-        }
-        Object::DaemonSet(_) => format!("{DAEMON_SETS}/{name}"),
-    }
-}
-
 async fn setup() -> (RecordingServer, ClusterApi, tempfile::TempDir) {
     let server = RecordingServer::start().await;
     let dir = tempfile::tempdir().unwrap();
@@ -82,21 +59,9 @@ async fn setup() -> (RecordingServer, ClusterApi, tempfile::TempDir) {
 /// Routes every write of the deployment: `join-config` does not exist yet, every apply is
 /// answered with its object.
 fn route_deployment(server: &RecordingServer) {
-    server.on(
-        "GET",
-        &format!("{CONFIG_MAPS}/join-config"),
-        [Reply::recorded(
-            404,
-            "status-404-configmap-join-config.json",
-        )],
-    );
-    server.on(
-        "POST",
-        CONFIG_MAPS,
-        [Reply::recorded(201, "configmap-join-config-created.json")],
-    );
+    server.route_new_join_config();
     for object in deployment(&spec()).unwrap().objects() {
-        server.echo("PATCH", &path(object));
+        server.echo("PATCH", &object.api_path());
     }
 }
 
@@ -222,7 +187,7 @@ async fn the_deployment_creates_exactly_these_objects() {
         deployment
             .objects()
             .skip(1)
-            .map(|o| ("PATCH".to_owned(), path(o))),
+            .map(|o| ("PATCH".to_owned(), o.api_path())),
     );
     assert_eq!(writes(&requests), expected);
 

@@ -272,6 +272,25 @@ impl RecordingServer {
         self
     }
 
+    /// Routes the creation of `kube-system/join-config` by `apply_join_config`: it does not
+    /// exist yet, and the create succeeds (recorded answers).
+    pub fn route_new_join_config(&self) -> &Self {
+        const CONFIG_MAPS: &str = "/api/v1/namespaces/kube-system/configmaps";
+        self.on(
+            "GET",
+            &format!("{CONFIG_MAPS}/join-config"),
+            [Reply::recorded(
+                404,
+                "status-404-configmap-join-config.json",
+            )],
+        );
+        self.on(
+            "POST",
+            CONFIG_MAPS,
+            [Reply::recorded(201, "configmap-join-config-created.json")],
+        )
+    }
+
     /// Every request so far, in order.
     pub fn requests(&self) -> Vec<Request> {
         self.state.lock().unwrap().requests.clone()

@@ -29,6 +29,8 @@ const MAX_TRUST_FILE: u64 = 256 * 1024;
 
 /// Options of the bring-up after `asterism init`.
 #[derive(clap::Args, Debug, Clone)]
+// Flattened next to `init::Args` in one command: group ids must differ.
+#[group(id = "bring_up")]
 pub struct Args {
     /// Initialise the node only: deploy nothing into the cluster (no API server is reachable
     /// from here, or the node runs no Kubernetes, as with the bootstrapper's `none` driver).
@@ -148,7 +150,8 @@ pub fn manifest_files(deployment: &Deployment) -> Result<Vec<(String, Vec<u8>)>>
         .collect()
 }
 
-/// The objects of a bring-up and the values of the key service's Secret.
+/// What a bring-up creates: the spec and the objects built from it (no secret: the key
+/// service's values are handed to [`run`] separately).
 pub struct Plan {
     /// What the objects are built from.
     pub spec: DeploymentSpec,

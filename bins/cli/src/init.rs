@@ -2,12 +2,16 @@
 //!
 //! The node's evidence is verified against the expected measurements during the attested
 //! TLS exchange, before the request (which carries the master secret) is sent. On success
-//! the cluster's secrets and credentials go into a new workspace directory.
+//! the cluster's secrets and credentials go into a new workspace directory, with the
+//! manifests of the post-init bring-up ([`crate::bring_up`]), which then stands up the
+//! join service in the new cluster unless it is skipped.
 
+use crate::bring_up::{self, MANIFESTS_DIR, Plan};
 use crate::trust::TrustArgs;
 use anyhow::{Context, Result, bail};
 use asterism_atls::{AtlsConfig, AtlsConnector};
 use asterism_kms::{KmsUri, MasterSecret, Salt};
+use asterism_kube_api::{DeploymentSpec, KeyServiceSecret, MEASUREMENT_SALT_LEN};
 pub use asterism_kubernetes_versions::{DEFAULT_REQUEST, VersionRequest};
 use asterism_kubernetes_versions::{Release, VersionSyntaxError, VersionTable};
 use asterism_proto::init::api_client::ApiClient;
@@ -155,8 +159,20 @@ fn read_init_secret(path: &Path) -> Result<Zeroizing<Vec<u8>>> {
     Ok(Zeroizing::new(trimmed.to_vec()))
 }
 
-/// Runs `asterism init`, printing progress to stderr.
+/// Runs `asterism init` without the bring-up, printing progress to stderr: what
+/// `asterism mini` runs, whose nodes have no Kubernetes (the bootstrapper's `none` driver)
+/// and whose services run as processes. The manifests are written to the workspace all
+/// the same.
 pub async fn run(args: Args) -> Result<Initialised> {
+    let skipped = bring_up::Args::skipped(
+        "the caller runs the services itself (no Kubernetes API: the `none` driver)",
+    );
+    run_with(args, &skipped).await
+}
+
+/// Runs `asterism init` and then the bring-up of `after` (unless it is skipped), printing
+/// progress to stderr.
+pub async fn run_with(args: Args, after: &bring_up::Args) -> Result<Initialised> {
     if args.workspace.exists() {
         bail!(
             "the workspace {} already exists; refusing to overwrite a cluster's secrets \
@@ -165,6 +181,10 @@ pub async fn run(args: Args) -> Result<Initialised> {
         );
     }
     let measurements = args.trust.load_measurements()?;
+    // The join service checks joining nodes against what the first node was checked
+    // against (the same measurements, in their file format, and the same AK trust).
+    let attestation_config = measurements.to_json();
+    let trust = bring_up::join_service_trust(&args.trust.ak)?;
     let validator = args.trust.validator(measurements)?;
     let init_secret = read_init_secret(&args.init_secret_file)?;
     let recovery = recovery_plan(&args)?;
@@ -175,6 +195,13 @@ pub async fn run(args: Args) -> Result<Initialised> {
     let master_secret = random32()?;
     let salt = random32()?;
     let measurement_salt = random32()?;
+    let plan = Plan::new(DeploymentSpec {
+        images: after.images(),
+        attestation_config,
+        measurement_salt: <[u8; MEASUREMENT_SALT_LEN]>::try_from(measurement_salt.as_slice())?,
+        trust,
+    })?;
+    let manifests = bring_up::manifest_files(&plan.deployment)?;
     // Split before anything is sent: a failure here leaves no cluster without its shares.
     let split = match &recovery {
         Some((threshold, custodians)) => Some(asterism_recovery_shares::split(
@@ -281,6 +308,7 @@ pub async fn run(args: Args) -> Result<Initialised> {
             endpoint: &args.endpoint,
             recovery: split.as_ref(),
             keep_master_secret: !args.no_master_secret_file,
+            manifests: &manifests,
         },
     )?;
     eprintln!("▸ cluster initialised; cluster ID {cluster_id}");
@@ -291,6 +319,33 @@ pub async fn run(args: Args) -> Result<Initialised> {
             split.record.threshold(),
             args.workspace.join(SHARES_DIR).display()
         );
+    }
+    let manifests_dir = args.workspace.join(MANIFESTS_DIR);
+    match after.skip() {
+        Some(reason) => eprintln!(
+            "▸ post-init bring-up skipped ({reason}): nothing was deployed into the cluster; \
+             the manifests are in {}",
+            manifests_dir.display()
+        ),
+        None => {
+            let secret = KeyServiceSecret::new(&master_secret, &salt)?;
+            bring_up::run(
+                after,
+                &args.workspace.join("admin.conf"),
+                &plan,
+                &secret,
+                &mut std::io::stderr(),
+            )
+            .await
+            .with_context(|| {
+                format!(
+                    "the cluster is initialised (workspace {}), but its bring-up failed; \
+                     the manifests are in {} (the Secret's values are in master-secret.json)",
+                    args.workspace.display(),
+                    manifests_dir.display()
+                )
+            })?;
+        }
     }
     Ok(Initialised {
         cluster_id,
@@ -342,6 +397,8 @@ struct Workspace<'a> {
     recovery: Option<&'a Split>,
     /// Whether `master-secret.json` is written (not with `--no-master-secret-file`).
     keep_master_secret: bool,
+    /// The bring-up's manifests (`manifests/<file>`, no secret in them).
+    manifests: &'a [(String, Vec<u8>)],
 }
 
 /// The workspace's folder of encrypted shares, one per custodian.
@@ -391,7 +448,12 @@ fn write_workspace(dir: &Path, ws: &Workspace<'_>) -> Result<()> {
             ));
         }
     }
+    files.extend(ws.manifests.iter().cloned());
     let result = (|| {
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(tmp.join(MANIFESTS_DIR))
+            .with_context(|| format!("creating {}", tmp.join(MANIFESTS_DIR).display()))?;
         if ws.recovery.is_some() {
             std::fs::DirBuilder::new()
                 .mode(0o700)
@@ -473,6 +535,7 @@ mod tests {
             endpoint: "127.0.0.1:9000",
             recovery: split,
             keep_master_secret: keep,
+            manifests: &[],
         }
     }
 
@@ -527,6 +590,48 @@ mod tests {
         assert_eq!(mode(&ws.join("master-secret.json")), 0o600);
         assert_eq!(mode(&ws.join("recovery.json")), 0o600);
         assert_eq!(std::fs::read_dir(ws.join(SHARES_DIR)).unwrap().count(), 3);
+    }
+
+    #[test]
+    fn the_manifests_are_written_private_and_hold_no_secret() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        let secret = [9u8; 32];
+        let plan = Plan::new(DeploymentSpec {
+            images: bring_up::Args::skipped("test").images(),
+            attestation_config: r#"{"measurements":{}}"#.into(),
+            measurement_salt: [7; 32],
+            trust: asterism_kube_api::JoinServiceTrust {
+                args: vec!["--pinned-ak=00".into()],
+                files: Default::default(),
+            },
+        })
+        .unwrap();
+        let manifests = bring_up::manifest_files(&plan.deployment).unwrap();
+        let mut files = workspace(None, true, &secret);
+        files.manifests = &manifests;
+        write_workspace(&ws, &files).unwrap();
+
+        assert_eq!(mode(&ws.join(MANIFESTS_DIR)), 0o700);
+        let written = walk(&ws.join(MANIFESTS_DIR));
+        assert_eq!(written.len(), 5);
+        let b64 = base64::engine::general_purpose::STANDARD.encode(secret);
+        for path in written {
+            assert_eq!(mode(&path), 0o600, "{}", path.display());
+            let text = std::fs::read_to_string(&path).unwrap();
+            assert!(!text.contains(&b64), "{} holds the secret", path.display());
+            assert!(!text.contains(&hex::encode(secret)), "{}", path.display());
+        }
+        let secret_manifest =
+            std::fs::read_to_string(ws.join(MANIFESTS_DIR).join("key-service-secret.yaml"))
+                .unwrap();
+        assert!(secret_manifest.contains("kind: Secret"));
+        assert!(
+            !secret_manifest
+                .lines()
+                .any(|l| l.starts_with("data:") || l.starts_with("stringData:")),
+            "{secret_manifest}"
+        );
     }
 
     fn walk(dir: &Path) -> Vec<PathBuf> {

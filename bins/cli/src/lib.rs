@@ -3,6 +3,7 @@
 //! arguments.
 #![forbid(unsafe_code)]
 
+pub mod bring_up;
 pub mod data_key;
 pub mod identity;
 pub mod init;

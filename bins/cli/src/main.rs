@@ -12,7 +12,7 @@
 #![forbid(unsafe_code)]
 
 use anyhow::{Context, Result};
-use asterism::{data_key, identity, init, readmit, recover, recovery_share, verify};
+use asterism::{bring_up, data_key, identity, init, readmit, recover, recovery_share, verify};
 use clap::{Parser, Subcommand};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -34,8 +34,16 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Initialise the first control-plane node of a new cluster.
-    Init(init::Args),
+    /// Initialise the first control-plane node of a new cluster, then deploy the key, join
+    /// and verify services into it (unless --skip-bring-up).
+    Init {
+        /// The initialisation.
+        #[command(flatten)]
+        init: init::Args,
+        /// The bring-up after it.
+        #[command(flatten)]
+        bring_up: bring_up::Args,
+    },
     /// Fetch fresh evidence from a node and print every PCR with pass or fail.
     Verify(verify::Args),
     /// Bring back the control-plane nodes of a cluster that went down whole: each node's
@@ -89,12 +97,15 @@ fn run(cli: Cli) -> Result<std::process::ExitCode> {
                 .context("starting the async runtime")?;
             rt.block_on(data_key::run(args))
         }
-        Command::Init(args) => {
+        Command::Init {
+            init: args,
+            bring_up,
+        } => {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .context("starting the async runtime")?;
-            let done = rt.block_on(init::run(args))?;
+            let done = rt.block_on(init::run_with(args, &bring_up))?;
             // The cluster ID on stdout for scripts; progress went to stderr.
             let mut stdout = std::io::stdout().lock();
             std::io::Write::write_fmt(
@@ -192,4 +203,13 @@ fn find_mini() -> Result<PathBuf> {
 fn is_executable(path: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_command_line_is_well_formed() {
+        use clap::CommandFactory as _;
+        super::Cli::command().debug_assert();
+    }
 }

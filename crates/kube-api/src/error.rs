@@ -139,6 +139,16 @@ pub enum ApiError {
         /// The node named in the existing JoiningNode.
         joining: String,
     },
+    /// A DaemonSet did not have a ready pod on every node it runs on before the deadline.
+    #[error("DaemonSet kube-system/{name} was not ready within {waited:?}: {status}")]
+    DaemonSetNotReady {
+        /// The DaemonSet.
+        name: String,
+        /// How long it was waited for.
+        waited: Duration,
+        /// What was last seen (pods ready, or the last read error).
+        status: String,
+    },
     /// `join-config` holds another measurement salt. The salt is fixed at init (the cluster
     /// ID derives from it) and is never overwritten.
     #[error("kube-system/join-config holds another measurement salt; it never changes after init")]
@@ -175,6 +185,7 @@ impl ApiError {
             | Self::Unreachable { .. }
             | Self::Conflict { .. }
             | Self::NotReady { .. }
+            | Self::DaemonSetNotReady { .. }
             | Self::ControlPlaneJoinInProgress { .. } => true,
             Self::Kubeconfig { .. }
             | Self::InCluster(_)

@@ -7,6 +7,10 @@
 //!   measurements and the salt), [`ClusterApi::create_components_config_map`],
 //!   [`ClusterApi::annotate_node_components`] (step 9), [`ClusterApi::create_internal_config`]
 //!   (step 10).
+//! * The post-init deployment ([`deployment`], [`ClusterApi::apply_deployment`],
+//!   [`ClusterApi::wait_for_daemon_set`]): `join-config`, the key service's Secret, and
+//!   the key, join and verify services with their RBAC, as typed objects that `asterism
+//!   init` applies and writes to the owner's workspace.
 //! * The join service's cluster state: [`ClusterApi::bootstrap_token`] (Secrets
 //!   `bootstrap-token-<id>`, reused within their lifetime), [`ClusterApi::bind_disk`]
 //!   and [`ClusterApi::check_disk`] (immutable ConfigMaps per disk UUID),
@@ -27,6 +31,7 @@
 
 mod client;
 mod config_maps;
+mod deploy;
 mod error;
 mod join_state;
 mod tokens;
@@ -37,6 +42,12 @@ pub use config_maps::{
     COMPONENTS_ANNOTATION, COMPONENTS_KEY, COMPONENTS_PREFIX, INTERNAL_CONFIG, JOIN_CONFIG,
     JoinConfigChange, MEASUREMENT_SALT_KEY, MEASUREMENT_SALT_LEN, RecordedComponents,
     components_config_map_name, components_json,
+};
+pub use deploy::{
+    CLI_FIELD_MANAGER, CONTROL_PLANE_LABEL, Deployment, DeploymentSpec, Images, JOIN_SERVICE,
+    JOIN_SERVICE_PORT, JOIN_SERVICE_TRUST, JoinServiceTrust, KEY_SERVICE, KEY_SERVICE_SECRET,
+    KeyServiceSecret, MASTER_SECRET_KEY, Manifest, Object, RolloutStatus, SALT_KEY, TRUST_DIR,
+    VERIFY_SERVICE, VERIFY_SERVICE_PORT, deployment, join_config,
 };
 pub use error::ApiError;
 pub use join_state::{

@@ -119,6 +119,8 @@ struct Route {
     path: String,
     replies: VecDeque<Reply>,
     last: Reply,
+    /// Answer with the request's body instead (as an API server answers an apply).
+    echo: bool,
 }
 
 #[derive(Default)]
@@ -249,8 +251,44 @@ impl RecordingServer {
             path: path.to_owned(),
             replies,
             last,
+            echo: false,
         });
         self
+    }
+
+    /// Answers `method path` with status 200 and the request's own body, as the API server
+    /// answers a server-side apply of a new object (replaces an earlier route).
+    pub fn echo(&self, method: &str, path: &str) -> &Self {
+        self.on(method, path, [Reply::json(200, "")]);
+        let mut state = self.state.lock().unwrap();
+        if let Some(route) = state
+            .routes
+            .iter_mut()
+            .find(|r| r.method == method && r.path == path)
+        {
+            route.echo = true;
+        }
+        drop(state);
+        self
+    }
+
+    /// Routes the creation of `kube-system/join-config` by `apply_join_config`: it does not
+    /// exist yet, and the create succeeds (recorded answers).
+    pub fn route_new_join_config(&self) -> &Self {
+        const CONFIG_MAPS: &str = "/api/v1/namespaces/kube-system/configmaps";
+        self.on(
+            "GET",
+            &format!("{CONFIG_MAPS}/join-config"),
+            [Reply::recorded(
+                404,
+                "status-404-configmap-join-config.json",
+            )],
+        );
+        self.on(
+            "POST",
+            CONFIG_MAPS,
+            [Reply::recorded(201, "configmap-join-config-created.json")],
+        )
     }
 
     /// Every request so far, in order.
@@ -360,6 +398,9 @@ async fn answer(
             .iter_mut()
             .find(|r| r.method == method && r.path == path)
         {
+            Some(route) if route.echo => {
+                Reply::json(200, String::from_utf8_lossy(&raw).into_owned())
+            }
             Some(route) => route
                 .replies
                 .pop_front()

@@ -29,6 +29,10 @@ enum MiniCommand {
     Status(mini::DirArgs),
     /// Stop every process of a local cluster.
     Down(mini::DirArgs),
+    /// VM mode: answers one metadata request of a guest on stdin and stdout (QEMU starts
+    /// it per connection).
+    #[command(hide = true)]
+    VmMetadataRelay(mini::vm::RelayArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -57,5 +61,6 @@ fn run(command: MiniCommand) -> Result<()> {
         }
         MiniCommand::Status(args) => mini::status(args),
         MiniCommand::Down(args) => mini::down(args),
+        MiniCommand::VmMetadataRelay(args) => mini::vm::metadata_relay(&args),
     }
 }

@@ -33,7 +33,10 @@ fn skip(why: &str) {
 
 /// The image and measurements, or `None` (after saying why) when something is missing.
 fn vm_args() -> Option<VmArgs> {
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("the workspace holds bins/mini");
     let from_env = |var: &str, default: &str| {
         std::env::var_os(var).map_or_else(|| workspace.join(default), PathBuf::from)
     };

@@ -224,8 +224,9 @@ impl NodeImage {
         let image_json = file("image.json")?;
         let image: serde_json::Value = serde_json::from_slice(&std::fs::read(&image_json)?)
             .with_context(|| format!("{}", image_json.display()))?;
-        let memory_mib = image["vm"]["memory_mib"]
-            .as_u64()
+        let memory_mib = image
+            .pointer("/vm/memory_mib")
+            .and_then(serde_json::Value::as_u64)
             .with_context(|| format!("{}: no vm.memory_mib", image_json.display()))?;
         Ok(Self {
             vmlinuz,
@@ -822,8 +823,8 @@ fn relay_answer(args: &RelayArgs, head: &str) -> Vec<u8> {
         .ok()
         .and_then(|list| {
             list.into_iter().find(|i| {
-                i["VPCIP"]
-                    .as_str()
+                i.get("VPCIP")
+                    .and_then(serde_json::Value::as_str)
                     .and_then(|ip| ip.parse::<std::net::IpAddr>().ok())
                     == Some(args.node_ip)
             })

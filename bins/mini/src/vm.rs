@@ -301,7 +301,8 @@ pub struct VmCluster {
     pub cluster: LocalCluster,
     /// The VMs, the control plane first.
     pub vms: Vec<VmNode>,
-    image: NodeImage,
+    /// The image the VMs boot (a test may change its command line, to see it refused).
+    pub image: NodeImage,
     accel: Accel,
     net: u8,
 }

@@ -880,6 +880,46 @@ mod tests {
         assert!(read_request_head(&mut "GET / HTTP/1.1\r\n".as_bytes()).is_err());
     }
 
+    /// A metadata service that answers every request with `peers` and counts requests.
+    fn fake_metadata(peers: &'static str) -> String {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let mut stream = stream.unwrap();
+                let _ = read_request_head(&mut stream);
+                let _ = write!(
+                    stream,
+                    "HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n{peers}",
+                    peers.len()
+                );
+            }
+        });
+        addr
+    }
+
+    #[test]
+    fn the_relay_answers_self_with_its_own_nodes_record_only() {
+        let peers = r#"[{"Name":"control-plane-0","VPCIP":"10.42.10.1"},{"Name":"worker-0","VPCIP":"10.42.10.2"}]"#;
+        let metadata = fake_metadata(peers);
+        let ask = |node_ip: &str| {
+            let args = RelayArgs {
+                node_ip: node_ip.parse().unwrap(),
+                metadata: metadata.clone(),
+            };
+            String::from_utf8(relay_answer(&args, "GET /self HTTP/1.1\r\n\r\n")).unwrap()
+        };
+        let worker = ask("10.42.10.2");
+        assert!(worker.starts_with("HTTP/1.1 200"), "{worker}");
+        assert!(
+            worker.ends_with(r#"{"Name":"worker-0","VPCIP":"10.42.10.2"}"#),
+            "{worker}"
+        );
+        let stranger = ask("10.42.10.3");
+        assert!(stranger.starts_with("HTTP/1.1 404"), "{stranger}");
+        assert!(!stranger.contains("VPCIP"), "{stranger}");
+    }
+
     #[test]
     fn qemu_values_escape_commas() {
         assert_eq!(qemu_value(Path::new("/a,b/c")).unwrap(), "/a,,b/c");

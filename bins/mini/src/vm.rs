@@ -809,7 +809,8 @@ fn relay_answer(args: &RelayArgs, head: &str) -> Vec<u8> {
     if method != "GET" {
         return simple_answer("405 Method Not Allowed", "only GET is supported\n");
     }
-    if has_body || !path.starts_with('/') {
+    // The path goes into the request to the metadata service: no control characters.
+    if has_body || !path.starts_with('/') || path.bytes().any(|b| b.is_ascii_control()) {
         return simple_answer("400 Bad Request", "bad request\n");
     }
     if path != "/self" {
@@ -873,6 +874,7 @@ mod tests {
         assert!(
             answer("GET /self HTTP/1.1\r\nContent-Length: 3\r\n\r\n").starts_with("HTTP/1.1 400")
         );
+        assert!(answer("GET /peers\rHost: x HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 400"));
         // Nothing listens on port 1: the service is unreachable, which the guest is told.
         assert!(answer("GET /self HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 502"));
         let long = format!("GET /{} HTTP/1.1\r\n\r\n", "a".repeat(MAX_REQUEST_HEAD));

@@ -11,6 +11,8 @@
 //! for `asterism mini`. The cluster steps are a library so that tests drive them one by one.
 #![forbid(unsafe_code)]
 
+pub mod vm;
+
 use anyhow::{Context, Result, bail};
 use asterism_swtpm::{SwtpmConfig, SwtpmProcess};
 use serde::{Deserialize, Serialize};
@@ -54,6 +56,12 @@ pub struct UpArgs {
     /// Directory holding the Asterism binaries (default: next to this executable).
     #[arg(long)]
     pub bin_dir: Option<PathBuf>,
+    /// Boot every node as a QEMU VM from the node image (docs/mini.md, "VM mode").
+    #[arg(long)]
+    pub vm: bool,
+    /// Settings of VM mode.
+    #[command(flatten)]
+    pub vm_args: vm::VmArgs,
 }
 
 /// Arguments of `asterism mini status` and `down`.
@@ -313,12 +321,7 @@ fn tcp_ready(addr: &str) -> bool {
 
 /// A minimal HTTP/1.0 GET for the local metrics endpoint (bounded to 1 MiB).
 fn http_get(addr: &str, path: &str) -> Result<String> {
-    let addr: SocketAddr = addr.parse().context("address")?;
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
-    let body = asterism_binkit::fs::read_capped_from(&mut s, 1 << 20)?
-        .context("the metrics answer is larger than 1 MiB")?;
+    let body = http_get_raw(addr, path)?;
     let text = String::from_utf8_lossy(&body).into_owned();
     let (head, body) = text
         .split_once("\r\n\r\n")
@@ -327,6 +330,16 @@ fn http_get(addr: &str, path: &str) -> Result<String> {
         bail!("GET {path}: {}", head.lines().next().unwrap_or_default());
     }
     Ok(body.to_string())
+}
+
+/// The whole answer (status line, headers, body) to an HTTP/1.0 GET, bounded to 1 MiB.
+fn http_get_raw(addr: &str, path: &str) -> Result<Vec<u8>> {
+    let addr: SocketAddr = addr.parse().context("address")?;
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    asterism_binkit::fs::read_capped_from(&mut s, 1 << 20)?
+        .context("the HTTP answer is larger than 1 MiB")
 }
 
 fn os(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Vec<OsString> {
@@ -340,6 +353,121 @@ fn random_init_secret() -> Result<String> {
         .fill(&mut bytes)
         .map_err(|_| anyhow::anyhow!("the system random generator failed"))?;
     Ok(hex::encode(bytes))
+}
+
+/// Checks that the binaries `programs` are in `bins` and swtpm is installed, then creates
+/// the cluster directory (it must not exist) with `run/` and `log/`. Returns it, absolute.
+fn create_cluster_dir(dir: &Path, bins: &Path, programs: &[&str]) -> Result<PathBuf> {
+    for name in programs {
+        let path = bins.join(name);
+        if !path.is_file() {
+            bail!(
+                "{} is missing; build everything first: cargo build --workspace (or pass --bin-dir)",
+                path.display()
+            );
+        }
+    }
+    asterism_swtpm::check_swtpm_installed(true).context("swtpm is needed for local clusters")?;
+    if dir.exists() {
+        bail!(
+            "{} already exists: run `asterism mini down --dir {0}` and remove it, or choose another --dir",
+            dir.display()
+        );
+    }
+    std::fs::create_dir_all(dir)?;
+    let dir = abs(dir)?;
+    std::fs::create_dir_all(dir.join("run"))?;
+    std::fs::create_dir_all(dir.join("log"))?;
+    Ok(dir)
+}
+
+/// The name of node `i` (`control-plane-0` first, then `worker-0`, …) and whether it is
+/// the control plane.
+fn node_name(i: usize) -> (String, bool) {
+    match i.checked_sub(1) {
+        None => ("control-plane-0".to_string(), true),
+        Some(w) => (format!("worker-{w}"), false),
+    }
+}
+
+/// Creates the local platform CA in `<dir>/platform-ca`: what a cloud provider uses to
+/// vouch for its (v)TPMs.
+fn create_platform_ca(provision: &Path, dir: &Path) -> Result<PathBuf> {
+    step("creating the local platform CA");
+    let ca_dir = dir.join("platform-ca");
+    run_logged(
+        provision,
+        &os(&[&"platform-ca", &"init", &"--dir", &ca_dir]),
+        &dir.join("log/provision.log"),
+    )?;
+    Ok(ca_dir)
+}
+
+/// Creates the directory of node `name` and provisions its TPM state: EK with its
+/// certificate, an AK certified by the platform CA. Returns the directory.
+fn provision_node(provision: &Path, ca_dir: &Path, dir: &Path, name: &str) -> Result<PathBuf> {
+    let ndir = dir.join("nodes").join(name);
+    for sub in ["tpm", "attestation", "state", "run", "log"] {
+        std::fs::create_dir_all(ndir.join(sub))?;
+    }
+    step(format!(
+        "provisioning {name}: swtpm with EK, AK certified by the platform CA"
+    ));
+    run_logged(
+        provision,
+        &os(&[
+            &"node",
+            &"--state-dir",
+            &ndir.join("tpm"),
+            &"--ca-dir",
+            &ca_dir,
+            &"--out",
+            &ndir.join("attestation"),
+        ]),
+        &ndir.join("log/provision.log"),
+    )?;
+    Ok(ndir)
+}
+
+/// Picks a random init secret (`<dir>/init-secret`, 0600) and starts the metadata service
+/// on `addr` with `instances` (each node with its VPC IP) and the secret's bcrypt hash.
+/// Returns the init secret's file.
+fn start_metadata_service(
+    program: &Path,
+    dir: &Path,
+    addr: &str,
+    instances: &[(&Node, &str)],
+) -> Result<PathBuf> {
+    step(format!("starting the metadata service on {addr}"));
+    let init_secret = random_init_secret()?;
+    let init_secret_file = dir.join("init-secret");
+    write_private(&init_secret_file, init_secret.as_bytes())?;
+    let hash = bcrypt::hash(&init_secret, 10).context("hashing the init secret")?;
+    let instances: Vec<serde_json::Value> = instances
+        .iter()
+        .map(|(n, vpc_ip)| {
+            serde_json::json!({
+                "Name": n.name, "ProviderID": format!("asterism-local:///{}", n.name),
+                "Role": n.role(), "VPCIP": vpc_ip, "SecondaryIPRange": "", "AliasIPRanges": [],
+            })
+        })
+        .collect();
+    let meta_cfg = dir.join("metadata.json");
+    std::fs::write(
+        &meta_cfg,
+        serde_json::to_vec_pretty(
+            &serde_json::json!({"instances": instances, "initSecretHash": hash}),
+        )?,
+    )?;
+    let meta_log = dir.join("log/metadata.log");
+    spawn_service(
+        program,
+        &os(&[&"--listen", &addr, &"--config", &meta_cfg]),
+        &meta_log,
+        &dir.join("run/metadata.pid"),
+    )?;
+    wait_until("the metadata service", &meta_log, || tcp_ready(addr))?;
+    Ok(init_secret_file)
 }
 
 /// A local cluster under construction or running: what `mini up` builds step by step, and
@@ -376,73 +504,25 @@ impl LocalCluster {
     pub fn create(dir: &Path, workers: usize, net: u8, bins: PathBuf) -> Result<Self> {
         let metadata_addr = format!("127.0.{net}.254:{METADATA_PORT}");
         let bin = |name: &str| bins.join(name);
-        for name in [
-            "asterism-provision",
-            "asterism-metadata",
-            "asterism-bootstrapper",
-            "asterism-key-service",
-            "asterism-join-service",
-            "asterism-verify-service",
-        ] {
-            if !bin(name).is_file() {
-                bail!(
-                    "{} is missing; build everything first: cargo build --workspace (or pass --bin-dir)",
-                    bin(name).display()
-                );
-            }
-        }
-        asterism_swtpm::check_swtpm_installed(true)
-            .context("swtpm is needed for local clusters")?;
-        if dir.exists() {
-            bail!(
-                "{} already exists: run `asterism mini down --dir {0}` and remove it, or choose another --dir",
-                dir.display()
-            );
-        }
-        std::fs::create_dir_all(dir)?;
-        let dir = abs(dir)?;
-        let run = dir.join("run");
-        let logs = dir.join("log");
-        std::fs::create_dir_all(&run)?;
-        std::fs::create_dir_all(&logs)?;
-
-        // Platform CA: what a cloud provider uses to vouch for its (v)TPMs.
-        step("creating the local platform CA");
-        let ca_dir = dir.join("platform-ca");
-        run_logged(
-            &bin("asterism-provision"),
-            &os(&[&"platform-ca", &"init", &"--dir", &ca_dir]),
-            &logs.join("provision.log"),
+        let dir = create_cluster_dir(
+            dir,
+            &bins,
+            &[
+                "asterism-provision",
+                "asterism-metadata",
+                "asterism-bootstrapper",
+                "asterism-key-service",
+                "asterism-join-service",
+                "asterism-verify-service",
+            ],
         )?;
+        let ca_dir = create_platform_ca(&bin("asterism-provision"), &dir)?;
 
         // Nodes: an swtpm each, provisioned with an AK certified by the platform CA.
         let mut nodes = Vec::new();
         for i in 0..=workers {
-            let (name, control_plane) = if i == 0 {
-                ("control-plane-0".to_string(), true)
-            } else {
-                (format!("worker-{}", i - 1), false)
-            };
-            let ndir = dir.join("nodes").join(&name);
-            for sub in ["tpm", "attestation", "state", "run", "log"] {
-                std::fs::create_dir_all(ndir.join(sub))?;
-            }
-            step(format!(
-                "provisioning {name}: swtpm with EK, AK certified by the platform CA"
-            ));
-            run_logged(
-                &bin("asterism-provision"),
-                &os(&[
-                    &"node",
-                    &"--state-dir",
-                    &ndir.join("tpm"),
-                    &"--ca-dir",
-                    &ca_dir,
-                    &"--out",
-                    &ndir.join("attestation"),
-                ]),
-                &ndir.join("log/provision.log"),
-            )?;
+            let (name, control_plane) = node_name(i);
+            let ndir = provision_node(&bin("asterism-provision"), &ca_dir, &dir, &name)?;
             let cfg = SwtpmConfig::new(ndir.join("tpm"))?.with_run_dir(ndir.join("run"))?;
             let swtpm = SwtpmProcess::start_detached(&cfg)
                 .with_context(|| format!("starting swtpm for {name}"))?;
@@ -458,38 +538,9 @@ impl LocalCluster {
         let platform_ca = ca_dir.join("platform-ca.pem");
         let measurements = cp.dir.join("attestation/measurements.json");
 
-        // Metadata service with the instances and the init secret's bcrypt hash.
-        step(format!("starting the metadata service on {metadata_addr}"));
-        let init_secret = random_init_secret()?;
-        let init_secret_file = dir.join("init-secret");
-        write_private(&init_secret_file, init_secret.as_bytes())?;
-        let hash = bcrypt::hash(&init_secret, 10).context("hashing the init secret")?;
-        let instances: Vec<serde_json::Value> = nodes
-            .iter()
-            .map(|n| {
-                serde_json::json!({
-                    "Name": n.name, "ProviderID": format!("asterism-local:///{}", n.name),
-                    "Role": n.role(), "VPCIP": n.ip, "SecondaryIPRange": "", "AliasIPRanges": [],
-                })
-            })
-            .collect();
-        let meta_cfg = dir.join("metadata.json");
-        std::fs::write(
-            &meta_cfg,
-            serde_json::to_vec_pretty(
-                &serde_json::json!({"instances": instances, "initSecretHash": hash}),
-            )?,
-        )?;
-        let meta_log = logs.join("metadata.log");
-        spawn_service(
-            &bin("asterism-metadata"),
-            &os(&[&"--listen", &metadata_addr, &"--config", &meta_cfg]),
-            &meta_log,
-            &run.join("metadata.pid"),
-        )?;
-        wait_until("the metadata service", &meta_log, || {
-            tcp_ready(&metadata_addr)
-        })?;
+        let instances: Vec<(&Node, &str)> = nodes.iter().map(|n| (n, n.ip.as_str())).collect();
+        let init_secret_file =
+            start_metadata_service(&bin("asterism-metadata"), &dir, &metadata_addr, &instances)?;
 
         // The join service's own evidence (mutual aTLS) comes from the control-plane TPM
         // after init, when PCR 15 holds the cluster marker. The file leaves PCR 15 out:
@@ -821,6 +872,9 @@ impl LocalCluster {
 
 /// `asterism mini up`.
 pub async fn up(args: UpArgs) -> Result<()> {
+    if args.vm {
+        return vm::up(&args).await;
+    }
     let started = Instant::now();
     let cluster = LocalCluster::create(&args.dir, args.workers, args.net, bin_dir(&args)?)?;
     let (done, cp_result) = cluster.init().await?;

@@ -29,6 +29,10 @@ enum MiniCommand {
     Status(mini::StatusArgs),
     /// Stop every process of a local cluster.
     Down(mini::DirArgs),
+    /// VM mode: answers one metadata request of a guest on stdin and stdout (QEMU starts
+    /// it per connection).
+    #[command(hide = true)]
+    VmMetadataRelay(mini::vm::RelayArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -54,5 +58,6 @@ fn run(command: MiniCommand) -> Result<()> {
         }
         MiniCommand::Status(args) => mini::status(args),
         MiniCommand::Down(args) => mini::down(args),
+        MiniCommand::VmMetadataRelay(args) => mini::vm::metadata_relay(&args),
     }
 }

@@ -1,0 +1,929 @@
+//! VM mode (`mini up --vm`): every node is a QEMU VM booted from the node image
+//! (docs/vm-image.md), which the firmware measures into the node's own TPM.
+//!
+//! Per node: a swtpm on a Unix socket, a copy of the firmware variables, a raw virtio disk
+//! (the LUKS2 state disk), and two NICs. The first is QEMU's user-mode network: it forwards
+//! the node's InitServer and verify ports to its loopback address on the host, as process
+//! mode has them, and forwards the guest's metadata address to a relay on the host that
+//! answers for this node (see [`metadata_relay`]). The second joins the cluster network, a
+//! multicast hub on loopback shared by the cluster's VMs, where each node has its own
+//! address. The per-node settings travel by fw_cfg, which is not measured, so every node
+//! boots with the same PCRs and the reference boot's measurements apply to all of them.
+
+use crate::{
+    ClusterRecord, INIT_PORT, LocalCluster, METADATA_PORT, Node, UpArgs, VERIFY_PORT, abs, bin_dir,
+    create_cluster_dir, create_platform_ca, http_get, http_get_raw, node_name, print_table,
+    provision_node, spawn_service, start_metadata_service, step, tail,
+};
+use anyhow::{Context, Result, bail};
+use std::ffi::OsString;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The firmware's code, mapped read-only into every VM (Debian's `ovmf` package).
+const OVMF_CODE: &str = "/usr/share/OVMF/OVMF_CODE_4M.fd";
+/// The firmware's variables: each VM gets a copy.
+const OVMF_VARS: &str = "/usr/share/OVMF/OVMF_VARS_4M.fd";
+/// The QEMU program.
+const QEMU: &str = "qemu-system-x86_64";
+/// The guest's address on the user-mode network, its gateway, and the address the guest
+/// reaches the metadata service at (QEMU's defaults for that network: 10.0.2.0/24).
+const GUEST_USER_IP: &str = "10.0.2.15/24";
+const GUEST_USER_GW: &str = "10.0.2.2";
+const GUEST_METADATA_IP: &str = "10.0.2.100";
+/// The MACs every VM has; the init sets a per-node MAC on the cluster network. The
+/// firmware's boot options name the NICs' MACs and are measured, so they must not differ.
+const MAC_USER: &str = "52:54:00:12:34:56";
+const MAC_CLUSTER: &str = "52:54:00:12:34:57";
+/// The cluster network's multicast group; the port is `MCAST_PORT_BASE + net`, so that
+/// clusters with different `--net` do not share a network.
+const MCAST_GROUP: &str = "230.0.0.1";
+const MCAST_PORT_BASE: u16 = 47000;
+/// The size of a node's state disk.
+const STATE_DISK_BYTES: u64 = 64 << 20;
+/// How long a VM may take from QEMU's start to its InitServer listening (TCG on a busy
+/// machine: a minute and more).
+const BOOT_DEADLINE: Duration = Duration::from_secs(600);
+/// How long the bootstrapper may take after `asterism init` returned.
+const FINISH_DEADLINE: Duration = Duration::from_secs(120);
+/// How long one relayed metadata request may take.
+const RELAY_DEADLINE: Duration = Duration::from_secs(30);
+/// The largest request head the relay reads.
+const MAX_REQUEST_HEAD: usize = 16 * 1024;
+
+/// Settings of VM mode (`mini up --vm`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct VmArgs {
+    /// VM mode: the node image `scripts/build-node-image` wrote.
+    #[arg(
+        long,
+        value_name = "DIR",
+        env = "ASTERISM_NODE_IMAGE",
+        default_value = "target/node-image"
+    )]
+    pub image: PathBuf,
+    /// VM mode: the expected measurements of a node booted from the image, as the image's
+    /// reference boot (`scripts/boot-node-image`) wrote them.
+    #[arg(
+        long,
+        value_name = "PATH",
+        env = "ASTERISM_NODE_MEASUREMENTS",
+        default_value = "target/node-reference/measurements.json"
+    )]
+    pub vm_measurements: PathBuf,
+}
+
+/// Arguments of the metadata relay QEMU starts for each connection of a guest to its
+/// metadata address (`asterism-mini vm-metadata-relay`, not for people).
+#[derive(clap::Args, Debug)]
+pub struct RelayArgs {
+    /// The node's address in the cluster network (its VPC IP in the metadata).
+    #[arg(long)]
+    pub node_ip: std::net::IpAddr,
+    /// The metadata service, IP:PORT.
+    #[arg(long)]
+    pub metadata: String,
+}
+
+/// Whether QEMU accelerates with KVM or emulates with TCG.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accel {
+    /// Hardware virtualisation.
+    Kvm,
+    /// QEMU's emulator.
+    Tcg,
+}
+
+impl Accel {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Kvm => "kvm",
+            Self::Tcg => "tcg",
+        }
+    }
+
+    /// `NODE_VM_ACCEL` (`kvm`, `tcg`, `auto`); `auto` (the default) uses KVM when a short
+    /// firmware run with it works: on some hosts `/dev/kvm` opens and the guest then stops
+    /// with "KVM internal error".
+    pub fn detect() -> Result<Self> {
+        match std::env::var("NODE_VM_ACCEL").as_deref() {
+            Ok("kvm") => Ok(Self::Kvm),
+            Ok("tcg") => Ok(Self::Tcg),
+            Ok("auto") | Err(_) => Ok(if kvm_works() { Self::Kvm } else { Self::Tcg }),
+            Ok(other) => bail!("NODE_VM_ACCEL must be kvm, tcg or auto, not {other:?}"),
+        }
+    }
+}
+
+fn kvm_works() -> bool {
+    if std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+        .is_err()
+    {
+        return false;
+    }
+    let Ok(probe) = tempfile_dir() else {
+        return false;
+    };
+    let vars = probe.join("vars.fd");
+    if std::fs::copy(OVMF_VARS, &vars).is_err() {
+        return false;
+    }
+    let stderr = probe.join("stderr");
+    let Ok(err_file) = std::fs::File::create(&stderr) else {
+        return false;
+    };
+    let child = Command::new(QEMU)
+        .args([
+            "-accel", "kvm", "-machine", "q35", "-m", "128", "-display", "none",
+        ])
+        .args([
+            "-monitor",
+            "none",
+            "-serial",
+            "none",
+            "-no-reboot",
+            "-nodefaults",
+        ])
+        .arg("-drive")
+        .arg(format!(
+            "if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}"
+        ))
+        .arg("-drive")
+        .arg(format!(
+            "if=pflash,format=raw,unit=1,file={}",
+            vars.display()
+        ))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(err_file)
+        .spawn();
+    let works = match child {
+        Ok(mut child) => {
+            std::thread::sleep(Duration::from_secs(4));
+            let running = matches!(child.try_wait(), Ok(None));
+            let _ = child.kill();
+            let _ = child.wait();
+            let said = std::fs::read_to_string(&stderr).unwrap_or_default();
+            running && !said.to_lowercase().contains("error")
+        }
+        Err(_) => false,
+    };
+    let _ = std::fs::remove_dir_all(&probe);
+    works
+}
+
+/// A scratch directory under the system's temporary directory.
+fn tempfile_dir() -> Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("asterism-kvm-probe-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+/// The node image: kernel, initramfs, the measured command line and the VM memory the
+/// measurements assume.
+#[derive(Debug, Clone)]
+pub struct NodeImage {
+    /// The kernel.
+    pub vmlinuz: PathBuf,
+    /// The initramfs.
+    pub initramfs: PathBuf,
+    /// The kernel command line (measured into PCR 9).
+    pub cmdline: String,
+    /// The VM's memory in MiB (PCR 4 depends on it).
+    pub memory_mib: u64,
+}
+
+impl NodeImage {
+    /// Reads the image `scripts/build-node-image` wrote into `dir`.
+    pub fn locate(dir: &Path) -> Result<Self> {
+        let missing = |what: &Path| {
+            anyhow::anyhow!(
+                "{} is missing: build the node image with scripts/build-node-image --out {} (docs/vm-image.md), or pass --image",
+                what.display(),
+                dir.display()
+            )
+        };
+        let file = |name: &str| -> Result<PathBuf> {
+            let path = abs(&dir.join(name))?;
+            if path.is_file() {
+                Ok(path)
+            } else {
+                Err(missing(&path))
+            }
+        };
+        let vmlinuz = file("vmlinuz")?;
+        let initramfs = file("initramfs.cpio.gz")?;
+        let cmdline = std::fs::read_to_string(file("cmdline")?)?
+            .trim()
+            .to_string();
+        let image_json = file("image.json")?;
+        let image: serde_json::Value = serde_json::from_slice(&std::fs::read(&image_json)?)
+            .with_context(|| format!("{}", image_json.display()))?;
+        let memory_mib = image
+            .pointer("/vm/memory_mib")
+            .and_then(serde_json::Value::as_u64)
+            .with_context(|| format!("{}: no vm.memory_mib", image_json.display()))?;
+        Ok(Self {
+            vmlinuz,
+            initramfs,
+            cmdline,
+            memory_mib,
+        })
+    }
+}
+
+/// Checks that QEMU, OVMF and swtpm are installed: what VM mode needs of the machine.
+pub fn check_host() -> Result<()> {
+    let qemu = Command::new(QEMU)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    if !qemu.is_ok_and(|s| s.success()) {
+        bail!("{QEMU} is missing: install the qemu-system-x86 package");
+    }
+    for f in [OVMF_CODE, OVMF_VARS] {
+        if !Path::new(f).is_file() {
+            bail!("{f} is missing: install the ovmf package");
+        }
+    }
+    Ok(())
+}
+
+/// One node of a VM cluster.
+#[derive(Debug, Clone)]
+pub struct VmNode {
+    /// The node as process mode has it: `ip` is its loopback address on the host, where its
+    /// InitServer and verify ports are forwarded.
+    pub node: Node,
+    /// Its address in the cluster network, `10.42.<net>.<n>` (its VPC IP).
+    pub cluster_ip: String,
+}
+
+impl VmNode {
+    fn console(&self) -> PathBuf {
+        self.node.dir.join("console.log")
+    }
+}
+
+/// A booted VM: QEMU, and the wall-clock time it started.
+#[derive(Debug)]
+pub struct RunningVm {
+    qemu: Child,
+    started: Instant,
+}
+
+/// Where the time of one node's boot went, from the console's timestamps (the guest's
+/// uptime at each init line) and the wall time since QEMU started.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct BootTiming {
+    /// Wall seconds from QEMU's start to the bootstrapper's exit.
+    pub wall_seconds: f64,
+    /// QEMU and the firmware: the wall time before the kernel's clock started.
+    pub firmware_seconds: f64,
+    /// The kernel until the init's first line.
+    pub kernel_seconds: f64,
+    /// The init until the bootstrapper starts (modules, network).
+    pub init_seconds: f64,
+    /// The bootstrapper, start to exit (for the control plane: including `asterism init`).
+    pub bootstrapper_seconds: f64,
+}
+
+/// A VM cluster: the process-mode view of it (for init, the record and `down`) and its VMs.
+#[derive(Debug)]
+pub struct VmCluster {
+    /// The cluster as process mode has it.
+    pub cluster: LocalCluster,
+    /// The VMs, the control plane first.
+    pub vms: Vec<VmNode>,
+    /// The image the VMs boot (a test may change its command line, to see it refused).
+    pub image: NodeImage,
+    accel: Accel,
+    net: u8,
+}
+
+impl VmCluster {
+    /// Creates the cluster directory, the platform CA, every node's provisioned TPM state,
+    /// disk and firmware variables, and starts the metadata service. No VM runs yet.
+    pub fn create(
+        dir: &Path,
+        workers: usize,
+        net: u8,
+        bins: PathBuf,
+        args: &VmArgs,
+    ) -> Result<Self> {
+        check_host()?;
+        let image = NodeImage::locate(&args.image)?;
+        if !args.vm_measurements.is_file() {
+            bail!(
+                "{} is missing: boot the node image once as a reference with scripts/boot-node-image --image {} (docs/vm-image.md), or pass --vm-measurements",
+                args.vm_measurements.display(),
+                args.image.display()
+            );
+        }
+        let accel = Accel::detect()?;
+        let dir = create_cluster_dir(
+            dir,
+            &bins,
+            &["asterism-provision", "asterism-metadata", "asterism-mini"],
+        )?;
+        // The expected measurements: what the firmware and the kernel measure booting this
+        // image, from its reference boot.
+        let measurements = dir.join("measurements.json");
+        std::fs::copy(&args.vm_measurements, &measurements)
+            .with_context(|| format!("copying {}", args.vm_measurements.display()))?;
+        let ca_dir = create_platform_ca(&bins.join("asterism-provision"), &dir)?;
+        let mut vms = Vec::new();
+        for i in 0..=workers {
+            let (name, control_plane) = node_name(i);
+            let ndir = provision_node(&bins.join("asterism-provision"), &ca_dir, &dir, &name)?;
+            std::fs::copy(OVMF_VARS, ndir.join("OVMF_VARS_4M.fd"))
+                .with_context(|| format!("copying {OVMF_VARS}"))?;
+            let disk = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(ndir.join("state.img"))?;
+            disk.set_len(STATE_DISK_BYTES)?;
+            let host = i + 1;
+            vms.push(VmNode {
+                node: Node {
+                    name,
+                    control_plane,
+                    ip: format!("127.0.{net}.{host}"),
+                    dir: ndir,
+                    tcti: "device:/dev/tpmrm0 (inside the VM)".into(),
+                },
+                cluster_ip: format!("10.42.{net}.{host}"),
+            });
+        }
+        let metadata_addr = format!("127.0.{net}.254:{METADATA_PORT}");
+        let instances: Vec<(&Node, &str)> = vms
+            .iter()
+            .map(|v| (&v.node, v.cluster_ip.as_str()))
+            .collect();
+        let init_secret_file = start_metadata_service(
+            &bins.join("asterism-metadata"),
+            &dir,
+            &metadata_addr,
+            &instances,
+        )?;
+        let cluster = LocalCluster {
+            metadata_addr,
+            workspace: dir.join("workspace"),
+            platform_ca: ca_dir.join("platform-ca.pem"),
+            join_measurements: measurements.clone(),
+            measurements,
+            init_secret_file,
+            nodes: vms.iter().map(|v| v.node.clone()).collect(),
+            dir,
+            bins,
+        };
+        Ok(Self {
+            cluster,
+            vms,
+            image,
+            accel,
+            net,
+        })
+    }
+
+    /// How QEMU runs the VMs.
+    pub fn accel(&self) -> Accel {
+        self.accel
+    }
+
+    /// Starts the swtpm and the VM of `vm`.
+    pub fn boot(&self, vm: &VmNode) -> Result<RunningVm> {
+        let ndir = &vm.node.dir;
+        step(format!(
+            "booting {} ({}, QEMU {}; host address {}, cluster address {})",
+            vm.node.name,
+            self.image.vmlinuz.display(),
+            self.accel.name(),
+            vm.node.ip,
+            vm.cluster_ip
+        ));
+        let socket = start_swtpm(ndir)?;
+        let args = self.qemu_args(vm, &socket)?;
+        let started = Instant::now();
+        let qemu = spawn_service(
+            Path::new(QEMU),
+            &args,
+            &ndir.join("log/qemu.log"),
+            &ndir.join("run/qemu.pid"),
+        )?;
+        Ok(RunningVm { qemu, started })
+    }
+
+    fn qemu_args(&self, vm: &VmNode, swtpm_socket: &Path) -> Result<Vec<OsString>> {
+        let ndir = &vm.node.dir;
+        let image = &self.image;
+        let host = &vm.node.ip;
+        let guest = &vm.cluster_ip;
+        // QEMU splits the command into words as a shell would: the program is quoted.
+        let mini = qemu_value(&self.cluster.bin("asterism-mini"))?;
+        if mini.contains('\'') {
+            bail!("the path of asterism-mini must not contain a quote: {mini}");
+        }
+        let relay = format!(
+            "'{mini}' vm-metadata-relay --node-ip {guest} --metadata {}",
+            self.cluster.metadata_addr
+        );
+        let params = format!(
+            "asterism.ip={GUEST_USER_IP} asterism.gw={GUEST_USER_GW} asterism.node-ip={guest}/24 asterism.hostname={} asterism.keep-running=1",
+            vm.node.name
+        );
+        let user_net = format!(
+            "user,id=net0,restrict=on,hostfwd=tcp:{host}:{INIT_PORT}-{guest}:{INIT_PORT},hostfwd=tcp:{host}:{VERIFY_PORT}-{guest}:{VERIFY_PORT},guestfwd=tcp:{GUEST_METADATA_IP}:{METADATA_PORT}-cmd:{relay}"
+        );
+        let cluster_net = format!(
+            "socket,id=net1,mcast={MCAST_GROUP}:{},localaddr=127.0.0.1",
+            MCAST_PORT_BASE + u16::from(self.net)
+        );
+        // Device for device the VM of the reference boot (scripts/boot-node-image): the
+        // firmware measures the devices it finds.
+        let args: Vec<String> = vec![
+            "-accel".into(),
+            self.accel.name().into(),
+            "-cpu".into(),
+            "max".into(),
+            "-machine".into(),
+            "q35".into(),
+            "-m".into(),
+            image.memory_mib.to_string(),
+            "-smp".into(),
+            "1".into(),
+            "-display".into(),
+            "none".into(),
+            "-monitor".into(),
+            "none".into(),
+            "-no-reboot".into(),
+            "-serial".into(),
+            format!("file:{}", qemu_value(&vm.console())?),
+            "-drive".into(),
+            format!("if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}"),
+            "-drive".into(),
+            format!(
+                "if=pflash,format=raw,unit=1,file={}",
+                qemu_value(&ndir.join("OVMF_VARS_4M.fd"))?
+            ),
+            "-kernel".into(),
+            qemu_value(&image.vmlinuz)?,
+            "-initrd".into(),
+            qemu_value(&image.initramfs)?,
+            "-append".into(),
+            image.cmdline.clone(),
+            "-fw_cfg".into(),
+            format!("name=opt/asterism/params,string={params}"),
+            "-fw_cfg".into(),
+            format!(
+                "name=opt/asterism/ak-cert,file={}",
+                qemu_value(&ndir.join("attestation/ak-cert.der"))?
+            ),
+            "-chardev".into(),
+            format!("socket,id=chrtpm,path={}", qemu_value(swtpm_socket)?),
+            "-tpmdev".into(),
+            "emulator,id=tpm0,chardev=chrtpm".into(),
+            "-device".into(),
+            "tpm-tis,tpmdev=tpm0".into(),
+            "-drive".into(),
+            format!(
+                "if=none,id=disk0,format=raw,file={}",
+                qemu_value(&ndir.join("state.img"))?
+            ),
+            "-device".into(),
+            "virtio-blk-pci,drive=disk0".into(),
+            "-netdev".into(),
+            user_net,
+            "-device".into(),
+            format!("virtio-net-pci,netdev=net0,mac={MAC_USER}"),
+            "-netdev".into(),
+            cluster_net,
+            "-device".into(),
+            format!("virtio-net-pci,netdev=net1,mac={MAC_CLUSTER}"),
+            "-device".into(),
+            "virtio-rng-pci".into(),
+        ];
+        Ok(args.into_iter().map(OsString::from).collect())
+    }
+
+    /// Waits until the bootstrapper of `vm` serves Init (its console says so).
+    pub fn wait_for_init_server(&self, vm: &VmNode, running: &mut RunningVm) -> Result<()> {
+        self.wait_for_console(vm, running, BOOT_DEADLINE, "InitServer listening")
+            .map(|_| ())
+    }
+
+    /// Waits until the bootstrapper of `vm` exits: `("ok" or its exit status, timing)`.
+    pub fn wait_for_bootstrapper(
+        &self,
+        vm: &VmNode,
+        running: &mut RunningVm,
+    ) -> Result<(String, Option<BootTiming>)> {
+        let line = self.wait_for_console(
+            vm,
+            running,
+            FINISH_DEADLINE,
+            "asterism-init: bootstrapper exited with status",
+        )?;
+        let wall = running.started.elapsed().as_secs_f64();
+        let status = line
+            .split("status ")
+            .nth(1)
+            .and_then(|s| s.split_whitespace().next())
+            .unwrap_or("?")
+            .to_string();
+        let exit = if status == "0" {
+            "ok".to_string()
+        } else {
+            format!("exit status: {status}")
+        };
+        let timing = boot_timing(&std::fs::read_to_string(vm.console())?, wall);
+        if let Some(t) = &timing {
+            std::fs::write(
+                vm.node.dir.join("boot-timing.json"),
+                serde_json::to_vec_pretty(t)?,
+            )?;
+        }
+        Ok((exit, timing))
+    }
+
+    /// Polls the console of `vm` for a line containing `needle`; fails when QEMU exits or
+    /// `deadline` passes, with the console's and QEMU's last lines.
+    fn wait_for_console(
+        &self,
+        vm: &VmNode,
+        running: &mut RunningVm,
+        deadline: Duration,
+        needle: &str,
+    ) -> Result<String> {
+        let start = Instant::now();
+        let console = vm.console();
+        loop {
+            let text = std::fs::read(&console).unwrap_or_default();
+            if let Some(line) = String::from_utf8_lossy(&text)
+                .lines()
+                .find(|l| l.contains(needle))
+            {
+                return Ok(line.to_string());
+            }
+            if let Some(status) = running.qemu.try_wait()? {
+                bail!(
+                    "the VM of {} stopped ({status}) before its console said {needle:?}; QEMU said:\n{}\nits console ({}) ends:\n{}",
+                    vm.node.name,
+                    tail(&vm.node.dir.join("log/qemu.log")),
+                    console.display(),
+                    tail(&console)
+                );
+            }
+            if start.elapsed() > deadline {
+                bail!(
+                    "the console of {} did not say {needle:?} within {deadline:?}; it ({}) ends:\n{}",
+                    vm.node.name,
+                    console.display(),
+                    tail(&console)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// A path as a QEMU option value: UTF-8, commas doubled (QEMU's escape).
+fn qemu_value(path: &Path) -> Result<String> {
+    let s = path
+        .to_str()
+        .with_context(|| format!("{} is not UTF-8", path.display()))?;
+    Ok(s.replace(',', ",,"))
+}
+
+/// Starts the node's swtpm on a Unix control socket, detached, its pid in `run/swtpm.pid`.
+/// Its state is the one `asterism-provision node` made (EK, AK). Returns the socket.
+fn start_swtpm(ndir: &Path) -> Result<PathBuf> {
+    let socket = ndir.join("run/swtpm.sock");
+    let log = ndir.join("log/swtpm.log");
+    let out = Command::new("swtpm")
+        .arg("socket")
+        .arg("--tpm2")
+        // With --daemon, a relative state directory would be relative to `/`.
+        .arg("--tpmstate")
+        .arg(format!("dir={}", abs(&ndir.join("tpm"))?.display()))
+        .arg("--ctrl")
+        .arg(format!("type=unixio,path={}", socket.display()))
+        .arg("--log")
+        .arg(format!("file={}", log.display()))
+        .arg("--pid")
+        .arg(format!("file={}", ndir.join("run/swtpm.pid").display()))
+        .arg("--daemon")
+        .stdin(Stdio::null())
+        .output()
+        .context("starting swtpm")?;
+    if !out.status.success() {
+        bail!(
+            "swtpm failed to start ({}): {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr),
+            tail(&log)
+        );
+    }
+    let start = Instant::now();
+    while !socket.exists() {
+        if start.elapsed() > Duration::from_secs(10) {
+            bail!(
+                "swtpm did not open {}; its log ends:\n{}",
+                socket.display(),
+                tail(&log)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(socket)
+}
+
+/// The guest's uptime on the first console line with `marker` (`… uptime=12.34`).
+fn uptime_at(console: &str, marker: &str) -> Option<f64> {
+    console
+        .lines()
+        .find(|l| l.contains(marker))?
+        .split("uptime=")
+        .nth(1)?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Splits a boot into firmware, kernel, init and bootstrapper from the console's uptimes
+/// and the wall time from QEMU's start to the bootstrapper's exit.
+fn boot_timing(console: &str, wall_seconds: f64) -> Option<BootTiming> {
+    let init = uptime_at(console, "asterism-init: start ")?;
+    let bootstrapper = uptime_at(console, "asterism-init: bootstrapper start ")?;
+    let exited = uptime_at(console, "asterism-init: bootstrapper exited ")?;
+    let round = |x: f64| (x * 100.0).round() / 100.0;
+    Some(BootTiming {
+        wall_seconds: round(wall_seconds),
+        firmware_seconds: round(wall_seconds - exited),
+        kernel_seconds: round(init),
+        init_seconds: round(bootstrapper - init),
+        bootstrapper_seconds: round(exited - bootstrapper),
+    })
+}
+
+/// `asterism mini up --vm`.
+pub async fn up(args: &UpArgs) -> Result<()> {
+    let started = Instant::now();
+    if args.workers > 0 {
+        bail!(
+            "VM mode boots the control plane alone so far: pass --workers 0 (docs/mini.md, \"VM mode\")"
+        );
+    }
+    let vmc = VmCluster::create(
+        &args.dir,
+        args.workers,
+        args.net,
+        bin_dir(args)?,
+        &args.vm_args,
+    )?;
+    let record = vmc.init_control_plane().await?;
+    print_table(&record);
+    let cluster = &vmc.cluster;
+    let cp = vmc.vms.first().context("no nodes")?;
+    eprintln!(
+        "local VM cluster up in {:.1} s; workspace {}\n  consoles:     {}/nodes/*/console.log\n  check a node: asterism verify --endpoint {}:{VERIFY_PORT} --workspace {} --platform-ca {} --measurements {}\n  stop it:      asterism mini down --dir {}",
+        started.elapsed().as_secs_f64(),
+        cluster.workspace.display(),
+        cluster.dir.display(),
+        cp.node.ip,
+        cluster.workspace.display(),
+        cluster.platform_ca.display(),
+        cluster.measurements.display(),
+        args.dir.display()
+    );
+    if record
+        .nodes
+        .iter()
+        .any(|n| !n.disk_rekeyed || n.exit != "ok")
+    {
+        bail!(
+            "not every node bootstrapped cleanly (see the table and {}/nodes/*/console.log)",
+            cluster.dir.display()
+        );
+    }
+    Ok(())
+}
+
+impl VmCluster {
+    /// Boots the control-plane VM, runs `asterism init` against it through its forwarded
+    /// port, waits for its bootstrapper and records the outcome in `<dir>/mini.json`.
+    pub async fn init_control_plane(&self) -> Result<ClusterRecord> {
+        let cp = self.vms.first().context("no nodes")?;
+        let mut running = self.boot(cp)?;
+        self.wait_for_init_server(cp, &mut running)?;
+        let booted = running.started.elapsed();
+        step(format!(
+            "{} serves Init after {:.1} s; asterism init → {}:{INIT_PORT}",
+            cp.node.name,
+            booted.as_secs_f64(),
+            cp.node.ip
+        ));
+        let done = asterism::init::run(self.cluster.init_args()).await?;
+        let (exit, timing) = self.wait_for_bootstrapper(cp, &mut running)?;
+        if let Some(t) = timing {
+            step(format!(
+                "{}: {:.1} s from QEMU's start to its bootstrapper's exit: firmware {:.1} s, kernel {:.1} s, init {:.1} s, bootstrapper {:.1} s (with asterism init)",
+                cp.node.name,
+                t.wall_seconds,
+                t.firmware_seconds,
+                t.kernel_seconds,
+                t.init_seconds,
+                t.bootstrapper_seconds
+            ));
+        }
+        let ms = timing.map_or(0, |t| (t.bootstrapper_seconds * 1000.0) as u64);
+        // The disk check reads the VM's disk image from the host: the LUKS2 header is
+        // written through, and the key check reads only the header.
+        self.cluster.record(&done.cluster_id, &[(ms, exit)])
+    }
+}
+
+/// The metadata relay (`asterism-mini vm-metadata-relay`). QEMU starts it for each
+/// connection of a guest to its metadata address, the connection on stdin and stdout
+/// (stderr too: nothing may be written there). The metadata service answers `/self` by the
+/// caller's source address, which the host cannot take for a guest: so the relay answers
+/// `/self` from the service's `/peers` with the record of its node's address, and passes
+/// every other GET through. One request per connection.
+pub fn metadata_relay(args: &RelayArgs) -> Result<()> {
+    // A guest that never finishes its request must not keep this process.
+    std::thread::spawn(|| {
+        std::thread::sleep(RELAY_DEADLINE);
+        std::process::exit(1);
+    });
+    let head = read_request_head(&mut std::io::stdin().lock())?;
+    let answer = relay_answer(args, &head);
+    let mut out = std::io::stdout().lock();
+    out.write_all(&answer)?;
+    out.flush()?;
+    Ok(())
+}
+
+/// Reads an HTTP request's head (up to the empty line), at most [`MAX_REQUEST_HEAD`] bytes.
+fn read_request_head(input: &mut impl Read) -> Result<String> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if head.len() >= MAX_REQUEST_HEAD {
+            bail!("the request head is larger than {MAX_REQUEST_HEAD} bytes");
+        }
+        if input.read(&mut byte)? == 0 {
+            bail!("the connection closed within the request head");
+        }
+        head.extend_from_slice(&byte);
+    }
+    Ok(String::from_utf8_lossy(&head).into_owned())
+}
+
+fn simple_answer(status: &str, body: &str) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// The answer to one request head: `/self` from `/peers`, other GETs passed through.
+fn relay_answer(args: &RelayArgs, head: &str) -> Vec<u8> {
+    let mut words = head.lines().next().unwrap_or_default().split(' ');
+    let (method, path) = (
+        words.next().unwrap_or_default(),
+        words.next().unwrap_or_default(),
+    );
+    let has_body = head.lines().any(|l| {
+        let l = l.to_ascii_lowercase();
+        l.starts_with("transfer-encoding:")
+            || (l.starts_with("content-length:") && l.trim_end() != "content-length: 0")
+    });
+    if method != "GET" {
+        return simple_answer("405 Method Not Allowed", "only GET is supported\n");
+    }
+    // The path goes into the request to the metadata service: no control characters.
+    if has_body || !path.starts_with('/') || path.bytes().any(|b| b.is_ascii_control()) {
+        return simple_answer("400 Bad Request", "bad request\n");
+    }
+    if path != "/self" {
+        return http_get_raw(&args.metadata, path).unwrap_or_else(|_| {
+            simple_answer("502 Bad Gateway", "metadata service unreachable\n")
+        });
+    }
+    let Ok(peers) = http_get(&args.metadata, "/peers") else {
+        return simple_answer("502 Bad Gateway", "metadata service unreachable\n");
+    };
+    let own = serde_json::from_str::<Vec<serde_json::Value>>(&peers)
+        .ok()
+        .and_then(|list| {
+            list.into_iter().find(|i| {
+                i.get("VPCIP")
+                    .and_then(serde_json::Value::as_str)
+                    .and_then(|ip| ip.parse::<std::net::IpAddr>().ok())
+                    == Some(args.node_ip)
+            })
+        });
+    match own {
+        Some(instance) => {
+            let body = instance.to_string();
+            format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            )
+            .into_bytes()
+        }
+        None => simple_answer("404 Not Found", "no instance has the caller's address\n"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn boot_timing_splits_the_console_uptimes() {
+        let console = "\x1b[2J EFI stub: Loaded initrd\n\
+            asterism-init: start uptime=3.50 kernel=6.1.0\n\
+            asterism-init: bootstrapper start uptime=4.00\n\
+            asterism-init: bootstrapper exited with status 0 uptime=9.00\n";
+        let t = boot_timing(console, 21.0).unwrap();
+        assert_eq!(t.firmware_seconds, 12.0);
+        assert_eq!(t.kernel_seconds, 3.5);
+        assert_eq!(t.init_seconds, 0.5);
+        assert_eq!(t.bootstrapper_seconds, 5.0);
+        assert!(boot_timing("asterism-init: start uptime=1\n", 5.0).is_none());
+    }
+
+    #[test]
+    fn the_relay_refuses_other_methods_bodies_and_long_heads() {
+        let args = RelayArgs {
+            node_ip: "10.42.10.1".parse().unwrap(),
+            metadata: "127.0.0.1:1".into(),
+        };
+        let answer = |head: &str| String::from_utf8(relay_answer(&args, head)).unwrap();
+        assert!(answer("POST /self HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 405"));
+        assert!(
+            answer("GET /self HTTP/1.1\r\nContent-Length: 3\r\n\r\n").starts_with("HTTP/1.1 400")
+        );
+        assert!(answer("GET /peers\rHost: x HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 400"));
+        // Nothing listens on port 1: the service is unreachable, which the guest is told.
+        assert!(answer("GET /self HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 502"));
+        let long = format!("GET /{} HTTP/1.1\r\n\r\n", "a".repeat(MAX_REQUEST_HEAD));
+        assert!(read_request_head(&mut long.as_bytes()).is_err());
+        assert!(read_request_head(&mut "GET / HTTP/1.1\r\n".as_bytes()).is_err());
+    }
+
+    /// A metadata service that answers every request with `peers` and counts requests.
+    fn fake_metadata(peers: &'static str) -> String {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let mut stream = stream.unwrap();
+                let _ = read_request_head(&mut stream);
+                let _ = write!(
+                    stream,
+                    "HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n{peers}",
+                    peers.len()
+                );
+            }
+        });
+        addr
+    }
+
+    #[test]
+    fn the_relay_answers_self_with_its_own_nodes_record_only() {
+        let peers = r#"[{"Name":"control-plane-0","VPCIP":"10.42.10.1"},{"Name":"worker-0","VPCIP":"10.42.10.2"}]"#;
+        let metadata = fake_metadata(peers);
+        let ask = |node_ip: &str| {
+            let args = RelayArgs {
+                node_ip: node_ip.parse().unwrap(),
+                metadata: metadata.clone(),
+            };
+            String::from_utf8(relay_answer(&args, "GET /self HTTP/1.1\r\n\r\n")).unwrap()
+        };
+        let worker = ask("10.42.10.2");
+        assert!(worker.starts_with("HTTP/1.1 200"), "{worker}");
+        assert!(
+            worker.ends_with(r#"{"Name":"worker-0","VPCIP":"10.42.10.2"}"#),
+            "{worker}"
+        );
+        let stranger = ask("10.42.10.3");
+        assert!(stranger.starts_with("HTTP/1.1 404"), "{stranger}");
+        assert!(!stranger.contains("VPCIP"), "{stranger}");
+    }
+
+    #[test]
+    fn qemu_values_escape_commas() {
+        assert_eq!(qemu_value(Path::new("/a,b/c")).unwrap(), "/a,,b/c");
+    }
+}

@@ -45,3 +45,21 @@ install_cargo_tool() {
     step "installing $name $version (cargo install --locked)"
     cargo install --locked "$name@$version"
 }
+
+# Installs QEMU and OVMF for VM mode when they are missing; true when both are usable. A
+# machine whose package sources lack them gets false, not a failure: callers say SKIPPED.
+vm_host_ready() {
+    local pkg missing=()
+    for pkg in qemu-system-x86 ovmf; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' \
+            || missing+=("$pkg")
+    done
+    if ((${#missing[@]})); then
+        step "installing Debian packages: ${missing[*]}"
+        local sudo=()
+        if [ "$(id -u)" -ne 0 ]; then sudo=(sudo); fi
+        "${sudo[@]}" apt-get update -qq || true
+        DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" || true
+    fi
+    command -v qemu-system-x86_64 >/dev/null 2>&1 && [ -e /usr/share/OVMF/OVMF_CODE_4M.fd ]
+}

@@ -64,7 +64,7 @@ fn http_get(addr: &str, path: &str) -> String {
 #[test]
 fn idle_connections_from_one_address_do_not_keep_a_worker_out() {
     let tmp = tempfile::tempdir().unwrap();
-    let cluster = LocalCluster::create(&tmp.path().join("c"), 1, 31, bins()).unwrap();
+    let cluster = LocalCluster::create(&tmp.path().join("c"), 1, 35, bins()).unwrap();
     let _teardown = Teardown(&cluster);
     let rt = runtime();
 
@@ -74,7 +74,7 @@ fn idle_connections_from_one_address_do_not_keep_a_worker_out() {
     cluster.start_join_service().unwrap();
 
     // The outsider: an address of its own on the cluster's network, no credentials.
-    let outsider: IpAddr = "127.0.31.200".parse().unwrap();
+    let outsider: IpAddr = "127.0.35.200".parse().unwrap();
     let join: SocketAddr = format!("{}:{JOIN_PORT}", cluster.nodes[0].ip)
         .parse()
         .unwrap();

@@ -94,7 +94,7 @@ fn a_control_plane_vm_is_initialised_through_its_forwarded_port_and_down_stops_i
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("c");
     let _teardown = TeardownAt(dir.clone());
-    let vmc = VmCluster::create(&dir, 0, 31, bins(), &args).unwrap();
+    let vmc = VmCluster::create(&dir, 0, 71, bins(), &args).unwrap();
     let record = runtime().block_on(vmc.init_control_plane()).unwrap();
 
     let cp = &record.nodes[0];
@@ -107,7 +107,7 @@ fn a_control_plane_vm_is_initialised_through_its_forwarded_port_and_down_stops_i
     let console = std::fs::read_to_string(node.dir.join("console.log")).unwrap();
     for line in [
         "asterism-init: tpm0=yes tpmrm0=yes vda=yes",
-        "asterism-init: eth1 10.42.31.1/24",
+        "asterism-init: eth1 10.42.71.1/24",
         "asterism-init: bootstrapper exited with status 0",
     ] {
         assert!(console.contains(line), "the console says {line:?}");
@@ -133,7 +133,7 @@ fn a_vm_booted_with_a_changed_command_line_is_refused_naming_pcr_9() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("c");
     let _teardown = TeardownAt(dir.clone());
-    let mut vmc = VmCluster::create(&dir, 0, 33, bins(), &args).unwrap();
+    let mut vmc = VmCluster::create(&dir, 0, 73, bins(), &args).unwrap();
     // The kernel's EFI stub measures the command line into PCR 9; the reference boot's
     // measurements were taken without this word.
     vmc.image.cmdline.push_str(" quiet");

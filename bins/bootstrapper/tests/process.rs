@@ -136,6 +136,7 @@ async fn a_failed_disk_step_after_the_lock_resets_the_disk_streams_the_log_and_e
             storage_uri: "storage://no-store".into(),
             measurement_salt: vec![3; 32],
             init_secret: INIT_SECRET.to_vec(),
+            kubernetes_version: "v1.31.13".into(),
             ..InitRequest::default()
         })
         .await

@@ -353,7 +353,7 @@ impl CryptsetupCli {
 }
 
 impl Invocation {
-    fn push<I, S>(&mut self, args: I)
+    pub(crate) fn push<I, S>(&mut self, args: I)
     where
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
@@ -364,7 +364,7 @@ impl Invocation {
 
     /// Paths go after `--` would be cleaner, but cryptsetup does not accept it everywhere;
     /// a path starting with `-` is made unambiguous by prefixing `./`.
-    fn push_path(&mut self, path: &Path) {
+    pub(crate) fn push_path(&mut self, path: &Path) {
         if path.as_os_str().as_encoded_bytes().starts_with(b"-") {
             self.args.push(Path::new(".").join(path).into_os_string());
         } else {

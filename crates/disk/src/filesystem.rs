@@ -6,15 +6,16 @@
 //! a failure into a [`FileSystemError`] that carries the program's sanitized standard error.
 //! Neither command carries a secret: they work on the mapping, which the kernel decrypts.
 
-use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tracing::info;
 use zeroize::Zeroizing;
 
-use crate::command::sanitize_stderr;
-use crate::command::{CommandOutput, CommandRunner, Invocation, RunError, Step, SystemRunner};
+use crate::command::{
+    CommandOutput, CommandRunner, Invocation, RunError, Step, SystemRunner, sanitize_stderr,
+};
+use crate::error::exit_text;
 
 /// The file system made on the mapping: ext4, whose journal brings it back to a consistent
 /// state after a power cut (the image has no fsck).
@@ -70,43 +71,30 @@ impl FileSystemCli {
     /// takes no discards and a new mapping holds nothing to discard.
     #[must_use]
     pub fn make(&self, device: &Path) -> Invocation {
-        let mut args: Vec<OsString> = ["-q", "-F", "-t", FILE_SYSTEM_TYPE, "-L"]
-            .into_iter()
-            .map(OsString::from)
-            .collect();
-        args.extend([FILE_SYSTEM_LABEL, "-E", "nodiscard"].map(OsString::from));
-        args.push(plain_path(device));
-        invocation(Step::MakeFileSystem, &self.mkfs, args)
+        let mut inv = invocation(Step::MakeFileSystem, &self.mkfs);
+        inv.push(["-q", "-F", "-t", FILE_SYSTEM_TYPE, "-L", FILE_SYSTEM_LABEL]);
+        inv.push(["-E", "nodiscard"]);
+        inv.push_path(device);
+        inv
     }
 
     /// `mount -t ext4 -o nosuid,nodev DEVICE TARGET`.
     #[must_use]
     pub fn mount(&self, device: &Path, target: &Path) -> Invocation {
-        let mut args: Vec<OsString> = ["-t", FILE_SYSTEM_TYPE, "-o", MOUNT_OPTIONS]
-            .into_iter()
-            .map(OsString::from)
-            .collect();
-        args.push(plain_path(device));
-        args.push(plain_path(target));
-        invocation(Step::Mount, &self.mount, args)
+        let mut inv = invocation(Step::Mount, &self.mount);
+        inv.push(["-t", FILE_SYSTEM_TYPE, "-o", MOUNT_OPTIONS]);
+        inv.push_path(device);
+        inv.push_path(target);
+        inv
     }
 }
 
-fn invocation(step: Step, program: &Path, args: Vec<OsString>) -> Invocation {
+fn invocation(step: Step, program: &Path) -> Invocation {
     Invocation {
         step,
         program: program.to_path_buf(),
-        args,
+        args: Vec::new(),
         stdin: Zeroizing::new(Vec::new()),
-    }
-}
-
-/// A path that cannot be taken for an option (`./-x` for `-x`).
-fn plain_path(path: &Path) -> OsString {
-    if path.as_os_str().as_encoded_bytes().starts_with(b"-") {
-        Path::new(".").join(path).into_os_string()
-    } else {
-        path.as_os_str().to_os_string()
     }
 }
 
@@ -136,13 +124,6 @@ pub enum FileSystemError {
         /// Its standard error, sanitized and bounded.
         stderr: String,
     },
-}
-
-fn exit_text(status: Option<i32>) -> String {
-    match status {
-        Some(code) => format!("exit status {code}"),
-        None => "ended by a signal".to_owned(),
-    }
 }
 
 /// The state disk's file system, on the mapping [`crate::StateDisk::unlock`] made.
@@ -214,6 +195,7 @@ impl<R: CommandRunner> StateFileSystem<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::ffi::OsString;
     use std::sync::Mutex;
 
     /// Records each invocation and answers with a fixed status and standard error.

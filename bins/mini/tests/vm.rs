@@ -132,6 +132,7 @@ fn a_control_plane_vm_is_initialised_through_its_forwarded_port_and_down_stops_i
     for line in [
         "asterism-init: mount /dev/mapper/state on /run/node/state type ext4 (rw,nosuid,nodev",
         "asterism-init: node state on the mounted disk: yes, beneath the mount point: no",
+        "asterism-init: first-boot passphrase file left: no",
     ] {
         assert!(console.contains(line), "the console says {line:?}");
     }

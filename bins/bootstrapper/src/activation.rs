@@ -276,7 +276,7 @@ impl Activation {
 /// Re-keys the state disk from the first-boot passphrase to `new` (crash-safe: see
 /// docs/disk.md), then removes the first-boot passphrase file: it opens nothing any more.
 async fn rekey_disk<M>(node: &Node<M>, new: DataKey) -> Result<(), StepError> {
-    let path = node.dir().initial_key();
+    let path = crate::boot::initial_key_path(node.disk.as_ref(), node.dir());
     let old = files::read_capped(&path, MAX_INITIAL_KEY_FILE)?;
     let old = DataKey::new(old).map_err(|_| StepError::EmptyInitialKey { path: path.clone() })?;
     let disk = node.disk.clone();

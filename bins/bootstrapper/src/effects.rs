@@ -1,14 +1,17 @@
 //! The external effects the bootstrapper has, each behind a narrow trait: the node marker
-//! (PCR 15 of the TPM), the state disk (cryptsetup), and Kubernetes (a driver).
+//! (PCR 15 of the TPM), the state disk (cryptsetup) and its file system (mke2fs, mount),
+//! and Kubernetes (a driver).
 //!
 //! All of them are blocking or slow; the flows call the blocking ones on blocking threads.
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use asterism_cluster::{BootstrapToken, Role};
 use asterism_components::{CheckedComponents, Component, ComponentError};
-use asterism_disk::{DataKey, DiskError, DiskUuid, StateDisk, Unlocked};
+use asterism_disk::{
+    DataKey, DiskError, DiskUuid, FileSystemError, StateDisk, StateFileSystem, Unlocked,
+};
 use asterism_kms::ClusterId;
 use asterism_kubeadm::setup::ControlPlaneFile;
 use asterism_tpm::marker::{self, MarkerError};
@@ -84,6 +87,31 @@ pub trait DiskOps: Send + Sync {
     /// Whether `passphrase` opens a keyslot of the disk; changes nothing (a refused
     /// recovery key must leave the disk as it was).
     fn check_key(&self, passphrase: &DataKey) -> Result<bool, DiskError>;
+    /// Whether [`DiskOps::unlock`] maps the disk (where the kernel has device-mapper), so
+    /// that `state/` becomes the mount point of its file system. Decides, before the first
+    /// boot's format, that the first-boot passphrase is kept outside `state/`.
+    fn maps(&self) -> bool;
+}
+
+/// The state disk's file system: made on the first boot and mounted on `state/` on every
+/// boot, once the disk is mapped. Without a mapping (no device-mapper: local mode) it is
+/// never used, and `state/` is a plain directory that stands for the disk.
+pub trait StateMount: Send + Sync {
+    /// Makes a new, empty file system on `device`, the mapping of a disk formatted in this
+    /// boot.
+    fn make_file_system(&self, device: &Path) -> Result<(), FileSystemError>;
+    /// Mounts the file system on `device` at `target`.
+    fn mount(&self, device: &Path, target: &Path) -> Result<(), FileSystemError>;
+}
+
+impl StateMount for StateFileSystem {
+    fn make_file_system(&self, device: &Path) -> Result<(), FileSystemError> {
+        self.make(device)
+    }
+
+    fn mount(&self, device: &Path, target: &Path) -> Result<(), FileSystemError> {
+        StateFileSystem::mount(self, device, target)
+    }
 }
 
 /// How [`LuksDisk`] unlocks a disk.
@@ -134,6 +162,10 @@ impl DiskOps for LuksDisk {
 
     fn check_key(&self, passphrase: &DataKey) -> Result<bool, DiskError> {
         self.disk.check_key(passphrase)
+    }
+
+    fn maps(&self) -> bool {
+        self.unlock == UnlockMode::Map
     }
 
     fn unlock(&self, passphrase: &DataKey) -> Result<Unlocked, DiskError> {
@@ -346,4 +378,67 @@ pub trait KubernetesDriver: Send + Sync {
     /// Joins this node to the cluster. The parameters are handed over: the bootstrap
     /// token goes on into the kubeadm configuration without a copy.
     fn join(&self, params: ClusterJoin) -> BoxFuture<'_, Result<(), DriverError>>;
+}
+
+/// Stand-ins for the unit tests.
+#[cfg(test)]
+pub(crate) mod fakes {
+    use std::path::{Path, PathBuf};
+    use std::sync::{Arc, Mutex};
+
+    use asterism_disk::{FileSystemError, Step};
+
+    use super::StateMount;
+
+    /// A stand-in for mke2fs and mount, which need device-mapper and root (these tests run
+    /// without either). It records each call in `log` (shared with a disk stand-in, so the
+    /// order of disk and file-system steps shows), a mount with how many entries its target
+    /// held (a mount hides them), and on `mount` puts `contents` into the target, as the
+    /// mounted file system would show them. `fail` makes that step fail.
+    #[derive(Default)]
+    pub(crate) struct RecordingMount {
+        pub(crate) log: Arc<Mutex<Vec<String>>>,
+        pub(crate) contents: Vec<(PathBuf, Vec<u8>)>,
+        pub(crate) fail: Option<Step>,
+    }
+
+    impl RecordingMount {
+        fn failed(&self, step: Step, device: &Path) -> Result<(), FileSystemError> {
+            if self.fail == Some(step) {
+                return Err(FileSystemError::Failed {
+                    device: device.to_path_buf(),
+                    step,
+                    status: Some(32),
+                    stderr: "refused by the test".into(),
+                });
+            }
+            Ok(())
+        }
+    }
+
+    impl StateMount for RecordingMount {
+        fn make_file_system(&self, device: &Path) -> Result<(), FileSystemError> {
+            self.log
+                .lock()
+                .unwrap()
+                .push(format!("mkfs {}", device.display()));
+            self.failed(Step::MakeFileSystem, device)
+        }
+
+        fn mount(&self, device: &Path, target: &Path) -> Result<(), FileSystemError> {
+            let held = std::fs::read_dir(target).map_or(usize::MAX, Iterator::count);
+            self.log.lock().unwrap().push(format!(
+                "mount {} on {} over {held} entries",
+                device.display(),
+                target.display()
+            ));
+            self.failed(Step::Mount, device)?;
+            for (path, data) in &self.contents {
+                let path = target.join(path);
+                std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+                std::fs::write(path, data).unwrap();
+            }
+            Ok(())
+        }
+    }
 }

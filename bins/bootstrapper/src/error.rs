@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use asterism_atls::AtlsError;
-use asterism_disk::DiskError;
+use asterism_disk::{DiskError, FileSystemError};
 use asterism_kms::{DeriveError, KeyIdError};
 
 use crate::dial::DialError;
@@ -24,6 +24,9 @@ pub enum StepError {
     /// A state disk operation failed.
     #[error("state disk")]
     Disk(#[from] DiskError),
+    /// The state disk's file system could not be made or mounted.
+    #[error("state disk file system")]
+    FileSystem(#[from] FileSystemError),
     /// A file could not be read or written.
     #[error(transparent)]
     File(#[from] FileError),
@@ -112,7 +115,8 @@ pub enum ResumeError {
     /// The node lock is taken: the node is already back (or going).
     #[error("the node is already rejoined or recovered")]
     AlreadyDone,
-    /// The disk opened but holds no complete node state: the disk must be reset.
+    /// The disk opened but holds no complete node state (or, mapped, its file system does
+    /// not mount): the disk must be reset.
     #[error("the state disk holds no complete node state")]
     Incomplete(#[source] StepError),
     /// The node lock was taken but PCR 15 could not be marked: past the point of no return.

@@ -6,7 +6,9 @@
 //!   join service for a rejoin ticket and, in parallel, serves `recoverproto.API/Recover`
 //!   (`<node ip>:9999`, aTLS, the node attests) for the owner's keys; the first keys that
 //!   open the disk unlock it and re-mark PCR 15. A new disk is formatted with a random
-//!   first-boot passphrase.
+//!   first-boot passphrase. Where the disk is mapped (device-mapper), `state/` is the mount
+//!   point of its file system: made after the format, mounted before anything is written
+//!   into `state/` and, on a reboot, before the node state is read.
 //! * **What this node is** (its name and role from the metadata, its SSH host key, its disk
 //!   UUID) is learned once, then handed to both flows.
 //! * **InitServer** (`init.API/Init` on the listener [`run`] is given, `<node ip>:9000` in
@@ -20,7 +22,7 @@
 //! * A failure after the point of no return marks the state disk for reset and ends the
 //!   run with [`Failure::AfterLock`] (exit status [`EXIT_RESET`]).
 //!
-//! External effects sit behind narrow traits ([`NodeMarker`], [`DiskOps`],
+//! External effects sit behind narrow traits ([`NodeMarker`], [`DiskOps`], [`StateMount`],
 //! [`KubernetesDriver`], `asterism_metadata::Metadata`, `asterism_attestation::Issuer`).
 //!
 //! This crate must never log or return a secret (init secret, KMS URI, keys, tokens), never
@@ -67,7 +69,7 @@ pub use driver::{
 };
 pub use effects::{
     ApiServerEndpoint, ClusterInit, ClusterJoin, Components, DiskOps, DriverError, EndpointError,
-    KubernetesDriver, LuksDisk, MarkError, NodeMarker, TpmMarker, UnlockMode,
+    KubernetesDriver, LuksDisk, MarkError, NodeMarker, StateMount, TpmMarker, UnlockMode,
 };
 pub use error::ResumeError;
 pub use error::StepError;

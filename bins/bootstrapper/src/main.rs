@@ -20,7 +20,7 @@ use asterism_bootstrapper::{
     Config, KubeadmDriver, KubeadmDriverConfig, KubernetesDriver, LogBuffer, LuksDisk, Node,
     NodeDir, Outcome, TpmMarker, UnlockMode,
 };
-use asterism_disk::{DiskConfig, Integrity, Pbkdf, StateDisk};
+use asterism_disk::{DiskConfig, FileSystemConfig, Integrity, Pbkdf, StateDisk, StateFileSystem};
 use asterism_metadata::HttpMetadata;
 use asterism_metadata::imds::Imds;
 use asterism_tpm::{PcrSelection, Tpm, TpmConfig, TpmIssuer};
@@ -187,10 +187,21 @@ struct Args {
     #[arg(long, value_enum, default_value_t = IntegrityArg::IfAvailable)]
     state_disk_integrity: IntegrityArg,
 
-    /// How a reboot unlocks the state disk: `key-check` (local mode: check the key, map
-    /// nothing) or `map` (device-mapper).
+    /// How the state disk is opened: `key-check` (local mode: check the key, map nothing;
+    /// `state/` is a plain directory that stands for the disk) or `map` (device-mapper: the
+    /// first boot maps the new disk and makes an ext4 file system on it, every boot mounts
+    /// it on `state/`, and the first-boot passphrase stays in `run/`).
     #[arg(long, value_enum, default_value_t = UnlockArg::KeyCheck)]
     state_disk_unlock: UnlockArg,
+
+    /// With `--state-disk-unlock map`: e2fsprogs' mke2fs, which makes the state disk's file
+    /// system.
+    #[arg(long, value_name = "PATH", default_value = "mke2fs")]
+    mkfs: PathBuf,
+
+    /// With `--state-disk-unlock map`: the mount program.
+    #[arg(long, value_name = "PATH", default_value = "mount")]
+    mount: PathBuf,
 
     /// argon2id iterations of the disk keyslots (forced; no benchmark). Without it the
     /// original's parameters are used (2 s target, 64 MiB, 4 threads).
@@ -547,6 +558,11 @@ async fn run(args: Args, logs: LogBuffer) -> anyhow::Result<u8> {
         UnlockArg::KeyCheck => UnlockMode::KeyCheck,
         UnlockArg::Map => UnlockMode::Map,
     };
+    let file_system = StateFileSystem::new(&FileSystemConfig {
+        mkfs: args.mkfs.clone(),
+        mount: args.mount.clone(),
+        ..FileSystemConfig::default()
+    });
 
     let metadata = HttpMetadata::new(&args.metadata_url)
         .context("--metadata-url")?
@@ -578,6 +594,7 @@ async fn run(args: Args, logs: LogBuffer) -> anyhow::Result<u8> {
         config,
         Arc::new(TpmMarker::new(args.tpm.clone())),
         Arc::new(LuksDisk::new(disk, unlock)),
+        Arc::new(file_system),
         Arc::new(issuer),
         metadata,
         driver,

@@ -1,5 +1,6 @@
-//! The node: its configuration and its effects (PCR 15, the state disk, the attestation
-//! issuer, the metadata, the Kubernetes driver, the log buffer) and the node lock. Built
+//! The node: its configuration and its effects (PCR 15, the state disk and its file system,
+//! the attestation issuer, the metadata, the Kubernetes driver, the log buffer) and the node
+//! lock. Built
 //! once by the program (or a test) and handed to the flows.
 
 use std::sync::Arc;
@@ -9,7 +10,7 @@ use asterism_binkit::error_chain;
 use tracing::warn;
 
 use crate::config::Config;
-use crate::effects::{DiskOps, KubernetesDriver, NodeMarker};
+use crate::effects::{DiskOps, KubernetesDriver, NodeMarker, StateMount};
 use crate::error::blocking;
 use crate::lock::NodeLock;
 use crate::logbuf::LogBuffer;
@@ -20,6 +21,7 @@ pub struct Node<M> {
     pub(crate) config: Config,
     pub(crate) marker: Arc<dyn NodeMarker>,
     pub(crate) disk: Arc<dyn DiskOps>,
+    pub(crate) mount: Arc<dyn StateMount>,
     pub(crate) issuer: Arc<dyn Issuer>,
     pub(crate) metadata: M,
     pub(crate) driver: Arc<dyn KubernetesDriver>,
@@ -38,13 +40,15 @@ impl<M> std::fmt::Debug for Node<M> {
 }
 
 impl<M> Node<M> {
-    /// A node with its effects: the node marker (PCR 15), the state disk, the attestation
-    /// issuer, the metadata client, the Kubernetes driver and the log buffer that failed
-    /// Inits stream back.
+    /// A node with its effects: the node marker (PCR 15), the state disk, its file system
+    /// (used only where the disk is mapped), the attestation issuer, the metadata client,
+    /// the Kubernetes driver and the log buffer that failed Inits stream back.
+    #[allow(clippy::too_many_arguments)] // one per effect, each named by its type
     pub fn new(
         config: Config,
         marker: Arc<dyn NodeMarker>,
         disk: Arc<dyn DiskOps>,
+        mount: Arc<dyn StateMount>,
         issuer: Arc<dyn Issuer>,
         metadata: M,
         driver: Arc<dyn KubernetesDriver>,
@@ -55,6 +59,7 @@ impl<M> Node<M> {
             config,
             marker,
             disk,
+            mount,
             issuer,
             metadata,
             driver,

@@ -130,8 +130,10 @@ impl KubernetesHandover {
     }
 }
 
-/// The paths of one node directory (`<cluster dir>/nodes/<name>/`). `state/` stands for the
-/// mounted state disk (`/run/state` on a real node).
+/// The paths of one node directory (`<cluster dir>/nodes/<name>/`, `/run/node` in the node
+/// image). `state/` is the mount point of the state disk's file system where the disk is
+/// mapped (device-mapper); without device-mapper it is a plain directory that stands for
+/// the mounted disk.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeDir {
     root: PathBuf,
@@ -156,16 +158,25 @@ impl NodeDir {
         self.root.join("state.img")
     }
 
-    /// `state/`: stands for the mounted state disk.
+    /// `state/`: the mounted state disk, or the plain directory that stands for it.
     #[must_use]
     pub fn state(&self) -> PathBuf {
         self.root.join("state")
     }
 
-    /// `state/initial.key`: the first-boot passphrase (0400) until re-keying replaces it.
+    /// `state/initial.key`: the first-boot passphrase (0400) until re-keying replaces it,
+    /// where `state/` only stands for the disk (no device-mapper).
     #[must_use]
     pub fn initial_key(&self) -> PathBuf {
         self.state().join("initial.key")
+    }
+
+    /// `run/initial.key`: the first-boot passphrase of a disk that is mapped, outside the
+    /// file system it protects (it is written before the format, and `run/` is memory on a
+    /// node); removed after re-keying.
+    #[must_use]
+    pub fn mapped_initial_key(&self) -> PathBuf {
+        self.run().join("initial.key")
     }
 
     /// `state/constellation/node_state.json`.
@@ -236,7 +247,8 @@ impl NodeDir {
             .join("kubelet-client-key.pem")
     }
 
-    /// `run/`: scratch space (detached LUKS header copies).
+    /// `run/`: scratch space (detached LUKS header copies; the first-boot passphrase of a
+    /// mapped disk).
     #[must_use]
     pub fn run(&self) -> PathBuf {
         self.root.join("run")

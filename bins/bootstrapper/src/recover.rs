@@ -8,7 +8,9 @@
 //!
 //! The order inside [`Resume::resume`] makes a refused call harmless: the disk key is
 //! checked against the LUKS2 header first (nothing is mapped, nothing written), the
-//! measurement secret is checked by the cluster it derives before PCR 15 is touched.
+//! measurement secret is checked by the cluster it derives before PCR 15 is touched. Where
+//! the disk is mapped, its file system is mounted on `state/` before the node state is read
+//! from it.
 
 use std::sync::Arc;
 
@@ -22,7 +24,7 @@ use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 use zeroize::Zeroizing;
 
-use crate::error::{ResumeError, blocking};
+use crate::error::{ResumeError, StepError, blocking};
 use crate::lock::Holder;
 use crate::node::Node;
 use crate::node_state::NodeState;
@@ -112,19 +114,23 @@ impl<M: Send + Sync + 'static> Resume<M> {
         }
         if !*unlocked {
             let disk = node.disk.clone();
-            match blocking(move || disk.unlock(&disk_key))
+            let opened = blocking(move || disk.unlock(&disk_key))
                 .await
-                .map_err(ResumeError::Step)?
-            {
+                .map_err(ResumeError::Step)?;
+            // Not mapped twice, whatever follows: a failed mount ends the run.
+            *unlocked = true;
+            match opened {
                 Unlocked::KeyChecked => info!(
                     step = "resume",
                     "unlocked the state disk by a key check, without device-mapper (local mode: the node directory's state/ stands for the mounted disk)"
                 ),
-                Unlocked::Mapped(path) => {
-                    info!(step = "resume", mapped = %path.display(), "unlocked the state disk");
+                Unlocked::Mapped(device) => {
+                    info!(step = "resume", mapped = %device.display(), "unlocked the state disk");
+                    mount_state(node, device)
+                        .await
+                        .map_err(ResumeError::Incomplete)?;
                 }
             }
-            *unlocked = true;
         }
         let state = NodeState::read(&node.dir().node_state())
             .map_err(|e| ResumeError::Incomplete(e.into()))?;
@@ -145,6 +151,16 @@ impl<M: Send + Sync + 'static> Resume<M> {
         info!(step = "done", source = ?source, cluster_id = %cluster_id, role = %state.role, "the node is back: marked PCR 15 with the cluster ID");
         Ok(cluster_id)
     }
+}
+
+/// Mounts the file system of the mapped state disk on `state/`, before the node state is read
+/// from it. A disk that opens with this node's key but whose file system does not mount
+/// holds no usable node state.
+async fn mount_state<M>(node: &Node<M>, device: std::path::PathBuf) -> Result<(), StepError> {
+    let state = node.dir().state();
+    crate::files::create_dirs(&state)?;
+    let mount = node.mount.clone();
+    blocking(move || mount.mount(&device, &state)).await
 }
 
 /// Why a Recover request is refused before its keys are tried.
@@ -347,6 +363,7 @@ mod tests {
     use asterism_kms::{ClusterKms, MasterSecret, Salt};
 
     use crate::config::Config;
+    use crate::effects::fakes::RecordingMount;
     use crate::effects::{DiskOps, MarkError, NodeMarker};
     use crate::logbuf::LogBuffer;
     use crate::node_state::NodeDir;
@@ -376,8 +393,10 @@ mod tests {
     }
 
     /// A disk that one key opens; it counts unlocks and the key checks in flight at once.
+    /// `mapped`: it unlocks as a mapping, as with device-mapper.
     struct FakeDisk {
         key: Vec<u8>,
+        mapped: bool,
         unlocks: AtomicUsize,
         in_flight: AtomicUsize,
         most_in_flight: AtomicUsize,
@@ -401,7 +420,14 @@ mod tests {
         }
         fn unlock(&self, _: &DataKey) -> Result<Unlocked, DiskError> {
             self.unlocks.fetch_add(1, Ordering::SeqCst);
-            Ok(Unlocked::KeyChecked)
+            Ok(if self.mapped {
+                Unlocked::Mapped(MAPPING.into())
+            } else {
+                Unlocked::KeyChecked
+            })
+        }
+        fn maps(&self) -> bool {
+            self.mapped
         }
         fn check_key(&self, passphrase: &DataKey) -> Result<bool, DiskError> {
             let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
@@ -442,21 +468,44 @@ mod tests {
         disk: Arc<FakeDisk>,
         marks: Arc<Marks>,
         node: Arc<Node<()>>,
+        mount: Arc<RecordingMount>,
         _dir: tempfile::TempDir,
     }
 
-    fn fixture(trust: JoinServiceTrust) -> Fixture {
-        let dir = tempfile::tempdir().unwrap();
-        let node_dir = NodeDir::new(dir.path().join("node"));
+    /// Where the fake disk is mapped.
+    const MAPPING: &str = "/dev/mapper/state";
+
+    fn node_state() -> NodeState {
         NodeState {
             role: Role::ControlPlane,
             measurement_salt: SALT,
         }
-        .write(&node_dir.node_state())
-        .unwrap();
+    }
+
+    /// A node whose state is in `state/` (which stands for the disk).
+    fn fixture(trust: JoinServiceTrust) -> Fixture {
+        fixture_with(trust, false, RecordingMount::default())
+    }
+
+    /// With `mapped`, the node state is on the disk's file system only: `mount` shows it
+    /// in `state/` once mounted.
+    fn fixture_with(trust: JoinServiceTrust, mapped: bool, mut mount: RecordingMount) -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let node_dir = NodeDir::new(dir.path().join("node"));
+        if mapped {
+            let relative = node_dir.node_state();
+            let relative = relative.strip_prefix(node_dir.state()).unwrap();
+            mount
+                .contents
+                .push((relative.to_path_buf(), node_state().to_json().into_bytes()));
+        } else {
+            node_state().write(&node_dir.node_state()).unwrap();
+        }
+        let mount = Arc::new(mount);
         let mut config = Config::new(node_dir, "127.0.0.1".parse().unwrap());
         config.join_service = trust;
         let disk = Arc::new(FakeDisk {
+            mapped,
             key: keys_of(&kms()).disk_key.expose_secret().to_vec(),
             unlocks: AtomicUsize::new(0),
             in_flight: AtomicUsize::new(0),
@@ -467,6 +516,7 @@ mod tests {
             config,
             marks.clone(),
             disk.clone(),
+            mount.clone(),
             Arc::new(NoIssuer),
             (),
             Arc::new(crate::driver::NoneDriver::new()),
@@ -478,6 +528,7 @@ mod tests {
             disk,
             marks,
             node,
+            mount,
             _dir: dir,
         }
     }
@@ -580,6 +631,58 @@ mod tests {
         assert_eq!(f.disk.most_in_flight.load(Ordering::SeqCst), 1);
         assert_eq!(f.disk.unlocks.load(Ordering::SeqCst), 1);
         assert_eq!(f.marks.0.lock().unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_mapped_disk_is_mounted_before_its_node_state_is_read_and_never_formatted() {
+        let f = fixture_with(
+            trusting_cluster(cluster_of(&kms())),
+            true,
+            RecordingMount::default(),
+        );
+        let state = f.node.dir().state();
+        // Before the mount, the node state is nowhere but on the disk.
+        assert!(!f.node.dir().node_state().exists());
+        let id = f
+            .resume
+            .resume(keys_of(&kms()), Source::Recovery)
+            .await
+            .unwrap();
+        assert_eq!(id, cluster_of(&kms()));
+        assert_eq!(
+            *f.mount.log.lock().unwrap(),
+            [format!(
+                "mount {MAPPING} on {} over 0 entries",
+                state.display()
+            )],
+            "mounted once on an empty state/, and no file system was made over the node's data"
+        );
+        assert_eq!(*f.marks.0.lock().unwrap(), [id]);
+    }
+
+    #[tokio::test]
+    async fn a_mapped_disk_whose_file_system_does_not_mount_is_incomplete_and_marks_nothing() {
+        let mount = RecordingMount {
+            fail: Some(asterism_disk::Step::Mount),
+            ..RecordingMount::default()
+        };
+        let f = fixture_with(trusting_cluster(cluster_of(&kms())), true, mount);
+        let refused = f.resume.resume(keys_of(&kms()), Source::Recovery).await;
+        assert!(
+            matches!(
+                &refused,
+                Err(ResumeError::Incomplete(StepError::FileSystem(
+                    asterism_disk::FileSystemError::Failed {
+                        step: asterism_disk::Step::Mount,
+                        ..
+                    }
+                )))
+            ),
+            "{refused:?}"
+        );
+        assert!(refused.unwrap_err().is_terminal(), "the disk is reset");
+        assert!(f.marks.0.lock().unwrap().is_empty());
+        assert!(!f.node.lock.is_taken());
     }
 
     fn uuid() -> DiskUuid {

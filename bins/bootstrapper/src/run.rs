@@ -141,7 +141,7 @@ async fn run_inner<M: Metadata + 'static>(
         init: init_listener,
         recover: recover_listener,
     } = listeners;
-    let boot = boot_phase(&node.marker, &node.disk, node.dir()).await;
+    let boot = boot_phase(&node.marker, &node.disk, &node.mount, node.dir()).await;
     let uuid = match boot.map_err(Failure::BeforeLock)? {
         Boot::AlreadyBootstrapped => {
             info!(

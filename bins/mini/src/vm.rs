@@ -2,7 +2,8 @@
 //! (docs/vm-image.md), which the firmware measures into the node's own TPM.
 //!
 //! Per node: a swtpm on a Unix socket, a copy of the firmware variables, a raw virtio disk
-//! (the LUKS2 state disk), and two NICs. The first is QEMU's user-mode network: it forwards
+//! (the LUKS2 state disk, which the node maps with dm-crypt and mounts: the node's state
+//! lives there, encrypted), and two NICs. The first is QEMU's user-mode network: it forwards
 //! the node's InitServer and verify ports to its loopback address on the host, as process
 //! mode has them, and forwards the guest's metadata address to a relay on the host that
 //! answers for this node (see [`metadata_relay`]). The second joins the cluster network, a

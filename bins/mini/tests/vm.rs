@@ -1,7 +1,7 @@
 //! End to end, VM mode: the control plane boots as a QEMU VM from the node image (OVMF,
 //! its own swtpm, a virtio state disk), `asterism init` reaches it through the forwarded
-//! port and verifies the PCRs the firmware and the kernel measured, and `down` leaves no
-//! QEMU or swtpm running.
+//! port and verifies the PCRs the firmware and the kernel measured, the node's state ends up
+//! on its disk (mapped, mounted, encrypted), and `down` leaves no QEMU or swtpm running.
 //!
 //! Needs QEMU, OVMF, the node image (`scripts/build-node-image`) and its reference
 //! measurements (`scripts/boot-node-image`): `ASTERISM_NODE_IMAGE` and
@@ -113,6 +113,42 @@ fn a_control_plane_vm_is_initialised_through_its_forwarded_port_and_down_stops_i
         assert!(console.contains(line), "the console says {line:?}");
     }
     assert!(dir.join("workspace/master-secret.json").is_file());
+
+    // The node's state is on the encrypted disk: mapped with dm-crypt (and dm-integrity
+    // where the kernel has it), its file system mounted on state/, the node state file on
+    // it and nowhere beneath the mount point.
+    let dm = |name: &str| {
+        console
+            .lines()
+            .any(|l| l.contains("asterism-init: dm dm-") && l.contains(name))
+    };
+    assert!(
+        dm(" name=state uuid=CRYPT-LUKS2-"),
+        "the disk is mapped with dm-crypt"
+    );
+    if console.contains("dm-integrity=yes") {
+        assert!(dm(" name=state_dif "), "with dm-integrity beneath");
+    }
+    for line in [
+        "asterism-init: mount /dev/mapper/state on /run/node/state type ext4 (rw,nosuid,nodev",
+        "asterism-init: node state on the mounted disk: yes, beneath the mount point: no",
+        "asterism-init: first-boot passphrase file left: no",
+    ] {
+        assert!(console.contains(line), "the console says {line:?}");
+    }
+    // And encrypted: what the node wrote is not on the disk image in plain text.
+    let image = std::fs::read(node.dir.join("state.img")).unwrap();
+    for plain in [
+        &b"MeasurementSalt"[..],
+        b"kubernetes_version",
+        b"ssh-ed25519",
+    ] {
+        assert!(
+            !image.windows(plain.len()).any(|w| w == plain),
+            "{:?} is on the disk image in plain text",
+            String::from_utf8_lossy(plain)
+        );
+    }
 
     // `down` stops the VM and its TPM, by their pid files.
     let qemu = pid_in(&node.dir.join("run/qemu.pid"));

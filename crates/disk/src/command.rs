@@ -24,7 +24,8 @@ use crate::header::KeySlot;
 /// LUKS2 JSON metadata is at most 4 MiB, so a header dump always fits.
 pub const MAX_CAPTURED_OUTPUT: usize = 8 * 1024 * 1024;
 
-/// The cryptsetup step an invocation performs, for logs and errors.
+/// The step an invocation performs, for logs and errors: a cryptsetup action, or one of the
+/// two programs of the state disk's file system ([`crate::StateFileSystem`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Step {
     /// `isLuks --type luks2`.
@@ -47,10 +48,14 @@ pub enum Step {
     KillSlot,
     /// `open` (device-mapper activation).
     Open,
+    /// `mke2fs` on the mapping.
+    MakeFileSystem,
+    /// `mount` of the mapping.
+    Mount,
 }
 
 impl Step {
-    /// The cryptsetup action of this step.
+    /// The cryptsetup action of this step (or the file-system program).
     #[must_use]
     pub fn action(self) -> &'static str {
         match self {
@@ -64,6 +69,8 @@ impl Step {
             Self::AddKey => "luksAddKey",
             Self::KillSlot => "luksKillSlot",
             Self::Open => "open",
+            Self::MakeFileSystem => "mke2fs",
+            Self::Mount => "mount",
         }
     }
 }
@@ -346,7 +353,7 @@ impl CryptsetupCli {
 }
 
 impl Invocation {
-    fn push<I, S>(&mut self, args: I)
+    pub(crate) fn push<I, S>(&mut self, args: I)
     where
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
@@ -357,7 +364,7 @@ impl Invocation {
 
     /// Paths go after `--` would be cleaner, but cryptsetup does not accept it everywhere;
     /// a path starting with `-` is made unambiguous by prefixing `./`.
-    fn push_path(&mut self, path: &Path) {
+    pub(crate) fn push_path(&mut self, path: &Path) {
         if path.as_os_str().as_encoded_bytes().starts_with(b"-") {
             self.args.push(Path::new(".").join(path).into_os_string());
         } else {

@@ -167,7 +167,8 @@ pub enum DiskError {
     Random,
 }
 
-fn exit_text(status: Option<i32>) -> String {
+/// An exit status for a message.
+pub(crate) fn exit_text(status: Option<i32>) -> String {
     match status {
         Some(code) => format!("exit status {code}"),
         None => "ended by a signal".to_owned(),

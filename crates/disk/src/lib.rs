@@ -15,6 +15,8 @@
 //!   [`Backend::Program`] runs the program. [`CryptsetupCli`] builds every command line as a
 //!   value; [`CommandRunner`] is the edge that runs them ([`SystemRunner`] for real, with a
 //!   timeout on every run).
+//! * [`StateFileSystem`] makes the file system on a mapped disk (first boot) and mounts it
+//!   (every boot), with `mke2fs` and `mount` run the same way.
 //!
 //! This is the only crate that runs cryptsetup. It must never put a passphrase on a command
 //! line, in a file, in a log or in an error: passphrases reach the program on standard input
@@ -26,6 +28,7 @@ mod command;
 mod config;
 mod disk;
 mod error;
+mod filesystem;
 mod header;
 
 pub use command::{
@@ -40,6 +43,10 @@ pub use disk::{
     Formatted, INITIAL_PASSPHRASE_LEN, StateDisk, Unlocked, generate_initial_passphrase,
 };
 pub use error::DiskError;
+pub use filesystem::{
+    DEFAULT_FILE_SYSTEM_TIMEOUT, FILE_SYSTEM_LABEL, FILE_SYSTEM_TYPE, FileSystemCli,
+    FileSystemConfig, FileSystemError, MOUNT_OPTIONS, StateFileSystem,
+};
 pub use header::{
     HeaderError, IntegrityRule, KeySlot, LUKS2_KEYSLOTS, MAX_KEYSLOTS, TOKEN_TYPE, TokenState,
     ValidatedHeader, VolumeKeyDigest, read_token_state, token_json, validate_header,

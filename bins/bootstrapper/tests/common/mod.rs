@@ -19,7 +19,7 @@ use asterism_bootstrapper::{
     Config, Failure, JoinServiceTrust, KubernetesDriver, Listeners, LogBuffer, LuksDisk, Node,
     NodeDir, NoneDriver, Outcome, TpmMarker, UnlockMode,
 };
-use asterism_disk::{DiskConfig, Integrity, Pbkdf, StateDisk};
+use asterism_disk::{DiskConfig, FileSystemConfig, Integrity, Pbkdf, StateDisk, StateFileSystem};
 use asterism_metadata::{InstanceMetadata, Role, StaticMetadata};
 use asterism_testkit::{Swtpm, pin};
 use asterism_tpm::{PcrSelection, Tpm};
@@ -143,6 +143,8 @@ impl TestNode {
             config,
             Arc::new(TpmMarker::new(self.swtpm.config())),
             Arc::new(LuksDisk::new(disk, UnlockMode::KeyCheck)),
+            // Never used: a disk opened by a key check is not mapped.
+            Arc::new(StateFileSystem::new(&FileSystemConfig::default())),
             Arc::new(self.swtpm.held_issuer().unwrap()),
             metadata,
             driver,

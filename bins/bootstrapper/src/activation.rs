@@ -39,7 +39,7 @@ pub(crate) struct NodeFile {
 }
 
 impl NodeFile {
-    fn new(path: PathBuf, data: impl Into<Vec<u8>>, mode: u32) -> Self {
+    pub(crate) fn new(path: PathBuf, data: impl Into<Vec<u8>>, mode: u32) -> Self {
         Self {
             path,
             data: Zeroizing::new(data.into()),
@@ -102,6 +102,8 @@ pub(crate) struct InitActivation {
     /// The record of this node's disk and attestation key for the join service (JSON), if
     /// the node knows its attestation key identity.
     pub(crate) init_node_record: Option<String>,
+    /// The files of the cluster's services when this node hosts them ([`crate::hosted`]).
+    pub(crate) hosted_services: Vec<NodeFile>,
     /// What the driver needs.
     pub(crate) params: ClusterInit,
 }
@@ -176,6 +178,7 @@ impl Activation {
                 files::SECRET_MODE,
             ));
         }
+        files.extend(init.hosted_services);
         files.push(NodeFile::new(
             dir.ssh_ca_pub(),
             init.ssh.ca_line.into_bytes(),

@@ -59,6 +59,10 @@ pub struct Config {
     /// cluster's master secret (logged at warn on every use). Off: only the two derived
     /// keys are accepted.
     pub insecure_accept_master_secret: bool,
+    /// Whether this node, as the first control plane, hosts the cluster's key and join
+    /// services outside Kubernetes: the init request must then configure them, and their
+    /// secrets are kept on the (mapped, encrypted) state disk.
+    pub host_cluster_services: bool,
 }
 
 impl std::fmt::Debug for Config {
@@ -79,6 +83,7 @@ impl std::fmt::Debug for Config {
                 "insecure_accept_master_secret",
                 &self.insecure_accept_master_secret,
             )
+            .field("host_cluster_services", &self.host_cluster_services)
             .finish()
     }
 }
@@ -100,6 +105,7 @@ impl Config {
             init_limits: InitLimits::default(),
             ak_identity: None,
             insecure_accept_master_secret: false,
+            host_cluster_services: false,
         }
     }
 }

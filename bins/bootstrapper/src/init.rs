@@ -36,6 +36,7 @@ use crate::config::LOG_CHUNK_SIZE;
 use crate::effects::{ClusterInit, Components};
 use crate::error::blocking;
 use crate::flow::{Event, pause};
+use crate::hosted;
 use crate::identity::ThisNode;
 use crate::lock::Holder;
 use crate::logbuf;
@@ -142,6 +143,13 @@ impl<M: Metadata + 'static> InitService<M> {
             .map_err(|e| format!("deriving the measurement secret: {e}"))?;
         let cluster_id = derive_cluster_id(&measurement_secret, &measurement_salt)
             .map_err(|e| format!("deriving the cluster ID: {e}"))?;
+        let hosted_services = hosted::files(
+            self.node.config.host_cluster_services,
+            req.hosted_services.take(),
+            &kms,
+            &measurement_salt,
+            &self.node.dir(),
+        )?;
         // The disk passphrase: key-<lowercase uuid>.
         let disk_key = kms
             .data_key(
@@ -170,6 +178,7 @@ impl<M: Metadata + 'static> InitService<M> {
             disk_key,
             ssh,
             init_node_record: self.init_node_record(&req.kubernetes_version, &components),
+            hosted_services,
             params: ClusterInit {
                 cluster_name,
                 kubernetes_version: req.kubernetes_version.clone(),

@@ -39,6 +39,7 @@ mod effects;
 mod error;
 pub mod files;
 mod flow;
+mod hosted;
 mod identity;
 mod init;
 mod join;

@@ -173,6 +173,14 @@ struct Args {
     #[arg(long)]
     insecure_accept_master_secret: bool,
 
+    /// As the first control plane, host the cluster's key and join services outside
+    /// Kubernetes (a local VM cluster): the init request must then say what the join
+    /// service trusts, and the services' secrets (the master secret among them) are kept in
+    /// `state/asterism/services/`. Needs `--state-disk-unlock map`, so that they are on the
+    /// encrypted disk.
+    #[arg(long)]
+    host_cluster_services: bool,
+
     /// A directory a join ticket's Kubernetes components may install into (repeatable;
     /// replaces the defaults: /run/state/bin, /opt/cni/bin, /opt/kubernetes/patches).
     #[arg(long = "components-dir", value_name = "DIR")]
@@ -487,6 +495,12 @@ fn join_service_trust(args: &Args) -> anyhow::Result<asterism_bootstrapper::Join
 
 async fn run(args: Args, logs: LogBuffer) -> anyhow::Result<u8> {
     let shutdown = shutdown_signal()?;
+    if args.host_cluster_services && !matches!(args.state_disk_unlock, UnlockArg::Map) {
+        anyhow::bail!(
+            "--host-cluster-services keeps the master secret on the state disk, so it needs \
+             --state-disk-unlock map (an encrypted, mapped disk)"
+        );
+    }
     let dir = NodeDir::new(&args.node_dir);
     tracing::info!(node_dir = %dir.root().display(), node_ip = %args.node_ip, tpm = %args.tpm, "bootstrapper starting");
 
@@ -586,6 +600,7 @@ async fn run(args: Args, logs: LogBuffer) -> anyhow::Result<u8> {
     config.state_disk_size = args.state_disk_size_mib * 1024 * 1024;
     config.join_service = join_service_trust(&args)?;
     config.insecure_accept_master_secret = args.insecure_accept_master_secret;
+    config.host_cluster_services = args.host_cluster_services;
     if !args.components_dirs.is_empty() {
         config.components_dirs = args.components_dirs.clone();
     }

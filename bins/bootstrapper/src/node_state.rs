@@ -192,6 +192,13 @@ impl NodeDir {
         self.state().join("asterism").join("init-node.json")
     }
 
+    /// `state/asterism/services/`: on a control plane that hosts the cluster's key and join
+    /// services outside Kubernetes, their secrets and trust ([`crate::hosted`]).
+    #[must_use]
+    pub fn hosted_services(&self) -> PathBuf {
+        self.state().join("asterism").join("services")
+    }
+
     /// `state/asterism/kubernetes.json`: what the node was handed to set up Kubernetes with
     /// ([`KubernetesHandover`]).
     #[must_use]

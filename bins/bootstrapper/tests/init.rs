@@ -6,6 +6,7 @@
 
 mod common;
 
+use std::os::unix::fs::PermissionsExt as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -327,4 +328,110 @@ async fn the_init_node_record_holds_the_requested_version_and_components_for_the
         release.components(),
         "the list as requested, in order"
     );
+}
+
+/// A self-signed CA certificate (PEM), as a platform CA.
+fn platform_ca_pem() -> String {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params.self_signed(&key).unwrap().pem()
+}
+
+fn hosted_services(t: &TestNode, platform_ca: &str) -> asterism_proto::init::HostedServices {
+    asterism_proto::init::HostedServices {
+        join_measurements: t.measurements_with(|_| true).to_json().into_bytes(),
+        platform_ca: platform_ca.as_bytes().to_vec(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn hosted_services_are_refused_where_not_hosted_and_required_where_hosted() {
+    // A node that does not host the services refuses a request that configures them.
+    let t = TestNode::new("127.0.11.21");
+    let node = t.node(metadata(&t), TestNode::none_driver(), 1, None);
+    let run = tokio::spawn(t.run(node, std::future::pending()));
+    let mut req = request(INIT_SECRET);
+    req.hosted_services = Some(hosted_services(&t, &platform_ca_pem()));
+    let refused = init(t.init_channel().await, req).await.unwrap();
+    let failure = failure_of(&refused).unwrap();
+    assert!(
+        failure.contains("this node does not host the cluster's key and join services"),
+        "{failure}"
+    );
+    assert_eq!(t.pcr15(), [0; 32], "refused before the node lock");
+    assert!(!t.node_dir.hosted_services().exists());
+    run.abort();
+
+    // A node that hosts them refuses a request without their configuration, or with a
+    // broken one, before the lock.
+    let t = TestNode::new("127.0.11.22");
+    let node = t.node_configured(
+        metadata(&t),
+        TestNode::none_driver(),
+        1,
+        None,
+        asterism_bootstrapper::LogBuffer::default(),
+        |c| c.host_cluster_services = true,
+    );
+    let run = tokio::spawn(t.run(node, std::future::pending()));
+    let refused = init(t.init_channel().await, request(INIT_SECRET))
+        .await
+        .unwrap();
+    let failure = failure_of(&refused).unwrap();
+    assert!(
+        failure.contains("the request must say what its join service trusts"),
+        "{failure}"
+    );
+    let ca = platform_ca_pem();
+    let mut bad_measurements = hosted_services(&t, &ca);
+    bad_measurements.join_measurements = b"{\"measurements\": {\"0\": \"zz\"}}".to_vec();
+    let mut bad_ca = hosted_services(&t, &ca);
+    bad_ca.platform_ca = b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n".to_vec();
+    let mut no_ca = hosted_services(&t, &ca);
+    no_ca.platform_ca = Vec::new();
+    for (services, reason) in [
+        (bad_measurements, "the hosted join service's measurements"),
+        (bad_ca, "the hosted join service's platform CA"),
+        (no_ca, "the hosted join service's platform CA"),
+    ] {
+        let mut req = request(INIT_SECRET);
+        req.hosted_services = Some(services);
+        let refused = init(t.init_channel().await, req).await.unwrap();
+        let failure = failure_of(&refused).unwrap();
+        assert!(failure.contains(reason), "{reason}: {failure}");
+    }
+    assert_eq!(t.pcr15(), [0; 32], "refused before the node lock");
+    assert!(!t.node_dir.hosted_services().exists());
+
+    // A good configuration is kept, with the key service's secrets, 0600 in a 0700
+    // directory.
+    let services = hosted_services(&t, &ca);
+    let mut req = request(INIT_SECRET);
+    req.hosted_services = Some(services.clone());
+    let responses = init(t.init_channel().await, req).await.unwrap();
+    assert!(
+        matches!(
+            responses.first().and_then(|r| r.kind.as_ref()),
+            Some(init_response::Kind::InitSuccess(_))
+        ),
+        "{responses:?}"
+    );
+    run.await.unwrap().unwrap();
+    let dir = t.node_dir.hosted_services();
+    let kms = kms();
+    for (name, content) in [
+        ("mastersecret", kms.master_secret().expose_secret().to_vec()),
+        ("salt", kms.salt().expose_secret().to_vec()),
+        ("measurementSalt", MEASUREMENT_SALT.to_vec()),
+        ("join-measurements.json", services.join_measurements.clone()),
+        ("platform-ca.pem", services.platform_ca.clone()),
+    ] {
+        let path = dir.join(name);
+        assert_eq!(std::fs::read(&path).unwrap(), content, "{name}");
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{name}");
+    }
+    let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700);
 }

@@ -15,7 +15,7 @@ use asterism_kube_api::{DeploymentSpec, KeyServiceSecret, MEASUREMENT_SALT_LEN};
 pub use asterism_kubernetes_versions::{DEFAULT_REQUEST, VersionRequest};
 use asterism_kubernetes_versions::{Release, VersionSyntaxError, VersionTable};
 use asterism_proto::init::api_client::ApiClient;
-use asterism_proto::init::{InitRequest, init_response};
+use asterism_proto::init::{HostedServices, InitRequest, init_response};
 use asterism_recovery_shares::{Custodian, Split, Threshold};
 use base64::Engine as _;
 use ring::rand::SecureRandom;
@@ -65,6 +65,31 @@ pub struct Args {
     /// the secret back. Requires --recovery-shares.
     #[arg(long)]
     pub no_master_secret_file: bool,
+    /// The node hosts the cluster's key and join services itself, outside Kubernetes (a
+    /// local VM cluster, `asterism mini up --vm`; the node runs with
+    /// `--host-cluster-services`): send it, inside the init request, what its join service
+    /// must trust, the measurements and platform CA this init verifies it with.
+    #[arg(long, requires = "platform_ca")]
+    pub host_cluster_services: bool,
+}
+
+/// What the node's own join service trusts, when it hosts the services
+/// (`--host-cluster-services`): the files this init verifies the node with, so that joining
+/// nodes are held to what the first node was held to.
+fn hosted_services(args: &Args) -> Result<Option<HostedServices>> {
+    if !args.host_cluster_services {
+        return Ok(None);
+    }
+    let Some(ca) = &args.trust.ak.platform_ca else {
+        bail!("--host-cluster-services needs --platform-ca: the node's join service trusts a platform CA");
+    };
+    let read = |path: &Path, what: &str| {
+        std::fs::read(path).with_context(|| format!("reading the {what} {}", path.display()))
+    };
+    Ok(Some(HostedServices {
+        join_measurements: read(&args.trust.measurements, "measurements")?,
+        platform_ca: read(ca, "platform CA")?,
+    }))
 }
 
 /// Checks `--kubernetes-version` against the built-in versions table, so an unsupported
@@ -83,6 +108,7 @@ fn init_request(
     kms_uri: String,
     measurement_salt: &[u8],
     init_secret: &[u8],
+    hosted_services: Option<HostedServices>,
 ) -> InitRequest {
     InitRequest {
         kms_uri,
@@ -100,6 +126,7 @@ fn init_request(
         cluster_name: args.cluster_name.clone(),
         apiserver_cert_sans: args.apiserver_cert_sans.clone(),
         service_cidr: String::new(),
+        hosted_services,
     }
 }
 
@@ -188,6 +215,7 @@ pub async fn run_with(args: Args, after: &bring_up::Args) -> Result<Initialised>
     let validator = args.trust.validator(measurements)?;
     let init_secret = read_init_secret(&args.init_secret_file)?;
     let recovery = recovery_plan(&args)?;
+    let hosted_services = hosted_services(&args)?;
     let release = VersionTable::builtin()
         .context("the built-in Kubernetes versions table")?
         .resolve(args.kubernetes_version)?;
@@ -253,6 +281,7 @@ pub async fn run_with(args: Args, after: &bring_up::Args) -> Result<Initialised>
         kms_uri.to_string(),
         &measurement_salt,
         &init_secret,
+        hosted_services,
     );
     let outcome = tokio::time::timeout(deadline, async {
         let mut stream = ApiClient::new(channel)
@@ -715,7 +744,7 @@ mod tests {
     fn the_init_request_carries_the_exact_version_and_its_components() {
         let a = args(&["--kubernetes-version", "v1.32"]);
         let r = release(&a);
-        let req = init_request(&a, &r, "kms://x".into(), &[7; 32], b"secret");
+        let req = init_request(&a, &r, "kms://x".into(), &[7; 32], b"secret", None);
         assert_eq!(req.kubernetes_version, "v1.32.9");
         assert_eq!(req.kubernetes_components.len(), 9);
         for (sent, c) in req.kubernetes_components.iter().zip(r.components()) {
@@ -743,6 +772,28 @@ mod tests {
             4
         );
         assert_eq!(req.cluster_name, "asterism");
+    }
+
+    #[test]
+    fn hosted_services_carry_the_files_this_init_verifies_with_and_need_a_platform_ca() {
+        let dir = tempfile::tempdir().unwrap();
+        let (m, ca) = (dir.path().join("m.json"), dir.path().join("ca.pem"));
+        std::fs::write(&m, b"measurements").unwrap();
+        std::fs::write(&ca, b"platform CA").unwrap();
+        let mut a = args(&[]);
+        a.trust.measurements = m;
+        a.trust.ak.platform_ca = Some(ca.clone());
+        assert!(hosted_services(&a).unwrap().is_none(), "not asked for");
+        a.host_cluster_services = true;
+        a.trust.ak.platform_ca = None;
+        let err = hosted_services(&a).unwrap_err().to_string();
+        assert!(err.contains("needs --platform-ca"), "{err}");
+        a.trust.ak.platform_ca = Some(ca);
+        let h = hosted_services(&a).unwrap().unwrap();
+        assert_eq!(
+            (h.join_measurements.as_slice(), h.platform_ca.as_slice()),
+            (&b"measurements"[..], &b"platform CA"[..])
+        );
     }
 
     #[test]

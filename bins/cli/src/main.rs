@@ -105,6 +105,12 @@ fn run(cli: Cli) -> Result<std::process::ExitCode> {
                 .enable_all()
                 .build()
                 .context("starting the async runtime")?;
+            // A node that hosts the services itself has no Kubernetes API to deploy them to.
+            let bring_up = if args.host_cluster_services {
+                bring_up::Args::skipped("the node hosts the key and join services itself")
+            } else {
+                bring_up
+            };
             let done = rt.block_on(init::run_with(args, &bring_up))?;
             // The cluster ID on stdout for scripts; progress went to stderr.
             let mut stdout = std::io::stdout().lock();

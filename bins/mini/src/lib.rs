@@ -644,6 +644,7 @@ impl LocalCluster {
             recovery_shares: None,
             recovery_recipients: Vec::new(),
             no_master_secret_file: false,
+            host_cluster_services: false,
         }
     }
 

@@ -66,6 +66,15 @@ impl fmt::Debug for init::InitRequest {
             .field("cluster_name", &self.cluster_name)
             .field("apiserver_cert_sans", &self.apiserver_cert_sans)
             .field("service_cidr", &self.service_cidr)
+            .field(
+                "hosted_services",
+                &self.hosted_services.as_ref().map(|h| {
+                    (
+                        Len(h.join_measurements.len()),
+                        Len(h.platform_ca.len()),
+                    )
+                }),
+            )
             .finish()
     }
 }

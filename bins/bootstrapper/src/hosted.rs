@@ -35,9 +35,11 @@ pub(crate) fn files(
     let services = match (hosting, request) {
         (false, None) => return Ok(Vec::new()),
         (false, Some(_)) => {
-            return Err("this node does not host the cluster's key and join services \
+            return Err(
+                "this node does not host the cluster's key and join services \
                         (--host-cluster-services), yet the request configures them"
-                .into());
+                    .into(),
+            );
         }
         (true, None) => {
             return Err("this node hosts the cluster's key and join services \

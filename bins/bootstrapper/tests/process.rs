@@ -185,3 +185,24 @@ async fn sigterm_before_the_lock_stops_gracefully_with_exit_4() {
     assert!(stderr.contains("stopping before the node lock"), "{stderr}");
     assert_eq!(t.pcr15(), [0; 32]);
 }
+
+#[test]
+fn hosting_the_cluster_services_needs_a_mapped_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_asterism-bootstrapper"))
+        .arg("--node-dir")
+        .arg(dir.path().join("node"))
+        .args(["--node-ip", "127.0.11.30", "--host-cluster-services"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--host-cluster-services keeps the master secret on the state disk"),
+        "{stderr}"
+    );
+    assert!(
+        !dir.path().join("node").exists(),
+        "refused before anything is made"
+    );
+}

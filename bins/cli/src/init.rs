@@ -81,7 +81,9 @@ fn hosted_services(args: &Args) -> Result<Option<HostedServices>> {
         return Ok(None);
     }
     let Some(ca) = &args.trust.ak.platform_ca else {
-        bail!("--host-cluster-services needs --platform-ca: the node's join service trusts a platform CA");
+        bail!(
+            "--host-cluster-services needs --platform-ca: the node's join service trusts a platform CA"
+        );
     };
     let read = |path: &Path, what: &str| {
         std::fs::read(path).with_context(|| format!("reading the {what} {}", path.display()))

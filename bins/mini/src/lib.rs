@@ -547,13 +547,7 @@ impl LocalCluster {
         // the bootstrappers are given the cluster ID after init (--cluster-id) and enforce
         // its marker in PCR 15 themselves, on top of every other measured PCR.
         let join_measurements = dir.join("join-service-measurements.json");
-        let m = asterism_attestation::Measurements::load(&measurements)?;
-        let without_marker = asterism_attestation::Measurements::new(
-            m.iter()
-                .filter(|(i, _)| i.get() != 15)
-                .map(|(i, e)| (i, *e)),
-        )?;
-        std::fs::write(&join_measurements, without_marker.to_json())?;
+        write_join_service_measurements(&measurements, &join_measurements)?;
 
         Ok(Self {
             metadata_addr,
@@ -812,8 +806,17 @@ impl LocalCluster {
 
     /// Checks every node independently and records the outcome in `<dir>/mini.json`.
     pub fn record(&self, cluster_id: &str, results: &[(u64, String)]) -> Result<ClusterRecord> {
+        self.record_with_members(cluster_id, results, &self.members())
+    }
+
+    /// [`Self::record`] with the join service's member list (`[{"name", "ak"}]`) given.
+    pub fn record_with_members(
+        &self,
+        cluster_id: &str,
+        results: &[(u64, String)],
+        members: &serde_json::Value,
+    ) -> Result<ClusterRecord> {
         let kms = workspace_kms(&self.workspace)?;
-        let members = self.members();
         let mut record = ClusterRecord {
             cluster_id: cluster_id.to_string(),
             nodes: Vec::new(),
@@ -826,7 +829,7 @@ impl LocalCluster {
             let attestation = if n.control_plane {
                 "verified by asterism init (tpm-quote)".to_string()
             } else {
-                member_verdict(&members, &n.name)
+                member_verdict(members, &n.name)
             };
             record.nodes.push(NodeRecord {
                 name: n.name.clone(),
@@ -1013,6 +1016,20 @@ async fn finish_bootstrapper(mut b: Booting, n: &Node) -> Result<(u64, String)> 
 }
 
 /// The workspace's measurement salt (`cluster.json`), 32 bytes.
+/// Writes what joining nodes expect of the join service: the control plane's measurements
+/// in `measurements` without PCR 15, which holds the cluster's marker there. Nodes started
+/// after init get `--cluster-id` and enforce the marker themselves.
+fn write_join_service_measurements(measurements: &Path, dest: &Path) -> Result<()> {
+    let m = asterism_attestation::Measurements::load(measurements)?;
+    let without_marker = asterism_attestation::Measurements::new(
+        m.iter()
+            .filter(|(i, _)| i.get() != 15)
+            .map(|(i, e)| (i, *e)),
+    )?;
+    std::fs::write(dest, without_marker.to_json())?;
+    Ok(())
+}
+
 fn read_measurement_salt(ws: &Path) -> Result<Vec<u8>> {
     #[derive(Deserialize)]
     #[serde(rename_all = "camelCase")]

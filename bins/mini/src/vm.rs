@@ -10,11 +10,16 @@
 //! multicast hub on loopback shared by the cluster's VMs, where each node has its own
 //! address. The per-node settings travel by fw_cfg, which is not measured, so every node
 //! boots with the same PCRs and the reference boot's measurements apply to all of them.
+//!
+//! The control plane boots first and is initialised with `--host-cluster-services`: it then
+//! runs the key and join services itself. The workers boot after init, told by fw_cfg the
+//! cluster's ID and the join service to trust, and join it over the cluster network.
 
 use crate::{
     ClusterRecord, INIT_PORT, LocalCluster, METADATA_PORT, Node, UpArgs, VERIFY_PORT, abs, bin_dir,
-    create_cluster_dir, create_platform_ca, http_get, http_get_raw, node_name, print_table,
-    provision_node, spawn_service, start_metadata_service, step, tail,
+    create_cluster_dir, create_platform_ca, http_get, http_get_raw, kill_pid_file, node_name,
+    print_table, provision_node, spawn_service, start_metadata_service, step, tail,
+    write_join_service_measurements,
 };
 use anyhow::{Context, Result, bail};
 use std::ffi::OsString;
@@ -49,6 +54,12 @@ const STATE_DISK_BYTES: u64 = 64 << 20;
 const BOOT_DEADLINE: Duration = Duration::from_secs(600);
 /// How long the bootstrapper may take after `asterism init` returned.
 const FINISH_DEADLINE: Duration = Duration::from_secs(120);
+/// How long the control plane may take to start its key and join services after init.
+const SERVICES_DEADLINE: Duration = Duration::from_secs(120);
+/// The console line that says the control plane's join service is ready.
+const JOIN_SERVICE_READY: &str = "asterism-init: join service ready";
+/// The prefix of the join service's log lines (JSON) on the control plane's console.
+const JOIN_SERVICE_LOG: &str = "join-service: ";
 /// How long one relayed metadata request may take.
 const RELAY_DEADLINE: Duration = Duration::from_secs(30);
 /// The largest request head the relay reads.
@@ -338,6 +349,10 @@ impl VmCluster {
         let measurements = dir.join("measurements.json");
         std::fs::copy(&args.vm_measurements, &measurements)
             .with_context(|| format!("copying {}", args.vm_measurements.display()))?;
+        // What the workers expect of the join service: the same, but PCR 15, which holds the
+        // cluster's marker there; the workers enforce it themselves (--cluster-id).
+        let join_measurements = dir.join("join-service-measurements.json");
+        write_join_service_measurements(&measurements, &join_measurements)?;
         let ca_dir = create_platform_ca(&bins.join("asterism-provision"), &dir)?;
         let mut vms = Vec::new();
         for i in 0..=workers {
@@ -377,7 +392,7 @@ impl VmCluster {
             metadata_addr,
             workspace: dir.join("workspace"),
             platform_ca: ca_dir.join("platform-ca.pem"),
-            join_measurements: measurements.clone(),
+            join_measurements,
             measurements,
             init_secret_file,
             nodes: vms.iter().map(|v| v.node.clone()).collect(),
@@ -398,7 +413,8 @@ impl VmCluster {
         self.accel
     }
 
-    /// Starts the swtpm and the VM of `vm`.
+    /// Starts the swtpm and the VM of `vm`. After init (the workspace names the cluster),
+    /// the VM is told the cluster to join and the join service to trust.
     pub fn boot(&self, vm: &VmNode) -> Result<RunningVm> {
         let ndir = &vm.node.dir;
         step(format!(
@@ -435,10 +451,24 @@ impl VmCluster {
             "'{mini}' vm-metadata-relay --node-ip {guest} --metadata {}",
             self.cluster.metadata_addr
         );
-        let params = format!(
+        let mut params = format!(
             "asterism.ip={GUEST_USER_IP} asterism.gw={GUEST_USER_GW} asterism.node-ip={guest}/24 asterism.hostname={} asterism.keep-running=1",
             vm.node.name
         );
+        let mut join_trust = Vec::new();
+        if let Some(cluster_id) = self.cluster.cluster_id() {
+            params.push_str(&format!(" asterism.cluster-id={cluster_id}"));
+            for (name, file) in [
+                ("platform-ca", &self.cluster.platform_ca),
+                ("measurements", &self.cluster.join_measurements),
+            ] {
+                join_trust.push("-fw_cfg".to_string());
+                join_trust.push(format!(
+                    "name=opt/asterism/join-trust/{name},file={}",
+                    qemu_value(file)?
+                ));
+            }
+        }
         let user_net = format!(
             "user,id=net0,restrict=on,hostfwd=tcp:{host}:{INIT_PORT}-{guest}:{INIT_PORT},hostfwd=tcp:{host}:{VERIFY_PORT}-{guest}:{VERIFY_PORT},guestfwd=tcp:{GUEST_METADATA_IP}:{METADATA_PORT}-cmd:{relay}"
         );
@@ -448,7 +478,7 @@ impl VmCluster {
         );
         // Device for device the VM of the reference boot (scripts/boot-node-image): the
         // firmware measures the devices it finds.
-        let args: Vec<String> = vec![
+        let mut args: Vec<String> = vec![
             "-accel".into(),
             self.accel.name().into(),
             "-cpu".into(),
@@ -510,6 +540,7 @@ impl VmCluster {
             "-device".into(),
             "virtio-rng-pci".into(),
         ];
+        args.extend(join_trust);
         Ok(args.into_iter().map(OsString::from).collect())
     }
 
@@ -519,16 +550,18 @@ impl VmCluster {
             .map(|_| ())
     }
 
-    /// Waits until the bootstrapper of `vm` exits: `("ok" or its exit status, timing)`.
+    /// Waits until the bootstrapper of `vm` exits, at most `deadline`: `("ok" or its exit
+    /// status, timing)`. The timing is also written to the node's `boot-timing.json`.
     pub fn wait_for_bootstrapper(
         &self,
         vm: &VmNode,
         running: &mut RunningVm,
+        deadline: Duration,
     ) -> Result<(String, Option<BootTiming>)> {
         let line = self.wait_for_console(
             vm,
             running,
-            FINISH_DEADLINE,
+            deadline,
             "asterism-init: bootstrapper exited with status",
         )?;
         let wall = running.started.elapsed().as_secs_f64();
@@ -551,6 +584,29 @@ impl VmCluster {
             )?;
         }
         Ok((exit, timing))
+    }
+
+    /// Waits until the control plane's join service is ready (its console says so).
+    pub fn wait_for_join_service(&self, cp: &VmNode, running: &mut RunningVm) -> Result<()> {
+        self.wait_for_console(cp, running, SERVICES_DEADLINE, JOIN_SERVICE_READY)
+            .map(|_| ())
+    }
+
+    /// Stops the VM of `vm` and its swtpm, as a power cut would: its disk, TPM state and
+    /// firmware variables stay, and the next [`Self::boot`] is a reboot. The console of the
+    /// boot that ends is kept as `console.<n>.log`.
+    pub fn power_off(&self, vm: &VmNode, running: RunningVm) -> Result<PathBuf> {
+        let RunningVm { mut qemu, .. } = running;
+        let _ = qemu.kill();
+        let _ = qemu.wait();
+        kill_pid_file(&vm.node.dir.join("run/swtpm.pid"))?;
+        let _ = std::fs::remove_file(vm.node.dir.join("run/swtpm.sock"));
+        let kept = (1..)
+            .map(|n| vm.node.dir.join(format!("console.{n}.log")))
+            .find(|p| !p.exists())
+            .context("no free console name")?;
+        std::fs::rename(vm.console(), &kept)?;
+        Ok(kept)
     }
 
     /// Polls the console of `vm` for a line containing `needle`; fails when QEMU exits or
@@ -677,11 +733,6 @@ fn boot_timing(console: &str, wall_seconds: f64) -> Option<BootTiming> {
 /// `asterism mini up --vm`.
 pub async fn up(args: &UpArgs) -> Result<()> {
     let started = Instant::now();
-    if args.workers > 0 {
-        bail!(
-            "VM mode boots the control plane alone so far: pass --workers 0 (docs/mini.md, \"VM mode\")"
-        );
-    }
     let vmc = VmCluster::create(
         &args.dir,
         args.workers,
@@ -689,7 +740,7 @@ pub async fn up(args: &UpArgs) -> Result<()> {
         bin_dir(args)?,
         &args.vm_args,
     )?;
-    let record = vmc.init_control_plane().await?;
+    let (record, _vms) = vmc.bring_up().await?;
     print_table(&record);
     let cluster = &vmc.cluster;
     let cp = vmc.vms.first().context("no nodes")?;
@@ -719,35 +770,103 @@ pub async fn up(args: &UpArgs) -> Result<()> {
 
 impl VmCluster {
     /// Boots the control-plane VM, runs `asterism init` against it through its forwarded
-    /// port, waits for its bootstrapper and records the outcome in `<dir>/mini.json`.
-    pub async fn init_control_plane(&self) -> Result<ClusterRecord> {
+    /// port (the node hosts the key and join services), waits for its bootstrapper and its
+    /// join service, then boots the workers, which join over the cluster network. Records
+    /// the outcome in `<dir>/mini.json`; returns it with the running VMs, the control plane
+    /// first.
+    pub async fn bring_up(&self) -> Result<(ClusterRecord, Vec<RunningVm>)> {
         let cp = self.vms.first().context("no nodes")?;
-        let mut running = self.boot(cp)?;
-        self.wait_for_init_server(cp, &mut running)?;
-        let booted = running.started.elapsed();
+        let mut cp_vm = self.boot(cp)?;
+        self.wait_for_init_server(cp, &mut cp_vm)?;
         step(format!(
             "{} serves Init after {:.1} s; asterism init → {}:{INIT_PORT}",
             cp.node.name,
-            booted.as_secs_f64(),
+            cp_vm.started.elapsed().as_secs_f64(),
             cp.node.ip
         ));
-        let done = asterism::init::run(self.cluster.init_args()).await?;
-        let (exit, timing) = self.wait_for_bootstrapper(cp, &mut running)?;
-        if let Some(t) = timing {
+        let mut init_args = self.cluster.init_args();
+        init_args.host_cluster_services = true;
+        let done = asterism::init::run(init_args).await?;
+        let (exit, timing) = self.wait_for_bootstrapper(cp, &mut cp_vm, FINISH_DEADLINE)?;
+        report_timing(cp, timing.as_ref(), "with asterism init");
+        let mut results = vec![(bootstrap_ms(timing.as_ref()), exit)];
+        let mut running = vec![cp_vm];
+        let workers = self.vms.get(1..).unwrap_or_default();
+        if !workers.is_empty() {
+            if results[0].1 != "ok" {
+                bail!(
+                    "the control plane's bootstrapper failed ({}); see {}",
+                    results[0].1,
+                    cp.console().display()
+                );
+            }
+            self.wait_for_join_service(cp, &mut running[0])?;
             step(format!(
-                "{}: {:.1} s from QEMU's start to its bootstrapper's exit: firmware {:.1} s, kernel {:.1} s, init {:.1} s, bootstrapper {:.1} s (with asterism init)",
-                cp.node.name,
-                t.wall_seconds,
-                t.firmware_seconds,
-                t.kernel_seconds,
-                t.init_seconds,
-                t.bootstrapper_seconds
+                "the join service runs on {}:30090; {} worker(s) boot and join",
+                cp.cluster_ip,
+                workers.len()
             ));
+            // All at once, as process mode starts them.
+            for vm in workers {
+                running.push(self.boot(vm)?);
+            }
+            for (vm, vm_running) in workers.iter().zip(running.iter_mut().skip(1)) {
+                let (exit, timing) = self.wait_for_bootstrapper(vm, vm_running, BOOT_DEADLINE)?;
+                report_timing(vm, timing.as_ref(), "until joined");
+                results.push((bootstrap_ms(timing.as_ref()), exit));
+            }
         }
-        let ms = timing.map_or(0, |t| (t.bootstrapper_seconds * 1000.0) as u64);
-        // The disk check reads the VM's disk image from the host: the LUKS2 header is
-        // written through, and the key check reads only the header.
-        self.cluster.record(&done.cluster_id, &[(ms, exit)])
+        // The disk check reads the VMs' disk images from the host: the LUKS2 header is
+        // written through, and the key check reads only the header. The members are those
+        // the join service logged as admitted on the control plane's console.
+        let members = self.members(cp)?;
+        let record = self
+            .cluster
+            .record_with_members(&done.cluster_id, &results, &members)?;
+        Ok((record, running))
+    }
+
+    /// The nodes the control plane's join service admitted, from its log on the console
+    /// (one JSON object per line): `[{"name", "ak"}]`, as the join service's member list
+    /// has them.
+    pub fn members(&self, cp: &VmNode) -> Result<serde_json::Value> {
+        let console = std::fs::read(cp.console())?;
+        Ok(admitted_members(&String::from_utf8_lossy(&console)))
+    }
+}
+
+/// The nodes a join service's JSON log admitted (`node joined: …`, `issued a rejoin ticket`).
+fn admitted_members(console: &str) -> serde_json::Value {
+    let members: Vec<serde_json::Value> = console
+        .lines()
+        .filter_map(|l| l.split_once(JOIN_SERVICE_LOG).map(|(_, json)| json))
+        .filter_map(|json| serde_json::from_str::<serde_json::Value>(json).ok())
+        .filter(|e| {
+            e.get("message").and_then(|m| m.as_str()).is_some_and(|m| {
+                m.starts_with("node joined") || m.starts_with("issued a rejoin ticket")
+            })
+        })
+        .map(|e| serde_json::json!({ "name": e["node"], "ak": e["ak"] }))
+        .collect();
+    serde_json::Value::Array(members)
+}
+
+fn bootstrap_ms(timing: Option<&BootTiming>) -> u64 {
+    timing.map_or(0, |t| (t.bootstrapper_seconds * 1000.0).round() as u64)
+}
+
+/// Prints where the time of a boot went.
+fn report_timing(vm: &VmNode, timing: Option<&BootTiming>, what: &str) {
+    if let Some(t) = timing {
+        step(format!(
+            "{}: {:.1} s from QEMU's start to its bootstrapper's exit: firmware {:.1} s, kernel {:.1} s, init {:.1} s, bootstrapper {:.1} s ({what})",
+            vm.node.name,
+            t.wall_seconds,
+            t.firmware_seconds,
+            t.kernel_seconds,
+            t.init_seconds,
+            t.bootstrapper_seconds
+        ));
     }
 }
 
@@ -921,6 +1040,32 @@ mod tests {
         let stranger = ask("10.42.10.3");
         assert!(stranger.starts_with("HTTP/1.1 404"), "{stranger}");
         assert!(!stranger.contains("VPCIP"), "{stranger}");
+    }
+
+    #[test]
+    fn the_members_are_the_nodes_the_join_service_logged_as_admitted() {
+        let console = concat!(
+            "asterism-init: join service ready on 10.42.7.1:30090 uptime=40.1\n",
+            "join-service: {\"level\":\"INFO\",\"message\":\"listening\"}\n",
+            "join-service: {\"message\":\"node joined: issued a join ticket\",\"node\":\"worker-1\",\"ak\":\"ab12\"}\n",
+            "join-service: {\"message\":\"refused a join\",\"node\":\"worker-2\",\"ak\":\"cd34\"}\n",
+            "worker-3 node joined: issued a join ticket (not the join service's line)\n",
+            "join-service: not JSON\n",
+            "join-service: {\"message\":\"issued a rejoin ticket\",\"node\":\"worker-1\",\"ak\":\"ab12\"}\n",
+        );
+        let members = admitted_members(console);
+        assert_eq!(
+            members,
+            serde_json::json!([
+                {"name": "worker-1", "ak": "ab12"},
+                {"name": "worker-1", "ak": "ab12"},
+            ])
+        );
+        assert_eq!(
+            crate::member_verdict(&members, "worker-1"),
+            "verified by join service (tpm-quote AK ab12)"
+        );
+        assert_eq!(crate::member_verdict(&members, "worker-2"), "not admitted");
     }
 
     #[test]

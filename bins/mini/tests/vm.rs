@@ -1,7 +1,9 @@
 //! End to end, VM mode: the control plane boots as a QEMU VM from the node image (OVMF,
 //! its own swtpm, a virtio state disk), `asterism init` reaches it through the forwarded
-//! port and verifies the PCRs the firmware and the kernel measured, the node's state ends up
-//! on its disk (mapped, mounted, encrypted), and `down` leaves no QEMU or swtpm running.
+//! port and verifies the PCRs the firmware and the kernel measured; it then runs the key and
+//! join services, a worker VM joins it over the cluster network and rejoins after a power
+//! cut; every node's state ends up on its disk (mapped, mounted, encrypted), and `down`
+//! leaves no QEMU or swtpm running.
 //!
 //! Needs QEMU, OVMF, the node image (`scripts/build-node-image`) and its reference
 //! measurements (`scripts/boot-node-image`): `ASTERISM_NODE_IMAGE` and
@@ -87,79 +89,169 @@ fn running(pid: u32) -> bool {
 /// One VM test at a time: each boots a VM, and the machine has few cores.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-#[test]
-fn a_control_plane_vm_is_initialised_through_its_forwarded_port_and_down_stops_it() {
-    let Some(args) = vm_args() else { return };
-    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("c");
-    let _teardown = TeardownAt(dir.clone());
-    let vmc = VmCluster::create(&dir, 0, 71, bins(), &args).unwrap();
-    let record = runtime().block_on(vmc.init_control_plane()).unwrap();
-
-    let cp = &record.nodes[0];
-    assert_eq!(cp.exit, "ok", "{cp:?}");
-    assert!(
-        cp.disk_rekeyed,
-        "the VM's disk opens with the derived key: {cp:?}"
-    );
-    let node = &vmc.vms[0].node;
-    let console = std::fs::read_to_string(node.dir.join("console.log")).unwrap();
-    for line in [
-        "asterism-init: tpm0=yes tpmrm0=yes vda=yes",
-        "asterism-init: eth1 10.42.71.1/24",
-        "asterism-init: bootstrapper exited with status 0",
-    ] {
-        assert!(console.contains(line), "the console says {line:?}");
-    }
-    assert!(dir.join("workspace/master-secret.json").is_file());
-
-    // The node's state is on the encrypted disk: mapped with dm-crypt (and dm-integrity
-    // where the kernel has it), its file system mounted on state/, the node state file on
-    // it and nowhere beneath the mount point.
-    let dm = |name: &str| {
+/// The node's state is on its encrypted disk, as its console shows it: mapped with dm-crypt
+/// (and dm-integrity where the kernel has it), its file system mounted on state/, the node
+/// state file on it and nowhere beneath the mount point, the first-boot passphrase gone.
+fn assert_state_on_the_mapped_disk(console: &str, name: &str) {
+    let dm = |what: &str| {
         console
             .lines()
-            .any(|l| l.contains("asterism-init: dm dm-") && l.contains(name))
+            .any(|l| l.contains("asterism-init: dm dm-") && l.contains(what))
     };
     assert!(
         dm(" name=state uuid=CRYPT-LUKS2-"),
-        "the disk is mapped with dm-crypt"
+        "{name}: the disk is mapped with dm-crypt"
     );
     if console.contains("dm-integrity=yes") {
-        assert!(dm(" name=state_dif "), "with dm-integrity beneath");
+        assert!(dm(" name=state_dif "), "{name}: with dm-integrity beneath");
     }
     for line in [
         "asterism-init: mount /dev/mapper/state on /run/node/state type ext4 (rw,nosuid,nodev",
         "asterism-init: node state on the mounted disk: yes, beneath the mount point: no",
         "asterism-init: first-boot passphrase file left: no",
+        "asterism-init: bootstrapper exited with status 0",
     ] {
-        assert!(console.contains(line), "the console says {line:?}");
+        assert!(console.contains(line), "{name}: the console says {line:?}");
     }
-    // And encrypted: what the node wrote is not on the disk image in plain text.
-    let image = std::fs::read(node.dir.join("state.img")).unwrap();
-    for plain in [
-        &b"MeasurementSalt"[..],
-        b"kubernetes_version",
-        b"ssh-ed25519",
-    ] {
+}
+
+/// What a node wrote is not on its disk image in plain text.
+fn assert_encrypted(image: &Path, plain_texts: &[&[u8]]) {
+    let image_bytes = std::fs::read(image).unwrap();
+    for plain in plain_texts {
         assert!(
-            !image.windows(plain.len()).any(|w| w == plain),
-            "{:?} is on the disk image in plain text",
-            String::from_utf8_lossy(plain)
+            !image_bytes.windows(plain.len()).any(|w| w == *plain),
+            "{:?} is on {} in plain text",
+            String::from_utf8_lossy(plain),
+            image.display()
         );
     }
+}
 
-    // `down` stops the VM and its TPM, by their pid files.
-    let qemu = pid_in(&node.dir.join("run/qemu.pid"));
-    let swtpm = pid_in(&node.dir.join("run/swtpm.pid"));
-    assert!(
-        running(qemu) && running(swtpm),
-        "the VM keeps running after init"
+#[test]
+fn a_control_plane_and_a_worker_vm_bootstrap_and_the_worker_rejoins_after_a_power_cut() {
+    let Some(args) = vm_args() else { return };
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("c");
+    let _teardown = TeardownAt(dir.clone());
+    let vmc = VmCluster::create(&dir, 1, 71, bins(), &args).unwrap();
+    let (record, mut vms) = runtime().block_on(vmc.bring_up()).unwrap();
+
+    // Both nodes bootstrapped, and their disks open with the keys derived from the
+    // workspace's master secret (checked on the host, from the disk images).
+    for node in &record.nodes {
+        assert_eq!(node.exit, "ok", "{node:?}");
+        assert!(
+            node.disk_rekeyed,
+            "the disk opens with the derived key: {node:?}"
+        );
+    }
+    assert!(dir.join("workspace/master-secret.json").is_file());
+    let cluster_id = std::fs::read_to_string(dir.join("workspace/cluster-id")).unwrap();
+
+    // The control plane: initialised, its state on its disk, and it runs the key and join
+    // services, whose secrets are on that disk too.
+    let cp = &vmc.vms[0].node;
+    let cp_console = std::fs::read_to_string(cp.dir.join("console.log")).unwrap();
+    for line in [
+        "asterism-init: tpm0=yes tpmrm0=yes vda=yes",
+        "asterism-init: eth1 10.42.71.1/24",
+        "asterism-init: join service ready on 10.42.71.1:30090",
+    ] {
+        assert!(cp_console.contains(line), "the console says {line:?}");
+    }
+    assert_state_on_the_mapped_disk(&cp_console, "control plane");
+    assert_encrypted(
+        &cp.dir.join("state.img"),
+        &[
+            b"MeasurementSalt",
+            b"kubernetes_version",
+            b"ssh-ed25519",
+            b"BEGIN CERTIFICATE",
+        ],
     );
+
+    // The worker: told the cluster by fw_cfg, admitted by the control plane's join service
+    // over the cluster network after it verified the worker's quote, its state on its own
+    // mapped disk.
+    let worker = &vmc.vms[1].node;
+    let worker_record = &record.nodes[1];
+    assert!(
+        worker_record
+            .attestation
+            .starts_with("verified by join service (tpm-quote AK "),
+        "{worker_record:?}"
+    );
+    let console = std::fs::read_to_string(worker.dir.join("console.log")).unwrap();
+    assert!(
+        console.contains(&format!(
+            "asterism-init: joins cluster {}",
+            cluster_id.trim()
+        )),
+        "the worker is told its cluster"
+    );
+    assert!(console.contains("asterism-init: eth1 10.42.71.2/24"));
+    assert_state_on_the_mapped_disk(&console, "worker");
+    assert!(
+        !console.contains("join service ready"),
+        "only the first control plane runs the services"
+    );
+    assert_encrypted(
+        &worker.dir.join("state.img"),
+        &[b"MeasurementSalt", b"BEGIN CERTIFICATE"],
+    );
+
+    // A power cut of the worker: the VM and its TPM stop, the disk and TPM state stay. On
+    // the next boot its bootstrapper finds its disk initialised, gets the disk key with a
+    // rejoin ticket, and maps and mounts the disk again.
+    let worker_vm = vms.pop().unwrap();
+    let first_console = vmc.power_off(&vmc.vms[1], worker_vm).unwrap();
+    assert!(first_console.is_file());
+    let mut rebooted = vmc.boot(&vmc.vms[1]).unwrap();
+    let (exit, _) = vmc
+        .wait_for_bootstrapper(
+            &vmc.vms[1],
+            &mut rebooted,
+            std::time::Duration::from_secs(600),
+        )
+        .unwrap();
+    assert_eq!(exit, "ok");
+    let console = std::fs::read_to_string(worker.dir.join("console.log")).unwrap();
+    assert_state_on_the_mapped_disk(&console, "rebooted worker");
+    let members = vmc.members(&vmc.vms[0]).unwrap();
+    let admitted: Vec<&str> = members
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["name"].as_str())
+        .collect();
+    assert_eq!(
+        admitted,
+        ["worker-1", "worker-1"],
+        "joined once, then rejoined: {members}"
+    );
+    let cp_console = std::fs::read_to_string(cp.dir.join("console.log")).unwrap();
+    assert!(cp_console.contains("issued a rejoin ticket"));
+    vms.push(rebooted);
+
+    // `down` stops every VM and TPM, by their pid files.
+    let pids: Vec<u32> = vmc
+        .vms
+        .iter()
+        .flat_map(|v| {
+            [
+                pid_in(&v.node.dir.join("run/qemu.pid")),
+                pid_in(&v.node.dir.join("run/swtpm.pid")),
+            ]
+        })
+        .collect();
+    assert!(pids.iter().all(|&p| running(p)), "the VMs keep running");
     asterism_mini::down(asterism_mini::DirArgs { dir: dir.clone() }).unwrap();
-    assert!(!running(qemu), "QEMU (pid {qemu}) stopped");
-    assert!(!running(swtpm), "swtpm (pid {swtpm}) stopped");
+    for pid in pids {
+        assert!(!running(pid), "pid {pid} stopped");
+    }
+    drop(vms);
 }
 
 #[test]

@@ -68,12 +68,10 @@ impl fmt::Debug for init::InitRequest {
             .field("service_cidr", &self.service_cidr)
             .field(
                 "hosted_services",
-                &self.hosted_services.as_ref().map(|h| {
-                    (
-                        Len(h.join_measurements.len()),
-                        Len(h.platform_ca.len()),
-                    )
-                }),
+                &self
+                    .hosted_services
+                    .as_ref()
+                    .map(|h| (Len(h.join_measurements.len()), Len(h.platform_ca.len()))),
             )
             .finish()
     }
@@ -187,6 +185,15 @@ mod tests {
             req.encode_to_vec(),
             vec![0x42, 1, 7, 0x4a, 1, b'c', 0x5a, 1, b's']
         );
+        // hosted_services = 12 (0x62), not in the original: an addition that old peers skip.
+        let req = init::InitRequest {
+            hosted_services: Some(init::HostedServices {
+                join_measurements: vec![1],
+                platform_ca: vec![2],
+            }),
+            ..Default::default()
+        };
+        assert_eq!(req.encode_to_vec(), vec![0x62, 6, 0x0a, 1, 1, 0x12, 1, 2]);
 
         let resp = join::IssueJoinTicketResponse {
             host_certificate: vec![1],

@@ -58,8 +58,9 @@ const FINISH_DEADLINE: Duration = Duration::from_secs(120);
 const SERVICES_DEADLINE: Duration = Duration::from_secs(120);
 /// The console line that says the control plane's join service is ready.
 const JOIN_SERVICE_READY: &str = "asterism-init: join service ready";
-/// The prefix of the join service's log lines (JSON) on the control plane's console.
-const JOIN_SERVICE_LOG: &str = "join-service: ";
+/// The `target` prefix of the join service's log lines (JSON) on the control plane's
+/// console.
+const JOIN_SERVICE_TARGET: &str = "asterism_join_service";
 /// How long one relayed metadata request may take.
 const RELAY_DEADLINE: Duration = Duration::from_secs(30);
 /// The largest request head the relay reads.
@@ -837,12 +838,18 @@ impl VmCluster {
 
 /// The nodes a join service's JSON log admitted (`node joined: …`, `issued a rejoin ticket`).
 fn admitted_members(console: &str) -> serde_json::Value {
+    let field = |e: &serde_json::Value, name: &str| {
+        e.get(name)
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_owned)
+    };
     let members: Vec<serde_json::Value> = console
         .lines()
-        .filter_map(|l| l.split_once(JOIN_SERVICE_LOG).map(|(_, json)| json))
+        .filter(|l| l.starts_with('{'))
         .filter_map(|json| serde_json::from_str::<serde_json::Value>(json).ok())
+        .filter(|e| field(e, "target").is_some_and(|t| t.starts_with(JOIN_SERVICE_TARGET)))
         .filter(|e| {
-            e.get("message").and_then(|m| m.as_str()).is_some_and(|m| {
+            field(e, "message").is_some_and(|m| {
                 m.starts_with("node joined") || m.starts_with("issued a rejoin ticket")
             })
         })
@@ -1044,16 +1051,22 @@ mod tests {
 
     #[test]
     fn the_members_are_the_nodes_the_join_service_logged_as_admitted() {
-        let console = concat!(
-            "asterism-init: join service ready on 10.42.7.1:30090 uptime=40.1\n",
-            "join-service: {\"level\":\"INFO\",\"message\":\"listening\"}\n",
-            "join-service: {\"message\":\"node joined: issued a join ticket\",\"node\":\"worker-1\",\"ak\":\"ab12\"}\n",
-            "join-service: {\"message\":\"refused a join\",\"node\":\"worker-2\",\"ak\":\"cd34\"}\n",
-            "worker-3 node joined: issued a join ticket (not the join service's line)\n",
-            "join-service: not JSON\n",
-            "join-service: {\"message\":\"issued a rejoin ticket\",\"node\":\"worker-1\",\"ak\":\"ab12\"}\n",
-        );
-        let members = admitted_members(console);
+        let t = r#""target":"asterism_join_service::service""#;
+        let console = [
+            "asterism-init: join service ready on 10.42.7.1:30090 uptime=40.1".to_string(),
+            format!(r#"{{"level":"INFO","message":"listening",{t}}}"#),
+            format!(
+                r#"{{"message":"node joined: issued a join ticket","node":"worker-1","ak":"ab12",{t}}}"#
+            ),
+            format!(r#"{{"message":"refused a join","node":"worker-2","ak":"cd34",{t}}}"#),
+            // Another program's line, and a line that only says the words.
+            r#"{"message":"node joined: issued a join ticket","node":"worker-3","ak":"ef56","target":"other"}"#.to_string(),
+            "worker-4 node joined: issued a join ticket".to_string(),
+            "{not JSON".to_string(),
+            format!(r#"{{"message":"issued a rejoin ticket","node":"worker-1","ak":"ab12",{t}}}"#),
+        ]
+        .join("\n");
+        let members = admitted_members(&console);
         assert_eq!(
             members,
             serde_json::json!([

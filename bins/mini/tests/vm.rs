@@ -228,7 +228,7 @@ fn a_control_plane_and_a_worker_vm_bootstrap_and_the_worker_rejoins_after_a_powe
         .collect();
     assert_eq!(
         admitted,
-        ["worker-1", "worker-1"],
+        ["worker-0", "worker-0"],
         "joined once, then rejoined: {members}"
     );
     let cp_console = std::fs::read_to_string(cp.dir.join("console.log")).unwrap();

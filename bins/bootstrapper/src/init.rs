@@ -148,7 +148,7 @@ impl<M: Metadata + 'static> InitService<M> {
             req.hosted_services.take(),
             &kms,
             &measurement_salt,
-            &self.node.dir(),
+            self.node.dir(),
         )?;
         // The disk passphrase: key-<lowercase uuid>.
         let disk_key = kms

@@ -790,18 +790,19 @@ impl VmCluster {
         let done = asterism::init::run(init_args).await?;
         let (exit, timing) = self.wait_for_bootstrapper(cp, &mut cp_vm, FINISH_DEADLINE)?;
         report_timing(cp, timing.as_ref(), "with asterism init");
-        let mut results = vec![(bootstrap_ms(timing.as_ref()), exit)];
-        let mut running = vec![cp_vm];
         let workers = self.vms.get(1..).unwrap_or_default();
         if !workers.is_empty() {
-            if results[0].1 != "ok" {
+            if exit != "ok" {
                 bail!(
-                    "the control plane's bootstrapper failed ({}); see {}",
-                    results[0].1,
+                    "the control plane's bootstrapper failed ({exit}); see {}",
                     cp.console().display()
                 );
             }
-            self.wait_for_join_service(cp, &mut running[0])?;
+            self.wait_for_join_service(cp, &mut cp_vm)?;
+        }
+        let mut results = vec![(bootstrap_ms(timing.as_ref()), exit)];
+        let mut running = vec![cp_vm];
+        if !workers.is_empty() {
             step(format!(
                 "the join service runs on {}:30090; {} worker(s) boot and join",
                 cp.cluster_ip,
@@ -853,7 +854,7 @@ fn admitted_members(console: &str) -> serde_json::Value {
                 m.starts_with("node joined") || m.starts_with("issued a rejoin ticket")
             })
         })
-        .map(|e| serde_json::json!({ "name": e["node"], "ak": e["ak"] }))
+        .map(|e| serde_json::json!({ "name": field(&e, "node"), "ak": field(&e, "ak") }))
         .collect();
     serde_json::Value::Array(members)
 }

@@ -11,6 +11,7 @@
 //! for `asterism mini`. The cluster steps are a library so that tests drive them one by one.
 #![forbid(unsafe_code)]
 
+pub mod timing;
 pub mod vm;
 
 use anyhow::{Context, Result, bail};

@@ -29,6 +29,9 @@ enum MiniCommand {
     Status(mini::StatusArgs),
     /// Stop every process of a local cluster.
     Down(mini::DirArgs),
+    /// Where the bootstrappers of one or more clusters spent their time (the VM benchmark's
+    /// figures, scripts/bench-vm-boot).
+    Timing(mini::timing::TimingArgs),
     /// VM mode: answers one metadata request of a guest on stdin and stdout (QEMU starts
     /// it per connection).
     #[command(hide = true)]
@@ -59,5 +62,6 @@ fn run(command: MiniCommand) -> Result<()> {
         MiniCommand::Status(args) => mini::status(args),
         MiniCommand::Down(args) => mini::down(args),
         MiniCommand::VmMetadataRelay(args) => mini::vm::metadata_relay(&args),
+        MiniCommand::Timing(args) => mini::timing::report(&args),
     }
 }

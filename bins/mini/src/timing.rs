@@ -14,6 +14,7 @@
 //! * **own**: the rest, the bootstrapper's own work (TPM, attestation key, SSH key,
 //!   metadata, files, node state).
 
+use std::fmt::Write as _;
 use std::path::Path;
 
 use anyhow::{Context, Result};
@@ -205,15 +206,25 @@ pub fn report(args: &TimingArgs) -> Result<()> {
             all.push((dir.display().to_string(), node));
         }
     }
-    if args.json {
+    let text = if args.json {
         let list: Vec<_> = all
             .iter()
             .map(|(dir, n)| serde_json::json!({ "dir": dir, "node": n }))
             .collect();
-        println!("{}", serde_json::to_string_pretty(&list)?);
-        return Ok(());
-    }
-    println!(
+        serde_json::to_string_pretty(&list)? + "\n"
+    } else {
+        render(&all)
+    };
+    std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes())?;
+    Ok(())
+}
+
+/// The table of every node's figures (`(cluster directory, node)`), the medians by mode
+/// and role, and the ratios of VM to process mode.
+fn render(all: &[(String, NodeTiming)]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
         "{:<28} {:<16} {:>8} {:>7} {:>7} {:>9} | {:>7} {:>6} {:>6} {:>6} {:>6} {:>6}",
         "cluster",
         "node",
@@ -235,10 +246,11 @@ pub fn report(args: &TimingArgs) -> Result<()> {
             .and_then(serde_json::Value::as_f64)
     };
     let cell = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.2}"));
-    for (dir, n) in &all {
+    for (dir, n) in all {
         let p = &n.phases;
         let short = dir.rsplit('/').next().unwrap_or(dir);
-        println!(
+        let _ = writeln!(
+            out,
             "{short:<28} {:<16} {:>8} {:>7} {:>7} {:>9.2} | {:>7.2} {:>6.2} {:>6.2} {:>6.2} {:>6.2} {:>6.2}",
             n.name,
             cell(boot(n, "firmware_seconds")),
@@ -254,7 +266,8 @@ pub fn report(args: &TimingArgs) -> Result<()> {
         );
     }
     // Medians by mode and role (the first node waits for the owner, workers for a join).
-    println!(
+    let _ = writeln!(
+        out,
         "
 medians (seconds): bootstrapper total, and its disk, wait and own parts"
     );
@@ -278,7 +291,8 @@ medians (seconds): bootstrapper total, and its disk, wait and own parts"
                 m(|p| p.wait),
                 m(Phases::own),
             );
-            println!(
+            let _ = writeln!(
+                out,
                 "  {role:<14} {:<8} n={:<2} total {:>6.2}  disk {:>6.2}  wait {:>6.2}  own {:>6.2}",
                 if vm { "VM" } else { "process" },
                 of.len(),
@@ -294,7 +308,8 @@ medians (seconds): bootstrapper total, and its disk, wait and own parts"
         let find = |vm: bool| rows.iter().find(|r| r.0 == role && r.1 == vm);
         if let (Some(v), Some(p)) = (find(true), find(false)) {
             let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
-            println!(
+            let _ = writeln!(
+                out,
                 "  {role:<14} VM / process: total {:.1}x, disk {:.1}x, own {:.1}x, total without the wait {:.1}x",
                 ratio(v.2, p.2),
                 ratio(v.3, p.3),
@@ -303,7 +318,7 @@ medians (seconds): bootstrapper total, and its disk, wait and own parts"
             );
         }
     }
-    Ok(())
+    out
 }
 
 /// The median of `values` (0 when empty).
@@ -386,6 +401,40 @@ asterism-init: bootstrapper exited with status 0 uptime=21.19
             .collect::<Vec<_>>()
             .join("\n");
         assert_eq!(phases(&unfinished), None);
+    }
+
+    #[test]
+    fn the_report_gives_medians_by_mode_and_role_and_their_ratio() {
+        let node = |name: &str, vm: bool, total: f64| NodeTiming {
+            name: name.into(),
+            vm,
+            boot: vm.then(|| serde_json::json!({"firmware_seconds": 14.0})),
+            phases: Phases {
+                total,
+                format: total / 4.0,
+                map: 0.0,
+                rekey: total / 4.0,
+                wait: total / 4.0,
+            },
+        };
+        let all = vec![
+            ("t/vm-1".to_owned(), node("worker-0", true, 12.0)),
+            ("t/vm-2".to_owned(), node("worker-0", true, 16.0)),
+            ("t/process-1".to_owned(), node("worker-0", false, 0.4)),
+        ];
+        let text = render(&all);
+        assert!(text.contains("vm-1"), "{text}");
+        assert!(text.contains("   14.00"), "the firmware column: {text}");
+        assert!(
+            text.contains(
+                "worker         VM       n=2  total  14.00  disk   7.00  wait   3.50  own   3.50"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("worker         VM / process: total 35.0x, disk 35.0x, own 35.0x"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -902,16 +902,31 @@ pub async fn up(args: UpArgs) -> Result<()> {
     // secret (and no longer with its first-boot passphrase); the join service lists each
     // worker with its verified attestation key.
     let record = cluster.record(&done.cluster_id, &results)?;
-    print_table(&record);
+    let checked = cluster.nodes.last().context("no nodes")?;
+    finish(&cluster, &record, started, checked, "", "nodes/*/log")
+}
+
+/// The end of `up`, in either mode: the table, where the cluster's files are, how to check
+/// `checked` and stop the cluster, and an error unless every node bootstrapped cleanly
+/// (`logs`: where each node's log is, under the cluster's directory).
+fn finish(
+    cluster: &LocalCluster,
+    record: &ClusterRecord,
+    started: Instant,
+    checked: &Node,
+    more: &str,
+    logs: &str,
+) -> Result<()> {
+    print_table(record);
     eprintln!(
-        "local cluster up in {:.1} s; workspace {}\n  check a node: asterism verify --endpoint 127.0.{}.2:{VERIFY_PORT} --workspace {} --platform-ca {} --measurements {}\n  stop it:      asterism mini down --dir {}",
+        "local cluster up in {:.1} s; workspace {}\n{more}  check a node: asterism verify --endpoint {}:{VERIFY_PORT} --workspace {} --platform-ca {} --measurements {}\n  stop it:      asterism mini down --dir {}",
         started.elapsed().as_secs_f64(),
         cluster.workspace.display(),
-        args.net,
+        checked.ip,
         cluster.workspace.display(),
         cluster.platform_ca.display(),
         cluster.measurements.display(),
-        args.dir.display()
+        cluster.dir.display()
     );
     if record
         .nodes
@@ -919,7 +934,7 @@ pub async fn up(args: UpArgs) -> Result<()> {
         .any(|n| !n.disk_rekeyed || n.exit != "ok")
     {
         bail!(
-            "not every node bootstrapped cleanly (see the table and {}/nodes/*/log)",
+            "not every node bootstrapped cleanly (see the table and {}/{logs})",
             cluster.dir.display()
         );
     }

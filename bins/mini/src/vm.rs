@@ -17,8 +17,8 @@
 
 use crate::{
     ClusterRecord, INIT_PORT, LocalCluster, METADATA_PORT, Node, UpArgs, VERIFY_PORT, abs, bin_dir,
-    create_cluster_dir, create_platform_ca, http_get, http_get_raw, kill_pid_file, node_name,
-    print_table, provision_node, spawn_service, start_metadata_service, step, tail,
+    create_cluster_dir, create_platform_ca, finish, http_get, http_get_raw, kill_pid_file,
+    node_name, provision_node, spawn_service, start_metadata_service, step, tail,
     write_join_service_measurements,
 };
 use anyhow::{Context, Result, bail};
@@ -742,31 +742,18 @@ pub async fn up(args: &UpArgs) -> Result<()> {
         &args.vm_args,
     )?;
     let (record, _vms) = vmc.bring_up().await?;
-    print_table(&record);
-    let cluster = &vmc.cluster;
     let cp = vmc.vms.first().context("no nodes")?;
-    eprintln!(
-        "local VM cluster up in {:.1} s; workspace {}\n  consoles:     {}/nodes/*/console.log\n  check a node: asterism verify --endpoint {}:{VERIFY_PORT} --workspace {} --platform-ca {} --measurements {}\n  stop it:      asterism mini down --dir {}",
-        started.elapsed().as_secs_f64(),
-        cluster.workspace.display(),
-        cluster.dir.display(),
-        cp.node.ip,
-        cluster.workspace.display(),
-        cluster.platform_ca.display(),
-        cluster.measurements.display(),
-        args.dir.display()
-    );
-    if record
-        .nodes
-        .iter()
-        .any(|n| !n.disk_rekeyed || n.exit != "ok")
-    {
-        bail!(
-            "not every node bootstrapped cleanly (see the table and {}/nodes/*/console.log)",
-            cluster.dir.display()
-        );
-    }
-    Ok(())
+    finish(
+        &vmc.cluster,
+        &record,
+        started,
+        &cp.node,
+        &format!(
+            "  consoles:     {}/nodes/*/console.log\n",
+            vmc.cluster.dir.display()
+        ),
+        "nodes/*/console.log",
+    )
 }
 
 impl VmCluster {

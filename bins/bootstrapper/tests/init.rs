@@ -103,13 +103,7 @@ async fn a_wrong_init_secret_is_refused_without_logs_and_a_corrected_init_then_w
     let responses = init(t.init_channel().await, request(INIT_SECRET))
         .await
         .unwrap();
-    assert!(
-        matches!(
-            responses.first().and_then(|r| r.kind.as_ref()),
-            Some(init_response::Kind::InitSuccess(_))
-        ),
-        "{responses:?}"
-    );
+    assert_succeeded(&responses);
     assert!(matches!(run.await.unwrap(), Ok(Outcome::Initialized(_))));
 }
 
@@ -140,10 +134,7 @@ async fn a_second_init_after_the_lock_fails_with_failed_precondition() {
 
     driver.gate.add_permits(1);
     let first = first.await.unwrap().unwrap();
-    assert!(matches!(
-        first.first().and_then(|r| r.kind.as_ref()),
-        Some(init_response::Kind::InitSuccess(_))
-    ));
+    assert_succeeded(&first);
     assert!(matches!(run.await.unwrap(), Ok(Outcome::Initialized(_))));
 }
 
@@ -258,13 +249,7 @@ async fn a_bad_component_hash_or_version_is_refused_before_the_lock_and_good_com
     let mut good_request = request(INIT_SECRET);
     good_request.kubernetes_components = vec![good.clone()];
     let responses = init(t.init_channel().await, good_request).await.unwrap();
-    assert!(
-        matches!(
-            responses.first().and_then(|r| r.kind.as_ref()),
-            Some(init_response::Kind::InitSuccess(_))
-        ),
-        "{responses:?}"
-    );
+    assert_succeeded(&responses);
     assert!(matches!(run.await.unwrap(), Ok(Outcome::Initialized(_))));
     let got = driver.0.lock().unwrap().clone();
     assert_eq!(got.len(), 1);
@@ -308,13 +293,7 @@ async fn the_init_node_record_holds_the_requested_version_and_components_for_the
         .map(Into::into)
         .collect();
     let responses = init(t.init_channel().await, req).await.unwrap();
-    assert!(
-        matches!(
-            responses.first().and_then(|r| r.kind.clone()),
-            Some(init_response::Kind::InitSuccess(_))
-        ),
-        "{responses:?}"
-    );
+    assert_succeeded(&responses);
     run.await.unwrap().unwrap();
 
     let record: serde_json::Value =
@@ -410,13 +389,7 @@ async fn hosted_services_are_refused_where_not_hosted_and_required_where_hosted(
     let mut req = request(INIT_SECRET);
     req.hosted_services = Some(services.clone());
     let responses = init(t.init_channel().await, req).await.unwrap();
-    assert!(
-        matches!(
-            responses.first().and_then(|r| r.kind.as_ref()),
-            Some(init_response::Kind::InitSuccess(_))
-        ),
-        "{responses:?}"
-    );
+    assert_succeeded(&responses);
     run.await.unwrap().unwrap();
     let dir = t.node_dir.hosted_services();
     let kms = kms();

@@ -37,6 +37,17 @@ pub fn request(secret: &[u8]) -> InitRequest {
     }
 }
 
+/// Asserts that the Init stream reported success first.
+pub fn assert_succeeded(responses: &[InitResponse]) {
+    assert!(
+        matches!(
+            responses.first().and_then(|r| r.kind.as_ref()),
+            Some(asterism_proto::init::init_response::Kind::InitSuccess(_))
+        ),
+        "{responses:?}"
+    );
+}
+
 /// Sends Init and collects the whole stream.
 pub async fn init(channel: Channel, req: InitRequest) -> Result<Vec<InitResponse>, tonic::Status> {
     let mut stream = ApiClient::new(channel).init(req).await?.into_inner();

@@ -546,25 +546,28 @@ impl VmCluster {
     }
 
     /// Waits until the bootstrapper of `vm` serves Init (its console says so).
-    pub fn wait_for_init_server(&self, vm: &VmNode, running: &mut RunningVm) -> Result<()> {
+    pub async fn wait_for_init_server(&self, vm: &VmNode, running: &mut RunningVm) -> Result<()> {
         self.wait_for_console(vm, running, BOOT_DEADLINE, "InitServer listening")
+            .await
             .map(|_| ())
     }
 
     /// Waits until the bootstrapper of `vm` exits, at most `deadline`: `("ok" or its exit
     /// status, timing)`. The timing is also written to the node's `boot-timing.json`.
-    pub fn wait_for_bootstrapper(
+    pub async fn wait_for_bootstrapper(
         &self,
         vm: &VmNode,
         running: &mut RunningVm,
         deadline: Duration,
     ) -> Result<(String, Option<BootTiming>)> {
-        let line = self.wait_for_console(
-            vm,
-            running,
-            deadline,
-            "asterism-init: bootstrapper exited with status",
-        )?;
+        let line = self
+            .wait_for_console(
+                vm,
+                running,
+                deadline,
+                "asterism-init: bootstrapper exited with status",
+            )
+            .await?;
         let wall = running.started.elapsed().as_secs_f64();
         let status = line
             .split("status ")
@@ -588,8 +591,9 @@ impl VmCluster {
     }
 
     /// Waits until the control plane's join service is ready (its console says so).
-    pub fn wait_for_join_service(&self, cp: &VmNode, running: &mut RunningVm) -> Result<()> {
+    pub async fn wait_for_join_service(&self, cp: &VmNode, running: &mut RunningVm) -> Result<()> {
         self.wait_for_console(cp, running, SERVICES_DEADLINE, JOIN_SERVICE_READY)
+            .await
             .map(|_| ())
     }
 
@@ -611,8 +615,10 @@ impl VmCluster {
     }
 
     /// Polls the console of `vm` for a line containing `needle`; fails when QEMU exits or
-    /// `deadline` passes, with the console's and QEMU's last lines.
-    fn wait_for_console(
+    /// `deadline` passes, with the console's and QEMU's last lines. Asynchronous, so that
+    /// this process's connections keep being served meanwhile: the CLI's to the InitServer
+    /// must acknowledge its shutdown, or the bootstrapper waits out its 10 s grace period.
+    async fn wait_for_console(
         &self,
         vm: &VmNode,
         running: &mut RunningVm,
@@ -646,7 +652,7 @@ impl VmCluster {
                     tail(&console)
                 );
             }
-            std::thread::sleep(Duration::from_millis(100));
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 }
@@ -765,7 +771,7 @@ impl VmCluster {
     pub async fn bring_up(&self) -> Result<(ClusterRecord, Vec<RunningVm>)> {
         let cp = self.vms.first().context("no nodes")?;
         let mut cp_vm = self.boot(cp)?;
-        self.wait_for_init_server(cp, &mut cp_vm)?;
+        self.wait_for_init_server(cp, &mut cp_vm).await?;
         step(format!(
             "{} serves Init after {:.1} s; asterism init → {}:{INIT_PORT}",
             cp.node.name,
@@ -775,7 +781,9 @@ impl VmCluster {
         let mut init_args = self.cluster.init_args();
         init_args.host_cluster_services = true;
         let done = asterism::init::run(init_args).await?;
-        let (exit, timing) = self.wait_for_bootstrapper(cp, &mut cp_vm, FINISH_DEADLINE)?;
+        let (exit, timing) = self
+            .wait_for_bootstrapper(cp, &mut cp_vm, FINISH_DEADLINE)
+            .await?;
         report_timing(cp, timing.as_ref(), "with asterism init");
         let workers = self.vms.get(1..).unwrap_or_default();
         if !workers.is_empty() {
@@ -785,7 +793,7 @@ impl VmCluster {
                     cp.console().display()
                 );
             }
-            self.wait_for_join_service(cp, &mut cp_vm)?;
+            self.wait_for_join_service(cp, &mut cp_vm).await?;
         }
         let mut results = vec![(bootstrap_ms(timing.as_ref()), exit)];
         let mut running = vec![cp_vm];
@@ -800,7 +808,9 @@ impl VmCluster {
                 running.push(self.boot(vm)?);
             }
             for (vm, vm_running) in workers.iter().zip(running.iter_mut().skip(1)) {
-                let (exit, timing) = self.wait_for_bootstrapper(vm, vm_running, BOOT_DEADLINE)?;
+                let (exit, timing) = self
+                    .wait_for_bootstrapper(vm, vm_running, BOOT_DEADLINE)
+                    .await?;
                 report_timing(vm, timing.as_ref(), "until joined");
                 results.push((bootstrap_ms(timing.as_ref()), exit));
             }

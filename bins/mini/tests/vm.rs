@@ -209,12 +209,12 @@ fn a_control_plane_and_a_worker_vm_bootstrap_and_the_worker_rejoins_after_a_powe
     let first_console = vmc.power_off(&vmc.vms[1], worker_vm).unwrap();
     assert!(first_console.is_file());
     let mut rebooted = vmc.boot(&vmc.vms[1]).unwrap();
-    let (exit, _) = vmc
-        .wait_for_bootstrapper(
+    let (exit, _) = runtime()
+        .block_on(vmc.wait_for_bootstrapper(
             &vmc.vms[1],
             &mut rebooted,
             std::time::Duration::from_secs(600),
-        )
+        ))
         .unwrap();
     assert_eq!(exit, "ok");
     let console = std::fs::read_to_string(worker.dir.join("console.log")).unwrap();
@@ -267,7 +267,9 @@ fn a_vm_booted_with_a_changed_command_line_is_refused_naming_pcr_9() {
     vmc.image.cmdline.push_str(" quiet");
     let cp = vmc.vms[0].clone();
     let mut vm = vmc.boot(&cp).unwrap();
-    vmc.wait_for_init_server(&cp, &mut vm).unwrap();
+    runtime()
+        .block_on(vmc.wait_for_init_server(&cp, &mut vm))
+        .unwrap();
     let refused = runtime()
         .block_on(asterism::init::run(vmc.cluster.init_args()))
         .expect_err("a node with another command line is refused");

@@ -78,6 +78,9 @@ impl Args {
     }
 }
 
+/// The name of the platform CA's file among the join service's trust files.
+pub const PLATFORM_CA_FILE: &str = "platform-ca.pem";
+
 /// The join service's attestation-key trust: the same policy the CLI checked the first
 /// node with, as flags of the join service and the files they name.
 pub fn join_service_trust(ak: &AkTrustArgs) -> Result<JoinServiceTrust> {
@@ -91,7 +94,7 @@ pub fn join_service_trust(ak: &AkTrustArgs) -> Result<JoinServiceTrust> {
         Ok::<_, anyhow::Error>(())
     };
     if let Some(ca) = &ak.platform_ca {
-        add_file(&mut trust, "--platform-ca", "platform-ca.pem".into(), ca)?;
+        add_file(&mut trust, "--platform-ca", PLATFORM_CA_FILE.into(), ca)?;
     }
     for pin in &ak.pinned_ak {
         trust.args.push(format!("--pinned-ak={pin}"));

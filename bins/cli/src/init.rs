@@ -11,7 +11,7 @@ use crate::trust::TrustArgs;
 use anyhow::{Context, Result, bail};
 use asterism_atls::{AtlsConfig, AtlsConnector};
 use asterism_kms::{KmsUri, MasterSecret, Salt};
-use asterism_kube_api::{DeploymentSpec, KeyServiceSecret, MEASUREMENT_SALT_LEN};
+use asterism_kube_api::{DeploymentSpec, JoinServiceTrust, KeyServiceSecret, MEASUREMENT_SALT_LEN};
 pub use asterism_kubernetes_versions::{DEFAULT_REQUEST, VersionRequest};
 use asterism_kubernetes_versions::{Release, VersionSyntaxError, VersionTable};
 use asterism_proto::init::api_client::ApiClient;
@@ -74,23 +74,26 @@ pub struct Args {
 }
 
 /// What the node's own join service trusts, when it hosts the services
-/// (`--host-cluster-services`): the files this init verifies the node with, so that joining
-/// nodes are held to what the first node was held to.
-fn hosted_services(args: &Args) -> Result<Option<HostedServices>> {
+/// (`--host-cluster-services`): what the bring-up would give a join service in Kubernetes,
+/// the measurements this init verifies the node with (`attestation_config`) and the
+/// platform CA of `trust`, so that joining nodes are held to what the first node was held
+/// to.
+fn hosted_services(
+    args: &Args,
+    attestation_config: &str,
+    trust: &JoinServiceTrust,
+) -> Result<Option<HostedServices>> {
     if !args.host_cluster_services {
         return Ok(None);
     }
-    let Some(ca) = &args.trust.ak.platform_ca else {
+    let Some(ca) = trust.files.get(bring_up::PLATFORM_CA_FILE) else {
         bail!(
             "--host-cluster-services needs --platform-ca: the node's join service trusts a platform CA"
         );
     };
-    let read = |path: &Path, what: &str| {
-        std::fs::read(path).with_context(|| format!("reading the {what} {}", path.display()))
-    };
     Ok(Some(HostedServices {
-        join_measurements: read(&args.trust.measurements, "measurements")?,
-        platform_ca: read(ca, "platform CA")?,
+        join_measurements: attestation_config.as_bytes().to_vec(),
+        platform_ca: ca.as_bytes().to_vec(),
     }))
 }
 
@@ -217,7 +220,7 @@ pub async fn run_with(args: Args, after: &bring_up::Args) -> Result<Initialised>
     let validator = args.trust.validator(measurements)?;
     let init_secret = read_init_secret(&args.init_secret_file)?;
     let recovery = recovery_plan(&args)?;
-    let hosted_services = hosted_services(&args)?;
+    let hosted_services = hosted_services(&args, &attestation_config, &trust)?;
     let release = VersionTable::builtin()
         .context("the built-in Kubernetes versions table")?
         .resolve(args.kubernetes_version)?;
@@ -779,19 +782,29 @@ mod tests {
     #[test]
     fn hosted_services_carry_the_files_this_init_verifies_with_and_need_a_platform_ca() {
         let dir = tempfile::tempdir().unwrap();
-        let (m, ca) = (dir.path().join("m.json"), dir.path().join("ca.pem"));
-        std::fs::write(&m, b"measurements").unwrap();
+        let ca = dir.path().join("ca.pem");
         std::fs::write(&ca, b"platform CA").unwrap();
         let mut a = args(&[]);
-        a.trust.measurements = m;
         a.trust.ak.platform_ca = Some(ca.clone());
-        assert!(hosted_services(&a).unwrap().is_none(), "not asked for");
+        let trust = bring_up::join_service_trust(&a.trust.ak).unwrap();
+        assert!(
+            hosted_services(&a, "measurements", &trust)
+                .unwrap()
+                .is_none(),
+            "not asked for"
+        );
         a.host_cluster_services = true;
+        // A pinned AK instead of a platform CA: the hosted join service cannot use it.
         a.trust.ak.platform_ca = None;
-        let err = hosted_services(&a).unwrap_err().to_string();
+        a.trust.ak.pinned_ak = vec!["ab".repeat(32)];
+        let no_ca = bring_up::join_service_trust(&a.trust.ak).unwrap();
+        let err = hosted_services(&a, "measurements", &no_ca)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("needs --platform-ca"), "{err}");
-        a.trust.ak.platform_ca = Some(ca);
-        let h = hosted_services(&a).unwrap().unwrap();
+        let h = hosted_services(&a, "measurements", &trust)
+            .unwrap()
+            .unwrap();
         assert_eq!(
             (h.join_measurements.as_slice(), h.platform_ca.as_slice()),
             (&b"measurements"[..], &b"platform CA"[..])

@@ -6,7 +6,46 @@
 # and the library the `asterism-cryptsetup` crate links).
 SYSTEM_PACKAGES=(swtpm swtpm-tools tpm2-tools libtss2-dev cryptsetup-bin libcryptsetup-dev pkg-config)
 
-step() { printf '\n==> %s\n' "$*" >&2; }
+# Steps are timed. `step NAME` ends the step before it (printing its wall time) and starts
+# the next; `step_end` ends the last one. When STEP_LOG names a file, every step of this
+# script and of the scripts it runs appends "SECONDS<TAB>NAME" to it, and `step_table`
+# prints them all at the end (scripts/test), so a slow step is seen at once.
+_step_name=""
+_step_start=0
+step_end() {
+    if [ -n "$_step_name" ]; then
+        local took=$(($(date +%s) - _step_start))
+        printf '    (%s: %dm%02ds)\n' "$_step_name" $((took / 60)) $((took % 60)) >&2
+        if [ -n "${STEP_LOG:-}" ]; then
+            printf '%d\t%s\n' "$took" "$_step_name" >>"$STEP_LOG"
+        fi
+    fi
+    _step_name=""
+}
+step() {
+    step_end
+    _step_name=$*
+    _step_start=$(date +%s)
+    printf '\n==> %s\n' "$*" >&2
+}
+# A step that is a message, not work: printed, not timed.
+note() { step_end; printf '\n==> %s\n' "$*" >&2; }
+
+# Prints the steps recorded in STEP_LOG as a table, slowest first within their order kept,
+# with the total wall time since TOTAL_START (seconds since the epoch).
+step_table() {
+    local total_start=$1 status=$2
+    [ -n "${STEP_LOG:-}" ] && [ -f "$STEP_LOG" ] || return 0
+    local total=$(($(date +%s) - total_start))
+    {
+        printf '\n==> time per step (%s)\n' "$([ "$status" = 0 ] && echo passed || echo "FAILED, exit $status")"
+        printf '%8s  %s\n' "wall" "step"
+        while IFS=$'\t' read -r secs name; do
+            printf '%5dm%02ds  %s\n' $((secs / 60)) $((secs % 60)) "$name"
+        done <"$STEP_LOG"
+        printf '%5dm%02ds  %s\n' $((total / 60)) $((total % 60)) "total"
+    } >&2
+}
 
 install_system_packages() {
     local missing=()
@@ -39,7 +78,9 @@ install_rust_components() {
 # when it is missing, at the version given (the one the scripts were written against).
 install_cargo_tool() {
     local name=$1 version=$2
-    if command -v "$name" >/dev/null 2>&1; then
+    # Cargo finds subcommands in $CARGO_HOME/bin even when it is not on PATH (a fresh,
+    # temporary CARGO_HOME: scripts/fresh-check), so look there too.
+    if command -v "$name" >/dev/null 2>&1 || [ -x "${CARGO_HOME:-$HOME/.cargo}/bin/$name" ]; then
         return
     fi
     step "installing $name $version (cargo install --locked)"
@@ -63,3 +104,7 @@ vm_host_ready() {
     fi
     command -v qemu-system-x86_64 >/dev/null 2>&1 && [ -e /usr/share/OVMF/OVMF_CODE_4M.fd ]
 }
+
+# The last step's time is printed when the script exits; a script that sets its own EXIT
+# trap calls step_end in it.
+trap step_end EXIT

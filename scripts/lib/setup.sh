@@ -10,14 +10,28 @@ SYSTEM_PACKAGES=(swtpm swtpm-tools tpm2-tools libtss2-dev cryptsetup-bin libcryp
 # the next; `step_end` ends the last one. When STEP_LOG names a file, every step of this
 # script and of the scripts it runs appends "SECONDS<TAB>NAME" to it, and `step_table`
 # prints them all at the end (scripts/test), so a slow step is seen at once.
+# Besides the wall time, a step's CPU time (user + system of the commands it ran and waited
+# for) is kept: on a shared, busy machine the wall time grows, the CPU time much less.
 _step_name=""
 _step_start=0
+_step_cpu=0
+# CPU seconds used so far by this shell's finished children (cutime + cstime of
+# /proc/PID/stat, in clock ticks; `times` would run in a subshell here and see none).
+_clock_ticks=$(getconf CLK_TCK 2>/dev/null || echo 100)
+_children_cpu() {
+    local stat
+    read -r stat </proc/$$/stat
+    # Fields after the command name, which is in parentheses: state is field 3.
+    set -- ${stat##*) }
+    echo $(((${14} + ${15}) / _clock_ticks))
+}
 step_end() {
     if [ -n "$_step_name" ]; then
-        local took=$(($(date +%s) - _step_start))
-        printf '    (%s: %dm%02ds)\n' "$_step_name" $((took / 60)) $((took % 60)) >&2
+        local took=$(($(date +%s) - _step_start)) cpu=$(($(_children_cpu) - _step_cpu))
+        printf '    (%s: %dm%02ds, cpu %dm%02ds)\n' "$_step_name" $((took / 60)) $((took % 60)) \
+            $((cpu / 60)) $((cpu % 60)) >&2
         if [ -n "${STEP_LOG:-}" ]; then
-            printf '%d\t%s\n' "$took" "$_step_name" >>"$STEP_LOG"
+            printf '%d\t%d\t%s\n' "$took" "$cpu" "$_step_name" >>"$STEP_LOG"
         fi
     fi
     _step_name=""
@@ -26,24 +40,28 @@ step() {
     step_end
     _step_name=$*
     _step_start=$(date +%s)
+    _step_cpu=$(_children_cpu)
     printf '\n==> %s\n' "$*" >&2
 }
 # A step that is a message, not work: printed, not timed.
 note() { step_end; printf '\n==> %s\n' "$*" >&2; }
 
-# Prints the steps recorded in STEP_LOG as a table, slowest first within their order kept,
-# with the total wall time since TOTAL_START (seconds since the epoch).
+# Prints the steps recorded in STEP_LOG as a table in the order they ran, with the total wall
+# time since TOTAL_START (seconds since the epoch) and the CPU time of all steps.
 step_table() {
     local total_start=$1 status=$2
     [ -n "${STEP_LOG:-}" ] && [ -f "$STEP_LOG" ] || return 0
     local total=$(($(date +%s) - total_start))
     {
         printf '\n==> time per step (%s)\n' "$([ "$status" = 0 ] && echo passed || echo "FAILED, exit $status")"
-        printf '%8s  %s\n' "wall" "step"
-        while IFS=$'\t' read -r secs name; do
-            printf '%5dm%02ds  %s\n' $((secs / 60)) $((secs % 60)) "$name"
+        printf '%9s %9s  %s\n' "wall" "cpu" "step"
+        local secs cpu name cpu_total=0
+        while IFS=$'\t' read -r secs cpu name; do
+            printf '%5dm%02ds %5dm%02ds  %s\n' $((secs / 60)) $((secs % 60)) $((cpu / 60)) $((cpu % 60)) "$name"
+            cpu_total=$((cpu_total + cpu))
         done <"$STEP_LOG"
-        printf '%5dm%02ds  %s\n' $((total / 60)) $((total % 60)) "total"
+        printf '%5dm%02ds %5dm%02ds  %s\n' $((total / 60)) $((total % 60)) $((cpu_total / 60)) $((cpu_total % 60)) \
+            "total (load average at the end: $(cut -d' ' -f1-3 /proc/loadavg))"
     } >&2
 }
 

@@ -1,0 +1,395 @@
+//! The JoinClient and the rejoin client against a stub join service: a real aTLS server
+//! (mutual: the stub attests with its own swtpm and verifies the node's quote) with the
+//! tonic `join.API`, handing out tickets with keys derived from a master secret.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::common::*;
+use asterism_atls::{AtlsConfig, AtlsServer, verified_peer};
+use asterism_bootstrapper::{KubernetesHandover, NodeState, Outcome, Role};
+use asterism_kms::{ClusterKms, KeyId, MasterSecret, Salt, derive_cluster_id};
+use asterism_metadata::{Role as MetaRole, StaticMetadata};
+use asterism_pki::{ClusterCa, KubeletCsr, SshCa, parse_wire_public_key};
+use asterism_proto::join::api_server::{Api, ApiServer};
+use asterism_proto::join::{
+    IssueJoinTicketRequest, IssueJoinTicketResponse, IssueRejoinTicketRequest,
+    IssueRejoinTicketResponse,
+};
+use tonic::{Request, Response, Status};
+
+const MEASUREMENT_SALT: [u8; 32] = [0x44; 32];
+
+fn kms() -> ClusterKms {
+    ClusterKms::new(
+        MasterSecret::new(vec![0x55; 32]).unwrap(),
+        Salt::new(vec![0x66; 32]).unwrap(),
+    )
+}
+
+/// What the stub saw.
+#[derive(Default)]
+struct Seen {
+    join_peers: Vec<SocketAddr>,
+    rejoin_uuids: Vec<String>,
+}
+
+/// Changes a ticket before the stub sends it (a join service that lies).
+type Tamper = Arc<dyn Fn(&mut IssueJoinTicketResponse) + Send + Sync>;
+
+struct StubJoinService {
+    ca: ClusterCa,
+    seen: Arc<Mutex<Seen>>,
+    tamper: Option<Tamper>,
+}
+
+/// The cluster the stub's keys derive.
+fn cluster_id() -> asterism_kms::ClusterId {
+    let secret = kms().data_key(&KeyId::MeasurementSecret, 32).unwrap();
+    derive_cluster_id(&secret, &MEASUREMENT_SALT).unwrap()
+}
+
+/// The release the stub's tickets name, as a join service takes it from the cluster state.
+fn release() -> asterism_kubernetes_versions::Release {
+    asterism_kubernetes_versions::VersionTable::builtin()
+        .unwrap()
+        .select("v1.31.13")
+        .unwrap()
+}
+
+fn key(id: &KeyId) -> Vec<u8> {
+    kms().data_key(id, 32).unwrap().expose_secret().to_vec()
+}
+
+#[tonic::async_trait]
+impl Api for StubJoinService {
+    async fn issue_join_ticket(
+        &self,
+        request: Request<IssueJoinTicketRequest>,
+    ) -> Result<Response<IssueJoinTicketResponse>, Status> {
+        let peer = verified_peer(&request)?.remote_addr().unwrap();
+        self.seen.lock().unwrap().join_peers.push(peer);
+        let req = request.into_inner();
+        let csr = KubeletCsr::parse(&req.certificate_request)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let kubelet_cert = self.ca.sign_kubelet(&csr, SystemTime::now()).unwrap();
+        let ssh_ca =
+            SshCa::from_seed(&kms().data_key(&KeyId::EmergencySshCa, 32).unwrap()).unwrap();
+        let host = parse_wire_public_key(&req.host_public_key).unwrap();
+        let host_cert = ssh_ca
+            .sign_host_certificate(&host, &req.host_certificate_principals, SystemTime::now())
+            .unwrap()
+            .to_authorized_keys_line()
+            .unwrap();
+        let mut ticket = IssueJoinTicketResponse {
+            state_disk_key: key(&KeyId::disk(&req.disk_uuid).unwrap()),
+            measurement_salt: MEASUREMENT_SALT.to_vec(),
+            measurement_secret: key(&KeyId::MeasurementSecret),
+            kubelet_cert: format!("{kubelet_cert}{}", self.ca.cert_pem()).into_bytes(),
+            api_server_endpoint: "127.0.12.1:6443".into(),
+            token: "abcdef.0123456789abcdef".into(),
+            discovery_token_ca_cert_hash: self.ca.discovery_hash().unwrap(),
+            authorized_ca_public_key: ssh_ca.authorized_keys_line().into_bytes(),
+            host_certificate: host_cert.into_bytes(),
+            kubernetes_version: release().version().to_string(),
+            kubernetes_components: release()
+                .components()
+                .iter()
+                .cloned()
+                .map(Into::into)
+                .collect(),
+            ..IssueJoinTicketResponse::default()
+        };
+        if let Some(tamper) = &self.tamper {
+            tamper(&mut ticket);
+        }
+        Ok(Response::new(ticket))
+    }
+
+    async fn issue_rejoin_ticket(
+        &self,
+        request: Request<IssueRejoinTicketRequest>,
+    ) -> Result<Response<IssueRejoinTicketResponse>, Status> {
+        verified_peer(&request)?;
+        let req = request.into_inner();
+        self.seen
+            .lock()
+            .unwrap()
+            .rejoin_uuids
+            .push(req.disk_uuid.clone());
+        Ok(Response::new(IssueRejoinTicketResponse {
+            state_disk_key: key(&KeyId::disk(&req.disk_uuid).unwrap()),
+            measurement_secret: key(&KeyId::MeasurementSecret),
+        }))
+    }
+}
+
+/// Starts the stub on `ip` (mutual aTLS: attests with `cp`'s TPM, verifies `node`'s).
+async fn start_stub(
+    ip: IpAddr,
+    cp: &TestNode,
+    node: &TestNode,
+    seen: Arc<Mutex<Seen>>,
+) -> (u16, tokio::sync::oneshot::Sender<()>) {
+    start_tampering_stub(ip, cp, node, seen, None).await
+}
+
+/// Like [`start_stub`], with every ticket changed by `tamper`.
+async fn start_tampering_stub(
+    ip: IpAddr,
+    cp: &TestNode,
+    node: &TestNode,
+    seen: Arc<Mutex<Seen>>,
+    tamper: Option<Tamper>,
+) -> (u16, tokio::sync::oneshot::Sender<()>) {
+    let listener = tokio::net::TcpListener::bind(SocketAddr::new(ip, 0))
+        .await
+        .unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = AtlsServer::new(
+        AtlsConfig::attesting(Arc::new(cp.swtpm.held_issuer().unwrap()))
+            .with_validator(node.validator()),
+    )
+    .unwrap();
+    let service = StubJoinService {
+        ca: ClusterCa::generate(SystemTime::now()).unwrap(),
+        seen,
+        tamper,
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(ApiServer::new(service))
+            .serve_with_incoming_shutdown(server.incoming(listener), async {
+                let _ = rx.await;
+            }),
+    );
+    (port, tx)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_joins_through_a_mutually_attested_join_service_and_rejoins_after_a_reboot() {
+    let cp = TestNode::new("127.0.12.1");
+    let mut t = TestNode::new("127.0.12.2");
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    // The join service runs on an initialised control-plane node: PCR 15 is marked.
+    cp.mark(&cluster_id());
+    let (port, _stop) = start_stub(cp.ip, &cp, &t, seen.clone()).await;
+    let metadata = StaticMetadata::new(vec![
+        instance("cp-0", MetaRole::ControlPlane, cp.ip),
+        instance("worker-0", MetaRole::Worker, t.ip),
+    ])
+    .with_self("worker-0")
+    .with_init_secret_hash(init_secret_hash());
+
+    // Join, verifying the join service's quote (mutual mode).
+    let node = t.node(
+        metadata.clone(),
+        TestNode::none_driver(),
+        port,
+        Some(cp.join_service_trust(cluster_id())),
+    );
+    let started = Instant::now();
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(120),
+        t.run(node, std::future::pending()),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    eprintln!(
+        "join: bootstrapper start to joined in {:?}",
+        started.elapsed()
+    );
+    let secret = kms().data_key(&KeyId::MeasurementSecret, 32).unwrap();
+    let cluster_id = derive_cluster_id(&secret, &MEASUREMENT_SALT).unwrap();
+    assert_eq!(outcome, Outcome::Joined(cluster_id));
+    // The join service saw the node's own address.
+    assert_eq!(seen.lock().unwrap().join_peers[0].ip(), t.ip);
+    assert_eq!(
+        t.pcr15(),
+        asterism_tpm::marker::expected_marker_pcr(cluster_id.as_bytes())
+    );
+    let uuid = luks_uuid(&t.image());
+    assert!(opens(&t.image(), &key(&KeyId::disk(&uuid).unwrap())));
+    assert!(token0(&t.image()).contains("\"diskIsInitialized\":true"));
+    assert_eq!(
+        NodeState::read(&t.node_dir.node_state()).unwrap(),
+        NodeState {
+            role: Role::Worker,
+            measurement_salt: MEASUREMENT_SALT
+        }
+    );
+    let cert = std::fs::read_to_string(t.node_dir.kubelet_cert()).unwrap();
+    assert!(cert.starts_with("-----BEGIN CERTIFICATE-----"));
+    let key_pem = std::fs::read_to_string(t.node_dir.kubelet_key()).unwrap();
+    assert!(key_pem.contains("PRIVATE KEY"));
+    assert!(
+        std::fs::read_to_string(t.node_dir.ssh_host_cert())
+            .unwrap()
+            .starts_with("ssh-ed25519-cert-v01@openssh.com ")
+    );
+    assert!(
+        !t.node_dir.kubernetes_pki().join("ca.key").exists(),
+        "a worker gets no CA key"
+    );
+    // What the ticket named reached the driver, and the node recorded it.
+    let handover: KubernetesHandover =
+        serde_json::from_slice(&std::fs::read(t.node_dir.kubernetes_handover()).unwrap()).unwrap();
+    assert_eq!(
+        handover,
+        KubernetesHandover {
+            driver: "none".into(),
+            kubernetes_version: "v1.31.13".into(),
+            kubernetes_components: release().components().to_vec(),
+        }
+    );
+
+    // Reboot: the TPM resets (PCR 15 cleared, AK kept); the disk is initialized, so the
+    // node asks for a rejoin ticket, unlocks its disk and marks PCR 15 again.
+    t.swtpm.restart().unwrap();
+    assert_eq!(t.pcr15(), [0; 32]);
+    let node = t.node(
+        metadata,
+        TestNode::none_driver(),
+        port,
+        Some(cp.join_service_trust(cluster_id)),
+    );
+    let started = Instant::now();
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(120),
+        t.run(node, std::future::pending()),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    eprintln!(
+        "rejoin: bootstrapper start to rejoined in {:?}",
+        started.elapsed()
+    );
+    assert_eq!(outcome, Outcome::Rejoined(cluster_id));
+    assert_eq!(seen.lock().unwrap().rejoin_uuids, [uuid]);
+    assert_eq!(
+        t.pcr15(),
+        asterism_tpm::marker::expected_marker_pcr(cluster_id.as_bytes())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_join_service_whose_evidence_does_not_verify_gets_nothing() {
+    let cp = TestNode::new("127.0.12.3");
+    let t = TestNode::new("127.0.12.4");
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    cp.mark(&cluster_id());
+    let (port, _stop) = start_stub(cp.ip, &cp, &t, seen.clone()).await;
+    let metadata = StaticMetadata::new(vec![
+        instance("cp-0", MetaRole::ControlPlane, cp.ip),
+        instance("worker-0", MetaRole::Worker, t.ip),
+    ])
+    .with_self("worker-0")
+    .with_init_secret_hash(init_secret_hash());
+    // The node expects another platform: it pins its own AK for the join service.
+    let node = t.node(
+        metadata,
+        TestNode::none_driver(),
+        port,
+        Some(t.join_service_trust(cluster_id())),
+    );
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(t.run(node, async {
+        let _ = stop_rx.await;
+    }));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let _ = stop_tx.send(());
+    let outcome = run.await.unwrap().unwrap();
+    assert_eq!(outcome, Outcome::Stopped);
+    assert!(
+        seen.lock().unwrap().join_peers.is_empty(),
+        "no request reached the handler"
+    );
+    assert_eq!(t.pcr15(), [0; 32]);
+    assert!(token0(&t.image()).contains("\"diskIsInitialized\":false"));
+}
+
+/// Runs a fresh worker against a join service on `cp` for a few seconds, then stops it:
+/// the worker must have refused, so nothing happened to it.
+async fn refused(cp: &TestNode, t: &TestNode, port: u16, expected: asterism_kms::ClusterId) {
+    let metadata = StaticMetadata::new(vec![
+        instance("cp-0", MetaRole::ControlPlane, cp.ip),
+        instance("worker-0", MetaRole::Worker, t.ip),
+    ])
+    .with_self("worker-0")
+    .with_init_secret_hash(init_secret_hash());
+    let node = t.node(
+        metadata,
+        TestNode::none_driver(),
+        port,
+        Some(cp.join_service_trust(expected)),
+    );
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(t.run(node, async {
+        let _ = stop_rx.await;
+    }));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let _ = stop_tx.send(());
+    let outcome = run.await.unwrap().unwrap();
+    assert_eq!(outcome, Outcome::Stopped);
+    assert_eq!(t.pcr15(), [0; 32], "the worker was not marked");
+    assert!(token0(&t.image()).contains("\"diskIsInitialized\":false"));
+    assert!(!t.node_dir.kubelet_cert().exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_join_service_marked_with_another_cluster_gets_no_request() {
+    let cp = TestNode::new("127.0.12.5");
+    let t = TestNode::new("127.0.12.6");
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    // Same TPM, same PCRs 0–14, same AK: only the cluster marker differs.
+    cp.mark(&asterism_kms::ClusterId::from([0xee; 32]));
+    let (port, _stop) = start_stub(cp.ip, &cp, &t, seen.clone()).await;
+    refused(&cp, &t, port, cluster_id()).await;
+    assert!(
+        seen.lock().unwrap().join_peers.is_empty(),
+        "no request reached the handler"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_ticket_for_another_cluster_or_with_a_bad_kubelet_certificate_is_refused() {
+    let cp = TestNode::new("127.0.12.7");
+    cp.mark(&cluster_id());
+    let tampers: Vec<(&str, Tamper)> = vec![
+        (
+            "another cluster",
+            Arc::new(|t: &mut IssueJoinTicketResponse| t.measurement_secret = vec![0x77; 32]),
+        ),
+        (
+            "a kubelet certificate that is no certificate",
+            Arc::new(|t: &mut IssueJoinTicketResponse| {
+                t.kubelet_cert =
+                    b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n".to_vec()
+            }),
+        ),
+        (
+            "a kubelet certificate from another CA",
+            Arc::new(|t: &mut IssueJoinTicketResponse| {
+                let other = ClusterCa::generate(SystemTime::now()).unwrap();
+                t.discovery_token_ca_cert_hash = other.discovery_hash().unwrap();
+            }),
+        ),
+    ];
+    for (i, (what, tamper)) in tampers.into_iter().enumerate() {
+        eprintln!("tampered ticket: {what}");
+        let t = TestNode::new(&format!("127.0.12.{}", 20 + i));
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let (port, _stop) = start_tampering_stub(cp.ip, &cp, &t, seen.clone(), Some(tamper)).await;
+        refused(&cp, &t, port, cluster_id()).await;
+        assert!(
+            !seen.lock().unwrap().join_peers.is_empty(),
+            "{what}: the join service was asked"
+        );
+    }
+}

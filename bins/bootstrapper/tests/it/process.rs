@@ -1,0 +1,206 @@
+//! The `asterism-bootstrapper` program as a process: exit statuses, the log it streams to
+//! an authenticated caller after a failure, and a graceful stop on SIGTERM.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{BufRead as _, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+use asterism_kms::{KmsUri, MasterSecret, Salt};
+use asterism_metadata::{MetadataConfig, Role as MetaRole};
+use asterism_proto::init::api_client::ApiClient;
+use asterism_proto::init::{InitRequest, init_response};
+
+/// Serves metadata naming `t` as its only (control-plane) instance.
+async fn metadata_server(t: &TestNode) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
+    let json = serde_json::json!({
+        "instances": [instance("cp-0", MetaRole::ControlPlane, t.ip)],
+        "initSecretHash": init_secret_hash(),
+    });
+    let config = MetadataConfig::from_json(json.to_string().as_bytes()).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(asterism_metadata::serve(listener, config, async {
+        let _ = rx.await;
+    }));
+    (addr, tx)
+}
+
+/// The bootstrapper process and what it has logged so far.
+struct Process {
+    child: Child,
+    stderr: Arc<Mutex<String>>,
+}
+
+/// Starts the bootstrapper with an InitServer on a port of the system's choosing, and
+/// points `t` at that port once the bootstrapper has logged it.
+fn spawn(t: &TestNode, metadata: SocketAddr) -> Process {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_asterism-bootstrapper"))
+        .arg("--node-dir")
+        .arg(t.node_dir.root())
+        .args(["--node-ip", &t.ip.to_string()])
+        .args(["--tpm", &t.swtpm.tcti()])
+        .args(["--metadata-url", &format!("http://{metadata}")])
+        .args(["--init-port", "0"])
+        .args(["--join-port", "1", "--join-retry-interval", "200ms"])
+        .args(["--kubernetes-driver", "none", "--insecure-fast-disk-kdf"])
+        .args([
+            "--state-disk-integrity",
+            "none",
+            "--state-disk-size-mib",
+            "32",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = Arc::new(Mutex::new(String::new()));
+    let pipe = child.stderr.take().unwrap();
+    let sink = stderr.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+            let mut all = sink.lock().unwrap();
+            all.push_str(&line);
+            all.push('\n');
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let port = loop {
+        let port = stderr
+            .lock()
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("InitServer listening"))
+            .find_map(|l| {
+                let addr = l.split("listen=").nth(1)?.split_whitespace().next()?;
+                addr.parse::<SocketAddr>().ok().map(|a| a.port())
+            });
+        if let Some(port) = port {
+            break port;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the bootstrapper did not log its InitServer address: {}",
+            stderr.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    t.use_init_port(port);
+    Process { child, stderr }
+}
+
+fn wait(process: &mut Process, within: Duration) -> (i32, String) {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = process.child.try_wait().unwrap() {
+            // The reader thread drains the pipe's last lines after the exit.
+            std::thread::sleep(Duration::from_millis(200));
+            let logs = process.stderr.lock().unwrap().clone();
+            return (status.code().unwrap_or(-1), logs);
+        }
+        if Instant::now() > deadline {
+            let _ = process.child.kill();
+            panic!("the bootstrapper did not exit within {within:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failed_disk_step_after_the_lock_resets_the_disk_streams_the_log_and_exits_3() {
+    let t = TestNode::new("127.0.13.1");
+    let (metadata, _stop) = metadata_server(&t).await;
+    let mut child = spawn(&t, metadata);
+    let channel = t.init_channel().await;
+
+    // The first-boot passphrase is lost: the re-key after the lock cannot work.
+    let key = t.node_dir.initial_key();
+    std::fs::remove_file(&key).unwrap();
+    std::fs::write(&key, [0u8; 32]).unwrap();
+
+    let uri = KmsUri::cluster(
+        MasterSecret::new(vec![1; 32]).unwrap(),
+        Salt::new(vec![2; 32]).unwrap(),
+    );
+    let mut stream = ApiClient::new(channel)
+        .init(InitRequest {
+            kms_uri: uri.to_uri_string().to_string(),
+            storage_uri: "storage://no-store".into(),
+            measurement_salt: vec![3; 32],
+            init_secret: INIT_SECRET.to_vec(),
+            kubernetes_version: "v1.31.13".into(),
+            ..InitRequest::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut failure = None;
+    let mut logs = Vec::new();
+    while let Some(m) = stream.message().await.unwrap() {
+        match m.kind {
+            Some(init_response::Kind::InitFailure(f)) => failure = Some(f.error),
+            Some(init_response::Kind::Log(l)) => {
+                assert!(l.log.len() <= 1024);
+                logs.extend(l.log);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let failure = failure.unwrap();
+    assert!(
+        failure.contains("after the point of no return"),
+        "{failure}"
+    );
+    let logs = String::from_utf8(logs).unwrap();
+    assert!(logs.contains("took the node lock"), "{logs}");
+    assert!(logs.contains("marked the state disk for reset"), "{logs}");
+
+    let (code, stderr) = wait(&mut child, Duration::from_secs(60));
+    assert_eq!(code, 3, "{stderr}");
+    assert!(token0(&t.image()).contains("\"diskIsInitialized\":false"));
+    assert!(!stderr.contains("cluster-kms?key"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_before_the_lock_stops_gracefully_with_exit_4() {
+    let t = TestNode::new("127.0.13.2");
+    let (metadata, _stop) = metadata_server(&t).await;
+    let mut child = spawn(&t, metadata);
+    let _ = t.init_channel().await;
+    let status = Command::new("kill")
+        .args(["-TERM", &child.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let (code, stderr) = wait(&mut child, Duration::from_secs(30));
+    assert_eq!(code, 4, "{stderr}");
+    assert!(stderr.contains("stopping before the node lock"), "{stderr}");
+    assert_eq!(t.pcr15(), [0; 32]);
+}
+
+#[test]
+fn hosting_the_cluster_services_needs_a_mapped_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_asterism-bootstrapper"))
+        .arg("--node-dir")
+        .arg(dir.path().join("node"))
+        .args(["--node-ip", "127.0.11.30", "--host-cluster-services"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--host-cluster-services keeps the master secret on the state disk"),
+        "{stderr}"
+    );
+    assert!(
+        !dir.path().join("node").exists(),
+        "refused before anything is made"
+    );
+}

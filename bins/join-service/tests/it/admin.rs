@@ -1,0 +1,223 @@
+//! Who reaches the member list and the metrics: a listener reachable from the network is
+//! refused at start unless it requires a bearer token; the operator's admin socket is
+//! mode 0600 and re-admits members.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use crate::common::*;
+use asterism_join_service::HttpAccess;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::sync::watch;
+
+/// The binary with every required flag; only the arguments are checked before these files
+/// are read.
+fn join_service(extra: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_asterism-join-service"))
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--key-service",
+            "unix:/nonexistent",
+        ])
+        .args([
+            "--pki-dir",
+            "/nonexistent",
+            "--measurement-salt-file",
+            "/nonexistent",
+        ])
+        .args([
+            "--measurements",
+            "/nonexistent",
+            "--state-dir",
+            "/nonexistent",
+        ])
+        .args(extra)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_metrics_listener_reachable_from_the_network_needs_a_token() {
+    for addr in [
+        "0.0.0.0:9102",
+        "[::]:9102",
+        "10.0.0.1:9102",
+        "[::ffff:10.0.0.1]:9102",
+    ] {
+        let out = join_service(&["--metrics-listen", addr]);
+        assert_eq!(out.status.code(), Some(2), "{addr}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("reachable from the network"), "{addr}: {err}");
+    }
+    // Loopback, and any address with a token, pass the argument check (and then fail on
+    // the missing files, with status 1).
+    for extra in [
+        &["--metrics-listen", "127.0.0.1:0"][..],
+        &["--metrics-listen", "[::1]:0"],
+        &[
+            "--metrics-listen",
+            "0.0.0.0:0",
+            "--metrics-token-file",
+            "/nonexistent",
+        ],
+    ] {
+        let out = join_service(extra);
+        assert_eq!(out.status.code(), Some(1), "{extra:?}: {out:?}");
+    }
+}
+
+async fn http(addr: std::net::SocketAddr, request: &str) -> String {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(request.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_token_the_members_and_metrics_need_it_and_health_does_not() {
+    let (node, fp) = soft_node();
+    let cluster = Cluster::start().await;
+    let js = start_join_service(&cluster, Options::pinning(vec![fp])).await;
+    join(
+        js.addr,
+        W0,
+        node,
+        join_request("worker-0", W0, DISK_A, false),
+    )
+    .await
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, rx) = watch::channel(false);
+    let server = tokio::spawn(asterism_join_service::serve_http_with(
+        listener,
+        js.service.clone(),
+        HttpAccess::bearer("s3cret-token"),
+        async move {
+            let mut rx = rx;
+            let _ = rx.wait_for(|s| *s).await;
+        },
+    ));
+    for path in ["/v1/members", "/metrics"] {
+        for auth in [
+            "",
+            "authorization: Bearer wrong\r\n",
+            "authorization: s3cret-token\r\n",
+        ] {
+            let r = http(
+                addr,
+                &format!("GET {path} HTTP/1.1\r\nhost: x\r\n{auth}\r\n"),
+            )
+            .await;
+            assert!(r.starts_with("HTTP/1.1 401"), "{path} {auth:?}: {r}");
+            assert!(!r.contains("worker-0"), "{r}");
+        }
+        let r = http(
+            addr,
+            &format!(
+                "GET {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer s3cret-token\r\n\r\n"
+            ),
+        )
+        .await;
+        assert!(r.starts_with("HTTP/1.1 200"), "{path}: {r}");
+    }
+    let r = http(addr, "GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n").await;
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    stop.send(true).unwrap();
+    server.await.unwrap().unwrap();
+    js.stop().await;
+}
+
+async fn unix_http(path: &std::path::Path, request: &str) -> String {
+    let mut s = tokio::net::UnixStream::connect(path).await.unwrap();
+    s.write_all(request.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_socket_is_private_and_readmits_members() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let (old, oldfp) = soft_node();
+    let (new, newfp) = soft_node();
+    let cluster = Cluster::start().await;
+    let js = start_join_service(&cluster, Options::pinning(vec![oldfp, newfp])).await;
+    join(
+        js.addr,
+        W0,
+        old,
+        join_request("worker-0", W0, DISK_A, false),
+    )
+    .await
+    .unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("admin.sock");
+    // A stale socket of an earlier run is replaced; a regular file is not.
+    drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+    let listener = asterism_join_service::bind_admin_socket(&path).unwrap();
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let file = dir.path().join("file");
+    std::fs::write(&file, b"").unwrap();
+    assert!(asterism_join_service::bind_admin_socket(&file).is_err());
+
+    let (stop, rx) = watch::channel(false);
+    let server = tokio::spawn(asterism_join_service::serve_admin(
+        listener,
+        js.service.clone(),
+        async move {
+            let mut rx = rx;
+            let _ = rx.wait_for(|s| *s).await;
+        },
+    ));
+    let post = |name: &str| {
+        format!("POST /v1/members/{name}/readmit HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n")
+    };
+    let r = unix_http(&path, &post("worker-1")).await;
+    assert!(r.starts_with("HTTP/1.1 404"), "{r}");
+    let r = unix_http(&path, &post("..%2Fx")).await;
+    assert!(r.starts_with("HTTP/1.1 400"), "{r}");
+    let r = unix_http(
+        &path,
+        "GET /v1/members/worker-0/readmit HTTP/1.1\r\nhost: x\r\n\r\n",
+    )
+    .await;
+    assert!(r.starts_with("HTTP/1.1 405"), "{r}");
+    // Refused until re-admitted.
+    let err = join(
+        js.addr,
+        W0,
+        new.clone(),
+        join_request("worker-0", W0, DISK_B, false),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
+    let r = unix_http(&path, &post("worker-0")).await;
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    assert!(r.contains("\"readmit\":true"), "{r}");
+    join(
+        js.addr,
+        W0,
+        new,
+        join_request("worker-0", W0, DISK_B, false),
+    )
+    .await
+    .unwrap();
+    let r = unix_http(&path, "GET /v1/members HTTP/1.1\r\nhost: x\r\n\r\n").await;
+    assert!(r.contains(&newfp.to_string()), "{r}");
+
+    stop.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    js.stop().await;
+}

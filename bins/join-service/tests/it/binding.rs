@@ -1,0 +1,135 @@
+//! A disk key goes only to the attestation key the disk is bound to: a rejoin for an unbound
+//! disk is refused, the init node's disk is its own, and a member that comes back with
+//! another attestation key waits for an operator.
+
+#![allow(clippy::unwrap_used)]
+
+use crate::common::*;
+use asterism_join_service::{ClusterState, InitNode, RedbState};
+use asterism_kms::KeyId;
+use asterism_proto::join::IssueRejoinTicketRequest;
+use std::time::SystemTime;
+use tonic::Code;
+
+async fn rejoin(
+    js: &Running,
+    from: &str,
+    node: std::sync::Arc<dyn asterism_atls::Issuer>,
+    disk: &str,
+) -> Result<Vec<u8>, tonic::Status> {
+    let mut c = client(js.addr, from, node).await.unwrap();
+    c.issue_rejoin_ticket(IssueRejoinTicketRequest {
+        disk_uuid: disk.into(),
+    })
+    .await
+    .map(|r| r.into_inner().state_disk_key)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejoin_for_an_unbound_disk_is_refused_and_claims_nothing() {
+    let (a, afp) = soft_node();
+    let (b, bfp) = soft_node();
+    let cluster = Cluster::start().await;
+    let js = start_join_service(&cluster, Options::pinning(vec![afp, bfp])).await;
+
+    let err = rejoin(&js, W0, a.clone(), DISK_A).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(err.message().contains("never bound"), "{err:?}");
+    // Asking claimed nothing: the node that joins with the disk gets it.
+    join(js.addr, W1, b, join_request("worker-1", W1, DISK_A, false))
+        .await
+        .unwrap();
+    let err = rejoin(&js, W0, a, DISK_A).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(err.message().contains("another attestation key"), "{err:?}");
+    let metrics = js.http_get("/metrics").await;
+    assert!(
+        metrics
+            .contains("asterism_join_rejections_total{kind=\"rejoin\",reason=\"disk_unbound\"} 1"),
+        "{metrics}"
+    );
+    js.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_init_nodes_disk_key_goes_to_the_init_node_only() {
+    let (cp, cpfp) = soft_node();
+    let (w, wfp) = soft_node();
+    let cluster = Cluster::start().await;
+    let state = RedbState::open(&cluster.state_dir()).unwrap();
+    state
+        .record_init_node(
+            &InitNode {
+                disk: DISK_A.into(),
+                ak: cpfp.to_string(),
+                name: "cp-0".into(),
+                role: "ControlPlane".into(),
+                ..Default::default()
+            },
+            SystemTime::now(),
+        )
+        .await
+        .unwrap();
+    let js = start_join_service_with(&cluster, Options::pinning(vec![cpfp, wfp]), state).await;
+
+    // A worker names the control plane's disk UUID (readable from its LUKS2 header).
+    let err = rejoin(&js, W0, w.clone(), DISK_A).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    let err = join(js.addr, W0, w, join_request("worker-0", W0, DISK_A, false))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    // The control plane's own rejoin still works.
+    let key = rejoin(&js, CP, cp, DISK_A).await.unwrap();
+    assert_eq!(key, expected_key(KeyId::disk(DISK_A).unwrap()));
+    let members = js.http_get("/v1/members").await;
+    assert!(members.contains("\"cp-0\""), "{members}");
+    js.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_with_another_key_is_refused_until_an_operator_readmits_it() {
+    let (old, oldfp) = soft_node();
+    let (new, newfp) = soft_node();
+    let cluster = Cluster::start().await;
+    let js = start_join_service(&cluster, Options::pinning(vec![oldfp, newfp])).await;
+    join(
+        js.addr,
+        W0,
+        old,
+        join_request("worker-0", W0, DISK_A, false),
+    )
+    .await
+    .unwrap();
+
+    // worker-0's address, a fresh disk, another (trusted) TPM.
+    let err = join(
+        js.addr,
+        W0,
+        new.clone(),
+        join_request("worker-0", W0, DISK_B, false),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(err.message().contains("readmit worker-0"), "{err:?}");
+    // Nothing was written: the new disk stays unbound.
+    let err = rejoin(&js, W0, new.clone(), DISK_B).await.unwrap_err();
+    assert!(err.message().contains("never bound"), "{err:?}");
+
+    let member = js.service.readmit("worker-0").await.unwrap();
+    assert_eq!(member.ak, oldfp.to_string());
+    join(
+        js.addr,
+        W0,
+        new.clone(),
+        join_request("worker-0", W0, DISK_B, false),
+    )
+    .await
+    .unwrap();
+    let members: serde_json::Value =
+        serde_json::from_str(&js.http_get("/v1/members").await).unwrap();
+    assert_eq!(members[0]["ak"], newfp.to_string());
+    assert_eq!(members[0]["readmit"], false);
+    js.stop().await;
+}

@@ -1,0 +1,473 @@
+//! The join service with its cluster state on the Kubernetes API (`KubeState`), against the
+//! recording API server of asterism-testkit: HTTPS with a test CA and an admin
+//! kubeconfig, answers recorded from a real API server, every request recorded. The rest is
+//! real as in tests/join.rs: aTLS and gRPC on loopback, the key service, the metadata
+//! service, swtpm or pinned software AKs.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::common::*;
+use asterism_join_service::{JoiningNodes, KubeState};
+use asterism_testkit::TpmNode;
+use asterism_testkit::kube_api::{RecordingServer, Reply};
+use tonic::Code;
+
+const CONFIG_MAPS: &str = "/api/v1/namespaces/kube-system/configmaps";
+const SECRETS: &str = "/api/v1/namespaces/kube-system/secrets";
+const JOINING_NODES: &str = "/apis/update.edgeless.systems/v1alpha1/joiningnodes";
+const NODE_VERSION: &str =
+    "/apis/update.edgeless.systems/v1alpha1/nodeversions/constellation-version";
+
+fn disk_path(disk: &str) -> String {
+    format!("{CONFIG_MAPS}/asterism-disk-{disk}")
+}
+
+/// A cluster where nothing is stored yet: no disk binding, no member, no token.
+fn empty_cluster(server: &RecordingServer) {
+    server
+        .on(
+            "GET",
+            "/api/v1/namespaces",
+            [Reply::recorded(200, "namespace-list.json")],
+        )
+        .on(
+            "GET",
+            &disk_path(DISK_A),
+            [Reply::recorded(404, "status-404-configmap-disk.json")],
+        )
+        .on(
+            "POST",
+            CONFIG_MAPS,
+            [
+                Reply::recorded(201, "configmap-disk-binding-created.json"),
+                Reply::recorded(201, "configmap-member-created.json"),
+            ],
+        )
+        .on(
+            "GET",
+            &format!("{CONFIG_MAPS}/asterism-member-worker-0"),
+            [Reply::recorded(404, "status-404-configmap-member.json")],
+        )
+        .on(
+            "GET",
+            CONFIG_MAPS,
+            [Reply::recorded(200, "configmap-member-list.json")],
+        )
+        .on(
+            "GET",
+            NODE_VERSION,
+            [Reply::recorded(
+                200,
+                "nodeversion-constellation-version.json",
+            )],
+        )
+        .on(
+            "PATCH",
+            &format!("{JOINING_NODES}/worker-0"),
+            [Reply::recorded(200, "joiningnode-worker-0-applied.json")],
+        )
+        .on(
+            "GET",
+            SECRETS,
+            [Reply::recorded(200, "secret-list-empty.json")],
+        )
+        .on(
+            "POST",
+            SECRETS,
+            [Reply::recorded(201, "secret-bootstrap-token-created.json")],
+        );
+}
+
+async fn kube_state(server: &RecordingServer, dir: &std::path::Path) -> KubeState {
+    KubeState::new(server.api(dir).await, JoiningNodes::Required)
+}
+
+fn parse_rfc3339(s: &str) -> SystemTime {
+    // Only the `YYYY-MM-DDTHH:MM:SSZ` form the join service writes.
+    let n = |r: std::ops::Range<usize>| s[r].parse::<i64>().unwrap();
+    assert_eq!((s.len(), &s[19..]), (20, "Z"), "{s}");
+    let (y, m, d) = (n(0..4), n(5..7), n(8..10));
+    // Days from civil (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + n(11..13) * 3600 + n(14..16) * 60 + n(17..19);
+    SystemTime::UNIX_EPOCH + Duration::from_secs(u64::try_from(secs).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_swtpm_node_gets_a_ticket_whose_token_is_a_bootstrap_token_stored_in_the_cluster() {
+    let TpmNode {
+        issuer,
+        fingerprint: fp,
+        swtpm: _swtpm,
+    } = TpmNode::start().unwrap();
+    let cluster = Cluster::start().await;
+    let server = RecordingServer::start().await;
+    empty_cluster(&server);
+    let state = kube_state(&server, cluster.dir.path()).await;
+    let js = start_join_service_with(&cluster, Options::pinning(vec![fp]), state).await;
+
+    let before = SystemTime::now();
+    let t = join(
+        js.addr,
+        W0,
+        issuer,
+        join_request("worker-0", W0, DISK_A, false),
+    )
+    .await
+    .unwrap();
+    let after = SystemTime::now();
+
+    // The token has the kubeadm format and is the one stored as a bootstrap token Secret.
+    let (id, secret) = t.token.split_once('.').unwrap();
+    let token_char = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    assert!(id.len() == 6 && id.bytes().all(token_char), "{id}");
+    assert!(secret.len() == 16 && secret.bytes().all(token_char));
+    let writes = server.writes();
+    let what: Vec<_> = writes
+        .iter()
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect();
+    assert_eq!(
+        what,
+        [
+            format!("POST {CONFIG_MAPS}"),
+            format!("PATCH {JOINING_NODES}/worker-0"),
+            format!("POST {SECRETS}"),
+            format!("POST {CONFIG_MAPS}"),
+        ],
+        "bind the disk, the JoiningNode, one token, the member"
+    );
+    let binding = &writes[0].body;
+    assert_eq!(
+        binding["metadata"]["name"],
+        format!("asterism-disk-{DISK_A}")
+    );
+    assert_eq!(binding["data"]["ak"], fp.to_string());
+    let secret_write = &writes[2];
+    assert_eq!(secret_write.body["type"], "bootstrap.kubernetes.io/token");
+    assert_eq!(
+        secret_write.body["metadata"]["name"],
+        format!("bootstrap-token-{id}")
+    );
+    assert_eq!(secret_write.secret_data("token-id").unwrap(), id);
+    assert_eq!(secret_write.secret_data("token-secret").unwrap(), secret);
+    assert_eq!(
+        secret_write
+            .secret_data("usage-bootstrap-authentication")
+            .unwrap(),
+        "true"
+    );
+    assert_eq!(
+        secret_write.secret_data("auth-extra-groups").unwrap(),
+        "system:bootstrappers:kubeadm:default-node-token"
+    );
+    // Valid for 15 minutes from the join (whole seconds).
+    let expires = parse_rfc3339(&secret_write.secret_data("expiration").unwrap());
+    let fifteen = Duration::from_secs(15 * 60);
+    assert!(
+        expires + Duration::from_secs(1) >= before + fifteen,
+        "{expires:?}"
+    );
+    assert!(expires <= after + fifteen, "{expires:?}");
+    let joining = &writes[1];
+    assert_eq!(
+        joining.query_param("fieldManager").as_deref(),
+        Some("join-service")
+    );
+    assert_eq!(joining.body["spec"]["name"], "worker-0");
+    assert_eq!(
+        joining.body["spec"]["componentsreference"],
+        "k8s-components-sha256-6f0f1f3b7a0d4d4e4c5b8a9e2d1c0b9a8f7e6d5c4b3a29181716151413121110"
+    );
+    let member = &writes[3].body;
+    assert_eq!(member["metadata"]["name"], "asterism-member-worker-0");
+    assert_eq!(member["data"]["role"], "Worker");
+
+    // /v1/members lists what the API holds.
+    let members: serde_json::Value =
+        serde_json::from_str(&js.http_get("/v1/members").await).unwrap();
+    let names: Vec<_> = members
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(names, ["cp-0", "worker-0"]);
+    js.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_node_creates_nothing_in_the_cluster() {
+    let (node, fp) = soft_node();
+    let cluster = Cluster::start().await;
+    let server = RecordingServer::start().await;
+    empty_cluster(&server);
+    // The disk is bound to another AK.
+    server.on(
+        "GET",
+        &disk_path(DISK_A),
+        [Reply::recorded(200, "configmap-disk-binding-other-ak.json")],
+    );
+    let state = kube_state(&server, cluster.dir.path()).await;
+    let js = start_join_service_with(&cluster, Options::pinning(vec![fp]), state).await;
+
+    let err = join(
+        js.addr,
+        W0,
+        node.clone(),
+        join_request("worker-0", W0, DISK_A, false),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(err.message().contains("another attestation key"), "{err:?}");
+    let requests = server.requests();
+    assert_eq!(requests.len(), 1, "only the binding was read: {requests:?}");
+    assert!(server.writes().is_empty());
+
+    // A worker claiming to be a control-plane node is refused before the cluster is asked.
+    server.clear_requests();
+    let err = join(
+        js.addr,
+        W0,
+        node,
+        join_request("worker-0", W0, DISK_B, true),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(server.requests().is_empty(), "{:?}", server.requests());
+    js.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_control_plane_node_waits_while_another_one_joins_and_gets_no_token() {
+    let (cp, fp) = soft_node();
+    let cluster = Cluster::start().await;
+    let server = RecordingServer::start().await;
+    empty_cluster(&server);
+    server
+        .on(
+            "POST",
+            JOINING_NODES,
+            [Reply::recorded(
+                409,
+                "status-409-joiningnode-already-exists.json",
+            )],
+        )
+        .on(
+            "GET",
+            &format!("{JOINING_NODES}/control-plane"),
+            [Reply::recorded(200, "joiningnode-control-plane-cp-2.json")],
+        );
+    let state = kube_state(&server, cluster.dir.path()).await;
+    let js = start_join_service_with(&cluster, Options::pinning(vec![fp]), state).await;
+    let err = join(js.addr, CP, cp, join_request("cp-0", CP, DISK_A, true))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    let writes: Vec<_> = server
+        .writes()
+        .iter()
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect();
+    assert_eq!(
+        writes,
+        [
+            format!("POST {CONFIG_MAPS}"),
+            format!("POST {JOINING_NODES}")
+        ],
+        "the disk binding and the refused JoiningNode; no token, no member"
+    );
+    let metrics = js.http_get("/metrics").await;
+    assert!(
+        metrics.contains(
+            "asterism_join_rejections_total{kind=\"join\",reason=\"cluster_state_unavailable\"} 1"
+        ),
+        "{metrics}"
+    );
+    js.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_server_failure_is_unavailable_and_forbidden_is_internal() {
+    let (node, fp) = soft_node();
+    let cluster = Cluster::start().await;
+    let server = RecordingServer::start().await;
+    empty_cluster(&server);
+    server.on(
+        "GET",
+        &disk_path(DISK_A),
+        [Reply::recorded(500, "status-500-internal-error.json")],
+    );
+    let state = kube_state(&server, cluster.dir.path()).await;
+    let js = start_join_service_with(&cluster, Options::pinning(vec![fp]), state).await;
+    let err = join(
+        js.addr,
+        W0,
+        node.clone(),
+        join_request("worker-0", W0, DISK_A, false),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+
+    // Missing RBAC is the operator's to fix, not the node's to retry: INTERNAL, no detail.
+    server
+        .on(
+            "GET",
+            &disk_path(DISK_A),
+            [Reply::recorded(404, "status-404-configmap-disk.json")],
+        )
+        .on(
+            "GET",
+            SECRETS,
+            [Reply::recorded(403, "status-403-secrets-forbidden.json")],
+        );
+    let err = join(
+        js.addr,
+        W0,
+        node,
+        join_request("worker-0", W0, DISK_A, false),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.code(), Code::Internal, "{err:?}");
+    assert_eq!(err.message(), "issuing the ticket failed");
+    assert!(
+        !server
+            .writes()
+            .iter()
+            .any(|r| r.path == SECRETS || r.path.contains("asterism-member")),
+        "no token, no member"
+    );
+    js.stop().await;
+}
+
+fn free_port(ip: &str) -> u16 {
+    std::net::TcpListener::bind(format!("{ip}:0"))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_keeps_its_state_on_the_kubernetes_api_with_cluster_state_kubernetes() {
+    let (node, fp) = soft_node();
+    let cluster = Cluster::start().await;
+    let server = RecordingServer::start().await;
+    empty_cluster(&server);
+    // The NodeVersion names the recorded components ConfigMap (one kubelet of v1.33.4).
+    let components =
+        "k8s-components-sha256-5d4cc820b37f3d1fd0c6e04ed50a56ead8d497ecfd3c25c749855ed9d852837d";
+    let mut nv: serde_json::Value = serde_json::from_str(&asterism_testkit::kube_api::recorded(
+        "nodeversion-constellation-version.json",
+    ))
+    .unwrap();
+    nv["spec"]["kubernetesComponentsReference"] = components.into();
+    server
+        .on("GET", NODE_VERSION, [Reply::json(200, nv.to_string())])
+        .on(
+            "GET",
+            &format!("{CONFIG_MAPS}/{components}"),
+            [Reply::recorded(200, "configmap-components-created.json")],
+        );
+    let dir = cluster.dir.path();
+    std::fs::write(dir.join("salt"), SALT).unwrap();
+    std::fs::write(dir.join("measurements.json"), zero_measurements().to_json()).unwrap();
+    server.write_kubeconfig(&dir.join("admin.conf"));
+    let listen = format!("{CP}:{}", free_port(CP));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_asterism-join-service"))
+        .args(["--listen", &listen])
+        .args(["--pinned-ak", &fp.to_string()])
+        .arg("--measurements")
+        .arg(dir.join("measurements.json"))
+        .arg("--key-service")
+        .arg(format!("unix:{}", cluster.key_socket.display()))
+        .args(["--metadata-url", &cluster.metadata_url])
+        .arg("--pki-dir")
+        .arg(cluster.pki_dir())
+        .arg("--measurement-salt-file")
+        .arg(dir.join("salt"))
+        .args(["--cluster-state", "kubernetes", "--kubeconfig"])
+        .arg(dir.join("admin.conf"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+
+    let addr = listen.parse().unwrap();
+    let start = Instant::now();
+    let ticket = loop {
+        match join(
+            addr,
+            W0,
+            node.clone(),
+            join_request("worker-0", W0, DISK_A, false),
+        )
+        .await
+        {
+            Ok(t) => break t,
+            Err(e) if start.elapsed() > Duration::from_secs(30) => panic!("{e:?}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
+    let kill = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let start = Instant::now();
+    let exit = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "did not stop");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let mut logs = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut logs).unwrap();
+    assert!(exit.success(), "{exit:?}\n{logs}");
+
+    assert!(
+        server.requests()[0].path == "/api/v1/namespaces",
+        "it waits for the API server first"
+    );
+    let token_write = server
+        .writes()
+        .into_iter()
+        .find(|r| r.path == SECRETS)
+        .unwrap();
+    let (id, secret) = ticket.token.split_once('.').unwrap();
+    assert_eq!(token_write.secret_data("token-id").unwrap(), id);
+    assert_eq!(token_write.secret_data("token-secret").unwrap(), secret);
+    assert!(logs.contains("Kubernetes API"), "{logs}");
+    assert!(!logs.contains(secret), "the token is never logged");
+    // The ticket carries the components ConfigMap's version and list.
+    assert_eq!(ticket.kubernetes_version, "v1.33.4");
+    let paths: Vec<&str> = ticket
+        .kubernetes_components
+        .iter()
+        .map(|c| c.install_path.as_str())
+        .collect();
+    assert_eq!(paths, ["/run/state/bin/kubelet"]);
+    assert_eq!(
+        ticket.kubernetes_components[0].hash,
+        format!("sha256:{}", "1".repeat(64))
+    );
+}

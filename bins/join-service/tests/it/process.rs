@@ -1,0 +1,195 @@
+//! The `asterism-join-service` binary: starts from its flags, issues a ticket, serves
+//! health and members, and stops with status 0 on SIGTERM; its tickets carry the Kubernetes
+//! release the init node recorded, and a recorded release with a bad hash stops it.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+use asterism_join_service::InitNode;
+use asterism_kubernetes_versions::{Component, VersionTable};
+use asterism_proto::join::IssueJoinTicketResponse;
+
+fn free_port(ip: &str) -> u16 {
+    std::net::TcpListener::bind(format!("{ip}:0"))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts the binary on `cluster` with the embedded state, trusting `fp`, with `extra`
+/// arguments; returns it and its join.API address.
+fn spawn(
+    cluster: &Cluster,
+    fp: &asterism_attestation::AkFingerprint,
+    extra: &[&std::ffi::OsStr],
+) -> (Child, SocketAddr) {
+    let dir = cluster.dir.path();
+    std::fs::write(dir.join("salt"), SALT).unwrap();
+    std::fs::write(dir.join("measurements.json"), zero_measurements().to_json()).unwrap();
+    let listen = format!("{CP}:{}", free_port(CP));
+    let metrics = format!("{CP}:{}", free_port(CP));
+    let child = Command::new(env!("CARGO_BIN_EXE_asterism-join-service"))
+        .args(["--listen", &listen, "--metrics-listen", &metrics])
+        .args(["--pinned-ak", &fp.to_string()])
+        .arg("--measurements")
+        .arg(dir.join("measurements.json"))
+        .arg("--key-service")
+        .arg(format!("unix:{}", cluster.key_socket.display()))
+        .args(["--metadata-url", &cluster.metadata_url])
+        .arg("--pki-dir")
+        .arg(cluster.pki_dir())
+        .arg("--measurement-salt-file")
+        .arg(dir.join("salt"))
+        .arg("--state-dir")
+        .arg(cluster.state_dir())
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    (child, listen.parse().unwrap())
+}
+
+/// worker-0's join ticket, once the service answers.
+async fn first_ticket(
+    addr: SocketAddr,
+    node: std::sync::Arc<dyn asterism_atls::Issuer>,
+) -> IssueJoinTicketResponse {
+    let start = Instant::now();
+    loop {
+        match join(
+            addr,
+            W0,
+            node.clone(),
+            join_request("worker-0", W0, DISK_A, false),
+        )
+        .await
+        {
+            Ok(t) => break t,
+            Err(e) if start.elapsed() > Duration::from_secs(30) => panic!("{e:?}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// Sends SIGTERM to `child` and waits for it; returns its status and its log.
+async fn stop(child: Child) -> (std::process::ExitStatus, String) {
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    wait(child).await
+}
+
+/// Waits (20 s at most) for `child` to end; returns its status and its log.
+async fn wait(mut child: Child) -> (std::process::ExitStatus, String) {
+    let start = Instant::now();
+    let exit = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "did not stop");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let mut logs = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut logs).unwrap();
+    (exit, logs)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_issues_tickets_and_stops_cleanly_on_sigterm() {
+    let (node, fp) = soft_node();
+    let cluster = Cluster::start().await;
+    let (child, addr) = spawn(&cluster, &fp, &[]);
+    let ticket = first_ticket(addr, node).await;
+    assert_eq!(
+        ticket.state_disk_key,
+        expected_key(asterism_kms::KeyId::disk(DISK_A).unwrap())
+    );
+    let (exit, logs) = stop(child).await;
+    assert!(exit.success(), "{exit:?}\n{logs}");
+    assert!(logs.contains("node joined"), "{logs}");
+    assert!(!logs.contains(&ticket.token), "the token is never logged");
+    assert!(
+        !logs.contains(&hex::encode(&ticket.state_disk_key)),
+        "the disk key is never logged"
+    );
+}
+
+/// The init node's record as its bootstrapper writes it at init, with `components`.
+fn write_init_node(cluster: &Cluster, components: Vec<Component>) -> std::path::PathBuf {
+    let record = InitNode {
+        disk: DISK_B.into(),
+        ak: "ak of the init node".into(),
+        name: "cp-0".into(),
+        role: "ControlPlane".into(),
+        kubernetes_version: "v1.31.13".into(),
+        kubernetes_components: components,
+    };
+    let path = cluster.dir.path().join("init-node.json");
+    std::fs::write(&path, serde_json::to_vec(&record).unwrap()).unwrap();
+    path
+}
+
+fn v1_31_components() -> Vec<Component> {
+    let table = VersionTable::builtin().unwrap();
+    table.select("v1.31.13").unwrap().components().to_vec()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tickets_carry_the_version_and_components_the_init_node_recorded() {
+    let (node, fp) = soft_node();
+    let cluster = Cluster::start().await;
+    let components = v1_31_components();
+    assert!(!components.is_empty());
+    let record = write_init_node(&cluster, components.clone());
+    let (child, addr) = spawn(&cluster, &fp, &["--init-node".as_ref(), record.as_os_str()]);
+    let ticket = first_ticket(addr, node).await;
+    let (exit, logs) = stop(child).await;
+    assert!(exit.success(), "{exit:?}\n{logs}");
+    assert_eq!(ticket.kubernetes_version, "v1.31.13");
+    let carried: Vec<Component> = ticket
+        .kubernetes_components
+        .into_iter()
+        .map(Component::from)
+        .collect();
+    assert_eq!(carried, components, "exactly the recorded list, in order");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recorded_component_with_a_bad_hash_stops_the_service_before_it_listens() {
+    let (_, fp) = soft_node();
+    let cluster = Cluster::start().await;
+    let mut components = v1_31_components();
+    // One digit too few: a hash no download can match, refused at start, not at a node.
+    components[1].hash.pop();
+    let record = write_init_node(&cluster, components.clone());
+    let (child, addr) = spawn(&cluster, &fp, &["--init-node".as_ref(), record.as_os_str()]);
+    let (exit, logs) = wait(child).await;
+    assert!(!exit.success(), "{logs}");
+    assert!(
+        logs.contains("the Kubernetes release recorded by the init node cp-0")
+            && logs.contains("component 1")
+            && logs.contains(&components[1].install_path),
+        "{logs}"
+    );
+    assert!(
+        std::net::TcpStream::connect(addr).is_err(),
+        "it never listened"
+    );
+    // Nothing of the record was written either: the init node's disk is still unbound.
+    let state = asterism_join_service::RedbState::open(&cluster.state_dir()).unwrap();
+    assert!(
+        asterism_join_service::ClusterState::members(&state)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}

@@ -1,0 +1,170 @@
+//! The key service behind attested TLS: clients must attest before any request is read,
+//! and the handler refuses requests that did not arrive on an attested connection.
+//! Real TLS 1.3 and gRPC on loopback, real Ed25519 signatures (the insecure test variant).
+
+#![cfg(feature = "insecure-test-attestation")]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+use asterism_atls::attestation::test_ed25519::{InsecureTestIssuer, InsecureTestValidator};
+use asterism_atls::{AtlsConfig, AtlsConnector, AtlsServer};
+use asterism_key_service::{KeyService, Limits, serve_with_limits};
+use asterism_kms::{ClusterKms, MasterSecret, Salt};
+use asterism_proto::kms::api_client::ApiClient;
+use tokio::net::TcpListener;
+use tonic::transport::{Channel, Endpoint};
+
+const CLIENT_SEED: [u8; 32] = [7; 32];
+
+fn zero_kms() -> ClusterKms {
+    ClusterKms::new(
+        MasterSecret::new(vec![0; 32]).unwrap(),
+        Salt::new(vec![0; 32]).unwrap(),
+    )
+}
+
+fn client_issuer(seed: [u8; 32]) -> Arc<InsecureTestIssuer> {
+    Arc::new(InsecureTestIssuer::from_seed(&seed).unwrap())
+}
+
+async fn atls_channel(addr: &str, seed: [u8; 32]) -> Result<Channel, tonic::transport::Error> {
+    let connector = AtlsConnector::new(AtlsConfig::attesting(client_issuer(seed))).unwrap();
+    Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_with_connector(connector)
+        .await
+}
+
+async fn start_attested(service: KeyService) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let trusted = InsecureTestValidator::new([client_issuer(CLIENT_SEED).public_key()]);
+    let server = AtlsServer::new(AtlsConfig::verifying(Arc::new(trusted))).unwrap();
+    tokio::spawn(async move {
+        serve_with_limits(
+            server.incoming(listener),
+            service,
+            &Limits::default(),
+            std::future::pending(),
+        )
+        .await
+    });
+    addr
+}
+
+#[tokio::test]
+async fn an_attested_client_gets_the_spec_keys() {
+    let addr = start_attested(KeyService::attested_only(zero_kms())).await;
+    let mut client = ApiClient::new(atls_channel(&addr, CLIENT_SEED).await.unwrap());
+    assert_eq!(
+        get_key_hex(&mut client, "measurementSecret").await,
+        MEASUREMENT_SECRET_ZERO
+    );
+    assert_eq!(get_key_hex(&mut client, ZERO_UUID).await, DISK_KEY_ZERO);
+}
+
+#[tokio::test]
+async fn a_client_with_an_untrusted_key_gets_nothing() {
+    let addr = start_attested(KeyService::attested_only(zero_kms())).await;
+    let err = atls_channel(&addr, [8; 32]).await.unwrap_err();
+    assert!(format!("{err:?}").contains("untrusted"), "{err:?}");
+}
+
+#[tokio::test]
+async fn the_attested_only_handler_refuses_an_unattested_connection() {
+    // Served over plain TCP by mistake: the handler itself must still refuse.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        serve_with_limits(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            KeyService::attested_only(zero_kms()),
+            &Limits::default(),
+            std::future::pending(),
+        )
+        .await
+    });
+    let mut client = ApiClient::new(tcp_channel(addr, Duration::from_secs(5)).await);
+    let status = get_key(&mut client, "measurementSecret", 32)
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
+}
+
+#[test]
+fn the_binary_serves_attested_clients_end_to_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, [0u8; 32]).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        path
+    };
+    let (ms, salt) = (write("mastersecret"), write("salt"));
+    // A free port: bind, note it, release it for the child.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let trusted = hex::encode(client_issuer(CLIENT_SEED).public_key());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_asterism-key-service"))
+        .arg("--master-secret-file")
+        .arg(&ms)
+        .arg("--salt-file")
+        .arg(&salt)
+        .args([
+            "--atls-listen",
+            &addr,
+            "--verify-clients",
+            "insecure-test-ed25519",
+        ])
+        .args(["--insecure-test-trusted-key", &trusted])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let result = runtime.block_on(async {
+        let start = Instant::now();
+        let channel = loop {
+            match atls_channel(&addr, CLIENT_SEED).await {
+                Ok(c) => break c,
+                Err(_) if start.elapsed() < Duration::from_secs(20) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => return Err(format!("key service did not come up: {e:?}")),
+            }
+        };
+        let mut client = ApiClient::new(channel);
+        let key = get_key_hex(&mut client, "measurementSecret").await;
+        let refused = atls_channel(&addr, [9; 32]).await.is_err();
+        Ok((key, refused))
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    let mut logs = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut logs)
+        .unwrap();
+    let (key, refused) = result.unwrap_or_else(|e| panic!("{e}\n{logs}"));
+    assert_eq!(key, MEASUREMENT_SECRET_ZERO);
+    assert!(refused, "an untrusted client is refused");
+    assert!(logs.contains("attested TLS"), "{logs}");
+    assert!(
+        logs.contains("INSECURE"),
+        "the insecure variant warns: {logs}"
+    );
+    assert!(!logs.contains(&MEASUREMENT_SECRET_ZERO[..16]), "{logs}");
+}

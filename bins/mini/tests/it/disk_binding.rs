@@ -1,0 +1,273 @@
+//! End to end, with real processes (swtpm per node, LUKS2 image files, the metadata, key
+//! and join services, bootstrappers, the `asterism` CLI): a disk key goes only to the
+//! attestation key its disk is bound to, the init node's disk included; a node that comes
+//! back with another attestation key waits for `asterism readmit`; SSH host certificates
+//! name the node only, and expire.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use crate::common::{Teardown, bins, cryptsetup_opens, join_worker, runtime, wait_for};
+use asterism_mini::{LocalCluster, Node};
+use std::process::Command;
+use std::time::Duration;
+
+fn join_service_log(cluster: &LocalCluster) -> String {
+    std::fs::read_to_string(cluster.nodes[0].dir.join("log/join-service.log")).unwrap_or_default()
+}
+
+/// The UUID in the node's LUKS2 header, read by the cryptsetup program.
+fn luks_uuid(node: &Node) -> String {
+    let out = Command::new("cryptsetup")
+        .arg("luksUUID")
+        .arg(node.dir.join("state.img"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+fn member<'a>(members: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    members
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == name)
+        .unwrap_or_else(|| panic!("no member {name}: {members}"))
+}
+
+/// `ssh-keygen -L` of the node's host certificate: its principals, validity and serial as
+/// OpenSSH reads them.
+fn host_certificate(node: &Node) -> String {
+    let out = Command::new("ssh-keygen")
+        .arg("-L")
+        .arg("-f")
+        .arg(node.dir.join("state/ssh/ssh_host_cert.pub"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn a_worker_naming_the_control_planes_disk_gets_nothing_and_the_control_plane_still_rejoins() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cluster = LocalCluster::create(&tmp.path().join("c"), 1, 41, bins()).unwrap();
+    let _teardown = Teardown(&cluster);
+    let rt = runtime();
+    let (_, cp) = rt.block_on(cluster.init()).unwrap();
+    assert_eq!(cp.1, "ok");
+    join_worker(&cluster, &rt);
+    let worker = cluster.nodes[1].clone();
+
+    // The init node is a member, its disk bound to its AK, from its bootstrapper's record.
+    let cp_node = cluster.nodes[0].clone();
+    let cp_disk = luks_uuid(&cp_node);
+    let members = cluster.members();
+    let cp_member = member(&members, "control-plane-0");
+    assert_eq!(cp_member["role"], "ControlPlane", "{members}");
+    let record: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(cp_node.dir.join("state/asterism/init-node.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(record["disk"], cp_disk.as_str());
+    assert_eq!(cp_member["ak"], record["ak"]);
+    assert_ne!(member(&members, "worker-0")["ak"], record["ak"]);
+
+    // The worker's SSH host certificate names the worker only, expires, has a serial.
+    let cert = host_certificate(&worker);
+    let principals: Vec<&str> = cert
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("Principals:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("                "))
+        .map(str::trim)
+        .collect();
+    assert_eq!(principals, [worker.ip.as_str(), "worker-0"], "{cert}");
+    assert!(!cert.contains("forever"), "{cert}");
+    assert!(!cert.contains("Serial: 0\n"), "{cert}");
+
+    // The worker reboots with its disk header claiming the control plane's UUID (the
+    // attacker owns its disk; the UUID is in the control plane's plaintext header).
+    let mut attacker = worker.clone();
+    attacker.reset_tpm().unwrap();
+    let status = Command::new("cryptsetup")
+        .args(["luksUUID", "-q", "--uuid", &cp_disk])
+        .arg(attacker.dir.join("state.img"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let before = join_service_log(&cluster).len();
+    let _attack = cluster.start_bootstrapper(&attacker).unwrap();
+    wait_for(
+        "the join service refuses the worker's rejoin for the control plane's disk",
+        Duration::from_secs(60),
+        || {
+            join_service_log(&cluster)[before..].contains(&format!(
+                "disk {cp_disk} belongs to another attestation key"
+            ))
+        },
+    );
+    attacker.kill_bootstrapper().unwrap();
+    assert!(
+        !join_service_log(&cluster)[before..].contains("issued a rejoin ticket"),
+        "{}",
+        join_service_log(&cluster)
+    );
+
+    // The control plane reboots and asks for its own disk's key with its own TPM: granted,
+    // and the key opens its disk. (Its bootstrapper does not ask itself: a single
+    // control-plane node knows no other join service. This is the same request over the
+    // same attested TLS, from its address, with its AK.)
+    let mut cp_node = cp_node;
+    cp_node.reset_tpm().unwrap();
+    let key = rt
+        .block_on(rejoin_as(&cp_node, &cp_node.ip, &cp_disk))
+        .unwrap();
+    assert!(
+        cryptsetup_opens(&cp_node, &key),
+        "the key opens the control plane's disk"
+    );
+    let log = join_service_log(&cluster);
+    assert!(
+        log[before..]
+            .lines()
+            .any(|l| l.contains("issued a rejoin ticket") && l.contains("control-plane-0")),
+        "{log}"
+    );
+    // The same request with the worker's TPM is refused.
+    let err = rt
+        .block_on(rejoin_as(&attacker, &cp_node.ip, &cp_disk))
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
+}
+
+/// `IssueRejoinTicket` for `disk`, attesting with `node`'s TPM and AK certificate, from its
+/// address.
+async fn rejoin_as(node: &Node, join_service: &str, disk: &str) -> Result<Vec<u8>, tonic::Status> {
+    use asterism_proto::join::{IssueRejoinTicketRequest, api_client::ApiClient};
+    use asterism_tpm::{AkConfig, PcrSelection, Tpm, TpmIssuer};
+    let chain = vec![std::fs::read(node.dir.join("attestation/ak-cert.der")).unwrap()];
+    let tpm = Tpm::open(&node.tcti.parse().unwrap()).unwrap();
+    let issuer = TpmIssuer::new(tpm, &AkConfig::default(), PcrSelection::all(), chain).unwrap();
+    let connector = asterism_atls::AtlsConnector::new(asterism_atls::AtlsConfig::attesting(
+        std::sync::Arc::new(issuer),
+    ))
+    .unwrap();
+    let local: std::net::IpAddr = node.ip.parse().unwrap();
+    let server: std::net::SocketAddr = format!("{join_service}:30090").parse().unwrap();
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{server}"))
+        .unwrap()
+        .timeout(Duration::from_secs(30))
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let connector = connector.clone();
+            async move {
+                let socket = tokio::net::TcpSocket::new_v4()?;
+                socket.bind(std::net::SocketAddr::new(local, 0))?;
+                let tcp = socket.connect(server).await?;
+                let stream = connector
+                    .connect(tcp, Some(server))
+                    .await
+                    .map_err(std::io::Error::other)?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+            }
+        }))
+        .await
+        .map_err(|e| tonic::Status::unavailable(format!("{e:?}")))?;
+    ApiClient::new(channel)
+        .issue_rejoin_ticket(IssueRejoinTicketRequest {
+            disk_uuid: disk.to_owned(),
+        })
+        .await
+        .map(|r| r.into_inner().state_disk_key)
+}
+
+#[test]
+fn a_worker_with_a_new_tpm_waits_for_asterism_readmit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cluster = LocalCluster::create(&tmp.path().join("c"), 1, 42, bins()).unwrap();
+    let _teardown = Teardown(&cluster);
+    let rt = runtime();
+    rt.block_on(cluster.init()).unwrap();
+    join_worker(&cluster, &rt);
+    let worker = cluster.nodes[1].clone();
+    let old_ak = member(&cluster.members(), "worker-0")["ak"].clone();
+
+    // The worker is re-installed: a new TPM (another AK, certified by the same platform
+    // CA) and a blank disk.
+    let cfg = asterism_swtpm::SwtpmConfig::new(worker.dir.join("tpm"))
+        .unwrap()
+        .with_run_dir(worker.dir.join("run"))
+        .unwrap();
+    asterism_swtpm::SwtpmProcess::attach(&cfg)
+        .unwrap()
+        .stop()
+        .unwrap();
+    for gone in ["tpm", "attestation", "state"] {
+        std::fs::remove_dir_all(worker.dir.join(gone)).unwrap();
+        std::fs::create_dir_all(worker.dir.join(gone)).unwrap();
+    }
+    std::fs::remove_file(worker.dir.join("state.img")).unwrap();
+    let out = Command::new(bins().join("asterism-provision"))
+        .args(["node", "--state-dir"])
+        .arg(worker.dir.join("tpm"))
+        .arg("--ca-dir")
+        .arg(cluster.dir.join("platform-ca"))
+        .arg("--out")
+        .arg(worker.dir.join("attestation"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let swtpm = asterism_swtpm::SwtpmProcess::start_detached(&cfg).unwrap();
+    let mut renewed = worker.clone();
+    renewed.tcti = swtpm.tcti();
+
+    let before = join_service_log(&cluster).len();
+    let _booting = cluster.start_bootstrapper(&renewed).unwrap();
+    wait_for(
+        "the join service refuses worker-0 with another attestation key",
+        Duration::from_secs(60),
+        || join_service_log(&cluster)[before..].contains("asterism readmit worker-0"),
+    );
+    assert_eq!(member(&cluster.members(), "worker-0")["ak"], old_ak);
+
+    // The operator re-admits it, over the admin socket.
+    let out = Command::new(bins().join("asterism"))
+        .args(["readmit", "worker-0", "--admin-socket"])
+        .arg(cluster.admin_socket())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let log = join_service_log(&cluster);
+    assert!(
+        log[before..]
+            .lines()
+            .any(|l| l.contains("WARN") && l.contains("an operator re-admitted the node")),
+        "{log}"
+    );
+    // Its bootstrapper, retrying, now joins.
+    wait_for(
+        "worker-0 joins with its new attestation key",
+        Duration::from_secs(60),
+        || member(&cluster.members(), "worker-0")["ak"] != old_ak,
+    );
+    renewed.kill_bootstrapper().unwrap();
+    let m = cluster.members();
+    assert_eq!(member(&m, "worker-0")["readmit"], false, "{m}");
+
+    // Another re-admission of an unknown node is refused by the service.
+    let out = Command::new(bins().join("asterism"))
+        .args(["readmit", "worker-9", "--admin-socket"])
+        .arg(cluster.admin_socket())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no member"),
+        "{out:?}"
+    );
+}

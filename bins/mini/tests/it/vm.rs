@@ -1,0 +1,291 @@
+//! End to end, VM mode: the control plane boots as a QEMU VM from the node image (OVMF,
+//! its own swtpm, a virtio state disk), `asterism init` reaches it through the forwarded
+//! port and verifies the PCRs the firmware and the kernel measured; it then runs the key and
+//! join services, a worker VM joins it over the cluster network and rejoins after a power
+//! cut; every node's state ends up on its disk (mapped, mounted, encrypted), and `down`
+//! leaves no QEMU or swtpm running.
+//!
+//! Needs QEMU, OVMF, the node image (`scripts/build-node-image`) and its reference
+//! measurements (`scripts/boot-node-image`): `ASTERISM_NODE_IMAGE` and
+//! `ASTERISM_NODE_MEASUREMENTS` name them, by default `target/node-image` and
+//! `target/node-reference/measurements.json` of the workspace. Without them the test says
+//! so on stderr and passes. Under TCG the boot alone takes 20 s and more.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use crate::common::{TeardownAt, bins, runtime};
+use asterism_mini::vm::{VmArgs, VmCluster};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+/// Says on stderr, past the test harness's capture, why the test does not run.
+fn skip(why: &str) {
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED bins/mini/tests/it/vm.rs: {why} (docs/mini.md, \"VM mode\")"
+    );
+}
+
+/// The image and measurements, or `None` (after saying why) when something is missing.
+fn vm_args() -> Option<VmArgs> {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("the workspace holds bins/mini");
+    let from_env = |var: &str, default: &str| {
+        std::env::var_os(var).map_or_else(|| workspace.join(default), PathBuf::from)
+    };
+    if let Err(e) = asterism_mini::vm::check_host() {
+        skip(&format!("{e:#}"));
+        return None;
+    }
+    let image = from_env("ASTERISM_NODE_IMAGE", "target/node-image");
+    if let Err(e) = asterism_mini::vm::NodeImage::locate(&image) {
+        skip(&format!("{e:#}"));
+        return None;
+    }
+    let measurements = from_env(
+        "ASTERISM_NODE_MEASUREMENTS",
+        "target/node-reference/measurements.json",
+    );
+    if !measurements.is_file() {
+        skip(&format!(
+            "no reference measurements at {} (scripts/boot-node-image)",
+            measurements.display()
+        ));
+        return None;
+    }
+    Some(VmArgs {
+        image,
+        vm_measurements: measurements,
+    })
+}
+
+fn pid_in(path: &Path) -> u32 {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Whether the process runs (a zombie has exited).
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rsplit_once(") ")
+                .is_some_and(|(_, r)| !r.starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
+
+/// One VM test at a time: each boots a VM, and the machine has few cores.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The node's state is on its encrypted disk, as its console shows it: mapped with dm-crypt
+/// (and dm-integrity where the kernel has it), its file system mounted on state/, the node
+/// state file on it and nowhere beneath the mount point, the first-boot passphrase gone.
+fn assert_state_on_the_mapped_disk(console: &str, name: &str) {
+    let dm = |what: &str| {
+        console
+            .lines()
+            .any(|l| l.contains("asterism-init: dm dm-") && l.contains(what))
+    };
+    assert!(
+        dm(" name=state uuid=CRYPT-LUKS2-"),
+        "{name}: the disk is mapped with dm-crypt"
+    );
+    if console.contains("dm-integrity=yes") {
+        assert!(dm(" name=state_dif "), "{name}: with dm-integrity beneath");
+    }
+    for line in [
+        "asterism-init: mount /dev/mapper/state on /run/node/state type ext4 (rw,nosuid,nodev",
+        "asterism-init: node state on the mounted disk: yes, beneath the mount point: no",
+        "asterism-init: first-boot passphrase file left: no",
+        "asterism-init: bootstrapper exited with status 0",
+    ] {
+        assert!(console.contains(line), "{name}: the console says {line:?}");
+    }
+}
+
+/// What a node wrote is not on its disk image in plain text.
+fn assert_encrypted(image: &Path, plain_texts: &[&[u8]]) {
+    let image_bytes = std::fs::read(image).unwrap();
+    for plain in plain_texts {
+        assert!(
+            !image_bytes.windows(plain.len()).any(|w| w == *plain),
+            "{:?} is on {} in plain text",
+            String::from_utf8_lossy(plain),
+            image.display()
+        );
+    }
+}
+
+#[test]
+fn a_control_plane_and_a_worker_vm_bootstrap_and_the_worker_rejoins_after_a_power_cut() {
+    let Some(args) = vm_args() else { return };
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("c");
+    let _teardown = TeardownAt(dir.clone());
+    let vmc = VmCluster::create(&dir, 1, 71, bins(), &args).unwrap();
+    let (record, mut vms) = runtime().block_on(vmc.bring_up()).unwrap();
+
+    // Both nodes bootstrapped, and their disks open with the keys derived from the
+    // workspace's master secret (checked on the host, from the disk images).
+    for node in &record.nodes {
+        assert_eq!(node.exit, "ok", "{node:?}");
+        assert!(
+            node.disk_rekeyed,
+            "the disk opens with the derived key: {node:?}"
+        );
+    }
+    assert!(dir.join("workspace/master-secret.json").is_file());
+    let cluster_id = std::fs::read_to_string(dir.join("workspace/cluster-id")).unwrap();
+
+    // The control plane: initialised, its state on its disk, and it runs the key and join
+    // services, whose secrets are on that disk too.
+    let cp = &vmc.vms[0].node;
+    let cp_console = std::fs::read_to_string(cp.dir.join("console.log")).unwrap();
+    for line in [
+        "asterism-init: tpm0=yes tpmrm0=yes vda=yes",
+        "asterism-init: eth1 10.42.71.1/24",
+        "asterism-init: join service ready on 10.42.71.1:30090",
+    ] {
+        assert!(cp_console.contains(line), "the console says {line:?}");
+    }
+    assert_state_on_the_mapped_disk(&cp_console, "control plane");
+    assert_encrypted(
+        &cp.dir.join("state.img"),
+        &[
+            b"MeasurementSalt",
+            b"kubernetes_version",
+            b"ssh-ed25519",
+            b"BEGIN CERTIFICATE",
+        ],
+    );
+
+    // The worker: told the cluster by fw_cfg, admitted by the control plane's join service
+    // over the cluster network after it verified the worker's quote, its state on its own
+    // mapped disk.
+    let worker = &vmc.vms[1].node;
+    let worker_record = &record.nodes[1];
+    assert!(
+        worker_record
+            .attestation
+            .starts_with("verified by join service (tpm-quote AK "),
+        "{worker_record:?}"
+    );
+    let console = std::fs::read_to_string(worker.dir.join("console.log")).unwrap();
+    assert!(
+        console.contains(&format!(
+            "asterism-init: joins cluster {}",
+            cluster_id.trim()
+        )),
+        "the worker is told its cluster"
+    );
+    assert!(console.contains("asterism-init: eth1 10.42.71.2/24"));
+    assert_state_on_the_mapped_disk(&console, "worker");
+    assert!(
+        !console.contains("join service ready"),
+        "only the first control plane runs the services"
+    );
+    assert_encrypted(
+        &worker.dir.join("state.img"),
+        &[b"MeasurementSalt", b"BEGIN CERTIFICATE"],
+    );
+
+    // A power cut of the worker: the VM and its TPM stop, the disk and TPM state stay. On
+    // the next boot its bootstrapper finds its disk initialised, gets the disk key with a
+    // rejoin ticket, and maps and mounts the disk again.
+    let worker_vm = vms.pop().unwrap();
+    let first_console = vmc.power_off(&vmc.vms[1], worker_vm).unwrap();
+    assert!(first_console.is_file());
+    let mut rebooted = vmc.boot(&vmc.vms[1]).unwrap();
+    let (exit, _) = runtime()
+        .block_on(vmc.wait_for_bootstrapper(
+            &vmc.vms[1],
+            &mut rebooted,
+            std::time::Duration::from_secs(600),
+        ))
+        .unwrap();
+    assert_eq!(exit, "ok");
+    let console = std::fs::read_to_string(worker.dir.join("console.log")).unwrap();
+    assert_state_on_the_mapped_disk(&console, "rebooted worker");
+    let members = vmc.members(&vmc.vms[0]).unwrap();
+    let admitted: Vec<&str> = members
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["name"].as_str())
+        .collect();
+    assert_eq!(
+        admitted,
+        ["worker-0", "worker-0"],
+        "joined once, then rejoined: {members}"
+    );
+    let cp_console = std::fs::read_to_string(cp.dir.join("console.log")).unwrap();
+    assert!(cp_console.contains("issued a rejoin ticket"));
+    vms.push(rebooted);
+
+    // `down` stops every VM and TPM, by their pid files.
+    let pids: Vec<u32> = vmc
+        .vms
+        .iter()
+        .flat_map(|v| {
+            [
+                pid_in(&v.node.dir.join("run/qemu.pid")),
+                pid_in(&v.node.dir.join("run/swtpm.pid")),
+            ]
+        })
+        .collect();
+    assert!(pids.iter().all(|&p| running(p)), "the VMs keep running");
+    asterism_mini::down(asterism_mini::DirArgs { dir: dir.clone() }).unwrap();
+    for pid in pids {
+        assert!(!running(pid), "pid {pid} stopped");
+    }
+    drop(vms);
+}
+
+#[test]
+fn a_vm_booted_with_a_changed_command_line_is_refused_naming_pcr_9() {
+    let Some(args) = vm_args() else { return };
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("c");
+    let _teardown = TeardownAt(dir.clone());
+    let mut vmc = VmCluster::create(&dir, 0, 73, bins(), &args).unwrap();
+    // The kernel's EFI stub measures the command line into PCR 9; the reference boot's
+    // measurements were taken without this word.
+    vmc.image.cmdline.push_str(" quiet");
+    let cp = vmc.vms[0].clone();
+    let mut vm = vmc.boot(&cp).unwrap();
+    runtime()
+        .block_on(vmc.wait_for_init_server(&cp, &mut vm))
+        .unwrap();
+    let refused = runtime()
+        .block_on(asterism::init::run(vmc.cluster.init_args()))
+        .expect_err("a node with another command line is refused");
+    // The CLI keeps the verifier's refusal as text only (its connect error is formatted):
+    // the variant and its index are asserted on as that text shows them.
+    let reason = format!("{refused:#}");
+    assert!(
+        reason.contains("Rejected(Measurement { index: 9, expected: \""),
+        "refused for PCR 9, the measured command line: {reason}"
+    );
+    for other in [0, 1, 2, 3, 4, 5, 6, 7, 8, 15] {
+        assert!(
+            !reason.contains(&format!("Measurement {{ index: {other},")),
+            "refused for PCR 9 alone: {reason}"
+        );
+    }
+    assert!(
+        !dir.join("workspace/master-secret.json").exists(),
+        "no master secret was written for a refused node"
+    );
+}

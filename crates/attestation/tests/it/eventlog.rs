@@ -1,0 +1,588 @@
+//! The TCG event log: exact parsing of a real log captured from a measured boot (and of
+//! logs built here), its replay against the quoted PCRs, and the naming of the event that
+//! makes a PCR differ. Every refusal is asserted on its own reason.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)] // test code
+
+use crate::common::*;
+use asterism_attestation::explain::Outcome;
+use asterism_attestation::tpm::eventlog::{
+    ALG_SHA256, EventLog, EventLogError, EventType, MAX_EVENT_DATA, MAX_EVENT_LOG_SIZE, MAX_EVENTS,
+    extend,
+};
+use asterism_attestation::tpm::soft::SoftTpm;
+use asterism_attestation::tpm::{AkTrust, TpmQuoteValidator};
+use asterism_attestation::{
+    ExpectedPcr, Issuer, Measurements, MeasurementsError, PcrIndex, ReferenceEvent, ReportData,
+    Role, ValidationError, Validator,
+};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+
+/// The log of a QEMU/OVMF boot of the Debian cloud kernel (tests/data/eventlog/README.md).
+const OVMF_LOG: &[u8] = include_bytes!("../data/eventlog/ovmf-q35-linux-6.1.bin");
+/// The SHA-256 PCRs that guest read after that boot.
+const OVMF_PCRS: &str = include_str!("../data/eventlog/ovmf-q35-linux-6.1.pcrs");
+
+fn recorded_pcrs() -> BTreeMap<PcrIndex, [u8; 32]> {
+    OVMF_PCRS
+        .lines()
+        .map(|l| {
+            let (i, v) = l.split_once(' ').unwrap();
+            let v: [u8; 32] = hex::decode(v).unwrap().try_into().unwrap();
+            (idx(i.parse().unwrap()), v)
+        })
+        .collect()
+}
+
+fn rd() -> ReportData {
+    ReportData::atls(Role::Client, &[0x33; 32])
+}
+
+// ---------------------------------------------------------------- logs built here
+
+const SHA1: u16 = 0x0004;
+
+/// The SHA-1-format first event with a Spec ID event declaring `algs`.
+fn header(algs: &[(u16, u16)]) -> Vec<u8> {
+    let mut spec = b"Spec ID Event03\0".to_vec();
+    spec.extend_from_slice(&0u32.to_le_bytes()); // platform class
+    spec.extend_from_slice(&[0, 2, 0, 2]); // version 2.0, errata 0, 64-bit UINTN
+    spec.extend_from_slice(&u32::try_from(algs.len()).unwrap().to_le_bytes());
+    for (alg, size) in algs {
+        spec.extend_from_slice(&alg.to_le_bytes());
+        spec.extend_from_slice(&size.to_le_bytes());
+    }
+    spec.push(0); // no vendor information
+    let mut out = 0u32.to_le_bytes().to_vec();
+    out.extend_from_slice(&3u32.to_le_bytes());
+    out.extend_from_slice(&[0; 20]);
+    out.extend_from_slice(&u32::try_from(spec.len()).unwrap().to_le_bytes());
+    out.extend_from_slice(&spec);
+    out
+}
+
+/// A `TCG_PCR_EVENT2` with the given digests.
+fn event(pcr: u32, event_type: u32, digests: &[(u16, Vec<u8>)], data: &[u8]) -> Vec<u8> {
+    let mut out = pcr.to_le_bytes().to_vec();
+    out.extend_from_slice(&event_type.to_le_bytes());
+    out.extend_from_slice(&u32::try_from(digests.len()).unwrap().to_le_bytes());
+    for (alg, d) in digests {
+        out.extend_from_slice(&alg.to_le_bytes());
+        out.extend_from_slice(d);
+    }
+    out.extend_from_slice(&u32::try_from(data.len()).unwrap().to_le_bytes());
+    out.extend_from_slice(data);
+    out
+}
+
+/// A SHA-256-only event whose digest is the SHA-256 of its data.
+fn sha256_event(pcr: u32, event_type: u32, data: &[u8]) -> Vec<u8> {
+    event(
+        pcr,
+        event_type,
+        &[(ALG_SHA256, Sha256::digest(data).to_vec())],
+        data,
+    )
+}
+
+fn sha256_log(events: &[Vec<u8>]) -> Vec<u8> {
+    let mut log = header(&[(ALG_SHA256, 32)]);
+    for e in events {
+        log.extend_from_slice(e);
+    }
+    log
+}
+
+// ---------------------------------------------------------------- the real log
+
+#[test]
+fn a_real_log_parses_and_replays_to_the_pcrs_its_boot_recorded() {
+    let log = EventLog::parse(OVMF_LOG).unwrap();
+    let algs: Vec<(u16, u16)> = log
+        .spec_id()
+        .algorithms
+        .iter()
+        .map(|a| (a.alg, a.size))
+        .collect();
+    assert_eq!(
+        algs,
+        [(SHA1, 20), (ALG_SHA256, 32), (0x000c, 48), (0x000d, 64)]
+    );
+    assert_eq!(log.events().len(), 24);
+
+    let replayed = log.replay_sha256().unwrap();
+    let recorded = recorded_pcrs();
+    let covered: Vec<u8> = replayed.keys().map(|i| i.get()).collect();
+    // PCR 8 is untouched and PCR 10 is IMA's: neither is in the firmware's log.
+    assert_eq!(covered, [0, 1, 2, 3, 4, 5, 6, 7, 9]);
+    for (i, v) in &replayed {
+        assert_eq!(v, &recorded[i], "PCR {i}");
+    }
+}
+
+#[test]
+fn the_events_of_a_real_log_have_names_for_people() {
+    let log = EventLog::parse(OVMF_LOG).unwrap();
+    let pcr9: Vec<String> = log.extended(idx(9)).map(|e| e.label()).collect();
+    assert_eq!(
+        pcr9,
+        [
+            "EV_EVENT_TAG Linux command line",
+            "EV_EVENT_TAG Linux initrd"
+        ]
+    );
+    let labels: Vec<String> = log.events().iter().map(|e| e.label()).collect();
+    for want in [
+        "EV_S_CRTM_VERSION",
+        "EV_EFI_PLATFORM_FIRMWARE_BLOB 0xe0000 bytes at 0x820000",
+        "EV_EFI_VARIABLE_DRIVER_CONFIG SecureBoot",
+        "EV_EFI_VARIABLE_DRIVER_CONFIG PK",
+        "EV_EFI_VARIABLE_BOOT BootOrder",
+        // The kernel: 0xd877c0 is the size of its vmlinuz.
+        "EV_EFI_BOOT_SERVICES_APPLICATION image of 0xd877c0 bytes",
+        "EV_EFI_ACTION Calling EFI Application from Boot Option",
+        "EV_EFI_ACTION Exit Boot Services Invocation",
+        "EV_SEPARATOR separator",
+    ] {
+        assert!(
+            labels.iter().any(|l| l == want),
+            "{want:?} not in {labels:#?}"
+        );
+    }
+    assert_eq!(
+        EventType(0x8000_00e0).to_string(),
+        "EV_EFI_VARIABLE_AUTHORITY"
+    );
+    assert_eq!(EventType(0x1234).to_string(), "event type 0x00001234");
+}
+
+#[test]
+fn a_truncated_real_log_is_refused_at_the_event_it_cuts() {
+    let last = EventLog::parse(OVMF_LOG).unwrap().events().len();
+    assert_eq!(
+        EventLog::parse(&OVMF_LOG[..OVMF_LOG.len() - 1]),
+        Err(EventLogError::Truncated {
+            event: last,
+            field: "event"
+        })
+    );
+    // Every cut either ends on an event boundary (a shorter, valid log) or is refused.
+    let mut refused = 0;
+    for n in 0..OVMF_LOG.len() {
+        if EventLog::parse(&OVMF_LOG[..n]).is_err() {
+            refused += 1;
+        }
+    }
+    assert!(refused > OVMF_LOG.len() - 30, "{refused}");
+    assert!(matches!(
+        EventLog::parse(&OVMF_LOG[..10]),
+        Err(EventLogError::Truncated { event: 0, .. })
+    ));
+}
+
+#[test]
+fn trailing_bytes_after_the_last_event_are_refused() {
+    let mut log = OVMF_LOG.to_vec();
+    log.extend_from_slice(&[0, 0, 0]);
+    assert_eq!(EventLog::parse(&log), Err(EventLogError::TrailingBytes(3)));
+}
+
+// ---------------------------------------------------------------- limits and shapes
+
+#[test]
+fn an_oversized_log_is_refused_before_parsing() {
+    let mut log = sha256_log(&[sha256_event(0, 8, b"v")]);
+    log.resize(MAX_EVENT_LOG_SIZE + 1, 0);
+    assert_eq!(
+        EventLog::parse(&log),
+        Err(EventLogError::TooLarge(MAX_EVENT_LOG_SIZE + 1))
+    );
+}
+
+#[test]
+fn too_many_events_and_too_much_event_data_are_refused() {
+    let one = sha256_event(4, 0x8000_0003, b"");
+    let at_limit = sha256_log(&vec![one.clone(); MAX_EVENTS]);
+    assert_eq!(
+        EventLog::parse(&at_limit).unwrap().events().len(),
+        MAX_EVENTS
+    );
+    let over = sha256_log(&vec![one; MAX_EVENTS + 1]);
+    assert_eq!(EventLog::parse(&over), Err(EventLogError::TooManyEvents));
+
+    let big = sha256_log(&[sha256_event(4, 0x8000_0003, &vec![0; MAX_EVENT_DATA])]);
+    assert!(EventLog::parse(&big).is_ok());
+    let bigger = sha256_log(&[sha256_event(4, 0x8000_0003, &vec![0; MAX_EVENT_DATA + 1])]);
+    assert_eq!(
+        EventLog::parse(&bigger),
+        Err(EventLogError::EventTooLarge {
+            event: 1,
+            size: u32::try_from(MAX_EVENT_DATA + 1).unwrap()
+        })
+    );
+}
+
+#[test]
+fn a_known_algorithm_declared_with_another_digest_size_is_refused() {
+    let mut log = header(&[(ALG_SHA256, 20)]);
+    log.extend_from_slice(&event(0, 8, &[(ALG_SHA256, vec![0; 20])], b""));
+    assert_eq!(
+        EventLog::parse(&log),
+        Err(EventLogError::DigestSize {
+            alg: ALG_SHA256,
+            declared: 20,
+            want: 32
+        })
+    );
+    let twice = header(&[(ALG_SHA256, 32), (ALG_SHA256, 32)]);
+    assert_eq!(
+        EventLog::parse(&twice),
+        Err(EventLogError::DuplicateAlgorithm(ALG_SHA256))
+    );
+}
+
+#[test]
+fn an_unknown_algorithm_is_read_only_when_declared_with_a_size() {
+    const VENDOR: u16 = 0x1234;
+    let digests = vec![
+        (ALG_SHA256, Sha256::digest(b"x").to_vec()),
+        (VENDOR, vec![7; 16]),
+    ];
+    let mut log = header(&[(ALG_SHA256, 32), (VENDOR, 16)]);
+    log.extend_from_slice(&event(4, 0x8000_0003, &digests, b"x"));
+    let parsed = EventLog::parse(&log).unwrap();
+    assert_eq!(parsed.events()[0].digest(VENDOR), Some(&[7u8; 16][..]));
+
+    // The same event in a log that declares only SHA-256: the vendor digest's size is
+    // unknown, so it is refused rather than guessed.
+    let mut undeclared = header(&[(ALG_SHA256, 32)]);
+    undeclared.extend_from_slice(&event(4, 0x8000_0003, &[(VENDOR, vec![7; 16])], b"x"));
+    assert_eq!(
+        EventLog::parse(&undeclared),
+        Err(EventLogError::UndeclaredAlgorithm {
+            event: 1,
+            alg: VENDOR
+        })
+    );
+}
+
+#[test]
+fn events_must_carry_each_declared_algorithm_once() {
+    let mut log = header(&[(SHA1, 20), (ALG_SHA256, 32)]);
+    log.extend_from_slice(&event(4, 3, &[(ALG_SHA256, vec![0; 32])], b""));
+    assert_eq!(
+        EventLog::parse(&log),
+        Err(EventLogError::DigestCount {
+            event: 1,
+            count: 1,
+            want: 2
+        })
+    );
+    let mut log = header(&[(SHA1, 20), (ALG_SHA256, 32)]);
+    log.extend_from_slice(&event(
+        4,
+        3,
+        &[(ALG_SHA256, vec![0; 32]), (ALG_SHA256, vec![0; 32])],
+        b"",
+    ));
+    assert_eq!(
+        EventLog::parse(&log),
+        Err(EventLogError::RepeatedDigest {
+            event: 1,
+            alg: ALG_SHA256
+        })
+    );
+}
+
+#[test]
+fn a_pcr_index_outside_the_pc_client_range_is_refused() {
+    let log = sha256_log(&[sha256_event(24, 8, b"v")]);
+    assert_eq!(
+        EventLog::parse(&log),
+        Err(EventLogError::PcrIndex { event: 1, pcr: 24 })
+    );
+}
+
+#[test]
+fn a_log_without_the_spec_id_event_is_refused() {
+    // A SHA-1-only (pre crypto-agile) log starts with an ordinary event.
+    let mut old = header(&[(ALG_SHA256, 32)]);
+    old[4] = 8; // EV_S_CRTM_VERSION instead of EV_NO_ACTION
+    assert!(matches!(
+        EventLog::parse(&old),
+        Err(EventLogError::SpecId(_))
+    ));
+    let mut unsigned = header(&[(ALG_SHA256, 32)]);
+    unsigned[32] = b'X'; // the signature's first byte
+    assert!(matches!(
+        EventLog::parse(&unsigned),
+        Err(EventLogError::SpecId(m)) if m.contains("Spec ID Event03")
+    ));
+    // A log without SHA-256 parses, but cannot be replayed against a SHA-256 quote.
+    let mut sha1_only = header(&[(SHA1, 20)]);
+    sha1_only.extend_from_slice(&event(0, 8, &[(SHA1, vec![1; 20])], b""));
+    let parsed = EventLog::parse(&sha1_only).unwrap();
+    assert_eq!(parsed.replay_sha256(), Err(EventLogError::NoSha256));
+}
+
+#[test]
+fn replay_starts_pcr0_at_the_startup_locality_and_skips_no_action_events() {
+    let mut locality = b"StartupLocality\0".to_vec();
+    locality.push(3);
+    let log = sha256_log(&[
+        event(0, 3, &[(ALG_SHA256, vec![0; 32])], &locality),
+        sha256_event(0, 8, b"crtm"),
+        // EV_NO_ACTION with a non-zero digest: still not extended.
+        event(1, 3, &[(ALG_SHA256, vec![9; 32])], b"note"),
+        sha256_event(1, 0x8000_0002, b"boot"),
+    ]);
+    let replayed = EventLog::parse(&log).unwrap().replay_sha256().unwrap();
+    let mut start = [0u8; 32];
+    start[31] = 3;
+    let crtm: [u8; 32] = Sha256::digest(b"crtm").into();
+    let boot: [u8; 32] = Sha256::digest(b"boot").into();
+    assert_eq!(replayed[&idx(0)], extend(&start, &crtm));
+    assert_eq!(replayed[&idx(1)], extend(&[0; 32], &boot));
+}
+
+// ---------------------------------------------------------------- validation
+
+/// A software TPM whose SHA-256 PCRs are those the log replays to, carrying the log.
+fn tpm_booted_with(log: &[u8]) -> SoftTpm {
+    let mut tpm = booted_tpm(ecdsa_ak());
+    for (i, v) in EventLog::parse(log).unwrap().replay_sha256().unwrap() {
+        tpm.set_pcr(i, v);
+    }
+    tpm.set_event_log(Some(log.to_vec()));
+    tpm
+}
+
+/// Enforces PCRs 0–7 and 9 at `values`, with `references` as reference events.
+fn firmware_measurements(
+    values: &BTreeMap<PcrIndex, [u8; 32]>,
+    references: &[(u8, Vec<ReferenceEvent>)],
+) -> Measurements {
+    let mut m = Measurements::new(
+        [0u8, 1, 2, 3, 4, 5, 6, 7, 9].map(|i| (idx(i), ExpectedPcr::enforce(values[&idx(i)]))),
+    )
+    .unwrap();
+    for (i, events) in references {
+        m = m.with_reference_events(idx(*i), events.clone()).unwrap();
+    }
+    m
+}
+
+fn validator(tpm: &SoftTpm, m: Measurements) -> TpmQuoteValidator {
+    TpmQuoteValidator::new(AkTrust::pinned([tpm.ak().fingerprint()]), m.into_provider())
+}
+
+/// The reference events of PCR `i` as the real log has them.
+fn references_of(log: &[u8], i: u8) -> Vec<ReferenceEvent> {
+    EventLog::parse(log)
+        .unwrap()
+        .extended(idx(i))
+        .map(|e| ReferenceEvent {
+            digest: e.sha256().unwrap(),
+            description: e.description(),
+        })
+        .collect()
+}
+
+/// The real log with the SHA-256 digest of the initrd event replaced: the log of a boot
+/// with another initrd.
+fn log_with_other_initrd() -> (Vec<u8>, [u8; 32]) {
+    let log = EventLog::parse(OVMF_LOG).unwrap();
+    let initrd = log.extended(idx(9)).nth(1).unwrap().sha256().unwrap();
+    let at = OVMF_LOG
+        .windows(32)
+        .position(|w| w == initrd)
+        .expect("the digest is in the log");
+    let other: [u8; 32] = Sha256::digest(b"another initrd").into();
+    let mut bytes = OVMF_LOG.to_vec();
+    bytes[at..at + 32].copy_from_slice(&other);
+    (bytes, other)
+}
+
+#[test]
+fn evidence_whose_log_replays_to_the_quote_is_accepted() {
+    let tpm = tpm_booted_with(OVMF_LOG);
+    let v = validator(&tpm, firmware_measurements(&recorded_pcrs(), &[]));
+    let verified = v.validate(&tpm.issue(&rd()).unwrap(), &rd()).unwrap();
+    assert!(verified.warnings().is_empty(), "{:?}", verified.warnings());
+}
+
+#[test]
+fn evidence_without_a_log_still_validates() {
+    let mut tpm = tpm_booted_with(OVMF_LOG);
+    tpm.set_event_log(None);
+    let v = validator(&tpm, firmware_measurements(&recorded_pcrs(), &[]));
+    v.validate(&tpm.issue(&rd()).unwrap(), &rd()).unwrap();
+}
+
+#[test]
+fn a_log_that_does_not_replay_to_the_quote_is_refused_naming_the_pcr() {
+    // The quote is of the real boot; the log claims another initrd.
+    let mut tpm = tpm_booted_with(OVMF_LOG);
+    let (edited, _) = log_with_other_initrd();
+    tpm.set_event_log(Some(edited.clone()));
+    let v = validator(&tpm, firmware_measurements(&recorded_pcrs(), &[]));
+    let replayed = EventLog::parse(&edited).unwrap().replay_sha256().unwrap()[&idx(9)];
+    assert_eq!(
+        v.validate(&tpm.issue(&rd()).unwrap(), &rd()).unwrap_err(),
+        ValidationError::EventLogReplay {
+            index: 9,
+            replayed: hex::encode(replayed),
+            quoted: hex::encode(recorded_pcrs()[&idx(9)]),
+        }
+    );
+}
+
+#[test]
+fn a_malformed_log_in_evidence_is_refused_with_its_reason() {
+    let mut tpm = tpm_booted_with(OVMF_LOG);
+    let mut log = OVMF_LOG.to_vec();
+    log.push(0);
+    tpm.set_event_log(Some(log));
+    let v = validator(&tpm, firmware_measurements(&recorded_pcrs(), &[]));
+    assert_eq!(
+        v.validate(&tpm.issue(&rd()).unwrap(), &rd()).unwrap_err(),
+        ValidationError::EventLog(EventLogError::TrailingBytes(1))
+    );
+}
+
+#[test]
+fn a_pcr_mismatch_names_the_first_event_that_differs_from_the_reference() {
+    // A node booted with another initrd: its log and quote agree, the measurements do not.
+    let (other_log, other_digest) = log_with_other_initrd();
+    let tpm = tpm_booted_with(&other_log);
+    let references = references_of(OVMF_LOG, 9);
+    let v = validator(
+        &tpm,
+        firmware_measurements(&recorded_pcrs(), &[(9, references.clone())]),
+    );
+    let explained = v.validate_with_pcrs(&tpm.issue(&rd()).unwrap(), &rd());
+    assert!(matches!(
+        explained.result,
+        Err(ValidationError::Measurement { index: 9, .. })
+    ));
+    assert_eq!(explained.checks.len(), 1, "{:#?}", explained.checks);
+    let c = &explained.checks[0];
+    assert_eq!(c.field, "PCR 9 event 2 (EV_EVENT_TAG Linux initrd)");
+    assert_eq!(
+        c.expected,
+        format!("{} (Linux initrd)", hex::encode(references[1].digest))
+    );
+    assert_eq!(c.observed, hex::encode(other_digest));
+    assert_eq!(c.outcome, Outcome::Fail);
+}
+
+#[test]
+fn without_reference_events_a_pcr_mismatch_lists_the_events_of_that_pcr() {
+    let (other_log, other_digest) = log_with_other_initrd();
+    let tpm = tpm_booted_with(&other_log);
+    let mut expected = recorded_pcrs();
+    // PCR 9 warn-only: the node is accepted, and the warning names the events.
+    let mut m = Measurements::new(
+        [0u8, 1, 2, 3, 4, 5, 6, 7].map(|i| (idx(i), ExpectedPcr::enforce(expected[&idx(i)]))),
+    )
+    .unwrap();
+    let nine = expected.remove(&idx(9)).unwrap();
+    m = Measurements::new(
+        m.iter()
+            .map(|(i, p)| (i, *p))
+            .chain([(idx(9), ExpectedPcr::warn_only(nine))]),
+    )
+    .unwrap();
+    let v = validator(&tpm, m);
+    let (checks, result) = v.validate_explained(&tpm.issue(&rd()).unwrap(), &rd());
+    let fields: Vec<&str> = checks.iter().map(|c| c.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        [
+            "PCR 9 event 1 (EV_EVENT_TAG Linux command line)",
+            "PCR 9 event 2 (EV_EVENT_TAG Linux initrd)"
+        ]
+    );
+    assert_eq!(checks[1].observed, hex::encode(other_digest));
+    assert!(checks.iter().all(|c| c.outcome == Outcome::Warn));
+    let verified = result.unwrap();
+    assert!(
+        verified
+            .warnings()
+            .iter()
+            .any(|w| w.contains("PCR 9 event 2 (EV_EVENT_TAG Linux initrd)")),
+        "{:?}",
+        verified.warnings()
+    );
+}
+
+#[test]
+fn a_pcr_the_log_does_not_cover_is_neither_replayed_nor_explained() {
+    // PCR 15 is extended after boot (the node marker); the firmware's log knows nothing
+    // of it, so a mismatch there is the plain measurement error with no event checks.
+    let mut tpm = tpm_booted_with(OVMF_LOG);
+    let m = firmware_measurements(&recorded_pcrs(), &[]);
+    let m = Measurements::new(
+        m.iter()
+            .map(|(i, p)| (i, *p))
+            .chain([(idx(15), ExpectedPcr::enforce([0; 32]))]),
+    )
+    .unwrap();
+    tpm.extend_pcr(idx(15), &[0x15; 32]);
+    let v = validator(&tpm, m);
+    let (checks, result) = v.validate_explained(&tpm.issue(&rd()).unwrap(), &rd());
+    assert!(matches!(
+        result,
+        Err(ValidationError::Measurement { index: 15, .. })
+    ));
+    assert!(checks.is_empty(), "{checks:#?}");
+}
+
+// ---------------------------------------------------------------- the measurements file
+
+#[test]
+fn reference_events_round_trip_through_the_measurements_file() {
+    let m = firmware_measurements(&recorded_pcrs(), &[(9, references_of(OVMF_LOG, 9))]);
+    let json = m.to_json();
+    assert!(json.contains("\"description\": \"Linux initrd\""), "{json}");
+    let parsed = Measurements::from_json(json.as_bytes()).unwrap();
+    assert_eq!(parsed, m);
+    assert_eq!(parsed.reference_events(idx(9)).len(), 2);
+    assert!(parsed.reference_events(idx(4)).is_empty());
+}
+
+#[test]
+fn reference_events_that_do_not_extend_to_the_expected_value_are_refused() {
+    let mut references = references_of(OVMF_LOG, 9);
+    references.swap(0, 1);
+    let m = firmware_measurements(&recorded_pcrs(), &[]);
+    let err = m.with_reference_events(idx(9), references).unwrap_err();
+    assert!(
+        matches!(&err, MeasurementsError::ReferenceEvents { index, reason }
+            if index.get() == 9 && reason.contains("not to the expected value")),
+        "{err}"
+    );
+
+    let pcr = hex::encode([1u8; 32]);
+    let json = format!(
+        r#"{{"measurements": {{"4": {{"expected": "{pcr}", "events": [{{"digest": "{}"}}]}}}}}}"#,
+        hex::encode([2u8; 32])
+    );
+    assert!(matches!(
+        Measurements::from_json(json.as_bytes()),
+        Err(MeasurementsError::ReferenceEvents { .. })
+    ));
+    // Reference events belong to PCRs, not to confidential-VM fields.
+    let json = format!(
+        r#"{{"measurements": {{"4": "{pcr}"}}, "snp": {{"hostData": {{"expected": "{pcr}", "events": []}}}}}}"#
+    );
+    assert!(matches!(
+        Measurements::from_json(json.as_bytes()),
+        Err(MeasurementsError::BadReference { .. })
+    ));
+}

@@ -1,0 +1,820 @@
+//! Intel TDX DCAP quote verification on real quotes (v4, and v5 with a TDX 1.5 report) and
+//! their real PCS collateral, each tampering refused with its own reason.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic
+)]
+
+use std::time::{Duration, SystemTime};
+
+use asterism_attestation::ValidationError;
+use asterism_attestation::explain::{Explanation, Outcome, Reference};
+use asterism_attestation::tdx::{
+    MAX_COLLATERAL_LEN, MAX_QUOTE_LEN, PckCa, TcbStatus, TdQuote, TdReportKind, TdxCollateral,
+    TdxPolicy, TdxVerifier, check_fields, pck_collateral_urls,
+};
+
+/// The quote the collateral was fetched for (dcap-qvl's `sample/tdx_quote`).
+const QUOTE: &[u8] = include_bytes!("../data/cvm/tdx-dcap/tdx_quote");
+/// Another platform's quote (dcap-qvl's `sample/tdx-quote.hex`): its TCB is not in this
+/// collateral.
+const OTHER_QUOTE_HEX: &str = include_str!("../data/cvm/tdx-dcap/tdx-quote.hex");
+const COLLATERAL: &[u8] = include_bytes!("../data/cvm/tdx-dcap/tdx_quote_collateral.json");
+
+/// 2025-07-01T00:00:00Z: inside the TCB info (2025-06-19 to 2025-07-19), the QE identity
+/// (2025-06-19 to 2025-07-19), both CRLs and every certificate.
+const NOW: u64 = 1_751_328_000;
+
+// Offsets in a v4 quote.
+const BODY: usize = 48;
+const MR_TD: usize = BODY + 136;
+const TD_ATTRIBUTES: usize = BODY + 120;
+const SIG_DATA: usize = BODY + 584 + 4;
+const QE_REPORT: usize = SIG_DATA + 64 + 64 + 2 + 4;
+const QE_AUTH: usize = QE_REPORT + 384 + 64 + 2;
+
+fn at(secs: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
+}
+
+/// The sample as published: the quote followed by 70 zero bytes of buffer padding.
+fn published() -> Vec<u8> {
+    QUOTE.to_vec()
+}
+
+/// The quote itself: the published bytes up to the end its signature data size declares.
+fn quote() -> Vec<u8> {
+    unpadded(published())
+}
+
+fn unpadded(mut q: Vec<u8>) -> Vec<u8> {
+    let sig_len = u32::from_le_bytes(q[SIG_DATA - 4..SIG_DATA].try_into().unwrap()) as usize;
+    assert!(q[SIG_DATA + sig_len..].iter().all(|&b| b == 0));
+    q.truncate(SIG_DATA + sig_len);
+    q
+}
+
+fn collateral() -> TdxCollateral {
+    TdxCollateral::from_json(COLLATERAL).unwrap()
+}
+
+fn report_data(q: &[u8]) -> [u8; 64] {
+    TdQuote::parse(q).unwrap().report().report_data
+}
+
+/// A policy pinning the sample's own MRTD and RTMRs, accepting its TCB status.
+fn pinned_policy() -> TdxPolicy {
+    let q = quote();
+    let parsed = TdQuote::parse(&q).unwrap();
+    let r = parsed.report();
+    TdxPolicy {
+        mrtd: Some(Reference::enforce(r.mr_td)),
+        rtmrs: r.rtmr.map(|v| Some(Reference::enforce(v))),
+        ..TdxPolicy::default()
+    }
+}
+
+fn verify(policy: TdxPolicy, q: &[u8], c: &TdxCollateral, now: u64) -> Result<(), ValidationError> {
+    let rd = TdQuote::parse(q)
+        .map(|p| p.report().report_data)
+        .unwrap_or([0; 64]);
+    TdxVerifier::new(policy)
+        .verify(q, c, &rd, at(now))
+        .map(|_| ())
+}
+
+fn flip(q: &[u8], offset: usize) -> Vec<u8> {
+    let mut q = q.to_vec();
+    q[offset] ^= 0x01;
+    q
+}
+
+fn field_of(e: &ValidationError) -> &str {
+    match e {
+        ValidationError::Field { field, .. } => field,
+        other => panic!("expected a field error, got {other:?}"),
+    }
+}
+
+fn certificate_of(e: ValidationError) -> (String, String) {
+    match e {
+        ValidationError::Certificate { which, reason } => (which, reason),
+        other => panic!("expected a certificate error, got {other:?}"),
+    }
+}
+
+#[test]
+fn accepts_the_real_quote_and_explains_every_check() {
+    let q = quote();
+    let (ex, result) = TdxVerifier::new(pinned_policy()).verify_explained(
+        &q,
+        &collateral(),
+        &report_data(&q),
+        at(NOW),
+    );
+    let v = result.unwrap();
+    assert_eq!(v.version(), 4);
+    assert_eq!(v.report().kind, TdReportKind::Td10);
+    assert_eq!(v.tcb_status(), TcbStatus::UpToDate);
+    assert!(v.advisory_ids().is_empty());
+    assert_eq!(hex::encode_upper(v.fmspc()), "B0C06F000000");
+    let fields: Vec<&str> = ex.checks.iter().map(|c| c.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        [
+            "quote.signature",
+            "qe_report.signature",
+            "qe_report.report_data",
+            "pck_chain",
+            "crls",
+            "tcb_info",
+            "qe_identity",
+            "tcb_status",
+            "td_attributes.debug",
+            "td_attributes.tud_profiling",
+            "td_attributes.sept_ve_disable",
+            "td_attributes.migratable",
+            "td_attributes.servtd_ext",
+            "td_attributes.reserved",
+            "mr_td",
+            "rtmr0",
+            "rtmr1",
+            "rtmr2",
+            "rtmr3",
+            "report_data",
+        ]
+    );
+    assert!(ex.checks.iter().all(|c| c.outcome == Outcome::Pass), "{ex}");
+    assert_eq!(v.explanation(), &ex);
+}
+
+#[test]
+fn refuses_a_quote_whose_tcb_level_the_collateral_does_not_list() {
+    let hex = OTHER_QUOTE_HEX.trim();
+    let other = unpadded(hex::decode(hex.strip_prefix("0x").unwrap_or(hex)).unwrap());
+    let (which, reason) =
+        certificate_of(verify(TdxPolicy::default(), &other, &collateral(), NOW).unwrap_err());
+    assert_eq!(which, "TCB info (platform match)");
+    assert!(reason.contains("TCB level"), "{reason}");
+}
+
+#[test]
+fn a_repeat_quote_uses_the_cache_and_still_passes_every_field_check() {
+    let q = quote();
+    let c = collateral();
+    let verifier = TdxVerifier::new(pinned_policy());
+    verifier.verify(&q, &c, &report_data(&q), at(NOW)).unwrap();
+    let (ex, again) = verifier.verify_explained(&q, &c, &report_data(&q), at(NOW + 60));
+    again.unwrap();
+    let pck = ex.checks.iter().find(|c| c.field == "pck_chain").unwrap();
+    assert!(pck.observed.contains("verified before"), "{pck}");
+    // Field checks still run on a cache hit.
+    let bad = verifier.verify(&q, &c, &[0; 64], at(NOW + 60)).unwrap_err();
+    assert_eq!(bad, ValidationError::BindingMismatch);
+}
+
+#[test]
+fn rejects_a_flipped_bit_in_the_td_report() {
+    let err = verify(
+        TdxPolicy::default(),
+        &flip(&quote(), MR_TD + 5),
+        &collateral(),
+        NOW,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&err, ValidationError::BadSignature(m) if m.contains("attestation key")),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn rejects_a_flipped_bit_in_the_header() {
+    // The last byte of the header's user data: signed, not otherwise checked.
+    let err = verify(
+        TdxPolicy::default(),
+        &flip(&quote(), 47),
+        &collateral(),
+        NOW,
+    )
+    .unwrap_err();
+    assert!(matches!(&err, ValidationError::BadSignature(m) if m.contains("attestation key")));
+}
+
+#[test]
+fn rejects_a_flipped_bit_in_the_quote_signature() {
+    let err = verify(
+        TdxPolicy::default(),
+        &flip(&quote(), SIG_DATA + 10),
+        &collateral(),
+        NOW,
+    )
+    .unwrap_err();
+    assert!(matches!(&err, ValidationError::BadSignature(m) if m.contains("attestation key")));
+}
+
+#[test]
+fn rejects_a_flipped_bit_in_the_attestation_key() {
+    let err = verify(
+        TdxPolicy::default(),
+        &flip(&quote(), SIG_DATA + 64 + 7),
+        &collateral(),
+        NOW,
+    )
+    .unwrap_err();
+    assert!(matches!(err, ValidationError::BadSignature(_)), "{err:?}");
+}
+
+#[test]
+fn rejects_a_flipped_bit_in_the_qe_report() {
+    let err = verify(
+        TdxPolicy::default(),
+        &flip(&quote(), QE_REPORT + 100),
+        &collateral(),
+        NOW,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&err, ValidationError::BadSignature(m) if m.contains("QE report: the PCK")),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn rejects_a_flipped_bit_in_the_qe_report_signature() {
+    let err = verify(
+        TdxPolicy::default(),
+        &flip(&quote(), QE_REPORT + 384 + 3),
+        &collateral(),
+        NOW,
+    )
+    .unwrap_err();
+    assert!(matches!(&err, ValidationError::BadSignature(m) if m.contains("QE report: the PCK")));
+}
+
+#[test]
+fn rejects_qe_auth_data_the_qe_report_does_not_bind() {
+    let err = verify(
+        TdxPolicy::default(),
+        &flip(&quote(), QE_AUTH + 1),
+        &collateral(),
+        NOW,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&err, ValidationError::BadSignature(m) if m.contains("does not bind")),
+        "{err:?}"
+    );
+}
+
+/// Rebuilds a v4 quote with another PCK chain and QE report signature.
+fn with_pck(q: &[u8], pem: &[u8], qe_sig: &[u8]) -> Vec<u8> {
+    let qe_report = &q[QE_REPORT..QE_REPORT + 384];
+    let auth_len = u16::from_le_bytes([q[QE_AUTH - 2], q[QE_AUTH - 1]]) as usize;
+    let auth = &q[QE_AUTH - 2..QE_AUTH + auth_len];
+    let mut cert = Vec::new();
+    cert.extend_from_slice(qe_report);
+    cert.extend_from_slice(qe_sig);
+    cert.extend_from_slice(auth);
+    cert.extend_from_slice(&5u16.to_le_bytes());
+    cert.extend_from_slice(&(pem.len() as u32).to_le_bytes());
+    cert.extend_from_slice(pem);
+    let mut sig = q[SIG_DATA..SIG_DATA + 128].to_vec();
+    sig.extend_from_slice(&6u16.to_le_bytes());
+    sig.extend_from_slice(&(cert.len() as u32).to_le_bytes());
+    sig.extend_from_slice(&cert);
+    let mut out = q[..SIG_DATA - 4].to_vec();
+    out.extend_from_slice(&(sig.len() as u32).to_le_bytes());
+    out.extend_from_slice(&sig);
+    out
+}
+
+#[test]
+fn rejects_a_pck_chain_that_ends_at_another_root() {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair, PKCS_ECDSA_P256_SHA256};
+    use ring::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair};
+
+    // A root and a PCK leaf of our own; the leaf signs the real QE report, so the quote
+    // signature, the QE report signature and its binding all verify: only the chain is wrong.
+    let root_key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
+    let mut root_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    root_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    root_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "Intel SGX Root CA");
+    let root_cert = root_params.self_signed(&root_key).unwrap();
+    let root = rcgen::Issuer::new(root_params, root_key);
+    let leaf_key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).unwrap();
+    let mut leaf_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    leaf_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "Intel SGX PCK Certificate");
+    let leaf_cert = leaf_params.signed_by(&leaf_key, &root).unwrap();
+    let pem = format!("{}{}", leaf_cert.pem(), root_cert.pem());
+
+    let q = quote();
+    let rng = ring::rand::SystemRandom::new();
+    let signer = EcdsaKeyPair::from_pkcs8(
+        &ECDSA_P256_SHA256_FIXED_SIGNING,
+        &leaf_key.serialize_der(),
+        &rng,
+    )
+    .unwrap();
+    let qe_sig = signer.sign(&rng, &q[QE_REPORT..QE_REPORT + 384]).unwrap();
+    let forged = with_pck(&q, pem.as_bytes(), qe_sig.as_ref());
+
+    let (ex, result) = TdxVerifier::new(TdxPolicy::default()).verify_explained(
+        &forged,
+        &collateral(),
+        &report_data(&q),
+        at(NOW),
+    );
+    let (which, reason) = certificate_of(result.unwrap_err());
+    assert_eq!(which, "PCK");
+    assert!(reason.contains("Intel SGX Root CA"), "{reason}");
+    // The signatures before the chain passed: the chain is what refused it.
+    assert_eq!(ex.checks[1].field, "qe_report.signature");
+    assert_eq!(ex.checks[1].outcome, Outcome::Pass);
+    assert_eq!(ex.first_failure().unwrap().field, "PCK");
+
+    // The rebuilt quote with the real chain and signature still verifies: the forgery
+    // differs only in its chain.
+    let real_pem = TdQuote::parse(&q).unwrap().pck_chain_pem().to_vec();
+    let rebuilt = with_pck(&q, &real_pem, &q[QE_REPORT + 384..QE_REPORT + 448]);
+    assert_eq!(rebuilt, q);
+}
+
+#[test]
+fn refuses_a_tcb_status_the_policy_does_not_accept_and_names_it() {
+    let policy = TdxPolicy {
+        accepted_tcb_statuses: vec![TcbStatus::SWHardeningNeeded],
+        ..TdxPolicy::default()
+    };
+    let err = verify(policy, &quote(), &collateral(), NOW).unwrap_err();
+    assert_eq!(
+        err,
+        ValidationError::Field {
+            field: "tcb_status".into(),
+            expected: "one of SWHardeningNeeded".into(),
+            observed: "UpToDate".into(),
+        }
+    );
+}
+
+#[test]
+fn refuses_collateral_past_its_next_update() {
+    // 2025-07-20: a day after the TCB info's and QE identity's nextUpdate.
+    let err = verify(TdxPolicy::default(), &quote(), &collateral(), 1_752_969_600).unwrap_err();
+    let (which, reason) = certificate_of(err);
+    assert_eq!(which, "TCB info");
+    assert!(reason.contains("expired"), "{reason}");
+}
+
+#[test]
+fn refuses_collateral_before_it_was_issued() {
+    // 2025-06-01: before the TCB info, the QE identity and the PCK CRL were issued.
+    let err = verify(TdxPolicy::default(), &quote(), &collateral(), 1_748_736_000).unwrap_err();
+    let (which, reason) = certificate_of(err);
+    assert_eq!(which, "TCB info");
+    assert!(reason.contains("in the future"), "{reason}");
+}
+
+#[test]
+fn a_cached_outcome_is_not_used_outside_its_validity() {
+    let q = quote();
+    let c = collateral();
+    let verifier = TdxVerifier::new(TdxPolicy::default());
+    verifier.verify(&q, &c, &report_data(&q), at(NOW)).unwrap();
+    let err = verifier
+        .verify(&q, &c, &report_data(&q), at(1_752_969_600))
+        .unwrap_err();
+    assert!(
+        matches!(err, ValidationError::Certificate { .. }),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn refuses_tampered_tcb_info() {
+    let mut json: serde_json::Value = serde_json::from_slice(COLLATERAL).unwrap();
+    let tcb = json["tcb_info"].as_str().unwrap().replace(
+        "\"tcbEvaluationDataNumber\":17",
+        "\"tcbEvaluationDataNumber\":18",
+    );
+    assert_ne!(tcb, json["tcb_info"].as_str().unwrap());
+    json["tcb_info"] = tcb.into();
+    let c = TdxCollateral::from_json(&serde_json::to_vec(&json).unwrap()).unwrap();
+    let (which, reason) =
+        certificate_of(verify(TdxPolicy::default(), &quote(), &c, NOW).unwrap_err());
+    assert_eq!(which, "TCB info");
+    assert!(reason.to_lowercase().contains("signature"), "{reason}");
+}
+
+#[test]
+fn refuses_tampered_qe_identity() {
+    let mut json: serde_json::Value = serde_json::from_slice(COLLATERAL).unwrap();
+    let qe = json["qe_identity"]
+        .as_str()
+        .unwrap()
+        .replace("\"version\":2", "\"version\":3");
+    json["qe_identity"] = qe.into();
+    let c = TdxCollateral::from_json(&serde_json::to_vec(&json).unwrap()).unwrap();
+    let (which, reason) =
+        certificate_of(verify(TdxPolicy::default(), &quote(), &c, NOW).unwrap_err());
+    assert_eq!(which, "QE identity");
+    assert!(reason.to_lowercase().contains("signature"), "{reason}");
+}
+
+#[test]
+fn refuses_an_mrtd_mismatch() {
+    let mut policy = pinned_policy();
+    let mut other = policy.mrtd.unwrap().value;
+    other[0] ^= 1;
+    policy.mrtd = Some(Reference::enforce(other));
+    let err = verify(policy, &quote(), &collateral(), NOW).unwrap_err();
+    assert_eq!(field_of(&err), "mr_td");
+}
+
+#[test]
+fn refuses_an_rtmr_mismatch_and_only_warns_when_told_to() {
+    let mut policy = pinned_policy();
+    let mut other = policy.rtmrs[2].unwrap().value;
+    other[47] ^= 1;
+    policy.rtmrs[2] = Some(Reference::enforce(other));
+    let err = verify(policy.clone(), &quote(), &collateral(), NOW).unwrap_err();
+    assert_eq!(field_of(&err), "rtmr2");
+
+    policy.rtmrs[2] = Some(Reference::warn_only(other));
+    let q = quote();
+    let v = TdxVerifier::new(policy)
+        .verify(&q, &collateral(), &report_data(&q), at(NOW))
+        .unwrap();
+    assert_eq!(v.explanation().warnings().next().unwrap().field, "rtmr2");
+}
+
+#[test]
+fn refuses_a_report_data_mismatch() {
+    let q = quote();
+    let mut rd = report_data(&q);
+    rd[63] ^= 1;
+    let err = TdxVerifier::new(TdxPolicy::default())
+        .verify(&q, &collateral(), &rd, at(NOW))
+        .unwrap_err();
+    assert_eq!(err, ValidationError::BindingMismatch);
+}
+
+#[test]
+fn refuses_truncated_and_trailing_bytes() {
+    let q = quote();
+    for len in [0, 47, 48, 631, 632, 636, q.len() - 1] {
+        let err = verify(TdxPolicy::default(), &q[..len], &collateral(), NOW).unwrap_err();
+        assert!(
+            matches!(err, ValidationError::Malformed(_)),
+            "{len}: {err:?}"
+        );
+    }
+    let mut longer = q.clone();
+    longer.push(0);
+    let err = verify(TdxPolicy::default(), &longer, &collateral(), NOW).unwrap_err();
+    assert!(
+        matches!(&err, ValidationError::Malformed(m) if m.contains("trailing")),
+        "{err:?}"
+    );
+    let (ex, _) = TdxVerifier::new(TdxPolicy::default()).verify_explained(
+        &longer,
+        &collateral(),
+        &[0; 64],
+        at(NOW),
+    );
+    assert_eq!(ex.first_failure().unwrap().field, "quote");
+    let huge = vec![0u8; MAX_QUOTE_LEN + 1];
+    assert!(matches!(
+        TdQuote::parse(&huge),
+        Err(ValidationError::Malformed(_))
+    ));
+}
+
+#[test]
+fn refuses_the_published_sample_with_its_zero_padding() {
+    // Padding is trailing bytes like any other: the issuer must send the quote alone.
+    let err = TdQuote::parse(&published()).unwrap_err();
+    assert!(
+        matches!(&err, ValidationError::Malformed(m) if m.contains("70 trailing")),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn refuses_a_length_field_that_does_not_match() {
+    let q = quote();
+    // The signature data size, one more than what follows.
+    let mut bad = q.clone();
+    bad[SIG_DATA - 4] = bad[SIG_DATA - 4].wrapping_add(1);
+    assert!(matches!(
+        TdQuote::parse(&bad),
+        Err(ValidationError::Malformed(_))
+    ));
+    // The QE auth data size, one less.
+    let mut bad = q.clone();
+    bad[QE_AUTH - 2] = bad[QE_AUTH - 2].wrapping_sub(1);
+    assert!(matches!(
+        TdQuote::parse(&bad),
+        Err(ValidationError::Malformed(_))
+    ));
+}
+
+/// Field checks on the real report with one attribute changed. The verifier runs the same
+/// function after the signatures; a real debug quote cannot be re-signed here.
+fn check_attributes(bits_to_flip: u64) -> (Explanation, Result<(), ValidationError>) {
+    let q = quote();
+    let mut report = TdQuote::parse(&q).unwrap().report().clone();
+    let bits = report.td_attributes_bits() ^ bits_to_flip;
+    report.td_attributes = bits.to_le_bytes();
+    let mut ex = Explanation::default();
+    let r = check_fields(
+        &TdxPolicy::default(),
+        &report,
+        TcbStatus::UpToDate,
+        &[],
+        &report.report_data.clone(),
+        &mut ex,
+    );
+    (ex, r)
+}
+
+#[test]
+fn the_real_report_passes_the_field_checks() {
+    let (ex, r) = check_attributes(0);
+    r.unwrap();
+    assert!(ex.first_failure().is_none());
+    assert_eq!(
+        u64::from_le_bytes(
+            quote()[TD_ATTRIBUTES..TD_ATTRIBUTES + 8]
+                .try_into()
+                .unwrap()
+        ) & 1,
+        0
+    );
+}
+
+#[test]
+fn refuses_a_debug_td() {
+    let (_, r) = check_attributes(1);
+    assert_eq!(field_of(&r.unwrap_err()), "td_attributes.debug");
+}
+
+#[test]
+fn refuses_other_attributes_that_weaken_the_td() {
+    for (bit, field) in [
+        (1u64 << 4, "td_attributes.tud_profiling"),
+        (1 << 28, "td_attributes.sept_ve_disable"),
+        (1 << 29, "td_attributes.migratable"),
+        (1 << 17, "td_attributes.servtd_ext"),
+        (1 << 40, "td_attributes.reserved"),
+    ] {
+        let (_, r) = check_attributes(bit);
+        assert_eq!(field_of(&r.unwrap_err()), field);
+    }
+    // PKS is a feature, not a weakness.
+    check_attributes(1 << 30).1.unwrap();
+}
+
+#[test]
+fn field_checks_all_run_and_the_first_failure_is_returned() {
+    let (ex, r) = check_attributes(1 | (1 << 29));
+    assert_eq!(field_of(&r.unwrap_err()), "td_attributes.debug");
+    let failed: Vec<&str> = ex
+        .checks
+        .iter()
+        .filter(|c| c.outcome == Outcome::Fail)
+        .map(|c| c.field.as_str())
+        .collect();
+    assert_eq!(failed, ["td_attributes.debug", "td_attributes.migratable"]);
+    assert_eq!(ex.checks.last().unwrap().field, "report_data");
+}
+
+#[test]
+fn revoked_is_refused_even_when_the_policy_lists_it() {
+    let q = quote();
+    let report = TdQuote::parse(&q).unwrap().report().clone();
+    let policy = TdxPolicy {
+        accepted_tcb_statuses: vec![TcbStatus::Revoked],
+        ..TdxPolicy::default()
+    };
+    let mut ex = Explanation::default();
+    let err = check_fields(
+        &policy,
+        &report,
+        TcbStatus::Revoked,
+        &[],
+        &report.report_data,
+        &mut ex,
+    )
+    .unwrap_err();
+    assert_eq!(field_of(&err), "tcb_status");
+}
+
+/// A v5 quote made from the v4 sample: version 5, a body type and size before the body.
+fn v5(q: &[u8], body_type: u16, extra: &[u8]) -> Vec<u8> {
+    let mut out = q[..BODY].to_vec();
+    out[0] = 5;
+    out.extend_from_slice(&body_type.to_le_bytes());
+    out.extend_from_slice(&((584 + extra.len()) as u32).to_le_bytes());
+    out.extend_from_slice(&q[BODY..BODY + 584]);
+    out.extend_from_slice(extra);
+    out.extend_from_slice(&q[SIG_DATA - 4..]);
+    out
+}
+
+#[test]
+fn parses_v5_td_report_layouts() {
+    let q = quote();
+    let v4 = TdQuote::parse(&q).unwrap().report().clone();
+
+    let td10 = v5(&q, 2, &[]);
+    let parsed = TdQuote::parse(&td10).unwrap();
+    assert_eq!(parsed.version(), 5);
+    assert_eq!(parsed.report(), &v4);
+
+    let mut extra = [0u8; 64];
+    extra[..16].copy_from_slice(&[7; 16]);
+    let td15 = v5(&q, 3, &extra);
+    let r = TdQuote::parse(&td15).unwrap().report().clone();
+    assert_eq!(r.kind, TdReportKind::Td15);
+    assert_eq!(r.tee_tcb_svn2, Some([7; 16]));
+    assert_eq!(r.mr_service_td, Some([0; 48]));
+    assert_eq!(r.rtmr, v4.rtmr);
+    assert_eq!(r.report_data, v4.report_data);
+
+    let td15ex = v5(&q, 4, &[0u8; 885 - 584]);
+    assert_eq!(
+        TdQuote::parse(&td15ex).unwrap().report().kind,
+        TdReportKind::Td15Ex
+    );
+
+    // A size that does not match the body type, and an unknown body type.
+    assert!(matches!(
+        TdQuote::parse(&v5(&q, 3, &[])),
+        Err(ValidationError::Malformed(_))
+    ));
+    assert!(matches!(
+        TdQuote::parse(&v5(&q, 1, &[])),
+        Err(ValidationError::Malformed(_))
+    ));
+    assert!(matches!(
+        TdQuote::parse(&v5(&q, 2, &[0])),
+        Err(ValidationError::Malformed(_))
+    ));
+}
+
+#[test]
+fn the_signature_covers_the_v5_body_header() {
+    // The v4 signature does not verify over a v5 header and body type: refused as a
+    // signature failure, not accepted as the same report.
+    let q = quote();
+    let err = verify(TdxPolicy::default(), &v5(&q, 2, &[]), &collateral(), NOW).unwrap_err();
+    assert!(matches!(err, ValidationError::BadSignature(_)), "{err:?}");
+}
+
+#[test]
+fn refuses_other_versions_tee_types_and_key_types() {
+    let q = quote();
+    for (offset, value) in [(0, 3u8), (2, 3), (4, 0), (12, 0)] {
+        let mut bad = q.clone();
+        bad[offset] = value;
+        assert!(
+            matches!(TdQuote::parse(&bad), Err(ValidationError::Malformed(_))),
+            "offset {offset}"
+        );
+    }
+}
+
+#[test]
+fn collateral_json_is_size_capped_and_checked() {
+    let huge = vec![b' '; MAX_COLLATERAL_LEN + 1];
+    assert!(matches!(
+        TdxCollateral::from_json(&huge),
+        Err(ValidationError::Malformed(_))
+    ));
+    assert!(matches!(
+        TdxCollateral::from_json(b"{}"),
+        Err(ValidationError::Malformed(_))
+    ));
+    assert_eq!(collateral().fmspc().as_deref(), Some("B0C06F000000"));
+}
+
+#[test]
+fn tcb_status_names_round_trip() {
+    for name in [
+        "UpToDate",
+        "SWHardeningNeeded",
+        "ConfigurationNeeded",
+        "ConfigurationAndSWHardeningNeeded",
+        "OutOfDate",
+        "OutOfDateConfigurationNeeded",
+        "TDRelaunchAdvised",
+        "TDRelaunchAdvisedConfigurationNeeded",
+        "Revoked",
+    ] {
+        let status: TcbStatus = name.parse().unwrap();
+        assert_eq!(status.to_string(), name);
+    }
+    assert!("uptodate".parse::<TcbStatus>().is_err());
+    assert_eq!(
+        TdxPolicy::default().accepted_tcb_statuses,
+        [TcbStatus::UpToDate, TcbStatus::SWHardeningNeeded]
+    );
+}
+
+#[test]
+fn collateral_urls_are_intel_pcs_v4() {
+    let urls = pck_collateral_urls(&[0xb0, 0xc0, 0x6f, 0, 0, 0], PckCa::Platform);
+    assert_eq!(
+        urls.tcb_info,
+        "https://api.trustedservices.intel.com/tdx/certification/v4/tcb?fmspc=B0C06F000000"
+    );
+    assert_eq!(
+        urls.qe_identity,
+        "https://api.trustedservices.intel.com/tdx/certification/v4/qe/identity"
+    );
+    assert_eq!(
+        urls.pck_crl,
+        "https://api.trustedservices.intel.com/sgx/certification/v4/pckcrl?ca=platform&encoding=der"
+    );
+    assert!(
+        pck_collateral_urls(&[0; 6], PckCa::Processor)
+            .pck_crl
+            .contains("ca=processor")
+    );
+}
+
+#[test]
+fn refuses_a_tampered_crl() {
+    // The root CA CRL vouches for the first certificate below the root on every path; the
+    // TCB signing chain is checked first.
+    for (key, named) in [
+        ("pck_crl", "CRL (PCK path)"),
+        ("root_ca_crl", "CRL (TCB signing chain path)"),
+    ] {
+        let mut json: serde_json::Value = serde_json::from_slice(COLLATERAL).unwrap();
+        let mut crl = hex::decode(json[key].as_str().unwrap()).unwrap();
+        // The last byte of the signature.
+        *crl.last_mut().unwrap() ^= 1;
+        json[key] = hex::encode(crl).into();
+        let c = TdxCollateral::from_json(&serde_json::to_vec(&json).unwrap()).unwrap();
+        let (which, reason) =
+            certificate_of(verify(TdxPolicy::default(), &quote(), &c, NOW).unwrap_err());
+        assert_eq!(which, named);
+        assert!(reason.contains("signature does not verify"), "{reason}");
+    }
+}
+
+/// A real v5 quote with a TDX 1.5 report and the service-TD extension (body type 4), and
+/// its collateral (dcap-qvl's `sample/tdx_quote_td15ex`).
+const V5_QUOTE: &[u8] = include_bytes!("../data/cvm/tdx-dcap/tdx_quote_td15ex");
+const V5_COLLATERAL: &[u8] =
+    include_bytes!("../data/cvm/tdx-dcap/tdx_quote_td15ex_collateral.json");
+/// 2026-10-11: inside that collateral's validity (issued 2026-10-08, next update 2026-11-07).
+const V5_NOW: u64 = 1_791_700_000;
+/// Where the v5 body starts: after the header and the body type and size.
+const V5_BODY: usize = 48 + 6;
+
+#[test]
+fn accepts_a_real_v5_quote() {
+    let c = TdxCollateral::from_json(V5_COLLATERAL).unwrap();
+    let parsed = TdQuote::parse(V5_QUOTE).unwrap();
+    assert_eq!(parsed.version(), 5);
+    let r = parsed.report();
+    assert_eq!(r.kind, TdReportKind::Td15Ex);
+    assert_eq!(r.mr_service_td, Some([0; 48]));
+    assert!(r.tee_tcb_svn2.is_some());
+    let (ex, v) = TdxVerifier::new(TdxPolicy::default()).verify_explained(
+        V5_QUOTE,
+        &c,
+        &r.report_data,
+        at(V5_NOW),
+    );
+    let v = v.unwrap();
+    assert_eq!(v.version(), 5);
+    assert_eq!(v.tcb_status(), TcbStatus::UpToDate);
+    assert!(ex.checks.iter().any(|c| c.field == "mr_service_td"));
+}
+
+#[test]
+fn rejects_a_flipped_bit_anywhere_in_a_v5_body() {
+    let c = TdxCollateral::from_json(V5_COLLATERAL).unwrap();
+    let rd = TdQuote::parse(V5_QUOTE).unwrap().report().report_data;
+    // RTMR0, TEE_TCB_SVN2 (TDX 1.5) and the last byte of the 1.5 extension.
+    for offset in [V5_BODY + 328, V5_BODY + 584, V5_BODY + 884] {
+        let q = flip(V5_QUOTE, offset);
+        let err = TdxVerifier::new(TdxPolicy::default())
+            .verify(&q, &c, &rd, at(V5_NOW))
+            .unwrap_err();
+        assert!(
+            matches!(&err, ValidationError::BadSignature(m) if m.contains("attestation key")),
+            "{offset}: {err:?}"
+        );
+    }
+}

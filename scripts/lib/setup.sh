@@ -26,7 +26,8 @@ _children_cpu() {
     echo $(((${14} + ${15}) / _clock_ticks))
 }
 step_end() {
-    if [ -n "$_step_name" ]; then
+    # A subshell inherits the step but must not end it (it would be counted once per subshell).
+    if [ -n "$_step_name" ] && [ "$BASHPID" = "$$" ]; then
         local took=$(($(date +%s) - _step_start)) cpu=$(($(_children_cpu) - _step_cpu))
         printf '    (%s: %dm%02ds, cpu %dm%02ds)\n' "$_step_name" $((took / 60)) $((took % 60)) \
             $((cpu / 60)) $((cpu % 60)) >&2
@@ -38,7 +39,8 @@ step_end() {
 }
 step() {
     step_end
-    _step_name=$*
+    # STEP_PREFIX marks the steps of a script that runs beside others ("[background] ").
+    _step_name=${STEP_PREFIX:-}$*
     _step_start=$(date +%s)
     _step_cpu=$(_children_cpu)
     printf '\n==> %s\n' "$*" >&2
@@ -53,13 +55,16 @@ step_table() {
     [ -n "${STEP_LOG:-}" ] && [ -f "$STEP_LOG" ] || return 0
     local total=$(($(date +%s) - total_start))
     {
-        printf '\n==> time per step (%s)\n' "$([ "$status" = 0 ] && echo passed || echo "FAILED, exit $status")"
+        printf '\n==> time per step (%s; [background] steps ran beside the others)\n' \
+            "$([ "$status" = 0 ] && echo passed || echo "FAILED, exit $status")"
         printf '%9s %9s  %s\n' "wall" "cpu" "step"
         local secs cpu name cpu_total=0
         while IFS=$'\t' read -r secs cpu name; do
             printf '%5dm%02ds %5dm%02ds  %s\n' $((secs / 60)) $((secs % 60)) $((cpu / 60)) $((cpu % 60)) "$name"
-            cpu_total=$((cpu_total + cpu))
         done <"$STEP_LOG"
+        # The whole run's CPU time, read once: a background build's time is in its own steps,
+        # and again in the foreground step during which it was reaped, so do not add them up.
+        cpu_total=$(_children_cpu)
         printf '%5dm%02ds %5dm%02ds  %s\n' $((total / 60)) $((total % 60)) $((cpu_total / 60)) $((cpu_total % 60)) \
             "total (load average at the end: $(cut -d' ' -f1-3 /proc/loadavg))"
     } >&2

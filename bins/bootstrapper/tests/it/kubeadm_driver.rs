@@ -35,14 +35,27 @@ fn sha256_hex(bytes: &[u8]) -> String {
 }
 
 /// The stand-in binary of asterism-kubeadm, built once (Cargo builds another package's
-/// binaries only for that package's own tests).
+/// binaries only for that package's own tests). `ASTERISM_KUBEADM_STAND_IN` names one
+/// already built: the test command sets it to the one its `cargo test --workspace` build
+/// made, which is current, instead of building it again here.
 fn stand_in_binary() -> &'static Path {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
     BINARY.get_or_init(|| {
+        if let Some(path) = std::env::var_os("ASTERISM_KUBEADM_STAND_IN") {
+            let path = PathBuf::from(path);
+            assert!(
+                path.is_file(),
+                "ASTERISM_KUBEADM_STAND_IN names no file: {}",
+                path.display()
+            );
+            return path;
+        }
         let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         let mut cargo = Command::new(env!("CARGO"));
         // Only the environment a plain `cargo build` sees: the variables Cargo sets for a
-        // test would make it rebuild the stand-in every time.
+        // test would make it rebuild the stand-in every time. The profile settings a caller
+        // gave (the test command's line tables, no incremental caches) are kept, or the
+        // stand-in's whole dependency tree would be built again with other settings.
         cargo.env_clear();
         for (key, value) in std::env::vars_os() {
             let key_str = key.to_string_lossy();
@@ -55,7 +68,8 @@ fn stand_in_binary() -> &'static Path {
                     | "RUSTUP_TOOLCHAIN"
                     | "TMPDIR"
                     | "CARGO_TARGET_DIR"
-            );
+                    | "CARGO_INCREMENTAL"
+            ) || key_str.starts_with("CARGO_PROFILE_");
             if keep {
                 cargo.env(key, value);
             }

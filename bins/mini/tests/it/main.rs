@@ -18,4 +18,4 @@ mod disk_binding;
 mod idle_flood;
 mod recovery;
 mod rogue_join_service;
-mod vm;
+mod vm_mode;

@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 fn skip(why: &str) {
     let _ = writeln!(
         std::io::stderr(),
-        "SKIPPED bins/mini/tests/it/vm.rs: {why} (docs/mini.md, \"VM mode\")"
+        "SKIPPED bins/mini/tests/it/vm_mode.rs: {why} (docs/mini.md, \"VM mode\")"
     );
 }
 

@@ -17,10 +17,11 @@
 
 use super::evidence::PlatformKind;
 use crate::ValidationError;
+use crate::explain::Reference;
 use crate::explain::{Check, Explanation};
 use crate::hcl::{self, HardwareKind, HardwareReport, HclReport, RuntimeData};
-use crate::measurements::CvmReferences;
-use crate::snp::{SnpCerts, SnpPolicy, SnpVerifier};
+use crate::measurements::{CvmReferences, InsecureNoLaunchMeasurement, MeasurementMode};
+use crate::snp::{SignerKind, SnpCerts, SnpPolicy, SnpVerifier};
 use crate::tdx::{TdxCollateral, TdxPolicy, TdxVerifier};
 use std::fmt;
 use std::str::FromStr;
@@ -50,6 +51,16 @@ impl CvmPlatform {
             Self::AzureSevSnp => "azure-sev-snp",
             Self::AzureTdx => "azure-tdx",
             Self::AwsSevSnp => "aws-sev-snp",
+        }
+    }
+
+    /// The only key that may sign this platform's SEV-SNP reports: Azure's hosts sign with
+    /// their chips' VCEKs, AWS signs with the VLEK AMD issued to it. `None` for TDX.
+    pub fn snp_signer(self) -> Option<SignerKind> {
+        match self {
+            Self::AzureSevSnp => Some(SignerKind::Vcek),
+            Self::AwsSevSnp => Some(SignerKind::Vlek),
+            Self::AzureTdx => None,
         }
     }
 
@@ -84,6 +95,38 @@ impl FromStr for CvmPlatform {
     }
 }
 
+/// Why a [`CvmAkTrust`] could not be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CvmTrustError {
+    /// [`CvmAkTrust::sev_snp`] was asked for a platform that is not SEV-SNP.
+    #[error("{0} is not an SEV-SNP platform")]
+    NotSevSnp(CvmPlatform),
+    /// The policy refuses the only signer the platform uses.
+    #[error("{platform} reports are signed by a {signer} only, and the policy refuses that signer")]
+    SignerRefused {
+        /// The platform.
+        platform: CvmPlatform,
+        /// Its signer.
+        signer: SignerKind,
+    },
+}
+
+/// The reference values a confidential-VM verifier requires and the measurements lack
+/// ([`CvmAkTrust::require_references`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{platform} needs enforced reference values for {}; set them in the measurements file \
+     (docs/attestation.md), or accept any launch with --insecure-no-launch-measurement",
+    .missing.join(", ")
+)]
+pub struct MissingReferences {
+    /// The platform.
+    pub platform: CvmPlatform,
+    /// The missing values, named as in the measurements file (`snp.launchMeasurement`,
+    /// `tdx.mrtd`, `tdx.rtmr0`, …).
+    pub missing: Vec<&'static str>,
+}
+
 /// TDX collateral passed in by the operator (an offline bundle), one set per platform
 /// FMSPC. Verification never fetches any.
 #[derive(Debug, Clone, Default)]
@@ -116,6 +159,7 @@ impl TdxCollateralSet {
 /// mode ([`super::AkTrust::confidential_vm`]).
 pub struct CvmAkTrust {
     platform: CvmPlatform,
+    insecure_no_launch_measurement: Option<InsecureNoLaunchMeasurement>,
     snp: SnpVerifier,
     tdx: TdxVerifier,
     tdx_collateral: TdxCollateralSet,
@@ -126,6 +170,10 @@ impl fmt::Debug for CvmAkTrust {
         f.debug_struct("CvmAkTrust")
             .field("platform", &self.platform)
             .field("tdx_collateral_sets", &self.tdx_collateral.len())
+            .field(
+                "insecure_no_launch_measurement",
+                &self.insecure_no_launch_measurement.is_some(),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -134,14 +182,23 @@ impl CvmAkTrust {
     /// Azure SEV-SNP or AWS SEV-SNP AKs, with the SNP report checked against `policy`.
     /// The launch measurement and host data come from the measurements in force at each
     /// validation (they override the policy's when set there).
-    pub fn sev_snp(platform: CvmPlatform, policy: SnpPolicy) -> Result<Self, UnknownPlatform> {
-        if platform == CvmPlatform::AzureTdx {
-            return Err(UnknownPlatform(format!(
-                "{platform} is not an SEV-SNP platform"
-            )));
+    ///
+    /// The platform fixes the signer ([`CvmPlatform::snp_signer`]): whatever else `policy`
+    /// allows, an Azure report must be VCEK-signed and an AWS report VLEK-signed, so a
+    /// report from another cloud's or an attacker's own SEV-SNP host is refused at its
+    /// signer. Refused when `policy` does not allow the platform's signer.
+    pub fn sev_snp(platform: CvmPlatform, mut policy: SnpPolicy) -> Result<Self, CvmTrustError> {
+        let signer = platform
+            .snp_signer()
+            .ok_or(CvmTrustError::NotSevSnp(platform))?;
+        if !policy.allows_signer(signer) {
+            return Err(CvmTrustError::SignerRefused { platform, signer });
         }
+        policy.allow_vcek = signer == SignerKind::Vcek;
+        policy.allow_vlek = signer == SignerKind::Vlek;
         Ok(Self {
             platform,
+            insecure_no_launch_measurement: policy.insecure_no_launch_measurement,
             snp: SnpVerifier::new(policy),
             tdx: TdxVerifier::new(TdxPolicy::default()),
             tdx_collateral: TdxCollateralSet::default(),
@@ -150,19 +207,114 @@ impl CvmAkTrust {
 
     /// Azure TDX AKs, with the quote checked against `policy` and `collateral`. MRTD and
     /// the RTMRs come from the measurements in force at each validation (they override
-    /// the policy's when set there).
-    pub fn azure_tdx(policy: TdxPolicy, collateral: TdxCollateralSet) -> Self {
+    /// the policy's when set there); all four RTMRs are required, as Azure's paravisor
+    /// fixes them (it extends none).
+    ///
+    /// SEPT_VE_DISABLE is not required: on Azure the TD is the paravisor, which runs the
+    /// guest as a partitioned L2 VM and handles #VE itself, and Azure launches it with the
+    /// attribute clear. What protects the guest is then the paravisor that MRTD pins.
+    pub fn azure_tdx(mut policy: TdxPolicy, collateral: TdxCollateralSet) -> Self {
+        policy.require_sept_ve_disable = false;
         Self {
             platform: CvmPlatform::AzureTdx,
+            insecure_no_launch_measurement: policy.insecure_no_launch_measurement,
             snp: SnpVerifier::new(SnpPolicy::default()),
             tdx: TdxVerifier::new(policy),
             tdx_collateral: collateral,
         }
     }
 
+    /// **Insecure**: accept hardware reports whose launch no reference value pins
+    /// ([`InsecureNoLaunchMeasurement`]); a warning is logged now and on every verification
+    /// that relies on it.
+    #[must_use]
+    pub fn insecure_no_launch_measurement(mut self, marker: InsecureNoLaunchMeasurement) -> Self {
+        tracing::warn!(
+            platform = %self.platform,
+            "insecure_no_launch_measurement: hardware reports without a reference launch \
+             measurement will be accepted"
+        );
+        self.insecure_no_launch_measurement = Some(marker);
+        let mut snp = self.snp.policy().clone();
+        snp.insecure_no_launch_measurement = Some(marker);
+        self.snp = SnpVerifier::new(snp);
+        let mut tdx = self.tdx.policy().clone();
+        tdx.insecure_no_launch_measurement = Some(marker);
+        self.tdx = TdxVerifier::new(tdx);
+        self
+    }
+
     /// The platform this trust is for.
     pub fn platform(&self) -> CvmPlatform {
         self.platform
+    }
+
+    /// The reference values this platform requires that neither `references` nor the
+    /// policy sets as enforced, named as in the measurements file. SEV-SNP: the launch
+    /// measurement. Azure TDX: MRTD and RTMR 0 to 3 (Azure's paravisor extends no RTMR,
+    /// so all four are fixed at launch). A warn-only value counts as missing: it gates
+    /// nothing.
+    pub fn missing_references(&self, references: &CvmReferences) -> Vec<&'static str> {
+        let enforced = |from_file: &Option<Reference<48>>, from_policy: &Option<Reference<48>>| {
+            from_file
+                .as_ref()
+                .or(from_policy.as_ref())
+                .is_some_and(|r| r.mode == MeasurementMode::Enforce)
+        };
+        match self.platform {
+            CvmPlatform::AzureSevSnp | CvmPlatform::AwsSevSnp => {
+                if enforced(
+                    &references.snp_launch_measurement,
+                    &self.snp.policy().measurement,
+                ) {
+                    Vec::new()
+                } else {
+                    vec!["snp.launchMeasurement"]
+                }
+            }
+            CvmPlatform::AzureTdx => {
+                let policy = self.tdx.policy();
+                let mut missing = Vec::new();
+                if !enforced(&references.tdx_mrtd, &policy.mrtd) {
+                    missing.push("tdx.mrtd");
+                }
+                let names = ["tdx.rtmr0", "tdx.rtmr1", "tdx.rtmr2", "tdx.rtmr3"];
+                for ((name, file), set) in names
+                    .into_iter()
+                    .zip(&references.tdx_rtmrs)
+                    .zip(&policy.rtmrs)
+                {
+                    if !enforced(file, set) {
+                        missing.push(name);
+                    }
+                }
+                missing
+            }
+        }
+    }
+
+    /// Refuses `references` when they lack a value the platform requires
+    /// ([`Self::missing_references`]), unless this trust was built with
+    /// [`Self::insecure_no_launch_measurement`]; then it logs a warning instead. Binaries
+    /// call it at start, so that they refuse to run without the values; every
+    /// verification calls it again, as the measurements file may change.
+    pub fn require_references(&self, references: &CvmReferences) -> Result<(), MissingReferences> {
+        let missing = self.missing_references(references);
+        if missing.is_empty() {
+            return Ok(());
+        }
+        if self.insecure_no_launch_measurement.is_some() {
+            tracing::warn!(
+                platform = %self.platform,
+                missing = %missing.join(", "),
+                "insecure_no_launch_measurement: verifying without these reference values"
+            );
+            return Ok(());
+        }
+        Err(MissingReferences {
+            platform: self.platform,
+            missing,
+        })
     }
 
     /// Checks that the evidence's platform report vouches for the AK `ak_public`
@@ -187,6 +339,20 @@ impl CvmAkTrust {
         now: SystemTime,
         explanation: &mut Explanation,
     ) -> Result<(), ValidationError> {
+        if let Err(e) = self.require_references(references) {
+            let field = e.missing.first().copied().unwrap_or("launch measurement");
+            explanation.push(Check::pass_if(
+                false,
+                field,
+                "an enforced reference value",
+                "none configured",
+            ));
+            return Err(ValidationError::Field {
+                field: field.into(),
+                expected: "an enforced reference value".into(),
+                observed: "none configured".into(),
+            });
+        }
         let kind = platform.ok_or_else(|| {
             ValidationError::UntrustedKey(format!(
                 "the evidence carries no {} hardware report for its AK",

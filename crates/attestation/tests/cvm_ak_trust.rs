@@ -494,6 +494,36 @@ fn the_platform_fixes_the_signer_whatever_the_policy_allows() {
         CvmAkTrust::sev_snp(CvmPlatform::AzureTdx, policy()).unwrap_err(),
         CvmTrustError::NotSevSnp(CvmPlatform::AzureTdx)
     );
+    let azure = azure_snp();
+    assert!(azure.snp_policy().allow_vcek && !azure.snp_policy().allow_vlek);
+    let aws = CvmAkTrust::sev_snp(CvmPlatform::AwsSevSnp, policy()).unwrap();
+    assert!(!aws.snp_policy().allow_vcek && aws.snp_policy().allow_vlek);
+}
+
+#[test]
+fn azure_tdx_does_not_require_sept_ve_disable_and_keeps_the_other_rules() {
+    assert!(TdxPolicy::default().require_sept_ve_disable);
+    let trust = CvmAkTrust::azure_tdx(TdxPolicy::default(), TdxCollateralSet::default());
+    assert!(!trust.tdx_policy().require_sept_ve_disable);
+    assert_eq!(
+        trust.tdx_policy().accepted_tcb_statuses,
+        TdxPolicy::default().accepted_tcb_statuses
+    );
+    // The insecure permission reaches both verifiers' policies.
+    let insecure =
+        trust.insecure_no_launch_measurement(InsecureNoLaunchMeasurement::insecure_new());
+    assert!(
+        insecure
+            .tdx_policy()
+            .insecure_no_launch_measurement
+            .is_some()
+    );
+    assert!(
+        insecure
+            .snp_policy()
+            .insecure_no_launch_measurement
+            .is_some()
+    );
 }
 
 #[test]

@@ -249,6 +249,17 @@ impl CvmAkTrust {
         self.platform
     }
 
+    /// The SEV-SNP policy in force (its signer narrowed to the platform's); the default
+    /// for a TDX trust, which never uses it.
+    pub fn snp_policy(&self) -> &SnpPolicy {
+        self.snp.policy()
+    }
+
+    /// The TDX policy in force; the default for an SEV-SNP trust, which never uses it.
+    pub fn tdx_policy(&self) -> &TdxPolicy {
+        self.tdx.policy()
+    }
+
     /// The reference values this platform requires that neither `references` nor the
     /// policy sets as enforced, named as in the measurements file. SEV-SNP: the launch
     /// measurement. Azure TDX: MRTD and RTMR 0 to 3 (Azure's paravisor extends no RTMR,

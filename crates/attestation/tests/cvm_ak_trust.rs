@@ -818,3 +818,62 @@ fn cvm_references_are_empty_only_without_any_value() {
         assert!(!one.is_empty());
     }
 }
+
+#[test]
+fn the_real_azure_snp_report_verifies_end_to_end_with_a_floor_at_its_own_tcb() {
+    let azure = read("snp-azure/attestation.bin");
+    let report = SnpReport::parse(&azure[..hcl::SNP_REPORT_SIZE]).unwrap();
+    let tcb = report
+        .reported_tcb
+        .parts(asterism_attestation::snp::Product::Milan);
+    let runtime = read("snp-azure/runtimedata.bin");
+
+    // The default Milan floor refuses it: its boot loader SPL predates the floor.
+    let default = CvmAkTrust::sev_snp(CvmPlatform::AzureSevSnp, SnpPolicy::default()).unwrap();
+    let (ev, m) = evidence(Some(azure_snp_kind(&runtime)), Some(azure_ak_public()));
+    let err = validator(default, m)
+        .validate_explained(&ev, &rd())
+        .1
+        .unwrap_err();
+    assert!(
+        matches!(&err, ValidationError::Field { field, observed, .. }
+            if field == "reported_tcb.bootloader" && *observed == tcb.bootloader.to_string()),
+        "{err:?}"
+    );
+
+    // An operator who lowers the Milan floor to this report's TCB, in the policy file.
+    let json = format!(
+        r#"{{"snp": {{"minimumTcb": {{"milan": {{"bootloader": {}, "tee": {}, "snp": {}, "microcode": {}}}}}}}}}"#,
+        tcb.bootloader, tcb.tee, tcb.snp, tcb.microcode
+    );
+    let file = asterism_attestation::cvm_policy::CvmPolicy::from_json(json.as_bytes()).unwrap();
+    let trust = CvmAkTrust::sev_snp(CvmPlatform::AzureSevSnp, file.snp).unwrap();
+    let (ev, m) = evidence(Some(azure_snp_kind(&runtime)), Some(azure_ak_public()));
+    let (checks, result) = validator(trust, m).validate_explained(&ev, &rd());
+    // Hardware report → VCEK → AMD root, launch measurement, REPORT_DATA → runtime data →
+    // AK: every check passes. The quote was signed by our software key, not by that AK,
+    // so only its signature, the next step, refuses it: a quote by the real vTPM's AK
+    // needs an Azure instance.
+    assert!(
+        matches!(result, Err(ValidationError::BadSignature(_))),
+        "{result:?}"
+    );
+    for field in [
+        "key_info.signing_key",
+        "signature",
+        "reported_tcb.bootloader",
+        "measurement",
+        "report_data",
+    ] {
+        assert!(
+            checks
+                .iter()
+                .any(|c| c.field == field && c.outcome == Outcome::Pass),
+            "{field}: {checks:#?}"
+        );
+    }
+    assert!(
+        checks.iter().all(|c| c.outcome == Outcome::Pass),
+        "{checks:#?}"
+    );
+}

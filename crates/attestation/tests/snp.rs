@@ -751,6 +751,40 @@ fn with_policy_bit(report: &[u8], bit: u32) -> Vec<u8> {
 }
 
 #[test]
+fn the_launch_and_committed_tcbs_must_meet_the_floor_too() {
+    // The Milan sample's TCBs are exactly the default Milan floor.
+    let case = milan();
+    let real = SnpReport::parse(&case.report).unwrap();
+    let run = |report: &SnpReport| {
+        check_fields(
+            report,
+            Product::Milan,
+            &any_launch(),
+            &case.report_data,
+            &mut Explanation::default(),
+        )
+    };
+    run(&real).unwrap();
+    for (which, expected) in [
+        ("launch_tcb", "launch_tcb.snp"),
+        ("committed_tcb", "committed_tcb.snp"),
+    ] {
+        let mut report = real.clone();
+        let raw = if which == "launch_tcb" {
+            &mut report.launch_tcb
+        } else {
+            &mut report.committed_tcb
+        };
+        raw.0[6] -= 1; // the SNP firmware SPL on Milan
+        let (field, want, observed) = field_error(run(&report).unwrap_err());
+        assert_eq!(
+            (field.as_str(), want.as_str(), observed.as_str()),
+            (expected, ">= 8", "7")
+        );
+    }
+}
+
+#[test]
 fn a_debug_policy_is_always_refused() {
     let case = milan();
     let debug = with_policy_bit(&case.report, 19);
@@ -955,6 +989,12 @@ fn one_rejection_lists_every_failed_field() {
             "reported_tcb.bootloader",
             "reported_tcb.snp",
             "reported_tcb.microcode",
+            "launch_tcb.bootloader",
+            "launch_tcb.snp",
+            "launch_tcb.microcode",
+            "committed_tcb.bootloader",
+            "committed_tcb.snp",
+            "committed_tcb.microcode",
             "policy.smt",
             "vmpl",
             "host_data"

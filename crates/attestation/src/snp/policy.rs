@@ -57,8 +57,8 @@ impl<T: Copy> PerProduct<T> {
 /// is refused, unless [`SnpPolicy::insecure_no_launch_measurement`] is set.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SnpPolicy {
-    /// Minimum SVNs applied to `reported_tcb`, the TCB the signing key was issued for (the
-    /// current, committed and launch TCBs are reported, not checked).
+    /// Minimum SVNs applied to `reported_tcb` (the TCB the signing key was issued for),
+    /// `launch_tcb` and `committed_tcb`; the current TCB is reported, not checked.
     pub minimum_tcb: PerProduct<MinimumTcb>,
     /// Accept a guest that may be associated with a migration agent.
     pub allow_migration_agent: bool,
@@ -173,23 +173,33 @@ pub fn check_fields(
         hex::encode(report.report_data),
     ));
 
-    let tcb = report.reported_tcb.parts(product);
     let min = policy.minimum_tcb.get(product);
-    if let Some(fmc) = tcb.fmc {
-        explanation.push(at_least("reported_tcb.fmc", min.fmc, fmc));
+    // The reported TCB is the one the VCEK or VLEK certifies. The launch TCB is the
+    // firmware the guest was launched (and its secrets provisioned) on, and the committed
+    // TCB the oldest the host can return to: a host updated after the launch, or one that
+    // can roll back below the floor, is refused as well.
+    for (name, raw) in [
+        ("reported_tcb", &report.reported_tcb),
+        ("launch_tcb", &report.launch_tcb),
+        ("committed_tcb", &report.committed_tcb),
+    ] {
+        let tcb = raw.parts(product);
+        if let Some(fmc) = tcb.fmc {
+            explanation.push(at_least(&format!("{name}.fmc"), min.fmc, fmc));
+        }
+        explanation.push(at_least(
+            &format!("{name}.bootloader"),
+            min.bootloader,
+            tcb.bootloader,
+        ));
+        explanation.push(at_least(&format!("{name}.tee"), min.tee, tcb.tee));
+        explanation.push(at_least(&format!("{name}.snp"), min.snp, tcb.snp));
+        explanation.push(at_least(
+            &format!("{name}.microcode"),
+            min.microcode,
+            tcb.microcode,
+        ));
     }
-    explanation.push(at_least(
-        "reported_tcb.bootloader",
-        min.bootloader,
-        tcb.bootloader,
-    ));
-    explanation.push(at_least("reported_tcb.tee", min.tee, tcb.tee));
-    explanation.push(at_least("reported_tcb.snp", min.snp, tcb.snp));
-    explanation.push(at_least(
-        "reported_tcb.microcode",
-        min.microcode,
-        tcb.microcode,
-    ));
     explanation.push(Check::pass_if(
         report.reported_tcb.reserved_is_zero(product),
         "reported_tcb.reserved",

@@ -572,6 +572,43 @@ fn mrtd_and_rtmr_0_to_2_are_required_unless_told_insecure() {
 }
 
 #[test]
+fn sw_hardening_needed_passes_only_for_listed_advisories() {
+    let q = quote();
+    let report = TdQuote::parse(&q).unwrap().report().clone();
+    let advisories = ["INTEL-SA-00615".to_owned(), "INTEL-SA-00837".to_owned()];
+    let run = |policy: &TdxPolicy, status: TcbStatus| {
+        check_fields(
+            policy,
+            &report,
+            status,
+            &advisories,
+            &report.report_data.clone(),
+            &mut Explanation::default(),
+        )
+    };
+    let default = pinned_policy();
+    let err = run(&default, TcbStatus::SWHardeningNeeded).unwrap_err();
+    assert_eq!(field_of(&err), "advisory_ids");
+    let one = TdxPolicy {
+        accepted_advisory_ids: vec!["INTEL-SA-00615".into()],
+        ..pinned_policy()
+    };
+    let err = run(&one, TcbStatus::SWHardeningNeeded).unwrap_err();
+    assert!(
+        matches!(&err, ValidationError::Field { field, observed, .. }
+            if field == "advisory_ids" && observed.contains("INTEL-SA-00837")),
+        "{err:?}"
+    );
+    let both = TdxPolicy {
+        accepted_advisory_ids: advisories.to_vec(),
+        ..pinned_policy()
+    };
+    run(&both, TcbStatus::SWHardeningNeeded).unwrap();
+    // UpToDate needs no listing.
+    run(&default, TcbStatus::UpToDate).unwrap();
+}
+
+#[test]
 fn the_real_report_passes_the_field_checks() {
     let (ex, r) = check_attributes(0);
     r.unwrap();

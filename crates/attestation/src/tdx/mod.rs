@@ -153,6 +153,11 @@ pub struct TdxPolicy {
     /// is current, and the advisories it names are mitigated by the TD's own kernel, which
     /// the RTMRs measure. `Revoked` is refused even when listed.
     pub accepted_tcb_statuses: Vec<TcbStatus>,
+    /// The Intel advisory IDs (`INTEL-SA-…`) accepted with a TCB status other than
+    /// `UpToDate`: every advisory the collateral names for the platform's TCB level must be
+    /// listed, or the quote is refused. Empty by default, so `SWHardeningNeeded` passes only
+    /// for advisories the operator has judged mitigated inside the TD.
+    pub accepted_advisory_ids: Vec<String>,
     /// Expected MRTD (the TD firmware's measurement); required.
     pub mrtd: Option<Reference<48>>,
     /// Expected RTMR0 to RTMR3; RTMR 0 to 2 are required, RTMR 3 is compared when set.
@@ -179,6 +184,7 @@ impl Default for TdxPolicy {
     fn default() -> Self {
         Self {
             accepted_tcb_statuses: vec![TcbStatus::UpToDate, TcbStatus::SWHardeningNeeded],
+            accepted_advisory_ids: Vec::new(),
             mrtd: None,
             rtmrs: [None; 4],
             insecure_no_launch_measurement: None,
@@ -735,6 +741,25 @@ pub fn check_fields(
         format!("one of {}", names.join(", ")),
         observed,
     ));
+    // A status other than UpToDate is acceptable only for advisories the operator has
+    // judged mitigated inside the TD; each one must be listed.
+    if tcb_status != TcbStatus::UpToDate && !advisory_ids.is_empty() {
+        let unlisted: Vec<&str> = advisory_ids
+            .iter()
+            .filter(|id| !policy.accepted_advisory_ids.contains(id))
+            .map(String::as_str)
+            .collect();
+        ex.push(Check::pass_if(
+            unlisted.is_empty(),
+            "advisory_ids",
+            if policy.accepted_advisory_ids.is_empty() {
+                "none (no advisory is accepted)".to_owned()
+            } else {
+                format!("among {}", policy.accepted_advisory_ids.join(", "))
+            },
+            advisory_ids.join(", "),
+        ));
+    }
 
     let bits = report.td_attributes_bits();
     let flag = |field: &'static str, mask: u64, want_set: bool| {

@@ -789,6 +789,15 @@ fn a_leaf_alone_is_chained_through_the_embedded_intermediate() {
     assert!(matches!(err, ValidationError::Malformed(_)), "{err:?}");
 }
 
+/// The sample collateral with its TCB info naming another FMSPC (its signature no longer
+/// holds; enough to count sets).
+fn collateral_for_another_platform() -> TdxCollateral {
+    let json = String::from_utf8(read("tdx-dcap/tdx_quote_collateral.json")).unwrap();
+    let other = json.replace("B0C06F000000", "00906ED50000");
+    assert_ne!(json, other);
+    TdxCollateral::from_json(other.as_bytes()).unwrap()
+}
+
 #[test]
 fn collateral_sets_count_what_they_hold() {
     let empty = TdxCollateralSet::default();
@@ -796,10 +805,64 @@ fn collateral_sets_count_what_they_hold() {
     let (_, one) = dcap_quote();
     assert_eq!((one.len(), one.is_empty()), (1, false));
     let c = TdxCollateral::from_json(&read("tdx-dcap/tdx_quote_collateral.json")).unwrap();
-    let two = TdxCollateralSet::new(vec![c.clone(), c]).unwrap();
+    let two = TdxCollateralSet::new(vec![c.clone(), collateral_for_another_platform()]).unwrap();
     assert_eq!((two.len(), two.is_empty()), (2, false));
     let trust = CvmAkTrust::azure_tdx(TdxPolicy::default(), two);
     assert!(format!("{trust:?}").contains("tdx_collateral_sets: 2"));
+    // The same platform twice is one set.
+    let same = TdxCollateralSet::new(vec![c.clone(), c]).unwrap();
+    assert_eq!(same.len(), 1);
+}
+
+#[test]
+fn the_newest_tcb_info_of_a_platform_decides_whatever_the_order() {
+    // Two real collateral sets of the same FMSPC: TCB evaluation 17 (valid on 2025-07-01,
+    // under which the v4 sample quote's platform is UpToDate) and 20 (issued 2026-10-08).
+    let (quote, _) = dcap_quote();
+    let c17 = TdxCollateral::from_json(&read("tdx-dcap/tdx_quote_collateral.json")).unwrap();
+    let c20 = TdxCollateral::from_json(&read("tdx-dcap/tdx_quote_td15ex_collateral.json")).unwrap();
+    assert_eq!(c17.fmspc(), c20.fmspc());
+    assert_eq!(c17.freshness().unwrap().0, 17);
+    assert_eq!(c20.freshness().unwrap().0, 20);
+    let (_, runtime) = azure_td_report();
+    let td = TdQuote::parse(&quote).unwrap().report().clone();
+    let verify = |set: TdxCollateralSet| {
+        let kind = PlatformKind::AzureTdx(AzureTdx {
+            quote: quote.clone(),
+            runtime_data: runtime.clone(),
+        });
+        let (ev, m) = evidence(Some(kind), Some(azure_ak_public()));
+        let trust = CvmAkTrust::azure_tdx(TdxPolicy::default(), set);
+        TpmQuoteValidator::new(
+            AkTrust::confidential_vm(trust),
+            m.with_cvm(tdx_launch(&td)).into_provider(),
+        )
+        .with_clock(tdx_now)
+        .validate_explained(&ev, &rd())
+        .1
+        .unwrap_err()
+    };
+    // Evaluation 17 alone: the quote and its collateral verify; only the binding to this
+    // runtime data fails.
+    let alone = verify(TdxCollateralSet::new(vec![c17.clone()]).unwrap());
+    assert!(
+        matches!(alone, ValidationError::BindingMismatch),
+        "{alone:?}"
+    );
+    // Beside evaluation 20, in either order, 20 decides: on 2025-07-01 it is not yet valid,
+    // and the older set is not tried instead.
+    for set in [
+        vec![c17.clone(), c20.clone()],
+        vec![c20.clone(), c17.clone()],
+    ] {
+        let set = TdxCollateralSet::new(set).unwrap();
+        assert_eq!(set.len(), 1);
+        let err = verify(set);
+        assert!(
+            matches!(&err, ValidationError::Certificate { .. }),
+            "{err:?}"
+        );
+    }
 }
 
 #[test]

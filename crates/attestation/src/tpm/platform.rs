@@ -133,7 +133,13 @@ pub struct MissingReferences {
 pub struct TdxCollateralSet(Vec<TdxCollateral>);
 
 impl TdxCollateralSet {
-    /// A set of collateral; refuses more than [`MAX_TDX_COLLATERAL_SETS`].
+    /// A set of collateral, keeping for each FMSPC only the newest TCB info
+    /// ([`TdxCollateral::freshness`]: the highest TCB evaluation number, then the latest
+    /// issue date), so that an older bundle left beside a newer one cannot decide (a
+    /// platform Intel has since marked out of date would pass under the older one). If the
+    /// newest does not verify, the quote is refused; there is no falling back to an older
+    /// one. Refuses a set whose FMSPC or freshness cannot be read, and more than
+    /// [`MAX_TDX_COLLATERAL_SETS`].
     pub fn new(sets: Vec<TdxCollateral>) -> Result<Self, ValidationError> {
         if sets.len() > MAX_TDX_COLLATERAL_SETS {
             return Err(ValidationError::Malformed(format!(
@@ -141,7 +147,27 @@ impl TdxCollateralSet {
                 sets.len()
             )));
         }
-        Ok(Self(sets))
+        let mut newest: Vec<(String, (u64, String), TdxCollateral)> = Vec::new();
+        for (index, collateral) in sets.into_iter().enumerate() {
+            let unreadable = |what: &str| {
+                ValidationError::Malformed(format!(
+                    "TDX collateral set #{index}: its TCB info has no readable {what}"
+                ))
+            };
+            let fmspc = collateral
+                .fmspc()
+                .ok_or_else(|| unreadable("fmspc"))?
+                .to_ascii_uppercase();
+            let fresh = collateral
+                .freshness()
+                .ok_or_else(|| unreadable("tcbEvaluationDataNumber and issueDate"))?;
+            match newest.iter_mut().find(|(f, _, _)| *f == fmspc) {
+                Some(kept) if kept.1 >= fresh => {}
+                Some(kept) => *kept = (fmspc, fresh, collateral),
+                None => newest.push((fmspc, fresh, collateral)),
+            }
+        }
+        Ok(Self(newest.into_iter().map(|(_, _, c)| c).collect()))
     }
 
     /// Number of sets.
@@ -460,8 +486,9 @@ impl CvmAkTrust {
                 *slot = reference;
             }
         }
-        // Collateral is per platform (FMSPC); the quote's PCK certificate names its
-        // platform, and the verifier refuses collateral for another. Try each set.
+        // Collateral is per platform (FMSPC), one set each (the newest); the quote's PCK
+        // certificate names its platform, and the verifier refuses collateral for another.
+        // Try each set.
         let mut last = None;
         for collateral in &self.tdx_collateral.0 {
             let (checks, result) = self.tdx.verify_explained_with(

@@ -815,6 +815,48 @@ fn collateral_sets_count_what_they_hold() {
 }
 
 #[test]
+fn the_quote_is_verified_only_against_its_own_platforms_collateral() {
+    let (quote, _) = dcap_quote();
+    let c = TdxCollateral::from_json(&read("tdx-dcap/tdx_quote_collateral.json")).unwrap();
+    let (_, runtime) = azure_td_report();
+    let td = TdQuote::parse(&quote).unwrap().report().clone();
+    let verify = |set: TdxCollateralSet| {
+        let kind = PlatformKind::AzureTdx(AzureTdx {
+            quote: quote.clone(),
+            runtime_data: runtime.clone(),
+        });
+        let (ev, m) = evidence(Some(kind), Some(azure_ak_public()));
+        let trust = CvmAkTrust::azure_tdx(TdxPolicy::default(), set);
+        TpmQuoteValidator::new(
+            AkTrust::confidential_vm(trust),
+            m.with_cvm(tdx_launch(&td)).into_provider(),
+        )
+        .with_clock(tdx_now)
+        .validate_explained(&ev, &rd())
+    };
+    // Another platform's set only: refused by name, before any signature is checked.
+    let (checks, result) =
+        verify(TdxCollateralSet::new(vec![collateral_for_another_platform()]).unwrap());
+    assert!(
+        matches!(&result, Err(ValidationError::Certificate { reason, .. })
+            if reason.contains("FMSPC B0C06F000000")),
+        "{result:?}"
+    );
+    assert_eq!(checks.last().unwrap().field, "tdx_collateral");
+    // Beside its own, in either order, its own is the one used.
+    for set in [
+        vec![collateral_for_another_platform(), c.clone()],
+        vec![c.clone(), collateral_for_another_platform()],
+    ] {
+        let result = verify(TdxCollateralSet::new(set).unwrap()).1;
+        assert!(
+            matches!(result, Err(ValidationError::BindingMismatch)),
+            "{result:?}"
+        );
+    }
+}
+
+#[test]
 fn the_newest_tcb_info_of_a_platform_decides_whatever_the_order() {
     // Two real collateral sets of the same FMSPC: TCB evaluation 17 (valid on 2025-07-01,
     // under which the v4 sample quote's platform is UpToDate) and 20 (issued 2026-10-08).

@@ -130,7 +130,7 @@ pub struct MissingReferences {
 /// TDX collateral passed in by the operator (an offline bundle), one set per platform
 /// FMSPC. Verification never fetches any.
 #[derive(Debug, Clone, Default)]
-pub struct TdxCollateralSet(Vec<TdxCollateral>);
+pub struct TdxCollateralSet(Vec<(String, TdxCollateral)>);
 
 impl TdxCollateralSet {
     /// A set of collateral, keeping for each FMSPC only the newest TCB info
@@ -167,7 +167,7 @@ impl TdxCollateralSet {
                 None => newest.push((fmspc, fresh, collateral)),
             }
         }
-        Ok(Self(newest.into_iter().map(|(_, _, c)| c).collect()))
+        Ok(Self(newest.into_iter().map(|(f, _, c)| (f, c)).collect()))
     }
 
     /// Number of sets.
@@ -486,11 +486,39 @@ impl CvmAkTrust {
                 *slot = reference;
             }
         }
-        // Collateral is per platform (FMSPC), one set each (the newest); the quote's PCK
-        // certificate names its platform, and the verifier refuses collateral for another.
-        // Try each set.
+        // Collateral is per platform (FMSPC), one set each (the newest). The quote's PCK
+        // certificate names its platform: read it (no signature is checked for that) and
+        // verify against that platform's set only, so that a quote costs one verification
+        // whatever the bundle holds. The verifier still refuses collateral for another
+        // platform than the verified certificate's. A quote whose FMSPC cannot be read is
+        // tried against each set, and refused by each.
+        let fmspc = quote_fmspc(quote);
+        let candidates: Vec<&TdxCollateral> = self
+            .tdx_collateral
+            .0
+            .iter()
+            .filter(|(f, _)| fmspc.as_ref().is_none_or(|q| q == f))
+            .map(|(_, c)| c)
+            .collect();
+        if let Some(fmspc) = &fmspc
+            && candidates.is_empty()
+            && !self.tdx_collateral.is_empty()
+        {
+            explanation.push(Check::pass_if(
+                false,
+                "tdx_collateral",
+                format!("collateral for FMSPC {fmspc}"),
+                "none in the bundle",
+            ));
+            return Err(ValidationError::Certificate {
+                which: "TDX collateral".into(),
+                reason: format!(
+                    "none for the quote's platform FMSPC {fmspc} (add its PCS collateral to the bundle)"
+                ),
+            });
+        }
         let mut last = None;
-        for collateral in &self.tdx_collateral.0 {
+        for collateral in candidates {
             let (checks, result) = self.tdx.verify_explained_with(
                 &policy,
                 quote,
@@ -517,6 +545,14 @@ impl CvmAkTrust {
             }),
         }
     }
+}
+
+/// The FMSPC the quote's PCK certificate names (upper-case hex), read without checking any
+/// signature: it only selects the collateral to verify with.
+fn quote_fmspc(quote: &[u8]) -> Option<String> {
+    let parsed = crate::tdx::TdQuote::parse(quote).ok()?;
+    let extension = dcap_qvl::intel::parse_pck_extension_from_pem(parsed.pck_chain_pem()).ok()?;
+    Some(hex::encode_upper(extension.fmspc))
 }
 
 /// Records the AK binding check and returns its verdict.

@@ -603,12 +603,26 @@ fn a_cached_chain_is_reused_but_still_checked_at_now_and_against_the_report() {
         .unwrap_err();
     assert_eq!(cert_error(expired).0, "VCEK");
 
-    // Same chip and TCB key, other report content: the leaf checks run again.
+    // Same certificates, other report content: the leaf checks run again.
     let tampered = flip(&case.report, 0x187);
     let err = v
         .verify(&tampered, &case.certs, &case.report_data, now())
         .unwrap_err();
     assert_eq!(field_error(err).0, "reported_tcb.microcode");
+
+    // Another chip ID (unauthenticated until the signature is checked) is no way around
+    // the cache: the chain is not verified again, and the leaf refuses the report.
+    let other_chip = flip(&case.report, 0x1a0);
+    let (explanation, result) =
+        v.verify_explained(&other_chip, &case.certs, &case.report_data, now());
+    assert!(result.is_err());
+    let chain = explanation
+        .checks
+        .iter()
+        .find(|c| c.field == "chain")
+        .unwrap();
+    assert_eq!(chain.expected, "verified earlier");
+    assert!(!explanation.checks.iter().any(|c| c.field == "ASK"));
 }
 
 #[test]

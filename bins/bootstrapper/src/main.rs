@@ -162,6 +162,13 @@ struct Args {
     #[arg(long, value_name = "PATH", requires = "confidential_vm")]
     tdx_collateral: Vec<PathBuf>,
 
+    /// INSECURE, with --confidential-vm: accept the join service's hardware report when
+    /// --verify-join-service-measurements pins its launch with no reference value
+    /// (docs/attestation.md). Without it the bootstrapper refuses to start while one is
+    /// missing. Warned at start and on every verification.
+    #[arg(long, requires = "confidential_vm")]
+    insecure_no_launch_measurement: bool,
+
     /// INSECURE, development only: trust whichever join service answers; it chooses this
     /// node's disk key and cluster. Warned on every join and rejoin attempt.
     #[arg(long, conflicts_with_all = ["cluster_id", "verify_join_service_measurements", "platform_ca"])]
@@ -471,23 +478,31 @@ fn join_service_trust(args: &Args) -> anyhow::Result<asterism_bootstrapper::Join
             "--cluster-id needs --verify-join-service-measurements to verify the join service"
         );
     };
+    const NO_TRUST: &str = "--cluster-id needs --platform-ca (or, on a confidential VM, --confidential-vm) to verify the join service";
+    // Checked before the measurements are read, so that this is the error a user sees.
+    if args.confidential_vm.is_none() && args.platform_ca.is_none() {
+        anyhow::bail!(NO_TRUST);
+    }
+    let measurements_path = measurements;
+    let measurements = asterism_binkit::measurements::watch(measurements_path)
+        .with_context(|| format!("loading measurements from {}", measurements_path.display()))?;
     // On a confidential VM the join service runs on one of the same platform: its AK is
-    // vouched for by its hardware report. Elsewhere a platform CA certifies it.
+    // vouched for by its hardware report, whose launch the measurements must pin. Elsewhere
+    // a platform CA certifies it.
     let trust = match (args.confidential_vm, &args.platform_ca) {
         (Some(platform), _) => asterism_binkit::AkTrustArgs {
             confidential_vm: Some(platform),
             cvm_policy: args.cvm_policy.clone(),
             tdx_collateral: args.tdx_collateral.clone(),
+            insecure_no_launch_measurement: args.insecure_no_launch_measurement,
             ..asterism_binkit::AkTrustArgs::default()
         }
-        .ak_trust()?,
+        .ak_trust_for(&asterism_attestation::MeasurementsProvider::current(
+            &measurements,
+        ))?,
         (None, Some(ca)) => AkTrust::platform_ca(asterism_binkit::ak_trust::platform_ca(ca)?),
-        (None, None) => anyhow::bail!(
-            "--cluster-id needs --platform-ca (or, on a confidential VM, --confidential-vm) to verify the join service"
-        ),
+        (None, None) => anyhow::bail!(NO_TRUST),
     };
-    let measurements = asterism_binkit::measurements::watch(measurements)
-        .with_context(|| format!("loading measurements from {}", measurements.display()))?;
     tracing::info!(cluster_id = %cluster_id, "the join service must attest as a member of this cluster (mutual aTLS, PCR 15)");
     JoinServiceTrust::cluster(trust, Arc::new(measurements), cluster_id)
         .context("the join service's measurements")
@@ -778,6 +793,46 @@ mod tests {
         ])
         .unwrap();
         assert!(join_service_trust(&args).is_err());
+    }
+
+    // A runtime, as the measurements file is watched.
+    #[tokio::test]
+    async fn on_a_confidential_vm_the_join_services_launch_measurement_is_required() {
+        let dir = tempfile::tempdir().unwrap();
+        let bare = dir.path().join("bare.json");
+        let pcr = format!(r#""measurements": {{"4": "{}"}}"#, "11".repeat(32));
+        std::fs::write(&bare, format!("{{{pcr}}}")).unwrap();
+        let pinned = dir.path().join("pinned.json");
+        std::fs::write(
+            &pinned,
+            format!(
+                r#"{{{pcr}, "snp": {{"launchMeasurement": "{}"}}}}"#,
+                "22".repeat(48)
+            ),
+        )
+        .unwrap();
+        let hex = "ab".repeat(32);
+        let args = |measurements: &std::path::Path, extra: &[&str]| {
+            let mut argv = vec![
+                "--cluster-id",
+                &hex,
+                "--confidential-vm",
+                "azure-sev-snp",
+                "--verify-join-service-measurements",
+                measurements.to_str().unwrap(),
+            ];
+            argv.extend_from_slice(extra);
+            with(&argv).unwrap()
+        };
+        let err = join_service_trust(&args(&bare, &[])).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("--insecure-no-launch-measurement"),
+            "{err:#}"
+        );
+        assert!(join_service_trust(&args(&pinned, &[])).is_ok());
+        assert!(join_service_trust(&args(&bare, &["--insecure-no-launch-measurement"])).is_ok());
+        // The relaxation is for the hardware report; without a platform it means nothing.
+        assert!(with(&["--insecure-no-launch-measurement"]).is_err());
     }
 
     #[test]

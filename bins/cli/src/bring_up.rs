@@ -104,6 +104,9 @@ pub fn join_service_trust(ak: &AkTrustArgs) -> Result<JoinServiceTrust> {
             .args
             .push(format!("--confidential-vm={}", platform.name()));
     }
+    if ak.insecure_no_launch_measurement {
+        trust.args.push("--insecure-no-launch-measurement".into());
+    }
     if let Some(policy) = &ak.cvm_policy {
         add_file(&mut trust, "--cvm-policy", "cvm-policy.json".into(), policy)?;
     }
@@ -243,6 +246,28 @@ mod tests {
         let trust = join_service_trust(&pinned).unwrap();
         assert_eq!(trust.args, [format!("--pinned-ak={}", "ab".repeat(32))]);
         assert!(trust.files.is_empty());
+    }
+
+    #[test]
+    fn the_join_service_gets_the_launch_measurement_relaxation_the_cli_was_given() {
+        let cvm = AkTrustArgs {
+            confidential_vm: Some(asterism_attestation::tpm::CvmPlatform::AwsSevSnp),
+            ..AkTrustArgs::default()
+        };
+        let trust = join_service_trust(&cvm).unwrap();
+        assert_eq!(trust.args, ["--confidential-vm=aws-sev-snp"]);
+        let insecure = AkTrustArgs {
+            insecure_no_launch_measurement: true,
+            ..cvm
+        };
+        let trust = join_service_trust(&insecure).unwrap();
+        assert_eq!(
+            trust.args,
+            [
+                "--confidential-vm=aws-sev-snp",
+                "--insecure-no-launch-measurement"
+            ]
+        );
     }
 
     #[test]

@@ -458,7 +458,7 @@ pub fn check_cluster(workspace: &Path, kms: &ClusterKms) -> Result<()> {
 pub fn validator(trust: &TrustArgs) -> Result<Arc<dyn Validator>> {
     let measurements = recovery_measurements(&trust.load_measurements()?)?;
     Ok(Arc::new(TpmQuoteValidator::new(
-        trust.ak_trust()?,
+        trust.ak_trust_for(&measurements)?,
         measurements.into_provider(),
     )))
 }

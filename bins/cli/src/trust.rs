@@ -39,10 +39,16 @@ impl TrustArgs {
         Ok(self.ak.ak_trust()?)
     }
 
+    /// The AK trust policy, refused when `measurements` lack a reference value that a
+    /// confidential-VM platform requires ([`AkTrustArgs::ak_trust_for`]).
+    pub fn ak_trust_for(&self, measurements: &Measurements) -> Result<AkTrust> {
+        Ok(self.ak.ak_trust_for(measurements)?)
+    }
+
     /// A validator for `tpm-quote` evidence against `measurements`.
     pub fn validator(&self, measurements: Measurements) -> Result<Arc<dyn Validator>> {
         Ok(Arc::new(TpmQuoteValidator::new(
-            self.ak_trust()?,
+            self.ak_trust_for(&measurements)?,
             measurements.into_provider(),
         )))
     }

@@ -107,7 +107,8 @@ pub async fn run(args: Args) -> Result<()> {
     // The validator gates on every enforced PCR; on a refusal by the measurements alone it
     // still returns the proven PCR values, so the table below shows them all.
     let measurements = Measurements::new(expected.iter().copied())?.with_cvm(loaded.cvm().clone());
-    let validator = TpmQuoteValidator::new(args.trust.ak_trust()?, measurements.into_provider());
+    let trust = args.trust.ak.ak_trust_for(&measurements)?;
+    let validator = TpmQuoteValidator::new(trust, measurements.into_provider());
 
     let (saved, source) = match (&args.evidence, &args.endpoint) {
         (Some(path), _) => (

@@ -176,10 +176,14 @@ impl Args {
 }
 
 fn validator(args: &Args) -> anyhow::Result<Arc<TpmQuoteValidator>> {
-    let trust = args.ak_trust.ak_trust()?;
     // Re-read when the file changes, here at the edge; validation reads only memory.
     let measurements = asterism_binkit::measurements::watch(&args.measurements)
         .with_context(|| format!("loading measurements from {}", args.measurements.display()))?;
+    let trust =
+        args.ak_trust
+            .ak_trust_for(&asterism_attestation::MeasurementsProvider::current(
+                &measurements,
+            ))?;
     Ok(Arc::new(TpmQuoteValidator::new(
         trust,
         Arc::new(measurements),

@@ -133,7 +133,6 @@ fn client_validator(args: &Args) -> anyhow::Result<std::sync::Arc<dyn asterism_a
 /// Builds the `tpm-quote` validator: an AK trust policy (exactly one of platform CA,
 /// pinned keys or the insecure any-key option) and hot-reloaded measurements.
 fn tpm_validator(args: &Args) -> anyhow::Result<std::sync::Arc<dyn asterism_atls::Validator>> {
-    let trust = args.ak_trust.ak_trust().context("tpm-quote")?;
     let path = args
         .measurements
         .as_ref()
@@ -141,6 +140,12 @@ fn tpm_validator(args: &Args) -> anyhow::Result<std::sync::Arc<dyn asterism_atls
     // Re-read when the file changes, here at the edge; validation reads only memory.
     let measurements = asterism_binkit::measurements::watch(path)
         .with_context(|| format!("loading measurements from {}", path.display()))?;
+    let trust = args
+        .ak_trust
+        .ak_trust_for(&asterism_attestation::MeasurementsProvider::current(
+            &measurements,
+        ))
+        .context("tpm-quote")?;
     Ok(std::sync::Arc::new(
         asterism_attestation::TpmQuoteValidator::new(trust, std::sync::Arc::new(measurements)),
     ))

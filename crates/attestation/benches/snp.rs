@@ -14,6 +14,7 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
+use asterism_attestation::explain::Reference;
 use asterism_attestation::snp::{SnpCerts, SnpPolicy, SnpReport, SnpVerifier};
 use base64::Engine;
 use ring::signature::{ECDSA_P384_SHA384_FIXED, UnparsedPublicKey};
@@ -47,7 +48,11 @@ fn main() {
     // Inside the VLEK's validity (2024-12-10 to 2025-12-10).
     let now = UNIX_EPOCH + Duration::from_secs(1_748_736_000);
 
-    let verifier = SnpVerifier::new(SnpPolicy::default());
+    // Pinned to the report's own launch, as every verifier must be.
+    let verifier = SnpVerifier::new(SnpPolicy {
+        measurement: Some(Reference::enforce(parsed.measurement)),
+        ..SnpPolicy::default()
+    });
     verifier.verify(&report, &certs, &expected, now).unwrap(); // fills the cache
 
     let (_, leaf) = X509Certificate::from_der(certs.leaf_der()).unwrap();

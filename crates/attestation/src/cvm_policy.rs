@@ -18,6 +18,7 @@
 //!   },
 //!   "tdx": {
 //!     "acceptedTcbStatuses": ["UpToDate", "SWHardeningNeeded"],
+//!     "acceptedAdvisoryIds": ["INTEL-SA-00615"],
 //!     "mrConfigId": "<96 hex digits>",
 //!     "mrOwner": "<96 hex digits>",
 //!     "mrOwnerConfig": "<96 hex digits>",
@@ -145,11 +146,26 @@ fn apply_tdx(p: &mut TdxPolicy, f: TdxRepr) -> Result<(), CvmPolicyError> {
         }
         p.accepted_tcb_statuses = parsed;
     }
+    if let Some(ids) = f.accepted_advisory_ids {
+        if let Some(bad) = ids.iter().find(|id| !is_advisory_id(id)) {
+            return Err(value(
+                "tdx.acceptedAdvisoryIds",
+                format!("{bad:?} is not an Intel advisory ID (INTEL-SA-<digits>)"),
+            ));
+        }
+        p.accepted_advisory_ids = ids;
+    }
     p.mr_config_id = fixed("tdx.mrConfigId", f.mr_config_id)?.or(p.mr_config_id);
     p.mr_owner = fixed("tdx.mrOwner", f.mr_owner)?.or(p.mr_owner);
     p.mr_owner_config = fixed("tdx.mrOwnerConfig", f.mr_owner_config)?.or(p.mr_owner_config);
     p.xfam = fixed("tdx.xfam", f.xfam)?.or(p.xfam);
     Ok(())
+}
+
+/// `INTEL-SA-` and digits, as Intel's collateral names advisories.
+fn is_advisory_id(id: &str) -> bool {
+    id.strip_prefix("INTEL-SA-")
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
 fn value(field: &str, reason: impl Into<String>) -> CvmPolicyError {
@@ -252,6 +268,8 @@ struct TdxRepr {
     #[serde(default)]
     accepted_tcb_statuses: Option<Vec<String>>,
     #[serde(default)]
+    accepted_advisory_ids: Option<Vec<String>>,
+    #[serde(default)]
     mr_config_id: Option<String>,
     #[serde(default)]
     mr_owner: Option<String>,
@@ -278,6 +296,7 @@ mod tests {
                 "allowMigrationAgent": true, "allowSmt": false, "vmpl": null,
                 "signers": ["vlek"], "idKeyDigests": ["{d}"]}},
                "tdx": {{"acceptedTcbStatuses": ["UpToDate"], "mrOwner": "{d}",
+                "acceptedAdvisoryIds": ["INTEL-SA-00615"],
                 "xfam": "e702060000000000"}}}}"#,
             d = "ab".repeat(48)
         );
@@ -294,6 +313,7 @@ mod tests {
         assert!(!p.snp.allow_vcek && p.snp.allow_vlek);
         assert_eq!(p.snp.id_key_digests, Some(vec![[0xab; 48]]));
         assert_eq!(p.tdx.accepted_tcb_statuses, vec![TcbStatus::UpToDate]);
+        assert_eq!(p.tdx.accepted_advisory_ids, ["INTEL-SA-00615"]);
         assert_eq!(p.tdx.mr_owner, Some(Reference::enforce([0xab; 48])));
         assert!(p.tdx.xfam.is_some());
     }
@@ -308,6 +328,8 @@ mod tests {
             r#"{"snp": {"allowDebug": true}}"#,
             r#"{"tdx": {"acceptedTcbStatuses": ["Fine"]}}"#,
             r#"{"tdx": {"acceptedTcbStatuses": []}}"#,
+            r#"{"tdx": {"acceptedAdvisoryIds": ["SA-00615"]}}"#,
+            r#"{"tdx": {"acceptedAdvisoryIds": ["INTEL-SA-"]}}"#,
             r#"{"gcp": {}}"#,
         ] {
             assert!(CvmPolicy::from_json(bad.as_bytes()).is_err(), "{bad}");

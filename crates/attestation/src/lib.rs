@@ -28,8 +28,8 @@ pub mod test_ed25519;
 
 pub use binding::{Purpose, ReportData, Role};
 pub use measurements::{
-    CvmReferences, ExpectedPcr, MeasurementMode, Measurements, MeasurementsError,
-    MeasurementsProvider, PcrIndex, ReferenceEvent, SharedMeasurements,
+    CvmReferences, ExpectedPcr, InsecureNoLaunchMeasurement, MeasurementMode, Measurements,
+    MeasurementsError, MeasurementsProvider, PcrIndex, ReferenceEvent, SharedMeasurements,
 };
 pub use tpm::{AkFingerprint, AkTrust, PlatformCa, TpmQuoteValidator};
 pub use verified::{Measurement, VerifiedEvidence};

@@ -291,7 +291,11 @@ pub struct Measurements {
 }
 
 /// Reference values of a confidential VM's hardware report (the report the vTPM is bound
-/// to). Absent fields are not compared.
+/// to), as the measurements file gives them. A verifier of a confidential-VM platform
+/// requires the values that pin its launch (SEV-SNP: the launch measurement; TDX: MRTD and
+/// the RTMRs, [`crate::tpm::CvmAkTrust::missing_references`]) and refuses evidence while
+/// one is absent, unless it was built with [`InsecureNoLaunchMeasurement`]. The other
+/// fields are compared only when present.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CvmReferences {
     /// SEV-SNP: the launch measurement (`MEASUREMENT`, SHA-384 of the launch digest).
@@ -308,6 +312,29 @@ impl CvmReferences {
     /// Whether no reference value is set.
     pub fn is_empty(&self) -> bool {
         *self == Self::default()
+    }
+}
+
+/// **Insecure**: permission to accept a confidential VM's hardware report whose launch is
+/// pinned by no reference value (SEV-SNP: no launch measurement; TDX: no MRTD or RTMR 0–2,
+/// or on Azure RTMR 3). Without it every SEV-SNP and TDX verifier refuses such a report,
+/// and the binaries refuse to start. The report then proves only that *some* firmware and
+/// kernel on genuine hardware asked for it, including one an attacker launched.
+///
+/// Made only by [`InsecureNoLaunchMeasurement::insecure_new`], which logs a warning; every
+/// verification that relies on it logs another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InsecureNoLaunchMeasurement(());
+
+impl InsecureNoLaunchMeasurement {
+    /// The permission; logs a warning that launch measurements are not required.
+    pub fn insecure_new() -> Self {
+        tracing::warn!(
+            "insecure_no_launch_measurement: confidential VMs whose launch measurement has no \
+             reference value will be accepted; any firmware and kernel on genuine hardware \
+             can then vouch for an attestation key"
+        );
+        Self(())
     }
 }
 

@@ -5,8 +5,10 @@ use std::path::{Path, PathBuf};
 
 use asterism_attestation::cvm_policy::CvmPolicy;
 use asterism_attestation::tdx::TdxCollateral;
-use asterism_attestation::tpm::{CvmAkTrust, CvmPlatform, TdxCollateralSet};
-use asterism_attestation::{AkFingerprint, AkTrust, PlatformCa};
+use asterism_attestation::tpm::{CvmAkTrust, CvmPlatform, MissingReferences, TdxCollateralSet};
+use asterism_attestation::{
+    AkFingerprint, AkTrust, InsecureNoLaunchMeasurement, Measurements, PlatformCa,
+};
 
 use crate::fs::{FileError, read_capped};
 
@@ -41,6 +43,14 @@ pub struct AkTrustArgs {
     /// Repeatable. Verification never fetches collateral.
     #[arg(long, value_name = "PATH", requires = "confidential_vm")]
     pub tdx_collateral: Vec<PathBuf>,
+
+    /// INSECURE, with --confidential-vm: accept hardware reports whose launch the
+    /// measurements file pins with no reference value (SEV-SNP: the launch measurement;
+    /// TDX: MRTD and the RTMRs). Without it a verifier refuses to start while one is
+    /// missing. Any firmware and kernel on genuine hardware can then vouch for an AK.
+    /// Warned at start and on every verification.
+    #[arg(long, requires = "confidential_vm")]
+    pub insecure_no_launch_measurement: bool,
 
     /// INSECURE, development only: accept any attestation key (the PCR values are still
     /// checked). Warned on every connection.
@@ -97,6 +107,9 @@ pub enum AkTrustArgsError {
     /// Azure TDX trust needs collateral, or collateral was given for another platform.
     #[error("{0}")]
     Collateral(String),
+    /// The measurements lack a reference value the confidential-VM platform requires.
+    #[error(transparent)]
+    MissingReferences(#[from] MissingReferences),
     /// A pinned fingerprint is not 64 hex digits.
     #[error("--pinned-ak {value:?}")]
     Pin {
@@ -183,6 +196,16 @@ impl AkTrustArgs {
         insecure_any_ak()
     }
 
+    /// The policy, checked against the reference values of `measurements`: a
+    /// confidential-VM policy refuses to start without the launch reference values its
+    /// platform requires (unless --insecure-no-launch-measurement). What every verifier
+    /// builds its validator with.
+    pub fn ak_trust_for(&self, measurements: &Measurements) -> Result<AkTrust, AkTrustArgsError> {
+        let trust = self.ak_trust()?;
+        trust.require_references(measurements.cvm())?;
+        Ok(trust)
+    }
+
     fn confidential_vm_trust(&self, platform: CvmPlatform) -> Result<AkTrust, AkTrustArgsError> {
         let policy =
             match &self.cvm_policy {
@@ -214,6 +237,16 @@ impl AkTrustArgs {
             }
             CvmAkTrust::sev_snp(platform, policy.snp)
                 .map_err(|e| AkTrustArgsError::Collateral(e.to_string()))?
+        };
+        let trust = if self.insecure_no_launch_measurement {
+            tracing::warn!(
+                %platform,
+                "--insecure-no-launch-measurement: hardware reports are accepted without a \
+                 reference launch measurement"
+            );
+            trust.insecure_no_launch_measurement(InsecureNoLaunchMeasurement::insecure_new())
+        } else {
+            trust
         };
         tracing::info!(%platform, "attestation keys are trusted through the confidential VM's hardware report");
         Ok(AkTrust::confidential_vm(trust))
@@ -355,6 +388,44 @@ mod tests {
             misplaced.ak_trust(),
             Err(AkTrustArgsError::Collateral(_))
         ));
+    }
+
+    #[test]
+    fn a_confidential_vm_verifier_needs_the_launch_reference_values_unless_told_insecure() {
+        let pcr = format!(r#""measurements": {{"4": "{}"}}"#, "11".repeat(32));
+        let bare = Measurements::from_json(format!("{{{pcr}}}").as_bytes()).unwrap();
+        let pinned = Measurements::from_json(
+            format!(
+                r#"{{{pcr}, "snp": {{"launchMeasurement": "{}"}}}}"#,
+                "22".repeat(48)
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+        for platform in [CvmPlatform::AzureSevSnp, CvmPlatform::AwsSevSnp] {
+            let args = AkTrustArgs {
+                confidential_vm: Some(platform),
+                ..AkTrustArgs::default()
+            };
+            match args.ak_trust_for(&bare) {
+                Err(AkTrustArgsError::MissingReferences(e)) => {
+                    assert_eq!(e.missing, ["snp.launchMeasurement"]);
+                }
+                other => panic!("{platform}: want a refusal, got {other:?}"),
+            }
+            assert!(args.ak_trust_for(&pinned).is_ok(), "{platform}");
+            let insecure = AkTrustArgs {
+                insecure_no_launch_measurement: true,
+                ..args
+            };
+            assert!(insecure.ak_trust_for(&bare).is_ok(), "{platform}");
+        }
+        // Other policies need no reference value.
+        assert!(
+            AkTrustArgs::pinned(["ab".repeat(32)])
+                .ak_trust_for(&bare)
+                .is_ok()
+        );
     }
 
     #[test]

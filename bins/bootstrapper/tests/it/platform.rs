@@ -21,13 +21,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use asterism_attestation::explain::Outcome;
+use asterism_attestation::explain::Reference;
 use asterism_attestation::hcl::{HCL_REPORT_NV_INDEX, HardwareKind, HardwareReport, HclReport};
-use asterism_attestation::snp::{PerProduct, SnpPolicy};
+use asterism_attestation::snp::{PerProduct, SnpPolicy, SnpReport};
 use asterism_attestation::tpm::{
     AkTrust, AzureSnp, AzureTdx, CvmAkTrust, CvmPlatform, PlatformKind, TpmQuoteValidator,
 };
 use asterism_attestation::{
-    ExpectedPcr, Issuer as _, Measurements, PcrIndex, ReportData, Role, ValidationError,
+    CvmReferences, ExpectedPcr, Issuer as _, Measurements, PcrIndex, ReportData, Role,
+    ValidationError,
 };
 use asterism_bootstrapper::platform::{self, PlatformError};
 use asterism_metadata::imds::{DEFAULT_IMDS_URL, Imds, ImdsError, MAX_IMDS_BODY};
@@ -281,6 +283,15 @@ async fn azure_snp_report_and_thim_certs_verify_and_only_the_foreign_ak_is_refus
     }
 
     // ... and so does a verifier: the evidence carrying it, checked as on Azure SEV-SNP.
+    // The launch pinned to the report's own measurement (every SEV-SNP mode requires one).
+    let PlatformKind::AzureSevSnp(AzureSnp { hcl_report, .. }) = &kind else {
+        unreachable!()
+    };
+    let parsed = HclReport::parse(hcl_report).unwrap();
+    let HardwareReport::Snp(snp) = parsed.hardware_report() else {
+        panic!("not SEV-SNP")
+    };
+    let launch = SnpReport::parse(snp).unwrap().measurement;
     let issuer = issuer.with_platform_report(kind);
     let rd = ReportData::atls(Role::Client, &[7; 32]);
     let evidence = issuer.issue(&rd).unwrap();
@@ -291,7 +302,12 @@ async fn azure_snp_report_and_thim_certs_verify_and_only_the_foreign_ak_is_refus
         ..SnpPolicy::default()
     };
     let trust = CvmAkTrust::sev_snp(CvmPlatform::AzureSevSnp, policy).unwrap();
-    let m = Measurements::new([(PcrIndex::new(0).unwrap(), ExpectedPcr::enforce(pcr0))]).unwrap();
+    let m = Measurements::new([(PcrIndex::new(0).unwrap(), ExpectedPcr::enforce(pcr0))])
+        .unwrap()
+        .with_cvm(CvmReferences {
+            snp_launch_measurement: Some(Reference::enforce(launch)),
+            ..CvmReferences::default()
+        });
     let validator = TpmQuoteValidator::new(AkTrust::confidential_vm(trust), m.into_provider())
         .with_clock(snp_now);
     let (checks, result) = validator.validate_explained(&evidence, &rd);

@@ -6,6 +6,7 @@ use subtle::ConstantTimeEq;
 use super::{Product, SignerKind, SnpReport};
 use crate::ValidationError;
 use crate::explain::{Check, Explanation, Outcome, Reference};
+use crate::measurements::InsecureNoLaunchMeasurement;
 
 /// Minimum security versions of the TCB components.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -50,12 +51,14 @@ impl<T: Copy> PerProduct<T> {
 /// TEE 0, SNP 8, microcode 115) and no floor for Genoa and Turin (set one for the fleet);
 /// debug always refused; no migration agent; SMT allowed (every cloud runs its hosts with
 /// SMT); VMPL 0 (the report must come from the most privileged level, the guest firmware or
-/// the cloud's paravisor); VCEK and VLEK both accepted (AWS signs with a VLEK); no reference
-/// for the launch measurement (shown as a warning), the host data or the key digests.
+/// the cloud's paravisor); VCEK and VLEK both accepted (a cloud's trust mode narrows this to
+/// its own signer, [`crate::tpm::CvmAkTrust::sev_snp`]); no reference for the host data or
+/// the key digests. A launch measurement is required: without a reference value the report
+/// is refused, unless [`SnpPolicy::insecure_no_launch_measurement`] is set.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SnpPolicy {
-    /// Minimum SVNs applied to `reported_tcb`, the TCB the signing key was issued for (the
-    /// current, committed and launch TCBs are reported, not checked).
+    /// Minimum SVNs applied to `reported_tcb` (the TCB the signing key was issued for),
+    /// `launch_tcb` and `committed_tcb`; the current TCB is reported, not checked.
     pub minimum_tcb: PerProduct<MinimumTcb>,
     /// Accept a guest that may be associated with a migration agent.
     pub allow_migration_agent: bool,
@@ -67,8 +70,12 @@ pub struct SnpPolicy {
     pub allow_vcek: bool,
     /// Accept reports signed by a VLEK.
     pub allow_vlek: bool,
-    /// The expected launch measurement; `None` records a warning that nothing was compared.
+    /// The expected launch measurement; `None` refuses every report, unless
+    /// [`Self::insecure_no_launch_measurement`] is set.
     pub measurement: Option<Reference<48>>,
+    /// **Insecure**: with no [`Self::measurement`], accept any launch measurement (a
+    /// warning is logged and recorded on every verification).
+    pub insecure_no_launch_measurement: Option<InsecureNoLaunchMeasurement>,
     /// The expected host data, if any is configured.
     pub host_data: Option<Reference<32>>,
     /// The ID key digests accepted, if restricted.
@@ -97,6 +104,7 @@ impl Default for SnpPolicy {
             allow_vcek: true,
             allow_vlek: true,
             measurement: None,
+            insecure_no_launch_measurement: None,
             host_data: None,
             id_key_digests: None,
             author_key_digests: None,
@@ -165,23 +173,33 @@ pub fn check_fields(
         hex::encode(report.report_data),
     ));
 
-    let tcb = report.reported_tcb.parts(product);
     let min = policy.minimum_tcb.get(product);
-    if let Some(fmc) = tcb.fmc {
-        explanation.push(at_least("reported_tcb.fmc", min.fmc, fmc));
+    // The reported TCB is the one the VCEK or VLEK certifies. The launch TCB is the
+    // firmware the guest was launched (and its secrets provisioned) on, and the committed
+    // TCB the oldest the host can return to: a host updated after the launch, or one that
+    // can roll back below the floor, is refused as well.
+    for (name, raw) in [
+        ("reported_tcb", &report.reported_tcb),
+        ("launch_tcb", &report.launch_tcb),
+        ("committed_tcb", &report.committed_tcb),
+    ] {
+        let tcb = raw.parts(product);
+        if let Some(fmc) = tcb.fmc {
+            explanation.push(at_least(&format!("{name}.fmc"), min.fmc, fmc));
+        }
+        explanation.push(at_least(
+            &format!("{name}.bootloader"),
+            min.bootloader,
+            tcb.bootloader,
+        ));
+        explanation.push(at_least(&format!("{name}.tee"), min.tee, tcb.tee));
+        explanation.push(at_least(&format!("{name}.snp"), min.snp, tcb.snp));
+        explanation.push(at_least(
+            &format!("{name}.microcode"),
+            min.microcode,
+            tcb.microcode,
+        ));
     }
-    explanation.push(at_least(
-        "reported_tcb.bootloader",
-        min.bootloader,
-        tcb.bootloader,
-    ));
-    explanation.push(at_least("reported_tcb.tee", min.tee, tcb.tee));
-    explanation.push(at_least("reported_tcb.snp", min.snp, tcb.snp));
-    explanation.push(at_least(
-        "reported_tcb.microcode",
-        min.microcode,
-        tcb.microcode,
-    ));
     explanation.push(Check::pass_if(
         report.reported_tcb.reserved_is_zero(product),
         "reported_tcb.reserved",
@@ -214,15 +232,30 @@ pub fn check_fields(
         None => Check::pass_if(true, "vmpl", "any", report.vmpl.to_string()),
     });
 
-    explanation.push(match &policy.measurement {
-        Some(reference) => reference.check("measurement", &report.measurement),
-        None => Check::new(
-            "measurement",
-            "no reference configured",
-            hex::encode(report.measurement),
-            Outcome::Warn,
-        ),
-    });
+    explanation.push(
+        match (&policy.measurement, policy.insecure_no_launch_measurement) {
+            (Some(reference), _) => reference.check("measurement", &report.measurement),
+            (None, Some(_)) => {
+                tracing::warn!(
+                    measurement = %hex::encode(report.measurement),
+                    "insecure_no_launch_measurement: accepting an SEV-SNP launch measurement \
+                     that no reference value pins"
+                );
+                Check::new(
+                    "measurement",
+                    "no reference configured (insecure_no_launch_measurement)",
+                    hex::encode(report.measurement),
+                    Outcome::Warn,
+                )
+            }
+            (None, None) => Check::new(
+                "measurement",
+                "a reference value (none is configured)",
+                hex::encode(report.measurement),
+                Outcome::Fail,
+            ),
+        },
+    );
     explanation.push(match &policy.host_data {
         Some(reference) => reference.check("host_data", &report.host_data),
         None => Check::pass_if(true, "host_data", "any", hex::encode(report.host_data)),

@@ -16,13 +16,16 @@ use crate::explain::{Check, Explanation, Outcome};
 /// far fewer). When full, one entry makes room for the next.
 const CACHE_CAPACITY: usize = 1024;
 
-/// The cache key: the report's chip and TCB, and the certificates as given.
-type CacheKey = ([u8; 64], [u8; 8], [u8; 32]);
+/// The cache key: the certificates as given (SHA-256 of their bytes). Nothing of the
+/// report, which is not authenticated when the cache is consulted: keyed by its chip ID
+/// and TCB, a peer could miss the cache at will by changing them, making the verifier
+/// verify the chain again and evicting other chips' entries.
+type CacheKey = [u8; 32];
 
-/// Verifies SEV-SNP reports against a policy. Verified chains are cached per chip ID, TCB
-/// and certificates, so a chip's later reports cost one P-384 verification: a cache hit
-/// skips the RSA signatures of the chain, but still checks each certificate's validity at
-/// `now` and the certificate's extensions against the report.
+/// Verifies SEV-SNP reports against a policy. Verified chains are cached per certificate
+/// bytes, so a chip's later reports cost one P-384 verification: a cache hit skips the RSA
+/// signatures of the chain, but still checks each certificate's validity at `now` and the
+/// certificate's extensions (chip ID, TCB) against the report.
 #[derive(Debug)]
 pub struct SnpVerifier {
     policy: SnpPolicy,
@@ -316,7 +319,7 @@ impl SnpVerifier {
         };
 
         let now_secs = unix_seconds(now);
-        let chain = self.chain(&report, certs, signer, now_secs, explanation)?;
+        let chain = self.chain(certs, signer, now_secs, explanation)?;
         check_leaf(&report, &chain, certs.tcbm(), explanation)?;
 
         let signature = report.signature_fixed();
@@ -358,13 +361,12 @@ impl SnpVerifier {
     /// checked again at `now`, or verified and cached.
     fn chain(
         &self,
-        report: &SnpReport,
         certs: &SnpCerts,
         signer: SignerKind,
         now: i64,
         explanation: &mut Explanation,
     ) -> Result<Arc<VerifiedChain>, ValidationError> {
-        let key: CacheKey = (report.chip_id, report.reported_tcb.0, certs.digest());
+        let key: CacheKey = certs.digest();
         let cached = self
             .cache
             .lock()

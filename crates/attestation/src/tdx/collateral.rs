@@ -60,6 +60,16 @@ impl TdxCollateral {
         let info: serde_json::Value = serde_json::from_str(&self.inner.tcb_info).ok()?;
         info.get("fmspc")?.as_str().map(str::to_owned)
     }
+
+    /// How new the TCB info is, as written in it: its `tcbEvaluationDataNumber` (Intel
+    /// raises it with every TCB recovery) and its `issueDate`, if they can be read.
+    /// Unverified until a quote is.
+    pub fn freshness(&self) -> Option<(u64, String)> {
+        let info: serde_json::Value = serde_json::from_str(&self.inner.tcb_info).ok()?;
+        let number = info.get("tcbEvaluationDataNumber")?.as_u64()?;
+        let issued = info.get("issueDate")?.as_str()?.to_owned();
+        Some((number, issued))
+    }
 }
 
 /// Which PCK CA issued a platform's PCK certificate: it selects the PCK CRL.

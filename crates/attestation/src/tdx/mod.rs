@@ -37,6 +37,7 @@ use subtle::ConstantTimeEq;
 
 use crate::ValidationError;
 use crate::explain::{Check, Explanation, Outcome, Reference};
+use crate::measurements::InsecureNoLaunchMeasurement;
 
 pub use collateral::{
     MAX_COLLATERAL_LEN, PckCa, PckCollateralUrls, TdxCollateral, pck_collateral_urls,
@@ -142,18 +143,33 @@ impl FromStr for TcbStatus {
 /// What a TDX quote must meet besides its signatures and collateral.
 ///
 /// The default accepts the TCB statuses `UpToDate` and `SWHardeningNeeded`, refuses debug
-/// and every TD attribute that weakens isolation, and pins no measurement (the caller adds
-/// MRTD and RTMRs from its measurements file).
+/// and every TD attribute that weakens isolation, requires SEPT_VE_DISABLE, and requires
+/// reference values for MRTD and RTMR 0 to 2 (the caller adds them from its measurements
+/// file): a quote is refused while one is missing, unless
+/// [`TdxPolicy::insecure_no_launch_measurement`] is set.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TdxPolicy {
     /// The TCB statuses accepted. `SWHardeningNeeded` is in the default: the platform's TCB
     /// is current, and the advisories it names are mitigated by the TD's own kernel, which
     /// the RTMRs measure. `Revoked` is refused even when listed.
     pub accepted_tcb_statuses: Vec<TcbStatus>,
-    /// Expected MRTD (the TD firmware's measurement).
+    /// The Intel advisory IDs (`INTEL-SA-…`) accepted with a TCB status other than
+    /// `UpToDate`: every advisory the collateral names for the platform's TCB level must be
+    /// listed, or the quote is refused. Empty by default, so `SWHardeningNeeded` passes only
+    /// for advisories the operator has judged mitigated inside the TD.
+    pub accepted_advisory_ids: Vec<String>,
+    /// Expected MRTD (the TD firmware's measurement); required.
     pub mrtd: Option<Reference<48>>,
-    /// Expected RTMR0 to RTMR3.
+    /// Expected RTMR0 to RTMR3; RTMR 0 to 2 are required, RTMR 3 is compared when set.
     pub rtmrs: [Option<Reference<48>>; 4],
+    /// **Insecure**: with MRTD or one of RTMR 0 to 2 unset, accept any value there (a
+    /// warning is logged and recorded on every verification).
+    pub insecure_no_launch_measurement: Option<InsecureNoLaunchMeasurement>,
+    /// Require the TD attribute SEPT_VE_DISABLE. On by default: a TD whose own kernel
+    /// takes #VE exceptions on private memory cannot run safely without it. Off only for
+    /// a platform whose TD is a paravisor that handles them itself (Azure,
+    /// [`crate::tpm::CvmAkTrust::azure_tdx`]).
+    pub require_sept_ve_disable: bool,
     /// Expected MRCONFIGID.
     pub mr_config_id: Option<Reference<48>>,
     /// Expected MROWNER.
@@ -168,8 +184,11 @@ impl Default for TdxPolicy {
     fn default() -> Self {
         Self {
             accepted_tcb_statuses: vec![TcbStatus::UpToDate, TcbStatus::SWHardeningNeeded],
+            accepted_advisory_ids: Vec::new(),
             mrtd: None,
             rtmrs: [None; 4],
+            insecure_no_launch_measurement: None,
+            require_sept_ve_disable: true,
             mr_config_id: None,
             mr_owner: None,
             mr_owner_config: None,
@@ -690,9 +709,9 @@ mod attr {
 /// first failure is returned.
 ///
 /// TD attributes: DEBUG and the other TD-under-debug bits are always refused (the host
-/// could read the TD's memory and registers); SEPT_VE_DISABLE must be set (without it the
-/// host can inject #VE exceptions by unmapping private pages); a migratable TD, service-TD
-/// extension and reserved bits are refused. ICSSD, LASS, PKS, KL, TPA and PERFMON are
+/// could read the TD's memory and registers); SEPT_VE_DISABLE must be set when the policy
+/// requires it (without it the host can inject #VE exceptions by unmapping private pages);
+/// a migratable TD, service-TD extension and reserved bits are refused. ICSSD, LASS, PKS, KL, TPA and PERFMON are
 /// features the TD may use and are accepted.
 pub fn check_fields(
     policy: &TdxPolicy,
@@ -722,6 +741,25 @@ pub fn check_fields(
         format!("one of {}", names.join(", ")),
         observed,
     ));
+    // A status other than UpToDate is acceptable only for advisories the operator has
+    // judged mitigated inside the TD; each one must be listed.
+    if tcb_status != TcbStatus::UpToDate && !advisory_ids.is_empty() {
+        let unlisted: Vec<&str> = advisory_ids
+            .iter()
+            .filter(|id| !policy.accepted_advisory_ids.contains(id))
+            .map(String::as_str)
+            .collect();
+        ex.push(Check::pass_if(
+            unlisted.is_empty(),
+            "advisory_ids",
+            if policy.accepted_advisory_ids.is_empty() {
+                "none (no advisory is accepted)".to_owned()
+            } else {
+                format!("among {}", policy.accepted_advisory_ids.join(", "))
+            },
+            advisory_ids.join(", "),
+        ));
+    }
 
     let bits = report.td_attributes_bits();
     let flag = |field: &'static str, mask: u64, want_set: bool| {
@@ -739,11 +777,24 @@ pub fn check_fields(
         attr::TUD_PROFILING,
         false,
     ));
-    ex.push(flag(
-        "td_attributes.sept_ve_disable",
-        attr::SEPT_VE_DISABLE,
-        true,
-    ));
+    if policy.require_sept_ve_disable {
+        ex.push(flag(
+            "td_attributes.sept_ve_disable",
+            attr::SEPT_VE_DISABLE,
+            true,
+        ));
+    } else {
+        ex.push(Check::pass_if(
+            true,
+            "td_attributes.sept_ve_disable",
+            "set or clear (the platform's paravisor handles #VE)",
+            if bits & attr::SEPT_VE_DISABLE != 0 {
+                "set"
+            } else {
+                "clear"
+            },
+        ));
+    }
     ex.push(flag("td_attributes.migratable", attr::MIGRATABLE, false));
     ex.push(flag("td_attributes.servtd_ext", attr::SERVTD_EXT, false));
     ex.push(Check::pass_if(
@@ -761,13 +812,25 @@ pub fn check_fields(
         ));
     }
 
+    let insecure = policy.insecure_no_launch_measurement.is_some();
     ex.push(reference_check(
         policy.mrtd.as_ref(),
         "mr_td",
         &report.mr_td,
+        Required::Yes { insecure },
     ));
     for (i, (want, got)) in policy.rtmrs.iter().zip(&report.rtmr).enumerate() {
-        ex.push(reference_check(want.as_ref(), &format!("rtmr{i}"), got));
+        let required = if i < REQUIRED_RTMRS {
+            Required::Yes { insecure }
+        } else {
+            Required::No
+        };
+        ex.push(reference_check(
+            want.as_ref(),
+            &format!("rtmr{i}"),
+            got,
+            required,
+        ));
     }
     let optional: [(&Option<Reference<48>>, &str, &[u8; 48]); 3] = [
         (&policy.mr_config_id, "mr_config_id", &report.mr_config_id),
@@ -807,14 +870,50 @@ pub fn check_fields(
 }
 
 /// A reference value check, or the observed value recorded as unpinned.
-fn reference_check(want: Option<&Reference<48>>, field: &str, got: &[u8; 48]) -> Check {
-    match want {
-        Some(want) => want.check(field, got),
-        None => Check::new(
+/// RTMR 0 to 2 (firmware configuration, boot loader and kernel, as TDVF and the boot chain
+/// extend them) must have reference values; RTMR 3 is left to the platform.
+pub const REQUIRED_RTMRS: usize = 3;
+
+/// Whether a reference value must be set, and whether its absence was allowed.
+#[derive(Clone, Copy)]
+enum Required {
+    Yes { insecure: bool },
+    No,
+}
+
+fn reference_check(
+    want: Option<&Reference<48>>,
+    field: &str,
+    got: &[u8; 48],
+    required: Required,
+) -> Check {
+    match (want, required) {
+        (Some(want), _) => want.check(field, got),
+        (None, Required::No) => Check::new(
             field,
             "any (no reference value)",
             lower_hex(got),
             Outcome::Pass,
+        ),
+        (None, Required::Yes { insecure: true }) => {
+            tracing::warn!(
+                field,
+                value = %lower_hex(got),
+                "insecure_no_launch_measurement: accepting a TDX measurement that no \
+                 reference value pins"
+            );
+            Check::new(
+                field,
+                "no reference configured (insecure_no_launch_measurement)",
+                lower_hex(got),
+                Outcome::Warn,
+            )
+        }
+        (None, Required::Yes { insecure: false }) => Check::new(
+            field,
+            "a reference value (none is configured)",
+            lower_hex(got),
+            Outcome::Fail,
         ),
     }
 }

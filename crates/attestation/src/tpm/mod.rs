@@ -27,7 +27,8 @@ pub use evidence::{
     PlatformKind, PlatformReport, QuoteEvidence, TpmQuoteEvidence, VARIANT,
 };
 pub use platform::{
-    CvmAkTrust, CvmPlatform, MAX_TDX_COLLATERAL_SETS, TdxCollateralSet, UnknownPlatform,
+    CvmAkTrust, CvmPlatform, CvmTrustError, MAX_TDX_COLLATERAL_SETS, MissingReferences,
+    TdxCollateralSet, UnknownPlatform,
 };
 pub use structures::{TpmsAttest, TpmtPublic, TpmtSignature};
 pub(crate) use trust::AkKey;

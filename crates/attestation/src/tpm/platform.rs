@@ -17,10 +17,11 @@
 
 use super::evidence::PlatformKind;
 use crate::ValidationError;
+use crate::explain::Reference;
 use crate::explain::{Check, Explanation};
 use crate::hcl::{self, HardwareKind, HardwareReport, HclReport, RuntimeData};
-use crate::measurements::CvmReferences;
-use crate::snp::{SnpCerts, SnpPolicy, SnpVerifier};
+use crate::measurements::{CvmReferences, InsecureNoLaunchMeasurement, MeasurementMode};
+use crate::snp::{SignerKind, SnpCerts, SnpPolicy, SnpVerifier};
 use crate::tdx::{TdxCollateral, TdxPolicy, TdxVerifier};
 use std::fmt;
 use std::str::FromStr;
@@ -50,6 +51,16 @@ impl CvmPlatform {
             Self::AzureSevSnp => "azure-sev-snp",
             Self::AzureTdx => "azure-tdx",
             Self::AwsSevSnp => "aws-sev-snp",
+        }
+    }
+
+    /// The only key that may sign this platform's SEV-SNP reports: Azure's hosts sign with
+    /// their chips' VCEKs, AWS signs with the VLEK AMD issued to it. `None` for TDX.
+    pub fn snp_signer(self) -> Option<SignerKind> {
+        match self {
+            Self::AzureSevSnp => Some(SignerKind::Vcek),
+            Self::AwsSevSnp => Some(SignerKind::Vlek),
+            Self::AzureTdx => None,
         }
     }
 
@@ -84,13 +95,51 @@ impl FromStr for CvmPlatform {
     }
 }
 
+/// Why a [`CvmAkTrust`] could not be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CvmTrustError {
+    /// [`CvmAkTrust::sev_snp`] was asked for a platform that is not SEV-SNP.
+    #[error("{0} is not an SEV-SNP platform")]
+    NotSevSnp(CvmPlatform),
+    /// The policy refuses the only signer the platform uses.
+    #[error("{platform} reports are signed by a {signer} only, and the policy refuses that signer")]
+    SignerRefused {
+        /// The platform.
+        platform: CvmPlatform,
+        /// Its signer.
+        signer: SignerKind,
+    },
+}
+
+/// The reference values a confidential-VM verifier requires and the measurements lack
+/// ([`CvmAkTrust::require_references`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{platform} needs enforced reference values for {}; set them in the measurements file \
+     (docs/attestation.md), or accept any launch with --insecure-no-launch-measurement",
+    .missing.join(", ")
+)]
+pub struct MissingReferences {
+    /// The platform.
+    pub platform: CvmPlatform,
+    /// The missing values, named as in the measurements file (`snp.launchMeasurement`,
+    /// `tdx.mrtd`, `tdx.rtmr0`, …).
+    pub missing: Vec<&'static str>,
+}
+
 /// TDX collateral passed in by the operator (an offline bundle), one set per platform
 /// FMSPC. Verification never fetches any.
 #[derive(Debug, Clone, Default)]
-pub struct TdxCollateralSet(Vec<TdxCollateral>);
+pub struct TdxCollateralSet(Vec<(String, TdxCollateral)>);
 
 impl TdxCollateralSet {
-    /// A set of collateral; refuses more than [`MAX_TDX_COLLATERAL_SETS`].
+    /// A set of collateral, keeping for each FMSPC only the newest TCB info
+    /// ([`TdxCollateral::freshness`]: the highest TCB evaluation number, then the latest
+    /// issue date), so that an older bundle left beside a newer one cannot decide (a
+    /// platform Intel has since marked out of date would pass under the older one). If the
+    /// newest does not verify, the quote is refused; there is no falling back to an older
+    /// one. Refuses a set whose FMSPC or freshness cannot be read, and more than
+    /// [`MAX_TDX_COLLATERAL_SETS`].
     pub fn new(sets: Vec<TdxCollateral>) -> Result<Self, ValidationError> {
         if sets.len() > MAX_TDX_COLLATERAL_SETS {
             return Err(ValidationError::Malformed(format!(
@@ -98,7 +147,27 @@ impl TdxCollateralSet {
                 sets.len()
             )));
         }
-        Ok(Self(sets))
+        let mut newest: Vec<(String, (u64, String), TdxCollateral)> = Vec::new();
+        for (index, collateral) in sets.into_iter().enumerate() {
+            let unreadable = |what: &str| {
+                ValidationError::Malformed(format!(
+                    "TDX collateral set #{index}: its TCB info has no readable {what}"
+                ))
+            };
+            let fmspc = collateral
+                .fmspc()
+                .ok_or_else(|| unreadable("fmspc"))?
+                .to_ascii_uppercase();
+            let fresh = collateral
+                .freshness()
+                .ok_or_else(|| unreadable("tcbEvaluationDataNumber and issueDate"))?;
+            match newest.iter_mut().find(|(f, _, _)| *f == fmspc) {
+                Some(kept) if kept.1 >= fresh => {}
+                Some(kept) => *kept = (fmspc, fresh, collateral),
+                None => newest.push((fmspc, fresh, collateral)),
+            }
+        }
+        Ok(Self(newest.into_iter().map(|(f, _, c)| (f, c)).collect()))
     }
 
     /// Number of sets.
@@ -116,6 +185,7 @@ impl TdxCollateralSet {
 /// mode ([`super::AkTrust::confidential_vm`]).
 pub struct CvmAkTrust {
     platform: CvmPlatform,
+    insecure_no_launch_measurement: Option<InsecureNoLaunchMeasurement>,
     snp: SnpVerifier,
     tdx: TdxVerifier,
     tdx_collateral: TdxCollateralSet,
@@ -126,6 +196,10 @@ impl fmt::Debug for CvmAkTrust {
         f.debug_struct("CvmAkTrust")
             .field("platform", &self.platform)
             .field("tdx_collateral_sets", &self.tdx_collateral.len())
+            .field(
+                "insecure_no_launch_measurement",
+                &self.insecure_no_launch_measurement.is_some(),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -134,14 +208,23 @@ impl CvmAkTrust {
     /// Azure SEV-SNP or AWS SEV-SNP AKs, with the SNP report checked against `policy`.
     /// The launch measurement and host data come from the measurements in force at each
     /// validation (they override the policy's when set there).
-    pub fn sev_snp(platform: CvmPlatform, policy: SnpPolicy) -> Result<Self, UnknownPlatform> {
-        if platform == CvmPlatform::AzureTdx {
-            return Err(UnknownPlatform(format!(
-                "{platform} is not an SEV-SNP platform"
-            )));
+    ///
+    /// The platform fixes the signer ([`CvmPlatform::snp_signer`]): whatever else `policy`
+    /// allows, an Azure report must be VCEK-signed and an AWS report VLEK-signed, so a
+    /// report from another cloud's or an attacker's own SEV-SNP host is refused at its
+    /// signer. Refused when `policy` does not allow the platform's signer.
+    pub fn sev_snp(platform: CvmPlatform, mut policy: SnpPolicy) -> Result<Self, CvmTrustError> {
+        let signer = platform
+            .snp_signer()
+            .ok_or(CvmTrustError::NotSevSnp(platform))?;
+        if !policy.allows_signer(signer) {
+            return Err(CvmTrustError::SignerRefused { platform, signer });
         }
+        policy.allow_vcek = signer == SignerKind::Vcek;
+        policy.allow_vlek = signer == SignerKind::Vlek;
         Ok(Self {
             platform,
+            insecure_no_launch_measurement: policy.insecure_no_launch_measurement,
             snp: SnpVerifier::new(policy),
             tdx: TdxVerifier::new(TdxPolicy::default()),
             tdx_collateral: TdxCollateralSet::default(),
@@ -150,19 +233,125 @@ impl CvmAkTrust {
 
     /// Azure TDX AKs, with the quote checked against `policy` and `collateral`. MRTD and
     /// the RTMRs come from the measurements in force at each validation (they override
-    /// the policy's when set there).
-    pub fn azure_tdx(policy: TdxPolicy, collateral: TdxCollateralSet) -> Self {
+    /// the policy's when set there); all four RTMRs are required, as Azure's paravisor
+    /// fixes them (it extends none).
+    ///
+    /// SEPT_VE_DISABLE is not required: on Azure the TD is the paravisor, which runs the
+    /// guest as a partitioned L2 VM and handles #VE itself, and Azure launches it with the
+    /// attribute clear. What protects the guest is then the paravisor that MRTD pins.
+    pub fn azure_tdx(mut policy: TdxPolicy, collateral: TdxCollateralSet) -> Self {
+        policy.require_sept_ve_disable = false;
         Self {
             platform: CvmPlatform::AzureTdx,
+            insecure_no_launch_measurement: policy.insecure_no_launch_measurement,
             snp: SnpVerifier::new(SnpPolicy::default()),
             tdx: TdxVerifier::new(policy),
             tdx_collateral: collateral,
         }
     }
 
+    /// **Insecure**: accept hardware reports whose launch no reference value pins
+    /// ([`InsecureNoLaunchMeasurement`]); a warning is logged now and on every verification
+    /// that relies on it.
+    #[must_use]
+    pub fn insecure_no_launch_measurement(mut self, marker: InsecureNoLaunchMeasurement) -> Self {
+        tracing::warn!(
+            platform = %self.platform,
+            "insecure_no_launch_measurement: hardware reports without a reference launch \
+             measurement will be accepted"
+        );
+        self.insecure_no_launch_measurement = Some(marker);
+        let mut snp = self.snp.policy().clone();
+        snp.insecure_no_launch_measurement = Some(marker);
+        self.snp = SnpVerifier::new(snp);
+        let mut tdx = self.tdx.policy().clone();
+        tdx.insecure_no_launch_measurement = Some(marker);
+        self.tdx = TdxVerifier::new(tdx);
+        self
+    }
+
     /// The platform this trust is for.
     pub fn platform(&self) -> CvmPlatform {
         self.platform
+    }
+
+    /// The SEV-SNP policy in force (its signer narrowed to the platform's); the default
+    /// for a TDX trust, which never uses it.
+    pub fn snp_policy(&self) -> &SnpPolicy {
+        self.snp.policy()
+    }
+
+    /// The TDX policy in force; the default for an SEV-SNP trust, which never uses it.
+    pub fn tdx_policy(&self) -> &TdxPolicy {
+        self.tdx.policy()
+    }
+
+    /// The reference values this platform requires that neither `references` nor the
+    /// policy sets as enforced, named as in the measurements file. SEV-SNP: the launch
+    /// measurement. Azure TDX: MRTD and RTMR 0 to 3 (Azure's paravisor extends no RTMR,
+    /// so all four are fixed at launch). A warn-only value counts as missing: it gates
+    /// nothing.
+    pub fn missing_references(&self, references: &CvmReferences) -> Vec<&'static str> {
+        let enforced = |from_file: &Option<Reference<48>>, from_policy: &Option<Reference<48>>| {
+            from_file
+                .as_ref()
+                .or(from_policy.as_ref())
+                .is_some_and(|r| r.mode == MeasurementMode::Enforce)
+        };
+        match self.platform {
+            CvmPlatform::AzureSevSnp | CvmPlatform::AwsSevSnp => {
+                if enforced(
+                    &references.snp_launch_measurement,
+                    &self.snp.policy().measurement,
+                ) {
+                    Vec::new()
+                } else {
+                    vec!["snp.launchMeasurement"]
+                }
+            }
+            CvmPlatform::AzureTdx => {
+                let policy = self.tdx.policy();
+                let mut missing = Vec::new();
+                if !enforced(&references.tdx_mrtd, &policy.mrtd) {
+                    missing.push("tdx.mrtd");
+                }
+                let names = ["tdx.rtmr0", "tdx.rtmr1", "tdx.rtmr2", "tdx.rtmr3"];
+                for ((name, file), set) in names
+                    .into_iter()
+                    .zip(&references.tdx_rtmrs)
+                    .zip(&policy.rtmrs)
+                {
+                    if !enforced(file, set) {
+                        missing.push(name);
+                    }
+                }
+                missing
+            }
+        }
+    }
+
+    /// Refuses `references` when they lack a value the platform requires
+    /// ([`Self::missing_references`]), unless this trust was built with
+    /// [`Self::insecure_no_launch_measurement`]; then it logs a warning instead. Binaries
+    /// call it at start, so that they refuse to run without the values; every
+    /// verification calls it again, as the measurements file may change.
+    pub fn require_references(&self, references: &CvmReferences) -> Result<(), MissingReferences> {
+        let missing = self.missing_references(references);
+        if missing.is_empty() {
+            return Ok(());
+        }
+        if self.insecure_no_launch_measurement.is_some() {
+            tracing::warn!(
+                platform = %self.platform,
+                missing = %missing.join(", "),
+                "insecure_no_launch_measurement: verifying without these reference values"
+            );
+            return Ok(());
+        }
+        Err(MissingReferences {
+            platform: self.platform,
+            missing,
+        })
     }
 
     /// Checks that the evidence's platform report vouches for the AK `ak_public`
@@ -187,6 +376,20 @@ impl CvmAkTrust {
         now: SystemTime,
         explanation: &mut Explanation,
     ) -> Result<(), ValidationError> {
+        if let Err(e) = self.require_references(references) {
+            let field = e.missing.first().copied().unwrap_or("launch measurement");
+            explanation.push(Check::pass_if(
+                false,
+                field,
+                "an enforced reference value",
+                "none configured",
+            ));
+            return Err(ValidationError::Field {
+                field: field.into(),
+                expected: "an enforced reference value".into(),
+                observed: "none configured".into(),
+            });
+        }
         let kind = platform.ok_or_else(|| {
             ValidationError::UntrustedKey(format!(
                 "the evidence carries no {} hardware report for its AK",
@@ -283,10 +486,39 @@ impl CvmAkTrust {
                 *slot = reference;
             }
         }
-        // Collateral is per platform (FMSPC); the quote's PCK certificate names its
-        // platform, and the verifier refuses collateral for another. Try each set.
+        // Collateral is per platform (FMSPC), one set each (the newest). The quote's PCK
+        // certificate names its platform: read it (no signature is checked for that) and
+        // verify against that platform's set only, so that a quote costs one verification
+        // whatever the bundle holds. The verifier still refuses collateral for another
+        // platform than the verified certificate's. A quote whose FMSPC cannot be read is
+        // tried against each set, and refused by each.
+        let fmspc = quote_fmspc(quote);
+        let candidates: Vec<&TdxCollateral> = self
+            .tdx_collateral
+            .0
+            .iter()
+            .filter(|(f, _)| fmspc.as_ref().is_none_or(|q| q == f))
+            .map(|(_, c)| c)
+            .collect();
+        if let Some(fmspc) = &fmspc
+            && candidates.is_empty()
+            && !self.tdx_collateral.is_empty()
+        {
+            explanation.push(Check::pass_if(
+                false,
+                "tdx_collateral",
+                format!("collateral for FMSPC {fmspc}"),
+                "none in the bundle",
+            ));
+            return Err(ValidationError::Certificate {
+                which: "TDX collateral".into(),
+                reason: format!(
+                    "none for the quote's platform FMSPC {fmspc} (add its PCS collateral to the bundle)"
+                ),
+            });
+        }
         let mut last = None;
-        for collateral in &self.tdx_collateral.0 {
+        for collateral in candidates {
             let (checks, result) = self.tdx.verify_explained_with(
                 &policy,
                 quote,
@@ -313,6 +545,14 @@ impl CvmAkTrust {
             }),
         }
     }
+}
+
+/// The FMSPC the quote's PCK certificate names (upper-case hex), read without checking any
+/// signature: it only selects the collateral to verify with.
+fn quote_fmspc(quote: &[u8]) -> Option<String> {
+    let parsed = crate::tdx::TdQuote::parse(quote).ok()?;
+    let extension = dcap_qvl::intel::parse_pck_extension_from_pem(parsed.pck_chain_pem()).ok()?;
+    Some(hex::encode_upper(extension.fmspc))
 }
 
 /// Records the AK binding check and returns its verdict.

@@ -291,6 +291,19 @@ impl AkTrust {
         Self::ConfidentialVm(Arc::new(trust))
     }
 
+    /// Refuses `references` when this is a confidential-VM trust whose platform requires
+    /// reference values they lack ([`CvmAkTrust::require_references`]); every other
+    /// policy needs none. Binaries call it at start, with the measurements they loaded.
+    pub fn require_references(
+        &self,
+        references: &CvmReferences,
+    ) -> Result<(), super::platform::MissingReferences> {
+        match self {
+            Self::ConfidentialVm(trust) => trust.require_references(references),
+            _ => Ok(()),
+        }
+    }
+
     /// Which AK attributes this policy accepts. A platform CA or a pin vouches for keys
     /// made by our own template, so the template must match exactly. A cloud's vTPM makes
     /// its AK with its own template (Azure's lacks noDA); the hardware report vouches for

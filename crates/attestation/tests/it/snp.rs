@@ -11,12 +11,12 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use asterism_attestation::ValidationError;
 use asterism_attestation::explain::{Explanation, Outcome, Reference};
 use asterism_attestation::snp::{
     MinimumTcb, PerProduct, Product, REPORT_SIZE, SignerKind, SnpCerts, SnpPolicy, SnpReport,
     SnpVerifier, check_fields, kds,
 };
+use asterism_attestation::{InsecureNoLaunchMeasurement, ValidationError};
 use base64::Engine;
 use sha2::Digest;
 
@@ -94,11 +94,20 @@ fn aws() -> Case {
     }
 }
 
+/// The default policy, told to accept any launch measurement: the tests of the other
+/// checks verify reports of three different launches with one policy.
+fn any_launch() -> SnpPolicy {
+    SnpPolicy {
+        insecure_no_launch_measurement: Some(InsecureNoLaunchMeasurement::insecure_new()),
+        ..SnpPolicy::default()
+    }
+}
+
 /// A policy with no TCB floor (the Azure report predates the default Milan floor).
 fn no_floor() -> SnpPolicy {
     SnpPolicy {
         minimum_tcb: PerProduct::default(),
-        ..SnpPolicy::default()
+        ..any_launch()
     }
 }
 
@@ -161,10 +170,9 @@ fn the_three_real_reports_verify_and_their_product_is_detected() {
 
 #[test]
 fn the_default_policy_accepts_the_milan_and_aws_reports_and_refuses_the_older_azure_tcb() {
-    verify(&milan(), SnpPolicy::default()).unwrap();
-    verify(&aws(), SnpPolicy::default()).unwrap();
-    let (field, expected, observed) =
-        field_error(verify(&azure(), SnpPolicy::default()).unwrap_err());
+    verify(&milan(), any_launch()).unwrap();
+    verify(&aws(), any_launch()).unwrap();
+    let (field, expected, observed) = field_error(verify(&azure(), any_launch()).unwrap_err());
     assert_eq!(
         (field.as_str(), expected.as_str(), observed.as_str()),
         ("reported_tcb.bootloader", ">= 3", "2")
@@ -595,12 +603,26 @@ fn a_cached_chain_is_reused_but_still_checked_at_now_and_against_the_report() {
         .unwrap_err();
     assert_eq!(cert_error(expired).0, "VCEK");
 
-    // Same chip and TCB key, other report content: the leaf checks run again.
+    // Same certificates, other report content: the leaf checks run again.
     let tampered = flip(&case.report, 0x187);
     let err = v
         .verify(&tampered, &case.certs, &case.report_data, now())
         .unwrap_err();
     assert_eq!(field_error(err).0, "reported_tcb.microcode");
+
+    // Another chip ID (unauthenticated until the signature is checked) is no way around
+    // the cache: the chain is not verified again, and the leaf refuses the report.
+    let other_chip = flip(&case.report, 0x1a0);
+    let (explanation, result) =
+        v.verify_explained(&other_chip, &case.certs, &case.report_data, now());
+    assert!(result.is_err());
+    let chain = explanation
+        .checks
+        .iter()
+        .find(|c| c.field == "chain")
+        .unwrap();
+    assert_eq!(chain.expected, "verified earlier");
+    assert!(!explanation.checks.iter().any(|c| c.field == "ASK"));
 }
 
 #[test]
@@ -743,6 +765,40 @@ fn with_policy_bit(report: &[u8], bit: u32) -> Vec<u8> {
 }
 
 #[test]
+fn the_launch_and_committed_tcbs_must_meet_the_floor_too() {
+    // The Milan sample's TCBs are exactly the default Milan floor.
+    let case = milan();
+    let real = SnpReport::parse(&case.report).unwrap();
+    let run = |report: &SnpReport| {
+        check_fields(
+            report,
+            Product::Milan,
+            &any_launch(),
+            &case.report_data,
+            &mut Explanation::default(),
+        )
+    };
+    run(&real).unwrap();
+    for (which, expected) in [
+        ("launch_tcb", "launch_tcb.snp"),
+        ("committed_tcb", "committed_tcb.snp"),
+    ] {
+        let mut report = real.clone();
+        let raw = if which == "launch_tcb" {
+            &mut report.launch_tcb
+        } else {
+            &mut report.committed_tcb
+        };
+        raw.0[6] -= 1; // the SNP firmware SPL on Milan
+        let (field, want, observed) = field_error(run(&report).unwrap_err());
+        assert_eq!(
+            (field.as_str(), want.as_str(), observed.as_str()),
+            (expected, ">= 8", "7")
+        );
+    }
+}
+
+#[test]
 fn a_debug_policy_is_always_refused() {
     let case = milan();
     let debug = with_policy_bit(&case.report, 19);
@@ -865,6 +921,34 @@ fn a_measurement_or_host_data_mismatch_is_refused_and_warn_only_passes() {
 }
 
 #[test]
+fn a_report_is_refused_without_a_reference_launch_measurement_unless_told_insecure() {
+    let case = azure();
+    let real = SnpReport::parse(&case.report).unwrap();
+    let strict = SnpPolicy {
+        minimum_tcb: PerProduct::default(),
+        ..SnpPolicy::default()
+    };
+    let (field, expected, observed) = field_error(verify(&case, strict.clone()).unwrap_err());
+    assert_eq!(field, "measurement");
+    assert!(expected.contains("none is configured"), "{expected}");
+    assert_eq!(observed, hex::encode(real.measurement));
+
+    let insecure = SnpPolicy {
+        insecure_no_launch_measurement: Some(InsecureNoLaunchMeasurement::insecure_new()),
+        ..strict
+    };
+    let ok = SnpVerifier::new(insecure)
+        .verify(&case.report, &case.certs, &case.report_data, now())
+        .unwrap();
+    let warned: Vec<_> = ok
+        .explanation()
+        .warnings()
+        .map(|c| c.field.clone())
+        .collect();
+    assert_eq!(warned, ["measurement"]);
+}
+
+#[test]
 fn id_and_author_key_digests_outside_the_allowed_sets_are_refused() {
     let case = milan();
     let real = SnpReport::parse(&case.report).unwrap();
@@ -899,7 +983,7 @@ fn one_rejection_lists_every_failed_field() {
         allow_smt: false,
         vmpl: Some(2),
         host_data: Some(Reference::enforce([1; 32])),
-        ..SnpPolicy::default()
+        ..any_launch()
     };
     let mut wrong = case.report_data;
     wrong[0] ^= 1;
@@ -919,6 +1003,12 @@ fn one_rejection_lists_every_failed_field() {
             "reported_tcb.bootloader",
             "reported_tcb.snp",
             "reported_tcb.microcode",
+            "launch_tcb.bootloader",
+            "launch_tcb.snp",
+            "launch_tcb.microcode",
+            "committed_tcb.bootloader",
+            "committed_tcb.snp",
+            "committed_tcb.microcode",
             "policy.smt",
             "vmpl",
             "host_data"

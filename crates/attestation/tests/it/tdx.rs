@@ -9,12 +9,12 @@
 
 use std::time::{Duration, SystemTime};
 
-use asterism_attestation::ValidationError;
 use asterism_attestation::explain::{Explanation, Outcome, Reference};
 use asterism_attestation::tdx::{
     MAX_COLLATERAL_LEN, MAX_QUOTE_LEN, PckCa, TcbStatus, TdQuote, TdReportKind, TdxCollateral,
     TdxPolicy, TdxVerifier, check_fields, pck_collateral_urls,
 };
+use asterism_attestation::{InsecureNoLaunchMeasurement, ValidationError};
 
 /// The quote the collateral was fetched for (dcap-qvl's `sample/tdx_quote`).
 const QUOTE: &[u8] = include_bytes!("../data/cvm/tdx-dcap/tdx_quote");
@@ -72,6 +72,15 @@ fn pinned_policy() -> TdxPolicy {
     TdxPolicy {
         mrtd: Some(Reference::enforce(r.mr_td)),
         rtmrs: r.rtmr.map(|v| Some(Reference::enforce(v))),
+        ..TdxPolicy::default()
+    }
+}
+
+/// The default policy, told to accept any MRTD and RTMR: for the tests of the other checks,
+/// on quotes of several launches.
+fn any_launch() -> TdxPolicy {
+    TdxPolicy {
+        insecure_no_launch_measurement: Some(InsecureNoLaunchMeasurement::insecure_new()),
         ..TdxPolicy::default()
     }
 }
@@ -155,7 +164,7 @@ fn refuses_a_quote_whose_tcb_level_the_collateral_does_not_list() {
     let hex = OTHER_QUOTE_HEX.trim();
     let other = unpadded(hex::decode(hex.strip_prefix("0x").unwrap_or(hex)).unwrap());
     let (which, reason) =
-        certificate_of(verify(TdxPolicy::default(), &other, &collateral(), NOW).unwrap_err());
+        certificate_of(verify(any_launch(), &other, &collateral(), NOW).unwrap_err());
     assert_eq!(which, "TCB info (platform match)");
     assert!(reason.contains("TCB level"), "{reason}");
 }
@@ -177,13 +186,7 @@ fn a_repeat_quote_uses_the_cache_and_still_passes_every_field_check() {
 
 #[test]
 fn rejects_a_flipped_bit_in_the_td_report() {
-    let err = verify(
-        TdxPolicy::default(),
-        &flip(&quote(), MR_TD + 5),
-        &collateral(),
-        NOW,
-    )
-    .unwrap_err();
+    let err = verify(any_launch(), &flip(&quote(), MR_TD + 5), &collateral(), NOW).unwrap_err();
     assert!(
         matches!(&err, ValidationError::BadSignature(m) if m.contains("attestation key")),
         "{err:?}"
@@ -193,20 +196,14 @@ fn rejects_a_flipped_bit_in_the_td_report() {
 #[test]
 fn rejects_a_flipped_bit_in_the_header() {
     // The last byte of the header's user data: signed, not otherwise checked.
-    let err = verify(
-        TdxPolicy::default(),
-        &flip(&quote(), 47),
-        &collateral(),
-        NOW,
-    )
-    .unwrap_err();
+    let err = verify(any_launch(), &flip(&quote(), 47), &collateral(), NOW).unwrap_err();
     assert!(matches!(&err, ValidationError::BadSignature(m) if m.contains("attestation key")));
 }
 
 #[test]
 fn rejects_a_flipped_bit_in_the_quote_signature() {
     let err = verify(
-        TdxPolicy::default(),
+        any_launch(),
         &flip(&quote(), SIG_DATA + 10),
         &collateral(),
         NOW,
@@ -218,7 +215,7 @@ fn rejects_a_flipped_bit_in_the_quote_signature() {
 #[test]
 fn rejects_a_flipped_bit_in_the_attestation_key() {
     let err = verify(
-        TdxPolicy::default(),
+        any_launch(),
         &flip(&quote(), SIG_DATA + 64 + 7),
         &collateral(),
         NOW,
@@ -230,7 +227,7 @@ fn rejects_a_flipped_bit_in_the_attestation_key() {
 #[test]
 fn rejects_a_flipped_bit_in_the_qe_report() {
     let err = verify(
-        TdxPolicy::default(),
+        any_launch(),
         &flip(&quote(), QE_REPORT + 100),
         &collateral(),
         NOW,
@@ -245,7 +242,7 @@ fn rejects_a_flipped_bit_in_the_qe_report() {
 #[test]
 fn rejects_a_flipped_bit_in_the_qe_report_signature() {
     let err = verify(
-        TdxPolicy::default(),
+        any_launch(),
         &flip(&quote(), QE_REPORT + 384 + 3),
         &collateral(),
         NOW,
@@ -257,7 +254,7 @@ fn rejects_a_flipped_bit_in_the_qe_report_signature() {
 #[test]
 fn rejects_qe_auth_data_the_qe_report_does_not_bind() {
     let err = verify(
-        TdxPolicy::default(),
+        any_launch(),
         &flip(&quote(), QE_AUTH + 1),
         &collateral(),
         NOW,
@@ -325,7 +322,7 @@ fn rejects_a_pck_chain_that_ends_at_another_root() {
     let qe_sig = signer.sign(&rng, &q[QE_REPORT..QE_REPORT + 384]).unwrap();
     let forged = with_pck(&q, pem.as_bytes(), qe_sig.as_ref());
 
-    let (ex, result) = TdxVerifier::new(TdxPolicy::default()).verify_explained(
+    let (ex, result) = TdxVerifier::new(any_launch()).verify_explained(
         &forged,
         &collateral(),
         &report_data(&q),
@@ -350,7 +347,7 @@ fn rejects_a_pck_chain_that_ends_at_another_root() {
 fn refuses_a_tcb_status_the_policy_does_not_accept_and_names_it() {
     let policy = TdxPolicy {
         accepted_tcb_statuses: vec![TcbStatus::SWHardeningNeeded],
-        ..TdxPolicy::default()
+        ..any_launch()
     };
     let err = verify(policy, &quote(), &collateral(), NOW).unwrap_err();
     assert_eq!(
@@ -366,7 +363,7 @@ fn refuses_a_tcb_status_the_policy_does_not_accept_and_names_it() {
 #[test]
 fn refuses_collateral_past_its_next_update() {
     // 2025-07-20: a day after the TCB info's and QE identity's nextUpdate.
-    let err = verify(TdxPolicy::default(), &quote(), &collateral(), 1_752_969_600).unwrap_err();
+    let err = verify(any_launch(), &quote(), &collateral(), 1_752_969_600).unwrap_err();
     let (which, reason) = certificate_of(err);
     assert_eq!(which, "TCB info");
     assert!(reason.contains("expired"), "{reason}");
@@ -375,7 +372,7 @@ fn refuses_collateral_past_its_next_update() {
 #[test]
 fn refuses_collateral_before_it_was_issued() {
     // 2025-06-01: before the TCB info, the QE identity and the PCK CRL were issued.
-    let err = verify(TdxPolicy::default(), &quote(), &collateral(), 1_748_736_000).unwrap_err();
+    let err = verify(any_launch(), &quote(), &collateral(), 1_748_736_000).unwrap_err();
     let (which, reason) = certificate_of(err);
     assert_eq!(which, "TCB info");
     assert!(reason.contains("in the future"), "{reason}");
@@ -385,7 +382,7 @@ fn refuses_collateral_before_it_was_issued() {
 fn a_cached_outcome_is_not_used_outside_its_validity() {
     let q = quote();
     let c = collateral();
-    let verifier = TdxVerifier::new(TdxPolicy::default());
+    let verifier = TdxVerifier::new(any_launch());
     verifier.verify(&q, &c, &report_data(&q), at(NOW)).unwrap();
     let err = verifier
         .verify(&q, &c, &report_data(&q), at(1_752_969_600))
@@ -406,8 +403,7 @@ fn refuses_tampered_tcb_info() {
     assert_ne!(tcb, json["tcb_info"].as_str().unwrap());
     json["tcb_info"] = tcb.into();
     let c = TdxCollateral::from_json(&serde_json::to_vec(&json).unwrap()).unwrap();
-    let (which, reason) =
-        certificate_of(verify(TdxPolicy::default(), &quote(), &c, NOW).unwrap_err());
+    let (which, reason) = certificate_of(verify(any_launch(), &quote(), &c, NOW).unwrap_err());
     assert_eq!(which, "TCB info");
     assert!(reason.to_lowercase().contains("signature"), "{reason}");
 }
@@ -421,8 +417,7 @@ fn refuses_tampered_qe_identity() {
         .replace("\"version\":2", "\"version\":3");
     json["qe_identity"] = qe.into();
     let c = TdxCollateral::from_json(&serde_json::to_vec(&json).unwrap()).unwrap();
-    let (which, reason) =
-        certificate_of(verify(TdxPolicy::default(), &quote(), &c, NOW).unwrap_err());
+    let (which, reason) = certificate_of(verify(any_launch(), &quote(), &c, NOW).unwrap_err());
     assert_eq!(which, "QE identity");
     assert!(reason.to_lowercase().contains("signature"), "{reason}");
 }
@@ -459,7 +454,7 @@ fn refuses_a_report_data_mismatch() {
     let q = quote();
     let mut rd = report_data(&q);
     rd[63] ^= 1;
-    let err = TdxVerifier::new(TdxPolicy::default())
+    let err = TdxVerifier::new(any_launch())
         .verify(&q, &collateral(), &rd, at(NOW))
         .unwrap_err();
     assert_eq!(err, ValidationError::BindingMismatch);
@@ -469,7 +464,7 @@ fn refuses_a_report_data_mismatch() {
 fn refuses_truncated_and_trailing_bytes() {
     let q = quote();
     for len in [0, 47, 48, 631, 632, 636, q.len() - 1] {
-        let err = verify(TdxPolicy::default(), &q[..len], &collateral(), NOW).unwrap_err();
+        let err = verify(any_launch(), &q[..len], &collateral(), NOW).unwrap_err();
         assert!(
             matches!(err, ValidationError::Malformed(_)),
             "{len}: {err:?}"
@@ -477,17 +472,13 @@ fn refuses_truncated_and_trailing_bytes() {
     }
     let mut longer = q.clone();
     longer.push(0);
-    let err = verify(TdxPolicy::default(), &longer, &collateral(), NOW).unwrap_err();
+    let err = verify(any_launch(), &longer, &collateral(), NOW).unwrap_err();
     assert!(
         matches!(&err, ValidationError::Malformed(m) if m.contains("trailing")),
         "{err:?}"
     );
-    let (ex, _) = TdxVerifier::new(TdxPolicy::default()).verify_explained(
-        &longer,
-        &collateral(),
-        &[0; 64],
-        at(NOW),
-    );
+    let (ex, _) =
+        TdxVerifier::new(any_launch()).verify_explained(&longer, &collateral(), &[0; 64], at(NOW));
     assert_eq!(ex.first_failure().unwrap().field, "quote");
     let huge = vec![0u8; MAX_QUOTE_LEN + 1];
     assert!(matches!(
@@ -534,7 +525,7 @@ fn check_attributes(bits_to_flip: u64) -> (Explanation, Result<(), ValidationErr
     report.td_attributes = bits.to_le_bytes();
     let mut ex = Explanation::default();
     let r = check_fields(
-        &TdxPolicy::default(),
+        &pinned_policy(),
         &report,
         TcbStatus::UpToDate,
         &[],
@@ -542,6 +533,79 @@ fn check_attributes(bits_to_flip: u64) -> (Explanation, Result<(), ValidationErr
         &mut ex,
     );
     (ex, r)
+}
+
+#[test]
+fn mrtd_and_rtmr_0_to_2_are_required_unless_told_insecure() {
+    let q = quote();
+    let report = TdQuote::parse(&q).unwrap().report().clone();
+    let run = |policy: &TdxPolicy| {
+        let mut ex = Explanation::default();
+        let r = check_fields(
+            policy,
+            &report,
+            TcbStatus::UpToDate,
+            &[],
+            &report.report_data.clone(),
+            &mut ex,
+        );
+        (ex, r)
+    };
+    for (i, field) in ["mr_td", "rtmr0", "rtmr1", "rtmr2"].into_iter().enumerate() {
+        let mut policy = pinned_policy();
+        match i.checked_sub(1) {
+            None => policy.mrtd = None,
+            Some(rtmr) => policy.rtmrs[rtmr] = None,
+        }
+        let err = run(&policy).1.unwrap_err();
+        assert_eq!(field_of(&err), field);
+        policy.insecure_no_launch_measurement = Some(InsecureNoLaunchMeasurement::insecure_new());
+        let (ex, r) = run(&policy);
+        r.unwrap();
+        let warned: Vec<&str> = ex.warnings().map(|c| c.field.as_str()).collect();
+        assert_eq!(warned, [field]);
+    }
+    // RTMR 3 is the platform's to require (Azure does, CvmAkTrust::azure_tdx).
+    let mut policy = pinned_policy();
+    policy.rtmrs[3] = None;
+    run(&policy).1.unwrap();
+}
+
+#[test]
+fn sw_hardening_needed_passes_only_for_listed_advisories() {
+    let q = quote();
+    let report = TdQuote::parse(&q).unwrap().report().clone();
+    let advisories = ["INTEL-SA-00615".to_owned(), "INTEL-SA-00837".to_owned()];
+    let run = |policy: &TdxPolicy, status: TcbStatus| {
+        check_fields(
+            policy,
+            &report,
+            status,
+            &advisories,
+            &report.report_data.clone(),
+            &mut Explanation::default(),
+        )
+    };
+    let default = pinned_policy();
+    let err = run(&default, TcbStatus::SWHardeningNeeded).unwrap_err();
+    assert_eq!(field_of(&err), "advisory_ids");
+    let one = TdxPolicy {
+        accepted_advisory_ids: vec!["INTEL-SA-00615".into()],
+        ..pinned_policy()
+    };
+    let err = run(&one, TcbStatus::SWHardeningNeeded).unwrap_err();
+    assert!(
+        matches!(&err, ValidationError::Field { field, observed, .. }
+            if field == "advisory_ids" && observed.contains("INTEL-SA-00837")),
+        "{err:?}"
+    );
+    let both = TdxPolicy {
+        accepted_advisory_ids: advisories.to_vec(),
+        ..pinned_policy()
+    };
+    run(&both, TcbStatus::SWHardeningNeeded).unwrap();
+    // UpToDate needs no listing.
+    run(&default, TcbStatus::UpToDate).unwrap();
 }
 
 #[test]
@@ -601,7 +665,7 @@ fn revoked_is_refused_even_when_the_policy_lists_it() {
     let report = TdQuote::parse(&q).unwrap().report().clone();
     let policy = TdxPolicy {
         accepted_tcb_statuses: vec![TcbStatus::Revoked],
-        ..TdxPolicy::default()
+        ..any_launch()
     };
     let mut ex = Explanation::default();
     let err = check_fields(
@@ -674,7 +738,7 @@ fn the_signature_covers_the_v5_body_header() {
     // The v4 signature does not verify over a v5 header and body type: refused as a
     // signature failure, not accepted as the same report.
     let q = quote();
-    let err = verify(TdxPolicy::default(), &v5(&q, 2, &[]), &collateral(), NOW).unwrap_err();
+    let err = verify(any_launch(), &v5(&q, 2, &[]), &collateral(), NOW).unwrap_err();
     assert!(matches!(err, ValidationError::BadSignature(_)), "{err:?}");
 }
 
@@ -764,8 +828,7 @@ fn refuses_a_tampered_crl() {
         *crl.last_mut().unwrap() ^= 1;
         json[key] = hex::encode(crl).into();
         let c = TdxCollateral::from_json(&serde_json::to_vec(&json).unwrap()).unwrap();
-        let (which, reason) =
-            certificate_of(verify(TdxPolicy::default(), &quote(), &c, NOW).unwrap_err());
+        let (which, reason) = certificate_of(verify(any_launch(), &quote(), &c, NOW).unwrap_err());
         assert_eq!(which, named);
         assert!(reason.contains("signature does not verify"), "{reason}");
     }
@@ -790,12 +853,8 @@ fn accepts_a_real_v5_quote() {
     assert_eq!(r.kind, TdReportKind::Td15Ex);
     assert_eq!(r.mr_service_td, Some([0; 48]));
     assert!(r.tee_tcb_svn2.is_some());
-    let (ex, v) = TdxVerifier::new(TdxPolicy::default()).verify_explained(
-        V5_QUOTE,
-        &c,
-        &r.report_data,
-        at(V5_NOW),
-    );
+    let (ex, v) =
+        TdxVerifier::new(any_launch()).verify_explained(V5_QUOTE, &c, &r.report_data, at(V5_NOW));
     let v = v.unwrap();
     assert_eq!(v.version(), 5);
     assert_eq!(v.tcb_status(), TcbStatus::UpToDate);
@@ -809,7 +868,7 @@ fn rejects_a_flipped_bit_anywhere_in_a_v5_body() {
     // RTMR0, TEE_TCB_SVN2 (TDX 1.5) and the last byte of the 1.5 extension.
     for offset in [V5_BODY + 328, V5_BODY + 584, V5_BODY + 884] {
         let q = flip(V5_QUOTE, offset);
-        let err = TdxVerifier::new(TdxPolicy::default())
+        let err = TdxVerifier::new(any_launch())
             .verify(&q, &c, &rd, at(V5_NOW))
             .unwrap_err();
         assert!(

@@ -335,6 +335,19 @@ impl Capabilities {
     };
 }
 
+/// A check the protocol makes, to be left out one at a time: each must be needed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Check {
+    /// Verifiers require evidence bound to their own session (both designs).
+    SessionBinding,
+    /// A joining node requires a ticket signed by the control-plane identity key (new).
+    TicketSignature,
+    /// `asterism recover` sends keys only to recorded control-plane AKs and disks (new).
+    RecoverAllowList,
+    /// An AK bound to a disk cannot bind another (new).
+    OneDiskPerMember,
+}
+
 /// The model: a design and what the insider may do.
 #[derive(Clone, Copy, Debug)]
 pub struct Protocol {
@@ -342,6 +355,8 @@ pub struct Protocol {
     pub design: Design,
     /// The insider's moves.
     pub insider: Capabilities,
+    /// A check left out of the design, to show that it is needed; `None` for the design as it is.
+    pub without: Option<Check>,
 }
 
 /// The name of property P1.
@@ -357,21 +372,39 @@ pub const CAN_RECOVER: &str = "the control plane can be recovered";
 /// A reachability check: a worker can rejoin after a reboot.
 pub const CAN_REJOIN: &str = "a rebooted worker can rejoin";
 
-/// Whether evidence passes a verifier's check in `session`, for a peer in `role`, with PCR 15
-/// required to be `pcr15`. Returns the attested AK. PCRs 0–14 are always genuine here, and
-/// every AK chains to the platform CA: the insider's TPM is genuine.
-fn verify(evidence: &Evidence, session: Session, role: Role, pcr15: Pcr15) -> Option<Machine> {
-    (evidence.session == session && evidence.role == role && evidence.pcr15 == pcr15)
-        .then_some(evidence.ak)
-}
-
 impl Protocol {
     /// The checked model of `design` with an insider that may do everything.
     pub fn new(design: Design) -> Self {
         Self {
             design,
             insider: Capabilities::ALL,
+            without: None,
         }
+    }
+
+    /// Whether the design makes `check`.
+    pub fn makes(&self, check: Check) -> bool {
+        let in_design = match check {
+            Check::SessionBinding => true,
+            Check::TicketSignature | Check::RecoverAllowList | Check::OneDiskPerMember => {
+                self.design == Design::New
+            }
+        };
+        in_design && self.without != Some(check)
+    }
+
+    /// Whether evidence passes a verifier's check in `session`, for a peer in `role`, with PCR
+    /// 15 required to be `pcr15`. Returns the attested AK. PCRs 0–14 are always genuine here,
+    /// and every AK chains to the platform CA: the insider's TPM is genuine.
+    fn verify(
+        &self,
+        evidence: &Evidence,
+        session: Session,
+        role: Role,
+        pcr15: Pcr15,
+    ) -> Option<Machine> {
+        let bound = !self.makes(Check::SessionBinding) || evidence.session == session;
+        (bound && evidence.role == role && evidence.pcr15 == pcr15).then_some(evidence.ak)
     }
 
     /// The join service's decision on a join ticket for `disk` to `ak`; binds on success.
@@ -386,7 +419,7 @@ impl Protocol {
             Some(_) => return true,
             None => {}
         }
-        if self.design == Design::New && bindings.values().any(|bound| *bound == ak) {
+        if self.makes(Check::OneDiskPerMember) && bindings.values().any(|bound| *bound == ak) {
             // A member's first disk binding is its only one.
             return false;
         }
@@ -406,20 +439,23 @@ impl Protocol {
 
     /// Whether a joining node accepts `ticket` received in `session`.
     fn node_accepts(&self, ticket: &Ticket, session: Session) -> bool {
-        ticket.cluster_consistent
-            && match self.design {
-                Design::Old => true,
-                Design::New => ticket.signed_for == Some(session),
-            }
+        if !ticket.cluster_consistent {
+            return false;
+        }
+        if !self.makes(Check::TicketSignature) {
+            return true;
+        }
+        match ticket.signed_for {
+            None => false,
+            Some(signed_for) => !self.makes(Check::SessionBinding) || signed_for == session,
+        }
     }
 
     /// Whether `asterism recover` sends keys to `ak` for `disk` (after its evidence verified
     /// with PCR 15 zero). The workspace records the init node's AK and disk.
     fn owner_sends_keys(&self, ak: Machine, disk: Machine) -> bool {
-        match self.design {
-            Design::Old => true,
-            Design::New => ak == Machine::ControlPlane && disk == Machine::ControlPlane,
-        }
+        !self.makes(Check::RecoverAllowList)
+            || (ak == Machine::ControlPlane && disk == Machine::ControlPlane)
     }
 
     /// What the insider can present as its evidence: its own, or what it captured.
@@ -637,7 +673,7 @@ impl Model for Protocol {
                     Session::new(Party::Machine(machine), Party::Machine(Machine::Insider));
                 let evidence = Self::presented(&state, evidence, session, Role::Server);
                 // The node verifies the join service: genuine, and PCR 15 = the marker.
-                verify(&evidence, session, Role::Server, Pcr15::Marker)?;
+                self.verify(&evidence, session, Role::Server, Pcr15::Marker)?;
                 if !self.node_accepts(&ticket, session) {
                     return None;
                 }
@@ -657,7 +693,7 @@ impl Model for Protocol {
             } => {
                 let session = Session::new(Party::Owner, Party::Machine(Machine::Insider));
                 let evidence = Self::presented(&state, evidence, session, Role::Server);
-                let ak = verify(&evidence, session, Role::Server, Pcr15::Zero)?;
+                let ak = self.verify(&evidence, session, Role::Server, Pcr15::Zero)?;
                 if !self.owner_sends_keys(ak, names_disk) {
                     return None;
                 }
@@ -687,7 +723,7 @@ impl Model for Protocol {
                 });
                 let own = Self::presented(&state, Presented::Own, session, Role::Client);
                 // The join service requires a node fresh in this boot.
-                let Some(ak) = verify(&own, session, Role::Client, Pcr15::Zero) else {
+                let Some(ak) = self.verify(&own, session, Role::Client, Pcr15::Zero) else {
                     return (state != *last).then_some(state);
                 };
                 let admitted = match action {

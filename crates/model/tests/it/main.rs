@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use asterism_model::{
-    Action, CAN_JOIN, CAN_RECOVER, CAN_REJOIN, Capabilities, Design, Machine, P1, P2, P3, Pcr15,
-    Presented, Protocol, Secret, State, Ticket,
+    Action, CAN_JOIN, CAN_RECOVER, CAN_REJOIN, Capabilities, Check, Design, Evidence, Machine, P1,
+    P2, P3, Party, Pcr15, Presented, Protocol, Role, Secret, Session, State, Ticket,
 };
 use stateright::{Checker, Expectation, Model, Path};
 
@@ -64,8 +64,9 @@ fn check(model: Protocol) -> Checked {
     let checker = model.checker().visitor(recorder).spawn_bfs().join();
     let elapsed = start.elapsed();
     eprintln!(
-        "{:?} {:?}: {} unique states ({} generated), max depth {}, {:.2?}",
+        "{:?} without {:?}, {:?}: {} unique states ({} generated), max depth {}, {:.2?}",
         model.design,
+        model.without,
         model.insider,
         checker.unique_state_count(),
         checker.state_count(),
@@ -85,6 +86,7 @@ fn old(insider: Capabilities) -> Protocol {
     Protocol {
         design: Design::Old,
         insider,
+        without: None,
     }
 }
 
@@ -209,9 +211,79 @@ fn new_design_has_no_violation_with_any_single_insider_move() {
         let checked = check(Protocol {
             design: Design::New,
             insider,
+            without: None,
         });
         for property in [P1, P2, P3] {
             assert_eq!(checked.trace(property), None, "{property} with {insider:?}");
         }
+    }
+}
+
+#[test]
+fn new_design_needs_each_of_its_checks() {
+    // Each check left out, the insider takes an honest disk key again (and, for the two a
+    // joining node makes, its join): none of them is dead weight. The last step of the
+    // shortest P1 counterexample says how.
+    let cases = [
+        // The control plane's evidence, captured from its recovery server, relayed to the
+        // owner's recover.
+        (
+            Check::SessionBinding,
+            true,
+            Action::InsiderPosesAsRecoveryServer {
+                evidence: Presented::Relayed(Evidence {
+                    ak: Machine::ControlPlane,
+                    pcr15: Pcr15::Zero,
+                    session: Session {
+                        client: Party::Machine(Machine::Insider),
+                        server: Party::Machine(Machine::ControlPlane),
+                    },
+                    role: Role::Server,
+                }),
+                names_disk: Machine::ControlPlane,
+            },
+        ),
+        // A forged, unsigned ticket, as in the old design.
+        (
+            Check::TicketSignature,
+            true,
+            Action::InsiderPosesAsJoinService {
+                node: Machine::Worker,
+                evidence: Presented::Own,
+                ticket: Ticket {
+                    disk_key: Secret::DiskKey(Machine::Insider),
+                    cluster_consistent: true,
+                    signed_for: None,
+                    issued_to: None,
+                },
+            },
+        ),
+        (
+            Check::RecoverAllowList,
+            false,
+            Action::InsiderPosesAsRecoveryServer {
+                evidence: Presented::Own,
+                names_disk: Machine::ControlPlane,
+            },
+        ),
+        (
+            Check::OneDiskPerMember,
+            false,
+            Action::InsiderRequestsJoinTicket(Machine::Worker),
+        ),
+    ];
+    for (without, breaks_p3, last) in cases {
+        let checked = check(Protocol {
+            without: Some(without),
+            ..Protocol::new(Design::New)
+        });
+        let p1 = checked.trace(P1).unwrap_or_default();
+        assert_eq!(p1.last(), Some(&last), "without {without:?}");
+        assert_eq!(
+            checked.trace(P3).is_some(),
+            breaks_p3,
+            "without {without:?}"
+        );
+        assert_eq!(checked.trace(P2), None);
     }
 }

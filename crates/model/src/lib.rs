@@ -25,9 +25,10 @@
 //!
 //! What the model does **not** cover: cryptography is perfect (a key or a signature is an
 //! atom, known or not; a TLS session's exporter is its pair of endpoints); init is the
-//! initial state (it runs before the insider exists); one control-plane node, one fresh
-//! worker and the insider, nothing more; Kubernetes, certificates, SSH, rate limits, the
-//! metadata and denial of service are not modelled; `insecure_*` options are off. What the
+//! initial state (it runs before the insider exists); one control-plane node, two fresh
+//! workers (or one) and the insider, nothing more; Kubernetes, certificates, SSH, rate
+//! limits, the metadata and denial of service are not modelled; `insecure_*` options are
+//! off. What the
 //! bounds and abstractions mean is in `docs/design/model.md`. This crate must never be
 //! linked by a program: it describes the protocol, it does not run it.
 #![forbid(unsafe_code)]
@@ -56,12 +57,19 @@ pub enum Machine {
     ControlPlane,
     /// A fresh worker that has yet to join.
     Worker,
+    /// A second fresh worker, when the model has one ([`Protocol::second_worker`]).
+    SecondWorker,
     /// The insider: a genuine worker that joined before the model starts.
     Insider,
 }
 
-/// The honest machines, whose disk keys P1 protects.
-pub const HONEST: [Machine; 2] = [Machine::ControlPlane, Machine::Worker];
+/// Every machine, each with its disk.
+const MACHINES: [Machine; 4] = [
+    Machine::ControlPlane,
+    Machine::Worker,
+    Machine::SecondWorker,
+    Machine::Insider,
+];
 
 /// One end of an aTLS session.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -202,7 +210,7 @@ impl Insider {
         if secret == Secret::MasterSecret {
             self.knows.insert(Secret::ControlPlaneIdentityKey);
             self.knows.insert(Secret::MeasurementSecret);
-            for machine in [Machine::ControlPlane, Machine::Worker, Machine::Insider] {
+            for machine in MACHINES {
                 self.knows.insert(Secret::DiskKey(machine));
             }
         }
@@ -217,40 +225,40 @@ impl Insider {
 /// The whole system's state.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct State {
-    /// The init node, running the join service while it is [`Phase::Joined`].
-    pub control_plane: Node,
-    /// The fresh worker.
-    pub worker: Node,
+    /// The honest nodes: the init node (running the join service while it is
+    /// [`Phase::Joined`]) and the fresh workers.
+    pub nodes: BTreeMap<Machine, Node>,
     /// The join service's disk bindings: disk (named by its machine) → AK.
     pub bindings: BTreeMap<Machine, Machine>,
     /// The insider.
     pub insider: Insider,
     /// Ghost: the owner's recover brought the control plane back at least once.
     pub control_plane_recovered: bool,
-    /// Ghost: the worker rejoined through the join service at least once.
+    /// Ghost: a worker rejoined through the join service at least once.
     pub worker_rejoined: bool,
 }
 
 impl State {
     /// An honest node's state.
     pub fn node(&self, machine: Machine) -> Option<&Node> {
-        match machine {
-            Machine::ControlPlane => Some(&self.control_plane),
-            Machine::Worker => Some(&self.worker),
-            Machine::Insider => None,
-        }
+        self.nodes.get(&machine)
     }
 
     fn node_mut(&mut self, machine: Machine) -> Option<&mut Node> {
-        match machine {
-            Machine::ControlPlane => Some(&mut self.control_plane),
-            Machine::Worker => Some(&mut self.worker),
-            Machine::Insider => None,
-        }
+        self.nodes.get_mut(&machine)
     }
 
     fn join_service_up(&self) -> bool {
-        self.control_plane.phase == Phase::Joined
+        self.node(Machine::ControlPlane)
+            .is_some_and(|node| node.phase == Phase::Joined)
+    }
+
+    /// Every disk in the model: the honest nodes' and the insider's.
+    fn disks(&self) -> impl Iterator<Item = Machine> + '_ {
+        self.nodes
+            .keys()
+            .copied()
+            .chain(std::iter::once(Machine::Insider))
     }
 }
 
@@ -357,6 +365,8 @@ pub struct Protocol {
     pub insider: Capabilities,
     /// A check left out of the design, to show that it is needed; `None` for the design as it is.
     pub without: Option<Check>,
+    /// A second fresh worker besides the first.
+    pub second_worker: bool,
 }
 
 /// The name of property P1.
@@ -379,6 +389,7 @@ impl Protocol {
             design,
             insider: Capabilities::ALL,
             without: None,
+            second_worker: true,
         }
     }
 
@@ -527,17 +538,27 @@ impl Model for Protocol {
             (Machine::ControlPlane, Machine::ControlPlane),
             (Machine::Insider, Machine::Insider),
         ]);
+        let fresh = |machine| Node {
+            phase: Phase::Fresh,
+            disk_key: Secret::FirstBootKey(machine),
+            accepted_foreign_ticket: false,
+        };
+        let mut nodes = BTreeMap::from([
+            (
+                Machine::ControlPlane,
+                Node {
+                    phase: Phase::Joined,
+                    disk_key: Secret::DiskKey(Machine::ControlPlane),
+                    accepted_foreign_ticket: false,
+                },
+            ),
+            (Machine::Worker, fresh(Machine::Worker)),
+        ]);
+        if self.second_worker {
+            nodes.insert(Machine::SecondWorker, fresh(Machine::SecondWorker));
+        }
         vec![State {
-            control_plane: Node {
-                phase: Phase::Joined,
-                disk_key: Secret::DiskKey(Machine::ControlPlane),
-                accepted_foreign_ticket: false,
-            },
-            worker: Node {
-                phase: Phase::Fresh,
-                disk_key: Secret::FirstBootKey(Machine::Worker),
-                accepted_foreign_ticket: false,
-            },
+            nodes,
             bindings,
             insider: Insider {
                 pcr15: Pcr15::Marker,
@@ -551,10 +572,7 @@ impl Model for Protocol {
     }
 
     fn actions(&self, state: &State, actions: &mut Vec<Action>) {
-        for machine in HONEST {
-            let Some(node) = state.node(machine) else {
-                continue;
-            };
+        for (&machine, node) in &state.nodes {
             match node.phase {
                 Phase::Fresh => {
                     actions.push(Action::Join(machine));
@@ -584,7 +602,7 @@ impl Model for Protocol {
         }
         if self.insider.pose_as_recovery_server {
             for evidence in Self::presentable(state) {
-                for names_disk in [Machine::ControlPlane, Machine::Worker, Machine::Insider] {
+                for names_disk in state.disks() {
                     actions.push(Action::InsiderPosesAsRecoveryServer {
                         evidence,
                         names_disk,
@@ -597,7 +615,7 @@ impl Model for Protocol {
             actions.push(Action::InsiderSetsPcr15(Pcr15::Marker));
         }
         if self.insider.request_tickets {
-            for disk in [Machine::ControlPlane, Machine::Worker, Machine::Insider] {
+            for disk in state.disks() {
                 actions.push(Action::InsiderRequestsJoinTicket(disk));
                 actions.push(Action::InsiderRequestsRejoinTicket(disk));
             }
@@ -647,7 +665,7 @@ impl Model for Protocol {
                     return None;
                 }
                 node.phase = Phase::Joined;
-                if machine == Machine::Worker {
+                if machine != Machine::ControlPlane {
                     state.worker_rejoined = true;
                 }
             }
@@ -760,25 +778,26 @@ impl Model for Protocol {
     fn properties(&self) -> Vec<Property<Self>> {
         vec![
             Property::always(P1, |_, state: &State| {
-                HONEST.iter().all(|machine| {
+                state.nodes.iter().all(|(machine, node)| {
                     !state.insider.knows(Secret::DiskKey(*machine))
-                        && state
-                            .node(*machine)
-                            .is_none_or(|node| !state.insider.knows(node.disk_key))
+                        && !state.insider.knows(node.disk_key)
                 })
             }),
             Property::always(P2, |_, state: &State| {
                 !state.insider.knows(Secret::MasterSecret)
             }),
             Property::always(P3, |_, state: &State| {
-                HONEST.iter().all(|machine| {
-                    state
-                        .node(*machine)
-                        .is_none_or(|node| !node.accepted_foreign_ticket)
-                })
+                state
+                    .nodes
+                    .values()
+                    .all(|node| !node.accepted_foreign_ticket)
             }),
             Property::sometimes(CAN_JOIN, |_, state: &State| {
-                state.worker.phase == Phase::Joined && !state.worker.accepted_foreign_ticket
+                state.nodes.iter().any(|(machine, node)| {
+                    *machine != Machine::ControlPlane
+                        && node.phase == Phase::Joined
+                        && !node.accepted_foreign_ticket
+                })
             }),
             Property::sometimes(CAN_RECOVER, |_, state: &State| {
                 state.control_plane_recovered

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use asterism_model::{
     Action, CAN_JOIN, CAN_RECOVER, CAN_REJOIN, Capabilities, Check, Design, Evidence, Machine, P1,
@@ -23,7 +23,6 @@ struct Checked {
     first: BTreeMap<&'static str, Vec<Action>>,
     unique_states: usize,
     done: bool,
-    elapsed: Duration,
 }
 
 impl Checked {
@@ -79,7 +78,6 @@ fn check(model: Protocol) -> Checked {
         first,
         unique_states: checker.unique_state_count(),
         done: checker.is_done(),
-        elapsed,
     }
 }
 
@@ -185,11 +183,6 @@ fn new_design_has_no_violation_in_its_whole_bounded_state_space() {
         checked.unique_states > NEW_DESIGN_MIN_STATES,
         "only {} states",
         checked.unique_states
-    );
-    assert!(
-        checked.elapsed < Duration::from_secs(30),
-        "took {:?}",
-        checked.elapsed
     );
 }
 

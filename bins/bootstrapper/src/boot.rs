@@ -33,12 +33,20 @@ pub(crate) enum Boot {
 }
 
 /// Creates the sparse state disk image of `size` bytes if it does not exist (the disk a
-/// cloud provider would attach). An existing image is left alone.
+/// cloud provider would attach), mode 0600: its LUKS2 header names the disk's UUID, which
+/// no other local user should read. An existing image is left alone but for its mode,
+/// which is restricted to 0600 as well.
 pub fn prepare_state_image(path: &Path, size: u64) -> Result<(), FileError> {
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
     if let Some(parent) = path.parent() {
         files::create_dirs(parent)?;
     }
-    match OpenOptions::new().write(true).create_new(true).open(path) {
+    match OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
         Ok(file) => {
             file.set_len(size).map_err(|source| FileError::Io {
                 action: "size the state disk image",
@@ -48,7 +56,15 @@ pub fn prepare_state_image(path: &Path, size: u64) -> Result<(), FileError> {
             info!(image = %path.display(), size, "created a new state disk image");
             Ok(())
         }
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(
+                |source| FileError::Io {
+                    action: "restrict the state disk image to its owner",
+                    path: path.to_path_buf(),
+                    source,
+                },
+            )
+        }
         Err(source) => Err(FileError::Io {
             action: "create the state disk image",
             path: path.to_path_buf(),
@@ -185,6 +201,20 @@ mod tests {
 
     const UUID: &str = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
     const MAPPING: &str = "/dev/mapper/state";
+
+    #[test]
+    fn the_state_image_is_readable_by_its_owner_only() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("state.img");
+        prepare_state_image(&image, 1 << 20).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&image), 0o600);
+        // An image left readable by an older version is restricted too.
+        std::fs::set_permissions(&image, std::fs::Permissions::from_mode(0o644)).unwrap();
+        prepare_state_image(&image, 1 << 20).unwrap();
+        assert_eq!(mode(&image), 0o600);
+    }
 
     struct Unmarked;
 

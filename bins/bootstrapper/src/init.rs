@@ -56,8 +56,11 @@ pub(crate) struct InitService<M> {
     secret_hash: String,
     this: ThisNode,
     events: mpsc::UnboundedSender<Event>,
-    /// Bounds the bcrypt checks unauthenticated callers can cause (module `limits`).
+    /// Bounds the bcrypt checks unauthenticated callers can cause per address (module
+    /// `limits`).
     attempts: Arc<crate::limits::PeerLimiter>,
+    /// Bounds the bcrypt checks in all: further calls wait their turn.
+    checks: Arc<crate::limits::CheckQueue>,
 }
 
 impl<M: Metadata + 'static> InitService<M> {
@@ -68,12 +71,14 @@ impl<M: Metadata + 'static> InitService<M> {
         events: mpsc::UnboundedSender<Event>,
     ) -> Self {
         let attempts = crate::limits::PeerLimiter::for_calls(node.config.init_limits);
+        let checks = crate::limits::CheckQueue::new(node.config.init_limits.max_in_flight);
         Self {
             node,
             secret_hash,
             this,
             events,
             attempts,
+            checks,
         }
     }
 }
@@ -246,6 +251,12 @@ impl<M: Metadata + 'static> Api for InitService<M> {
             warn!(step = "init", peer = ?peer, reason = %refused, "refused an Init call before the secret check");
             Status::resource_exhausted(refused.to_string())
         })?;
+        // Waits for its turn among the checks of all addresses (the owner's first call goes
+        // ahead of a flood's); refused only when the queue is full or the wait too long.
+        let turn = self.checks.turn(ip).await.map_err(|refused| {
+            warn!(step = "init", peer = ?peer, reason = %refused, "refused an Init call: no turn for the secret check");
+            Status::resource_exhausted(refused.to_string())
+        })?;
 
         // 1. The init secret, against the bcrypt hash from the metadata. Constant time is
         //    inside bcrypt's verify. A wrong secret gets a generic failure and no logs.
@@ -258,6 +269,7 @@ impl<M: Metadata + 'static> Api for InitService<M> {
                 .await
                 .unwrap_or(false)
         };
+        drop(turn);
         drop(attempt);
         if !verified {
             warn!(step = "init", peer = ?peer, "refused an Init: wrong init secret (no logs sent)");

@@ -242,8 +242,11 @@ pub(crate) struct RecoverService<M> {
     accept_master_secret: bool,
     /// Success, or a failure that ends the run, for the orchestrator.
     events: mpsc::UnboundedSender<Result<ClusterId, ResumeError>>,
-    /// Bounds the disk-key checks (each a LUKS2 key derivation) callers can cause.
+    /// Bounds the disk-key checks (each a LUKS2 key derivation) callers can cause per
+    /// address.
     attempts: Arc<crate::limits::PeerLimiter>,
+    /// Bounds the disk-key checks in all: further calls wait their turn.
+    checks: Arc<crate::limits::CheckQueue>,
 }
 
 impl<M: Send + Sync + 'static> RecoverService<M> {
@@ -259,6 +262,7 @@ impl<M: Send + Sync + 'static> RecoverService<M> {
             accept_master_secret,
             events,
             attempts: crate::limits::PeerLimiter::for_calls(limits),
+            checks: crate::limits::CheckQueue::new(limits.max_in_flight),
         }
     }
 
@@ -307,6 +311,10 @@ impl<M: Send + Sync + 'static> Api for RecoverService<M> {
         let ip = peer.map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |a| a.ip());
         let _attempt = self.attempts.try_acquire(ip).map_err(|refused| {
             warn!(step = "recover", peer = ?peer, reason = %refused, "refused a Recover call");
+            Status::resource_exhausted(refused.to_string())
+        })?;
+        let _turn = self.checks.turn(ip).await.map_err(|refused| {
+            warn!(step = "recover", peer = ?peer, reason = %refused, "refused a Recover call: no turn for the key check");
             Status::resource_exhausted(refused.to_string())
         })?;
         info!(step = "recover", peer = ?peer, "received a Recover request");

@@ -187,7 +187,7 @@ async fn rejoin_or_recover<M: Metadata + 'static>(
     // The recovery server: aTLS where the node attests; the caller is not attested (the
     // keys it sends prove themselves by opening the disk).
     let (done_tx, done_rx) = watch::channel(false);
-    let server = AtlsServer::new(AtlsConfig::attesting(node.issuer.clone()))
+    let server = AtlsServer::new(server_config(node.issuer.clone(), &node.config.init_limits))
         .map_err(|e| Failure::BeforeLock(StepError::Atls(e)))?;
     let addr = listener
         .local_addr()
@@ -316,7 +316,7 @@ async fn bootstrap<M: Metadata + 'static>(
     let addr = listener
         .local_addr()
         .map_or_else(|e| format!("(unknown: {e})"), |a| a.to_string());
-    let server = AtlsServer::new(AtlsConfig::attesting(node.issuer.clone()))
+    let server = AtlsServer::new(server_config(node.issuer.clone(), &node.config.init_limits))
         .map_err(|e| Failure::BeforeLock(StepError::Atls(e)))?;
     let (events_tx, mut events) = mpsc::unbounded_channel();
     let (stop_init_tx, mut stop_init_rx) = watch::channel(false);
@@ -418,8 +418,12 @@ async fn bootstrap<M: Metadata + 'static>(
     outcome
 }
 
-/// Like `AtlsServer::incoming`, with every connection admitted by `limiter` before its
-/// handshake (which costs a TPM quote): a refused connection is closed at once.
+/// `server`'s incoming connections, each admitted by `limiter` (per address: how many at
+/// once, how often) before its handshake, which costs a TPM quote: a refused connection is
+/// closed at once. The handshake slots of all addresses together are the aTLS listener's,
+/// shared fairly between addresses (`InitLimits::max_pending_handshakes`), so no set of
+/// addresses can hold them all; a client has `asterism_atls::DEFAULT_HELLO_TIMEOUT` after
+/// its TLS handshake to send its HELLO.
 fn limited_incoming(
     server: AtlsServer,
     listener: tokio::net::TcpListener,
@@ -427,47 +431,25 @@ fn limited_incoming(
 ) -> impl futures::Stream<
     Item = Result<asterism_atls::AtlsStream<tokio::net::TcpStream>, std::io::Error>,
 > + use<> {
-    let (tx, rx) = mpsc::channel(16);
-    tokio::spawn(async move {
-        loop {
-            let accepted = tokio::select! {
-                () = tx.closed() => return,
-                accepted = listener.accept() => accepted,
-            };
-            let (tcp, addr) = match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    // Out of file descriptors and similar: back off instead of spinning.
-                    warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            let permit = match limiter.try_acquire(addr.ip()) {
-                Ok(permit) => permit,
-                Err(refused) => {
-                    // At debug: a flood must not flood the log too.
-                    tracing::debug!(peer = %addr, reason = %refused, "InitServer connection refused before the handshake");
-                    continue;
-                }
-            };
-            let _ = tcp.set_nodelay(true);
-            let server = server.clone();
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                // Held through the handshake only: the quote is what the limit bounds.
-                let accepted = server.accept(tcp, Some(addr)).await;
-                drop(permit);
-                match accepted {
-                    Ok(stream) => {
-                        let _ = tx.send(Ok(stream)).await;
-                    }
-                    Err(e) => warn!(peer = %addr, error = %e, "aTLS connection refused"),
-                }
-            });
+    server.incoming_admitting(listener, move |addr| match limiter.try_acquire(addr.ip()) {
+        Ok(permit) => Some(permit),
+        Err(refused) => {
+            // At debug: a flood must not flood the log too.
+            tracing::debug!(peer = %addr, reason = %refused, "InitServer connection refused before the handshake");
+            None
         }
-    });
-    tokio_stream::wrappers::ReceiverStream::new(rx)
+    })
+}
+
+/// The aTLS configuration of the InitServer and the recovery server: the node attests,
+/// with the handshake slots of `limits`.
+fn server_config(
+    issuer: std::sync::Arc<dyn asterism_atls::Issuer>,
+    limits: &crate::limits::InitLimits,
+) -> AtlsConfig {
+    AtlsConfig::attesting(issuer)
+        .with_max_pending_handshakes(limits.max_pending_handshakes)
+        .with_max_pending_per_source(limits.per_peer_in_flight)
 }
 
 /// Waits for a server (the InitServer, the recovery server) to deliver its last responses

@@ -252,6 +252,7 @@ pub async fn run_with(args: Args, after: &bring_up::Args) -> Result<Initialised>
     .to_uri_string();
 
     let deadline = Duration::from_secs(args.timeout_secs);
+    let give_up = tokio::time::Instant::now() + deadline;
     eprintln!(
         "▸ connecting to {} and verifying the node's evidence",
         args.endpoint
@@ -261,39 +262,50 @@ pub async fn run_with(args: Args, after: &bring_up::Args) -> Result<Initialised>
             .with_handshake_timeout(Duration::from_secs(30))
             .with_exchange_timeout(Duration::from_secs(30)),
     )?;
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", args.endpoint))
-        .with_context(|| format!("invalid endpoint {:?}", args.endpoint))?
-        .connect_timeout(Duration::from_secs(30))
-        .connect_with_connector(connector.clone())
-        .await
-        .map_err(|e| explain_connect_error(&args.endpoint, &e))?;
-    if let Some(peer) = connector.last_verified_peer() {
-        eprintln!(
-            "▸ node verified: {} evidence, attestation key {}",
-            peer.evidence().variant(),
-            peer.evidence().identity()
+    // A busy node (its handshake slots or secret checks taken, by other callers or a
+    // flood) answers UNAVAILABLE or RESOURCE_EXHAUSTED, or closes the connection: all
+    // before it checked anything, so trying again is safe. Everything else ends the run.
+    let mut backoff = crate::retry::Backoff::new(Duration::from_secs(5));
+    let mut stream = loop {
+        let request = init_request(
+            &args,
+            &release,
+            kms_uri.to_string(),
+            &measurement_salt,
+            &init_secret,
+            hosted_services.clone(),
         );
-    }
-
-    eprintln!(
-        "▸ sending the init request; the node is setting up Kubernetes {} ({} components)",
-        release.version(),
-        release.components().len()
-    );
-    let request = init_request(
-        &args,
-        &release,
-        kms_uri.to_string(),
-        &measurement_salt,
-        &init_secret,
-        hosted_services,
-    );
-    let outcome = tokio::time::timeout(deadline, async {
-        let mut stream = ApiClient::new(channel)
-            .init(request)
-            .await
-            .map_err(|s| status_error(&s))?
-            .into_inner();
+        let left = give_up.saturating_duration_since(tokio::time::Instant::now());
+        let tried = tokio::time::timeout(
+            left,
+            start_init(&args.endpoint, &connector, request, &release),
+        )
+        .await
+        .unwrap_or_else(|_| Err(InitAttempt::Retry(format!("no answer within {deadline:?}"))));
+        match tried {
+            Ok(stream) => break stream,
+            Err(InitAttempt::Fatal(e)) => return Err(e),
+            Err(InitAttempt::Retry(why)) => {
+                let wait = backoff.next_wait();
+                if tokio::time::Instant::now() + wait >= give_up {
+                    bail!(
+                        "the node at {} did not take the init request within {deadline:?} \
+                         ({} attempts; the last: {why})",
+                        args.endpoint,
+                        backoff.attempts
+                    );
+                }
+                eprintln!(
+                    "▸ attempt {} failed: {why}; retrying in {:.1} s",
+                    backoff.attempts,
+                    wait.as_secs_f64()
+                );
+                tokio::time::sleep(wait).await;
+            }
+        }
+    };
+    let left = give_up.saturating_duration_since(tokio::time::Instant::now());
+    let outcome = tokio::time::timeout(left, async {
         let mut success = None;
         let mut failure = None;
         let mut logs = Vec::new();
@@ -385,6 +397,81 @@ pub async fn run_with(args: Args, after: &bring_up::Args) -> Result<Initialised>
         cluster_id,
         workspace: args.workspace.clone(),
     })
+}
+
+/// Why one attempt to start the Init call failed.
+enum InitAttempt {
+    /// The node was busy or unreachable before it checked anything: try again.
+    Retry(String),
+    /// The node was refused (its evidence) or refused the request: the end.
+    Fatal(anyhow::Error),
+}
+
+/// One attempt: an attested connection to `endpoint`, then the Init call up to its
+/// response headers.
+async fn start_init(
+    endpoint: &str,
+    connector: &AtlsConnector,
+    request: InitRequest,
+    release: &Release,
+) -> std::result::Result<tonic::Streaming<asterism_proto::init::InitResponse>, InitAttempt> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{endpoint}"))
+        .map_err(|e| InitAttempt::Fatal(anyhow::anyhow!("invalid endpoint {endpoint:?}: {e}")))?
+        .connect_timeout(Duration::from_secs(30))
+        .connect_with_connector(connector.clone())
+        .await
+        .map_err(|e| classify_connect_error(endpoint, &e))?;
+    if let Some(peer) = connector.last_verified_peer() {
+        eprintln!(
+            "▸ node verified: {} evidence, attestation key {}",
+            peer.evidence().variant(),
+            peer.evidence().identity()
+        );
+    }
+    eprintln!(
+        "▸ sending the init request; the node is setting up Kubernetes {} ({} components)",
+        release.version(),
+        release.components().len()
+    );
+    match ApiClient::new(channel).init(request).await {
+        Ok(response) => Ok(response.into_inner()),
+        Err(s)
+            if matches!(
+                s.code(),
+                tonic::Code::Unavailable | tonic::Code::ResourceExhausted
+            ) =>
+        {
+            Err(InitAttempt::Retry(format!(
+                "the node is busy ({:?}: {})",
+                s.code(),
+                s.message()
+            )))
+        }
+        Err(s) => Err(InitAttempt::Fatal(status_error(&s))),
+    }
+}
+
+/// A failed connection: fatal when the node's evidence was refused (nothing secret was
+/// sent, and trying again changes nothing), to be retried otherwise (nothing listens yet,
+/// the node closed the connection while busy, a deadline).
+fn classify_connect_error(endpoint: &str, e: &tonic::transport::Error) -> InitAttempt {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if let Some(atls) = c.downcast_ref::<asterism_atls::AtlsError>() {
+            if matches!(
+                atls,
+                asterism_atls::AtlsError::Rejected(_)
+                    | asterism_atls::AtlsError::UnknownVariant(_)
+                    | asterism_atls::AtlsError::UnsupportedVersion(_)
+                    | asterism_atls::AtlsError::Config(_)
+            ) {
+                return InitAttempt::Fatal(explain_connect_error(endpoint, e));
+            }
+            break;
+        }
+        cause = c.source();
+    }
+    InitAttempt::Retry(format!("{:#}", explain_connect_error(endpoint, e)))
 }
 
 fn status_error(s: &tonic::Status) -> anyhow::Error {

@@ -10,6 +10,7 @@ pub mod init;
 pub mod readmit;
 pub mod recover;
 pub mod recovery_share;
+mod retry;
 pub mod trust;
 pub mod verify;
 

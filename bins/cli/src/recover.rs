@@ -171,6 +171,7 @@ async fn retrier(
     deadline: Instant,
 ) -> Result<Option<Recovered>> {
     let mut unavailable_once = false;
+    let mut backoff = crate::retry::Backoff::new(target.retry_interval);
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -189,9 +190,22 @@ async fn retrier(
                 }
                 tracing::info!(endpoint = %target.endpoint, reason = %why, "nothing listens yet; retrying once");
                 unavailable_once = true;
+                tokio::time::sleep(target.retry_interval.min(left)).await;
+                continue;
             }
             Ok(Err(AttemptError::Transient(why))) => {
                 tracing::info!(endpoint = %target.endpoint, reason = %why, "attempt failed; retrying");
+                // A busy node (a flood holding its handshake slots, its key checks queued)
+                // is tried again soon, then less and less often.
+                let wait = backoff.next_wait();
+                eprintln!(
+                    "▸ attempt {} at {} failed: {why}; retrying in {:.1} s",
+                    backoff.attempts,
+                    target.endpoint,
+                    wait.as_secs_f64()
+                );
+                tokio::time::sleep(wait.min(left)).await;
+                continue;
             }
             Err(_) => tracing::info!(endpoint = %target.endpoint, "attempt timed out; retrying"),
         }
@@ -528,6 +542,11 @@ fn classify_atls(endpoint: &str, e: &AtlsError) -> AttemptError {
 fn classify_status(s: &tonic::Status, call: &str) -> AttemptError {
     match s.code() {
         tonic::Code::Unavailable => AttemptError::Unavailable(s.message().to_owned()),
+        // Busy (its key checks queued too long, or this address at its rate): nothing was
+        // checked; try again.
+        tonic::Code::ResourceExhausted => {
+            AttemptError::Transient(format!("the node is busy: {}", s.message()))
+        }
         // Brought back meanwhile (its rejoin won, or another recovery): it needs nothing;
         // the next attempt finds its port closed or another node.
         tonic::Code::FailedPrecondition => AttemptError::Transient(format!(

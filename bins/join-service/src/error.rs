@@ -23,6 +23,9 @@ pub enum DenyReason {
     DiskBoundToOtherKey,
     /// A rejoin names a disk bound to no attestation key.
     DiskUnbound,
+    /// A new disk for an attestation key (a member) that already has one, without an
+    /// operator's re-admission.
+    SecondDisk,
     /// A member came back with another attestation key and was not re-admitted.
     MemberKeyChanged,
     /// The SSH host certificate would name a host the peer is not.
@@ -39,6 +42,7 @@ impl DenyReason {
             Self::RoleMismatch => "role_mismatch",
             Self::DiskBoundToOtherKey => "disk_bound_to_other_key",
             Self::DiskUnbound => "disk_unbound",
+            Self::SecondDisk => "second_disk",
             Self::MemberKeyChanged => "member_key_changed",
             Self::PrincipalNotAllowed => "principal_not_allowed",
         }

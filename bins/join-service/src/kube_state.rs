@@ -170,11 +170,35 @@ impl KubeState {
 }
 
 impl ClusterState for KubeState {
-    async fn check_disk(&self, disk: &DiskUuid, ak: &str) -> Result<(), StateError> {
+    /// The disk of another key is refused by the API's check; a new disk for a member
+    /// (not re-admitted) whose key it is, by the member rule: every member's first
+    /// admission bound its disk, so a member may only name a disk already bound to its key.
+    /// (The embedded store also refuses a second disk for a key under another name; here the
+    /// member's name, tied to its address by the metadata check, is what holds it.)
+    async fn check_disk(&self, disk: &DiskUuid, ak: &str, name: &str) -> Result<(), StateError> {
         self.api
             .check_disk(disk.as_str(), ak)
             .await
-            .map_err(state_error)
+            .map_err(state_error)?;
+        let Some(member) = self.api.member(name).await.map_err(state_error)? else {
+            return Ok(());
+        };
+        if member.ak != ak || member.readmit {
+            return Ok(());
+        }
+        match self
+            .api
+            .disk_binding(disk.as_str())
+            .await
+            .map_err(state_error)?
+        {
+            Some(b) if b.ak == ak => Ok(()),
+            _ => Err(StateError::SecondDisk {
+                ak: ak.to_owned(),
+                bound: "(recorded in its disk binding)".to_owned(),
+                requested: disk.as_str().to_owned(),
+            }),
+        }
     }
 
     async fn check_rejoin(&self, disk: &DiskUuid, ak: &str) -> Result<(), StateError> {
@@ -243,6 +267,7 @@ impl ClusterState for KubeState {
     /// member record last.
     async fn admit(&self, a: Admission) -> Result<ExpiringToken, StateError> {
         self.check_member(&a.name, &a.ak).await?;
+        self.check_disk(&a.disk, &a.ak, &a.name).await?;
         self.api
             .bind_disk(a.disk.as_str(), &a.ak, a.now)
             .await

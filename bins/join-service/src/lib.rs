@@ -25,7 +25,6 @@ mod error;
 mod keys;
 mod kube_state;
 mod metrics;
-mod ratelimit;
 mod release;
 mod request;
 mod serve;
@@ -35,10 +34,10 @@ mod state;
 pub use error::{DenyReason, JoinError};
 pub use keys::KeySource;
 // The key-service client the binary, the tests and the benchmarks build the service with.
+pub use asterism_binkit::RateLimiter;
 pub use asterism_kms::{KeyError, KeyServiceAddress, KeyServiceClient};
 pub use kube_state::{JoiningNodes, KubeReleaseError, KubeState};
 pub use metrics::Metrics;
-pub use ratelimit::RateLimiter;
 pub use release::{ClusterRelease, ReleaseError};
 pub use serve::{
     HttpAccess, LISTEN_BACKLOG, Limits, bind_admin_socket, bind_listener, is_loopback, serve,

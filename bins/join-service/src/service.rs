@@ -5,11 +5,11 @@
 use crate::error::{DenyReason, JoinError, chain};
 use crate::keys::KeySource;
 use crate::metrics::Metrics;
-use crate::ratelimit::RateLimiter;
 use crate::release::ClusterRelease;
 use crate::request::{ControlPlaneFile, JoinRequest, JoinTicket, RejoinRequest, RejoinTicket};
 use crate::state::{Admission, ClusterState, Member, StateError};
 use asterism_atls::VerifiedPeer;
+use asterism_binkit::RateLimiter;
 use asterism_cluster::{API_SERVER_PORT, CONTROL_PLANE_FILES, REQUIRED_CONTROL_PLANE_FILES, Role};
 use asterism_kms::{DataKey, KeyId, STATE_DISK_KEY_LEN};
 use asterism_metadata::{InstanceMetadata, Metadata};
@@ -301,7 +301,7 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
         }
         self.inner
             .state
-            .check_disk(&disk, peer.ak)
+            .check_disk(&disk, peer.ak, &instance.name)
             .await
             .map_err(state_error)?;
         self.inner
@@ -528,6 +528,14 @@ fn state_error(e: StateError) -> JoinError {
             reason: DenyReason::DiskUnbound,
             detail: format!(
                 "disk {uuid} was never bound to an attestation key: no node received its key, so a rejoin may not"
+            ),
+        },
+        StateError::SecondDisk {
+            bound, requested, ..
+        } => JoinError::Denied {
+            reason: DenyReason::SecondDisk,
+            detail: format!(
+                "this attestation key already has disk {bound}; disk {requested} is a second one, which needs an operator to re-admit the node (asterism readmit)"
             ),
         },
         StateError::MemberKeyChanged { name } => JoinError::Denied {

@@ -6,7 +6,9 @@ use crate::release::{ClusterRelease, ReleaseError};
 use asterism_cluster::{BootstrapToken, ExpiringToken, Role};
 use asterism_kms::DiskUuid;
 use asterism_kubernetes_versions::Component;
-use redb::{Database, ReadableDatabase as _, ReadableTable as _, TableDefinition};
+use redb::{
+    Database, ReadableDatabase as _, ReadableTable, ReadableTableMetadata as _, TableDefinition,
+};
 use ring::rand::{SecureRandom, SystemRandom};
 use serde::{Deserialize, Serialize};
 use std::future::Future;
@@ -24,6 +26,8 @@ pub const TOKEN_MIN_REMAINING: Duration = Duration::from_secs(5 * 60);
 const MEMBERS: TableDefinition<&str, &[u8]> = TableDefinition::new("members");
 const DISKS: TableDefinition<&str, &[u8]> = TableDefinition::new("disk_bindings");
 const TOKENS: TableDefinition<&str, &[u8]> = TableDefinition::new("bootstrap_tokens");
+/// The disk each attestation key is bound to (the index of `disk_bindings` by key).
+const AK_DISKS: TableDefinition<&str, &str> = TableDefinition::new("disks_by_ak");
 
 /// Why a state operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -48,6 +52,19 @@ pub enum StateError {
     MemberKeyChanged {
         /// The node.
         name: String,
+    },
+    /// A new disk for an attestation key that already has one: a member's first disk is
+    /// its only one, and another needs an operator (`asterism readmit`).
+    #[error(
+        "attestation key {ak} already has disk {bound}; a second disk ({requested}) needs an operator to re-admit the node (asterism readmit)"
+    )]
+    SecondDisk {
+        /// The attestation key.
+        ak: String,
+        /// The disk it is bound to.
+        bound: String,
+        /// The disk it asked for.
+        requested: String,
     },
     /// The node is no member.
     #[error("node {name} is no member")]
@@ -199,11 +216,14 @@ pub struct Admission {
 
 /// The cluster state the join service needs. Every method is atomic.
 pub trait ClusterState: Send + Sync + 'static {
-    /// Succeeds if `disk` is unbound or bound to `ak` (a join may bind it); writes nothing.
+    /// Succeeds if `disk` is bound to `ak`, or unbound and `ak` has no disk yet (or node
+    /// `name` was re-admitted by an operator): a join may bind it. Fails with
+    /// [`StateError::DiskBoundToOtherKey`] or [`StateError::SecondDisk`]; writes nothing.
     fn check_disk(
         &self,
         disk: &DiskUuid,
         ak: &str,
+        name: &str,
     ) -> impl Future<Output = Result<(), StateError>> + Send;
 
     /// Succeeds only if `disk` is bound to `ak` (a rejoin binds nothing): fails with
@@ -239,7 +259,8 @@ pub trait ClusterState: Send + Sync + 'static {
         name: &str,
     ) -> impl Future<Output = Result<Member, StateError>> + Send;
 
-    /// In one transaction: binds the disk (unless another key holds it), records the
+    /// In one transaction: binds the disk (unless another key holds it, or the key has
+    /// another disk and the member was not re-admitted), records the
     /// member (one record per node name; a member with another AK only after
     /// [`ClusterState::allow_readmission`], which this clears), and returns a bootstrap
     /// token (a stored one with at least [`TOKEN_MIN_REMAINING`] left, or a new one valid
@@ -290,6 +311,7 @@ impl std::fmt::Debug for RedbState {
 /// The open tables of a write transaction.
 struct Tables<'txn> {
     disks: redb::Table<'txn, &'static str, &'static [u8]>,
+    ak_disks: redb::Table<'txn, &'static str, &'static str>,
     members: redb::Table<'txn, &'static str, &'static [u8]>,
     tokens: redb::Table<'txn, &'static str, &'static [u8]>,
 }
@@ -321,6 +343,7 @@ impl<T: Send> PendingWrite for Pending<T> {
         match run(tables) {
             Err(
                 e @ (StateError::DiskBoundToOtherKey { .. }
+                | StateError::SecondDisk { .. }
                 | StateError::MemberKeyChanged { .. }
                 | StateError::NoSuchMember { .. }),
             ) => self.outcome = Some(Err(e)),
@@ -384,6 +407,7 @@ fn commit(db: &Database, batch: &mut [Box<dyn PendingWrite>]) -> Result<(), Stat
     {
         let mut tables = Tables {
             disks: txn.open_table(DISKS).map_err(store)?,
+            ak_disks: txn.open_table(AK_DISKS).map_err(store)?,
             members: txn.open_table(MEMBERS).map_err(store)?,
             tokens: txn.open_table(TOKENS).map_err(store)?,
         };
@@ -417,6 +441,19 @@ impl RedbState {
             txn.open_table(MEMBERS).map_err(store)?;
             txn.open_table(DISKS).map_err(store)?;
             txn.open_table(TOKENS).map_err(store)?;
+            // A store written before the index existed: index its bindings once.
+            let mut index = txn.open_table(AK_DISKS).map_err(store)?;
+            if index.is_empty().map_err(store)? {
+                let disks = txn.open_table(DISKS).map_err(store)?;
+                for entry in disks.iter().map_err(store)? {
+                    let (disk, record) = entry.map_err(store)?;
+                    let record: DiskRecord =
+                        serde_json::from_slice(record.value()).map_err(store)?;
+                    index
+                        .insert(record.ak.as_str(), disk.value())
+                        .map_err(store)?;
+                }
+            }
         }
         txn.commit().map_err(store)?;
         let db = Arc::new(db);
@@ -465,38 +502,68 @@ impl RedbState {
     }
 }
 
-/// Binds `disk` to `ak` unless it is bound; refuses (before writing anything) if another
-/// key holds it.
-fn bind_in(
-    table: &mut redb::Table<&str, &[u8]>,
+/// Whether `disk` may be bound to `ak` (or already is): refuses a disk of another key,
+/// and a new disk for a key that has one unless `second_disk_allowed` (an operator
+/// re-admitted the node).
+fn may_bind(
+    disks: &impl ReadableTable<&'static str, &'static [u8]>,
+    ak_disks: &impl ReadableTable<&'static str, &'static str>,
     disk: &str,
     ak: &str,
-    now: u64,
-) -> Result<(), StateError> {
-    let existing = table
+    second_disk_allowed: bool,
+) -> Result<bool, StateError> {
+    let existing = disks
         .get(disk)
         .map_err(store)?
         .map(|v| serde_json::from_slice::<DiskRecord>(v.value()))
         .transpose()
         .map_err(store)?;
     match existing {
-        Some(record) if record.ak == ak => Ok(()),
+        Some(record) if record.ak == ak => Ok(true),
         Some(_) => Err(StateError::DiskBoundToOtherKey {
             uuid: disk.to_owned(),
         }),
-        None => {
+        None => match ak_disks.get(ak).map_err(store)? {
+            Some(bound) if bound.value() != disk && !second_disk_allowed => {
+                Err(StateError::SecondDisk {
+                    ak: ak.to_owned(),
+                    bound: bound.value().to_owned(),
+                    requested: disk.to_owned(),
+                })
+            }
+            _ => Ok(false),
+        },
+    }
+}
+
+/// Binds `disk` to `ak` unless it is bound; refuses (before writing anything) if another
+/// key holds it, or if `ak` has another disk and `second_disk_allowed` is false.
+fn bind_in(
+    t: &mut Tables<'_>,
+    disk: &str,
+    ak: &str,
+    now: u64,
+    second_disk_allowed: bool,
+) -> Result<(), StateError> {
+    match may_bind(&t.disks, &t.ak_disks, disk, ak, second_disk_allowed)? {
+        true => Ok(()),
+        false => {
             let record = serde_json::to_vec(&DiskRecord {
                 ak: ak.to_owned(),
                 bound_at: now,
             })
             .map_err(store)?;
-            table.insert(disk, record.as_slice()).map_err(store)?;
+            t.disks.insert(disk, record.as_slice()).map_err(store)?;
+            t.ak_disks.insert(ak, disk).map_err(store)?;
             Ok(())
         }
     }
 }
 
-fn member_in(table: &redb::Table<&str, &[u8]>, name: &str) -> Result<Option<Member>, StateError> {
+fn member_in(
+    table: &impl ReadableTable<&'static str, &'static [u8]>,
+    name: &str,
+) -> Result<Option<Member>, StateError> {
     table
         .get(name)
         .map_err(store)?
@@ -523,7 +590,8 @@ fn admit_in(t: &mut Tables<'_>, a: &Admission) -> Result<ExpiringToken, StateErr
             name: p.name.clone(),
         });
     }
-    bind_in(&mut t.disks, a.disk.as_str(), &a.ak, now)?;
+    let readmitted = previous.as_ref().is_some_and(|p| p.readmit);
+    bind_in(t, a.disk.as_str(), &a.ak, now, readmitted)?;
 
     let member = match previous {
         Some(p) => {
@@ -602,22 +670,15 @@ fn admit_in(t: &mut Tables<'_>, a: &Admission) -> Result<ExpiringToken, StateErr
 }
 
 impl ClusterState for RedbState {
-    async fn check_disk(&self, disk: &DiskUuid, ak: &str) -> Result<(), StateError> {
-        let (disk, ak) = (disk.as_str().to_owned(), ak.to_owned());
+    async fn check_disk(&self, disk: &DiskUuid, ak: &str, name: &str) -> Result<(), StateError> {
+        let (disk, ak, name) = (disk.as_str().to_owned(), ak.to_owned(), name.to_owned());
         self.blocking(move |db| {
             let read = db.begin_read().map_err(store)?;
-            let table = read.open_table(DISKS).map_err(store)?;
-            match table.get(disk.as_str()).map_err(store)? {
-                None => Ok(()),
-                Some(v) => {
-                    let record: DiskRecord = serde_json::from_slice(v.value()).map_err(store)?;
-                    if record.ak == ak {
-                        Ok(())
-                    } else {
-                        Err(StateError::DiskBoundToOtherKey { uuid: disk })
-                    }
-                }
-            }
+            let members = read.open_table(MEMBERS).map_err(store)?;
+            let readmitted = member_in(&members, &name)?.is_some_and(|m| m.readmit);
+            let disks = read.open_table(DISKS).map_err(store)?;
+            let ak_disks = read.open_table(AK_DISKS).map_err(store)?;
+            may_bind(&disks, &ak_disks, &disk, &ak, readmitted).map(|_| ())
         })
         .await
     }
@@ -671,7 +732,7 @@ impl ClusterState for RedbState {
             if previous.as_ref().is_some_and(|p| p.ak != init.ak) {
                 return Err(StateError::MemberKeyChanged { name: init.name });
             }
-            bind_in(&mut t.disks, disk.as_str(), &init.ak, now)?;
+            bind_in(t, disk.as_str(), &init.ak, now, false)?;
             if previous.is_none() {
                 put_member(
                     &mut t.members,
@@ -755,11 +816,11 @@ mod tests {
         let s = RedbState::open(dir.path()).unwrap();
         let now = SystemTime::now();
         let d = DiskUuid::parse(D1).unwrap();
-        s.check_disk(&d, "ak-b").await.unwrap();
+        s.check_disk(&d, "ak-b", "n").await.unwrap();
         s.admit(admission("a", "ak-a", D1, now)).await.unwrap();
-        s.check_disk(&d, "ak-a").await.unwrap();
+        s.check_disk(&d, "ak-a", "n").await.unwrap();
         assert!(matches!(
-            s.check_disk(&d, "ak-b").await,
+            s.check_disk(&d, "ak-b", "n").await,
             Err(StateError::DiskBoundToOtherKey { .. })
         ));
         // Admission with a foreign disk writes nothing.
@@ -775,6 +836,39 @@ mod tests {
             .map(|m| m.name)
             .collect();
         assert_eq!(names, ["a"]);
+    }
+
+    #[tokio::test]
+    async fn a_key_has_one_disk_and_a_second_needs_an_operator() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = RedbState::open(dir.path()).unwrap();
+        let now = SystemTime::now();
+        let (d1, d2) = (DiskUuid::parse(D1).unwrap(), DiskUuid::parse(D2).unwrap());
+        s.admit(admission("a", "ak-a", D1, now)).await.unwrap();
+        // Its own disk again: fine. Another (unbound) disk, under its own name or another:
+        // refused, before and in the transaction, and nothing is bound.
+        s.check_disk(&d1, "ak-a", "a").await.unwrap();
+        s.admit(admission("a", "ak-a", D1, now)).await.unwrap();
+        for name in ["a", "victim"] {
+            assert!(matches!(
+                s.check_disk(&d2, "ak-a", name).await,
+                Err(StateError::SecondDisk { .. })
+            ));
+            assert!(matches!(
+                s.admit(admission(name, "ak-a", D2, now)).await,
+                Err(StateError::SecondDisk { .. })
+            ));
+        }
+        s.check_disk(&d2, "ak-v", "victim").await.unwrap();
+        // After an operator's re-admission, the member's key may take a new disk, once.
+        s.allow_readmission("a").await.unwrap();
+        s.check_disk(&d2, "ak-a", "a").await.unwrap();
+        s.admit(admission("a", "ak-a", D2, now)).await.unwrap();
+        s.check_rejoin(&d2, "ak-a").await.unwrap();
+        // The index survives reopening.
+        drop(s);
+        let s = RedbState::open(dir.path()).unwrap();
+        s.admit(admission("a", "ak-a", D2, now)).await.unwrap();
     }
 
     #[tokio::test]
@@ -982,7 +1076,7 @@ mod tests {
             .map(|m| m.name)
             .collect();
         assert_eq!(names, ["a", "c"]);
-        s.check_disk(&DiskUuid::parse(D1).unwrap(), "ak-a")
+        s.check_disk(&DiskUuid::parse(D1).unwrap(), "ak-a", "cp-0")
             .await
             .unwrap();
     }
@@ -1007,7 +1101,7 @@ mod tests {
 
         let s = RedbState::open(dir.path()).unwrap();
         assert!(s.members().await.unwrap().is_empty());
-        s.check_disk(&DiskUuid::parse(D1).unwrap(), "ak-other")
+        s.check_disk(&DiskUuid::parse(D1).unwrap(), "ak-other", "cp-0")
             .await
             .unwrap();
     }

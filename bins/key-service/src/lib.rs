@@ -36,4 +36,6 @@ mod service;
 pub use listen::{BindError, Listener, SocketFile};
 pub use secret_file::{MAX_SECRET_FILE_LEN, SecretFileError, read_secret_file};
 pub use serve::{BoxError, Limits, ServeError, serve, serve_with_limits};
-pub use service::{DataKeyRequest, KeyService, MAX_KEY_LEN, RequestError};
+pub use service::{
+    AuthorizationError, DataKeyRequest, KeyService, MAX_KEY_LEN, RequestError, authorize_attested,
+};

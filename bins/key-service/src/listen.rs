@@ -1,8 +1,11 @@
 //! Where the service listens, and binding it safely.
 //!
-//! The service speaks plaintext gRPC, so it may only listen where the operating system
-//! decides who can connect: a Unix socket (mode 0600) or a loopback address, as
-//! [`KeyServiceAddress`] (the one address type of the service and its clients) allows.
+//! The service speaks plaintext gRPC without authenticating its callers, so it may only
+//! listen where the operating system decides who can connect: a Unix socket (mode 0600),
+//! reachable by the service's user and root. A loopback TCP address, which
+//! [`KeyServiceAddress`] (the one address type of the service and its clients) can name, is
+//! refused: every local user, and every process in the pod's network namespace, could
+//! connect to it and derive every key.
 
 use std::future::Future;
 use std::io;
@@ -12,9 +15,8 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use asterism_kms::KeyServiceAddress;
-use futures::StreamExt;
-use tokio::net::{TcpListener, UnixListener};
-use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tokio::net::UnixListener;
+use tokio_stream::wrappers::UnixListenerStream;
 
 use crate::serve::{Limits, ServeError, serve_with_limits};
 use crate::service::KeyService;
@@ -42,14 +44,13 @@ pub enum BindError {
         #[source]
         source: io::Error,
     },
-    /// The TCP address could not be bound.
-    #[error("cannot listen on {addr}")]
-    Tcp {
+    /// A TCP address: plaintext on TCP is open to every local user.
+    #[error(
+        "refusing plaintext gRPC on {addr}: any local user could connect to a TCP port and derive every key; listen on a Unix socket (unix:/path, created mode 0600) instead"
+    )]
+    PlaintextTcp {
         /// The address.
         addr: SocketAddr,
-        /// The cause.
-        #[source]
-        source: io::Error,
     },
 }
 
@@ -72,27 +73,18 @@ pub enum Listener {
         /// The socket file.
         socket: SocketFile,
     },
-    /// A loopback TCP listener.
-    Tcp(TcpListener),
 }
 
 impl Listener {
-    /// Binds `address`. A Unix socket is created with mode 0600 (it is bound inside a
-    /// fresh 0700 directory, restricted and then moved into place, so it is never reachable
-    /// with wider permissions); a stale socket at the path is replaced, anything else there
-    /// is left alone and reported.
+    /// Binds `address`, which must be a Unix socket ([`BindError::PlaintextTcp`]
+    /// otherwise). The socket is created with mode 0600 (it is bound inside a fresh 0700
+    /// directory, restricted and then moved into place, so it is never reachable with
+    /// wider permissions); a stale socket at the path is replaced, anything else there is
+    /// left alone and reported.
     pub async fn bind(address: &KeyServiceAddress) -> Result<Listener, BindError> {
         match address {
             KeyServiceAddress::Unix(path) => bind_unix(path),
-            KeyServiceAddress::Tcp(addr) => {
-                let listener = TcpListener::bind(addr)
-                    .await
-                    .map_err(|source| BindError::Tcp {
-                        addr: *addr,
-                        source,
-                    })?;
-                Ok(Listener::Tcp(listener))
-            }
+            KeyServiceAddress::Tcp(addr) => Err(BindError::PlaintextTcp { addr: *addr }),
         }
     }
 
@@ -101,7 +93,6 @@ impl Listener {
     pub fn local_addr(&self) -> io::Result<KeyServiceAddress> {
         match self {
             Self::Unix { socket, .. } => Ok(KeyServiceAddress::Unix(socket.path.clone())),
-            Self::Tcp(listener) => listener.local_addr().map(KeyServiceAddress::Tcp),
         }
     }
 
@@ -120,15 +111,6 @@ impl Listener {
                         .await;
                 drop(socket);
                 result
-            }
-            Self::Tcp(listener) => {
-                let incoming = TcpListenerStream::new(listener).map(|accepted| {
-                    accepted.inspect(|stream| {
-                        // Small request/response messages: do not wait for Nagle.
-                        let _ = stream.set_nodelay(true);
-                    })
-                });
-                serve_with_limits(incoming, service, limits, shutdown).await
             }
         }
     }

@@ -25,13 +25,19 @@ struct Args {
     #[arg(long, value_name = "PATH", default_value = "/var/config/salt")]
     salt_file: PathBuf,
 
-    /// Where to listen for plaintext gRPC: `unix:/path/to.sock`, or a loopback `IP:PORT`
-    /// such as `127.0.0.1:9000` or `[::1]:9000`. Other addresses are refused.
-    #[arg(long, value_name = "ADDRESS", default_value = "127.0.0.1:9000")]
+    /// Where to listen for plaintext gRPC: a Unix socket, `unix:/path/to.sock` (created
+    /// mode 0600). TCP addresses are refused: any local user could connect to them.
+    #[arg(
+        long,
+        value_name = "ADDRESS",
+        default_value = "unix:/run/asterism/key-service.sock"
+    )]
     listen: KeyServiceAddress,
 
     /// Serve over attested TLS on this `IP:PORT` instead (any address): every client must
-    /// present evidence that `--verify-clients` accepts before any request is read.
+    /// present evidence that `--verify-clients` accepts before any request is read, and
+    /// gets only `measurementSecret` (attestation says what a peer runs, not which node it
+    /// is; disk keys go to nodes through the join service).
     #[arg(long, value_name = "IP:PORT", requires = "verify_clients")]
     atls_listen: Option<std::net::SocketAddr>,
 

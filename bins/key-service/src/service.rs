@@ -25,6 +25,34 @@ pub enum RequestError {
     KeyId(#[from] KeyIdError),
 }
 
+/// Why a caller may not have the key it asked for.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthorizationError {
+    /// An attested peer asked for a key other than the measurement secret. Attestation
+    /// says what the peer runs, not which node it is: every joined worker attests as well
+    /// as the control plane, so a disk key (or the SSH CA seed) over attested TLS would go
+    /// to any of them. Disk keys reach nodes only through the join service, which checks
+    /// the disk's binding to the node's attestation key.
+    #[error(
+        "key {id} is not released over attested TLS: an attested peer gets only measurementSecret (disk keys go to nodes through the join service, which checks the disk's binding)"
+    )]
+    NotForAttestedPeers {
+        /// The key asked for.
+        id: String,
+    },
+}
+
+/// Which keys an attested peer (on the `--atls-listen` listener) may have: only the
+/// measurement secret, which every node that joins receives in its join ticket anyway.
+pub fn authorize_attested(id: &KeyId) -> Result<(), AuthorizationError> {
+    match id {
+        KeyId::MeasurementSecret => Ok(()),
+        other => Err(AuthorizationError::NotForAttestedPeers {
+            id: other.to_string(),
+        }),
+    }
+}
+
 /// A validated `GetDataKey` request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DataKeyRequest {
@@ -67,8 +95,9 @@ impl KeyService {
     }
 
     /// A service that answers only requests arriving on an attested-TLS connection whose
-    /// peer a validator accepted; every other request gets `PermissionDenied`. Used when
-    /// the service listens on a network address.
+    /// peer a validator accepted, and only for the keys [`authorize_attested`] allows;
+    /// every other request gets `PermissionDenied`. Used when the service listens on a
+    /// network address.
     #[must_use]
     pub fn attested_only(kms: ClusterKms) -> Self {
         Self {
@@ -130,6 +159,12 @@ impl Api for KeyService {
             tracing::warn!(%peer, error = %err, "refused data key request");
             Status::invalid_argument(err.to_string())
         })?;
+        if self.require_attested_peer {
+            authorize_attested(&request.id).map_err(|err| {
+                tracing::warn!(%peer, key_id = %request.id, error = %err, "refused data key request");
+                Status::permission_denied(err.to_string())
+            })?;
+        }
         let key = self.kms.data_key(&request.id, request.len).map_err(|err| {
             tracing::error!(
                 %peer,

@@ -361,10 +361,12 @@ impl VmCluster {
             let ndir = provision_node(&bins.join("asterism-provision"), &ca_dir, &dir, &name)?;
             std::fs::copy(OVMF_VARS, ndir.join("OVMF_VARS_4M.fd"))
                 .with_context(|| format!("copying {OVMF_VARS}"))?;
-            let disk = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(ndir.join("state.img"))?;
+            // Mode 0600: the LUKS2 header names the disk's UUID (docs/join-service.md).
+            let disk = std::os::unix::fs::OpenOptionsExt::mode(
+                std::fs::OpenOptions::new().write(true).create_new(true),
+                0o600,
+            )
+            .open(ndir.join("state.img"))?;
             disk.set_len(STATE_DISK_BYTES)?;
             let host = i + 1;
             vms.push(VmNode {

@@ -5,10 +5,15 @@
 //! self-authenticating (signed by the TPM over `SHA-256("asterism/verify/v1" || nonce)`),
 //! and `asterism verify` checks it. The purpose label keeps this service from ever signing
 //! a binding that attested TLS would accept.
+//!
+//! Anyone who reaches the port can ask, and each answer costs a TPM quote, so quotes are
+//! held to a token bucket per source address (`--rate-limit-per-second`,
+//! `--rate-limit-burst`): a source over its rate gets `RESOURCE_EXHAUSTED` without a quote.
 #![forbid(unsafe_code)]
 
 use anyhow::{Context as _, Result};
 use asterism_attestation::{Issuer, ReportData};
+use asterism_binkit::RateLimiter;
 use asterism_proto::verify::api_server::{Api, ApiServer};
 use asterism_proto::verify::{GetAttestationRequest, GetAttestationResponse};
 use asterism_tpm::{AkConfig, PcrSelection, TpmConfig, TpmIssuer};
@@ -38,10 +43,32 @@ struct Args {
     /// platform CA.
     #[arg(long)]
     ak_cert: Option<PathBuf>,
+    /// Sustained quotes per second per source address (an IPv4 address, or an IPv6 /64).
+    #[arg(long, default_value_t = 1.0)]
+    rate_limit_per_second: f64,
+    /// Quotes one source address may ask for at once before the rate applies.
+    #[arg(long, default_value_t = 5)]
+    rate_limit_burst: u32,
 }
 
 struct Verify {
     issuer: Arc<TpmIssuer>,
+    /// Quotes per source address.
+    limiter: RateLimiter,
+}
+
+/// The key a peer's quotes are counted under: its IPv4 address (an IPv4-mapped IPv6
+/// address counts as its IPv4 address), or its IPv6 /64, since one host commonly holds a
+/// whole /64. A request without an address (not over TCP) counts as one unknown source.
+fn source(peer: Option<SocketAddr>) -> String {
+    match peer.map(|p| p.ip().to_canonical()) {
+        Some(std::net::IpAddr::V6(v6)) => {
+            let prefix = u128::from(v6) & !((1u128 << 64) - 1);
+            format!("{}/64", std::net::Ipv6Addr::from(prefix))
+        }
+        Some(ip) => ip.to_string(),
+        None => "unknown".to_owned(),
+    }
 }
 
 #[tonic::async_trait]
@@ -51,6 +78,13 @@ impl Api for Verify {
         request: tonic::Request<GetAttestationRequest>,
     ) -> Result<tonic::Response<GetAttestationResponse>, tonic::Status> {
         let peer = request.remote_addr();
+        if !self.limiter.allow(&source(peer), std::time::Instant::now()) {
+            // At debug: a flood must not flood the log too.
+            tracing::debug!(peer = ?peer, "refused a quote: this source is over its rate");
+            return Err(tonic::Status::resource_exhausted(
+                "too many attestation requests from this address; retry later",
+            ));
+        }
         let nonce = request.into_inner().nonce;
         if nonce.is_empty() || nonce.len() > MAX_NONCE {
             return Err(tonic::Status::invalid_argument(format!(
@@ -98,6 +132,7 @@ async fn run(args: Args) -> Result<()> {
         .add_service(
             ApiServer::new(Verify {
                 issuer: Arc::new(issuer),
+                limiter: RateLimiter::new(args.rate_limit_per_second, args.rate_limit_burst),
             })
             .max_decoding_message_size(1024),
         )

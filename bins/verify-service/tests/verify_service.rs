@@ -99,3 +99,80 @@ fn serves_evidence_bound_to_the_callers_nonce_and_refuses_bad_nonces() {
             .is_err()
     );
 }
+
+/// A gRPC channel to `addr` from the local address `from`.
+async fn channel_from(from: &str, addr: std::net::SocketAddr) -> tonic::transport::Channel {
+    let from: std::net::SocketAddr = format!("{from}:0").parse().unwrap();
+    let start = Instant::now();
+    loop {
+        let connected = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect_with_connector(tower::service_fn(
+                move |_: tonic::transport::Uri| async move {
+                    let socket = tokio::net::TcpSocket::new_v4()?;
+                    socket.bind(from)?;
+                    let tcp = socket.connect(addr).await?;
+                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tcp))
+                },
+            ))
+            .await;
+        match connected {
+            Ok(c) => return c,
+            Err(_) if start.elapsed() < Duration::from_secs(20) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("verify service did not come up: {e}"),
+        }
+    }
+}
+
+#[test]
+fn quotes_are_held_to_a_rate_per_source_address() {
+    let swtpm = Swtpm::start().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_asterism-verify-service"))
+        .args(["--listen", &addr.to_string(), "--tpm", &swtpm.tcti()])
+        // Three at once, then one every 100 s: no refill during the test.
+        .args(["--rate-limit-burst", "3", "--rate-limit-per-second", "0.01"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let outcome = rt.block_on(async {
+        let ask = |channel: tonic::transport::Channel| async move {
+            ApiClient::new(channel)
+                .get_attestation(GetAttestationRequest {
+                    nonce: b"nonce".to_vec(),
+                })
+                .await
+                .map(|_| ())
+                .map_err(|s| s.code())
+        };
+        let flood = channel_from("127.0.0.1", addr).await;
+        let mut codes = Vec::new();
+        for _ in 0..10 {
+            codes.push(ask(flood.clone()).await);
+        }
+        let other = ask(channel_from("127.0.0.2", addr).await).await;
+        (codes, other)
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    let (codes, other) = outcome;
+    assert_eq!(codes.iter().filter(|c| c.is_ok()).count(), 3, "{codes:?}");
+    assert!(
+        codes
+            .iter()
+            .skip(3)
+            .all(|c| *c == Err(tonic::Code::ResourceExhausted)),
+        "{codes:?}"
+    );
+    assert_eq!(other, Ok(()), "another address is still served");
+}

@@ -3,9 +3,10 @@
 use crate::machine::{Exchange, IssueRequest, Step};
 use crate::{AtlsConfig, AtlsError, VerifiedPeer, issue, session};
 use asterism_attestation::{ReportData, Role};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Runs the exchange for `role` on `stream`, whose TLS exporter value is `exporter`.
@@ -29,7 +30,14 @@ where
     let mut x = Exchange::new(role, cfg.clone(), *exporter, remote_addr, now);
     let mut out = Vec::new();
     let mut written = 0;
-    match drive(stream, &mut x, cfg, &mut out, &mut written).await {
+    // A server gives the client's HELLO a short deadline of its own: an honest client sends
+    // it right behind its handshake, and a silent peer must not hold its handshake slot for
+    // the whole exchange deadline.
+    let hello = (role == Role::Server).then(|| HelloDeadline {
+        at: tokio::time::Instant::now() + cfg.hello_timeout,
+        after: cfg.hello_timeout,
+    });
+    match drive(stream, &mut x, cfg, hello, &mut out, &mut written).await {
         Ok(()) => Ok(x.into_verified()),
         Err(e) => {
             // What was not yet sent, then the failure VERDICT when the protocol calls for
@@ -45,10 +53,38 @@ where
     }
 }
 
+/// The time by which a server must have read the client's HELLO.
+#[derive(Clone, Copy)]
+struct HelloDeadline {
+    at: tokio::time::Instant,
+    after: Duration,
+}
+
+/// The timeout stage named when the client's HELLO is late.
+pub(crate) const HELLO_STAGE: &str = "the client's HELLO";
+
+/// Runs `f`, bounded by the HELLO deadline if there is one (while the machine still waits
+/// for the HELLO).
+async fn until_hello<T>(
+    hello: Option<HelloDeadline>,
+    f: impl Future<Output = T>,
+) -> Result<T, AtlsError> {
+    match hello {
+        Some(d) => tokio::time::timeout_at(d.at, f)
+            .await
+            .map_err(|_| AtlsError::Timeout {
+                stage: HELLO_STAGE,
+                after: d.after,
+            }),
+        None => Ok(f.await),
+    }
+}
+
 async fn drive<S>(
     stream: &mut S,
     x: &mut Exchange,
     cfg: &AtlsConfig,
+    hello: Option<HelloDeadline>,
     out: &mut Vec<u8>,
     written: &mut usize,
 ) -> Result<(), AtlsError>
@@ -67,12 +103,13 @@ where
                 match step {
                     Step::Read(n) => {
                         let n = n.min(buf.len());
+                        let hello = hello.filter(|_| x.awaits_peer_hello());
                         tokio::select! {
                             w = wr.write(out.get(*written..).unwrap_or_default()) => {
                                 *written += wrote(w)?;
                             }
-                            r = rd.read(buf.get_mut(..n).unwrap_or_default()) => {
-                                let got = got(r)?;
+                            r = until_hello(hello, rd.read(buf.get_mut(..n).unwrap_or_default())) => {
+                                let got = got(r?)?;
                                 x.feed(buf.get(..got).unwrap_or_default())?;
                             }
                         }
@@ -96,7 +133,9 @@ where
             Step::Done => return Ok(()),
             Step::Read(n) => {
                 let n = n.min(buf.len());
-                let r = stream.read(buf.get_mut(..n).unwrap_or_default()).await;
+                let hello = hello.filter(|_| x.awaits_peer_hello());
+                let r =
+                    until_hello(hello, stream.read(buf.get_mut(..n).unwrap_or_default())).await?;
                 let got = got(r)?;
                 x.feed(buf.get(..got).unwrap_or_default())?;
             }

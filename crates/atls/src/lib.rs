@@ -26,6 +26,7 @@ mod client;
 mod exchange;
 mod issue;
 pub mod machine;
+pub mod pending;
 mod server;
 pub mod session;
 mod stream;
@@ -73,6 +74,11 @@ pub const MIN_MAX_FRAME_LEN: usize = 1024;
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default deadline for a new connection's first byte (the TLS ClientHello).
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default deadline, on a server, for the client's HELLO after the TLS handshake. An
+/// honest client sends it at once, with its last handshake flight; a peer that finishes
+/// TLS and then stays silent gives its handshake slot back after this, not after the
+/// whole exchange deadline.
+pub const DEFAULT_HELLO_TIMEOUT: Duration = Duration::from_secs(3);
 /// Default lifetime of a connection whose peer this side verified: after it the
 /// connection is closed and the peer must attest again, so a revoked measurement reaches
 /// every verified connection within this bound.
@@ -95,6 +101,7 @@ pub struct AtlsConfig {
     exchange_timeout: Duration,
     handshake_timeout: Duration,
     idle_timeout: Duration,
+    hello_timeout: Duration,
     max_connection_lifetime: Duration,
     max_pending_handshakes: usize,
     max_pending_per_source: usize,
@@ -124,6 +131,7 @@ impl std::fmt::Debug for AtlsConfig {
             .field("exchange_timeout", &self.exchange_timeout)
             .field("handshake_timeout", &self.handshake_timeout)
             .field("idle_timeout", &self.idle_timeout)
+            .field("hello_timeout", &self.hello_timeout)
             .field("max_connection_lifetime", &self.max_connection_lifetime)
             .field("max_pending_handshakes", &self.max_pending_handshakes)
             .field("max_pending_per_source", &self.max_pending_per_source)
@@ -143,6 +151,7 @@ impl Default for AtlsConfig {
             exchange_timeout: DEFAULT_TIMEOUT,
             handshake_timeout: DEFAULT_TIMEOUT,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            hello_timeout: DEFAULT_HELLO_TIMEOUT,
             max_connection_lifetime: DEFAULT_MAX_CONNECTION_LIFETIME,
             max_pending_handshakes: DEFAULT_MAX_PENDING_HANDSHAKES,
             max_pending_per_source: DEFAULT_MAX_PENDING_PER_SOURCE,
@@ -241,6 +250,16 @@ impl AtlsConfig {
         self
     }
 
+    /// Server side: how long after the TLS handshake the client's HELLO may take (default
+    /// [`DEFAULT_HELLO_TIMEOUT`]). Counted within the exchange deadline, and much shorter:
+    /// a client sends its HELLO right behind its handshake, so a peer that completes TLS
+    /// and then says nothing is dropped early instead of holding its handshake slot for
+    /// the whole [`AtlsConfig::with_exchange_timeout`].
+    pub fn with_hello_timeout(mut self, timeout: Duration) -> Self {
+        self.hello_timeout = timeout;
+        self
+    }
+
     /// How long a connection whose peer this side verified may live, counted from the
     /// verification. Then reads see end of stream and writes fail, HTTP/2 closes the
     /// connection, and the peer must connect and attest again: a measurement revoked in
@@ -253,7 +272,9 @@ impl AtlsConfig {
     }
 
     /// Server side: handshakes (TLS and exchange) in progress at once per
-    /// [`AtlsServer::incoming`]; further connections wait in the listen backlog.
+    /// [`AtlsServer::incoming`]. When all are taken, a connection from a source holding
+    /// fewer than the busiest source takes that source's oldest handshake's slot
+    /// ([`pending::PendingSlots`]), so no set of sources can keep another out.
     pub fn with_max_pending_handshakes(mut self, n: usize) -> Self {
         self.max_pending_handshakes = n;
         self

@@ -141,6 +141,12 @@ impl Exchange {
         std::mem::take(&mut self.out)
     }
 
+    /// Whether the machine still waits for the peer's HELLO (a server's first frame).
+    #[must_use]
+    pub fn awaits_peer_hello(&self) -> bool {
+        self.state == State::AwaitPeerHello
+    }
+
     /// What to do next.
     pub fn step(&mut self) -> Result<Step, AtlsError> {
         match self.state {

@@ -1,16 +1,16 @@
 //! The accepting side of aTLS and its tonic glue.
 
+use crate::pending::PendingSlots;
 use crate::stream::{AtlsConnectInfo, AtlsStream};
 use crate::{AtlsConfig, AtlsError, exchange, tls};
 use asterism_attestation::Role;
 use futures::Stream;
-use std::collections::HashMap;
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
-use std::sync::{Arc, Mutex};
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -96,18 +96,34 @@ impl AtlsServer {
         &self,
         listener: TcpListener,
     ) -> impl Stream<Item = Result<AtlsStream<TcpStream>, std::io::Error>> + use<> {
+        self.incoming_admitting(listener, |_| Some(()))
+    }
+
+    /// [`AtlsServer::incoming`] with a check of the caller's before each handshake:
+    /// `admit` sees the peer's address and returns a permit, held until the handshake
+    /// ends, or `None` to close the connection at once (a rate limit, say). The check runs
+    /// before the connection takes a handshake slot.
+    pub fn incoming_admitting<F, P>(
+        &self,
+        listener: TcpListener,
+        admit: F,
+    ) -> impl Stream<Item = Result<AtlsStream<TcpStream>, std::io::Error>> + use<F, P>
+    where
+        F: Fn(SocketAddr) -> Option<P> + Send + 'static,
+        P: Send + 'static,
+    {
         let (tx, rx) = mpsc::channel(64);
         let server = self.clone();
         tokio::spawn(async move {
             // The global cap keeps a flood of slow peers from exhausting memory; the
-            // per-source cap keeps one source from taking all of the global slots, and the
-            // idle deadline frees a slot held by a peer that never speaks.
-            let pending = Arc::new(Semaphore::new(server.cfg.max_pending_handshakes));
-            let per_source = Arc::new(PerSource::default());
+            // per-source cap keeps one source from taking many of the global slots, the
+            // fair sharing keeps any set of sources from taking all of them, and the idle
+            // and HELLO deadlines free a slot held by a peer that never speaks.
+            let slots = PendingSlots::new(
+                server.cfg.max_pending_handshakes,
+                server.cfg.max_pending_per_source,
+            );
             loop {
-                let Ok(permit) = pending.clone().acquire_owned().await else {
-                    return;
-                };
                 let accepted = tokio::select! {
                     () = tx.closed() => return,
                     accepted = listener.accept() => accepted,
@@ -121,34 +137,65 @@ impl AtlsServer {
                         continue;
                     }
                 };
-                let Some(source_slot) =
-                    per_source.try_take(addr.ip(), server.cfg.max_pending_per_source)
-                else {
-                    tracing::debug!(peer = %addr, "too many pending handshakes from this source; closing");
-                    server.refused("source_limit");
+                let Some(permit) = admit(addr) else {
+                    server.refused("admission");
                     continue;
+                };
+                let mut slot = match slots.admit(addr.ip()) {
+                    Ok(slot) => slot,
+                    Err(refused) => {
+                        tracing::debug!(peer = %addr, reason = %refused, "closing the connection before its handshake");
+                        server.refused("source_limit");
+                        continue;
+                    }
                 };
                 let _ = tcp.set_nodelay(true);
                 let server = server.clone();
                 let tx = tx.clone();
                 tokio::spawn(async move {
                     let _permit = permit;
-                    let _source_slot = source_slot;
-                    if let Err(e) = first_byte(&tcp, server.cfg.idle_timeout).await {
-                        tracing::debug!(peer = %addr, error = %e, "aTLS connection dropped before its first byte");
-                        server.refused(match e {
-                            AtlsError::Timeout { .. } => "silent_peer",
-                            other => other.kind(),
-                        });
-                        return;
-                    }
-                    match server.accept(tcp, Some(addr)).await {
+                    let handshake = async {
+                        first_byte(&tcp, server.cfg.idle_timeout)
+                            .await
+                            .map_err(|e| match e {
+                                AtlsError::Timeout { .. } => (e, "silent_peer"),
+                                other => {
+                                    let kind = other.kind();
+                                    (other, kind)
+                                }
+                            })?;
+                        server.accept(tcp, Some(addr)).await.map_err(|e| {
+                            let kind = match &e {
+                                AtlsError::Timeout { stage, .. }
+                                    if *stage == crate::exchange::HELLO_STAGE =>
+                                {
+                                    "silent_peer"
+                                }
+                                other => other.kind(),
+                            };
+                            (e, kind)
+                        })
+                    };
+                    let outcome = tokio::select! {
+                        outcome = handshake => outcome,
+                        () = slot.evicted() => {
+                            tracing::debug!(peer = %addr, "aTLS handshake dropped: its slot went to a connection of a less busy source");
+                            server.refused("evicted");
+                            return;
+                        }
+                    };
+                    drop(slot);
+                    match outcome {
                         Ok(stream) => {
                             let _ = tx.send(Ok(stream)).await;
                         }
-                        Err(e) => {
+                        Err((e, "silent_peer")) => {
+                            tracing::debug!(peer = %addr, error = %e, "aTLS connection dropped: the peer stayed silent");
+                            server.refused("silent_peer");
+                        }
+                        Err((e, kind)) => {
                             tracing::warn!(peer = %addr, error = %e, "aTLS connection refused");
-                            server.refused(e.kind());
+                            server.refused(kind);
                         }
                     }
                 });
@@ -170,58 +217,6 @@ async fn first_byte(tcp: &TcpStream, idle: Duration) -> Result<(), AtlsError> {
         Ok(Ok(0)) => Err(AtlsError::Closed),
         Ok(Ok(_)) => Ok(()),
         Ok(Err(e)) => Err(AtlsError::Io(e)),
-    }
-}
-
-/// Pending handshakes per source. IPv4 addresses count one by one; IPv6 addresses by
-/// their /64 prefix, because one host commonly holds a whole /64.
-#[derive(Default)]
-struct PerSource {
-    counts: Mutex<HashMap<IpAddr, usize>>,
-}
-
-impl PerSource {
-    fn key(ip: IpAddr) -> IpAddr {
-        match ip {
-            IpAddr::V4(_) => ip,
-            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-                Some(v4) => IpAddr::V4(v4),
-                None => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
-            },
-        }
-    }
-
-    /// Takes one of `max` slots of `ip`'s source, or `None` when all are taken.
-    fn try_take(self: &Arc<Self>, ip: IpAddr, max: usize) -> Option<SourceSlot> {
-        let key = Self::key(ip);
-        let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
-        let n = counts.entry(key).or_insert(0);
-        if *n >= max {
-            return None;
-        }
-        *n += 1;
-        Some(SourceSlot {
-            owner: self.clone(),
-            key,
-        })
-    }
-}
-
-/// One pending handshake of a source; gives its slot back when dropped.
-struct SourceSlot {
-    owner: Arc<PerSource>,
-    key: IpAddr,
-}
-
-impl Drop for SourceSlot {
-    fn drop(&mut self) {
-        let mut counts = self.owner.counts.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = counts.get_mut(&self.key) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                counts.remove(&self.key);
-            }
-        }
     }
 }
 

@@ -1,8 +1,8 @@
 //! Plumbing shared by the Asterism binaries, one definition each: the log subscriber
 //! ([`logging`]), shutdown on SIGINT or SIGTERM ([`signal`]), the AK-trust flags
 //! ([`ak_trust`]), an error with its causes on one line ([`error_chain`]), capped reads and
-//! private file writes ([`fs`]), and the watcher that reloads an expected-measurements file
-//! ([`measurements`]).
+//! private file writes ([`fs`]), the watcher that reloads an expected-measurements file
+//! ([`measurements`]), and a token bucket per peer ([`ratelimit`]).
 //!
 //! For binaries (and the library halves of binary packages) only. A library crate must
 //! never depend on this one: libraries take values (bytes, measurements, a shutdown future),
@@ -13,12 +13,14 @@ pub mod ak_trust;
 pub mod fs;
 pub mod logging;
 pub mod measurements;
+pub mod ratelimit;
 pub mod signal;
 
 pub use ak_trust::AkTrustArgs;
 pub use fs::{FileError, read_capped, write_atomic, write_new, write_private};
 pub use logging::{LogArgs, LogFormat};
 pub use measurements::MeasurementsWatcher;
+pub use ratelimit::RateLimiter;
 pub use signal::shutdown_signal;
 
 /// An error and its causes on one line, `a: b: c`, for the log (a `Display` of the error

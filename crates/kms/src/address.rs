@@ -13,8 +13,9 @@ use std::str::FromStr;
 pub enum KeyServiceAddress {
     /// `unix:/path/to.sock`.
     Unix(PathBuf),
-    /// `127.0.0.1:PORT`, `[::1]:PORT` (any loopback address; port 0 lets a server pick a
-    /// free port).
+    /// `127.0.0.1:PORT`, `[::1]:PORT` (any loopback address). Only a client may use one
+    /// (to reach a key service behind a local proxy, say): `asterism-key-service` refuses
+    /// to listen on TCP, since every local user can connect to a loopback port.
     Tcp(SocketAddr),
 }
 

@@ -104,6 +104,29 @@ impl TlsRelay {
     }
 }
 
+/// A connection from `from` to `to` that completes a TLS 1.3 handshake (ALPN `h2`, any
+/// server certificate) and then sends nothing: the flood of an outsider who holds aTLS
+/// handshake slots past the TLS layer's deadlines.
+pub async fn silent_tls(
+    from: std::net::IpAddr,
+    to: SocketAddr,
+) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut client = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
+        .with_no_client_auth();
+    client.alpn_protocols = vec![b"h2".to_vec()];
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::new(from, 0))?;
+    let tcp = socket.connect(to).await?;
+    tokio_rustls::TlsConnector::from(Arc::new(client))
+        .connect(ServerName::IpAddress(to.ip().into()), tcp)
+        .await
+}
+
 /// Accepts any server certificate (its handshake signature is still checked).
 #[derive(Debug)]
 struct AnyCertificate(Arc<rustls::crypto::CryptoProvider>);

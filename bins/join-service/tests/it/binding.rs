@@ -133,3 +133,65 @@ async fn a_member_with_another_key_is_refused_until_an_operator_readmits_it() {
     assert_eq!(members[0]["readmit"], false);
     js.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joined_worker_cannot_squat_the_disk_of_a_node_that_has_not_joined() {
+    let (attacker, afp) = soft_node();
+    let (victim, vfp) = soft_node();
+    let cluster = Cluster::start().await;
+    let js = start_join_service(&cluster, Options::pinning(vec![afp, vfp])).await;
+    join(
+        js.addr,
+        W0,
+        attacker.clone(),
+        join_request("worker-0", W0, DISK_A, false),
+    )
+    .await
+    .unwrap();
+
+    // Under its own name, the victim's disk UUID (read from the disk's plaintext LUKS2
+    // header): a second disk for a member, refused.
+    let err = join(
+        js.addr,
+        W0,
+        attacker.clone(),
+        join_request("worker-0", W0, DISK_B, false),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(err.message().contains("second"), "{err:?}");
+    assert!(err.message().contains("readmit"), "{err:?}");
+    // Posing as the victim from its address, with its own key: a second disk for the key.
+    let err = join(
+        js.addr,
+        W1,
+        attacker.clone(),
+        join_request("worker-1", W1, DISK_B, false),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(err.message().contains("second"), "{err:?}");
+
+    // Nothing was bound: the victim joins with its disk and gets its key.
+    let ticket = join(
+        js.addr,
+        W1,
+        victim.clone(),
+        join_request("worker-1", W1, DISK_B, false),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        ticket.state_disk_key,
+        expected_key(KeyId::disk(DISK_B).unwrap())
+    );
+    rejoin(&js, W1, victim, DISK_B).await.unwrap();
+    let metrics = js.http_get("/metrics").await;
+    assert!(
+        metrics.contains("asterism_join_rejections_total{kind=\"join\",reason=\"second_disk\"} 2"),
+        "{metrics}"
+    );
+    js.stop().await;
+}

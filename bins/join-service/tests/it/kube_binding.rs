@@ -98,6 +98,50 @@ async fn a_member_with_another_key_is_refused_before_any_write() {
 }
 
 #[tokio::test]
+async fn a_member_asking_for_a_second_disk_is_refused_before_any_write() {
+    // worker-0 is a member with its key (so it has its disk), and names an unbound disk:
+    // the disk of a node that has not joined yet, say.
+    let (server, state, _dir) = setup().await;
+    server.on(
+        "GET",
+        &member_path(),
+        [
+            Reply::recorded(200, "configmap-member-worker-0.json"),
+            Reply::recorded(200, "configmap-member-worker-0.json"),
+            Reply::recorded(200, "configmap-member-worker-0.json"),
+        ],
+    );
+    server.on(
+        "GET",
+        &format!("{CONFIG_MAPS}/asterism-disk-{DISK}"),
+        [
+            Reply::recorded(404, "status-404-configmap-disk.json"),
+            Reply::recorded(404, "status-404-configmap-disk.json"),
+            Reply::recorded(404, "status-404-configmap-disk.json"),
+            Reply::recorded(404, "status-404-configmap-disk.json"),
+        ],
+    );
+    let disk = DiskUuid::parse(DISK).unwrap();
+    let err = state
+        .check_disk(&disk, RECORDED_AK, "worker-0")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StateError::SecondDisk { .. }), "{err:?}");
+    let err = state
+        .admit(Admission {
+            name: "worker-0".into(),
+            role: Role::Worker,
+            ak: RECORDED_AK.into(),
+            disk,
+            now: t0(),
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StateError::SecondDisk { .. }), "{err:?}");
+    assert!(server.writes().is_empty(), "{:?}", server.writes());
+}
+
+#[tokio::test]
 async fn an_operator_readmission_lets_the_next_ticket_replace_the_key_once() {
     let (server, state, _dir) = setup().await;
     server

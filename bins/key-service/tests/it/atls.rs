@@ -59,14 +59,23 @@ async fn start_attested(service: KeyService) -> String {
 }
 
 #[tokio::test]
-async fn an_attested_client_gets_the_spec_keys() {
+async fn an_attested_client_gets_the_measurement_secret_and_no_disk_key() {
     let addr = start_attested(KeyService::attested_only(zero_kms())).await;
     let mut client = ApiClient::new(atls_channel(&addr, CLIENT_SEED).await.unwrap());
     assert_eq!(
         get_key_hex(&mut client, "measurementSecret").await,
         MEASUREMENT_SECRET_ZERO
     );
-    assert_eq!(get_key_hex(&mut client, ZERO_UUID).await, DISK_KEY_ZERO);
+    // Any attested node (a joined worker among them) would otherwise get the control
+    // plane's disk key, or the SSH CA's seed.
+    for id in [ZERO_UUID, "ca_emergency_ssh", "some-other-key"] {
+        let refused = get_key(&mut client, id, 32).await.unwrap_err();
+        assert_eq!(
+            refused.code(),
+            tonic::Code::PermissionDenied,
+            "{id}: {refused:?}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -97,18 +97,16 @@ async fn unix_socket_serves_the_reference_keys() {
 }
 
 #[tokio::test]
-async fn tcp_loopback_serves_the_reference_keys() {
-    let listener = Listener::bind(&KeyServiceAddress::Tcp("127.0.0.1:0".parse().unwrap()))
+async fn a_loopback_tcp_listener_is_refused() {
+    // Plaintext on TCP, even loopback, would let any local user derive every key.
+    let err = Listener::bind(&KeyServiceAddress::Tcp("127.0.0.1:0".parse().unwrap()))
         .await
-        .unwrap();
-    let KeyServiceAddress::Tcp(addr) = listener.local_addr().unwrap() else {
-        panic!("not TCP");
-    };
-    let server = spawn(listener, Limits::default());
-    let mut client = ApiClient::new(tcp_channel(addr, TIMEOUT).await);
-    assert_reference_keys(&mut client).await;
-    drop(client);
-    server.stop().await;
+        .unwrap_err();
+    assert!(
+        matches!(err, asterism_key_service::BindError::PlaintextTcp { .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("unix:"), "{err}");
 }
 
 #[tokio::test]

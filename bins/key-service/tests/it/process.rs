@@ -150,9 +150,11 @@ fn refuses_a_short_master_secret_or_salt() {
 }
 
 #[test]
-fn refuses_to_serve_plaintext_on_a_non_loopback_address() {
+fn refuses_to_serve_plaintext_on_any_tcp_address_loopback_included() {
+    // A loopback port is open to every local user: an unprivileged one could derive every
+    // key. Only the Unix socket (mode 0600) is served.
     let s = secrets();
-    for listen in ["0.0.0.0:0", "[::]:0"] {
+    for listen in ["0.0.0.0:0", "[::]:0", "127.0.0.1:0", "[::1]:0"] {
         let (status, stderr) = run_to_exit(command(&s.master_secret, &s.salt, listen));
         assert!(!status.success(), "{listen}: {stderr}");
         assert!(stderr.contains("refusing plaintext gRPC"), "{stderr}");

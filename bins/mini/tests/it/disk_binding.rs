@@ -1,8 +1,9 @@
 //! End to end, with real processes (swtpm per node, LUKS2 image files, the metadata, key
 //! and join services, bootstrappers, the `asterism` CLI): a disk key goes only to the
 //! attestation key its disk is bound to, the init node's disk included; a node that comes
-//! back with another attestation key waits for `asterism readmit`; SSH host certificates
-//! name the node only, and expire.
+//! back with another attestation key waits for `asterism readmit`; a joined worker cannot
+//! squat the disk of a node that has not joined yet; SSH host certificates name the node
+//! only, and expire.
 
 #![allow(
     clippy::unwrap_used,
@@ -146,38 +147,97 @@ fn a_worker_naming_the_control_planes_disk_gets_nothing_and_the_control_plane_st
     assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
 }
 
+#[test]
+fn a_joined_worker_cannot_squat_the_disk_of_a_node_that_has_not_joined() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cluster = LocalCluster::create(&tmp.path().join("c"), 2, 42, bins()).unwrap();
+    let _teardown = Teardown(&cluster);
+    let rt = runtime();
+    let (_, cp) = rt.block_on(cluster.init()).unwrap();
+    assert_eq!(cp.1, "ok");
+    join_worker(&cluster, &rt);
+    let attacker = cluster.nodes[1].clone();
+    let victim = cluster.nodes[2].clone();
+
+    // The victim boots while no join service answers: its bootstrapper formats its disk
+    // (a fresh UUID in the plaintext LUKS2 header) and waits; it is stopped there.
+    cluster.kill_join_service().unwrap();
+    let _waiting = cluster.start_bootstrapper(&victim).unwrap();
+    wait_for(
+        "the victim's disk is formatted",
+        Duration::from_secs(60),
+        || {
+            Command::new("cryptsetup")
+                .arg("isLuks")
+                .arg(victim.dir.join("state.img"))
+                .status()
+                .is_ok_and(|s| s.success())
+        },
+    );
+    victim.kill_bootstrapper().unwrap();
+    let victim_disk = luks_uuid(&victim);
+    cluster.start_join_service().unwrap();
+
+    // The attacker, root on the joined worker (after a reboot: its PCR 15 is zero again),
+    // asks for a join ticket under its own name with the victim's disk UUID.
+    let mut attacker_after_reboot = attacker.clone();
+    attacker_after_reboot.reset_tpm().unwrap();
+    let err = rt
+        .block_on(join_as(
+            &attacker_after_reboot,
+            &cluster.nodes[0].ip,
+            "worker-0",
+            &victim_disk,
+        ))
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
+    assert!(err.message().contains("second"), "{err:?}");
+
+    // Nothing was bound: the victim boots again and joins with its disk.
+    let booting = cluster.start_bootstrapper(&victim).unwrap();
+    let (_, exit) = rt
+        .block_on(cluster.finish_bootstrapper(booting, &victim))
+        .unwrap();
+    assert_eq!(exit, "ok", "the victim joins");
+    let members = cluster.members();
+    assert_eq!(
+        member(&members, &victim.name)["role"],
+        "Worker",
+        "{members}"
+    );
+    let key = cluster.derived_disk_key(&victim).unwrap();
+    assert!(cryptsetup_opens(&victim, key.expose_secret()));
+}
+
+/// `IssueJoinTicket` as worker `name` for `disk`, attesting with `node`'s TPM and AK
+/// certificate, from its address.
+async fn join_as(
+    node: &Node,
+    join_service: &str,
+    name: &str,
+    disk: &str,
+) -> Result<(), tonic::Status> {
+    use asterism_proto::join::{IssueJoinTicketRequest, api_client::ApiClient};
+    let channel = attested_channel(node, join_service).await?;
+    let csr = asterism_pki::kubelet_key_and_csr(name, &[node.ip.parse().unwrap()]).unwrap();
+    let host = asterism_pki::HostKey::generate().unwrap();
+    ApiClient::new(channel)
+        .issue_join_ticket(IssueJoinTicketRequest {
+            disk_uuid: disk.to_owned(),
+            certificate_request: csr.csr_der,
+            is_control_plane: false,
+            host_public_key: host.public_key_wire().unwrap(),
+            host_certificate_principals: vec![node.ip.clone(), name.to_owned()],
+        })
+        .await
+        .map(|_| ())
+}
+
 /// `IssueRejoinTicket` for `disk`, attesting with `node`'s TPM and AK certificate, from its
 /// address.
 async fn rejoin_as(node: &Node, join_service: &str, disk: &str) -> Result<Vec<u8>, tonic::Status> {
     use asterism_proto::join::{IssueRejoinTicketRequest, api_client::ApiClient};
-    use asterism_tpm::{AkConfig, PcrSelection, Tpm, TpmIssuer};
-    let chain = vec![std::fs::read(node.dir.join("attestation/ak-cert.der")).unwrap()];
-    let tpm = Tpm::open(&node.tcti.parse().unwrap()).unwrap();
-    let issuer = TpmIssuer::new(tpm, &AkConfig::default(), PcrSelection::all(), chain).unwrap();
-    let connector = asterism_atls::AtlsConnector::new(asterism_atls::AtlsConfig::attesting(
-        std::sync::Arc::new(issuer),
-    ))
-    .unwrap();
-    let local: std::net::IpAddr = node.ip.parse().unwrap();
-    let server: std::net::SocketAddr = format!("{join_service}:30090").parse().unwrap();
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{server}"))
-        .unwrap()
-        .timeout(Duration::from_secs(30))
-        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-            let connector = connector.clone();
-            async move {
-                let socket = tokio::net::TcpSocket::new_v4()?;
-                socket.bind(std::net::SocketAddr::new(local, 0))?;
-                let tcp = socket.connect(server).await?;
-                let stream = connector
-                    .connect(tcp, Some(server))
-                    .await
-                    .map_err(std::io::Error::other)?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
-            }
-        }))
-        .await
-        .map_err(|e| tonic::Status::unavailable(format!("{e:?}")))?;
+    let channel = attested_channel(node, join_service).await?;
     ApiClient::new(channel)
         .issue_rejoin_ticket(IssueRejoinTicketRequest {
             disk_uuid: disk.to_owned(),
@@ -270,4 +330,40 @@ fn a_worker_with_a_new_tpm_waits_for_asterism_readmit() {
         String::from_utf8_lossy(&out.stderr).contains("no member"),
         "{out:?}"
     );
+}
+
+/// An aTLS channel to the join service on `join_service`, attesting with `node`'s TPM and AK
+/// certificate, from its address.
+async fn attested_channel(
+    node: &Node,
+    join_service: &str,
+) -> Result<tonic::transport::Channel, tonic::Status> {
+    use asterism_tpm::{AkConfig, PcrSelection, Tpm, TpmIssuer};
+    let chain = vec![std::fs::read(node.dir.join("attestation/ak-cert.der")).unwrap()];
+    let tpm = Tpm::open(&node.tcti.parse().unwrap()).unwrap();
+    let issuer = TpmIssuer::new(tpm, &AkConfig::default(), PcrSelection::all(), chain).unwrap();
+    let connector = asterism_atls::AtlsConnector::new(asterism_atls::AtlsConfig::attesting(
+        std::sync::Arc::new(issuer),
+    ))
+    .unwrap();
+    let local: std::net::IpAddr = node.ip.parse().unwrap();
+    let server: std::net::SocketAddr = format!("{join_service}:30090").parse().unwrap();
+    tonic::transport::Endpoint::from_shared(format!("http://{server}"))
+        .unwrap()
+        .timeout(Duration::from_secs(30))
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let connector = connector.clone();
+            async move {
+                let socket = tokio::net::TcpSocket::new_v4()?;
+                socket.bind(std::net::SocketAddr::new(local, 0))?;
+                let tcp = socket.connect(server).await?;
+                let stream = connector
+                    .connect(tcp, Some(server))
+                    .await
+                    .map_err(std::io::Error::other)?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+            }
+        }))
+        .await
+        .map_err(|e| tonic::Status::unavailable(format!("{e:?}")))
 }

@@ -338,6 +338,16 @@ async fn raw_tls_client_alpn(
     versions: &[&'static rustls::SupportedProtocolVersion],
     alpn: Vec<Vec<u8>>,
 ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, std::io::Error> {
+    let tcp = TcpStream::connect(addr).await?;
+    raw_tls_over(tcp, versions, alpn).await
+}
+
+/// A TLS 1.3 client (ALPN `h2`) on `tcp` that checks nothing of the server.
+async fn raw_tls_over(
+    tcp: TcpStream,
+    versions: &[&'static rustls::SupportedProtocolVersion],
+    alpn: Vec<Vec<u8>>,
+) -> Result<tokio_rustls::client::TlsStream<TcpStream>, std::io::Error> {
     #[derive(Debug)]
     struct AnyCert;
     impl rustls::client::danger::ServerCertVerifier for AnyCert {
@@ -382,7 +392,6 @@ async fn raw_tls_client_alpn(
     .with_custom_certificate_verifier(Arc::new(AnyCert))
     .with_no_client_auth();
     cfg.alpn_protocols = alpn;
-    let tcp = TcpStream::connect(addr).await?;
     tokio_rustls::TlsConnector::from(Arc::new(cfg))
         .connect("localhost".try_into().unwrap(), tcp)
         .await
@@ -699,6 +708,87 @@ async fn idle_connections_from_one_source_do_not_stall_an_honest_handshake() {
     }
     assert_eq!(closed, 40 - asterism_atls::DEFAULT_MAX_PENDING_PER_SOURCE);
     assert_eq!(echo.calls.load(Ordering::SeqCst), 0);
+}
+
+/// A TCP connection to `server` from the loopback address `from`.
+async fn tcp_from(from: std::net::IpAddr, server: std::net::SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(std::net::SocketAddr::new(from, 0)).unwrap();
+    socket.connect(server).await.unwrap()
+}
+
+/// Whether the server closed `tls` (end of stream or an error) within `within`.
+async fn closed_within(
+    tls: &mut tokio_rustls::client::TlsStream<TcpStream>,
+    within: Duration,
+) -> bool {
+    let mut b = [0u8; 64];
+    matches!(
+        tokio::time::timeout(within, tls.read(&mut b)).await,
+        Ok(Ok(0) | Err(_))
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_peers_of_32_sources_holding_every_slot_cannot_starve_a_33rd() {
+    // 64 slots, 2 per source, and silence deadlines far beyond the test: only the fair
+    // sharing of the slots lets the honest client in while 32 sources hold 2 each.
+    let cfg = AtlsConfig::verifying(validator_for(CLIENT_SEED))
+        .with_max_pending_handshakes(64)
+        .with_max_pending_per_source(2)
+        .with_idle_timeout(Duration::from_secs(600))
+        .with_hello_timeout(Duration::from_secs(600));
+    let (uri, echo) = serve(cfg).await;
+    let addr: std::net::SocketAddr = uri.trim_start_matches("http://").parse().unwrap();
+    let mut silent = Vec::new();
+    for source in 1..=32u8 {
+        for _ in 0..2 {
+            let tcp = tcp_from([127, 0, 40, source].into(), addr).await;
+            // TLS completes, then nothing: no HELLO.
+            silent.push(
+                raw_tls_over(tcp, &[&rustls::version::TLS13], vec![b"h2".to_vec()])
+                    .await
+                    .unwrap(),
+            );
+        }
+    }
+    // Liveness bound, not a performance target: without the fair sharing this handshake
+    // waits in the listen backlog for the 600 s deadlines.
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        honest_connect_from("127.0.41.1:0", &addr.to_string()),
+    )
+    .await
+    .expect("the honest handshake was starved by 32 sources' silent connections")
+    .unwrap();
+    // Exactly one silent connection lost its slot, and was closed.
+    let mut closed = 0;
+    for tls in &mut silent {
+        if closed_within(tls, Duration::from_millis(100)).await {
+            closed += 1;
+        }
+    }
+    assert_eq!(closed, 1);
+    assert_eq!(echo.calls.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_peer_silent_after_the_tls_handshake_is_dropped_at_the_hello_deadline() {
+    // The exchange deadline stays at its 30 s default: only the HELLO deadline can end
+    // this connection within the test's bound.
+    let cfg = AtlsConfig::verifying(validator_for(CLIENT_SEED))
+        .with_hello_timeout(Duration::from_millis(300));
+    let (uri, _) = serve(cfg).await;
+    let mut tls = raw_tls_client(
+        uri.trim_start_matches("http://").parse().unwrap(),
+        &[&rustls::version::TLS13],
+    )
+    .await
+    .unwrap();
+    assert!(
+        closed_within(&mut tls, Duration::from_secs(10)).await,
+        "a peer that sent no HELLO was not dropped"
+    );
 }
 
 #[tokio::test]

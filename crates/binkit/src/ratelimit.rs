@@ -1,4 +1,5 @@
-//! A token bucket per attested identity.
+//! A token bucket per key: the join service's per attested identity, the verify service's
+//! per source address.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -7,8 +8,9 @@ use std::time::{Duration, Instant};
 /// Buckets kept before idle ones are dropped.
 const MAX_BUCKETS: usize = 10_000;
 
-/// Token buckets keyed by peer identity (the attested AK): `rate` requests per second
-/// sustained, bursts of `burst`.
+/// Token buckets keyed by a peer's identity (an attested AK, a source address): `rate`
+/// requests per second sustained, bursts of `burst`. At most 10,000 keys are tracked;
+/// buckets that have refilled completely are forgotten first.
 #[derive(Debug)]
 pub struct RateLimiter {
     rate: f64,

@@ -150,7 +150,7 @@ fn a_worker_naming_the_control_planes_disk_gets_nothing_and_the_control_plane_st
 #[test]
 fn a_joined_worker_cannot_squat_the_disk_of_a_node_that_has_not_joined() {
     let tmp = tempfile::tempdir().unwrap();
-    let cluster = LocalCluster::create(&tmp.path().join("c"), 2, 42, bins()).unwrap();
+    let cluster = LocalCluster::create(&tmp.path().join("c"), 2, 43, bins()).unwrap();
     let _teardown = Teardown(&cluster);
     let rt = runtime();
     let (_, cp) = rt.block_on(cluster.init()).unwrap();

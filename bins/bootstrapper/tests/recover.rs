@@ -73,7 +73,12 @@ fn wait_for_keys(
         metadata,
         TestNode::none_driver(),
         30090,
-        Some(t.join_service_trust(cluster_id())),
+        Some(t.join_service_trust(
+            cluster_id(),
+            asterism_bootstrapper::ControlPlaneIdentity::key(
+                kms().control_plane_seed().unwrap().public_key().unwrap(),
+            ),
+        )),
     );
     tokio::spawn(t.run(node, std::future::pending()))
 }

@@ -9,9 +9,11 @@ use crate::ratelimit::RateLimiter;
 use crate::release::ClusterRelease;
 use crate::request::{ControlPlaneFile, JoinRequest, JoinTicket, RejoinRequest, RejoinTicket};
 use crate::state::{Admission, ClusterState, Member, StateError};
-use asterism_atls::VerifiedPeer;
+use asterism_atls::{AtlsConnectInfo, VerifiedPeer};
 use asterism_cluster::{API_SERVER_PORT, CONTROL_PLANE_FILES, REQUIRED_CONTROL_PLANE_FILES, Role};
-use asterism_kms::{DataKey, KeyId, STATE_DISK_KEY_LEN};
+use asterism_kms::{
+    ChannelBinding, ControlPlaneSigner, DataKey, KeyId, Purpose, STATE_DISK_KEY_LEN,
+};
 use asterism_metadata::{InstanceMetadata, Metadata};
 use asterism_pki::{ClusterCa, SshCa, SshError};
 use asterism_proto::join::api_server::Api;
@@ -89,6 +91,8 @@ struct Inner<M, K, S> {
 /// cluster CA key this service holds anyway. Both secrets are wiped on drop.
 struct ClusterKeys {
     measurement_secret: DataKey,
+    /// The control plane's identity, which signs every ticket (docs/join-service.md).
+    signer: ControlPlaneSigner,
     ssh_ca: SshCa,
     /// The SSH CA's `authorized_keys` line (public).
     ssh_ca_line: Vec<u8>,
@@ -213,20 +217,48 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
         self.inner
             .cluster_keys
             .get_or_try_init(|| async {
-                let (measurement_secret, ssh_seed) = futures::try_join!(
+                let (measurement_secret, ssh_seed, identity) = futures::try_join!(
                     self.key(KeyId::MeasurementSecret),
                     self.key(KeyId::EmergencySshCa),
+                    async { Ok(self.inner.keys.control_plane_seed().await?) },
                 )?;
+                let signer = ControlPlaneSigner::new(&identity)
+                    .map_err(|e| JoinError::internal("building the control-plane identity", e))?;
                 let ssh_ca = SshCa::from_seed(&ssh_seed)
                     .map_err(|e| JoinError::internal("building the SSH CA", e))?;
                 let ssh_ca_line = ssh_ca.authorized_keys_line().into_bytes();
                 Ok(ClusterKeys {
                     measurement_secret,
+                    signer,
                     ssh_ca,
                     ssh_ca_line,
                 })
             })
             .await
+    }
+
+    /// Signs `response` with the control plane's identity for `purpose`, bound to the
+    /// connection it goes out on: the signature covers `binding` and the SHA-256 of the
+    /// response encoded with its signature field empty.
+    async fn sign<T: prost::Message>(
+        &self,
+        purpose: Purpose,
+        binding: Option<ChannelBinding>,
+        mut response: T,
+        field: fn(&mut T) -> &mut Vec<u8>,
+    ) -> Result<T, JoinError> {
+        let binding = binding.ok_or(JoinError::NotAttested)?;
+        let keys = self.cluster_keys().await?;
+        field(&mut response).clear();
+        let encoded = Zeroizing::new(response.encode_to_vec());
+        *field(&mut response) = keys.signer.sign(purpose, &binding, &encoded).to_vec();
+        Ok(response)
+    }
+
+    /// The public form of the identity this service signs with, once the key service
+    /// answered.
+    pub async fn control_plane_key(&self) -> Result<asterism_kms::ControlPlaneKey, JoinError> {
+        Ok(self.cluster_keys().await?.signer.public_key())
     }
 
     /// A join ticket for `req` (`IssueJoinTicket`, docs/join-service.md), with the
@@ -553,6 +585,14 @@ fn read_capped(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
     Ok(data)
 }
 
+/// The channel binding of the aTLS connection `request` arrived on.
+fn channel_binding<T>(request: &Request<T>) -> Option<ChannelBinding> {
+    request
+        .extensions()
+        .get::<AtlsConnectInfo>()
+        .map(|info| ChannelBinding(info.channel_binding))
+}
+
 fn describe(peer: Option<&VerifiedPeer>) -> String {
     match peer {
         Some(p) => format!(
@@ -579,14 +619,20 @@ where
     ) -> Result<Response<IssueJoinTicketResponse>, Status> {
         let started = Instant::now();
         let verified = asterism_atls::verified_peer(&request).ok().cloned();
+        let binding = channel_binding(&request);
         let who = describe(verified.as_ref());
         let result = async {
             // Attested and within its rate first: a malformed request counts too.
             let peer = self.peer(verified.as_ref())?;
             let req = JoinRequest::try_from(request.into_inner())?;
-            self.join(&peer, req)
+            let response = self
+                .join(&peer, req)
                 .await
-                .map(IssueJoinTicketResponse::from)
+                .map(IssueJoinTicketResponse::from)?;
+            self.sign(Purpose::JoinTicket, binding, response, |r| {
+                &mut r.control_plane_signature
+            })
+            .await
         }
         .await;
         self.finish("join", who, started, result)
@@ -598,13 +644,19 @@ where
     ) -> Result<Response<IssueRejoinTicketResponse>, Status> {
         let started = Instant::now();
         let verified = asterism_atls::verified_peer(&request).ok().cloned();
+        let binding = channel_binding(&request);
         let who = describe(verified.as_ref());
         let result = async {
             let peer = self.peer(verified.as_ref())?;
             let req = RejoinRequest::try_from(request.into_inner())?;
-            self.rejoin(&peer, req)
+            let response = self
+                .rejoin(&peer, req)
                 .await
-                .map(IssueRejoinTicketResponse::from)
+                .map(IssueRejoinTicketResponse::from)?;
+            self.sign(Purpose::RejoinTicket, binding, response, |r| {
+                &mut r.control_plane_signature
+            })
+            .await
         }
         .await;
         self.finish("rejoin", who, started, result)

@@ -10,7 +10,7 @@ use crate::bring_up::{self, MANIFESTS_DIR, Plan};
 use crate::trust::TrustArgs;
 use anyhow::{Context, Result, bail};
 use asterism_atls::{AtlsConfig, AtlsConnector};
-use asterism_kms::{KmsUri, MasterSecret, Salt};
+use asterism_kms::{ControlPlaneSeed, DiskUuid, KmsUri, MasterSecret, Salt};
 use asterism_kube_api::{DeploymentSpec, JoinServiceTrust, KeyServiceSecret, MEASUREMENT_SALT_LEN};
 pub use asterism_kubernetes_versions::{DEFAULT_REQUEST, VersionRequest};
 use asterism_kubernetes_versions::{Release, VersionSyntaxError, VersionTable};
@@ -267,13 +267,24 @@ pub async fn run_with(args: Args, after: &bring_up::Args) -> Result<Initialised>
         .connect_with_connector(connector.clone())
         .await
         .map_err(|e| explain_connect_error(&args.endpoint, &e))?;
-    if let Some(peer) = connector.last_verified_peer() {
-        eprintln!(
-            "▸ node verified: {} evidence, attestation key {}",
-            peer.evidence().variant(),
-            peer.evidence().identity()
-        );
-    }
+    let init_ak = match connector.last_verified_peer() {
+        Some(peer) => {
+            eprintln!(
+                "▸ node verified: {} evidence, attestation key {}",
+                peer.evidence().variant(),
+                peer.evidence().identity()
+            );
+            peer.evidence().identity().to_owned()
+        }
+        None => bail!("the connection to the node carried no verified evidence"),
+    };
+    // The control plane's identity: derived from the master secret, as the key service
+    // derives it for the join service. Nodes are given its public form.
+    let control_plane_key = ControlPlaneSeed::derive(
+        &MasterSecret::new(master_secret.to_vec())?,
+        &Salt::new(salt.to_vec())?,
+    )?
+    .public_key()?;
 
     eprintln!(
         "▸ sending the init request; the node is setting up Kubernetes {} ({} components)",
@@ -331,10 +342,23 @@ pub async fn run_with(args: Args, after: &bring_up::Args) -> Result<Initialised>
             success.cluster_id.len()
         );
     }
+    // The node's disk: recorded with the AK verified above, so that `asterism recover`
+    // sends this node's key only to this AK.
+    let init_disk = DiskUuid::parse(&success.disk_uuid)
+        .context("the node named no usable disk UUID in its answer")?;
+    let control_plane = crate::control_plane::init_files(
+        control_plane_key,
+        crate::control_plane::Member {
+            name: String::new(),
+            ak: init_ak,
+            disk: init_disk.as_str().to_owned(),
+        },
+    )?;
     write_workspace(
         &args.workspace,
         &Workspace {
             kubeconfig: &success.kubeconfig,
+            control_plane: &control_plane,
             cluster_id: &cluster_id,
             master_secret: &master_secret,
             salt: &salt,
@@ -346,6 +370,7 @@ pub async fn run_with(args: Args, after: &bring_up::Args) -> Result<Initialised>
         },
     )?;
     eprintln!("▸ cluster initialised; cluster ID {cluster_id}");
+    eprintln!("  control-plane key {control_plane_key} (give nodes --control-plane-key)");
     eprintln!("  workspace: {}", args.workspace.display());
     if let Some(split) = &split {
         eprintln!(
@@ -422,6 +447,8 @@ fn explain_connect_error(endpoint: &str, e: &tonic::transport::Error) -> anyhow:
 
 struct Workspace<'a> {
     kubeconfig: &'a [u8],
+    /// `control-plane-key` and `control-plane.json`.
+    control_plane: &'a [(String, Vec<u8>)],
     cluster_id: &'a str,
     master_secret: &'a [u8],
     salt: &'a [u8],
@@ -482,6 +509,7 @@ fn write_workspace(dir: &Path, ws: &Workspace<'_>) -> Result<()> {
             ));
         }
     }
+    files.extend(ws.control_plane.iter().cloned());
     files.extend(ws.manifests.iter().cloned());
     let result = (|| {
         std::fs::DirBuilder::new()
@@ -562,6 +590,7 @@ mod tests {
     fn workspace<'a>(split: Option<&'a Split>, keep: bool, secret: &'a [u8]) -> Workspace<'a> {
         Workspace {
             kubeconfig: b"kubeconfig",
+            control_plane: &[],
             cluster_id: "00",
             master_secret: secret,
             salt: secret,

@@ -255,6 +255,62 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
         Ok(response)
     }
 
+    /// The control-plane members with their attestation keys and disks, signed by the
+    /// control plane's identity (docs/join-service.md, "The signed control-plane list"):
+    /// what `asterism control-plane sync` adds to the owner's workspace, so that
+    /// `asterism recover` sends keys only to these AKs, for these disks.
+    pub async fn signed_control_plane(&self) -> Result<String, JoinError> {
+        #[derive(serde::Serialize)]
+        struct Entry<'a> {
+            name: &'a str,
+            ak: &'a str,
+            disk: &'a str,
+        }
+        #[derive(serde::Serialize)]
+        struct Payload<'a> {
+            members: Vec<Entry<'a>>,
+            #[serde(rename = "issuedAt")]
+            issued_at: u64,
+        }
+        #[derive(serde::Serialize)]
+        struct Envelope<'a> {
+            version: u32,
+            kind: &'a str,
+            payload: String,
+            signature: String,
+        }
+        let members = self.inner.state.members().await.map_err(state_error)?;
+        let payload = Payload {
+            members: members
+                .iter()
+                .filter(|m| m.role == Role::ControlPlane.to_string() && !m.disk.is_empty())
+                .map(|m| Entry {
+                    name: &m.name,
+                    ak: &m.ak,
+                    disk: &m.disk,
+                })
+                .collect(),
+            issued_at: SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+        };
+        let payload = serde_json::to_vec(&payload)
+            .map_err(|e| JoinError::internal("encoding the control-plane list", e))?;
+        let keys = self.cluster_keys().await?;
+        let signature = keys
+            .signer
+            .sign(Purpose::MemberList, &ChannelBinding::DOCUMENT, &payload);
+        use base64::Engine as _;
+        serde_json::to_string(&Envelope {
+            version: 1,
+            kind: "asterism-control-plane-members",
+            payload: base64::engine::general_purpose::STANDARD.encode(&payload),
+            signature: hex::encode(signature),
+        })
+        .map_err(|e| JoinError::internal("encoding the control-plane list", e))
+    }
+
     /// The public form of the identity this service signs with, once the key service
     /// answered.
     pub async fn control_plane_key(&self) -> Result<asterism_kms::ControlPlaneKey, JoinError> {

@@ -12,8 +12,7 @@ use std::sync::Arc;
 
 use asterism_binkit::error_chain;
 use asterism_cluster::Role;
-use asterism_kms::Purpose;
-use asterism_kms::{ClusterId, DiskUuid};
+use asterism_kms::{ClusterId, DiskUuid, Purpose};
 use asterism_metadata::Metadata;
 use asterism_proto::join::api_client::ApiClient;
 use asterism_proto::join::{IssueJoinTicketRequest, IssueRejoinTicketRequest};

@@ -12,6 +12,7 @@ const SECRET_MESSAGES: &[&str] = &[
     "join.IssueRejoinTicketResponse",
     "join.control_plane_cert_or_key",
     "kms.GetDataKeyResponse",
+    "kms.GetControlPlaneIdentityResponse",
     "recoverproto.RecoverMessage",
 ];
 

@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use asterism_atls::{AtlsConfig, AtlsConnector, AtlsError, Validator};
 use asterism_attestation::Issuer;
+use asterism_kms::ChannelBinding;
 use hyper_util::rt::TokioIo;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use tokio::net::TcpSocket;
 use tonic::transport::{Channel, Endpoint, Uri};
 
@@ -86,6 +87,14 @@ impl Dialer {
         addr: SocketAddr,
         rpc_timeout: Duration,
     ) -> Result<Channel, DialError> {
+        Ok(self.dial(addr, rpc_timeout).await?.channel)
+    }
+
+    /// Opens an attested channel to `addr`, with `rpc_timeout` on every request, and
+    /// keeps the channel binding of its connection.
+    pub async fn dial(&self, addr: SocketAddr, rpc_timeout: Duration) -> Result<Dialed, DialError> {
+        let binding: Arc<Mutex<Option<ChannelBinding>>> = Arc::default();
+        let cell = binding.clone();
         let connector = self.connector.clone();
         let local = SocketAddr::new(self.local_ip, 0);
         let connect_timeout = self.timeout;
@@ -93,9 +102,10 @@ impl Dialer {
             .map_err(|_| DialError::Endpoint(addr.to_string()))?
             .connect_timeout(connect_timeout)
             .timeout(rpc_timeout);
-        endpoint
+        let channel = endpoint
             .connect_with_connector(tower::service_fn(move |_: Uri| {
                 let connector = connector.clone();
+                let cell = cell.clone();
                 async move {
                     let socket = if local.is_ipv4() {
                         TcpSocket::new_v4()
@@ -113,10 +123,32 @@ impl Dialer {
                         .map_err(AtlsError::Io)?;
                     let _ = tcp.set_nodelay(true);
                     let stream = connector.connect(tcp, Some(addr)).await?;
+                    // The latest connection's: an answer that came on an earlier one fails
+                    // its signature check, which is safe.
+                    *cell.lock().unwrap_or_else(PoisonError::into_inner) =
+                        Some(ChannelBinding(stream.info().channel_binding));
                     Ok::<_, AtlsError>(TokioIo::new(stream))
                 }
             }))
             .await
-            .map_err(|source| DialError::Connect { addr, source })
+            .map_err(|source| DialError::Connect { addr, source })?;
+        Ok(Dialed { channel, binding })
+    }
+}
+
+/// An attested channel and the channel binding of its connection.
+#[derive(Debug)]
+pub struct Dialed {
+    /// The gRPC channel.
+    pub channel: Channel,
+    binding: Arc<Mutex<Option<ChannelBinding>>>,
+}
+
+impl Dialed {
+    /// The channel binding of the connection the channel last made (none before it made
+    /// one).
+    #[must_use]
+    pub fn binding(&self) -> Option<ChannelBinding> {
+        *self.binding.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }

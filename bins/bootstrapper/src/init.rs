@@ -299,6 +299,7 @@ impl<M: Metadata + 'static> Api for InitService<M> {
         }
         let node = self.node.clone();
         let cluster_id = *activation.cluster_id();
+        let disk_uuid = self.this.disk_uuid.as_str().to_owned();
         let locked = blocking(move || node.lock.try_lock_once(Holder::Init, &cluster_id)).await;
         let (tx, rx) = oneshot::channel();
         match locked {
@@ -326,6 +327,7 @@ impl<M: Metadata + 'static> Api for InitService<M> {
                                     kubeconfig: kubeconfig.map(|k| k.to_vec()).unwrap_or_default(),
                                     owner_id: Vec::new(),
                                     cluster_id: cluster_id.as_bytes().to_vec(),
+                                    disk_uuid,
                                 })),
                             }],
                             Ok(cluster_id),

@@ -12,10 +12,11 @@ use std::sync::Arc;
 
 use asterism_binkit::error_chain;
 use asterism_cluster::Role;
-use asterism_kms::{ClusterId, DiskUuid};
+use asterism_kms::{ClusterId, DiskUuid, Purpose};
 use asterism_metadata::Metadata;
 use asterism_proto::join::api_client::ApiClient;
 use asterism_proto::join::{IssueJoinTicketRequest, IssueRejoinTicketRequest};
+use prost::Message as _;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 use zeroize::Zeroizing;
@@ -170,17 +171,18 @@ async fn join_round<M: Metadata>(
         };
         info!(step = "join", attempt, endpoint = %addr, "asking the join service for a join ticket");
         let response = async {
-            let channel = dialer.channel(addr, node.config.rpc_timeout).await?;
-            ApiClient::new(channel)
+            let dialed = dialer.dial(addr, node.config.rpc_timeout).await?;
+            let r = ApiClient::new(dialed.channel.clone())
                 .issue_join_ticket(request)
                 .await
                 .map_err(|status| StepError::JoinService {
                     endpoint: addr,
                     status,
-                })
+                })?;
+            Ok::<_, StepError>((r, dialed.binding()))
         };
         match response.await {
-            Ok(r) => {
+            Ok((r, binding)) => {
                 let for_node = ForNode {
                     expect: Expect {
                         node_name: &identity.name,
@@ -191,6 +193,7 @@ async fn join_round<M: Metadata>(
                     host_public_wire: &this.host_key.public_wire,
                     principals: &principals,
                     trust: &node.config.join_service,
+                    binding,
                     components_dirs: &node.config.components_dirs,
                 };
                 match ticket::check(r.into_inner(), &for_node) {
@@ -276,8 +279,8 @@ async fn rejoin_round<M: Metadata>(
         node.config.join_service.warn_if_insecure("rejoin");
         info!(step = "rejoin", attempt, endpoint = %addr, "asking for a rejoin ticket");
         let response = async {
-            let channel = dialer.channel(addr, node.config.rpc_timeout).await?;
-            ApiClient::new(channel)
+            let dialed = dialer.dial(addr, node.config.rpc_timeout).await?;
+            let r = ApiClient::new(dialed.channel.clone())
                 .issue_rejoin_ticket(IssueRejoinTicketRequest {
                     disk_uuid: uuid.as_str().to_owned(),
                 })
@@ -285,12 +288,20 @@ async fn rejoin_round<M: Metadata>(
                 .map_err(|status| StepError::JoinService {
                     endpoint: addr,
                     status,
-                })
+                })?;
+            Ok::<_, StepError>((r, dialed.binding()))
         };
         match response.await {
-            Ok(r) => {
+            Ok((r, binding)) => {
                 let mut r = r.into_inner();
-                let keys: Result<_, TicketError> = key32(&mut r.state_disk_key, "state_disk_key")
+                let signature = std::mem::take(&mut r.control_plane_signature);
+                let signed = Zeroizing::new(r.encode_to_vec());
+                let keys: Result<_, TicketError> = node
+                    .config
+                    .join_service
+                    .check_signature(Purpose::RejoinTicket, binding, &signed, &signature)
+                    .map_err(TicketError::from)
+                    .and_then(|()| key32(&mut r.state_disk_key, "state_disk_key"))
                     .and_then(|disk_key| {
                         Ok(RejoinKeys {
                             disk_key,

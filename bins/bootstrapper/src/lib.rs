@@ -63,7 +63,7 @@ pub use config::{
     DEFAULT_JOIN_PORT, DEFAULT_RETRY_INTERVAL, DEFAULT_RPC_TIMEOUT, DEFAULT_STATE_DISK_SIZE,
     LOG_CHUNK_SIZE,
 };
-pub use dial::{DialError, Dialer};
+pub use dial::{DialError, Dialed, Dialer};
 pub use driver::{
     KubeadmDriver, KubeadmDriverConfig, NoneDriver, PostInitApi, kubeadm_init_params,
     post_init_api_steps,
@@ -86,4 +86,4 @@ pub use run::{EXIT_FAILED, EXIT_RESET, EXIT_STOPPED, Failure, Listeners, Outcome
 pub use ticket::TicketError;
 #[doc(hidden)]
 pub use ticket::check_join_ticket;
-pub use trust::{ClusterMismatch, JoinServiceTrust};
+pub use trust::{ClusterMismatch, ControlPlaneIdentity, JoinServiceTrust};

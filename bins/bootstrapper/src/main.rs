@@ -137,6 +137,20 @@ struct Args {
     )]
     cluster_id: Option<asterism_kms::ClusterId>,
 
+    /// The control plane's public key (64 hex digits, `<workspace>/control-plane-key`): a
+    /// join or rejoin ticket is used only if the control plane signed it over this
+    /// connection. Required with --cluster-id: the cluster marker in PCR 15 is carried by
+    /// every joined worker too, so it cannot tell the control plane from a worker posing
+    /// as the join service.
+    #[arg(long, value_name = "HEX", requires = "cluster_id")]
+    control_plane_key: Option<asterism_kms::ControlPlaneKey>,
+
+    /// INSECURE: join with --cluster-id but without --control-plane-key; any joined worker
+    /// of the cluster can then pose as the join service and choose this node's disk key
+    /// and CAs. Warned at start and on every ticket.
+    #[arg(long, requires = "cluster_id", conflicts_with = "control_plane_key")]
+    insecure_skip_control_plane_identity: bool,
+
     /// The join service's expected measurements (JSON, docs/attestation.md; re-read when it
     /// changes); PCR 15 is always the marker of --cluster-id. Needs --platform-ca, or
     /// --confidential-vm (the join service runs on a confidential VM of the same platform).
@@ -503,9 +517,33 @@ fn join_service_trust(args: &Args) -> anyhow::Result<asterism_bootstrapper::Join
         (None, Some(ca)) => AkTrust::platform_ca(asterism_binkit::ak_trust::platform_ca(ca)?),
         (None, None) => anyhow::bail!(NO_TRUST),
     };
+    let identity = control_plane_identity(args)?;
     tracing::info!(cluster_id = %cluster_id, "the join service must attest as a member of this cluster (mutual aTLS, PCR 15)");
-    JoinServiceTrust::cluster(trust, Arc::new(measurements), cluster_id)
+    JoinServiceTrust::cluster(trust, Arc::new(measurements), cluster_id, identity)
         .context("the join service's measurements")
+}
+
+/// How tickets are recognised as the control plane's: `--control-plane-key`, or, only when
+/// asked for by name, not at all.
+fn control_plane_identity(
+    args: &Args,
+) -> anyhow::Result<asterism_bootstrapper::ControlPlaneIdentity> {
+    use asterism_bootstrapper::ControlPlaneIdentity;
+    match (
+        args.control_plane_key,
+        args.insecure_skip_control_plane_identity,
+    ) {
+        (Some(key), _) => {
+            tracing::info!(control_plane_key = %key, "tickets must be signed by the control plane");
+            Ok(ControlPlaneIdentity::key(key))
+        }
+        (None, true) => Ok(ControlPlaneIdentity::insecure_unchecked()),
+        (None, false) => anyhow::bail!(
+            "--cluster-id needs --control-plane-key (the workspace's control-plane-key file): \
+             without it any joined worker could pose as the join service \
+             (--insecure-skip-control-plane-identity accepts that risk)"
+        ),
+    }
 }
 
 async fn run(args: Args, logs: LogBuffer) -> anyhow::Result<u8> {
@@ -759,6 +797,44 @@ mod tests {
         );
         // A cluster ID without the means to verify the join service is refused.
         assert!(with(&["--cluster-id", &hex]).is_err());
+    }
+
+    #[test]
+    fn a_cluster_id_without_the_control_plane_key_is_refused_unless_insecure() {
+        let hex = "ab".repeat(32);
+        let base = [
+            "--cluster-id",
+            &hex,
+            "--verify-join-service-measurements",
+            "/m.json",
+            "--platform-ca",
+            "/ca.pem",
+        ];
+        let args = with(&base).unwrap();
+        let err = control_plane_identity(&args).unwrap_err().to_string();
+        assert!(err.contains("--control-plane-key"), "{err}");
+        let key = "cd".repeat(32);
+        let keyed: Vec<&str> = base
+            .iter()
+            .copied()
+            .chain(["--control-plane-key", &key])
+            .collect();
+        assert!(control_plane_identity(&with(&keyed).unwrap()).is_ok());
+        let insecure: Vec<&str> = base
+            .iter()
+            .copied()
+            .chain(["--insecure-skip-control-plane-identity"])
+            .collect();
+        assert!(control_plane_identity(&with(&insecure).unwrap()).is_ok());
+        // Both, or either without a cluster ID, make no sense.
+        let both: Vec<&str> = keyed
+            .iter()
+            .copied()
+            .chain(["--insecure-skip-control-plane-identity"])
+            .collect();
+        assert!(with(&both).is_err());
+        assert!(with(&["--control-plane-key", &key]).is_err());
+        assert!(with(&["--control-plane-key", "00"]).is_err());
     }
 
     #[test]

@@ -550,6 +550,9 @@ mod tests {
             asterism_testkit::pin(b"ak"),
             measurements.into_provider(),
             cluster_id,
+            crate::ControlPlaneIdentity::key(
+                kms().control_plane_seed().unwrap().public_key().unwrap(),
+            ),
         )
         .unwrap()
     }

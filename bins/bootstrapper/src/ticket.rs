@@ -1,6 +1,7 @@
 //! The checks a join ticket passes before the node uses any of it (before the node lock):
-//! what it carries is what its fields say, for this node, under the cluster CA the ticket
-//! names.
+//! it comes from the control plane (signed by its identity key over this connection's
+//! channel binding; module `trust`), and what it carries is what its fields say, for this
+//! node, under the cluster CA the ticket names.
 //!
 //! * The kubelet certificate is PEM: the leaf, then the cluster CA certificate (a worker
 //!   receives no `ca.crt`; a control-plane node's `ca.crt` must be that same certificate).
@@ -39,7 +40,9 @@ use x509_parser::prelude::{FromDer as _, GeneralName, SubjectPublicKeyInfo, X509
 use zeroize::Zeroizing;
 
 use crate::effects::{ApiServerEndpoint, Components, EndpointError};
-use crate::trust::{ClusterMismatch, JoinServiceTrust};
+use crate::trust::{ClusterMismatch, JoinServiceTrust, SignatureError};
+use asterism_kms::{ChannelBinding, Purpose};
+use prost::Message as _;
 
 /// The most control-plane files a ticket may carry.
 const MAX_CONTROL_PLANE_FILES: usize = 64;
@@ -82,6 +85,9 @@ pub enum TicketError {
     /// The ticket is for another cluster.
     #[error(transparent)]
     Cluster(#[from] ClusterMismatch),
+    /// The ticket is not the control plane's.
+    #[error(transparent)]
+    NotControlPlane(#[from] SignatureError),
     /// A certificate, key or path in the ticket is not what it must be (the reason).
     #[error("{0}")]
     Refused(String),
@@ -201,8 +207,10 @@ pub(crate) struct ForNode<'a> {
     pub(crate) host_public_wire: &'a [u8],
     /// The principals the node asked for.
     pub(crate) principals: &'a [String],
-    /// Which cluster the ticket must be for.
+    /// Which cluster the ticket must be for, and whose signature it must carry.
     pub(crate) trust: &'a JoinServiceTrust,
+    /// The channel binding of the connection the ticket came on.
+    pub(crate) binding: Option<ChannelBinding>,
     /// The directories components may install into.
     pub(crate) components_dirs: &'a [PathBuf],
 }
@@ -210,9 +218,16 @@ pub(crate) struct ForNode<'a> {
 /// Checks everything in a ticket before any of it is used, and that it is for the cluster
 /// this node expects.
 pub(crate) fn check(
-    ticket: IssueJoinTicketResponse,
+    mut ticket: IssueJoinTicketResponse,
     node: &ForNode<'_>,
 ) -> Result<JoinTicket, TicketError> {
+    // First: whatever a worker could make (its own CAs, the measurement secret and salt it
+    // was given) is accepted only from the control plane.
+    let signature = std::mem::take(&mut ticket.control_plane_signature);
+    let signed = Zeroizing::new(ticket.encode_to_vec());
+    node.trust
+        .check_signature(Purpose::JoinTicket, node.binding, &signed, &signature)?;
+    drop(signed);
     let t = Parsed::try_from(ticket)?;
     let cluster_id = derive_cluster_id(&t.measurement_secret, &t.measurement_salt)
         .map_err(TicketError::ClusterId)?;

@@ -8,12 +8,17 @@
 //! learns the expected cluster ID from its configuration (`--cluster-id`), never from the
 //! metadata or the join service.
 //!
+//! The marker says what the join service runs and which cluster it is in, not who it is:
+//! every joined worker carries the same marker. So a ticket must also be signed by the
+//! control plane's identity ([`ControlPlaneIdentity`], a key derived from the master
+//! secret, which no worker holds), over this connection's channel binding.
+//!
 //! Three modes, made only by their constructors:
 //!
 //! * [`JoinServiceTrust::cluster`] (the secure mode): the join service's evidence must
 //!   satisfy the AK trust policy and the measurements, with PCR 15 enforced as the marker
 //!   of the expected cluster whatever the measurements say about it; a ticket or rejoin
-//!   ticket must derive that same cluster ID.
+//!   ticket must be signed by the control plane's key and derive that same cluster ID.
 //! * [`JoinServiceTrust::init_only`]: no cluster is configured. The node does not join or
 //!   rejoin; it waits to be initialised (the first node of a cluster).
 //! * [`JoinServiceTrust::insecure_skip_verification`]: any join service is trusted. Every
@@ -26,8 +31,42 @@ use asterism_attestation::{
     AkTrust, ExpectedPcr, Measurements, MeasurementsError, MeasurementsProvider, PcrIndex,
     TpmQuoteValidator,
 };
-use asterism_kms::ClusterId;
+use asterism_kms::{ChannelBinding, ClusterId, ControlPlaneKey, IdentityError, Purpose};
 use tracing::warn;
+
+/// How a node recognises the control plane in the tickets it receives.
+#[derive(Clone, Debug)]
+pub struct ControlPlaneIdentity(Option<ControlPlaneKey>);
+
+impl ControlPlaneIdentity {
+    /// Tickets must be signed by `key` (`--control-plane-key`, from the owner's workspace).
+    #[must_use]
+    pub fn key(key: ControlPlaneKey) -> Self {
+        Self(Some(key))
+    }
+
+    /// **Insecure**: tickets are not checked for the control plane's signature, so any
+    /// joined worker (genuine TPM, measurements and cluster marker) can pose as the join
+    /// service and choose this node's disk key and CAs. Warned now and on every use.
+    #[must_use]
+    pub fn insecure_unchecked() -> Self {
+        warn!(
+            "INSECURE: tickets are not checked for the control plane's signature (--insecure-skip-control-plane-identity): any joined worker can pose as the join service"
+        );
+        Self(None)
+    }
+}
+
+/// A ticket is not the control plane's.
+#[derive(Debug, thiserror::Error)]
+pub enum SignatureError {
+    /// The connection had no channel binding to check the signature against.
+    #[error("no channel binding for the connection the ticket came on")]
+    NoBinding,
+    /// The signature is missing or not the control plane's.
+    #[error("the ticket is not signed by the control plane")]
+    Identity(#[source] IdentityError),
+}
 
 /// The marker PCR.
 const MARKER_PCR: u8 = 15;
@@ -41,6 +80,7 @@ enum Mode {
     Cluster {
         validator: Arc<dyn Validator>,
         cluster_id: ClusterId,
+        identity: ControlPlaneIdentity,
     },
     InitOnly,
     InsecureAny,
@@ -61,17 +101,49 @@ impl std::fmt::Debug for JoinServiceTrust {
 impl JoinServiceTrust {
     /// Trusts only join services of `cluster_id`: a TPM quote whose AK `ak_trust` accepts,
     /// whose PCRs match `measurements`, and whose PCR 15 is the marker of `cluster_id`
-    /// (whatever `measurements` expects of PCR 15, if anything).
+    /// (whatever `measurements` expects of PCR 15, if anything), and whose tickets
+    /// `identity` recognises as the control plane's.
     pub fn cluster(
         ak_trust: AkTrust,
         measurements: Arc<dyn MeasurementsProvider>,
         cluster_id: ClusterId,
+        identity: ControlPlaneIdentity,
     ) -> Result<Self, MeasurementsError> {
         let provider = WithClusterMarker::new(measurements, &cluster_id)?;
         Ok(Self(Mode::Cluster {
             validator: Arc::new(TpmQuoteValidator::new(ak_trust, Arc::new(provider))),
             cluster_id,
+            identity,
         }))
+    }
+
+    /// Checks that `signature` is the control plane's over `signed` (the ticket encoded
+    /// with its signature field empty), for `purpose`, on the connection whose channel
+    /// binding is `binding`. Passes with a warning in the insecure modes.
+    pub(crate) fn check_signature(
+        &self,
+        purpose: Purpose,
+        binding: Option<ChannelBinding>,
+        signed: &[u8],
+        signature: &[u8],
+    ) -> Result<(), SignatureError> {
+        let key = match &self.0 {
+            Mode::Cluster {
+                identity: ControlPlaneIdentity(Some(key)),
+                ..
+            } => key,
+            Mode::Cluster { .. } => {
+                warn!(
+                    ?purpose,
+                    "INSECURE: using a ticket without checking the control plane's signature (--insecure-skip-control-plane-identity)"
+                );
+                return Ok(());
+            }
+            Mode::InitOnly | Mode::InsecureAny => return Ok(()),
+        };
+        let binding = binding.ok_or(SignatureError::NoBinding)?;
+        key.verify(purpose, &binding, signed, signature)
+            .map_err(SignatureError::Identity)
     }
 
     /// No cluster to join: the node only waits to be initialised.

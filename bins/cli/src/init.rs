@@ -10,7 +10,7 @@ use crate::bring_up::{self, MANIFESTS_DIR, Plan};
 use crate::trust::TrustArgs;
 use anyhow::{Context, Result, bail};
 use asterism_atls::{AtlsConfig, AtlsConnector};
-use asterism_kms::{KmsUri, MasterSecret, Salt};
+use asterism_kms::{ControlPlaneSeed, DiskUuid, KmsUri, MasterSecret, Salt};
 use asterism_kube_api::{DeploymentSpec, JoinServiceTrust, KeyServiceSecret, MEASUREMENT_SALT_LEN};
 pub use asterism_kubernetes_versions::{DEFAULT_REQUEST, VersionRequest};
 use asterism_kubernetes_versions::{Release, VersionSyntaxError, VersionTable};
@@ -266,7 +266,7 @@ pub async fn run_with(args: Args, after: &bring_up::Args) -> Result<Initialised>
     // flood) answers UNAVAILABLE or RESOURCE_EXHAUSTED, or closes the connection: all
     // before it checked anything, so trying again is safe. Everything else ends the run.
     let mut backoff = crate::retry::Backoff::new(Duration::from_secs(5));
-    let mut stream = loop {
+    let (mut stream, init_ak) = loop {
         let request = init_request(
             &args,
             &release,
@@ -283,7 +283,7 @@ pub async fn run_with(args: Args, after: &bring_up::Args) -> Result<Initialised>
         .await
         .unwrap_or_else(|_| Err(InitAttempt::Retry(format!("no answer within {deadline:?}"))));
         match tried {
-            Ok(stream) => break stream,
+            Ok(started) => break started,
             Err(InitAttempt::Fatal(e)) => return Err(e),
             Err(InitAttempt::Retry(why)) => {
                 let wait = backoff.next_wait();
@@ -304,6 +304,13 @@ pub async fn run_with(args: Args, after: &bring_up::Args) -> Result<Initialised>
             }
         }
     };
+    // The control plane's identity: derived from the master secret, as the key service
+    // derives it for the join service. Nodes are given its public form.
+    let control_plane_key = ControlPlaneSeed::derive(
+        &MasterSecret::new(master_secret.to_vec())?,
+        &Salt::new(salt.to_vec())?,
+    )?
+    .public_key()?;
     let left = give_up.saturating_duration_since(tokio::time::Instant::now());
     let outcome = tokio::time::timeout(left, async {
         let mut success = None;
@@ -343,10 +350,23 @@ pub async fn run_with(args: Args, after: &bring_up::Args) -> Result<Initialised>
             success.cluster_id.len()
         );
     }
+    // The node's disk: recorded with the AK verified above, so that `asterism recover`
+    // sends this node's key only to this AK.
+    let init_disk = DiskUuid::parse(&success.disk_uuid)
+        .context("the node named no usable disk UUID in its answer")?;
+    let control_plane = crate::control_plane::init_files(
+        control_plane_key,
+        crate::control_plane::Member {
+            name: String::new(),
+            ak: init_ak,
+            disk: init_disk.as_str().to_owned(),
+        },
+    )?;
     write_workspace(
         &args.workspace,
         &Workspace {
             kubeconfig: &success.kubeconfig,
+            control_plane: &control_plane,
             cluster_id: &cluster_id,
             master_secret: &master_secret,
             salt: &salt,
@@ -358,6 +378,7 @@ pub async fn run_with(args: Args, after: &bring_up::Args) -> Result<Initialised>
         },
     )?;
     eprintln!("▸ cluster initialised; cluster ID {cluster_id}");
+    eprintln!("  control-plane key {control_plane_key} (give nodes --control-plane-key)");
     eprintln!("  workspace: {}", args.workspace.display());
     if let Some(split) = &split {
         eprintln!(
@@ -409,32 +430,42 @@ enum InitAttempt {
 
 /// One attempt: an attested connection to `endpoint`, then the Init call up to its
 /// response headers.
+/// A started init: the node's answer stream and the attestation key its evidence named.
 async fn start_init(
     endpoint: &str,
     connector: &AtlsConnector,
     request: InitRequest,
     release: &Release,
-) -> std::result::Result<tonic::Streaming<asterism_proto::init::InitResponse>, InitAttempt> {
+) -> std::result::Result<(tonic::Streaming<asterism_proto::init::InitResponse>, String), InitAttempt>
+{
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{endpoint}"))
         .map_err(|e| InitAttempt::Fatal(anyhow::anyhow!("invalid endpoint {endpoint:?}: {e}")))?
         .connect_timeout(Duration::from_secs(30))
         .connect_with_connector(connector.clone())
         .await
         .map_err(|e| classify_connect_error(endpoint, &e))?;
-    if let Some(peer) = connector.last_verified_peer() {
-        eprintln!(
-            "▸ node verified: {} evidence, attestation key {}",
-            peer.evidence().variant(),
-            peer.evidence().identity()
-        );
-    }
+    let init_ak = match connector.last_verified_peer() {
+        Some(peer) => {
+            eprintln!(
+                "▸ node verified: {} evidence, attestation key {}",
+                peer.evidence().variant(),
+                peer.evidence().identity()
+            );
+            peer.evidence().identity().to_owned()
+        }
+        None => {
+            return Err(InitAttempt::Fatal(anyhow::anyhow!(
+                "the connection to the node carried no verified evidence"
+            )));
+        }
+    };
     eprintln!(
         "▸ sending the init request; the node is setting up Kubernetes {} ({} components)",
         release.version(),
         release.components().len()
     );
     match ApiClient::new(channel).init(request).await {
-        Ok(response) => Ok(response.into_inner()),
+        Ok(response) => Ok((response.into_inner(), init_ak)),
         Err(s)
             if matches!(
                 s.code(),
@@ -509,6 +540,8 @@ fn explain_connect_error(endpoint: &str, e: &tonic::transport::Error) -> anyhow:
 
 struct Workspace<'a> {
     kubeconfig: &'a [u8],
+    /// `control-plane-key` and `control-plane.json`.
+    control_plane: &'a [(String, Vec<u8>)],
     cluster_id: &'a str,
     master_secret: &'a [u8],
     salt: &'a [u8],
@@ -569,6 +602,7 @@ fn write_workspace(dir: &Path, ws: &Workspace<'_>) -> Result<()> {
             ));
         }
     }
+    files.extend(ws.control_plane.iter().cloned());
     files.extend(ws.manifests.iter().cloned());
     let result = (|| {
         std::fs::DirBuilder::new()
@@ -649,6 +683,7 @@ mod tests {
     fn workspace<'a>(split: Option<&'a Split>, keep: bool, secret: &'a [u8]) -> Workspace<'a> {
         Workspace {
             kubeconfig: b"kubeconfig",
+            control_plane: &[],
             cluster_id: "00",
             master_secret: secret,
             salt: secret,

@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bring_up;
+pub mod control_plane;
 pub mod data_key;
 pub mod identity;
 pub mod init;

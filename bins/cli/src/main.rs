@@ -12,7 +12,9 @@
 #![forbid(unsafe_code)]
 
 use anyhow::{Context, Result};
-use asterism::{bring_up, data_key, identity, init, readmit, recover, recovery_share, verify};
+use asterism::{
+    bring_up, control_plane, data_key, identity, init, readmit, recover, recovery_share, verify,
+};
 use clap::{Parser, Subcommand};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -55,6 +57,11 @@ enum Command {
     /// Let a member that came back with another attestation key (a replaced TPM) receive
     /// its next join ticket. Run on a control-plane node, as the join service's user.
     Readmit(readmit::Args),
+    /// The control plane as the workspace records it: `sync` adds the control-plane nodes
+    /// the join service lists, signed by the control plane's identity, so that `recover`
+    /// sends keys to their attestation keys (only for their disks).
+    #[command(subcommand)]
+    ControlPlane(ControlPlaneCommand),
     /// A custodian's share of the master secret (`asterism init --recovery-shares`):
     /// `decrypt` it with the custodian's key for `asterism recover --share`.
     RecoveryShare(recovery_share::Args),
@@ -74,6 +81,12 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
+}
+
+#[derive(Subcommand)]
+enum ControlPlaneCommand {
+    /// Add the control-plane nodes of the join service's signed list to the workspace.
+    Sync(control_plane::SyncArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -143,6 +156,21 @@ fn run(cli: Cli) -> Result<std::process::ExitCode> {
                 "decrypted share written to {} (mode 0600); give it to whoever runs \
                  `asterism recover --share`, and delete it afterwards",
                 out.display()
+            );
+            Ok(())
+        }
+        Command::ControlPlane(ControlPlaneCommand::Sync(args)) => {
+            let added = control_plane::sync(&args)?;
+            for m in &added {
+                eprintln!(
+                    "▸ recorded control-plane node {}: attestation key {}, disk {}",
+                    m.name, m.ak, m.disk
+                );
+            }
+            eprintln!(
+                "▸ {} new control-plane node(s) in {}",
+                added.len(),
+                args.workspace.join(control_plane::RECORD_FILE).display()
             );
             Ok(())
         }

@@ -77,6 +77,12 @@ pub struct Args {
     /// every use.
     #[arg(long)]
     pub insecure_send_master_secret: bool,
+    /// INSECURE: send keys to any attestation key that passes the measurements, for a
+    /// workspace that records no control-plane members (made before they were recorded).
+    /// Any joined worker rebooted at the endpoint's address could then receive every
+    /// disk key it names. Warned on every use.
+    #[arg(long)]
+    pub insecure_any_control_plane_ak: bool,
     /// Which nodes to trust.
     #[command(flatten)]
     pub trust: TrustArgs,
@@ -101,10 +107,66 @@ pub struct Target {
     pub validator: Arc<dyn Validator>,
     /// Send the original's form (the master secret).
     pub insecure_send_master_secret: bool,
+    /// Which attestation keys may receive keys, and for which disk.
+    pub control_plane: ControlPlaneAks,
     /// The deadline of the whole recovery.
     pub deadline: Duration,
     /// The pause between attempts.
     pub retry_interval: Duration,
+}
+
+/// Which nodes `asterism recover` sends keys to.
+#[derive(Debug, Clone)]
+pub enum ControlPlaneAks {
+    /// Only these: each AK gets the keys of the one disk recorded for it.
+    Recorded(crate::control_plane::Record),
+    /// **Insecure**: any AK that passes the measurements, for the disk it names.
+    InsecureAny,
+}
+
+impl ControlPlaneAks {
+    /// The workspace's record; without one, refused unless `insecure_any` (warned).
+    pub fn from_workspace(workspace: &Path, insecure_any: bool) -> Result<Self> {
+        match crate::control_plane::Record::load(workspace)? {
+            Some(record) => Ok(Self::Recorded(record)),
+            None if insecure_any => {
+                tracing::warn!(
+                    "INSECURE: the workspace records no control-plane nodes; keys go to any attestation key that passes the measurements (--insecure-any-control-plane-ak)"
+                );
+                Ok(Self::InsecureAny)
+            }
+            None => bail!(
+                "{} records no control-plane nodes ({}), so it cannot tell a control-plane node \
+                 from a rebooted worker at the same address; --insecure-any-control-plane-ak \
+                 accepts that risk",
+                workspace.display(),
+                crate::control_plane::RECORD_FILE
+            ),
+        }
+    }
+
+    /// The disk whose keys `ak` may receive: the recorded one (an unknown AK is refused),
+    /// or, insecurely, whatever the node named.
+    fn disk_for(&self, ak: &str) -> Result<Option<DiskUuid>, AttemptError> {
+        match self {
+            Self::Recorded(record) => match record.disk_for(ak) {
+                Some(disk) => disk.map(Some).map_err(AttemptError::Fatal),
+                None => Err(AttemptError::Fatal(anyhow::anyhow!(
+                    "the node's attestation key {ak} is no control-plane node of this workspace \
+                     ({}); nothing was sent. A control-plane node that joined after init is \
+                     added by `asterism control-plane sync`",
+                    crate::control_plane::RECORD_FILE
+                ))),
+            },
+            Self::InsecureAny => {
+                tracing::warn!(
+                    ak,
+                    "INSECURE: sending keys to an attestation key the workspace does not record (--insecure-any-control-plane-ak)"
+                );
+                Ok(None)
+            }
+        }
+    }
 }
 
 /// Runs `asterism recover` with the master secret from `--share`, `--master-secret` or
@@ -116,6 +178,10 @@ pub async fn run(args: Args) -> Result<Vec<Recovered>> {
         endpoint: with_default_port(&args.endpoint),
         validator: validator(&args.trust)?,
         insecure_send_master_secret: args.insecure_send_master_secret,
+        control_plane: ControlPlaneAks::from_workspace(
+            &args.workspace,
+            args.insecure_any_control_plane_ak,
+        )?,
         deadline: Duration::from_secs(args.timeout_secs),
         retry_interval: RETRY_INTERVAL,
     };
@@ -234,6 +300,8 @@ async fn attempt(target: &Target, kms: &ClusterKms) -> Result<Recovered, Attempt
             "the connection carried no verified evidence"
         ))
     })?;
+    // Before anything is asked or sent: is this one of the control plane's own TPMs?
+    let recorded = target.control_plane.disk_for(peer.evidence().identity())?;
     let mut client = ApiClient::new(channel).max_decoding_message_size(4096);
     let (message, disk_uuid) = if target.insecure_send_master_secret {
         tracing::warn!(
@@ -251,6 +319,18 @@ async fn attempt(target: &Target, kms: &ClusterKms) -> Result<Recovered, Attempt
         let uuid = DiskUuid::parse(&uuid).map_err(|e| {
             AttemptError::Fatal(anyhow::anyhow!("the node named an unusable disk UUID: {e}"))
         })?;
+        // One AK, one disk: the keys of the recorded disk only, never of one it names.
+        let uuid = match recorded {
+            Some(want) if want != uuid => {
+                return Err(AttemptError::Fatal(anyhow::anyhow!(
+                    "the node with attestation key {} names disk {uuid}, but the workspace \
+                     records disk {want} for it; nothing was sent",
+                    peer.evidence().identity()
+                )));
+            }
+            Some(want) => want,
+            None => uuid,
+        };
         let keys = NodeKeys::derive(kms, &uuid).map_err(AttemptError::Fatal)?;
         (keys.into_message(&uuid), Some(uuid.as_str().to_owned()))
     };

@@ -50,6 +50,11 @@ pub struct Args {
     /// must show). Without it, PCR 15 is expected as in the measurements file.
     #[arg(long, value_name = "DIR")]
     workspace: Option<PathBuf>,
+    /// The node must be one of the workspace's control-plane nodes: its attestation key
+    /// must be recorded in control-plane.json (`asterism init`, `asterism control-plane
+    /// sync`). Without it, the report says whether it is one.
+    #[arg(long, requires = "workspace")]
+    control_plane: bool,
     #[command(flatten)]
     trust: TrustArgs,
 }
@@ -69,6 +74,7 @@ impl Args {
             save_evidence: None,
             export_tpm2: None,
             workspace: Some(workspace.to_path_buf()),
+            control_plane: false,
             trust: TrustArgs::platform_ca(platform_ca, measurements),
         }
     }
@@ -134,13 +140,59 @@ pub async fn run(args: Args) -> Result<()> {
     if let Some(dir) = &args.export_tpm2 {
         writeln!(std::io::stdout().lock(), "{}", export_tpm2(dir, &saved)?)?;
     }
-    report(
+    let ak = report(
         &mut std::io::stdout().lock(),
         &validator,
         &expected,
         &saved,
         &source,
+    )?;
+    let record = match &args.workspace {
+        Some(ws) => crate::control_plane::Record::load(ws)?,
+        None => None,
+    };
+    check_control_plane(
+        &mut std::io::stdout().lock(),
+        record.as_ref(),
+        &ak,
+        args.control_plane,
     )
+}
+
+/// Says whether the node's attestation key `ak` is a control-plane node the workspace
+/// records (`record`), and fails when `required` and it is not.
+fn check_control_plane(
+    out: &mut impl Write,
+    record: Option<&crate::control_plane::Record>,
+    ak: &str,
+    required: bool,
+) -> Result<()> {
+    match record.map(|r| r.members.iter().find(|m| m.ak == ak)) {
+        Some(Some(m)) => {
+            writeln!(
+                out,
+                "attestation key {ak}: a control-plane node of the workspace (disk {})",
+                m.disk
+            )?;
+            Ok(())
+        }
+        Some(None) if required => bail!(
+            "attestation key {ak} is no control-plane node of the workspace ({})",
+            crate::control_plane::RECORD_FILE
+        ),
+        Some(None) => {
+            writeln!(
+                out,
+                "attestation key {ak}: not a control-plane node of the workspace"
+            )?;
+            Ok(())
+        }
+        None if required => bail!(
+            "the workspace records no control-plane nodes ({}), so it cannot check the node's attestation key",
+            crate::control_plane::RECORD_FILE
+        ),
+        None => Ok(()),
+    }
 }
 
 /// Fetches evidence bound to a fresh random nonce from the verify service at `endpoint`.
@@ -176,18 +228,21 @@ async fn fetch(endpoint: &str) -> Result<SavedEvidence> {
 
 /// Validates `saved` and prints the PCR table and the hardware-report checks; fails when
 /// the evidence is refused or an enforced PCR differs. The table is printed only from a
-/// quote whose AK, signature and nonce binding were verified.
+/// quote whose AK, signature and nonce binding were verified. Returns the verified
+/// attestation key's identity.
 fn report(
     out: &mut impl Write,
     validator: &TpmQuoteValidator,
     expected: &[(PcrIndex, ExpectedPcr)],
     saved: &SavedEvidence,
     source: &str,
-) -> Result<()> {
+) -> Result<String> {
     let explained =
         validator.validate_with_pcrs(&saved.evidence, &ReportData::verify(&saved.nonce));
+    let mut ak = String::new();
     let observed = match (&explained.result, &explained.pcrs) {
         (Ok(verified), _) => {
+            ak = verified.identity().to_owned();
             writeln!(
                 out,
                 "{source}: {} evidence, attestation key {}",
@@ -214,7 +269,7 @@ fn report(
     if failed > 0 {
         bail!("{failed} enforced PCR(s) differ from the expected measurements");
     }
-    Ok(())
+    Ok(ak)
 }
 
 /// The refusal, kept as the validator's error so that callers can tell why.
@@ -443,6 +498,29 @@ fn print_checks(out: &mut impl Write, checks: &[Check]) -> Result<()> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn a_node_is_a_control_plane_node_only_if_the_workspace_records_its_attestation_key() {
+        let key = asterism_kms::ControlPlaneSeed::from_bytes(vec![1; 32])
+            .unwrap()
+            .public_key()
+            .unwrap();
+        let record = crate::control_plane::Record::new(
+            key,
+            crate::control_plane::Member {
+                name: "cp-0".into(),
+                ak: "aa".into(),
+                disk: "11111111-1111-1111-1111-111111111111".into(),
+            },
+        );
+        let mut out = Vec::new();
+        check_control_plane(&mut out, Some(&record), "aa", true).unwrap();
+        assert!(String::from_utf8_lossy(&out).contains("a control-plane node"));
+        assert!(check_control_plane(&mut out, Some(&record), "bb", true).is_err());
+        check_control_plane(&mut out, Some(&record), "bb", false).unwrap();
+        assert!(String::from_utf8_lossy(&out).contains("not a control-plane node"));
+        assert!(check_control_plane(&mut out, None, "aa", true).is_err());
+    }
     use asterism_attestation::explain::Outcome;
 
     #[test]

@@ -47,7 +47,10 @@ use asterism_attestation::tpm::soft::{SoftAk, SoftTpm};
 use asterism_metadata::{InstanceMetadata, MetadataConfig, MetadataServer, Role};
 use asterism_proto::kms::api_client::ApiClient as KmsClient;
 use asterism_proto::kms::api_server::{Api, ApiServer};
-use asterism_proto::kms::{GetDataKeyRequest, GetDataKeyResponse};
+use asterism_proto::kms::{
+    GetControlPlaneIdentityRequest, GetControlPlaneIdentityResponse, GetDataKeyRequest,
+    GetDataKeyResponse,
+};
 use common::*;
 use hyper_util::rt::TokioIo;
 use std::future::Future;
@@ -82,6 +85,15 @@ impl Api for Fixed {
         Ok(tonic::Response::new(GetDataKeyResponse {
             data_key: vec![0u8; 32],
         }))
+    }
+
+    async fn get_control_plane_identity(
+        &self,
+        _request: tonic::Request<GetControlPlaneIdentityRequest>,
+    ) -> Result<tonic::Response<GetControlPlaneIdentityResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented(
+            "the baseline serves data keys only",
+        ))
     }
 }
 

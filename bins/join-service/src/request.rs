@@ -160,6 +160,8 @@ impl From<JoinTicket<'_>> for IssueJoinTicketResponse {
                 .kubernetes
                 .map(|k| k.components().iter().cloned().map(Into::into).collect())
                 .unwrap_or_default(),
+            // Signed after encoding (`JoinService::sign`).
+            control_plane_signature: Vec::new(),
         }
     }
 }
@@ -177,6 +179,7 @@ impl From<RejoinTicket<'_>> for IssueRejoinTicketResponse {
         Self {
             state_disk_key: t.disk_key.expose_secret().to_vec(),
             measurement_secret: t.measurement_secret.expose_secret().to_vec(),
+            control_plane_signature: Vec::new(),
         }
     }
 }

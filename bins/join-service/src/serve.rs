@@ -370,6 +370,25 @@ where
     }
 }
 
+async fn control_plane_json<M, K, S>(service: &JoinService<M, K, S>) -> Response<Full<Bytes>>
+where
+    M: Metadata + 'static,
+    K: KeySource,
+    S: ClusterState,
+{
+    match service.signed_control_plane().await {
+        Ok(json) => reply(StatusCode::OK, "application/json", json),
+        Err(e) => {
+            tracing::error!(error = %crate::error::chain(&e), "signing the control-plane list failed");
+            reply(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain",
+                "unavailable\n".into(),
+            )
+        }
+    }
+}
+
 async fn respond<M, K, S, B>(
     service: &JoinService<M, K, S>,
     access: &HttpAccess,
@@ -403,6 +422,7 @@ where
         ),
         "/healthz" => reply(StatusCode::OK, "text/plain", "ok\n".into()),
         "/v1/members" => members_json(service).await,
+        "/v1/control-plane" => control_plane_json(service).await,
         _ => reply(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
     }
 }
@@ -419,6 +439,9 @@ where
     let path = req.uri().path();
     if req.method() == Method::GET && path == "/v1/members" {
         return members_json(service).await;
+    }
+    if req.method() == Method::GET && path == "/v1/control-plane" {
+        return control_plane_json(service).await;
     }
     let name = path
         .strip_prefix("/v1/members/")

@@ -8,10 +8,12 @@ use crate::metrics::Metrics;
 use crate::release::ClusterRelease;
 use crate::request::{ControlPlaneFile, JoinRequest, JoinTicket, RejoinRequest, RejoinTicket};
 use crate::state::{Admission, ClusterState, Member, StateError};
-use asterism_atls::VerifiedPeer;
+use asterism_atls::{AtlsConnectInfo, VerifiedPeer};
 use asterism_binkit::RateLimiter;
 use asterism_cluster::{API_SERVER_PORT, CONTROL_PLANE_FILES, REQUIRED_CONTROL_PLANE_FILES, Role};
-use asterism_kms::{DataKey, KeyId, STATE_DISK_KEY_LEN};
+use asterism_kms::{
+    ChannelBinding, ControlPlaneSigner, DataKey, KeyId, Purpose, STATE_DISK_KEY_LEN,
+};
 use asterism_metadata::{InstanceMetadata, Metadata};
 use asterism_pki::{ClusterCa, SshCa, SshError};
 use asterism_proto::join::api_server::Api;
@@ -89,6 +91,8 @@ struct Inner<M, K, S> {
 /// cluster CA key this service holds anyway. Both secrets are wiped on drop.
 struct ClusterKeys {
     measurement_secret: DataKey,
+    /// The control plane's identity, which signs every ticket (docs/join-service.md).
+    signer: ControlPlaneSigner,
     ssh_ca: SshCa,
     /// The SSH CA's `authorized_keys` line (public).
     ssh_ca_line: Vec<u8>,
@@ -213,20 +217,104 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
         self.inner
             .cluster_keys
             .get_or_try_init(|| async {
-                let (measurement_secret, ssh_seed) = futures::try_join!(
+                let (measurement_secret, ssh_seed, identity) = futures::try_join!(
                     self.key(KeyId::MeasurementSecret),
                     self.key(KeyId::EmergencySshCa),
+                    async { Ok(self.inner.keys.control_plane_seed().await?) },
                 )?;
+                let signer = ControlPlaneSigner::new(&identity)
+                    .map_err(|e| JoinError::internal("building the control-plane identity", e))?;
                 let ssh_ca = SshCa::from_seed(&ssh_seed)
                     .map_err(|e| JoinError::internal("building the SSH CA", e))?;
                 let ssh_ca_line = ssh_ca.authorized_keys_line().into_bytes();
                 Ok(ClusterKeys {
                     measurement_secret,
+                    signer,
                     ssh_ca,
                     ssh_ca_line,
                 })
             })
             .await
+    }
+
+    /// Signs `response` with the control plane's identity for `purpose`, bound to the
+    /// connection it goes out on: the signature covers `binding` and the SHA-256 of the
+    /// response encoded with its signature field empty.
+    async fn sign<T: prost::Message>(
+        &self,
+        purpose: Purpose,
+        binding: Option<ChannelBinding>,
+        mut response: T,
+        field: fn(&mut T) -> &mut Vec<u8>,
+    ) -> Result<T, JoinError> {
+        let binding = binding.ok_or(JoinError::NotAttested)?;
+        let keys = self.cluster_keys().await?;
+        field(&mut response).clear();
+        let encoded = Zeroizing::new(response.encode_to_vec());
+        *field(&mut response) = keys.signer.sign(purpose, &binding, &encoded).to_vec();
+        Ok(response)
+    }
+
+    /// The control-plane members with their attestation keys and disks, signed by the
+    /// control plane's identity (docs/join-service.md, "The signed control-plane list"):
+    /// what `asterism control-plane sync` adds to the owner's workspace, so that
+    /// `asterism recover` sends keys only to these AKs, for these disks.
+    pub async fn signed_control_plane(&self) -> Result<String, JoinError> {
+        #[derive(serde::Serialize)]
+        struct Entry<'a> {
+            name: &'a str,
+            ak: &'a str,
+            disk: &'a str,
+        }
+        #[derive(serde::Serialize)]
+        struct Payload<'a> {
+            members: Vec<Entry<'a>>,
+            #[serde(rename = "issuedAt")]
+            issued_at: u64,
+        }
+        #[derive(serde::Serialize)]
+        struct Envelope<'a> {
+            version: u32,
+            kind: &'a str,
+            payload: String,
+            signature: String,
+        }
+        let members = self.inner.state.members().await.map_err(state_error)?;
+        let payload = Payload {
+            members: members
+                .iter()
+                .filter(|m| m.role == Role::ControlPlane.to_string() && !m.disk.is_empty())
+                .map(|m| Entry {
+                    name: &m.name,
+                    ak: &m.ak,
+                    disk: &m.disk,
+                })
+                .collect(),
+            issued_at: SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+        };
+        let payload = serde_json::to_vec(&payload)
+            .map_err(|e| JoinError::internal("encoding the control-plane list", e))?;
+        let keys = self.cluster_keys().await?;
+        let signature = keys
+            .signer
+            .sign(Purpose::MemberList, &ChannelBinding::DOCUMENT, &payload);
+        use base64::Engine as _;
+        serde_json::to_string(&Envelope {
+            version: 1,
+            kind: "asterism-control-plane-members",
+            payload: base64::engine::general_purpose::STANDARD.encode(&payload),
+            signature: hex::encode(signature),
+        })
+        .map_err(|e| JoinError::internal("encoding the control-plane list", e))
+    }
+
+    /// The public form of the identity this service signs with, once the key service
+    /// answered.
+    pub async fn control_plane_key(&self) -> Result<asterism_kms::ControlPlaneKey, JoinError> {
+        Ok(self.cluster_keys().await?.signer.public_key())
     }
 
     /// A join ticket for `req` (`IssueJoinTicket`, docs/join-service.md), with the
@@ -561,6 +649,14 @@ fn read_capped(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
     Ok(data)
 }
 
+/// The channel binding of the aTLS connection `request` arrived on.
+fn channel_binding<T>(request: &Request<T>) -> Option<ChannelBinding> {
+    request
+        .extensions()
+        .get::<AtlsConnectInfo>()
+        .map(|info| ChannelBinding(info.channel_binding))
+}
+
 fn describe(peer: Option<&VerifiedPeer>) -> String {
     match peer {
         Some(p) => format!(
@@ -587,14 +683,20 @@ where
     ) -> Result<Response<IssueJoinTicketResponse>, Status> {
         let started = Instant::now();
         let verified = asterism_atls::verified_peer(&request).ok().cloned();
+        let binding = channel_binding(&request);
         let who = describe(verified.as_ref());
         let result = async {
             // Attested and within its rate first: a malformed request counts too.
             let peer = self.peer(verified.as_ref())?;
             let req = JoinRequest::try_from(request.into_inner())?;
-            self.join(&peer, req)
+            let response = self
+                .join(&peer, req)
                 .await
-                .map(IssueJoinTicketResponse::from)
+                .map(IssueJoinTicketResponse::from)?;
+            self.sign(Purpose::JoinTicket, binding, response, |r| {
+                &mut r.control_plane_signature
+            })
+            .await
         }
         .await;
         self.finish("join", who, started, result)
@@ -606,13 +708,19 @@ where
     ) -> Result<Response<IssueRejoinTicketResponse>, Status> {
         let started = Instant::now();
         let verified = asterism_atls::verified_peer(&request).ok().cloned();
+        let binding = channel_binding(&request);
         let who = describe(verified.as_ref());
         let result = async {
             let peer = self.peer(verified.as_ref())?;
             let req = RejoinRequest::try_from(request.into_inner())?;
-            self.rejoin(&peer, req)
+            let response = self
+                .rejoin(&peer, req)
                 .await
-                .map(IssueRejoinTicketResponse::from)
+                .map(IssueRejoinTicketResponse::from)?;
+            self.sign(Purpose::RejoinTicket, binding, response, |r| {
+                &mut r.control_plane_signature
+            })
+            .await
         }
         .await;
         self.finish("rejoin", who, started, result)

@@ -131,6 +131,11 @@ pub struct Member {
     pub role: String,
     /// The attested AK identity of the node's last ticket.
     pub ak: String,
+    /// The state disk (UUID) of the node's last ticket, or of its init record; empty where
+    /// the store does not record it (records written before it did, and the Kubernetes
+    /// store).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub disk: String,
     /// When the node was first admitted (Unix seconds).
     pub admitted_at: u64,
     /// When the node last received a ticket (Unix seconds).
@@ -601,6 +606,7 @@ fn admit_in(t: &mut Tables<'_>, a: &Admission) -> Result<ExpiringToken, StateErr
             Member {
                 role: a.role.to_string(),
                 ak: a.ak.clone(),
+                disk: a.disk.to_string(),
                 last_ticket_at: now,
                 tickets: p.tickets.saturating_add(1),
                 readmit: false,
@@ -611,6 +617,7 @@ fn admit_in(t: &mut Tables<'_>, a: &Admission) -> Result<ExpiringToken, StateErr
             name: a.name.clone(),
             role: a.role.to_string(),
             ak: a.ak.clone(),
+            disk: a.disk.to_string(),
             admitted_at: now,
             last_ticket_at: now,
             tickets: 1,
@@ -740,6 +747,7 @@ impl ClusterState for RedbState {
                         name: init.name.clone(),
                         role: init.role.clone(),
                         ak: init.ak.clone(),
+                        disk: init.disk.clone(),
                         admitted_at: now,
                         last_ticket_at: now,
                         tickets: 0,

@@ -5,7 +5,10 @@ use std::sync::Arc;
 use asterism_binkit::error_chain;
 use asterism_kms::{ClusterKms, KeyId, KeyIdError};
 use asterism_proto::kms::api_server::Api;
-use asterism_proto::kms::{GetDataKeyRequest, GetDataKeyResponse};
+use asterism_proto::kms::{
+    GetControlPlaneIdentityRequest, GetControlPlaneIdentityResponse, GetDataKeyRequest,
+    GetDataKeyResponse,
+};
 use tonic::transport::server::UdsConnectInfo;
 use tonic::{Request, Response, Status};
 
@@ -138,23 +141,50 @@ fn peer<T>(request: &Request<T>) -> String {
     "unknown".to_owned()
 }
 
+impl KeyService {
+    /// Who sent `request`, if it may be answered: with [`KeyService::attested_only`], only
+    /// a peer a validator accepted on this connection.
+    fn admit<T>(&self, request: &Request<T>, what: &str) -> Result<String, Status> {
+        let peer = peer(request);
+        if !self.require_attested_peer {
+            return Ok(peer);
+        }
+        let verified = asterism_atls::verified_peer(request).inspect_err(|_| {
+            tracing::warn!(%peer, what, "refused a key request: peer is not attested");
+        })?;
+        Ok(format!(
+            "{peer} ({} {})",
+            verified.evidence().variant(),
+            verified.evidence().identity()
+        ))
+    }
+}
+
 #[tonic::async_trait]
 impl Api for KeyService {
+    /// The control plane's identity seed, for the join service (docs/key-service.md). The
+    /// same callers as `GetDataKey` may ask: whoever reaches this service can already
+    /// derive every data key.
+    async fn get_control_plane_identity(
+        &self,
+        request: Request<GetControlPlaneIdentityRequest>,
+    ) -> Result<Response<GetControlPlaneIdentityResponse>, Status> {
+        let peer = self.admit(&request, "control-plane identity")?;
+        let seed = self.kms.control_plane_seed().map_err(|err| {
+            tracing::error!(%peer, error = %error_chain(&err), "deriving the control-plane identity failed");
+            Status::internal("deriving the control-plane identity failed")
+        })?;
+        tracing::info!(%peer, "issued the control-plane identity");
+        Ok(Response::new(GetControlPlaneIdentityResponse {
+            seed: seed.expose_secret().to_vec(),
+        }))
+    }
+
     async fn get_data_key(
         &self,
         request: Request<GetDataKeyRequest>,
     ) -> Result<Response<GetDataKeyResponse>, Status> {
-        let mut peer = peer(&request);
-        if self.require_attested_peer {
-            let verified = asterism_atls::verified_peer(&request).inspect_err(|_| {
-                tracing::warn!(%peer, "refused data key request: peer is not attested");
-            })?;
-            peer = format!(
-                "{peer} ({} {})",
-                verified.evidence().variant(),
-                verified.evidence().identity()
-            );
-        }
+        let peer = self.admit(&request, "data key")?;
         let request = DataKeyRequest::try_from(request.into_inner()).map_err(|err| {
             tracing::warn!(%peer, error = %err, "refused data key request");
             Status::invalid_argument(err.to_string())

@@ -574,6 +574,12 @@ impl LocalCluster {
         Some(text.trim().to_owned())
     }
 
+    /// The control plane's public key once `asterism init` has written it to the workspace.
+    pub fn control_plane_key(&self) -> Option<String> {
+        let text = std::fs::read_to_string(self.workspace.join("control-plane-key")).ok()?;
+        Some(text.trim().to_owned())
+    }
+
     /// Starts the bootstrapper of `node`. After init it is told the cluster ID, so that it
     /// joins (or rejoins) only through a join service marked with this cluster; before
     /// init (the control plane's first boot) it has no cluster to join and waits for Init.
@@ -585,6 +591,7 @@ impl LocalCluster {
             &self.platform_ca,
             &self.join_measurements,
             self.cluster_id().as_deref(),
+            self.control_plane_key().as_deref(),
         )
     }
 
@@ -955,6 +962,7 @@ fn start_bootstrapper(
     platform_ca: &Path,
     join_measurements: &Path,
     cluster_id: Option<&str>,
+    control_plane_key: Option<&str>,
 ) -> Result<Booting> {
     step(format!(
         "starting the bootstrapper of {} ({})",
@@ -962,9 +970,14 @@ fn start_bootstrapper(
     ));
     let log = n.dir.join("log/bootstrapper.log");
     let started = Instant::now();
-    let cluster: Vec<&dyn AsRef<std::ffi::OsStr>> = match &cluster_id {
-        Some(id) => vec![&"--cluster-id", id],
-        None => Vec::new(),
+    // The cluster ID and the control plane's key go together: a node joins only through a
+    // join service of this cluster that signs as its control plane.
+    let cluster: Vec<&dyn AsRef<std::ffi::OsStr>> = match (&cluster_id, &control_plane_key) {
+        (Some(id), Some(key)) => vec![&"--cluster-id", id, &"--control-plane-key", key],
+        (Some(_), None) => {
+            bail!("the workspace has a cluster ID but no control-plane-key; re-create the cluster")
+        }
+        (None, _) => Vec::new(),
     };
     let child = spawn_service(
         program,

@@ -461,6 +461,11 @@ impl VmCluster {
         let mut join_trust = Vec::new();
         if let Some(cluster_id) = self.cluster.cluster_id() {
             params.push_str(&format!(" asterism.cluster-id={cluster_id}"));
+            let key = self
+                .cluster
+                .control_plane_key()
+                .context("the workspace has a cluster ID but no control-plane-key")?;
+            params.push_str(&format!(" asterism.control-plane-key={key}"));
             for (name, file) in [
                 ("platform-ca", &self.cluster.platform_ca),
                 ("measurements", &self.cluster.join_measurements),

@@ -47,6 +47,14 @@ impl Api for Fixed {
             data_key: vec![0u8; 32],
         }))
     }
+
+    async fn get_control_plane_identity(
+        &self,
+        _request: tonic::Request<asterism_proto::kms::GetControlPlaneIdentityRequest>,
+    ) -> Result<tonic::Response<asterism_proto::kms::GetControlPlaneIdentityResponse>, tonic::Status>
+    {
+        Err(tonic::Status::unimplemented("data keys only"))
+    }
 }
 
 /// A plain TLS server stream that tonic accepts.

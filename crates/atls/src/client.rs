@@ -60,6 +60,7 @@ impl AtlsConnector {
         .map_err(server::tls_io_error)?;
         server::require_h2(tls.get_ref().1)?;
         let exporter = server::export(tls.get_ref().1)?;
+        let channel_binding = server::export_with(tls.get_ref().1, tls::CHANNEL_BINDING_LABEL)?;
         let peer = tokio::time::timeout(
             self.cfg.exchange_timeout,
             exchange::run(&mut tls, Role::Client, &exporter, &self.cfg, remote_addr),
@@ -74,7 +75,11 @@ impl AtlsConnector {
         }
         Ok(AtlsStream::new(
             tokio_rustls::TlsStream::Client(tls),
-            AtlsConnectInfo { remote_addr, peer },
+            AtlsConnectInfo {
+                remote_addr,
+                peer,
+                channel_binding,
+            },
             self.cfg.max_connection_lifetime,
         ))
     }

@@ -39,7 +39,7 @@ pub use client::AtlsConnector;
 pub use server::AtlsServer;
 pub use session::SessionKeyIssuer;
 pub use stream::{AtlsConnectInfo, AtlsStream};
-pub use tls::{ALPN_H2, EXPORTER_LABEL};
+pub use tls::{ALPN_H2, CHANNEL_BINDING_LABEL, EXPORTER_LABEL};
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -71,6 +71,7 @@ impl AtlsServer {
             .map_err(tls_io_error)?;
         require_h2(tls.get_ref().1)?;
         let exporter = export(tls.get_ref().1)?;
+        let channel_binding = export_with(tls.get_ref().1, tls::CHANNEL_BINDING_LABEL)?;
         let peer = tokio::time::timeout(
             self.cfg.exchange_timeout,
             exchange::run(&mut tls, Role::Server, &exporter, &self.cfg, remote_addr),
@@ -82,7 +83,11 @@ impl AtlsServer {
         })??;
         Ok(AtlsStream::new(
             tokio_rustls::TlsStream::Server(tls),
-            AtlsConnectInfo { remote_addr, peer },
+            AtlsConnectInfo {
+                remote_addr,
+                peer,
+                channel_binding,
+            },
             self.cfg.max_connection_lifetime,
         ))
     }
@@ -235,8 +240,16 @@ pub(crate) fn require_h2<D>(conn: &rustls::ConnectionCommon<D>) -> Result<(), At
 
 /// The 32-byte exporter value of a finished TLS 1.3 connection.
 pub(crate) fn export<D>(conn: &rustls::ConnectionCommon<D>) -> Result<[u8; 32], AtlsError> {
+    export_with(conn, tls::EXPORTER_LABEL)
+}
+
+/// The 32-byte exporter value under `label` (empty context).
+pub(crate) fn export_with<D>(
+    conn: &rustls::ConnectionCommon<D>,
+    label: &[u8],
+) -> Result<[u8; 32], AtlsError> {
     let mut out = [0u8; 32];
-    conn.export_keying_material(&mut out, tls::EXPORTER_LABEL, Some(&[]))
+    conn.export_keying_material(&mut out, label, Some(&[]))
         .map_err(AtlsError::Tls)?;
     Ok(out)
 }

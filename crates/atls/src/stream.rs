@@ -16,6 +16,11 @@ pub struct AtlsConnectInfo {
     pub remote_addr: Option<SocketAddr>,
     /// The verified peer; `None` when this side does not verify the peer.
     pub peer: Option<VerifiedPeer>,
+    /// A value only the two ends of this TLS connection know: the TLS exporter under
+    /// [`crate::CHANNEL_BINDING_LABEL`] (not the evidence's exporter), for application
+    /// messages that must be bound to this connection (a signature over it cannot be
+    /// replayed on another).
+    pub channel_binding: [u8; 32],
 }
 
 /// A TLS 1.3 stream on which the aTLS exchange succeeded; application data (HTTP/2)

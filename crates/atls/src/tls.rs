@@ -10,6 +10,10 @@ use std::sync::Arc;
 
 /// Label of the TLS exporter (RFC 8446 §7.5) that binds evidence to the session.
 pub const EXPORTER_LABEL: &[u8] = b"EXPORTER-asterism-atls-v1";
+/// Label of the TLS exporter handed to applications as the connection's channel binding
+/// ([`crate::AtlsConnectInfo::channel_binding`]); another label than the evidence's, so the
+/// two values are independent.
+pub const CHANNEL_BINDING_LABEL: &[u8] = b"EXPORTER-asterism-channel-binding-v1";
 /// ALPN protocol negotiated on every aTLS connection.
 pub const ALPN_H2: &[u8] = b"h2";
 

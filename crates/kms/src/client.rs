@@ -7,8 +7,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use asterism_proto::kms::GetDataKeyRequest;
 use asterism_proto::kms::api_client::ApiClient;
+use asterism_proto::kms::{GetControlPlaneIdentityRequest, GetDataKeyRequest};
 use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint, Uri};
 
@@ -118,16 +118,7 @@ impl KeyServiceClient {
         let response = tokio::time::timeout(self.timeout, call)
             .await
             .map_err(|_| KeyError::Unavailable(format!("no answer within {:?}", self.timeout)))?
-            .map_err(|status| match status.code() {
-                tonic::Code::Unavailable
-                | tonic::Code::DeadlineExceeded
-                | tonic::Code::Cancelled
-                | tonic::Code::Unknown => KeyError::Unavailable(status.message().to_owned()),
-                code => KeyError::Failed {
-                    code,
-                    message: status.message().to_owned(),
-                },
-            })?;
+            .map_err(status_error)?;
         let bytes = response.into_inner().data_key;
         let got = bytes.len();
         // `DataKey::new` takes the bytes first, so that they are wiped whatever follows.
@@ -136,6 +127,35 @@ impl KeyServiceClient {
             return Err(KeyError::Length { want: len, got });
         }
         Ok(key)
+    }
+
+    /// The seed of the control plane's identity key (`GetControlPlaneIdentity`).
+    pub async fn control_plane_seed(&self) -> Result<crate::ControlPlaneSeed, KeyError> {
+        let mut client = self.client.clone();
+        let call = client.get_control_plane_identity(GetControlPlaneIdentityRequest {});
+        let response = tokio::time::timeout(self.timeout, call)
+            .await
+            .map_err(|_| KeyError::Unavailable(format!("no answer within {:?}", self.timeout)))?
+            .map_err(status_error)?;
+        let bytes = response.into_inner().seed;
+        let got = bytes.len();
+        crate::ControlPlaneSeed::from_bytes(bytes).map_err(|_| KeyError::Length {
+            want: crate::CONTROL_PLANE_KEY_LEN,
+            got,
+        })
+    }
+}
+
+fn status_error(status: tonic::Status) -> KeyError {
+    match status.code() {
+        tonic::Code::Unavailable
+        | tonic::Code::DeadlineExceeded
+        | tonic::Code::Cancelled
+        | tonic::Code::Unknown => KeyError::Unavailable(status.message().to_owned()),
+        code => KeyError::Failed {
+            code,
+            message: status.message().to_owned(),
+        },
     }
 }
 

@@ -33,6 +33,12 @@ impl ClusterKms {
         )
     }
 
+    /// The seed of the control plane's identity (`crate::ControlPlaneSeed`), which no
+    /// `data_key` ID reaches.
+    pub fn control_plane_seed(&self) -> Result<crate::ControlPlaneSeed, crate::IdentityError> {
+        crate::ControlPlaneSeed::derive(&self.master_secret, &self.salt)
+    }
+
     /// The master secret, for callers that must hand it on (the recovery client).
     #[must_use]
     pub fn master_secret(&self) -> &MasterSecret {

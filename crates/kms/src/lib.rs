@@ -25,6 +25,7 @@ mod address;
 mod client;
 mod cluster;
 mod derive;
+mod identity;
 mod key_id;
 mod secret;
 mod uri;
@@ -35,6 +36,10 @@ pub use client::{KEY_CALL_TIMEOUT, KEY_CALLS_IN_FLIGHT, KeyError, KeyServiceClie
 pub use cluster::ClusterKms;
 pub use derive::{
     ClusterId, DeriveError, MAX_DERIVED_LEN, MEASUREMENT_SALT_LEN, derive, derive_cluster_id,
+};
+pub use identity::{
+    CONTROL_PLANE_IDENTITY_INFO, CONTROL_PLANE_KEY_LEN, CONTROL_PLANE_SIGNATURE_LEN,
+    ChannelBinding, ControlPlaneKey, ControlPlaneSeed, ControlPlaneSigner, IdentityError, Purpose,
 };
 pub use key_id::{DiskUuid, KEY_ID_PREFIX, KeyId, KeyIdError, OtherKeyId};
 pub use secret::{DataKey, MasterSecret, Salt, SecretError};

@@ -98,6 +98,10 @@ impl fmt::Debug for join::IssueJoinTicketResponse {
                 &Len(self.authorized_ca_public_key.len()),
             )
             .field("host_certificate", &Len(self.host_certificate.len()))
+            .field(
+                "control_plane_signature",
+                &Len(self.control_plane_signature.len()),
+            )
             .finish()
     }
 }
@@ -107,6 +111,10 @@ impl fmt::Debug for join::IssueRejoinTicketResponse {
         f.debug_struct("IssueRejoinTicketResponse")
             .field("state_disk_key", &REDACTED)
             .field("measurement_secret", &REDACTED)
+            .field(
+                "control_plane_signature",
+                &Len(self.control_plane_signature.len()),
+            )
             .finish()
     }
 }
@@ -124,6 +132,14 @@ impl fmt::Debug for kms::GetDataKeyResponse {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GetDataKeyResponse")
             .field("data_key", &REDACTED)
+            .finish()
+    }
+}
+
+impl fmt::Debug for kms::GetControlPlaneIdentityResponse {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GetControlPlaneIdentityResponse")
+            .field("seed", &REDACTED)
             .finish()
     }
 }

@@ -225,7 +225,12 @@ impl TestNode {
 
     /// Trust in this node as the join service of `cluster_id`: its AK (pinned), PCRs 0–7 as
     /// they are now, and PCR 15 as the marker of `cluster_id`.
-    pub fn join_service_trust(&self, cluster_id: asterism_kms::ClusterId) -> JoinServiceTrust {
+    /// Tickets must be signed as `identity` says.
+    pub fn join_service_trust(
+        &self,
+        cluster_id: asterism_kms::ClusterId,
+        identity: asterism_bootstrapper::ControlPlaneIdentity,
+    ) -> JoinServiceTrust {
         let mut tpm = Tpm::open(&self.swtpm.config()).unwrap();
         let pcrs = tpm.read_pcrs(&PcrSelection::all()).unwrap();
         let entries: Vec<String> = pcrs
@@ -239,6 +244,7 @@ impl TestNode {
             pin(&self.ak_public),
             measurements.into_provider(),
             cluster_id,
+            identity,
         )
         .unwrap()
     }

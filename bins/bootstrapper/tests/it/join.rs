@@ -9,9 +9,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::common::*;
-use asterism_atls::{AtlsConfig, AtlsServer, verified_peer};
-use asterism_bootstrapper::{KubernetesHandover, NodeState, Outcome, Role};
-use asterism_kms::{ClusterKms, KeyId, MasterSecret, Salt, derive_cluster_id};
+use asterism_atls::{AtlsConfig, AtlsConnectInfo, AtlsServer, verified_peer};
+use asterism_bootstrapper::{ControlPlaneIdentity, KubernetesHandover, NodeState, Outcome, Role};
+use asterism_kms::{
+    ChannelBinding, ClusterKms, ControlPlaneSeed, ControlPlaneSigner, KeyId, MasterSecret, Purpose,
+    Salt, derive_cluster_id,
+};
 use asterism_metadata::{Role as MetaRole, StaticMetadata};
 use asterism_pki::{ClusterCa, KubeletCsr, SshCa, parse_wire_public_key};
 use asterism_proto::join::api_server::{Api, ApiServer};
@@ -19,6 +22,7 @@ use asterism_proto::join::{
     IssueJoinTicketRequest, IssueJoinTicketResponse, IssueRejoinTicketRequest,
     IssueRejoinTicketResponse,
 };
+use prost::Message as _;
 use tonic::{Request, Response, Status};
 
 const MEASUREMENT_SALT: [u8; 32] = [0x44; 32];
@@ -40,10 +44,64 @@ struct Seen {
 /// Changes a ticket before the stub sends it (a join service that lies).
 type Tamper = Arc<dyn Fn(&mut IssueJoinTicketResponse) + Send + Sync>;
 
+/// How the stub signs its tickets.
+#[derive(Clone, Copy, Debug)]
+enum Signing {
+    /// With the control plane's identity, over this connection: a genuine join service.
+    ControlPlane,
+    /// Not at all: a joined worker posing as the join service (it holds no key derived
+    /// from the master secret).
+    Unsigned,
+    /// With a key of its own: a worker that made up a key.
+    OwnKey,
+    /// With the control plane's identity, over another connection's binding: a genuine
+    /// signature replayed.
+    OtherConnection,
+}
+
 struct StubJoinService {
     ca: ClusterCa,
     seen: Arc<Mutex<Seen>>,
     tamper: Option<Tamper>,
+    signing: Signing,
+}
+
+/// The control plane's identity key of the stub's cluster.
+fn control_plane_signer() -> ControlPlaneSigner {
+    ControlPlaneSigner::new(&kms().control_plane_seed().unwrap()).unwrap()
+}
+
+/// What a fresh node of the stub's cluster is given: the control plane's public key.
+fn control_plane() -> ControlPlaneIdentity {
+    ControlPlaneIdentity::key(control_plane_signer().public_key())
+}
+
+impl StubJoinService {
+    fn sign(&self, purpose: Purpose, binding: [u8; 32], signed: &[u8]) -> Vec<u8> {
+        let own = || {
+            ControlPlaneSigner::new(&ControlPlaneSeed::from_bytes(vec![0x99; 32]).unwrap()).unwrap()
+        };
+        match self.signing {
+            Signing::ControlPlane => control_plane_signer()
+                .sign(purpose, &ChannelBinding(binding), signed)
+                .to_vec(),
+            Signing::Unsigned => Vec::new(),
+            Signing::OwnKey => own()
+                .sign(purpose, &ChannelBinding(binding), signed)
+                .to_vec(),
+            Signing::OtherConnection => control_plane_signer()
+                .sign(purpose, &ChannelBinding([0x42; 32]), signed)
+                .to_vec(),
+        }
+    }
+}
+
+fn binding<T>(request: &Request<T>) -> [u8; 32] {
+    request
+        .extensions()
+        .get::<AtlsConnectInfo>()
+        .unwrap()
+        .channel_binding
 }
 
 /// The cluster the stub's keys derive.
@@ -72,6 +130,7 @@ impl Api for StubJoinService {
     ) -> Result<Response<IssueJoinTicketResponse>, Status> {
         let peer = verified_peer(&request)?.remote_addr().unwrap();
         self.seen.lock().unwrap().join_peers.push(peer);
+        let binding = binding(&request);
         let req = request.into_inner();
         let csr = KubeletCsr::parse(&req.certificate_request)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
@@ -106,6 +165,8 @@ impl Api for StubJoinService {
         if let Some(tamper) = &self.tamper {
             tamper(&mut ticket);
         }
+        ticket.control_plane_signature =
+            self.sign(Purpose::JoinTicket, binding, &ticket.encode_to_vec());
         Ok(Response::new(ticket))
     }
 
@@ -114,16 +175,21 @@ impl Api for StubJoinService {
         request: Request<IssueRejoinTicketRequest>,
     ) -> Result<Response<IssueRejoinTicketResponse>, Status> {
         verified_peer(&request)?;
+        let binding = binding(&request);
         let req = request.into_inner();
         self.seen
             .lock()
             .unwrap()
             .rejoin_uuids
             .push(req.disk_uuid.clone());
-        Ok(Response::new(IssueRejoinTicketResponse {
+        let mut ticket = IssueRejoinTicketResponse {
             state_disk_key: key(&KeyId::disk(&req.disk_uuid).unwrap()),
             measurement_secret: key(&KeyId::MeasurementSecret),
-        }))
+            control_plane_signature: Vec::new(),
+        };
+        ticket.control_plane_signature =
+            self.sign(Purpose::RejoinTicket, binding, &ticket.encode_to_vec());
+        Ok(Response::new(ticket))
     }
 }
 
@@ -137,6 +203,17 @@ async fn start_stub(
     start_tampering_stub(ip, cp, node, seen, None).await
 }
 
+/// Like [`start_stub`], signing as `signing` says.
+async fn start_signing_stub(
+    ip: IpAddr,
+    cp: &TestNode,
+    node: &TestNode,
+    seen: Arc<Mutex<Seen>>,
+    signing: Signing,
+) -> (u16, tokio::sync::oneshot::Sender<()>) {
+    start_stub_with(ip, cp, node, seen, None, signing).await
+}
+
 /// Like [`start_stub`], with every ticket changed by `tamper`.
 async fn start_tampering_stub(
     ip: IpAddr,
@@ -144,6 +221,17 @@ async fn start_tampering_stub(
     node: &TestNode,
     seen: Arc<Mutex<Seen>>,
     tamper: Option<Tamper>,
+) -> (u16, tokio::sync::oneshot::Sender<()>) {
+    start_stub_with(ip, cp, node, seen, tamper, Signing::ControlPlane).await
+}
+
+async fn start_stub_with(
+    ip: IpAddr,
+    cp: &TestNode,
+    node: &TestNode,
+    seen: Arc<Mutex<Seen>>,
+    tamper: Option<Tamper>,
+    signing: Signing,
 ) -> (u16, tokio::sync::oneshot::Sender<()>) {
     let listener = tokio::net::TcpListener::bind(SocketAddr::new(ip, 0))
         .await
@@ -158,6 +246,7 @@ async fn start_tampering_stub(
         ca: ClusterCa::generate(SystemTime::now()).unwrap(),
         seen,
         tamper,
+        signing,
     };
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(
@@ -190,7 +279,7 @@ async fn a_worker_joins_through_a_mutually_attested_join_service_and_rejoins_aft
         metadata.clone(),
         TestNode::none_driver(),
         port,
-        Some(cp.join_service_trust(cluster_id())),
+        Some(cp.join_service_trust(cluster_id(), control_plane())),
     );
     let started = Instant::now();
     let outcome = tokio::time::timeout(
@@ -256,7 +345,7 @@ async fn a_worker_joins_through_a_mutually_attested_join_service_and_rejoins_aft
         metadata,
         TestNode::none_driver(),
         port,
-        Some(cp.join_service_trust(cluster_id)),
+        Some(cp.join_service_trust(cluster_id, control_plane())),
     );
     let started = Instant::now();
     let outcome = tokio::time::timeout(
@@ -296,7 +385,7 @@ async fn a_join_service_whose_evidence_does_not_verify_gets_nothing() {
         metadata,
         TestNode::none_driver(),
         port,
-        Some(t.join_service_trust(cluster_id())),
+        Some(t.join_service_trust(cluster_id(), control_plane())),
     );
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let run = tokio::spawn(t.run(node, async {
@@ -327,7 +416,7 @@ async fn refused(cp: &TestNode, t: &TestNode, port: u16, expected: asterism_kms:
         metadata,
         TestNode::none_driver(),
         port,
-        Some(cp.join_service_trust(expected)),
+        Some(cp.join_service_trust(expected, control_plane())),
     );
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let run = tokio::spawn(t.run(node, async {
@@ -392,4 +481,57 @@ async fn a_ticket_for_another_cluster_or_with_a_bad_kubelet_certificate_is_refus
             "{what}: the join service was asked"
         );
     }
+}
+
+/// Issue 22, attack 1: a joined worker (genuine TPM and measurements, this cluster's marker
+/// in PCR 15, the measurement secret and salt its own ticket gave it, CAs of its own)
+/// answers a fresh node as the join service. Its ticket agrees with itself and derives
+/// the right cluster ID; only the control plane's signature, which it cannot make, tells
+/// it apart. Unsigned, signed with a key of its own, or carrying a genuine signature made
+/// for another connection: the fresh node refuses all three and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_posing_as_the_join_service_is_refused_without_the_control_planes_signature() {
+    let worker = TestNode::new("127.0.12.40");
+    // The worker joined this cluster: its PCR 15 holds the cluster's marker.
+    worker.mark(&cluster_id());
+    for (i, signing) in [Signing::Unsigned, Signing::OwnKey, Signing::OtherConnection]
+        .into_iter()
+        .enumerate()
+    {
+        eprintln!("posing worker signs: {signing:?}");
+        let t = TestNode::new(&format!("127.0.12.{}", 41 + i));
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let (port, _stop) = start_signing_stub(worker.ip, &worker, &t, seen.clone(), signing).await;
+        refused(&worker, &t, port, cluster_id()).await;
+        assert!(
+            !seen.lock().unwrap().join_peers.is_empty(),
+            "{signing:?}: the posing worker passed attestation and was asked"
+        );
+    }
+    // The same worker's ticket is taken by a node that skips the check, by name: what the
+    // signature is the only defence against.
+    let t = TestNode::new("127.0.12.44");
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let (port, _stop) =
+        start_signing_stub(worker.ip, &worker, &t, seen.clone(), Signing::Unsigned).await;
+    let metadata = StaticMetadata::new(vec![
+        instance("cp-0", MetaRole::ControlPlane, worker.ip),
+        instance("worker-1", MetaRole::Worker, t.ip),
+    ])
+    .with_self("worker-1")
+    .with_init_secret_hash(init_secret_hash());
+    let node = t.node(
+        metadata,
+        TestNode::none_driver(),
+        port,
+        Some(worker.join_service_trust(cluster_id(), ControlPlaneIdentity::insecure_unchecked())),
+    );
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(120),
+        t.run(node, std::future::pending()),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(outcome, Outcome::Joined(cluster_id()));
 }

@@ -71,7 +71,12 @@ fn wait_for_keys(
         metadata,
         TestNode::none_driver(),
         30090,
-        Some(t.join_service_trust(cluster_id())),
+        Some(t.join_service_trust(
+            cluster_id(),
+            asterism_bootstrapper::ControlPlaneIdentity::key(
+                kms().control_plane_seed().unwrap().public_key().unwrap(),
+            ),
+        )),
     );
     tokio::spawn(t.run(node, std::future::pending()))
 }
@@ -166,6 +171,21 @@ async fn a_rebooted_node_with_no_join_service_refuses_a_wrong_key_and_is_recover
 /// expecting PCR 15 as a `verify` of the running cluster would (its marker): the recovery
 /// overrides that with zero.
 fn cli_target(t: &TestNode) -> asterism::recover::Target {
+    let uuid = StateDisk::open(t.image(), t.disk_config())
+        .unwrap()
+        .uuid()
+        .unwrap();
+    cli_target_recording(t, &ak_identity(t), uuid.as_str())
+}
+
+/// The attestation key identity of `t`'s TPM, as validators report it.
+fn ak_identity(t: &TestNode) -> String {
+    asterism_attestation::AkFingerprint::of_public_area(&t.ak_public).to_string()
+}
+
+/// [`cli_target`] with a workspace that records `ak` with disk `disk` as its only
+/// control-plane node.
+fn cli_target_recording(t: &TestNode, ak: &str, disk: &str) -> asterism::recover::Target {
     let marker = asterism_tpm::marker::expected_marker_pcr(cluster_id().as_bytes());
     let loaded = t.measurements_with(|i| i != 15);
     let pcr15 = asterism_attestation::PcrIndex::new(15).unwrap();
@@ -184,6 +204,16 @@ fn cli_target(t: &TestNode) -> asterism::recover::Target {
             measurements.into_provider(),
         )),
         insecure_send_master_secret: false,
+        control_plane: asterism::recover::ControlPlaneAks::Recorded(
+            asterism::control_plane::Record::new(
+                kms().control_plane_seed().unwrap().public_key().unwrap(),
+                asterism::control_plane::Member {
+                    name: "cp-0".into(),
+                    ak: ak.into(),
+                    disk: disk.into(),
+                },
+            ),
+        ),
         deadline: Duration::from_secs(90),
         retry_interval: Duration::from_millis(100),
     }
@@ -206,6 +236,50 @@ async fn asterism_recover_brings_a_waiting_node_back_then_finds_none_left() {
     // Run again: nothing waits any more; it says so and succeeds.
     let again = asterism::recover::recover(&target, &kms()).await.unwrap();
     assert!(again.is_empty(), "{again:?}");
+}
+
+/// Issue 22, attack 2: while the control plane is down, a rebooted worker (genuine TPM and
+/// measurements, PCR 15 zero) answers at the recovery endpoint. The workspace records the
+/// control plane's AK and disk; the worker's AK is not among them, so `asterism recover`
+/// sends it nothing, whatever disk it names. And a recorded AK that names another disk
+/// than the one recorded for it gets nothing either (never a second UUID for one AK).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn asterism_recover_sends_nothing_to_an_attestation_key_or_disk_the_workspace_does_not_record()
+ {
+    let t = TestNode::new("127.0.13.7");
+    let uuid = rebooted_node(&t);
+    let run = wait_for_keys(&t, "127.0.13.8".parse().unwrap());
+
+    // The workspace knows another TPM as the control plane (its disk is this one's UUID,
+    // as a worker could name it: UUIDs are not secret).
+    let control_plane_ak = "ab".repeat(32);
+    let target = cli_target_recording(&t, &control_plane_ak, &uuid);
+    let refused = asterism::recover::recover(&target, &kms())
+        .await
+        .unwrap_err();
+    let why = format!("{refused:#}");
+    assert!(
+        why.contains("no control-plane node of this workspace"),
+        "{why}"
+    );
+    assert_eq!(t.pcr15(), [0; 32], "the node got no keys and waits");
+
+    // Its own AK recorded, but with another disk: the node names its disk, which is not
+    // the recorded one, so no key of either disk is sent.
+    let target = cli_target_recording(&t, &ak_identity(&t), "0b7e5f1e-0000-4000-8000-000000000001");
+    let refused = asterism::recover::recover(&target, &kms())
+        .await
+        .unwrap_err();
+    let why = format!("{refused:#}");
+    assert!(why.contains("records disk"), "{why}");
+    assert_eq!(t.pcr15(), [0; 32], "the node got no keys and waits");
+
+    // The workspace that records it recovers it.
+    let recovered = asterism::recover::recover(&cli_target(&t), &kms())
+        .await
+        .unwrap();
+    assert_eq!(recovered.len(), 1, "{recovered:?}");
+    assert_recovered(&t, run).await;
 }
 
 /// A recovery server that records whether it was called at all.
@@ -239,7 +313,8 @@ async fn a_node_whose_pcr15_is_already_marked_gets_nothing() {
     let port = listener.local_addr().unwrap().port();
     // The target is made while PCR 15 is still zero; then the node is marked (a node that
     // is back already, or one marked by something else).
-    let mut target = cli_target(&t);
+    let mut target =
+        cli_target_recording(&t, &ak_identity(&t), "0b7e5f1e-0000-4000-8000-000000000002");
     target.endpoint = SocketAddr::new(t.ip, port).to_string();
     t.mark(&cluster_id());
     let calls = Arc::new(AtomicUsize::new(0));

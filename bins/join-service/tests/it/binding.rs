@@ -195,3 +195,49 @@ async fn a_joined_worker_cannot_squat_the_disk_of_a_node_that_has_not_joined() {
     );
     js.stop().await;
 }
+
+/// The control-plane list the owner's workspace takes (`asterism control-plane sync`):
+/// control-plane members only, each with its AK and the disk of its ticket, signed by the
+/// control plane's identity (the key derived from the master secret), and by nothing a
+/// worker could hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_control_plane_list_names_control_plane_nodes_with_their_disks_signed_by_the_identity()
+{
+    use base64::Engine as _;
+    let (cp, cpfp) = soft_node();
+    let (worker, wfp) = soft_node();
+    let cluster = Cluster::start().await;
+    let js = start_join_service(&cluster, Options::pinning(vec![cpfp, wfp])).await;
+    join(js.addr, CP, cp, join_request("cp-0", CP, DISK_A, true))
+        .await
+        .unwrap();
+    join(
+        js.addr,
+        W0,
+        worker,
+        join_request("worker-0", W0, DISK_B, false),
+    )
+    .await
+    .unwrap();
+    let envelope: serde_json::Value =
+        serde_json::from_str(&js.http_get("/v1/control-plane").await).unwrap();
+    let payload = base64::engine::general_purpose::STANDARD
+        .decode(envelope["payload"].as_str().unwrap())
+        .unwrap();
+    let signature = hex::decode(envelope["signature"].as_str().unwrap()).unwrap();
+    let key = kms().control_plane_seed().unwrap().public_key().unwrap();
+    key.verify(
+        asterism_kms::Purpose::MemberList,
+        &asterism_kms::ChannelBinding::DOCUMENT,
+        &payload,
+        &signature,
+    )
+    .unwrap();
+    let list: serde_json::Value = serde_json::from_slice(&payload).unwrap();
+    let members = list["members"].as_array().unwrap();
+    assert_eq!(members.len(), 1, "{list}");
+    assert_eq!(members[0]["name"], "cp-0");
+    assert_eq!(members[0]["ak"], cpfp.to_string());
+    assert_eq!(members[0]["disk"], DISK_A);
+    js.stop().await;
+}

@@ -32,6 +32,11 @@ fn target(cluster: &LocalCluster, endpoint: String) -> Target {
         ))
         .unwrap(),
         insecure_send_master_secret: false,
+        control_plane: asterism::recover::ControlPlaneAks::from_workspace(
+            &cluster.workspace,
+            false,
+        )
+        .unwrap(),
         deadline: Duration::from_secs(90),
         retry_interval: Duration::from_millis(300),
     }

@@ -56,6 +56,14 @@ impl Api for Echo {
             data_key: who.into_bytes(),
         }))
     }
+
+    async fn get_control_plane_identity(
+        &self,
+        _request: tonic::Request<asterism_proto::kms::GetControlPlaneIdentityRequest>,
+    ) -> Result<tonic::Response<asterism_proto::kms::GetControlPlaneIdentityResponse>, tonic::Status>
+    {
+        Err(tonic::Status::unimplemented("data keys only"))
+    }
 }
 
 /// Starts a gRPC server behind aTLS on 127.0.0.1:0.

@@ -19,6 +19,7 @@
     clippy::indexing_slicing
 )]
 
+use crate::common;
 use crate::common::{Teardown, bins, runtime};
 use asterism_mini::LocalCluster;
 use std::net::{IpAddr, SocketAddr};
@@ -315,6 +316,11 @@ fn the_owner_initialises_and_recovers_while_outsiders_flood_the_node() {
         endpoint: cp.recover_endpoint(),
         validator: recover_validator,
         insecure_send_master_secret: false,
+        control_plane: asterism::recover::ControlPlaneAks::from_workspace(
+            &cluster.workspace,
+            false,
+        )
+        .unwrap(),
         deadline: Duration::from_secs(60),
         // After the node is back, nothing listens: two refused connections this far apart
         // end the recovery.

@@ -888,10 +888,13 @@ mod tests {
         )
         .unwrap();
         let hex = "ab".repeat(32);
+        let key = "cd".repeat(32);
         let args = |measurements: &std::path::Path, extra: &[&str]| {
             let mut argv = vec![
                 "--cluster-id",
                 &hex,
+                "--control-plane-key",
+                &key,
                 "--confidential-vm",
                 "azure-sev-snp",
                 "--verify-join-service-measurements",

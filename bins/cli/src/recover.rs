@@ -194,7 +194,7 @@ pub async fn run(args: Args) -> Result<Vec<Recovered>> {
 pub async fn recover(target: &Target, kms: &ClusterKms) -> Result<Vec<Recovered>> {
     let deadline = Instant::now() + target.deadline;
     let mut recovered = Vec::new();
-    while let Some(node) = retrier(target, kms, deadline).await? {
+    while let Some(node) = retrier(target, kms, deadline, !recovered.is_empty()).await? {
         eprintln!(
             "▸ recovered {}: attestation key {}, disk {}",
             node.peer,
@@ -223,6 +223,11 @@ enum AttemptError {
     /// A connection or handshake that broke: retried.
     #[error("{0}")]
     Transient(String),
+    /// The node's PCR 15 is marked: it is back already. Right after a recovery this is
+    /// the node just recovered, still answering for a moment before its recovery server
+    /// closes, so it counts as nothing listening; on a first attempt it is the end.
+    #[error(transparent)]
+    AlreadyBack(anyhow::Error),
     /// The node's evidence was refused, or the node refused the keys: the end.
     #[error(transparent)]
     Fatal(anyhow::Error),
@@ -230,11 +235,12 @@ enum AttemptError {
 
 /// One retrier: attempts every `retry_interval` until a node is recovered (`Some`), or
 /// nothing listened twice in a row (`None`: the original's rule, one `Unavailable` per
-/// retrier).
+/// retrier). `after_recovery`: a node was recovered before this retrier began.
 async fn retrier(
     target: &Target,
     kms: &ClusterKms,
     deadline: Instant,
+    after_recovery: bool,
 ) -> Result<Option<Recovered>> {
     let mut unavailable_once = false;
     let mut backoff = crate::retry::Backoff::new(target.retry_interval);
@@ -250,6 +256,14 @@ async fn retrier(
         match attempt.await {
             Ok(Ok(node)) => return Ok(Some(node)),
             Ok(Err(AttemptError::Fatal(e))) => return Err(e),
+            Ok(Err(AttemptError::AlreadyBack(e))) if !after_recovery => return Err(e),
+            Ok(Err(AttemptError::AlreadyBack(_))) if unavailable_once => return Ok(None),
+            Ok(Err(AttemptError::AlreadyBack(e))) => {
+                tracing::info!(endpoint = %target.endpoint, reason = %format!("{e:#}"), "a node that is back already answered; retrying once");
+                unavailable_once = true;
+                tokio::time::sleep(target.retry_interval.min(left)).await;
+                continue;
+            }
             Ok(Err(AttemptError::Unavailable(why))) => {
                 if unavailable_once {
                     return Ok(None);
@@ -606,7 +620,7 @@ fn classify_atls(endpoint: &str, e: &AtlsError) -> AttemptError {
             AttemptError::Unavailable(format!("nothing listens at {endpoint}"))
         }
         AtlsError::Rejected(ValidationError::Measurement { index: 15, .. }) => {
-            AttemptError::Fatal(anyhow::anyhow!(
+            AttemptError::AlreadyBack(anyhow::anyhow!(
                 "the node at {endpoint} is not one to recover: its PCR 15 is not zero (it is back already, or marked by something else); nothing was sent. Details: {e}"
             ))
         }

@@ -440,3 +440,68 @@ async fn asterism_recover_with_two_of_three_shares_brings_a_waiting_node_back() 
     let key = kms().data_key(&KeyId::disk(&uuid).unwrap(), 32).unwrap();
     assert!(opens(&t.image(), key.expose_secret()));
 }
+
+/// A recovery server that takes the keys, marks PCR 15 as a recovered node does, and goes
+/// on answering for a while (the moment between a node's recovery and its server closing).
+struct MarkingServer {
+    calls: Arc<AtomicUsize>,
+    tpm: asterism_tpm::TpmConfig,
+    disk: String,
+}
+
+#[tonic::async_trait]
+impl RecoverApi for MarkingServer {
+    async fn describe(
+        &self,
+        _: tonic::Request<DescribeRequest>,
+    ) -> Result<tonic::Response<asterism_proto::recover::DescribeResponse>, tonic::Status> {
+        Ok(tonic::Response::new(
+            asterism_proto::recover::DescribeResponse {
+                disk_uuid: self.disk.clone(),
+            },
+        ))
+    }
+
+    async fn recover(
+        &self,
+        _: tonic::Request<RecoverMessage>,
+    ) -> Result<tonic::Response<asterism_proto::recover::RecoverResponse>, tonic::Status> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let mut tpm = asterism_tpm::Tpm::open(&self.tpm).unwrap();
+        asterism_tpm::marker::mark_node_bootstrapped(&mut tpm, cluster_id().as_bytes()).unwrap();
+        Ok(tonic::Response::new(
+            asterism_proto::recover::RecoverResponse::default(),
+        ))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_still_answering_after_its_recovery_ends_the_recovery_without_an_error() {
+    let t = TestNode::new("127.0.13.6");
+    let listener = tokio::net::TcpListener::bind(SocketAddr::new(t.ip, 0))
+        .await
+        .unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let disk = "0b7e5f1e-0000-4000-8000-000000000003";
+    let mut target = cli_target_recording(&t, &ak_identity(&t), disk);
+    target.endpoint = SocketAddr::new(t.ip, port).to_string();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let server = AtlsServer::new(AtlsConfig::attesting(Arc::new(
+        t.swtpm.held_issuer().unwrap(),
+    )))
+    .unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(RecoverApiServer::new(MarkingServer {
+                calls: calls.clone(),
+                tpm: t.swtpm.config(),
+                disk: disk.into(),
+            }))
+            .serve_with_incoming(server.incoming(listener)),
+    );
+
+    // The second retrier meets the same node, marked now: that ends the recovery.
+    let recovered = asterism::recover::recover(&target, &kms()).await.unwrap();
+    assert_eq!(recovered.len(), 1, "{recovered:?}");
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the keys went once");
+}

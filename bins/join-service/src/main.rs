@@ -32,12 +32,13 @@ struct Args {
     #[arg(long, value_name = "IP")]
     api_server_host: Option<IpAddr>,
 
-    /// Plain HTTP listener for /metrics, /healthz and /v1/members: a loopback address
-    /// (`127.0.0.1:9102`), or any address together with --metrics-token-file.
+    /// Plain HTTP listener for /metrics and /healthz: a loopback address (`127.0.0.1:9102`),
+    /// or any address together with --metrics-token-file (which also serves /v1/members and
+    /// /v1/control-plane there; without a token they are on --admin-socket only).
     #[arg(long, value_name = "IP:PORT")]
     metrics_listen: Option<SocketAddr>,
 
-    /// File holding a bearer token that /metrics and /v1/members then require
+    /// File holding a bearer token that /metrics, /v1/members and /v1/control-plane require
     /// (`Authorization: Bearer <token>`); needed when --metrics-listen is not loopback.
     #[arg(long, value_name = "PATH", requires = "metrics_listen")]
     metrics_token_file: Option<PathBuf>,

@@ -121,7 +121,8 @@ fn graceful_age(lifetime: Duration) -> Duration {
     lifetime.saturating_sub((lifetime / 2).min(Duration::from_secs(10)))
 }
 
-/// Who may read `/metrics` and `/v1/members` on the HTTP listener.
+/// Who may read `/metrics` on the HTTP listener, and whether it serves `/v1/members` and
+/// `/v1/control-plane` at all (only with a token; the admin socket always does).
 #[derive(Clone, Default)]
 pub struct HttpAccess {
     /// SHA-256 of the bearer token they require, if any; `/healthz` never does.
@@ -138,6 +139,7 @@ impl std::fmt::Debug for HttpAccess {
 
 impl HttpAccess {
     /// No token: for a listener on a loopback address, which only this machine reaches.
+    /// It serves `/metrics` and `/healthz`, not the member lists.
     pub fn open() -> Self {
         Self::default()
     }
@@ -147,6 +149,11 @@ impl HttpAccess {
         Self {
             token_digest: Some(sha256(token.as_bytes())),
         }
+    }
+
+    /// Whether a bearer token guards this listener.
+    fn requires_token(&self) -> bool {
+        self.token_digest.is_some()
     }
 
     fn allows(&self, authorization: Option<&header::HeaderValue>) -> bool {
@@ -215,15 +222,15 @@ impl Accept for UnixListener {
 /// Which endpoints a listener serves.
 #[derive(Clone, Debug)]
 enum Endpoints {
-    /// `/metrics`, `/healthz`, `/v1/members` (GET).
+    /// `/metrics`, `/healthz`; `/v1/members` and `/v1/control-plane` with a token (GET).
     Public(HttpAccess),
     /// The operator's: `GET /v1/members`, `POST /v1/members/<name>/readmit`.
     Admin,
 }
 
-/// Serves `GET /metrics` (Prometheus text), `/healthz` and `/v1/members` (JSON) over plain
-/// HTTP until `shutdown` completes, without a token: for a loopback listener. Nothing here
-/// is secret: token values never appear.
+/// Serves `GET /metrics` (Prometheus text) and `/healthz` over plain HTTP until `shutdown`
+/// completes, without a token: for a loopback listener. The member lists are left to the
+/// admin socket. Nothing here is secret: token values never appear.
 pub async fn serve_http<M, K, S>(
     listener: TcpListener,
     service: JoinService<M, K, S>,
@@ -237,7 +244,8 @@ where
     serve_http_with(listener, service, HttpAccess::open(), shutdown).await
 }
 
-/// [`serve_http`] with `access` deciding who may read `/metrics` and `/v1/members`.
+/// [`serve_http`] with `access` deciding who may read `/metrics`, and with a token also
+/// `/v1/members` and `/v1/control-plane`.
 pub async fn serve_http_with<M, K, S>(
     listener: TcpListener,
     service: JoinService<M, K, S>,
@@ -421,6 +429,17 @@ where
             service.metrics().encode(),
         ),
         "/healthz" => reply(StatusCode::OK, "text/plain", "ok\n".into()),
+        // The inventories (every member's AK, the control plane's disks) are not for
+        // anyone who reaches a loopback: on a shared machine, or where nodes share one
+        // loopback (mini), that is every local user and every node. Without a token they
+        // are served on the admin socket only.
+        "/v1/members" | "/v1/control-plane" if !access.requires_token() => reply(
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "the member lists are served on the admin socket (--admin-socket), or here with \
+             --metrics-token-file\n"
+                .into(),
+        ),
         "/v1/members" => members_json(service).await,
         "/v1/control-plane" => control_plane_json(service).await,
         _ => reply(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),

@@ -333,6 +333,28 @@ fn http_get(addr: &str, path: &str) -> Result<String> {
     Ok(body.to_string())
 }
 
+/// The body of `GET path` over the Unix socket at `socket` (the join service's admin
+/// socket), bounded to 1 MiB.
+fn unix_http_get(socket: &Path, path: &str) -> Result<String> {
+    let mut s = std::os::unix::net::UnixStream::connect(socket)
+        .with_context(|| format!("connecting to {}", socket.display()))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n"
+    )?;
+    let answer = asterism_binkit::fs::read_capped_from(&mut s, 1 << 20)?
+        .context("the HTTP answer is larger than 1 MiB")?;
+    let text = String::from_utf8_lossy(&answer);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .context("malformed HTTP answer")?;
+    if !head.starts_with("HTTP/1.1 200") {
+        bail!("GET {path}: {}", head.lines().next().unwrap_or_default());
+    }
+    Ok(body.to_string())
+}
+
 /// The whole answer (status line, headers, body) to an HTTP/1.0 GET, bounded to 1 MiB.
 fn http_get_raw(addr: &str, path: &str) -> Result<Vec<u8>> {
     let addr: SocketAddr = addr.parse().context("address")?;
@@ -804,9 +826,10 @@ impl LocalCluster {
         Ok(())
     }
 
-    /// The members the join service admitted (its `/v1/members`).
+    /// The members the join service admitted (its `/v1/members`, on the admin socket: the
+    /// loopback HTTP listener, which every node of mini reaches, does not serve it).
     pub fn members(&self) -> serde_json::Value {
-        http_get(&self.metrics_addr(), "/v1/members")
+        unix_http_get(&self.admin_socket(), "/v1/members")
             .ok()
             .and_then(|b| serde_json::from_str(&b).ok())
             .unwrap_or(serde_json::Value::Null)

@@ -179,6 +179,9 @@ pub type Service<S = RedbState> = JoinService<HttpMetadata, KeyServiceClient, S>
 pub struct Running<S = RedbState> {
     pub addr: SocketAddr,
     pub http: SocketAddr,
+    /// The operator's Unix socket (member lists, readmit).
+    pub admin_socket: PathBuf,
+    _admin_dir: tempfile::TempDir,
     pub service: Service<S>,
     stop: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -201,6 +204,22 @@ impl<S> Running<S> {
         s.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes())
             .await
             .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out.split_once("\r\n\r\n").unwrap().1.to_owned()
+    }
+
+    /// The body of `GET path` on the admin socket (where the member lists are served).
+    pub async fn admin_get(&self, path: &str) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::UnixStream::connect(&self.admin_socket)
+            .await
+            .unwrap();
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
         let mut out = String::new();
         s.read_to_string(&mut out).await.unwrap();
         out.split_once("\r\n\r\n").unwrap().1.to_owned()
@@ -270,17 +289,29 @@ pub async fn start_join_service_with<S: ClusterState>(
             .unwrap();
     });
     let s = service.clone();
+    let rx2 = rx.clone();
     let web = tokio::spawn(async move {
-        asterism_join_service::serve_http(http_listener, s, stopped(rx))
+        asterism_join_service::serve_http(http_listener, s, stopped(rx2))
+            .await
+            .unwrap();
+    });
+    let admin_dir = tempfile::tempdir().unwrap();
+    let admin_socket = admin_dir.path().join("admin.sock");
+    let admin_listener = asterism_join_service::bind_admin_socket(&admin_socket).unwrap();
+    let s = service.clone();
+    let admin = tokio::spawn(async move {
+        asterism_join_service::serve_admin(admin_listener, s, stopped(rx))
             .await
             .unwrap();
     });
     Running {
         addr,
         http,
+        admin_socket,
+        _admin_dir: admin_dir,
         service,
         stop,
-        tasks: vec![grpc, web],
+        tasks: vec![grpc, web, admin],
     }
 }
 

@@ -77,6 +77,37 @@ async fn http(addr: std::net::SocketAddr, request: &str) -> String {
     out
 }
 
+/// Without a token the HTTP listener is open to whoever reaches its loopback (every local
+/// user; in mini every node): it serves metrics and health, never the member lists, which
+/// name every member's AK and the control plane's disks. The admin socket serves them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_token_the_member_lists_are_only_on_the_admin_socket() {
+    let (node, fp) = soft_node();
+    let cluster = Cluster::start().await;
+    let js = start_join_service(&cluster, Options::pinning(vec![fp])).await;
+    join(
+        js.addr,
+        W0,
+        node,
+        join_request("worker-0", W0, DISK_A, false),
+    )
+    .await
+    .unwrap();
+    for path in ["/v1/members", "/v1/control-plane"] {
+        let r = http(js.http, &format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n")).await;
+        assert!(r.starts_with("HTTP/1.1 404"), "{path}: {r}");
+        assert!(r.contains("admin socket"), "{path}: {r}");
+        assert!(
+            !r.contains("worker-0") && !r.contains(DISK_A),
+            "{path}: {r}"
+        );
+    }
+    assert!(js.admin_get("/v1/members").await.contains("worker-0"));
+    let r = http(js.http, "GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n").await;
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    js.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_a_token_the_members_and_metrics_need_it_and_health_does_not() {
     let (node, fp) = soft_node();

@@ -82,7 +82,7 @@ async fn the_init_nodes_disk_key_goes_to_the_init_node_only() {
     // The control plane's own rejoin still works.
     let key = rejoin(&js, CP, cp, DISK_A).await.unwrap();
     assert_eq!(key, expected_key(KeyId::disk(DISK_A).unwrap()));
-    let members = js.http_get("/v1/members").await;
+    let members = js.admin_get("/v1/members").await;
     assert!(members.contains("\"cp-0\""), "{members}");
     js.stop().await;
 }
@@ -128,7 +128,7 @@ async fn a_member_with_another_key_is_refused_until_an_operator_readmits_it() {
     .await
     .unwrap();
     let members: serde_json::Value =
-        serde_json::from_str(&js.http_get("/v1/members").await).unwrap();
+        serde_json::from_str(&js.admin_get("/v1/members").await).unwrap();
     assert_eq!(members[0]["ak"], newfp.to_string());
     assert_eq!(members[0]["readmit"], false);
     js.stop().await;
@@ -220,7 +220,7 @@ async fn the_control_plane_list_names_control_plane_nodes_with_their_disks_signe
     .await
     .unwrap();
     let envelope: serde_json::Value =
-        serde_json::from_str(&js.http_get("/v1/control-plane").await).unwrap();
+        serde_json::from_str(&js.admin_get("/v1/control-plane").await).unwrap();
     let payload = base64::engine::general_purpose::STANDARD
         .decode(envelope["payload"].as_str().unwrap())
         .unwrap();

@@ -263,7 +263,7 @@ async fn a_disk_belongs_to_the_first_attestation_key_and_retries_are_idempotent(
     assert_eq!(again.state_disk_key, first.state_disk_key);
     assert_eq!(again.token, first.token);
     let members: serde_json::Value =
-        serde_json::from_str(&js.http_get("/v1/members").await).unwrap();
+        serde_json::from_str(&js.admin_get("/v1/members").await).unwrap();
     let members = members.as_array().unwrap();
     assert_eq!(members.len(), 1, "{members:?}");
     assert_eq!(members[0]["name"], "worker-0");
@@ -284,7 +284,7 @@ async fn members_and_the_token_survive_a_restart() {
     js.stop().await;
 
     let js = start_join_service(&cluster, Options::pinning(vec![afp, bfp])).await;
-    let members = js.http_get("/v1/members").await;
+    let members = js.admin_get("/v1/members").await;
     assert!(members.contains("\"worker-0\""), "{members}");
     let second = join(js.addr, W1, b, join_request("worker-1", W1, DISK_B, false))
         .await
@@ -383,7 +383,7 @@ async fn an_unreachable_key_service_is_unavailable_and_releases_nothing() {
     .await
     .unwrap_err();
     assert_eq!(err.code(), Code::Unavailable, "{err:?}");
-    assert_eq!(js.http_get("/v1/members").await, "[]");
+    assert_eq!(js.admin_get("/v1/members").await, "[]");
     js.stop().await;
 }
 

@@ -198,7 +198,7 @@ async fn a_swtpm_node_gets_a_ticket_whose_token_is_a_bootstrap_token_stored_in_t
 
     // /v1/members lists what the API holds.
     let members: serde_json::Value =
-        serde_json::from_str(&js.http_get("/v1/members").await).unwrap();
+        serde_json::from_str(&js.admin_get("/v1/members").await).unwrap();
     let names: Vec<_> = members
         .as_array()
         .unwrap()

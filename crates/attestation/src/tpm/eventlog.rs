@@ -24,7 +24,7 @@
 //! digest size; PCR indices are `0..=23`; the log ends exactly after its last event.
 
 use crate::measurements::PcrIndex;
-pub use crate::measurements::extend;
+pub use crate::measurements::{extend, pcr_start, replay_pcr};
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -338,9 +338,10 @@ impl EventLog {
             .filter(move |e| e.pcr == pcr && e.is_extended())
     }
 
-    /// Recomputes the SHA-256 bank from the log: every PCR starts at zero (PCR 0 at the
-    /// locality of `TPM2_Startup` when a `StartupLocality` event records one) and each
-    /// event except `EV_NO_ACTION` extends its PCR: `PCR = SHA-256(PCR || digest)`.
+    /// Recomputes the SHA-256 bank from the log with [`replay_pcr`]: every PCR starts at
+    /// its value after `TPM2_Startup` ([`pcr_start`]: zero, PCR 0 at the
+    /// [`startup locality`](Self::startup_locality)) and each event except `EV_NO_ACTION`
+    /// extends its PCR: `PCR = SHA-256(PCR || digest)`.
     ///
     /// Returns the PCRs the log extends at least once; PCRs it never touches are not in the
     /// map (something after the firmware may have extended them).
@@ -348,33 +349,36 @@ impl EventLog {
         if !self.spec_id.algorithms.iter().any(|a| a.alg == ALG_SHA256) {
             return Err(EventLogError::NoSha256);
         }
-        let mut start = [0u8; 32];
-        if let (Some(locality), Some(last)) = (self.startup_locality(), start.last_mut()) {
-            *last = locality;
-        }
-        let mut pcrs: BTreeMap<PcrIndex, [u8; 32]> = BTreeMap::new();
+        let mut digests: BTreeMap<PcrIndex, Vec<[u8; 32]>> = BTreeMap::new();
         for e in self.events.iter().filter(|e| e.is_extended()) {
             // Exactly the declared algorithms are in every event (checked when parsing).
             let digest = e.sha256().ok_or(EventLogError::NoSha256)?;
-            let initial = if e.pcr.get() == 0 { start } else { [0u8; 32] };
-            let pcr = pcrs.entry(e.pcr).or_insert(initial);
-            *pcr = extend(pcr, &digest);
+            digests.entry(e.pcr).or_default().push(digest);
         }
-        Ok(pcrs)
+        let locality = self.startup_locality();
+        Ok(digests
+            .into_iter()
+            .map(|(pcr, d)| (pcr, replay_pcr(pcr, locality, &d)))
+            .collect())
     }
 
-    /// The locality of `TPM2_Startup` from a `StartupLocality` `EV_NO_ACTION` event on PCR
-    /// 0, if the log has one (platforms with an H-CRTM start PCR 0 at 3 or 4).
-    fn startup_locality(&self) -> Option<u8> {
-        self.events.iter().find_map(|e| {
-            if e.pcr.get() != 0 || e.event_type != EventType::NO_ACTION {
-                return None;
-            }
-            match e.data.split_first_chunk::<16>() {
-                Some((sig, [locality])) if sig == STARTUP_LOCALITY_SIGNATURE => Some(*locality),
-                _ => None,
-            }
-        })
+    /// The locality the firmware started the TPM from, as a `StartupLocality`
+    /// `EV_NO_ACTION` event on PCR 0 records it (platforms with an H-CRTM start from
+    /// locality 3 or 4); 0, the locality of every other platform, when the log has no such
+    /// event. PCR 0 starts at this value ([`pcr_start`]).
+    pub fn startup_locality(&self) -> u8 {
+        self.events
+            .iter()
+            .find_map(|e| {
+                if e.pcr.get() != 0 || e.event_type != EventType::NO_ACTION {
+                    return None;
+                }
+                match e.data.split_first_chunk::<16>() {
+                    Some((sig, [locality])) if sig == STARTUP_LOCALITY_SIGNATURE => Some(*locality),
+                    _ => None,
+                }
+            })
+            .unwrap_or(0)
     }
 }
 

@@ -327,7 +327,10 @@ fn a_log_without_the_spec_id_event_is_refused() {
     let mut sha1_only = header(&[(SHA1, 20)]);
     sha1_only.extend_from_slice(&event(0, 8, &[(SHA1, vec![1; 20])], b""));
     let parsed = EventLog::parse(&sha1_only).unwrap();
-    assert_eq!(parsed.replay_sha256(), Err(EventLogError::NoSha256));
+    assert_eq!(
+        parsed.replay_sha256(),
+        Err(EventLogError::NoSha256)
+    );
 }
 
 #[test]
@@ -348,6 +351,254 @@ fn replay_starts_pcr0_at_the_startup_locality_and_skips_no_action_events() {
     let boot: [u8; 32] = Sha256::digest(b"boot").into();
     assert_eq!(replayed[&idx(0)], extend(&start, &crtm));
     assert_eq!(replayed[&idx(1)], extend(&[0; 32], &boot));
+}
+
+// ---------------------------------------------------------------- H-CRTM: PCR 0 starts at the locality
+
+/// The data of a `StartupLocality` `EV_NO_ACTION` event.
+fn startup_locality_data(locality: u8) -> Vec<u8> {
+    let mut data = b"StartupLocality\0".to_vec();
+    data.push(locality);
+    data
+}
+
+/// An event carrying the SHA-1 and the SHA-256 digest of its data, as firmware that keeps
+/// both banks logs it.
+fn dual_event(pcr: u32, event_type: u32, data: &[u8]) -> Vec<u8> {
+    let sha1 = ring::digest::digest(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY, data);
+    event(
+        pcr,
+        event_type,
+        &[
+            (SHA1, sha1.as_ref().to_vec()),
+            (ALG_SHA256, Sha256::digest(data).to_vec()),
+        ],
+        data,
+    )
+}
+
+/// The log of a server whose H-CRTM starts the TPM from locality 3 (when `locality` is
+/// `Some(3)`): SHA-1 and SHA-256 banks, the `StartupLocality` event first, then the CRTM
+/// version, a firmware volume and the separator in PCR 0, and Secure Boot in PCR 7. With
+/// `None` the same boot without the event (a platform that starts from locality 0).
+fn h_crtm_log(locality: Option<u8>) -> Vec<u8> {
+    let mut log = header(&[(SHA1, 20), (ALG_SHA256, 32)]);
+    if let Some(l) = locality {
+        log.extend_from_slice(&event(
+            0,
+            3,
+            &[(SHA1, vec![0; 20]), (ALG_SHA256, vec![0; 32])],
+            &startup_locality_data(l),
+        ));
+    }
+    let mut blob = 0xffc0_0000u64.to_le_bytes().to_vec();
+    blob.extend_from_slice(&0x40_0000u64.to_le_bytes());
+    for e in [
+        dual_event(
+            0,
+            0x8,
+            "Server Firmware 1.0\0"
+                .encode_utf16()
+                .flat_map(u16::to_le_bytes)
+                .collect::<Vec<u8>>()
+                .as_slice(),
+        ),
+        dual_event(0, 0x8000_0008, &blob),
+        dual_event(0, 0x4, &[0; 4]),
+        dual_event(7, 0x8000_0001, b"secure boot"),
+    ] {
+        log.extend_from_slice(&e);
+    }
+    log
+}
+
+#[test]
+fn an_h_crtm_log_replays_pcr0_from_its_startup_locality() {
+    let log = EventLog::parse(&h_crtm_log(Some(3))).unwrap();
+    assert_eq!(log.startup_locality(), 3);
+    let digests: Vec<[u8; 32]> = log.extended(idx(0)).map(|e| e.sha256().unwrap()).collect();
+    assert_eq!(digests.len(), 3);
+    let mut start = [0u8; 32];
+    start[31] = 3;
+    let by_hand = digests.iter().fold(start, |pcr, d| extend(&pcr, d));
+    let replayed = log.replay_sha256().unwrap();
+    assert_eq!(replayed[&idx(0)], by_hand);
+    // Only PCR 0 starts at the locality.
+    let seven: [u8; 32] = Sha256::digest(b"secure boot").into();
+    assert_eq!(replayed[&idx(7)], extend(&[0; 32], &seven));
+    // The same events from locality 0 give another PCR 0.
+    let plain = EventLog::parse(&h_crtm_log(None)).unwrap();
+    assert_eq!(plain.startup_locality(), 0);
+    assert_ne!(plain.replay_sha256().unwrap()[&idx(0)], by_hand);
+    assert_eq!(plain.replay_sha256().unwrap()[&idx(7)], replayed[&idx(7)]);
+}
+
+#[test]
+fn only_a_startup_locality_event_on_pcr0_moves_the_start_of_pcr0() {
+    // The signature decides: 17 bytes of another EV_NO_ACTION event on PCR 0 are not a
+    // locality (guards the signature comparison).
+    let mut other = b"StartupLocalitx\0".to_vec();
+    other.push(3);
+    // The event must be on PCR 0 (guards the PCR test), of type EV_NO_ACTION (an
+    // extended event with that data is just an event), and carry exactly one byte after
+    // the signature.
+    let mut long = startup_locality_data(3);
+    long.push(0);
+    for (pcr, event_type, data) in [
+        (0, 3, other),
+        (1, 3, startup_locality_data(3)),
+        (0, 0x8, startup_locality_data(3)),
+        (0, 3, long),
+        (0, 3, b"StartupLocality\0".to_vec()),
+    ] {
+        let log = sha256_log(&[
+            event(pcr, event_type, &[(ALG_SHA256, vec![0; 32])], &data),
+            sha256_event(0, 0x8, b"crtm"),
+        ]);
+        let log = EventLog::parse(&log).unwrap();
+        assert_eq!(
+            log.startup_locality(),
+            0,
+            "PCR {pcr}, type {event_type:#x}, {data:?}"
+        );
+    }
+    let log = sha256_log(&[
+        event(
+            0,
+            3,
+            &[(ALG_SHA256, vec![0; 32])],
+            &startup_locality_data(4),
+        ),
+        sha256_event(0, 0x8, b"crtm"),
+    ]);
+    assert_eq!(EventLog::parse(&log).unwrap().startup_locality(), 4);
+}
+
+/// The reference events of PCR `i` of `log` as `boot-measurements` makes them: PCR 0's
+/// replayed from the log's startup locality.
+fn measurements_of_log(log: &[u8], pcrs: &[u8]) -> Result<Measurements, MeasurementsError> {
+    let parsed = EventLog::parse(log).unwrap();
+    let replayed = parsed.replay_sha256().unwrap();
+    let mut m = Measurements::new(
+        pcrs.iter()
+            .map(|i| (idx(*i), ExpectedPcr::enforce(replayed[&idx(*i)]))),
+    )
+    .unwrap();
+    for i in pcrs {
+        let start = if *i == 0 {
+            parsed.startup_locality()
+        } else {
+            0
+        };
+        m = m.with_reference_events_after_startup(idx(*i), start, references_of(log, *i))?;
+    }
+    Ok(m)
+}
+
+#[test]
+fn reference_events_of_an_h_crtm_boot_are_replayed_from_its_startup_locality() {
+    let log = h_crtm_log(Some(3));
+    let m = measurements_of_log(&log, &[0, 7]).unwrap();
+    assert_eq!(m.reference_startup_locality(idx(0)), 3);
+    assert_eq!(m.reference_startup_locality(idx(7)), 0);
+    // The file says so, and reads back the same.
+    let json = m.to_json();
+    assert!(json.contains("\"startupLocality\": 3"), "{json}");
+    assert_eq!(json.matches("startupLocality").count(), 1, "{json}");
+    assert_eq!(Measurements::from_json(json.as_bytes()).unwrap(), m);
+
+    // The same events replayed from zero do not give the value the TPM held: this is the
+    // refusal a real server's log met before PCR 0 started at its locality.
+    let expected = EventLog::parse(&log).unwrap().replay_sha256().unwrap()[&idx(0)];
+    let from_zero = Measurements::new([(idx(0), ExpectedPcr::enforce(expected))])
+        .unwrap()
+        .with_reference_events(idx(0), references_of(&log, 0))
+        .unwrap_err();
+    assert!(
+        matches!(&from_zero, MeasurementsError::ReferenceEvents { index, reason }
+            if index.get() == 0 && reason.contains("not to the expected value")),
+        "{from_zero}"
+    );
+    let without = json.replace(", \"startupLocality\": 3", "");
+    assert!(matches!(
+        Measurements::from_json(without.as_bytes()),
+        Err(MeasurementsError::ReferenceEvents { .. })
+    ));
+}
+
+#[test]
+fn a_startup_locality_is_refused_off_pcr0_and_without_events() {
+    let m = Measurements::new([(idx(7), ExpectedPcr::enforce([0; 32]))]).unwrap();
+    let err = m
+        .with_reference_events_after_startup(idx(7), 3, Vec::new())
+        .unwrap_err();
+    assert!(
+        matches!(&err, MeasurementsError::ReferenceEvents { index, reason }
+            if index.get() == 7 && reason.contains("startup locality")),
+        "{err}"
+    );
+    let pcr = hex::encode([1u8; 32]);
+    let no_events =
+        format!(r#"{{"measurements": {{"0": {{"expected": "{pcr}", "startupLocality": 3}}}}}}"#);
+    let err = Measurements::from_json(no_events.as_bytes()).unwrap_err();
+    assert!(err.to_string().contains("needs events"), "{err}");
+    let snp = format!(
+        r#"{{"measurements": {{"4": "{pcr}"}}, "snp": {{"hostData": {{"expected": "{pcr}", "startupLocality": 3, "events": []}}}}}}"#
+    );
+    assert!(matches!(
+        Measurements::from_json(snp.as_bytes()),
+        Err(MeasurementsError::BadReference { .. })
+    ));
+}
+
+#[test]
+fn evidence_of_an_h_crtm_boot_validates_and_names_a_changed_startup_locality() {
+    let log = h_crtm_log(Some(3));
+    let tpm = tpm_booted_with(&log);
+    let m = measurements_of_log(&log, &[0, 7]).unwrap();
+    let v = validator(&tpm, m.clone());
+    v.validate(&tpm.issue(&rd()).unwrap(), &rd()).unwrap();
+
+    // The same events on a platform that started the TPM from locality 0: every event
+    // matches its reference, PCR 0 still differs, and the check says where it started.
+    let other = tpm_booted_with(&h_crtm_log(None));
+    let v = validator(&other, m);
+    let (checks, result) = v.validate_explained(&other.issue(&rd()).unwrap(), &rd());
+    assert!(matches!(
+        result,
+        Err(ValidationError::Measurement { index: 0, .. })
+    ));
+    let mut three = [0u8; 32];
+    three[31] = 3;
+    assert_eq!(checks.len(), 1, "{checks:#?}");
+    assert_eq!(checks[0].field, "PCR 0 start (StartupLocality)");
+    assert_eq!(
+        checks[0].expected,
+        format!("{} (startup locality 3)", hex::encode(three))
+    );
+    assert_eq!(
+        checks[0].observed,
+        format!("{} (startup locality 0)", hex::encode([0u8; 32]))
+    );
+}
+
+#[test]
+fn without_reference_events_an_h_crtm_pcr0_lists_its_start_before_its_events() {
+    let log = h_crtm_log(Some(3));
+    let tpm = tpm_booted_with(&log);
+    let m = Measurements::new([(idx(0), ExpectedPcr::enforce([0x42; 32]))]).unwrap();
+    let v = validator(&tpm, m);
+    let (checks, _) = v.validate_explained(&tpm.issue(&rd()).unwrap(), &rd());
+    let fields: Vec<&str> = checks.iter().map(|c| c.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        [
+            "PCR 0 start (StartupLocality)",
+            "PCR 0 event 1 (EV_S_CRTM_VERSION Server Firmware 1.0)",
+            "PCR 0 event 2 (EV_EFI_PLATFORM_FIRMWARE_BLOB 0x400000 bytes at 0xffc00000)",
+            "PCR 0 event 3 (EV_SEPARATOR separator)",
+        ]
+    );
 }
 
 // ---------------------------------------------------------------- validation

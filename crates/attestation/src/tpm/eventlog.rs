@@ -135,9 +135,30 @@ pub enum EventLogError {
     /// Bytes after the last event that do not make an event header.
     #[error("{0} trailing bytes after the last event")]
     TrailingBytes(usize),
-    /// The log does not carry the SHA-256 bank, so it cannot be replayed against a quote.
-    #[error("the event log has no SHA-256 digests")]
-    NoSha256,
+    /// The log does not carry the SHA-256 bank (a firmware that logs only SHA-1, say), so
+    /// it cannot be replayed against a quote: quotes and expected measurements are of the
+    /// SHA-256 bank only, and a PCR's SHA-1 value says nothing about its SHA-256 value.
+    /// Carries the banks the log declares.
+    #[error(
+        "the event log has no SHA-256 digests (it carries {}); only the SHA-256 bank, the one \
+         quotes sign and measurements expect, is replayed",
+        algorithm_names(.0)
+    )]
+    NoSha256(Vec<u16>),
+}
+
+/// `sha1, 0x1234`: the names of the known algorithms, the others in hex.
+fn algorithm_names(algs: &[u16]) -> String {
+    let names: Vec<String> = algs
+        .iter()
+        .map(
+            |alg| match KNOWN_ALGORITHMS.iter().find(|(id, _, _)| id == alg) {
+                Some((_, name, _)) => (*name).to_owned(),
+                None => format!("{alg:#06x}"),
+            },
+        )
+        .collect();
+    names.join(", ")
 }
 
 /// One algorithm of the log and its digest size, as the Spec ID event declares it.
@@ -344,15 +365,18 @@ impl EventLog {
     /// extends its PCR: `PCR = SHA-256(PCR || digest)`.
     ///
     /// Returns the PCRs the log extends at least once; PCRs it never touches are not in the
-    /// map (something after the firmware may have extended them).
+    /// map (something after the firmware may have extended them). A log without the
+    /// SHA-256 bank is refused ([`EventLogError::NoSha256`]).
     pub fn replay_sha256(&self) -> Result<BTreeMap<PcrIndex, [u8; 32]>, EventLogError> {
+        let no_sha256 =
+            || EventLogError::NoSha256(self.spec_id.algorithms.iter().map(|a| a.alg).collect());
         if !self.spec_id.algorithms.iter().any(|a| a.alg == ALG_SHA256) {
-            return Err(EventLogError::NoSha256);
+            return Err(no_sha256());
         }
         let mut digests: BTreeMap<PcrIndex, Vec<[u8; 32]>> = BTreeMap::new();
         for e in self.events.iter().filter(|e| e.is_extended()) {
             // Exactly the declared algorithms are in every event (checked when parsing).
-            let digest = e.sha256().ok_or(EventLogError::NoSha256)?;
+            let digest = e.sha256().ok_or_else(no_sha256)?;
             digests.entry(e.pcr).or_default().push(digest);
         }
         let locality = self.startup_locality();

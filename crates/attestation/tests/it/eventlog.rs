@@ -329,7 +329,7 @@ fn a_log_without_the_spec_id_event_is_refused() {
     let parsed = EventLog::parse(&sha1_only).unwrap();
     assert_eq!(
         parsed.replay_sha256(),
-        Err(EventLogError::NoSha256)
+        Err(EventLogError::NoSha256(vec![SHA1]))
     );
 }
 
@@ -703,6 +703,27 @@ fn a_malformed_log_in_evidence_is_refused_with_its_reason() {
     assert_eq!(
         v.validate(&tpm.issue(&rd()).unwrap(), &rd()).unwrap_err(),
         ValidationError::EventLog(EventLogError::TrailingBytes(1))
+    );
+}
+
+#[test]
+fn a_log_with_only_the_sha1_bank_is_refused_naming_its_banks() {
+    // Firmware that logs SHA-1 only: its digests say nothing of the SHA-256 bank the quote
+    // signs and the measurements expect, so it is refused, never skipped or half-replayed.
+    let mut sha1_only = header(&[(SHA1, 20)]);
+    sha1_only.extend_from_slice(&event(0, 8, &[(SHA1, vec![1; 20])], b""));
+    let mut tpm = booted_tpm(ecdsa_ak());
+    tpm.set_event_log(Some(sha1_only));
+    let v = validator(&tpm, measurements_of(&tpm));
+    let err = v.validate(&tpm.issue(&rd()).unwrap(), &rd()).unwrap_err();
+    assert_eq!(
+        err,
+        ValidationError::EventLog(EventLogError::NoSha256(vec![SHA1]))
+    );
+    assert_eq!(
+        err.to_string(),
+        "event log: the event log has no SHA-256 digests (it carries sha1); only the SHA-256 \
+         bank, the one quotes sign and measurements expect, is replayed"
     );
 }
 

@@ -227,6 +227,125 @@ fn too_many_events_and_too_much_event_data_are_refused() {
     );
 }
 
+// The caps at their exact boundaries, written as numbers rather than the crate's constants,
+// so that a cap computed wrongly (`128 + 1024` for `128 * 1024`) or compared with `>=` for
+// `>` fails here.
+
+/// A SHA-256 log of exactly `size` bytes: events of the largest data allowed, the last one
+/// shortened to fit.
+fn log_of_size(size: usize) -> Vec<u8> {
+    const OVERHEAD: usize = 4 + 4 + 4 + 2 + 32 + 4; // an event's header and one digest
+    let mut log = sha256_log(&[]);
+    while size - log.len() - OVERHEAD > 131_072 {
+        log.extend_from_slice(&sha256_event(4, 0x8000_0003, &[0x5a; 131_072]));
+    }
+    let rest = size - log.len() - OVERHEAD;
+    log.extend_from_slice(&sha256_event(4, 0x8000_0003, &vec![0x5a; rest]));
+    assert_eq!(log.len(), size);
+    log
+}
+
+#[test]
+fn a_log_of_exactly_one_mib_parses_and_one_byte_more_is_refused() {
+    assert_eq!(MAX_EVENT_LOG_SIZE, 1_048_576);
+    let at_cap = log_of_size(1_048_576);
+    assert_eq!(EventLog::parse(&at_cap).unwrap().events().len(), 8);
+    let over = log_of_size(1_048_577);
+    assert_eq!(
+        EventLog::parse(&over),
+        Err(EventLogError::TooLarge(1_048_577))
+    );
+}
+
+#[test]
+fn an_event_of_exactly_128_kib_of_data_parses_and_one_byte_more_is_refused() {
+    assert_eq!(MAX_EVENT_DATA, 131_072);
+    let at_cap = sha256_log(&[sha256_event(7, 0x8000_0001, &[1; 131_072])]);
+    assert_eq!(
+        EventLog::parse(&at_cap).unwrap().events()[0].data.len(),
+        131_072
+    );
+    let over = sha256_log(&[sha256_event(7, 0x8000_0001, &[1; 131_073])]);
+    assert_eq!(
+        EventLog::parse(&over),
+        Err(EventLogError::EventTooLarge {
+            event: 1,
+            size: 131_073
+        })
+    );
+    // The Spec ID event is held to the same cap.
+    let mut header = header(&[(ALG_SHA256, 32)]);
+    header[28..32].copy_from_slice(&131_073u32.to_le_bytes());
+    assert_eq!(
+        EventLog::parse(&header),
+        Err(EventLogError::EventTooLarge {
+            event: 0,
+            size: 131_073
+        })
+    );
+}
+
+#[test]
+fn fewer_than_twelve_trailing_bytes_are_not_an_event_and_twelve_are_a_truncated_one() {
+    let one = sha256_event(4, 0x8000_0003, b"x");
+    // 11 bytes cannot hold an event's PCR index, type and digest count.
+    let mut eleven = sha256_log(std::slice::from_ref(&one));
+    eleven.extend_from_slice(&one[..11]);
+    assert_eq!(
+        EventLog::parse(&eleven),
+        Err(EventLogError::TrailingBytes(11))
+    );
+    // 12 bytes can: they are read as the start of an event, cut before its first digest.
+    let mut twelve = sha256_log(std::slice::from_ref(&one));
+    twelve.extend_from_slice(&one[..12]);
+    assert_eq!(
+        EventLog::parse(&twelve),
+        Err(EventLogError::Truncated {
+            event: 2,
+            field: "digests.hashAlg"
+        })
+    );
+}
+
+#[test]
+fn the_spec_id_event_declares_one_to_eight_algorithms_of_one_to_64_bytes() {
+    const SHA384: u16 = 0x000c;
+    let eight = [
+        (SHA1, 20),
+        (ALG_SHA256, 32),
+        (SHA384, 48),
+        (0x000d, 64),
+        (0x0012, 32),
+        (0x0027, 32),
+        (0x1234, 1),
+        (0x1235, 64),
+    ];
+    let parsed = EventLog::parse(&header(&eight)).unwrap();
+    assert_eq!(parsed.spec_id().algorithms.len(), 8);
+    let mut nine = eight.to_vec();
+    nine.push((0x1236, 16));
+    assert_eq!(
+        EventLog::parse(&header(&nine)),
+        Err(EventLogError::SpecId("it declares more than 8 algorithms"))
+    );
+    assert_eq!(
+        EventLog::parse(&header(&[])),
+        Err(EventLogError::SpecId("it declares no algorithm"))
+    );
+    let size = |s: u16| EventLog::parse(&header(&[(ALG_SHA256, 32), (0x1234, s)])).map(|_| ());
+    assert_eq!(size(64), Ok(()));
+    assert_eq!(size(1), Ok(()));
+    for bad in [0, 65] {
+        assert_eq!(
+            size(bad),
+            Err(EventLogError::SpecId(
+                "an algorithm is declared with a digest size outside 1..=64"
+            )),
+            "{bad}"
+        );
+    }
+}
+
 #[test]
 fn a_known_algorithm_declared_with_another_digest_size_is_refused() {
     let mut log = header(&[(ALG_SHA256, 20)]);

@@ -27,6 +27,9 @@ use std::collections::BTreeMap;
 const OVMF_LOG: &[u8] = include_bytes!("../data/eventlog/ovmf-q35-linux-6.1.bin");
 /// The SHA-256 PCRs that guest read after that boot.
 const OVMF_PCRS: &str = include_str!("../data/eventlog/ovmf-q35-linux-6.1.pcrs");
+/// The log of a Google Compute Engine VM booting Container-Optimized OS with Secure Boot
+/// (tests/data/eventlog/README.md).
+const GCE_LOG: &[u8] = include_bytes!("../data/eventlog/gce-cos-85-amd-sev.bin");
 
 fn recorded_pcrs() -> BTreeMap<PcrIndex, [u8; 32]> {
     OVMF_PCRS
@@ -140,11 +143,13 @@ fn the_events_of_a_real_log_have_names_for_people() {
     for want in [
         "EV_S_CRTM_VERSION",
         "EV_EFI_PLATFORM_FIRMWARE_BLOB 0xe0000 bytes at 0x820000",
-        "EV_EFI_VARIABLE_DRIVER_CONFIG SecureBoot",
-        "EV_EFI_VARIABLE_DRIVER_CONFIG PK",
-        "EV_EFI_VARIABLE_BOOT BootOrder",
-        // The kernel: 0xd877c0 is the size of its vmlinuz.
-        "EV_EFI_BOOT_SERVICES_APPLICATION image of 0xd877c0 bytes",
+        "EV_EFI_VARIABLE_DRIVER_CONFIG SecureBoot off",
+        "EV_EFI_VARIABLE_DRIVER_CONFIG PK: empty",
+        "EV_EFI_VARIABLE_DRIVER_CONFIG dbx: empty",
+        "EV_EFI_VARIABLE_BOOT BootOrder 0000",
+        "EV_EFI_VARIABLE_BOOT Boot0000 \"UiApp\"",
+        // The kernel, booted with QEMU's -kernel: 0xd877c0 is the size of its vmlinuz.
+        "EV_EFI_BOOT_SERVICES_APPLICATION kernel, image of 0xd877c0 bytes",
         "EV_EFI_ACTION Calling EFI Application from Boot Option",
         "EV_EFI_ACTION Exit Boot Services Invocation",
         "EV_SEPARATOR separator",
@@ -159,6 +164,132 @@ fn the_events_of_a_real_log_have_names_for_people() {
         "EV_EFI_VARIABLE_AUTHORITY"
     );
     assert_eq!(EventType(0x1234).to_string(), "event type 0x00001234");
+}
+
+#[test]
+fn the_events_of_a_real_secure_boot_log_have_names_for_people() {
+    let log = EventLog::parse(GCE_LOG).unwrap();
+    // SHA-1, SHA-256 and SHA-384 banks; the largest event is its 4499-byte dbx.
+    assert_eq!(log.spec_id().algorithms.len(), 3);
+    assert_eq!(log.events().len(), 45);
+    assert!(log.events().iter().any(|e| e.data.len() == 4499));
+    assert_eq!(log.startup_locality(), 0);
+    let replayed = log.replay_sha256().unwrap();
+    let covered: Vec<u8> = replayed.keys().map(|i| i.get()).collect();
+    assert_eq!(covered, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]);
+
+    let labels: Vec<String> = log.events().iter().map(|e| e.label()).collect();
+    for want in [
+        "EV_S_CRTM_VERSION GCE Virtual Firmware v1",
+        "EV_NONHOST_INFO GCE NonHostInfo",
+        "EV_EFI_VARIABLE_DRIVER_CONFIG SecureBoot on",
+        "EV_EFI_VARIABLE_DRIVER_CONFIG PK: 1 certificate",
+        "EV_EFI_VARIABLE_DRIVER_CONFIG KEK: 1 certificate",
+        "EV_EFI_VARIABLE_DRIVER_CONFIG db: 1 certificate",
+        "EV_EFI_VARIABLE_DRIVER_CONFIG dbx: 4 certificates",
+        "EV_EFI_VARIABLE_BOOT BootOrder 0000,0001",
+        "EV_EFI_VARIABLE_BOOT Boot0001 \"UEFI nvme_card-pd\"",
+        // The certificate in db that let the firmware run shim.
+        "EV_EFI_VARIABLE_AUTHORITY db: UEFI DB Key v10",
+        "EV_EFI_GPT_EVENT GPT, 12 partitions: STATE, KERN-A, ROOT-A, KERN-B, ROOT-B, KERN-C, \
+         ROOT-C, OEM, …",
+        "EV_EFI_BOOT_SERVICES_APPLICATION \\EFI\\BOOT\\BOOTX64.EFI, image of 0x120af8 bytes",
+        "EV_EFI_ACTION Calling EFI Application from Boot Option",
+        "EV_SEPARATOR separator",
+        "EV_IPL grub_cmd: set default=2",
+        // GRUB's multi-line commands on one line.
+        "EV_IPL grub_cmd: menuentry local image A { linux /syslinux/vmlinuz.A \
+         init=/usr/lib/syst…",
+        "EV_EFI_ACTION Exit Boot Services Returned with Success",
+    ] {
+        assert!(
+            labels.iter().any(|l| l == want),
+            "{want:?} not in {labels:#?}"
+        );
+    }
+    // Shim logs its certificate with a data length that does not match; still named.
+    assert_eq!(
+        labels
+            .iter()
+            .filter(|l| *l == "EV_EFI_VARIABLE_AUTHORITY db: UEFI DB Key v10")
+            .count(),
+        3
+    );
+}
+
+/// `UEFI_VARIABLE_DATA` of `name` holding `value`.
+fn variable_data(name: &str, value: &[u8]) -> Vec<u8> {
+    let name: Vec<u8> = name.encode_utf16().flat_map(u16::to_le_bytes).collect();
+    let mut out = vec![0x61; 16];
+    out.extend_from_slice(&u64::try_from(name.len() / 2).unwrap().to_le_bytes());
+    out.extend_from_slice(&u64::try_from(value.len()).unwrap().to_le_bytes());
+    out.extend_from_slice(&name);
+    out.extend_from_slice(value);
+    out
+}
+
+#[test]
+fn events_real_logs_carry_are_named_from_their_data() {
+    let label = |event_type: u32, data: &[u8]| {
+        let log = sha256_log(&[sha256_event(1, event_type, data)]);
+        EventLog::parse(&log).unwrap().events()[0].label()
+    };
+    // A dbx of SHA-256 hashes: one EFI_SIGNATURE_LIST of three 48-byte entries.
+    let mut dbx = vec![
+        0x26, 0x16, 0xc4, 0xc1, 0x4c, 0x50, 0x92, 0x40, 0xac, 0xa9, 0x41, 0xf9, 0x36, 0x93, 0x43,
+        0x28,
+    ];
+    dbx.extend_from_slice(&(28u32 + 3 * 48).to_le_bytes());
+    dbx.extend_from_slice(&0u32.to_le_bytes());
+    dbx.extend_from_slice(&48u32.to_le_bytes());
+    dbx.extend_from_slice(&[0; 3 * 48]);
+    assert_eq!(
+        label(0x8000_0001, &variable_data("dbx", &dbx)),
+        "EV_EFI_VARIABLE_DRIVER_CONFIG dbx: 3 SHA-256 hashes"
+    );
+    // A list whose size does not add up: the name alone.
+    dbx[16] += 1;
+    assert_eq!(
+        label(0x8000_0001, &variable_data("dbx", &dbx)),
+        "EV_EFI_VARIABLE_DRIVER_CONFIG dbx"
+    );
+    let mut boot = 1u32.to_le_bytes().to_vec();
+    boot.extend_from_slice(&0u16.to_le_bytes());
+    boot.extend("debian\0".encode_utf16().flat_map(u16::to_le_bytes));
+    assert_eq!(
+        label(0x8000_0002, &variable_data("Boot0003", &boot)),
+        "EV_EFI_VARIABLE_BOOT Boot0003 \"debian\""
+    );
+    assert_eq!(
+        label(3, &startup_locality_data(3)),
+        "EV_NO_ACTION StartupLocality 3"
+    );
+    let mut other = b"StartupLocalitx\0".to_vec();
+    other.push(3);
+    assert_eq!(label(3, &other), "EV_NO_ACTION StartupLocalitx");
+    assert_eq!(label(4, &[0xff; 4]), "EV_SEPARATOR error separator");
+    assert_eq!(
+        label(5, b"Start Option ROM Scan"),
+        "EV_ACTION Start Option ROM Scan"
+    );
+    // systemd-boot logs UTF-16 strings as EV_IPL.
+    let utf16: Vec<u8> = "initrd=\\initrd.img\0"
+        .encode_utf16()
+        .flat_map(u16::to_le_bytes)
+        .collect();
+    assert_eq!(label(0xd, &utf16), "EV_IPL initrd=\\initrd.img");
+    let mut tables = 1u64.to_le_bytes().to_vec();
+    tables.extend_from_slice(&[0; 24]);
+    assert_eq!(
+        label(0x8000_0009, &tables),
+        "EV_EFI_HANDOFF_TABLES 1 configuration table"
+    );
+    // Data of an unexpected shape has no description, only its type.
+    assert_eq!(label(0x8000_0006, b"not a GPT"), "EV_EFI_GPT_EVENT");
+    assert_eq!(
+        label(0x8000_0001, &[0; 10]),
+        "EV_EFI_VARIABLE_DRIVER_CONFIG"
+    );
 }
 
 #[test]
@@ -472,7 +603,7 @@ fn replay_starts_pcr0_at_the_startup_locality_and_skips_no_action_events() {
     assert_eq!(replayed[&idx(1)], extend(&[0; 32], &boot));
 }
 
-// ---------------------------------------------------------------- H-CRTM: PCR 0 starts at the locality
+// ---------------------------------------------------------------- H-CRTM: PCR 0 at the locality
 
 /// The data of a `StartupLocality` `EV_NO_ACTION` event.
 fn startup_locality_data(locality: u8) -> Vec<u8> {

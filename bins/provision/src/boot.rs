@@ -51,8 +51,9 @@ pub fn read_pcrs(pcrs_file: &Path) -> Result<BTreeMap<PcrIndex, [u8; 32]>> {
 }
 
 /// The expected measurements of nodes booted like the reference: PCRs 0–9 enforced at the
-/// values read, each with the events the log gives it; PCR 15 (the node marker) enforced
-/// zero. Refuses a log that does not replay to the values read.
+/// values read, each with the events the log gives it (PCR 0's with the startup locality
+/// the log records); PCR 15 (the node marker) enforced zero. Refuses a log that does not
+/// replay to the values read.
 pub fn measurements(log: &EventLog, pcrs: &BTreeMap<PcrIndex, [u8; 32]>) -> Result<Measurements> {
     let replayed = log.replay_sha256().context("replaying the event log")?;
     for (index, value) in &replayed {
@@ -78,6 +79,8 @@ pub fn measurements(log: &EventLog, pcrs: &BTreeMap<PcrIndex, [u8; 32]>) -> Resu
     let marker = PcrIndex::new(15).context("PCR index")?;
     entries.push((marker, ExpectedPcr::enforce([0; 32])));
     let mut measurements = Measurements::new(entries)?;
+    // PCR 0 of a platform with an H-CRTM starts at its startup locality, not at zero.
+    let locality = log.startup_locality();
     for i in BOOT_PCRS {
         let index = PcrIndex::new(i).context("PCR index")?;
         let events: Vec<ReferenceEvent> = log
@@ -90,7 +93,9 @@ pub fn measurements(log: &EventLog, pcrs: &BTreeMap<PcrIndex, [u8; 32]>) -> Resu
             })
             .collect();
         if !events.is_empty() {
-            measurements = measurements.with_reference_events(index, events)?;
+            let start = if i == 0 { locality } else { 0 };
+            measurements =
+                measurements.with_reference_events_after_startup(index, start, events)?;
         }
     }
     Ok(measurements)
@@ -193,6 +198,82 @@ mod tests {
         );
         // Never overwrites.
         assert!(run(&dir.join("eventlog.bin"), &dir.join("pcrs.json"), &out).is_err());
+    }
+
+    /// A crypto-agile log (SHA-256 bank) of a server whose H-CRTM starts the TPM from
+    /// locality 3: the Spec ID event, the `StartupLocality` event, three PCR 0 events and
+    /// one event in each of PCRs 1–9.
+    fn h_crtm_log() -> Vec<u8> {
+        use sha2::{Digest, Sha256};
+        fn event(pcr: u32, event_type: u32, digest: [u8; 32], data: &[u8]) -> Vec<u8> {
+            let mut out = pcr.to_le_bytes().to_vec();
+            out.extend_from_slice(&event_type.to_le_bytes());
+            out.extend_from_slice(&1u32.to_le_bytes());
+            out.extend_from_slice(&0x000bu16.to_le_bytes());
+            out.extend_from_slice(&digest);
+            out.extend_from_slice(&u32::try_from(data.len()).unwrap().to_le_bytes());
+            out.extend_from_slice(data);
+            out
+        }
+        let mut spec = b"Spec ID Event03\0".to_vec();
+        spec.extend_from_slice(&0u32.to_le_bytes());
+        spec.extend_from_slice(&[0, 2, 0, 2]);
+        spec.extend_from_slice(&1u32.to_le_bytes());
+        spec.extend_from_slice(&0x000bu16.to_le_bytes());
+        spec.extend_from_slice(&32u16.to_le_bytes());
+        spec.push(0);
+        let mut log = 0u32.to_le_bytes().to_vec();
+        log.extend_from_slice(&3u32.to_le_bytes());
+        log.extend_from_slice(&[0; 20]);
+        log.extend_from_slice(&u32::try_from(spec.len()).unwrap().to_le_bytes());
+        log.extend_from_slice(&spec);
+        log.extend_from_slice(&event(0, 3, [0; 32], b"StartupLocality\0\x03"));
+        for (pcr, event_type, data) in [
+            (0, 0x8, &b"v\0"[..]),
+            (0, 0x8000_0008, &[7; 16][..]),
+            (0, 0x4, &[0; 4][..]),
+        ] {
+            log.extend_from_slice(&event(pcr, event_type, Sha256::digest(data).into(), data));
+        }
+        for pcr in 1..=9 {
+            let data = [u8::try_from(pcr).unwrap(); 4];
+            log.extend_from_slice(&event(pcr, 0x4, Sha256::digest(data).into(), &data));
+        }
+        log
+    }
+
+    #[test]
+    fn a_reference_boot_on_an_h_crtm_server_gives_pcr_0_from_its_startup_locality() {
+        let bytes = h_crtm_log();
+        let log = EventLog::parse(&bytes).unwrap();
+        let pcrs = log.replay_sha256().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (log_file, pcrs_file, out) = (
+            dir.path().join("eventlog.bin"),
+            dir.path().join("pcrs.json"),
+            dir.path().join("measurements.json"),
+        );
+        std::fs::write(&log_file, &bytes).unwrap();
+        let values: BTreeMap<String, String> = pcrs
+            .iter()
+            .map(|(i, v)| (i.to_string(), hex::encode(v)))
+            .collect();
+        std::fs::write(
+            &pcrs_file,
+            serde_json::json!({ "sha256": values }).to_string(),
+        )
+        .unwrap();
+        run(&log_file, &pcrs_file, &out).unwrap();
+        let m = Measurements::load(&out).unwrap();
+        let zero = PcrIndex::new(0).unwrap();
+        assert_eq!(m.get(zero).unwrap(), &ExpectedPcr::enforce(pcrs[&zero]));
+        assert_eq!(m.reference_startup_locality(zero), 3);
+        assert_eq!(m.reference_events(zero).len(), 3);
+        assert_eq!(
+            m.reference_events(zero)[0].description.as_deref(),
+            Some("EV_S_CRTM_VERSION v")
+        );
+        assert_eq!(m.reference_startup_locality(PcrIndex::new(1).unwrap()), 0);
     }
 
     #[test]

@@ -48,9 +48,20 @@
 //! ]}
 //! ```
 //!
-//! The events' SHA-256 digests, extended from zero, must give `expected`: a list that does
-//! not is refused on load, so a stale list cannot explain a mismatch wrongly. At most
-//! [`MAX_REFERENCE_EVENTS`] per PCR; a description is optional.
+//! The events' SHA-256 digests, extended from the PCR's value after `TPM2_Startup`, must
+//! give `expected`: a list that does not is refused on load, so a stale list cannot explain
+//! a mismatch wrongly. At most [`MAX_REFERENCE_EVENTS`] per PCR; a description is optional.
+//!
+//! Every PCR starts at zero but PCR 0 on a platform whose firmware starts the TPM from
+//! another locality (an H-CRTM, on many servers; its log records a `StartupLocality`
+//! event): PCR 0 then starts at `00…0<locality>` ([`pcr_start`]). PCR 0's entry says so
+//! with `startupLocality`, which is allowed only there and only beside `events`:
+//!
+//! ```json
+//! "0": {"expected": "<64 hex digits>", "startupLocality": 3, "events": [
+//!   {"digest": "<64 hex digits>", "description": "EV_S_CRTM_VERSION"}
+//! ]}
+//! ```
 //!
 //! Keys are decimal PCR indices `0..=23` (no sign, no leading zeros). A value is either an
 //! object with `expected` (hex, exactly 32 bytes) and an optional `warnOnly` (default
@@ -130,13 +141,42 @@ impl PcrIndex {
     }
 }
 
-/// `SHA-256(pcr || digest)`: a SHA-256 PCR extend, as the TPM computes it and as the event log
-/// and the reference events are replayed.
+/// `SHA-256(pcr || digest)`: a SHA-256 PCR extend, as the TPM computes it.
 pub fn extend(pcr: &[u8; 32], digest: &[u8; 32]) -> [u8; 32] {
     let mut h = Sha256::new();
     h.update(pcr);
     h.update(digest);
     h.finalize().into()
+}
+
+/// The SHA-256 value of PCR `index` right after `TPM2_Startup` from `startup_locality`:
+/// zero, except PCR 0, whose last byte is the locality (PC Client profile). Firmware with
+/// an H-CRTM starts the TPM from locality 3 (or 4) and records it in a `StartupLocality`
+/// `EV_NO_ACTION` event; every other platform starts from locality 0, so PCR 0 starts at
+/// zero too.
+pub fn pcr_start(index: PcrIndex, startup_locality: u8) -> [u8; 32] {
+    let mut start = [0u8; 32];
+    if index.get() == 0
+        && let Some(last) = start.last_mut()
+    {
+        *last = startup_locality;
+    }
+    start
+}
+
+/// The SHA-256 value of PCR `index` after `TPM2_Startup` from `startup_locality` and the
+/// extends of `digests`, in order. This is the one computation of a PCR from its events:
+/// the event log's replay ([`crate::tpm::eventlog::EventLog::replay_sha256`]), the check of
+/// reference events against their expected value, and the explanation of a mismatch all
+/// rest on it.
+pub fn replay_pcr<'a>(
+    index: PcrIndex,
+    startup_locality: u8,
+    digests: impl IntoIterator<Item = &'a [u8; 32]>,
+) -> [u8; 32] {
+    digests
+        .into_iter()
+        .fold(pcr_start(index, startup_locality), |pcr, d| extend(&pcr, d))
 }
 
 impl TryFrom<u32> for PcrIndex {
@@ -287,7 +327,14 @@ pub enum MeasurementsError {
 pub struct Measurements {
     pcrs: BTreeMap<PcrIndex, ExpectedPcr>,
     cvm: CvmReferences,
-    events: BTreeMap<PcrIndex, Vec<ReferenceEvent>>,
+    events: BTreeMap<PcrIndex, References>,
+}
+
+/// The reference events of one PCR and the locality its replay starts from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct References {
+    startup_locality: u8,
+    events: Vec<ReferenceEvent>,
 }
 
 /// Reference values of a confidential VM's hardware report (the report the vTPM is bound
@@ -363,16 +410,35 @@ impl Measurements {
         })
     }
 
-    /// These expectations with `events` as the reference events of PCR `index`. Refused
+    /// These expectations with `events` as the reference events of PCR `index`, on a
+    /// platform that starts its TPM from locality 0 (every PCR starts at zero). Refused
     /// when `index` has no expectation, when there are more than [`MAX_REFERENCE_EVENTS`]
     /// or a description longer than [`MAX_REFERENCE_DESCRIPTION`], and when the digests,
     /// extended from zero, do not give the expected value.
     pub fn with_reference_events(
-        mut self,
+        self,
         index: PcrIndex,
         events: Vec<ReferenceEvent>,
     ) -> Result<Self, MeasurementsError> {
+        self.with_reference_events_after_startup(index, 0, events)
+    }
+
+    /// Like [`Self::with_reference_events`], on a platform that starts its TPM from
+    /// `startup_locality` (the locality of its event log's `StartupLocality` event): the
+    /// digests are replayed from [`pcr_start`]. A locality other than 0 is refused for any
+    /// PCR but 0, which is the only one it changes.
+    pub fn with_reference_events_after_startup(
+        mut self,
+        index: PcrIndex,
+        startup_locality: u8,
+        events: Vec<ReferenceEvent>,
+    ) -> Result<Self, MeasurementsError> {
         let bad = |reason: String| MeasurementsError::ReferenceEvents { index, reason };
+        if startup_locality != 0 && index.get() != 0 {
+            return Err(bad(format!(
+                "a startup locality ({startup_locality}) sets where PCR 0 starts, not PCR {index}"
+            )));
+        }
         let want = self
             .pcrs
             .get(&index)
@@ -392,12 +458,14 @@ impl Measurements {
                 "a description is longer than {MAX_REFERENCE_DESCRIPTION} characters"
             )));
         }
-        let replayed = events
-            .iter()
-            .fold([0u8; 32], |pcr, e| extend(&pcr, &e.digest));
+        let replayed = replay_pcr(index, startup_locality, events.iter().map(|e| &e.digest));
         if replayed != want.expected {
+            let start = match startup_locality {
+                0 => String::new(),
+                l => format!(" from startup locality {l}"),
+            };
             return Err(bad(format!(
-                "they extend to {}, not to the expected value {}",
+                "they extend{start} to {}, not to the expected value {}",
                 hex::encode(replayed),
                 hex::encode(want.expected)
             )));
@@ -405,14 +473,26 @@ impl Measurements {
         if events.is_empty() {
             self.events.remove(&index);
         } else {
-            self.events.insert(index, events);
+            self.events.insert(
+                index,
+                References {
+                    startup_locality,
+                    events,
+                },
+            );
         }
         Ok(self)
     }
 
     /// The reference events of PCR `index`, in order; empty when the file lists none.
     pub fn reference_events(&self, index: PcrIndex) -> &[ReferenceEvent] {
-        self.events.get(&index).map_or(&[], Vec::as_slice)
+        self.events.get(&index).map_or(&[], |r| r.events.as_slice())
+    }
+
+    /// The startup locality the reference events of PCR `index` are replayed from: 0 but
+    /// for a PCR 0 whose reference platform has an H-CRTM ([`pcr_start`]).
+    pub fn reference_startup_locality(&self, index: PcrIndex) -> u8 {
+        self.events.get(&index).map_or(0, |r| r.startup_locality)
     }
 
     /// These PCR expectations with `cvm` as the confidential-VM reference values.
@@ -434,9 +514,9 @@ impl Measurements {
         let mut reference_events = Vec::new();
         for (key, entry) in file.measurements.0 {
             let index: PcrIndex = key.parse()?;
-            let (hex_value, mode, events) = entry.into_parts();
-            if let Some(events) = events {
-                reference_events.push((index, events));
+            let (hex_value, mode, references) = entry.into_parts();
+            if let Some(references) = references {
+                reference_events.push((index, references));
             }
             let bytes = hex::decode(&hex_value).map_err(|e| MeasurementsError::BadHex {
                 index,
@@ -468,7 +548,7 @@ impl Measurements {
             ];
         }
         let mut measurements = Self::new(entries)?.with_cvm(cvm);
-        for (index, events) in reference_events {
+        for (index, (startup_locality, events)) in reference_events {
             let events = events
                 .into_iter()
                 .map(|e| {
@@ -484,7 +564,11 @@ impl Measurements {
                     })
                 })
                 .collect::<Result<Vec<_>, MeasurementsError>>()?;
-            measurements = measurements.with_reference_events(index, events)?;
+            measurements = measurements.with_reference_events_after_startup(
+                index,
+                startup_locality,
+                events,
+            )?;
         }
         Ok(measurements)
     }
@@ -504,7 +588,10 @@ impl Measurements {
                     "    \"{i}\": {{\"expected\": \"{}\", \"warnOnly\": {}{}}}",
                     hex::encode(p.expected),
                     p.mode == MeasurementMode::WarnOnly,
-                    events_json(self.reference_events(*i))
+                    events_json(
+                        self.reference_startup_locality(*i),
+                        self.reference_events(*i)
+                    )
                 )
             })
             .collect();
@@ -713,12 +800,15 @@ struct TdxRepr {
 }
 
 impl EntryRepr {
-    fn into_parts(self) -> (String, MeasurementMode, Option<Vec<EventRepr>>) {
+    /// The value, the mode and, when the entry lists events, the startup locality and the
+    /// events.
+    fn into_parts(self) -> (String, MeasurementMode, Option<(u8, Vec<EventRepr>)>) {
         match self {
             EntryRepr::Bare(h) => (h, MeasurementMode::Enforce, None),
             EntryRepr::Full {
                 expected,
                 warn_only,
+                startup_locality,
                 events,
             } => (
                 expected,
@@ -727,7 +817,7 @@ impl EntryRepr {
                 } else {
                     MeasurementMode::Enforce
                 },
-                events,
+                events.map(|e| (startup_locality.unwrap_or(0), e)),
             ),
         }
     }
@@ -742,11 +832,16 @@ struct EventRepr {
     description: Option<String>,
 }
 
-/// `, "events": [...]` for an entry with reference events, nothing otherwise.
-fn events_json(events: &[ReferenceEvent]) -> String {
+/// `, "events": [...]` for an entry with reference events (after `"startupLocality": n` when
+/// it is not 0), nothing otherwise.
+fn events_json(startup_locality: u8, events: &[ReferenceEvent]) -> String {
     if events.is_empty() {
         return String::new();
     }
+    let locality = match startup_locality {
+        0 => String::new(),
+        l => format!(", \"startupLocality\": {l}"),
+    };
     let items: Vec<String> = events
         .iter()
         .map(|e| {
@@ -763,7 +858,7 @@ fn events_json(events: &[ReferenceEvent]) -> String {
         })
         .collect();
     format!(
-        ",\n      \"events\": [\n        {}\n      ]",
+        "{locality},\n      \"events\": [\n        {}\n      ]",
         items.join(",\n        ")
     )
 }
@@ -838,6 +933,7 @@ enum EntryRepr {
     Full {
         expected: String,
         warn_only: bool,
+        startup_locality: Option<u8>,
         events: Option<Vec<EventRepr>>,
     },
 }
@@ -854,9 +950,10 @@ impl<'de> Deserialize<'de> for EntryRepr {
                 Ok(EntryRepr::Bare(v.to_owned()))
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                const FIELDS: &[&str] = &["expected", "warnOnly", "events"];
+                const FIELDS: &[&str] = &["expected", "warnOnly", "startupLocality", "events"];
                 let mut expected: Option<String> = None;
                 let mut warn_only: Option<bool> = None;
+                let mut startup_locality: Option<u8> = None;
                 let mut events: Option<Vec<EventRepr>> = None;
                 while let Some(key) = map.next_key::<String>()? {
                     match key.as_str() {
@@ -868,6 +965,10 @@ impl<'de> Deserialize<'de> for EntryRepr {
                             return Err(de::Error::duplicate_field("warnOnly"));
                         }
                         "warnOnly" => warn_only = Some(map.next_value()?),
+                        "startupLocality" if startup_locality.is_some() => {
+                            return Err(de::Error::duplicate_field("startupLocality"));
+                        }
+                        "startupLocality" => startup_locality = Some(map.next_value()?),
                         "events" if events.is_some() => {
                             return Err(de::Error::duplicate_field("events"));
                         }
@@ -876,9 +977,15 @@ impl<'de> Deserialize<'de> for EntryRepr {
                     }
                 }
                 let expected = expected.ok_or_else(|| de::Error::missing_field("expected"))?;
+                if startup_locality.is_some() && events.is_none() {
+                    return Err(de::Error::custom(
+                        "startupLocality is where PCR 0's reference events start; it needs events",
+                    ));
+                }
                 Ok(EntryRepr::Full {
                     expected,
                     warn_only: warn_only.unwrap_or(false),
+                    startup_locality,
                     events,
                 })
             }

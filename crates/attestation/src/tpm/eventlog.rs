@@ -24,7 +24,7 @@
 //! digest size; PCR indices are `0..=23`; the log ends exactly after its last event.
 
 use crate::measurements::PcrIndex;
-pub use crate::measurements::extend;
+pub use crate::measurements::{extend, pcr_start, replay_pcr};
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -135,9 +135,30 @@ pub enum EventLogError {
     /// Bytes after the last event that do not make an event header.
     #[error("{0} trailing bytes after the last event")]
     TrailingBytes(usize),
-    /// The log does not carry the SHA-256 bank, so it cannot be replayed against a quote.
-    #[error("the event log has no SHA-256 digests")]
-    NoSha256,
+    /// The log does not carry the SHA-256 bank (a firmware that logs only SHA-1, say), so
+    /// it cannot be replayed against a quote: quotes and expected measurements are of the
+    /// SHA-256 bank only, and a PCR's SHA-1 value says nothing about its SHA-256 value.
+    /// Carries the banks the log declares.
+    #[error(
+        "the event log has no SHA-256 digests (it carries {}); only the SHA-256 bank, the one \
+         quotes sign and measurements expect, is replayed",
+        algorithm_names(.0)
+    )]
+    NoSha256(Vec<u16>),
+}
+
+/// `sha1, 0x1234`: the names of the known algorithms, the others in hex.
+fn algorithm_names(algs: &[u16]) -> String {
+    let names: Vec<String> = algs
+        .iter()
+        .map(
+            |alg| match KNOWN_ALGORITHMS.iter().find(|(id, _, _)| id == alg) {
+                Some((_, name, _)) => (*name).to_owned(),
+                None => format!("{alg:#06x}"),
+            },
+        )
+        .collect();
+    names.join(", ")
 }
 
 /// One algorithm of the log and its digest size, as the Spec ID event declares it.
@@ -338,43 +359,50 @@ impl EventLog {
             .filter(move |e| e.pcr == pcr && e.is_extended())
     }
 
-    /// Recomputes the SHA-256 bank from the log: every PCR starts at zero (PCR 0 at the
-    /// locality of `TPM2_Startup` when a `StartupLocality` event records one) and each
-    /// event except `EV_NO_ACTION` extends its PCR: `PCR = SHA-256(PCR || digest)`.
+    /// Recomputes the SHA-256 bank from the log with [`replay_pcr`]: every PCR starts at
+    /// its value after `TPM2_Startup` ([`pcr_start`]: zero, PCR 0 at the
+    /// [`startup locality`](Self::startup_locality)) and each event except `EV_NO_ACTION`
+    /// extends its PCR: `PCR = SHA-256(PCR || digest)`.
     ///
     /// Returns the PCRs the log extends at least once; PCRs it never touches are not in the
-    /// map (something after the firmware may have extended them).
+    /// map (something after the firmware may have extended them). A log without the
+    /// SHA-256 bank is refused ([`EventLogError::NoSha256`]).
     pub fn replay_sha256(&self) -> Result<BTreeMap<PcrIndex, [u8; 32]>, EventLogError> {
+        let no_sha256 =
+            || EventLogError::NoSha256(self.spec_id.algorithms.iter().map(|a| a.alg).collect());
         if !self.spec_id.algorithms.iter().any(|a| a.alg == ALG_SHA256) {
-            return Err(EventLogError::NoSha256);
+            return Err(no_sha256());
         }
-        let mut start = [0u8; 32];
-        if let (Some(locality), Some(last)) = (self.startup_locality(), start.last_mut()) {
-            *last = locality;
-        }
-        let mut pcrs: BTreeMap<PcrIndex, [u8; 32]> = BTreeMap::new();
+        let mut digests: BTreeMap<PcrIndex, Vec<[u8; 32]>> = BTreeMap::new();
         for e in self.events.iter().filter(|e| e.is_extended()) {
             // Exactly the declared algorithms are in every event (checked when parsing).
-            let digest = e.sha256().ok_or(EventLogError::NoSha256)?;
-            let initial = if e.pcr.get() == 0 { start } else { [0u8; 32] };
-            let pcr = pcrs.entry(e.pcr).or_insert(initial);
-            *pcr = extend(pcr, &digest);
+            let digest = e.sha256().ok_or_else(no_sha256)?;
+            digests.entry(e.pcr).or_default().push(digest);
         }
-        Ok(pcrs)
+        let locality = self.startup_locality();
+        Ok(digests
+            .into_iter()
+            .map(|(pcr, d)| (pcr, replay_pcr(pcr, locality, &d)))
+            .collect())
     }
 
-    /// The locality of `TPM2_Startup` from a `StartupLocality` `EV_NO_ACTION` event on PCR
-    /// 0, if the log has one (platforms with an H-CRTM start PCR 0 at 3 or 4).
-    fn startup_locality(&self) -> Option<u8> {
-        self.events.iter().find_map(|e| {
-            if e.pcr.get() != 0 || e.event_type != EventType::NO_ACTION {
-                return None;
-            }
-            match e.data.split_first_chunk::<16>() {
-                Some((sig, [locality])) if sig == STARTUP_LOCALITY_SIGNATURE => Some(*locality),
-                _ => None,
-            }
-        })
+    /// The locality the firmware started the TPM from, as a `StartupLocality`
+    /// `EV_NO_ACTION` event on PCR 0 records it (platforms with an H-CRTM start from
+    /// locality 3 or 4); 0, the locality of every other platform, when the log has no such
+    /// event. PCR 0 starts at this value ([`pcr_start`]).
+    pub fn startup_locality(&self) -> u8 {
+        self.events
+            .iter()
+            .find_map(|e| {
+                if e.pcr.get() != 0 || e.event_type != EventType::NO_ACTION {
+                    return None;
+                }
+                match e.data.split_first_chunk::<16>() {
+                    Some((sig, [locality])) if sig == STARTUP_LOCALITY_SIGNATURE => Some(*locality),
+                    _ => None,
+                }
+            })
+            .unwrap_or(0)
     }
 }
 
@@ -554,14 +582,30 @@ fn parse_event(r: &mut Reader<'_>, number: usize, spec: &SpecId) -> Result<Event
 /// Longest description kept, in characters.
 const MAX_DESCRIPTION: usize = 80;
 
+/// `EFI_CERT_X509_GUID` (a5c059a1-94e4-4aa7-87b5-ab155c2bf072) as it is stored.
+const CERT_X509_GUID: [u8; 16] = [
+    0xa1, 0x59, 0xc0, 0xa5, 0xe4, 0x94, 0xa7, 0x4a, 0x87, 0xb5, 0xab, 0x15, 0x5c, 0x2b, 0xf0, 0x72,
+];
+/// `EFI_CERT_SHA256_GUID` (c1c41626-504c-4092-aca9-41f936934328) as it is stored.
+const CERT_SHA256_GUID: [u8; 16] = [
+    0x26, 0x16, 0xc4, 0xc1, 0x4c, 0x50, 0x92, 0x40, 0xac, 0xa9, 0x41, 0xf9, 0x36, 0x93, 0x43, 0x28,
+];
+
+/// The description of an event for people, from its type and data (see
+/// [`Event::description`]). Never fails: data of an unexpected shape has no description.
 fn describe(event_type: EventType, data: &[u8]) -> Option<String> {
     match event_type.0 {
-        // EV_POST_CODE, EV_ACTION, EV_S_CRTM_CONTENTS, EV_IPL, EV_EFI_ACTION, EV_OMIT_…:
-        // the data is an ASCII string (or, for a post code, often a blob description).
-        0x1 | 0x5 | 0x7 | 0xd | 0x12 | 0x8000_0007 => ascii(data),
-        0x3 => data
-            .split_first_chunk::<16>()
-            .and_then(|(sig, _)| ascii(sig)),
+        // EV_ACTION, EV_OMIT_BOOT_DEVICE_EVENTS, EV_NONHOST_INFO (a signature first),
+        // EV_EFI_ACTION, EV_EFI_HCRTM_EVENT: an ASCII string.
+        0x5 | 0x11 | 0x12 | 0x8000_0007 | 0x8000_0010 => ascii(data),
+        // EV_POST_CODE, EV_S_CRTM_CONTENTS: a string, or the base and length of a blob.
+        0x1 | 0x7 => ascii(data).or_else(|| blob(data)),
+        // EV_IPL: a boot loader's string (GRUB's commands in ASCII, systemd-boot's UTF-16).
+        0xd => match data {
+            [c, 0, ..] if *c != 0 => utf16(data).filter(|s| !s.is_empty()),
+            _ => ascii(data),
+        },
+        0x3 => no_action(data),
         0x4 => match data {
             [0, 0, 0, 0] => Some("separator".into()),
             [0xff, 0xff, 0xff, 0xff] => Some("error separator".into()),
@@ -570,31 +614,252 @@ fn describe(event_type: EventType, data: &[u8]) -> Option<String> {
         0x6 => tagged_event(data),
         // EV_S_CRTM_VERSION: a UTF-16 string.
         0x8 => utf16(data).filter(|s| !s.is_empty()),
-        0x8000_0001 | 0x8000_0002 | 0x8000_000c | 0x8000_00e0 => variable_name(data),
-        // UEFI_IMAGE_LOAD_EVENT (boot application, boot or runtime driver): location and
-        // length in memory, link-time address, then a device path, which is not decoded.
-        0x8000_0003..=0x8000_0005 => {
-            let (_location, rest) = data.split_first_chunk::<8>()?;
-            let (len, _) = rest.split_first_chunk::<8>()?;
-            Some(format!("image of {:#x} bytes", u64::from_le_bytes(*len)))
+        0x8000_0001 | 0x8000_0002 | 0x8000_000c | 0x8000_00e0 => {
+            variable(event_type, data).map(|v| shorten(v.chars()))
         }
+        // UEFI_IMAGE_LOAD_EVENT (boot application, boot or runtime driver).
+        0x8000_0003..=0x8000_0005 => image(data),
+        0x8000_0006 | 0x8000_000d => gpt(data).map(|g| shorten(g.chars())),
         // UEFI_PLATFORM_FIRMWARE_BLOB: base and length.
-        0x8000_0008 => {
-            let (base, rest) = data.split_first_chunk::<8>()?;
-            let len: [u8; 8] = rest.try_into().ok()?;
-            Some(format!(
-                "{:#x} bytes at {:#x}",
-                u64::from_le_bytes(len),
-                u64::from_le_bytes(*base)
-            ))
+        0x8000_0008 => blob(data),
+        // UEFI_HANDOFF_TABLE_POINTERS: a count of (GUID, address) pairs.
+        0x8000_0009 => {
+            let (count, rest) = data.split_first_chunk::<8>()?;
+            let count = u64::from_le_bytes(*count);
+            (usize::try_from(count).ok()?.checked_mul(24)? == rest.len()).then(|| match count {
+                1 => "1 configuration table".to_owned(),
+                n => format!("{n} configuration tables"),
+            })
         }
-        // UEFI_PLATFORM_FIRMWARE_BLOB2: a sized ASCII description first.
-        0x8000_000a => {
+        // UEFI_PLATFORM_FIRMWARE_BLOB2 and UEFI_HANDOFF_TABLE_POINTERS2: a sized ASCII
+        // description first.
+        0x8000_000a | 0x8000_000b => {
             let (len, rest) = data.split_first()?;
             ascii(rest.get(..usize::from(*len))?)
         }
         _ => None,
     }
+}
+
+/// `UEFI_PLATFORM_FIRMWARE_BLOB`: `0xe0000 bytes at 0x820000`.
+fn blob(data: &[u8]) -> Option<String> {
+    let (base, rest) = data.split_first_chunk::<8>()?;
+    let len: [u8; 8] = rest.try_into().ok()?;
+    Some(format!(
+        "{:#x} bytes at {:#x}",
+        u64::from_le_bytes(len),
+        u64::from_le_bytes(*base)
+    ))
+}
+
+/// `EV_NO_ACTION`: the signature of its structure (`Spec ID Event03`, `SP800-155 Event`),
+/// and for `StartupLocality` the locality.
+fn no_action(data: &[u8]) -> Option<String> {
+    match data.split_first_chunk::<16>() {
+        Some((sig, [locality])) if sig == STARTUP_LOCALITY_SIGNATURE => {
+            Some(format!("StartupLocality {locality}"))
+        }
+        Some((sig, _)) => ascii(sig),
+        None => None,
+    }
+}
+
+/// `UEFI_VARIABLE_DATA`: the vendor GUID, the name length in characters, the data length,
+/// the UTF-16 name, the data. The description is the name, and what the data says where
+/// people read it: `SecureBoot on`, `db: 2 certificates`, `dbx: 77 SHA-256 hashes`,
+/// `BootOrder 0001,0000`, `Boot0001 "UEFI Misc Device"`, and for `EV_EFI_VARIABLE_AUTHORITY`
+/// the subject of the certificate that authorised an image (`db: Microsoft Windows
+/// Production PCA 2011`).
+fn variable(event_type: EventType, data: &[u8]) -> Option<String> {
+    let (_guid, rest) = data.split_first_chunk::<16>()?;
+    let (name_len, rest) = rest.split_first_chunk::<8>()?;
+    let (data_len, rest) = rest.split_first_chunk::<8>()?;
+    let chars = usize::try_from(u64::from_le_bytes(*name_len)).ok()?;
+    let (name, value) = rest.split_at_checked(chars.checked_mul(2)?)?;
+    let name = utf16(name)?;
+    let detail = if event_type.0 == 0x8000_00e0 {
+        // Shim logs the certificate with a data length that does not match; the
+        // certificate's own encoding says where it ends.
+        authority(value).map(|s| format!(": {s}"))
+    } else if usize::try_from(u64::from_le_bytes(*data_len)).ok() == Some(value.len()) {
+        variable_value(&name, value)
+    } else {
+        // A value cut short or padded: the name alone.
+        None
+    };
+    Some(format!("{name}{}", detail.unwrap_or_default()))
+}
+
+/// What the value of a well-known variable says, after its name.
+fn variable_value(name: &str, value: &[u8]) -> Option<String> {
+    match name {
+        "SecureBoot" | "DeployedMode" | "AuditMode" | "SetupMode" => match value {
+            [0] => Some(" off".into()),
+            [1] => Some(" on".into()),
+            _ => None,
+        },
+        "PK" | "KEK" | "db" | "dbx" | "dbt" | "dbr" | "MokList" | "MokListX" | "SbatLevel" => {
+            signature_lists(value).map(|s| format!(": {s}"))
+        }
+        "BootOrder" | "DriverOrder" => {
+            let entries: Vec<String> = value
+                .chunks_exact(2)
+                .filter_map(|c| c.try_into().ok().map(u16::from_le_bytes))
+                .map(|n| format!("{n:04X}"))
+                .collect();
+            let whole = value.len().is_multiple_of(2) && !entries.is_empty();
+            whole.then(|| format!(" {}", entries.join(",")))
+        }
+        _ if is_load_option(name) => {
+            // EFI_LOAD_OPTION: attributes, the device path's length, a UTF-16 description.
+            let (_attributes, rest) = value.split_first_chunk::<6>()?;
+            let text = utf16(rest)?;
+            (!text.is_empty()).then(|| format!(" \"{text}\""))
+        }
+        _ => None,
+    }
+}
+
+/// `Boot0001`, `Driver000A`, `SysPrep0002`: a load option.
+fn is_load_option(name: &str) -> bool {
+    ["Boot", "Driver", "SysPrep", "PlatformRecovery"]
+        .iter()
+        .any(|prefix| {
+            name.strip_prefix(prefix).is_some_and(|n| {
+                n.len() == 4
+                    && n.chars()
+                        .all(|c| c.is_ascii_hexdigit() && !c.is_lowercase())
+            })
+        })
+}
+
+/// A sequence of `EFI_SIGNATURE_LIST`s: `2 certificates`, `77 SHA-256 hashes`, `empty`.
+fn signature_lists(mut value: &[u8]) -> Option<String> {
+    if value.is_empty() {
+        return Some("empty".into());
+    }
+    let (mut certificates, mut hashes, mut other) = (0u64, 0u64, 0u64);
+    while !value.is_empty() {
+        let (kind, rest) = value.split_first_chunk::<16>()?;
+        let (list_size, rest) = rest.split_first_chunk::<4>()?;
+        let (header_size, rest) = rest.split_first_chunk::<4>()?;
+        let (entry_size, _) = rest.split_first_chunk::<4>()?;
+        let list_size = usize::try_from(u32::from_le_bytes(*list_size)).ok()?;
+        let header_size = usize::try_from(u32::from_le_bytes(*header_size)).ok()?;
+        let entry_size = usize::try_from(u32::from_le_bytes(*entry_size)).ok()?;
+        let entries = list_size.checked_sub(28)?.checked_sub(header_size)?;
+        if entry_size == 0 || !entries.is_multiple_of(entry_size) {
+            return None;
+        }
+        let n = u64::try_from(entries / entry_size).ok()?;
+        match *kind {
+            CERT_X509_GUID => certificates += n,
+            CERT_SHA256_GUID => hashes += n,
+            _ => other += n,
+        }
+        value = value.get(list_size..)?;
+    }
+    let parts: Vec<String> = [
+        (certificates, "certificate", "certificates"),
+        (hashes, "SHA-256 hash", "SHA-256 hashes"),
+        (other, "other entry", "other entries"),
+    ]
+    .iter()
+    .filter(|(n, _, _)| *n > 0)
+    .map(|(n, one, many)| format!("{n} {}", if *n == 1 { one } else { many }))
+    .collect();
+    Some(if parts.is_empty() {
+        "empty".into()
+    } else {
+        parts.join(", ")
+    })
+}
+
+/// `EV_EFI_VARIABLE_AUTHORITY` data: the `EFI_SIGNATURE_DATA` (owner GUID, then the
+/// certificate) that authorised an image, or the bare certificate (as shim logs it). The
+/// description is the certificate's subject common name.
+fn authority(value: &[u8]) -> Option<String> {
+    use x509_parser::prelude::FromDer;
+    let cert = [value.get(16..), Some(value)]
+        .into_iter()
+        .flatten()
+        .find_map(|der| {
+            x509_parser::certificate::X509Certificate::from_der(der)
+                .ok()
+                .map(|(_, c)| c)
+        })?;
+    let subject = cert.subject();
+    let cn = subject.iter_common_name().next()?.as_str().ok()?;
+    (!cn.is_empty() && !cn.chars().any(char::is_control)).then(|| cn.to_owned())
+}
+
+/// `UEFI_IMAGE_LOAD_EVENT`: the image's location and length in memory, its link-time
+/// address, the length of its device path and the path. The description is the file path
+/// the path ends in, if any, and the image's size: `\EFI\BOOT\BOOTX64.EFI, image of
+/// 0x120af8 bytes`.
+fn image(data: &[u8]) -> Option<String> {
+    let (_location, rest) = data.split_first_chunk::<8>()?;
+    let (len, rest) = rest.split_first_chunk::<8>()?;
+    let size = format!("image of {:#x} bytes", u64::from_le_bytes(*len));
+    let path = rest
+        .split_first_chunk::<16>()
+        .and_then(|(link_and_len, path)| {
+            let (_, path_len) = link_and_len.split_first_chunk::<8>()?;
+            let path_len = usize::try_from(u64::from_le_bytes(path_len.try_into().ok()?)).ok()?;
+            file_path(path.get(..path_len)?)
+        });
+    Some(match path {
+        Some(p) => format!("{p}, {size}"),
+        None => size,
+    })
+}
+
+/// The file path nodes (media, file path) of a UEFI device path, joined: `\EFI\BOOT\X.EFI`.
+fn file_path(mut path: &[u8]) -> Option<String> {
+    let mut out = String::new();
+    while let Some((&[kind, subtype, l0, l1], rest)) = path.split_first_chunk::<4>() {
+        let len = usize::from(u16::from_le_bytes([l0, l1]));
+        // The end node, or a malformed one: stop.
+        if kind == 0x7f || len < 4 {
+            break;
+        }
+        let body = rest.get(..len - 4)?;
+        if (kind, subtype) == (4, 4) {
+            out.push_str(&utf16(body)?);
+        }
+        path = rest.get(len - 4..)?;
+    }
+    (!out.is_empty()).then_some(out)
+}
+
+/// `UEFI_GPT_DATA`: the partition table header (92 bytes), the number of partitions and
+/// the partition entries. The description counts them and names those with a name:
+/// `GPT, 3 partitions: EFI System, root, home`.
+fn gpt(data: &[u8]) -> Option<String> {
+    let (header, rest) = data.split_first_chunk::<92>()?;
+    if !header.starts_with(b"EFI PART") {
+        return None;
+    }
+    let entry_size: [u8; 4] = header.get(84..88)?.try_into().ok()?;
+    let entry_size = usize::try_from(u32::from_le_bytes(entry_size)).ok()?;
+    let (count, entries) = rest.split_first_chunk::<8>()?;
+    let count = u64::from_le_bytes(*count);
+    if entry_size < 128
+        || Some(entries.len()) != usize::try_from(count).ok()?.checked_mul(entry_size)
+    {
+        return None;
+    }
+    let names: Vec<String> = entries
+        .chunks_exact(entry_size)
+        .filter_map(|e| utf16(e.get(56..128)?))
+        .filter(|n| !n.is_empty())
+        .collect();
+    let plural = if count == 1 { "" } else { "s" };
+    Some(if names.is_empty() {
+        format!("GPT, {count} partition{plural}")
+    } else {
+        format!("GPT, {count} partition{plural}: {}", names.join(", "))
+    })
 }
 
 /// `TCG_PCClientTaggedEvent`: an ID, a size and that much data.
@@ -612,23 +877,26 @@ fn tagged_event(data: &[u8]) -> Option<String> {
     }
 }
 
-/// `UEFI_VARIABLE_DATA`: the vendor GUID, the name length in characters, the data length,
-/// the UTF-16 name, the data. The description is the name.
-fn variable_name(data: &[u8]) -> Option<String> {
-    let (_guid, rest) = data.split_first_chunk::<16>()?;
-    let (name_len, rest) = rest.split_first_chunk::<8>()?;
-    let (_data_len, rest) = rest.split_first_chunk::<8>()?;
-    let chars = usize::try_from(u64::from_le_bytes(*name_len)).ok()?;
-    utf16(rest.get(..chars.checked_mul(2)?)?)
-}
-
-/// Printable ASCII up to the first NUL, shortened; `None` when empty or not printable.
+/// Printable ASCII up to the first NUL, each run of white space (a GRUB command's newlines)
+/// made one space, shortened; `None` when empty or not printable.
 fn ascii(data: &[u8]) -> Option<String> {
     let text = data.split(|b| *b == 0).next()?;
-    if text.is_empty() || !text.iter().all(|b| *b == b' ' || b.is_ascii_graphic()) {
+    if text.is_empty()
+        || !text
+            .iter()
+            .all(|b| b.is_ascii_graphic() || b.is_ascii_whitespace())
+    {
         return None;
     }
-    Some(shorten(text.iter().map(|b| char::from(*b))))
+    let words: Vec<&[u8]> = text
+        .split(u8::is_ascii_whitespace)
+        .filter(|w| !w.is_empty())
+        .collect();
+    let joined = words.join(&b' ');
+    if joined.is_empty() {
+        return None;
+    }
+    Some(shorten(joined.iter().map(|b| char::from(*b))))
 }
 
 /// UTF-16LE up to the first NUL, shortened; `None` when not valid or not printable.

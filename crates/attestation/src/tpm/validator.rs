@@ -1,6 +1,6 @@
 //! The `tpm-quote` validator.
 
-use super::eventlog::{Event, EventLog};
+use super::eventlog::{Event, EventLog, pcr_start};
 use super::evidence::{QuoteEvidence, VARIANT};
 use super::structures::{QuoteInfo, alg};
 use super::trust::{AkKey, AkTrust};
@@ -277,21 +277,23 @@ fn explain_mismatches(
         };
         let events: Vec<&Event> = log.extended(index).collect();
         let references = measurements.reference_events(index);
+        let locality = log.startup_locality();
         let found = if references.is_empty() {
-            events
-                .iter()
-                .enumerate()
-                .map(|(k, e)| {
+            start_difference(index, locality, None, outcome)
+                .into_iter()
+                .chain(events.iter().enumerate().map(|(k, e)| {
                     Check::new(
                         event_field(index, k, Some(e)),
                         "(no reference events)",
                         digest_hex(e),
                         outcome,
                     )
-                })
+                }))
                 .collect()
         } else {
-            first_difference(index, &events, references, outcome)
+            let reference_locality = measurements.reference_startup_locality(index);
+            start_difference(index, locality, Some(reference_locality), outcome)
+                .or_else(|| first_difference(index, &events, references, outcome))
                 .into_iter()
                 .collect::<Vec<_>>()
         };
@@ -301,6 +303,35 @@ fn explain_mismatches(
         checks.extend(found);
     }
     checks
+}
+
+/// Where PCR `index` started before its first event ([`pcr_start`]), when that explains a
+/// difference: with reference events, when the log's startup locality starts the PCR
+/// elsewhere than the reference's; without, when it starts the PCR elsewhere than zero.
+/// Only PCR 0 can differ.
+fn start_difference(
+    index: PcrIndex,
+    locality: u8,
+    reference_locality: Option<u8>,
+    outcome: Outcome,
+) -> Option<Check> {
+    let start = pcr_start(index, locality);
+    let observed = format!("{} (startup locality {locality})", hex::encode(start));
+    let expected = match reference_locality {
+        Some(r) if pcr_start(index, r) == start => return None,
+        Some(r) => format!(
+            "{} (startup locality {r})",
+            hex::encode(pcr_start(index, r))
+        ),
+        None if start == [0; 32] => return None,
+        None => "(no reference events)".to_owned(),
+    };
+    Some(Check::new(
+        format!("PCR {index} start (StartupLocality)"),
+        expected,
+        observed,
+        outcome,
+    ))
 }
 
 /// The first position where the log's events of PCR `index` and the reference events

@@ -541,6 +541,19 @@ impl TdxVerifier {
         Ok((quote.version(), quote.report().clone(), outcome))
     }
 
+    /// The FMSPC of the platform that made `quote`, when a quote with the same signature
+    /// data (so the same PCK certificate) passed the collateral checks before: read from
+    /// that verified certificate, without parsing the quote's again. Only a hint for
+    /// choosing collateral; it vouches for nothing.
+    pub(crate) fn known_fmspc(&self, quote: &[u8]) -> Option<[u8; 6]> {
+        let quote = TdQuote::parse(quote).ok()?;
+        let cache = self.cache.lock().ok()?;
+        cache
+            .iter()
+            .find(|e| same_inputs(&e.inputs, &quote))
+            .map(|e| e.outcome.fmspc)
+    }
+
     fn cached(
         &self,
         quote: &TdQuote<'_>,

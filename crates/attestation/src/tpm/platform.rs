@@ -492,7 +492,13 @@ impl CvmAkTrust {
         // whatever the bundle holds. The verifier still refuses collateral for another
         // platform than the verified certificate's. A quote whose FMSPC cannot be read is
         // tried against each set, and refused by each.
-        let fmspc = quote_fmspc(quote);
+        // Reading it from the certificate costs more than the rest of a cached verification
+        // (PEM and X.509 parsing): a platform whose quote verified before is known by its
+        // exact signature data.
+        let fmspc = match self.tdx.known_fmspc(quote) {
+            Some(known) => Some(hex::encode_upper(known)),
+            None => quote_fmspc(quote),
+        };
         let candidates: Vec<&TdxCollateral> = self
             .tdx_collateral
             .0

@@ -103,10 +103,24 @@ fn any_launch() -> SnpPolicy {
     }
 }
 
-/// A policy with no TCB floor (the Azure report predates the default Milan floor).
+/// The Azure report's own TCB (boot loader 2, TEE 0, SNP 6, microcode 93): older than the
+/// default Milan floor, and the lowest of the three real reports, so each of them meets it.
+const AZURE_TCB: MinimumTcb = MinimumTcb {
+    bootloader: 2,
+    tee: 0,
+    snp: 6,
+    microcode: 93,
+    fmc: 0,
+};
+
+/// A policy whose Milan floor is the Azure report's own TCB (that report predates the
+/// default Milan floor); no floor for Genoa and Turin, as by default.
 fn no_floor() -> SnpPolicy {
     SnpPolicy {
-        minimum_tcb: PerProduct::default(),
+        minimum_tcb: PerProduct {
+            milan: Some(AZURE_TCB),
+            ..PerProduct::default()
+        },
         ..any_launch()
     }
 }
@@ -706,7 +720,7 @@ fn each_tcb_part_below_its_minimum_is_refused_naming_it() {
     ] {
         let policy = SnpPolicy {
             minimum_tcb: PerProduct {
-                milan: min,
+                milan: Some(min),
                 ..PerProduct::default()
             },
             ..no_floor()
@@ -717,7 +731,7 @@ fn each_tcb_part_below_its_minimum_is_refused_naming_it() {
     // Exactly at the minimum passes.
     let policy = SnpPolicy {
         minimum_tcb: PerProduct {
-            milan: base,
+            milan: Some(base),
             ..PerProduct::default()
         },
         ..no_floor()
@@ -733,10 +747,10 @@ fn the_fmc_minimum_applies_to_turin_layouts() {
     let report = SnpReport::parse(&case.report).unwrap();
     let policy = SnpPolicy {
         minimum_tcb: PerProduct {
-            turin: MinimumTcb {
+            turin: Some(MinimumTcb {
                 fmc: 4,
                 ..MinimumTcb::default()
-            },
+            }),
             ..PerProduct::default()
         },
         ..no_floor()
@@ -754,6 +768,46 @@ fn the_fmc_minimum_applies_to_turin_layouts() {
         (field.as_str(), expected.as_str(), observed.as_str()),
         ("reported_tcb.fmc", ">= 4", "3")
     );
+}
+
+#[test]
+fn a_product_without_a_configured_floor_is_refused_naming_the_knob() {
+    // No Genoa or Turin report is public: the Milan report's fields read as each of them,
+    // through the same field checks the verifier runs, under the default policy (no floor
+    // for either) and with the Milan floor it meets.
+    let case = milan();
+    let report = SnpReport::parse(&case.report).unwrap();
+    let policy = SnpPolicy {
+        minimum_tcb: PerProduct {
+            milan: SnpPolicy::default().minimum_tcb.milan,
+            ..PerProduct::default()
+        },
+        ..any_launch()
+    };
+    check_fields(
+        &report,
+        Product::Milan,
+        &policy,
+        &case.report_data,
+        &mut Explanation::default(),
+    )
+    .unwrap();
+    for (product, knob) in [
+        (Product::Genoa, "snp.minimumTcb.genoa"),
+        (Product::Turin, "snp.minimumTcb.turin"),
+    ] {
+        let err = check_fields(
+            &report,
+            product,
+            &SnpPolicy::default(),
+            &case.report_data,
+            &mut Explanation::default(),
+        )
+        .unwrap_err();
+        let (field, expected, _) = field_error(err);
+        assert_eq!(field, "reported_tcb", "{product}");
+        assert!(expected.contains(knob), "{product}: {expected}");
+    }
 }
 
 fn with_policy_bit(report: &[u8], bit: u32) -> Vec<u8> {
@@ -925,7 +979,7 @@ fn a_report_is_refused_without_a_reference_launch_measurement_unless_told_insecu
     let case = azure();
     let real = SnpReport::parse(&case.report).unwrap();
     let strict = SnpPolicy {
-        minimum_tcb: PerProduct::default(),
+        minimum_tcb: no_floor().minimum_tcb,
         ..SnpPolicy::default()
     };
     let (field, expected, observed) = field_error(verify(&case, strict.clone()).unwrap_err());

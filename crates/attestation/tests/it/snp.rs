@@ -1196,3 +1196,72 @@ fn the_kds_url_of_a_report_names_its_chip_and_tcb() {
         "https://kdsintf.amd.com/vlek/v1/Milan/cert_chain"
     );
 }
+
+/// A CRL naming ARK-Milan exactly as AMD's certificate does (same attributes, order and
+/// string types), signed by a key of our own: what anyone could put in a bundle.
+fn crl_in_the_name_of_ark_milan() -> Vec<u8> {
+    use rcgen::{
+        CertificateParams, CertificateRevocationListParams, DnType, DnValue, Issuer, KeyIdMethod,
+        KeyPair, SerialNumber, date_time_ymd,
+    };
+    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+    // rcgen starts with a common name of its own, which would come first.
+    p.distinguished_name = rcgen::DistinguishedName::new();
+    let utf8 = |s: &str| DnValue::Utf8String(s.into());
+    p.distinguished_name
+        .push(DnType::OrganizationalUnitName, utf8("Engineering"));
+    p.distinguished_name.push(
+        DnType::CountryName,
+        DnValue::PrintableString("US".try_into().unwrap()),
+    );
+    p.distinguished_name
+        .push(DnType::LocalityName, utf8("Santa Clara"));
+    p.distinguished_name
+        .push(DnType::StateOrProvinceName, utf8("CA"));
+    p.distinguished_name
+        .push(DnType::OrganizationName, utf8("Advanced Micro Devices"));
+    p.distinguished_name
+        .push(DnType::CommonName, utf8("ARK-Milan"));
+    let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384).unwrap();
+    CertificateRevocationListParams {
+        this_update: date_time_ymd(2025, 1, 1),
+        next_update: date_time_ymd(2026, 1, 1),
+        crl_number: SerialNumber::from(vec![1]),
+        issuing_distribution_point: None,
+        revoked_certs: Vec::new(),
+        key_identifier_method: KeyIdMethod::Sha256,
+    }
+    .signed_by(&Issuer::new(p, key))
+    .unwrap()
+    .der()
+    .to_vec()
+}
+
+#[test]
+fn with_a_crl_bundle_the_ask_needs_a_crl_its_ark_signed() {
+    use asterism_attestation::revocation::CrlBundle;
+    use std::sync::Arc;
+    let case = azure();
+    let with = |files: Vec<(&str, Vec<u8>)>| {
+        SnpVerifier::new(no_floor())
+            .with_crls(Arc::new(CrlBundle::from_files(files).unwrap()))
+            .verify(&case.report, &case.certs, &case.report_data, now())
+            .map(|_| ())
+    };
+    // Without a bundle nothing is checked (every other test).
+    verify(&case, no_floor()).unwrap();
+
+    // A bundle without ARK-Milan's CRL cannot vouch for the ASK.
+    let (which, reason) = cert_error(with(Vec::new()).unwrap_err());
+    assert!(which.contains("ARK-Milan"), "{which}");
+    assert!(reason.contains("none in the CRL bundle"), "{reason}");
+
+    // A CRL in ARK-Milan's name that ARK-Milan did not sign is refused, not trusted.
+    let forged = crl_in_the_name_of_ark_milan();
+    let (which, reason) = cert_error(with(vec![("ark-milan.crl", forged)]).unwrap_err());
+    assert!(
+        which.contains("ark-milan.crl") && which.contains("ARK-Milan"),
+        "{which}"
+    );
+    assert!(reason.contains("not signed by its issuer"), "{reason}");
+}

@@ -85,6 +85,13 @@ pub const PLATFORM_CA_FILE: &str = "platform-ca.pem";
 /// node with, as flags of the join service and the files they name.
 pub fn join_service_trust(ak: &AkTrustArgs) -> Result<JoinServiceTrust> {
     let mut trust = JoinServiceTrust::default();
+    if !ak.cvm_crl.is_empty() {
+        // Refused rather than dropped: the join service would run without the bundle.
+        bail!(
+            "--cvm-crl is not handed on to the join service this command deploys yet; \
+             deploy the join service with --cvm-crl yourself"
+        );
+    }
     let add_file = |trust: &mut JoinServiceTrust, flag: &str, name: String, path: &Path| {
         let bytes = asterism_binkit::read_capped(path, MAX_TRUST_FILE)?;
         let text =

@@ -30,7 +30,8 @@
 //! Every member is optional; an absent one keeps the default ([`SnpPolicy::default`],
 //! [`TdxPolicy::default`]); unknown members are refused, so a misspelt knob is an error and
 //! not a silent default. A product's `minimumTcb` entry replaces that product's floor
-//! whole (absent parts are 0). `"vmpl": null` accepts any VMPL.
+//! whole (absent parts are 0). Genoa and Turin have no default floor: their reports are
+//! refused until the file sets one. `"vmpl": null` accepts any VMPL.
 
 use crate::explain::Reference;
 use crate::snp::{MinimumTcb, SnpPolicy};
@@ -89,13 +90,13 @@ impl CvmPolicy {
 fn apply_snp(p: &mut SnpPolicy, f: SnpRepr) -> Result<(), CvmPolicyError> {
     if let Some(m) = f.minimum_tcb {
         if let Some(t) = m.milan {
-            p.minimum_tcb.milan = t.into();
+            p.minimum_tcb.milan = Some(t.into());
         }
         if let Some(t) = m.genoa {
-            p.minimum_tcb.genoa = t.into();
+            p.minimum_tcb.genoa = Some(t.into());
         }
         if let Some(t) = m.turin {
-            p.minimum_tcb.turin = t.into();
+            p.minimum_tcb.turin = Some(t.into());
         }
     }
     if let Some(v) = f.allow_migration_agent {
@@ -301,8 +302,9 @@ mod tests {
             d = "ab".repeat(48)
         );
         let p = CvmPolicy::from_json(json.as_bytes()).unwrap();
-        assert_eq!(p.snp.minimum_tcb.genoa.bootloader, 9);
-        assert_eq!(p.snp.minimum_tcb.genoa.snp, 23);
+        let genoa = p.snp.minimum_tcb.genoa.unwrap();
+        assert_eq!((genoa.bootloader, genoa.snp), (9, 23));
+        assert_eq!(p.snp.minimum_tcb.turin, None, "no floor unless one is set");
         assert_eq!(
             p.snp.minimum_tcb.milan,
             SnpPolicy::default().minimum_tcb.milan

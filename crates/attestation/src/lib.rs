@@ -18,6 +18,7 @@ pub mod cvm_policy;
 pub mod explain;
 pub mod hcl;
 pub mod measurements;
+pub mod revocation;
 pub mod snp;
 pub mod tdx;
 pub mod tpm;
@@ -118,6 +119,16 @@ pub enum ValidationError {
         which: String,
         /// Why it was refused (signature, validity period, issuer, extension, revoked).
         reason: String,
+    },
+    /// A certificate of the chain is listed by a verified, current CRL of its issuer.
+    #[error("certificate {which} (serial {serial}) is revoked by the CRL of {issuer}")]
+    Revoked {
+        /// Which one (`ASK`, `ASVK`, `PCK CA`, `PCK`).
+        which: String,
+        /// Its serial number, hex, as encoded in the certificate.
+        serial: String,
+        /// The issuer of the CRL that lists it.
+        issuer: String,
     },
 }
 

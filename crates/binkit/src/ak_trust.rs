@@ -2,8 +2,10 @@
 //! make.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use asterism_attestation::cvm_policy::CvmPolicy;
+use asterism_attestation::revocation::CrlBundle;
 use asterism_attestation::tdx::TdxCollateral;
 use asterism_attestation::tpm::{CvmAkTrust, CvmPlatform, MissingReferences, TdxCollateralSet};
 use asterism_attestation::{
@@ -43,6 +45,15 @@ pub struct AkTrustArgs {
     /// Repeatable. Verification never fetches collateral.
     #[arg(long, value_name = "PATH", requires = "confidential_vm")]
     pub tdx_collateral: Vec<PathBuf>,
+
+    /// With --confidential-vm: certificate revocation lists, DER or PEM X.509 CRLs, a file
+    /// or a directory of `*.crl`, `*.der` and `*.pem` files (the offline bundle): AMD's
+    /// ARK CRLs from KDS (revoked ASKs and ASVKs), Intel's SGX Root CA and PCK CA CRLs.
+    /// Repeatable. With it, a report whose chain the bundle cannot vouch for (no CRL of an
+    /// issuer, one not signed by it, one past its nextUpdate) is refused; without it
+    /// SEV-SNP revocation is not checked (warned at start).
+    #[arg(long, value_name = "PATH", requires = "confidential_vm")]
+    pub cvm_crl: Vec<PathBuf>,
 
     /// INSECURE, with --confidential-vm: accept hardware reports whose launch the
     /// measurements file pins with no reference value (SEV-SNP: the launch measurement;
@@ -98,6 +109,18 @@ pub enum AkTrustArgsError {
     /// A TDX collateral directory could not be listed.
     #[error("listing TDX collateral in {}", path.display())]
     TdxCollateralDir {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A CRL file is not valid.
+    #[error("CRL bundle")]
+    Crl(#[source] asterism_attestation::revocation::CrlError),
+    /// A CRL directory could not be listed.
+    #[error("listing CRLs in {}", path.display())]
+    CrlDir {
         /// The directory.
         path: PathBuf,
         /// Why.
@@ -248,6 +271,43 @@ impl AkTrustArgs {
         } else {
             trust
         };
+        let trust = if self.cvm_crl.is_empty() {
+            if platform == CvmPlatform::AzureTdx {
+                tracing::warn!(
+                    %platform,
+                    "no CRL bundle (--cvm-crl): revocation is checked only against the CRLs \
+                     in the TDX collateral"
+                );
+            } else {
+                tracing::warn!(
+                    %platform,
+                    "no CRL bundle (--cvm-crl): certificate revocation is NOT checked; a \
+                     revoked ASK or ASVK would still be accepted"
+                );
+            }
+            trust
+        } else {
+            let bundle = crl_bundle(&self.cvm_crl)?;
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+            for crl in bundle.summaries() {
+                let expired = crl.next_update.is_none_or(|next| next < now);
+                if expired {
+                    tracing::warn!(
+                        file = %crl.file, issuer = %crl.issuer, next_update = ?crl.next_update,
+                        "CRL is past its nextUpdate: chains it covers are refused until the \
+                         bundle is refreshed"
+                    );
+                } else {
+                    tracing::info!(
+                        file = %crl.file, issuer = %crl.issuer, revoked = crl.revoked,
+                        next_update = ?crl.next_update, "CRL loaded"
+                    );
+                }
+            }
+            trust.with_crls(Arc::new(bundle))
+        };
         tracing::info!(%platform, "attestation keys are trusted through the confidential VM's hardware report");
         Ok(AkTrust::confidential_vm(trust))
     }
@@ -291,6 +351,47 @@ fn tdx_collateral(paths: &[PathBuf]) -> Result<Vec<TdxCollateral>, AkTrustArgsEr
         .collect()
 }
 
+/// Largest CRL file read.
+const MAX_CRL_FILE: u64 = asterism_attestation::revocation::MAX_CRL_LEN as u64;
+
+/// Reads a CRL bundle from files and directories of `*.crl`, `*.der` and `*.pem` files, in
+/// a fixed order.
+fn crl_bundle(paths: &[PathBuf]) -> Result<CrlBundle, AkTrustArgsError> {
+    let mut files = Vec::new();
+    for path in paths {
+        if path.is_dir() {
+            let listing = |source| AkTrustArgsError::CrlDir {
+                path: path.clone(),
+                source,
+            };
+            let mut found = Vec::new();
+            for entry in std::fs::read_dir(path).map_err(listing)? {
+                let file = entry.map_err(listing)?.path();
+                if file
+                    .extension()
+                    .is_some_and(|e| e == "crl" || e == "der" || e == "pem")
+                {
+                    found.push(file);
+                }
+            }
+            found.sort();
+            files.extend(found);
+        } else {
+            files.push(path.clone());
+        }
+    }
+    let contents = files
+        .into_iter()
+        .map(|file| {
+            Ok((
+                file.display().to_string(),
+                read_capped(&file, MAX_CRL_FILE)?,
+            ))
+        })
+        .collect::<Result<Vec<_>, AkTrustArgsError>>()?;
+    CrlBundle::from_files(contents).map_err(AkTrustArgsError::Crl)
+}
+
 /// Reads and parses a platform CA file.
 pub fn platform_ca(path: &Path) -> Result<PlatformCa, AkTrustArgsError> {
     let pem = read_capped(path, MAX_CA_FILE)?;
@@ -332,6 +433,49 @@ mod tests {
             Err(AkTrustArgsError::NotExactlyOne)
         ));
         assert!(AkTrustArgs::pinned(["ab".repeat(32)]).ak_trust().is_ok());
+    }
+
+    /// A DER CRL from the real TDX collateral JSON (hex under `key`).
+    fn collateral_crl(key: &str) -> Vec<u8> {
+        let json =
+            include_str!("../../attestation/tests/data/cvm/tdx-dcap/tdx_quote_collateral.json");
+        let start = json.find(&format!("\"{key}\"")).unwrap();
+        let hex = json[start..].split('"').nth(3).unwrap();
+        (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn a_crl_bundle_is_read_from_a_directory_and_a_bad_file_is_refused_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let crls = dir.path().join("crls");
+        std::fs::create_dir(&crls).unwrap();
+        std::fs::write(crls.join("root.crl"), collateral_crl("root_ca_crl")).unwrap();
+        std::fs::write(crls.join("pck.der"), collateral_crl("pck_crl")).unwrap();
+        std::fs::write(crls.join("README"), "not a CRL").unwrap();
+        let args = AkTrustArgs {
+            confidential_vm: Some(CvmPlatform::AzureSevSnp),
+            cvm_crl: vec![crls.clone()],
+            ..AkTrustArgs::default()
+        };
+        match args.ak_trust().unwrap() {
+            AkTrust::ConfidentialVm(trust) => assert_eq!(trust.crls().unwrap().len(), 2),
+            other => panic!("expected a confidential-VM trust, got {other:?}"),
+        }
+        // Without the flag there is no bundle (and a warning at start).
+        let none = AkTrustArgs {
+            cvm_crl: Vec::new(),
+            ..args.clone()
+        };
+        match none.ak_trust().unwrap() {
+            AkTrust::ConfidentialVm(trust) => assert!(trust.crls().is_none()),
+            other => panic!("expected a confidential-VM trust, got {other:?}"),
+        }
+
+        std::fs::write(crls.join("bad.pem"), "not a CRL").unwrap();
+        assert!(matches!(args.ak_trust(), Err(AkTrustArgsError::Crl(_))));
     }
 
     #[test]

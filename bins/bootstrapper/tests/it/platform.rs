@@ -23,7 +23,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use asterism_attestation::explain::Outcome;
 use asterism_attestation::explain::Reference;
 use asterism_attestation::hcl::{HCL_REPORT_NV_INDEX, HardwareKind, HardwareReport, HclReport};
-use asterism_attestation::snp::{PerProduct, SnpPolicy, SnpReport};
+use asterism_attestation::snp::{MinimumTcb, PerProduct, SnpPolicy, SnpReport};
 use asterism_attestation::tpm::{
     AkTrust, AzureSnp, AzureTdx, CvmAkTrust, CvmPlatform, PlatformKind, TpmQuoteValidator,
 };
@@ -296,9 +296,19 @@ async fn azure_snp_report_and_thim_certs_verify_and_only_the_foreign_ak_is_refus
     let rd = ReportData::atls(Role::Client, &[7; 32]);
     let evidence = issuer.issue(&rd).unwrap();
     let policy = SnpPolicy {
-        // The test report is older than the default TCB floors (tested on their own in
-        // asterism-attestation).
-        minimum_tcb: PerProduct::default(),
+        // The Milan floor at the test report's own TCB (boot loader 2, TEE 0, SNP 6,
+        // microcode 93), which the default floor refuses (the floors are tested on their
+        // own in asterism-attestation).
+        minimum_tcb: PerProduct {
+            milan: Some(MinimumTcb {
+                bootloader: 2,
+                tee: 0,
+                snp: 6,
+                microcode: 93,
+                fmc: 0,
+            }),
+            ..PerProduct::default()
+        },
         ..SnpPolicy::default()
     };
     let trust = CvmAkTrust::sev_snp(CvmPlatform::AzureSevSnp, policy).unwrap();

@@ -16,6 +16,7 @@ use x509_parser::pem::Pem;
 use x509_parser::prelude::FromDer;
 use x509_parser::signature_algorithm::SignatureAlgorithm;
 use x509_parser::time::ASN1Time;
+use x509_parser::x509::{AlgorithmIdentifier, SubjectPublicKeyInfo};
 
 use super::{Product, SignerKind};
 use crate::ValidationError;
@@ -323,6 +324,10 @@ pub(crate) struct VerifiedChain {
     pub leaf_key: Vec<u8>,
     pub leaf: LeafExtensions,
     pub windows: Vec<Window>,
+    /// The intermediate (ASK or ASVK) and the ARK that signed it, DER, for the revocation
+    /// check that runs on every use (a CRL expires).
+    pub intermediate_der: Vec<u8>,
+    pub ark_der: Vec<u8>,
 }
 
 fn cert_error(which: &str, reason: impl Into<String>) -> ValidationError {
@@ -358,13 +363,31 @@ fn common_name(cert: &X509Certificate<'_>) -> String {
 /// Checks that `issuer` signed `subject` with RSASSA-PSS, SHA-384, MGF1-SHA-384 and a
 /// 48-byte salt, the only scheme AMD uses for these certificates.
 fn verify_pss(issuer: &X509Certificate<'_>, subject: &X509Certificate<'_>) -> Result<(), String> {
-    if subject.signature_algorithm.algorithm != OID_PKCS1_RSASSAPSS {
+    verify_pss_raw(
+        issuer.public_key(),
+        &subject.signature_algorithm,
+        subject.tbs_certificate.as_ref(),
+        &subject.signature_value.data,
+    )
+    .map_err(|e| e.replace("{issuer}", &common_name(issuer)))
+}
+
+/// Checks an RSASSA-PSS signature (SHA-384, MGF1-SHA-384, 48-byte salt: AMD's only scheme,
+/// for certificates and CRLs alike) by the RSA key `spki` over `signed`. A failed
+/// verification says `{issuer}`, for the caller to name the key.
+pub(crate) fn verify_pss_raw(
+    spki: &SubjectPublicKeyInfo<'_>,
+    algorithm: &AlgorithmIdentifier<'_>,
+    signed: &[u8],
+    signature_value: &[u8],
+) -> Result<(), String> {
+    if algorithm.algorithm != OID_PKCS1_RSASSAPSS {
         return Err(format!(
             "signature algorithm {}, expected RSASSA-PSS",
-            subject.signature_algorithm.algorithm
+            algorithm.algorithm
         ));
     }
-    let params = match SignatureAlgorithm::try_from(&subject.signature_algorithm) {
+    let params = match SignatureAlgorithm::try_from(algorithm) {
         Ok(SignatureAlgorithm::RSASSA_PSS(p)) => p,
         _ => return Err("unreadable RSASSA-PSS parameters".into()),
     };
@@ -377,7 +400,6 @@ fn verify_pss(issuer: &X509Certificate<'_>, subject: &X509Certificate<'_>) -> Re
     {
         return Err("RSASSA-PSS parameters are not SHA-384 with a 48-byte salt".into());
     }
-    let spki = issuer.public_key();
     if spki.algorithm.algorithm != OID_PKCS1_RSAENCRYPTION {
         return Err("the issuer's key is not an RSA key".into());
     }
@@ -385,11 +407,8 @@ fn verify_pss(issuer: &X509Certificate<'_>, subject: &X509Certificate<'_>) -> Re
         &signature::RSA_PSS_2048_8192_SHA384,
         &spki.subject_public_key.data,
     )
-    .verify(
-        subject.tbs_certificate.as_ref(),
-        &subject.signature_value.data,
-    )
-    .map_err(|_| format!("signature does not verify under {}", common_name(issuer)))
+    .verify(signed, signature_value)
+    .map_err(|_| "signature does not verify under {issuer}".to_string())
 }
 
 fn window(which: &str, cert: &X509Certificate<'_>) -> Window {
@@ -633,6 +652,8 @@ pub(crate) fn verify_chain(
         leaf_key,
         leaf: leaf_ext,
         windows: vec![ark_window, int_window, leaf_window],
+        intermediate_der: int_der.to_vec(),
+        ark_der: ark_der.to_vec(),
     })
 }
 

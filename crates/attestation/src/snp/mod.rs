@@ -27,6 +27,7 @@ mod policy;
 mod report;
 mod verify;
 
+pub(crate) use certs::verify_pss_raw;
 pub use certs::{SnpCerts, embedded_ark, embedded_intermediate};
 pub use policy::{MinimumTcb, PerProduct, SnpPolicy, check_fields};
 pub use report::{

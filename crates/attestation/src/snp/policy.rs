@@ -35,6 +35,15 @@ pub struct PerProduct<T> {
 }
 
 impl<T: Copy> PerProduct<T> {
+    /// `value` for every product.
+    pub fn same(value: T) -> Self {
+        Self {
+            milan: value,
+            genoa: value,
+            turin: value,
+        }
+    }
+
     /// The value for `product`.
     pub fn get(&self, product: Product) -> T {
         match product {
@@ -47,9 +56,10 @@ impl<T: Copy> PerProduct<T> {
 
 /// What a verified SEV-SNP report must show besides a valid signature and chain.
 ///
-/// The default: the Milan TCB floor of AMD's 2023 firmware and microcode (boot loader 3,
-/// TEE 0, SNP 8, microcode 115) and no floor for Genoa and Turin (set one for the fleet);
-/// debug always refused; no migration agent; SMT allowed (every cloud runs its hosts with
+/// The default: a Milan TCB floor of boot loader 3, TEE 0, SNP 8, microcode 115 (the TCB of
+/// AMD's 2023 Milan firmware and microcode, kept as the default; `docs/attestation.md`
+/// section 8 says why it is not raised here) and no floor for Genoa and Turin, whose reports
+/// are therefore refused until the operator sets one; debug always refused; no migration agent; SMT allowed (every cloud runs its hosts with
 /// SMT); VMPL 0 (the report must come from the most privileged level, the guest firmware or
 /// the cloud's paravisor); VCEK and VLEK both accepted (a cloud's trust mode narrows this to
 /// its own signer, [`crate::tpm::CvmAkTrust::sev_snp`]); no reference for the host data or
@@ -58,8 +68,10 @@ impl<T: Copy> PerProduct<T> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SnpPolicy {
     /// Minimum SVNs applied to `reported_tcb` (the TCB the signing key was issued for),
-    /// `launch_tcb` and `committed_tcb`; the current TCB is reported, not checked.
-    pub minimum_tcb: PerProduct<MinimumTcb>,
+    /// `launch_tcb` and `committed_tcb`; the current TCB is reported, not checked. A product
+    /// without a floor (`None`) has every report refused: a floor is a mandatory input, and
+    /// accepting any firmware takes an explicit all-zero [`MinimumTcb`].
+    pub minimum_tcb: PerProduct<Option<MinimumTcb>>,
     /// Accept a guest that may be associated with a migration agent.
     pub allow_migration_agent: bool,
     /// Accept a guest whose policy lets the host use SMT.
@@ -88,15 +100,15 @@ impl Default for SnpPolicy {
     fn default() -> Self {
         Self {
             minimum_tcb: PerProduct {
-                milan: MinimumTcb {
+                milan: Some(MinimumTcb {
                     bootloader: 3,
                     tee: 0,
                     snp: 8,
                     microcode: 115,
                     fmc: 0,
-                },
-                genoa: MinimumTcb::default(),
-                turin: MinimumTcb::default(),
+                }),
+                genoa: None,
+                turin: None,
             },
             allow_migration_agent: false,
             allow_smt: true,
@@ -173,32 +185,45 @@ pub fn check_fields(
         hex::encode(report.report_data),
     ));
 
-    let min = policy.minimum_tcb.get(product);
     // The reported TCB is the one the VCEK or VLEK certifies. The launch TCB is the
     // firmware the guest was launched (and its secrets provisioned) on, and the committed
     // TCB the oldest the host can return to: a host updated after the launch, or one that
     // can roll back below the floor, is refused as well.
-    for (name, raw) in [
-        ("reported_tcb", &report.reported_tcb),
-        ("launch_tcb", &report.launch_tcb),
-        ("committed_tcb", &report.committed_tcb),
-    ] {
-        let tcb = raw.parts(product);
-        if let Some(fmc) = tcb.fmc {
-            explanation.push(at_least(&format!("{name}.fmc"), min.fmc, fmc));
+    match policy.minimum_tcb.get(product) {
+        Some(min) => {
+            for (name, raw) in [
+                ("reported_tcb", &report.reported_tcb),
+                ("launch_tcb", &report.launch_tcb),
+                ("committed_tcb", &report.committed_tcb),
+            ] {
+                let tcb = raw.parts(product);
+                if let Some(fmc) = tcb.fmc {
+                    explanation.push(at_least(&format!("{name}.fmc"), min.fmc, fmc));
+                }
+                explanation.push(at_least(
+                    &format!("{name}.bootloader"),
+                    min.bootloader,
+                    tcb.bootloader,
+                ));
+                explanation.push(at_least(&format!("{name}.tee"), min.tee, tcb.tee));
+                explanation.push(at_least(&format!("{name}.snp"), min.snp, tcb.snp));
+                explanation.push(at_least(
+                    &format!("{name}.microcode"),
+                    min.microcode,
+                    tcb.microcode,
+                ));
+            }
         }
-        explanation.push(at_least(
-            &format!("{name}.bootloader"),
-            min.bootloader,
-            tcb.bootloader,
-        ));
-        explanation.push(at_least(&format!("{name}.tee"), min.tee, tcb.tee));
-        explanation.push(at_least(&format!("{name}.snp"), min.snp, tcb.snp));
-        explanation.push(at_least(
-            &format!("{name}.microcode"),
-            min.microcode,
-            tcb.microcode,
-        ));
+        None => explanation.push(Check::new(
+            "reported_tcb",
+            format!(
+                "a minimum TCB for {product} (none is configured: set snp.minimumTcb.{} in \
+                 the confidential-VM policy)",
+                product.name().to_ascii_lowercase()
+            ),
+            format!("{:016X}", report.reported_tcb.as_u64()),
+            Outcome::Fail,
+        )),
     }
     explanation.push(Check::pass_if(
         report.reported_tcb.reserved_is_zero(product),

@@ -11,6 +11,7 @@ use super::policy::{SnpPolicy, check_fields};
 use super::{Product, SignerKind, SnpReport, Tcb};
 use crate::ValidationError;
 use crate::explain::{Check, Explanation, Outcome};
+use crate::revocation::CrlBundle;
 
 /// How many verified chains the verifier remembers (a chain per chip and TCB; a cluster has
 /// far fewer). When full, one entry makes room for the next.
@@ -30,6 +31,7 @@ type CacheKey = [u8; 32];
 pub struct SnpVerifier {
     policy: SnpPolicy,
     roots: Roots,
+    crls: Option<Arc<CrlBundle>>,
     cache: Mutex<HashMap<CacheKey, Arc<VerifiedChain>>>,
 }
 
@@ -201,8 +203,24 @@ impl SnpVerifier {
         Self {
             policy,
             roots: Roots::embedded(),
+            crls: None,
             cache: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Also checks the intermediate (ASK or ASVK) against the CRLs of its ARK in `crls`,
+    /// on every verification: a report is refused when the intermediate is revoked, or when
+    /// the bundle has no verified, current CRL of that ARK ([`crate::revocation`]).
+    /// Without this no revocation is checked.
+    #[must_use]
+    pub fn with_crls(mut self, crls: Arc<CrlBundle>) -> Self {
+        self.crls = Some(crls);
+        self
+    }
+
+    /// The CRL bundle this verifier checks intermediates against, if any.
+    pub fn crls(&self) -> Option<&Arc<CrlBundle>> {
+        self.crls.as_ref()
     }
 
     /// The policy this verifier enforces.
@@ -320,6 +338,15 @@ impl SnpVerifier {
 
         let now_secs = unix_seconds(now);
         let chain = self.chain(certs, signer, now_secs, explanation)?;
+        if let Some(crls) = &self.crls {
+            crls.check(
+                signer.intermediate_name(),
+                &chain.intermediate_der,
+                &chain.ark_der,
+                now_secs,
+                explanation,
+            )?;
+        }
         check_leaf(&report, &chain, certs.tcbm(), explanation)?;
 
         let signature = report.signature_fixed();

@@ -28,7 +28,7 @@ mod quote;
 
 use std::fmt;
 use std::str::FromStr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use rustls_pki_types::UnixTime;
@@ -38,6 +38,7 @@ use subtle::ConstantTimeEq;
 use crate::ValidationError;
 use crate::explain::{Check, Explanation, Outcome, Reference};
 use crate::measurements::InsecureNoLaunchMeasurement;
+use crate::revocation::CrlBundle;
 
 pub use collateral::{
     MAX_COLLATERAL_LEN, PckCa, PckCollateralUrls, TdxCollateral, pck_collateral_urls,
@@ -289,6 +290,7 @@ const CACHE_ENTRIES: usize = 64;
 pub struct TdxVerifier {
     policy: TdxPolicy,
     cache: Mutex<Vec<CacheEntry>>,
+    crls: Option<Arc<CrlBundle>>,
 }
 
 impl fmt::Debug for TdxVerifier {
@@ -305,7 +307,24 @@ impl TdxVerifier {
         Self {
             policy,
             cache: Mutex::new(Vec::new()),
+            crls: None,
         }
+    }
+
+    /// Also checks the quote's PCK certificate against its PCK CA's CRLs, and the PCK CA
+    /// against the Intel SGX Root CA's, from `crls`, on every verification and in addition
+    /// to the CRLs of the collateral: a quote is refused when either is revoked, or when
+    /// the bundle has no verified, current CRL of the issuer ([`crate::revocation`]). Lets
+    /// an operator apply a newer revocation list than the collateral carries.
+    #[must_use]
+    pub fn with_crls(mut self, crls: Arc<CrlBundle>) -> Self {
+        self.crls = Some(crls);
+        self
+    }
+
+    /// The CRL bundle this verifier checks the PCK chain against, if any.
+    pub fn crls(&self) -> Option<&Arc<CrlBundle>> {
+        self.crls.as_ref()
     }
 
     /// The policy this verifier enforces.
@@ -529,6 +548,21 @@ impl TdxVerifier {
                 outcome
             }
         };
+
+        if let Some(crls) = &self.crls {
+            // The chain was verified to Intel's root above (now or for these exact bytes
+            // before): PCK ← PCK CA ← root. The root's key is the embedded one.
+            let pck_chain = chain::pem_chain(quote.pck_chain_pem(), "PCK")?;
+            let (Some(pck), Some(pck_ca)) = (pck_chain.first(), pck_chain.get(1)) else {
+                return Err(chain::cert_error(
+                    "PCK",
+                    "the quote's chain has no PCK CA certificate",
+                ));
+            };
+            let now = i64::try_from(now_secs).unwrap_or(i64::MAX);
+            crls.check("PCK", pck, pck_ca, now, ex)?;
+            crls.check("PCK CA", pck_ca, chain::INTEL_SGX_ROOT_CA, now, ex)?;
+        }
 
         check_fields(
             policy,

@@ -16,7 +16,7 @@
 use crate::common::*;
 use asterism_attestation::explain::Outcome;
 use asterism_attestation::hcl::{self, HardwareReport, HclReport, RuntimeData};
-use asterism_attestation::snp::{PerProduct, SignerKind, SnpPolicy, SnpReport};
+use asterism_attestation::snp::{MinimumTcb, PerProduct, SignerKind, SnpPolicy, SnpReport};
 use asterism_attestation::tdx::{
     TcbStatus, TdQuote, TdReport, TdReportKind, TdxCollateral, TdxPolicy, check_fields,
 };
@@ -211,11 +211,21 @@ fn references_for(platform: CvmPlatform) -> CvmReferences {
     }
 }
 
-/// The default policy without TCB floors: the test reports are older than the default
-/// Milan floor (the TCB minimums have tests of their own, in tests/snp.rs).
+/// The default policy with the Milan floor at the Azure report's own TCB (boot loader 2,
+/// TEE 0, SNP 6, microcode 93), which the default floor refuses; the AWS report is above
+/// it. The TCB minimums have tests of their own, in tests/snp.rs.
 fn policy() -> SnpPolicy {
     SnpPolicy {
-        minimum_tcb: PerProduct::default(),
+        minimum_tcb: PerProduct {
+            milan: Some(MinimumTcb {
+                bootloader: 2,
+                tee: 0,
+                snp: 6,
+                microcode: 93,
+                fmc: 0,
+            }),
+            ..PerProduct::default()
+        },
         ..SnpPolicy::default()
     }
 }

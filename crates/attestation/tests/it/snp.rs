@@ -103,10 +103,24 @@ fn any_launch() -> SnpPolicy {
     }
 }
 
-/// A policy with no TCB floor (the Azure report predates the default Milan floor).
+/// The Azure report's own TCB (boot loader 2, TEE 0, SNP 6, microcode 93): older than the
+/// default Milan floor, and the lowest of the three real reports, so each of them meets it.
+const AZURE_TCB: MinimumTcb = MinimumTcb {
+    bootloader: 2,
+    tee: 0,
+    snp: 6,
+    microcode: 93,
+    fmc: 0,
+};
+
+/// A policy whose Milan floor is the Azure report's own TCB (that report predates the
+/// default Milan floor); no floor for Genoa and Turin, as by default.
 fn no_floor() -> SnpPolicy {
     SnpPolicy {
-        minimum_tcb: PerProduct::default(),
+        minimum_tcb: PerProduct {
+            milan: Some(AZURE_TCB),
+            ..PerProduct::default()
+        },
         ..any_launch()
     }
 }
@@ -706,7 +720,7 @@ fn each_tcb_part_below_its_minimum_is_refused_naming_it() {
     ] {
         let policy = SnpPolicy {
             minimum_tcb: PerProduct {
-                milan: min,
+                milan: Some(min),
                 ..PerProduct::default()
             },
             ..no_floor()
@@ -717,7 +731,7 @@ fn each_tcb_part_below_its_minimum_is_refused_naming_it() {
     // Exactly at the minimum passes.
     let policy = SnpPolicy {
         minimum_tcb: PerProduct {
-            milan: base,
+            milan: Some(base),
             ..PerProduct::default()
         },
         ..no_floor()
@@ -733,10 +747,10 @@ fn the_fmc_minimum_applies_to_turin_layouts() {
     let report = SnpReport::parse(&case.report).unwrap();
     let policy = SnpPolicy {
         minimum_tcb: PerProduct {
-            turin: MinimumTcb {
+            turin: Some(MinimumTcb {
                 fmc: 4,
                 ..MinimumTcb::default()
-            },
+            }),
             ..PerProduct::default()
         },
         ..no_floor()
@@ -754,6 +768,46 @@ fn the_fmc_minimum_applies_to_turin_layouts() {
         (field.as_str(), expected.as_str(), observed.as_str()),
         ("reported_tcb.fmc", ">= 4", "3")
     );
+}
+
+#[test]
+fn a_product_without_a_configured_floor_is_refused_naming_the_knob() {
+    // No Genoa or Turin report is public: the Milan report's fields read as each of them,
+    // through the same field checks the verifier runs, under the default policy (no floor
+    // for either) and with the Milan floor it meets.
+    let case = milan();
+    let report = SnpReport::parse(&case.report).unwrap();
+    let policy = SnpPolicy {
+        minimum_tcb: PerProduct {
+            milan: SnpPolicy::default().minimum_tcb.milan,
+            ..PerProduct::default()
+        },
+        ..any_launch()
+    };
+    check_fields(
+        &report,
+        Product::Milan,
+        &policy,
+        &case.report_data,
+        &mut Explanation::default(),
+    )
+    .unwrap();
+    for (product, knob) in [
+        (Product::Genoa, "snp.minimumTcb.genoa"),
+        (Product::Turin, "snp.minimumTcb.turin"),
+    ] {
+        let err = check_fields(
+            &report,
+            product,
+            &SnpPolicy::default(),
+            &case.report_data,
+            &mut Explanation::default(),
+        )
+        .unwrap_err();
+        let (field, expected, _) = field_error(err);
+        assert_eq!(field, "reported_tcb", "{product}");
+        assert!(expected.contains(knob), "{product}: {expected}");
+    }
 }
 
 fn with_policy_bit(report: &[u8], bit: u32) -> Vec<u8> {
@@ -925,7 +979,7 @@ fn a_report_is_refused_without_a_reference_launch_measurement_unless_told_insecu
     let case = azure();
     let real = SnpReport::parse(&case.report).unwrap();
     let strict = SnpPolicy {
-        minimum_tcb: PerProduct::default(),
+        minimum_tcb: no_floor().minimum_tcb,
         ..SnpPolicy::default()
     };
     let (field, expected, observed) = field_error(verify(&case, strict.clone()).unwrap_err());
@@ -1141,4 +1195,73 @@ fn the_kds_url_of_a_report_names_its_chip_and_tcb() {
         kds::vlek_chain_url(Product::Milan),
         "https://kdsintf.amd.com/vlek/v1/Milan/cert_chain"
     );
+}
+
+/// A CRL naming ARK-Milan exactly as AMD's certificate does (same attributes, order and
+/// string types), signed by a key of our own: what anyone could put in a bundle.
+fn crl_in_the_name_of_ark_milan() -> Vec<u8> {
+    use rcgen::{
+        CertificateParams, CertificateRevocationListParams, DnType, DnValue, Issuer, KeyIdMethod,
+        KeyPair, SerialNumber, date_time_ymd,
+    };
+    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+    // rcgen starts with a common name of its own, which would come first.
+    p.distinguished_name = rcgen::DistinguishedName::new();
+    let utf8 = |s: &str| DnValue::Utf8String(s.into());
+    p.distinguished_name
+        .push(DnType::OrganizationalUnitName, utf8("Engineering"));
+    p.distinguished_name.push(
+        DnType::CountryName,
+        DnValue::PrintableString("US".try_into().unwrap()),
+    );
+    p.distinguished_name
+        .push(DnType::LocalityName, utf8("Santa Clara"));
+    p.distinguished_name
+        .push(DnType::StateOrProvinceName, utf8("CA"));
+    p.distinguished_name
+        .push(DnType::OrganizationName, utf8("Advanced Micro Devices"));
+    p.distinguished_name
+        .push(DnType::CommonName, utf8("ARK-Milan"));
+    let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384).unwrap();
+    CertificateRevocationListParams {
+        this_update: date_time_ymd(2025, 1, 1),
+        next_update: date_time_ymd(2026, 1, 1),
+        crl_number: SerialNumber::from(vec![1]),
+        issuing_distribution_point: None,
+        revoked_certs: Vec::new(),
+        key_identifier_method: KeyIdMethod::Sha256,
+    }
+    .signed_by(&Issuer::new(p, key))
+    .unwrap()
+    .der()
+    .to_vec()
+}
+
+#[test]
+fn with_a_crl_bundle_the_ask_needs_a_crl_its_ark_signed() {
+    use asterism_attestation::revocation::CrlBundle;
+    use std::sync::Arc;
+    let case = azure();
+    let with = |files: Vec<(&str, Vec<u8>)>| {
+        SnpVerifier::new(no_floor())
+            .with_crls(Arc::new(CrlBundle::from_files(files).unwrap()))
+            .verify(&case.report, &case.certs, &case.report_data, now())
+            .map(|_| ())
+    };
+    // Without a bundle nothing is checked (every other test).
+    verify(&case, no_floor()).unwrap();
+
+    // A bundle without ARK-Milan's CRL cannot vouch for the ASK.
+    let (which, reason) = cert_error(with(Vec::new()).unwrap_err());
+    assert!(which.contains("ARK-Milan"), "{which}");
+    assert!(reason.contains("none in the CRL bundle"), "{reason}");
+
+    // A CRL in ARK-Milan's name that ARK-Milan did not sign is refused, not trusted.
+    let forged = crl_in_the_name_of_ark_milan();
+    let (which, reason) = cert_error(with(vec![("ark-milan.crl", forged)]).unwrap_err());
+    assert!(
+        which.contains("ark-milan.crl") && which.contains("ARK-Milan"),
+        "{which}"
+    );
+    assert!(reason.contains("not signed by its issuer"), "{reason}");
 }

@@ -877,3 +877,51 @@ fn rejects_a_flipped_bit_anywhere_in_a_v5_body() {
         );
     }
 }
+
+/// The root CA and PCK CRLs the real collateral carries (DER, hex in the JSON): real CRLs
+/// signed by Intel, current at `NOW`.
+fn intel_crls() -> Vec<(String, Vec<u8>)> {
+    let json: serde_json::Value = serde_json::from_slice(COLLATERAL).unwrap();
+    ["root_ca_crl", "pck_crl"]
+        .into_iter()
+        .map(|k| {
+            (
+                k.to_owned(),
+                hex::decode(json[k].as_str().unwrap()).unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn verify_with_crls(crls: Vec<(String, Vec<u8>)>) -> Result<(), ValidationError> {
+    let bundle = asterism_attestation::revocation::CrlBundle::from_files(crls).unwrap();
+    let q = quote();
+    TdxVerifier::new(pinned_policy())
+        .with_crls(std::sync::Arc::new(bundle))
+        .verify(&q, &collateral(), &report_data(&q), at(NOW))
+        .map(|_| ())
+}
+
+#[test]
+fn an_offline_crl_bundle_checks_the_pck_and_its_ca_against_intels_signed_crls() {
+    // Intel's own CRLs, given as the bundle: the PCK and the PCK CA are listed by neither.
+    verify_with_crls(intel_crls()).unwrap();
+
+    // Without the PCK CA's CRL the PCK cannot be checked: refused, naming the issuer.
+    let root_only: Vec<_> = intel_crls().into_iter().take(1).collect();
+    let (which, reason) = certificate_of(verify_with_crls(root_only).unwrap_err());
+    assert!(
+        which.contains("PCK Platform CA") || which.contains("PCK Processor CA"),
+        "{which}"
+    );
+    assert!(reason.contains("none in the CRL bundle"), "{reason}");
+
+    // The PCK CRL with one bit of its signature flipped: refused as not Intel's.
+    let mut tampered = intel_crls();
+    let crl = &mut tampered[1].1;
+    let at = crl.len() - 5;
+    crl[at] ^= 1;
+    let (which, reason) = certificate_of(verify_with_crls(tampered).unwrap_err());
+    assert!(which.starts_with("CRL pck_crl"), "{which}");
+    assert!(reason.contains("not signed by its issuer"), "{reason}");
+}

@@ -6,7 +6,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use ring::signature::{self, UnparsedPublicKey};
 
-use super::certs::{Roots, SnpCerts, VerifiedChain, verify_chain};
+use super::certs::{self, LeafExtensions, Roots, SnpCerts, VerifiedChain, verify_chain};
 use super::policy::{SnpPolicy, check_fields};
 use super::{Product, SignerKind, SnpReport, Tcb};
 use crate::ValidationError;
@@ -104,10 +104,28 @@ fn check_leaf(
     tcbm: Option<u64>,
     explanation: &mut Explanation,
 ) -> Result<(), ValidationError> {
+    check_leaf_parts(
+        report,
+        chain.product,
+        chain.signer,
+        &chain.leaf,
+        tcbm,
+        explanation,
+    )
+}
+
+/// [`check_leaf`] for a leaf of `product` signed for `signer`, whether its chain was
+/// verified or not (an unverified leaf can only make a report fail earlier).
+fn check_leaf_parts(
+    report: &SnpReport,
+    product: Product,
+    signer: SignerKind,
+    leaf: &LeafExtensions,
+    tcbm: Option<u64>,
+    explanation: &mut Explanation,
+) -> Result<(), ValidationError> {
     let first = explanation.checks.len();
-    let product = chain.product;
-    let leaf_name = chain.signer.name();
-    let leaf = &chain.leaf;
+    let leaf_name = signer.name();
 
     explanation.push(Check::pass_if(
         super::Product::from_product_name(&leaf.product_name) == Some(product),
@@ -336,6 +354,48 @@ impl SnpVerifier {
             return Err((&check).into());
         };
 
+        // A chain not verified before costs two RSA-4096 verifications: first the report's
+        // own signature, under the key its leaf certificate names, so that a forged report
+        // costs one P-384 verification whatever certificates come with it.
+        let verify_report = |key: &[u8]| {
+            UnparsedPublicKey::new(&signature::ECDSA_P384_SHA384_FIXED, key)
+                .verify(report.signed_bytes(), &report.signature_fixed())
+                .is_ok()
+        };
+        let mut signed_early = false;
+        if !self.is_cached(certs, signer) {
+            let claimed = certs::claimed_leaf(certs, signer)
+                .map_err(|reason| certs::refuse(explanation, signer.name(), reason))?;
+            // The leaf's own statements about the chip first, as a cached chain's would be
+            // checked (recorded only if one fails: they are checked again, and recorded,
+            // once the chain is verified).
+            let mut scratch = Explanation::default();
+            if let Err(e) = check_leaf_parts(
+                &report,
+                claimed.product,
+                signer,
+                &claimed.leaf,
+                certs.tcbm(),
+                &mut scratch,
+            ) {
+                explanation.checks.extend(scratch.checks);
+                return Err(e);
+            }
+            if !verify_report(&claimed.key) {
+                explanation.push(Check::pass_if(
+                    false,
+                    "signature",
+                    format!("ECDSA P-384 by the {}", signer.name()),
+                    "invalid",
+                ));
+                return Err(ValidationError::BadSignature(format!(
+                    "the SEV-SNP report is not signed by the {}",
+                    signer.name()
+                )));
+            }
+            signed_early = true;
+        }
+
         let now_secs = unix_seconds(now);
         let chain = self.chain(certs, signer, now_secs, explanation)?;
         if let Some(crls) = &self.crls {
@@ -349,10 +409,8 @@ impl SnpVerifier {
         }
         check_leaf(&report, &chain, certs.tcbm(), explanation)?;
 
-        let signature = report.signature_fixed();
-        let signed = UnparsedPublicKey::new(&signature::ECDSA_P384_SHA384_FIXED, &chain.leaf_key)
-            .verify(report.signed_bytes(), &signature)
-            .is_ok();
+        // Checked above under the same leaf's key when the chain was verified just now.
+        let signed = signed_early || verify_report(&chain.leaf_key);
         explanation.push(Check::pass_if(
             signed,
             "signature",
@@ -382,6 +440,15 @@ impl SnpVerifier {
             tcb,
             explanation: explanation.clone(),
         })
+    }
+
+    /// Whether the chain of `certs` for `signer` was verified before (and is still cached).
+    fn is_cached(&self, certs: &SnpCerts, signer: SignerKind) -> bool {
+        self.cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&certs.digest())
+            .is_some_and(|c| c.signer == signer)
     }
 
     /// The verified chain for this report: from the cache, with each certificate's validity

@@ -381,12 +381,18 @@ fn a_turin_vcek_and_chain_are_recognised_as_turin_and_refused_for_a_milan_report
         &case.report_data,
         now(),
     );
-    let ark = explanation
+    // Recognised as Turin by the VCEK's productName, and refused for the report's chip
+    // before its chain is verified: no RSA work for a report its leaf does not match.
+    let product = explanation
         .checks
         .iter()
-        .find(|c| c.field == "ARK")
+        .find(|c| c.field == "VCEK.productName")
         .unwrap();
-    assert_eq!(ark.observed, "ARK-Turin");
+    assert_eq!(product.expected, "Turin");
+    assert!(
+        explanation.checks.iter().all(|c| c.field != "ARK"),
+        "{explanation:?}"
+    );
     let (field, expected, _) = field_error(result.unwrap_err());
     assert_eq!(field, "chip_id");
     assert!(
@@ -1264,4 +1270,59 @@ fn with_a_crl_bundle_the_ask_needs_a_crl_its_ark_signed() {
         "{which}"
     );
     assert!(reason.contains("not signed by its issuer"), "{reason}");
+}
+
+/// A forged report with genuine certificates that the verifier has not seen costs one P-384
+/// verification: its signature is checked under the key its leaf names before any RSA-4096
+/// link of the chain, and nothing is cached for it.
+#[test]
+fn a_forged_report_with_uncached_genuine_certificates_is_refused_before_the_chain() {
+    for (name, case) in [("milan", milan()), ("azure", azure()), ("aws", aws())] {
+        let v = SnpVerifier::new(no_floor());
+        let forged = flip(&case.report, 0x2A0);
+        let (explanation, result) =
+            v.verify_explained(&forged, &case.certs, &case.report_data, now());
+        assert!(
+            matches!(result, Err(ValidationError::BadSignature(_))),
+            "{name}: {result:?}"
+        );
+        for link in ["ARK", "ASK", "ASVK", "chain"] {
+            assert!(
+                explanation.checks.iter().all(|c| c.field != link),
+                "{name}: {link} was checked for a forged report: {explanation:?}"
+            );
+        }
+        // Nothing was cached: the genuine report then verifies its whole chain.
+        let (explanation, result) =
+            v.verify_explained(&case.report, &case.certs, &case.report_data, now());
+        result.unwrap();
+        assert!(
+            explanation.checks.iter().any(|c| c.field == "ARK"),
+            "{name}: {explanation:?}"
+        );
+    }
+}
+
+/// With the chain cached, the report's signature is still checked every time.
+#[test]
+fn with_the_chain_cached_a_flipped_signature_is_still_refused() {
+    for (name, case) in [("milan", milan()), ("azure", azure()), ("aws", aws())] {
+        let v = SnpVerifier::new(no_floor());
+        v.verify(&case.report, &case.certs, &case.report_data, now())
+            .unwrap();
+        let (explanation, result) = v.verify_explained(
+            &flip(&case.report, 0x2E8),
+            &case.certs,
+            &case.report_data,
+            now(),
+        );
+        assert!(
+            explanation.checks.iter().any(|c| c.field == "chain"),
+            "{name}: the chain was not taken from the cache: {explanation:?}"
+        );
+        assert!(
+            matches!(result, Err(ValidationError::BadSignature(_))),
+            "{name}: {result:?}"
+        );
+    }
 }

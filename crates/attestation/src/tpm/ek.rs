@@ -139,6 +139,9 @@ pub enum EkCaBundleError {
         /// End of validity.
         not_after: String,
     },
+    /// The time to check validity at cannot be represented.
+    #[error("EK CA bundle: time of the check: {0}")]
+    Time(String),
     /// The directory holds no certificate.
     #[error("EK CA bundle {dir} holds no certificate", dir = dir.display())]
     Empty {
@@ -206,6 +209,8 @@ fn malformed(what: &str, reason: impl fmt::Display) -> EkError {
 struct BundleCert {
     file: String,
     subject: String,
+    /// The DER subject name, to find issuers by name.
+    subject_raw: Vec<u8>,
     der: Vec<u8>,
     anchor: TrustAnchor<'static>,
 }
@@ -269,10 +274,7 @@ impl EkCaBundle {
         files: impl IntoIterator<Item = (String, Vec<u8>)>,
         now: SystemTime,
     ) -> Result<Self, EkCaBundleError> {
-        let at = asn1_time(now).map_err(|reason| EkCaBundleError::NotACertificate {
-            file: String::new(),
-            reason,
-        })?;
+        let at = asn1_time(now).map_err(EkCaBundleError::Time)?;
         let mut certs = Vec::new();
         for (file, bytes) in files {
             let not_cert = |reason: String| EkCaBundleError::NotACertificate {
@@ -282,6 +284,7 @@ impl EkCaBundle {
             for der in certificates_in_file(&bytes).map_err(not_cert)? {
                 let cert = parse_exact(&der).map_err(not_cert)?;
                 let subject = cert.subject().to_string();
+                let subject_raw = cert.subject().as_raw().to_vec();
                 check_ca(&cert).map_err(|reason| EkCaBundleError::NotACa {
                     file: file.clone(),
                     subject: subject.clone(),
@@ -304,6 +307,7 @@ impl EkCaBundle {
                 certs.push(BundleCert {
                     file: file.clone(),
                     subject,
+                    subject_raw,
                     der,
                     anchor,
                 });
@@ -451,11 +455,8 @@ impl EkCaBundle {
             .iter()
             .filter_map(|der| parse_exact(der).ok())
             .collect();
-        let in_bundle = |name: &X509Name<'_>| {
-            self.certs.iter().any(|c| {
-                parse_exact(&c.der).is_ok_and(|cert| cert.subject().as_raw() == name.as_raw())
-            })
-        };
+        let in_bundle =
+            |name: &X509Name<'_>| self.certs.iter().any(|c| c.subject_raw == name.as_raw());
         let mut issuer = leaf.issuer();
         for _ in 0..MAX_CHAIN_DEPTH {
             if in_bundle(issuer) {

@@ -59,9 +59,9 @@ impl SwtpmBuilder {
             .map_err(io("resolving the swtpm directory"))?;
         let state_dir = root.join("state");
         fs::create_dir(&state_dir).map_err(io("creating the swtpm state directory"))?;
-        if self.ek_cert {
-            let options = ManufactureOptions::new(root.join("ca"))?
-                .with_log_file(root.join("swtpm_setup.log"));
+        let ek_ca_dir = self.ek_cert.then(|| root.join("ca"));
+        if let Some(ca) = &ek_ca_dir {
+            let options = ManufactureOptions::new(ca)?.with_log_file(root.join("swtpm_setup.log"));
             manufacture(&state_dir, &options)?;
         }
         let config = SwtpmConfig::new(&state_dir)?.with_run_dir(&root)?;
@@ -70,6 +70,7 @@ impl SwtpmBuilder {
             process: Some(process),
             dir: Some(dir),
             state_dir,
+            ek_ca_dir,
         })
     }
 }
@@ -82,6 +83,7 @@ pub struct Swtpm {
     process: Option<SwtpmProcess>,
     dir: Option<tempfile::TempDir>,
     state_dir: PathBuf,
+    ek_ca_dir: Option<PathBuf>,
 }
 
 impl Swtpm {
@@ -116,6 +118,14 @@ impl Swtpm {
     /// The TPM state directory (absolute).
     pub fn state_dir(&self) -> &Path {
         &self.state_dir
+    }
+
+    /// The local CA that signed the EK certificates, when the TPM was manufactured with
+    /// them: `swtpm_localca` keeps its root in `swtpm-localca-rootca-cert.pem` and the CA
+    /// that signs EK certificates, issued by that root, in `issuercert.pem` (both PEM). The
+    /// TPM's NV holds neither.
+    pub fn ek_ca_dir(&self) -> Option<&Path> {
+        self.ek_ca_dir.as_deref()
     }
 
     /// Stops the swtpm process and starts a new one on the same state directory: a TPM

@@ -5,17 +5,22 @@ use std::fmt;
 use std::str::FromStr;
 
 use asterism_attestation::hcl::HCL_REPORT_NV_INDEX;
+use asterism_attestation::tpm::ek::{EK_CHAIN_NV_FIRST, EK_CHAIN_NV_LAST};
 use sha1::Sha1;
 use sha2::{Digest as _, Sha256, Sha384, Sha512};
 use tracing::{debug, info, warn};
 use tss_esapi::Context;
+use tss_esapi::abstraction::ek as tss_ek;
 use tss_esapi::abstraction::nv;
+use tss_esapi::abstraction::{AsymmetricAlgorithmSelection, DefaultKey};
 use tss_esapi::constants::CapabilityType;
 use tss_esapi::handles::{
     KeyHandle, NvIndexTpmHandle, ObjectHandle, PcrHandle, PersistentTpmHandle, TpmHandle,
 };
 use tss_esapi::interface_types::algorithm::HashingAlgorithm;
 use tss_esapi::interface_types::dynamic_handles::Persistent;
+use tss_esapi::interface_types::ecc::EccCurve;
+use tss_esapi::interface_types::key_bits::RsaKeyBits;
 use tss_esapi::interface_types::resource_handles::{Hierarchy, NvAuth, Provision};
 use tss_esapi::interface_types::session_handles::AuthSession;
 use tss_esapi::structures::{
@@ -352,6 +357,75 @@ impl Tpm {
             Err(TpmError::Tpm { code, .. }) if code.tpm_base() == Some(TPM_RC_HANDLE) => Ok(None),
             Err(other) => Err(other),
         }
+    }
+
+    /// The EK's `TPMT_PUBLIC` (marshalled, without size prefix) of `slot`'s kind: the primary
+    /// key that the TCG default EK template (EK Credential Profile, templates L-1, L-2 and
+    /// H-3) makes in the endorsement hierarchy. A TPM derives it from its endorsement seed,
+    /// so it is the same key every time, the one the EK certificate in `slot` certifies
+    /// (verify with `asterism_attestation::tpm::ek::EkCaBundle::verify`). Nothing is left
+    /// loaded.
+    pub fn read_ek_public(&mut self, slot: EkCertSlot) -> Result<Vec<u8>, TpmError> {
+        let selection = match slot {
+            EkCertSlot::Rsa2048 => AsymmetricAlgorithmSelection::Rsa(RsaKeyBits::Rsa2048),
+            EkCertSlot::EccP256 => AsymmetricAlgorithmSelection::Ecc(EccCurve::NistP256),
+            EkCertSlot::EccP384 => AsymmetricAlgorithmSelection::Ecc(EccCurve::NistP384),
+        };
+        let template = binding(
+            "EK template",
+            tss_ek::create_ek_public_from_default_template_2(selection, None::<DefaultKey>),
+        )?;
+        let created = self.run("TPM2_CreatePrimary(endorsement)", |ctx| {
+            ctx.execute_with_session(Some(AuthSession::Password), |ctx| {
+                ctx.create_primary(
+                    Hierarchy::Endorsement,
+                    template.clone(),
+                    None,
+                    None,
+                    None,
+                    None,
+                )
+            })
+        })?;
+        let public = binding("marshal TPMT_PUBLIC", created.out_public.marshall());
+        if let Err(error) = self.ctx.execute_without_session(|ctx| {
+            ctx.flush_context(ObjectHandle::from(created.key_handle))
+        }) {
+            warn!(%error, "cannot flush the transient EK");
+        }
+        public
+    }
+
+    /// The contents of the EK certificate chain NV indices (`0x01C00100` to `0x01C001FF`)
+    /// the TPM defines, in index order: the certificates of the manufacturer's CAs between
+    /// the EK certificate and its root, DER, one or more per index (split them with
+    /// `asterism_attestation::tpm::ek::certificates_from_nv`). Most TPMs define none.
+    pub fn read_ek_certificate_chain(&mut self) -> Result<Vec<(u32, Vec<u8>)>, TpmError> {
+        let (data, _) = self.run("TPM2_GetCapability(HANDLES)", |ctx| {
+            ctx.execute_without_session(|ctx| {
+                ctx.get_capability(
+                    CapabilityType::Handles,
+                    EK_CHAIN_NV_FIRST,
+                    EK_CHAIN_NV_LAST - EK_CHAIN_NV_FIRST + 1,
+                )
+            })
+        })?;
+        let CapabilityData::Handles(handles) = data else {
+            return Err(TpmError::UnexpectedResponse {
+                operation: "TPM2_GetCapability(HANDLES)",
+                detail: "not a handle list".to_owned(),
+            });
+        };
+        let indices: Vec<u32> = handles
+            .iter()
+            .map(|handle| u32::from(*handle))
+            .filter(|index| (EK_CHAIN_NV_FIRST..=EK_CHAIN_NV_LAST).contains(index))
+            .collect();
+        let mut chain = Vec::with_capacity(indices.len());
+        for index in indices {
+            chain.push((index, self.read_nv_index(index)?));
+        }
+        Ok(chain)
     }
 
     /// Reads the whole NV index `index` with owner authorization (empty password), in chunks

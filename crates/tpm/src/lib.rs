@@ -7,7 +7,8 @@
 //! * [`Tpm::quote`] returns a [`Quote`]: the TPMS_ATTEST and TPMT_SIGNATURE exactly as the TPM
 //!   produced them, plus the quoted SHA-256 PCR values.
 //! * [`Tpm::read_pcrs`], [`Tpm::extend_pcr`], [`Tpm::pcr_event`],
-//!   [`Tpm::read_ek_certificate`] and [`Tpm::read_nv_index`] do what they say;
+//!   [`Tpm::read_ek_certificate`], [`Tpm::read_ek_certificate_chain`], [`Tpm::read_ek_public`]
+//!   and [`Tpm::read_nv_index`] do what they say;
 //!   [`Tpm::read_hcl_report`] reads an Azure confidential VM's HCL report from its vTPM.
 //! * [`TpmIssuer`] turns quotes into `tpm-quote` evidence for attested TLS.
 //! * [`marker`] is the node marker in PCR 15. Running swtpm processes (local clusters,

@@ -2,6 +2,8 @@
 //! an attestation key (AK), with the AK's public area and optionally its certificate chain.
 //!
 //! * [`evidence`]: the versioned protobuf message and its strict decoder;
+//! * [`ek`]: EK certificates checked against the operator's bundle of TPM manufacturers'
+//!   CAs ([`ek::EkCaBundle`], [`ek::VerifiedEk`]);
 //! * [`eventlog`]: the TCG event log a node may send along, parsed exactly and replayed
 //!   against the quoted PCRs;
 //! * [`structures`]: parsers (and marshallers) for `TPMS_ATTEST`, `TPMT_SIGNATURE` and
@@ -11,6 +13,7 @@
 //! * `soft` (feature `insecure-test-attestation`): a software quote builder for tests and
 //!   benchmarks.
 
+pub mod ek;
 pub mod eventlog;
 pub mod evidence;
 mod platform;

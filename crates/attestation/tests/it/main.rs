@@ -16,6 +16,7 @@ mod boundaries;
 mod common;
 #[cfg(feature = "insecure-test-attestation")]
 mod cvm_ak_trust;
+mod ek;
 #[cfg(feature = "insecure-test-attestation")]
 mod eventlog;
 mod hcl;

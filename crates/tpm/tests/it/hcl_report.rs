@@ -43,8 +43,9 @@ fn snp_hcl_report() -> Vec<u8> {
 }
 
 /// Defines an owner-read/write NV index of `data.len()` bytes and writes `data` into it,
-/// over a connection of its own (closed before the code under test connects).
-fn paravisor_writes(swtpm: &Swtpm, index: u32, data: &[u8]) {
+/// over a connection of its own (closed before the code under test connects). The EK tests
+/// use it to play a manufacturer that stores its CA certificates in NV.
+pub(crate) fn paravisor_writes(swtpm: &Swtpm, index: u32, data: &[u8]) {
     let conf = NetworkTPMConfig::from_str(&format!("host=127.0.0.1,port={}", swtpm.port()));
     let mut ctx = Context::new(TctiNameConf::Swtpm(conf.unwrap())).unwrap();
     ctx.set_sessions((Some(AuthSession::Password), None, None));

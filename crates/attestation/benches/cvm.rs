@@ -34,7 +34,9 @@
 
 use asterism_attestation::explain::Reference;
 use asterism_attestation::hcl::{self, HclReport};
-use asterism_attestation::snp::{PerProduct, SnpCerts, SnpPolicy, SnpReport, SnpVerifier};
+use asterism_attestation::snp::{
+    MinimumTcb, PerProduct, SnpCerts, SnpPolicy, SnpReport, SnpVerifier,
+};
 use asterism_attestation::tdx::{TdQuote, TdxCollateral, TdxPolicy, TdxVerifier};
 use asterism_attestation::tpm::structures::{
     AsymScheme, ClockInfo, ObjectAttributes, PcrSelection, PublicParams, QuoteInfo, SymDefObject,
@@ -249,10 +251,22 @@ fn tdx_now() -> SystemTime {
     UNIX_EPOCH + Duration::from_secs(1_751_328_000)
 }
 
-/// No TCB floors: the test reports are older than the default Milan floor.
+/// Every TCB accepted (an explicit all-zero floor per product): the sample reports are
+/// older than the default Milan floor, and a floor's comparison costs the same at any value.
 fn snp_policy() -> SnpPolicy {
+    let any = Some(MinimumTcb {
+        bootloader: 0,
+        tee: 0,
+        snp: 0,
+        microcode: 0,
+        fmc: 0,
+    });
     SnpPolicy {
-        minimum_tcb: PerProduct::default(),
+        minimum_tcb: PerProduct {
+            milan: any,
+            genoa: any,
+            turin: any,
+        },
         ..SnpPolicy::default()
     }
 }

@@ -133,9 +133,9 @@ fn accepts_the_real_quote_and_explains_every_check() {
     assert_eq!(
         fields,
         [
-            "quote.signature",
-            "qe_report.signature",
             "qe_report.report_data",
+            "qe_report.signature",
+            "quote.signature",
             "pck_chain",
             "crls",
             "tcb_info",
@@ -924,4 +924,48 @@ fn an_offline_crl_bundle_checks_the_pck_and_its_ca_against_intels_signed_crls() 
     let (which, reason) = certificate_of(verify_with_crls(tampered).unwrap_err());
     assert!(which.starts_with("CRL pck_crl"), "{which}");
     assert!(reason.contains("not signed by its issuer"), "{reason}");
+}
+
+/// A quote re-signed with a key of the forger's own holds its signature; it is refused at
+/// the QE report's binding of the key (one SHA-256), before any signature is verified, so
+/// it costs less than a valid quote. The cache of an earlier valid quote does not change
+/// that.
+#[test]
+fn a_quote_signed_by_a_key_of_the_forgers_own_is_refused_before_any_signature() {
+    use ring::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair, KeyPair as _};
+    let q = quote();
+    let rng = ring::rand::SystemRandom::new();
+    let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).unwrap();
+    let own =
+        EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng).unwrap();
+    let mut forged = q.clone();
+    forged[700..764].copy_from_slice(&own.public_key().as_ref()[1..]);
+    let sig = own.sign(&rng, &forged[..632]).unwrap();
+    forged[636..700].copy_from_slice(sig.as_ref());
+
+    let verifier = TdxVerifier::new(any_launch());
+    for warm in [false, true] {
+        if warm {
+            verifier
+                .verify(&q, &collateral(), &report_data(&q), at(NOW))
+                .unwrap();
+        }
+        let (ex, result) =
+            verifier.verify_explained(&forged, &collateral(), &report_data(&q), at(NOW));
+        assert!(
+            matches!(result, Err(ValidationError::BadSignature(_))),
+            "{result:?}"
+        );
+        assert_eq!(
+            ex.first_failure().unwrap().field,
+            "qe_report.report_data",
+            "{ex:?}"
+        );
+        for field in ["qe_report.signature", "quote.signature"] {
+            assert!(
+                ex.checks.iter().all(|c| c.field != field),
+                "{field} was verified for a forged quote (warm cache: {warm}): {ex:?}"
+            );
+        }
+    }
 }

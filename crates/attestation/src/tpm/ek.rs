@@ -46,7 +46,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use rustls_pki_types::{CertificateDer, SignatureVerificationAlgorithm, TrustAnchor, UnixTime};
+use rustls_pki_types::{CertificateDer, TrustAnchor, UnixTime};
 use x509_parser::certificate::X509Certificate;
 use x509_parser::extensions::GeneralName;
 use x509_parser::oid_registry::{OID_KEY_TYPE_EC_PUBLIC_KEY, OID_PKCS1_RSAENCRYPTION};
@@ -57,6 +57,7 @@ use x509_parser::time::ASN1Time;
 use x509_parser::x509::X509Name;
 
 use super::structures::{PublicParams, TpmtPublic};
+use super::trust::CHAIN_ALGS;
 
 /// First NV index of the TCG EK certificate chain (intermediate CA certificates).
 pub const EK_CHAIN_NV_FIRST: u32 = 0x01C0_0100;
@@ -476,21 +477,6 @@ impl EkCaBundle {
         None
     }
 }
-
-/// Signature algorithms accepted on certificates of an EK chain: the ones TPM
-/// manufacturers use, none with SHA-1.
-static CHAIN_ALGS: &[&dyn SignatureVerificationAlgorithm] = &[
-    webpki::ring::ECDSA_P256_SHA256,
-    webpki::ring::ECDSA_P256_SHA384,
-    webpki::ring::ECDSA_P384_SHA256,
-    webpki::ring::ECDSA_P384_SHA384,
-    webpki::ring::RSA_PKCS1_2048_8192_SHA256,
-    webpki::ring::RSA_PKCS1_2048_8192_SHA384,
-    webpki::ring::RSA_PKCS1_2048_8192_SHA512,
-    webpki::ring::RSA_PSS_2048_8192_SHA256_LEGACY_KEY,
-    webpki::ring::RSA_PSS_2048_8192_SHA384_LEGACY_KEY,
-    webpki::ring::RSA_PSS_2048_8192_SHA512_LEGACY_KEY,
-];
 
 /// The TPM that an EK certificate describes.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -212,8 +212,9 @@ impl PlatformCa {
     }
 }
 
-/// Signature algorithms accepted on certificates of an AK chain.
-static CHAIN_ALGS: &[&dyn SignatureVerificationAlgorithm] = &[
+/// Signature algorithms accepted on certificates of an AK chain, and of an EK chain
+/// (`tpm::ek`): the ones TPM manufacturers and platform CAs use, none with SHA-1.
+pub(super) static CHAIN_ALGS: &[&dyn SignatureVerificationAlgorithm] = &[
     webpki::ring::ECDSA_P256_SHA256,
     webpki::ring::ECDSA_P256_SHA384,
     webpki::ring::ECDSA_P384_SHA256,

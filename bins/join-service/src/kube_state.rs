@@ -91,9 +91,9 @@ fn member(r: MemberRecord) -> Member {
         name: r.name,
         role: r.role,
         ak: r.ak,
-        // Not recorded by this store yet: its members are left out of the signed
-        // control-plane list.
-        disk: String::new(),
+        // Empty in records written before members carried their disk: such a member is
+        // left out of the signed control-plane list until its next ticket.
+        disk: r.disk,
         admitted_at: unix(r.admitted_at),
         last_ticket_at: unix(r.last_ticket_at),
         tickets: r.tickets,
@@ -247,7 +247,7 @@ impl ClusterState for KubeState {
             .await
             .map_err(state_error)?;
         self.api
-            .record_init_member(&init.name, &init.role, &init.ak, now)
+            .record_init_member(&init.name, &init.role, &init.ak, disk.as_str(), now)
             .await
             .map_err(state_error)
     }
@@ -282,7 +282,7 @@ impl ClusterState for KubeState {
             .await
             .map_err(state_error)?;
         self.api
-            .record_member(&a.name, a.role.as_str(), &a.ak, a.now)
+            .record_member(&a.name, a.role.as_str(), &a.ak, a.disk.as_str(), a.now)
             .await
             .map_err(state_error)?;
         Ok(token)

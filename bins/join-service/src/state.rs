@@ -131,9 +131,8 @@ pub struct Member {
     pub role: String,
     /// The attested AK identity of the node's last ticket.
     pub ak: String,
-    /// The state disk (UUID) of the node's last ticket, or of its init record; empty where
-    /// the store does not record it (records written before it did, and the Kubernetes
-    /// store).
+    /// The state disk (UUID) of the node's last ticket, or of its init record; empty in
+    /// records written before members carried it.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub disk: String,
     /// When the node was first admitted (Unix seconds).

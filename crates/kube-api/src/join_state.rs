@@ -101,6 +101,9 @@ pub struct MemberRecord {
     pub role: String,
     /// The attested AK identity of the node's last ticket.
     pub ak: String,
+    /// The state disk (canonical UUID) of the node's last ticket, or of its init record;
+    /// empty in records written before members carried it.
+    pub disk: String,
     /// When the node was first admitted.
     pub admitted_at: SystemTime,
     /// When the node last received a ticket.
@@ -142,6 +145,7 @@ impl MemberRecord {
             name: field("name")?.to_owned(),
             role: field("role")?.to_owned(),
             ak: field("ak")?.to_owned(),
+            disk: data.get("disk").cloned().unwrap_or_default(),
             admitted_at: time("admittedAt")?,
             last_ticket_at: time("lastTicketAt")?,
             tickets: field("tickets")?
@@ -160,6 +164,9 @@ impl MemberRecord {
             ("lastTicketAt".to_owned(), rfc3339(self.last_ticket_at)?),
             ("tickets".to_owned(), self.tickets.to_string()),
         ]);
+        if !self.disk.is_empty() {
+            data.insert("disk".to_owned(), self.disk.clone());
+        }
         if self.readmit {
             data.insert("readmit".to_owned(), "true".to_owned());
         }
@@ -380,17 +387,19 @@ impl ClusterApi {
         }
     }
 
-    /// Records the cluster's first node (which received no join ticket): creates its member
-    /// record with no tickets unless one exists with the same key;
-    /// [`ApiError::MemberKeyChanged`] if one exists with another.
+    /// Records the cluster's first node (which received no join ticket) with its state disk
+    /// `disk`: creates its member record with no tickets unless one exists with the same
+    /// key; [`ApiError::MemberKeyChanged`] if one exists with another.
     pub async fn record_init_member(
         &self,
         name: &str,
         role: &str,
         ak: &str,
+        disk: &str,
         now: SystemTime,
     ) -> Result<()> {
         check_node_name(name)?;
+        check_disk_uuid(disk)?;
         match self.member(name).await? {
             Some(m) if m.ak == ak => return Ok(()),
             Some(_) => {
@@ -405,6 +414,7 @@ impl ClusterApi {
             name: name.to_owned(),
             role: role.to_owned(),
             ak: ak.to_owned(),
+            disk: disk.to_owned(),
             admitted_at: now,
             last_ticket_at: now,
             tickets: 0,
@@ -436,8 +446,8 @@ impl ClusterApi {
         }
     }
 
-    /// Records that node `name` (role `role`, attestation key `ak`) received a ticket at
-    /// `now`: creates its member record or updates it (resourceVersion-guarded, retried after
+    /// Records that node `name` (role `role`, attestation key `ak`, state disk `disk`)
+    /// received a ticket at `now`: creates its member record or updates it (resourceVersion-guarded, retried after
     /// a lost race). A member recorded with another key is refused with
     /// [`ApiError::MemberKeyChanged`] unless an operator re-admitted it
     /// ([`ClusterApi::allow_readmission`]). Returns the record as stored.
@@ -446,9 +456,11 @@ impl ClusterApi {
         name: &str,
         role: &str,
         ak: &str,
+        disk: &str,
         now: SystemTime,
     ) -> Result<MemberRecord> {
         check_node_name(name)?;
+        check_disk_uuid(disk)?;
         let object = format!("{MEMBER_PREFIX}{name}");
         let api = self.config_maps();
         let mut attempt = 0;
@@ -465,6 +477,7 @@ impl ClusterApi {
                         name: name.to_owned(),
                         role: role.to_owned(),
                         ak: ak.to_owned(),
+                        disk: disk.to_owned(),
                         admitted_at: now,
                         last_ticket_at: now,
                         tickets: 1,
@@ -501,6 +514,7 @@ impl ClusterApi {
                     let record = MemberRecord {
                         role: role.to_owned(),
                         ak: ak.to_owned(),
+                        disk: disk.to_owned(),
                         last_ticket_at: now,
                         tickets: previous.tickets.saturating_add(1),
                         readmit: false,

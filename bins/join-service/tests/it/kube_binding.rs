@@ -178,7 +178,7 @@ async fn an_operator_readmission_lets_the_next_ticket_replace_the_key_once() {
     state.check_member("worker-0", OTHER_AK).await.unwrap();
     let api = server.api(_dir.path()).await;
     let record = api
-        .record_member("worker-0", "Worker", OTHER_AK, t0())
+        .record_member("worker-0", "Worker", OTHER_AK, DISK, t0())
         .await
         .unwrap();
     assert_eq!((record.ak.as_str(), record.readmit), (OTHER_AK, false));
@@ -233,6 +233,10 @@ async fn the_init_node_binds_its_disk_and_is_recorded_without_tickets() {
     assert_eq!(writes[1].body["data"]["ak"], OTHER_AK);
     assert_eq!(writes[1].body["data"]["tickets"], "0");
     assert_eq!(writes[1].body["data"]["role"], "ControlPlane");
+    assert_eq!(
+        writes[1].body["data"]["disk"], DISK,
+        "the init member records its disk"
+    );
 
     // A record the state contradicts (the name is held by another key) writes nothing.
     server.clear_requests();

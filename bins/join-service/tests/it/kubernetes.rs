@@ -195,6 +195,10 @@ async fn a_swtpm_node_gets_a_ticket_whose_token_is_a_bootstrap_token_stored_in_t
     let member = &writes[3].body;
     assert_eq!(member["metadata"]["name"], "asterism-member-worker-0");
     assert_eq!(member["data"]["role"], "Worker");
+    assert_eq!(
+        member["data"]["disk"], DISK_A,
+        "the member records its disk"
+    );
 
     // /v1/members lists what the API holds.
     let members: serde_json::Value =
@@ -206,6 +210,25 @@ async fn a_swtpm_node_gets_a_ticket_whose_token_is_a_bootstrap_token_stored_in_t
         .map(|m| m["name"].as_str().unwrap().to_owned())
         .collect();
     assert_eq!(names, ["cp-0", "worker-0"]);
+    // The signed control-plane list names the control-plane member with the disk its
+    // record carries (the owner's workspace pins exactly that disk for its AK).
+    let envelope: serde_json::Value =
+        serde_json::from_str(&js.admin_get("/v1/control-plane").await).unwrap();
+    let payload = base64::Engine::decode(
+        &base64::engine::general_purpose::STANDARD,
+        envelope["payload"].as_str().unwrap(),
+    )
+    .unwrap();
+    let list: serde_json::Value = serde_json::from_slice(&payload).unwrap();
+    assert_eq!(
+        list["members"],
+        serde_json::json!([{
+            "name": "cp-0",
+            "ak": "77aa0c3e5f7a9c1e3b5d7f9a1c3e5b7d9f1a3c5e7b9d1f3a5c7e9b1d3f5a7c9e",
+            "disk": "0e4b7c2a-91d3-4f6e-8a25-3c7d9e1b5f08"
+        }]),
+        "{list}"
+    );
     js.stop().await;
 }
 

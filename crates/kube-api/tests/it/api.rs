@@ -736,7 +736,7 @@ async fn a_member_is_updated_with_its_resource_version_and_retried_after_a_lost_
     );
     let ak = "4d2a9f0e1b3c5d7e9f1a2b4c6d8e0f1a3b5c7d9e1f2a4b6c8d0e2f4a6b8c0d2e";
     let record = api
-        .record_member("worker-0", "Worker", ak, t0())
+        .record_member("worker-0", "Worker", ak, DISK, t0())
         .await
         .unwrap();
     assert_eq!(record.tickets, 2);
@@ -749,6 +749,7 @@ async fn a_member_is_updated_with_its_resource_version_and_retried_after_a_lost_
         assert_eq!(put.body["data"]["tickets"], "2");
         assert_eq!(put.body["data"]["lastTicketAt"], "2026-03-02T10:00:00Z");
         assert_eq!(put.body["data"]["admittedAt"], "2026-03-02T09:50:12Z");
+        assert_eq!(put.body["data"]["disk"], DISK);
     }
 }
 
@@ -771,10 +772,11 @@ async fn a_new_member_is_created_and_members_are_listed_by_label() {
         [Reply::recorded(200, "configmap-member-list.json")],
     );
     let record = api
-        .record_member("worker-0", "Worker", AK, t0())
+        .record_member("worker-0", "Worker", AK, DISK, t0())
         .await
         .unwrap();
     assert_eq!((record.tickets, record.admitted_at), (1, t0()));
+    assert_eq!(record.disk, DISK);
     let create = &server.writes()[0];
     assert_eq!(create.body["metadata"]["name"], "asterism-member-worker-0");
     assert_eq!(
@@ -782,18 +784,22 @@ async fn a_new_member_is_created_and_members_are_listed_by_label() {
         "member"
     );
     assert_eq!(create.body["data"]["ak"], AK);
+    assert_eq!(create.body["data"]["disk"], DISK);
 
     let members = api.members().await.unwrap();
     let names: Vec<_> = members.iter().map(|m| m.name.as_str()).collect();
     assert_eq!(names, ["cp-0", "worker-0"]);
     assert_eq!(members[1].tickets, 2);
+    // A record written before members carried their disk reads as none.
+    assert_eq!(members[0].disk, "0e4b7c2a-91d3-4f6e-8a25-3c7d9e1b5f08");
+    assert_eq!(members[1].disk, "");
     let list = server.requests().last().unwrap().clone();
     assert_eq!(
         list.query_param("labelSelector").as_deref(),
         Some("asterism.dev/managed-by=join-service,asterism.dev/record=member")
     );
     let err = api
-        .record_member("Not A Name", "Worker", AK, t0())
+        .record_member("Not A Name", "Worker", AK, DISK, t0())
         .await
         .unwrap_err();
     assert!(matches!(err, ApiError::InvalidInput { .. }), "{err:?}");

@@ -835,6 +835,12 @@ impl LocalCluster {
             .unwrap_or(serde_json::Value::Null)
     }
 
+    /// The join service's signed list of control-plane members (`/v1/control-plane`, on the
+    /// admin socket), as the owner's `asterism control-plane sync` takes it.
+    pub fn signed_control_plane_list(&self) -> Result<String> {
+        unix_http_get(&self.admin_socket(), "/v1/control-plane")
+    }
+
     /// Checks every node independently and records the outcome in `<dir>/mini.json`.
     pub fn record(&self, cluster_id: &str, results: &[(u64, String)]) -> Result<ClusterRecord> {
         self.record_with_members(cluster_id, results, &self.members())

@@ -79,6 +79,61 @@ fn a_worker_naming_the_control_planes_disk_gets_nothing_and_the_control_plane_st
     assert_eq!(cp_member["ak"], record["ak"]);
     assert_ne!(member(&members, "worker-0")["ak"], record["ak"]);
 
+    // The owner's `asterism control-plane sync` takes the join service's signed list from
+    // its admin socket: the control plane, recorded at init, stays the only member of the
+    // workspace's record; the joined worker is not added.
+    let sync = |extra: &[&std::ffi::OsStr]| {
+        Command::new(bins().join("asterism"))
+            .args(["control-plane", "sync", "--workspace"])
+            .arg(&cluster.workspace)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = sync(&[
+        "--admin-socket".as_ref(),
+        cluster.admin_socket().as_os_str(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("0 new control-plane node(s)"), "{stderr}");
+    let recorded: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(cluster.workspace.join("control-plane.json")).unwrap(),
+    )
+    .unwrap();
+    let recorded = recorded["members"].as_array().unwrap().clone();
+    assert_eq!(recorded.len(), 1, "{recorded:?}");
+    assert_eq!(recorded[0]["ak"], record["ak"]);
+    assert_eq!(recorded[0]["disk"], cp_disk.as_str());
+    // A list whose payload a worker rewrote to name itself is refused, and the record
+    // stays as it was.
+    let mut envelope: serde_json::Value =
+        serde_json::from_str(&cluster.signed_control_plane_list().unwrap()).unwrap();
+    let forged = serde_json::json!({"members": [{
+        "name": "control-plane-1",
+        "ak": member(&members, "worker-0")["ak"],
+        "disk": luks_uuid(&worker),
+    }], "issuedAt": 0});
+    envelope["payload"] = base64::Engine::encode(
+        &base64::engine::general_purpose::STANDARD,
+        serde_json::to_vec(&forged).unwrap(),
+    )
+    .into();
+    let forged_file = tmp.path().join("forged-control-plane.json");
+    std::fs::write(&forged_file, serde_json::to_vec(&envelope).unwrap()).unwrap();
+    let out = sync(&["--from".as_ref(), forged_file.as_os_str()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("not signed by this cluster's control plane"),
+        "{stderr}"
+    );
+    let after: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(cluster.workspace.join("control-plane.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(after["members"].as_array().unwrap(), &recorded);
+
     // The worker's SSH host certificate names the worker only, expires, has a serial.
     let cert = host_certificate(&worker);
     let principals: Vec<&str> = cert

@@ -1,6 +1,5 @@
 //! Report data: the 32 bytes every piece of evidence signs, domain-separated by purpose.
 
-use sha2::{Digest, Sha256};
 use std::fmt;
 
 /// What the evidence is for. Each purpose has its own label, so evidence made for one
@@ -63,31 +62,28 @@ impl ReportData {
     /// `SHA-256("asterism/atls/v1" || role || exporter)`: binds evidence to one TLS session
     /// (its RFC 8446 exporter value) and to the attesting side's role.
     pub fn atls(role: Role, exporter: &[u8; 32]) -> Self {
-        let mut h = Sha256::new();
-        h.update(Purpose::Atls.label());
-        h.update(role.label());
-        h.update(exporter);
-        Self(h.finalize().into())
+        Self(crate::sha::sha256_parts([
+            Purpose::Atls.label(),
+            role.label(),
+            exporter.as_slice(),
+        ]))
     }
 
     /// `SHA-256("asterism/atls-session-key/v1" || role || public_key || not_after)`, with
     /// `not_after` as 8 big-endian bytes (seconds since the Unix epoch): binds evidence to
     /// an aTLS session key of the attesting side, which then signs each connection.
     pub fn atls_session_key(role: Role, public_key: &[u8; 32], not_after_unix: u64) -> Self {
-        let mut h = Sha256::new();
-        h.update(Purpose::AtlsSessionKey.label());
-        h.update(role.label());
-        h.update(public_key);
-        h.update(not_after_unix.to_be_bytes());
-        Self(h.finalize().into())
+        Self(crate::sha::sha256_parts([
+            Purpose::AtlsSessionKey.label(),
+            role.label(),
+            public_key.as_slice(),
+            not_after_unix.to_be_bytes().as_slice(),
+        ]))
     }
 
     /// `SHA-256("asterism/verify/v1" || nonce)`: binds evidence to a verifier's nonce.
     pub fn verify(nonce: &[u8]) -> Self {
-        let mut h = Sha256::new();
-        h.update(Purpose::Verify.label());
-        h.update(nonce);
-        Self(h.finalize().into())
+        Self(crate::sha::sha256_parts([Purpose::Verify.label(), nonce]))
     }
 
     /// The bytes to embed in evidence (the TPM quote's qualifying data, say).
@@ -111,6 +107,7 @@ impl fmt::Debug for ReportData {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sha2::{Digest, Sha256};
 
     #[test]
     fn roles_and_purposes_give_different_bindings() {

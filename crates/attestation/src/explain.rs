@@ -159,11 +159,19 @@ impl<const N: usize> Reference<N> {
         } else {
             Outcome::Fail
         };
-        Check::new(
-            field,
-            hex::encode(self.value),
-            hex::encode(observed),
-            outcome,
-        )
+        Check::new(field, lower_hex(&self.value), lower_hex(observed), outcome)
     }
+}
+
+/// Lower-case hex, as `hex::encode` writes it, without its per-character iterator: the
+/// field checks run on every quote, and encoding was a noticeable share of their cost.
+pub(crate) fn lower_hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let digit = |n: u8| DIGITS.get(usize::from(n)).copied().unwrap_or(b'0');
+    let mut out = Vec::with_capacity(bytes.len() * 2);
+    for &b in bytes {
+        out.push(digit(b >> 4));
+        out.push(digit(b & 0x0f));
+    }
+    String::from_utf8(out).unwrap_or_default()
 }

@@ -37,7 +37,7 @@
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde::Deserialize;
-use sha2::{Digest, Sha256, Sha512};
+use sha2::{Digest, Sha256};
 
 use crate::ValidationError;
 use crate::explain::Check;
@@ -313,7 +313,7 @@ impl HclReport {
 pub fn runtime_data_report_data(runtime_data: &[u8]) -> [u8; 64] {
     let mut out = [0u8; 64];
     let (digest, _zeros) = out.split_at_mut(32);
-    digest.copy_from_slice(&Sha256::digest(runtime_data));
+    digest.copy_from_slice(&crate::sha::sha256(runtime_data));
     out
 }
 
@@ -518,9 +518,7 @@ pub fn aws_snp_report_data(ak_public: &[u8]) -> Result<[u8; 64], ValidationError
             AkKey::EcdsaP256(point)
         }
     };
-    let mut out = [0u8; 64];
-    out.copy_from_slice(&Sha512::digest(key.spki_der()));
-    Ok(out)
+    Ok(crate::sha::sha512(&key.spki_der()))
 }
 
 /// Checks an AWS SEV-SNP binding: `verified_report_data` (from the verified SNP report)

@@ -19,6 +19,7 @@ pub mod explain;
 pub mod hcl;
 pub mod measurements;
 pub mod revocation;
+mod sha;
 pub mod snp;
 pub mod tdx;
 pub mod tpm;

@@ -5,7 +5,7 @@ use subtle::ConstantTimeEq;
 
 use super::{Product, SignerKind, SnpReport};
 use crate::ValidationError;
-use crate::explain::{Check, Explanation, Outcome, Reference};
+use crate::explain::{Check, Explanation, Outcome, Reference, lower_hex};
 use crate::measurements::InsecureNoLaunchMeasurement;
 
 /// Minimum security versions of the TCB components.
@@ -150,15 +150,18 @@ fn bit_refused(field: &str, allowed: bool, set: bool) -> Check {
 
 fn digest_in(field: &str, allowed: Option<&[[u8; 48]]>, observed: &[u8; 48]) -> Check {
     match allowed {
-        None => Check::pass_if(true, field, "any", hex::encode(observed)),
+        None => Check::pass_if(true, field, "any", lower_hex(observed)),
         Some(set) => Check::pass_if(
             set.contains(observed),
             field,
             format!(
                 "one of [{}]",
-                set.iter().map(hex::encode).collect::<Vec<_>>().join(", ")
+                set.iter()
+                    .map(|d| lower_hex(d))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
-            hex::encode(observed),
+            lower_hex(observed),
         ),
     }
 }
@@ -181,8 +184,8 @@ pub fn check_fields(
     explanation.push(Check::pass_if(
         bound,
         "report_data",
-        hex::encode(expected_report_data),
-        hex::encode(report.report_data),
+        lower_hex(expected_report_data),
+        lower_hex(&report.report_data),
     ));
 
     // The reported TCB is the one the VCEK or VLEK certifies. The launch TCB is the
@@ -229,7 +232,7 @@ pub fn check_fields(
         report.reported_tcb.reserved_is_zero(product),
         "reported_tcb.reserved",
         "zero",
-        hex::encode(report.reported_tcb.0),
+        lower_hex(&report.reported_tcb.0),
     ));
 
     explanation.push(bit_refused(

@@ -32,11 +32,10 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use rustls_pki_types::UnixTime;
-use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::ValidationError;
-use crate::explain::{Check, Explanation, Outcome, Reference};
+use crate::explain::{Check, Explanation, Outcome, Reference, lower_hex};
 use crate::measurements::InsecureNoLaunchMeasurement;
 use crate::revocation::CrlBundle;
 
@@ -434,10 +433,7 @@ impl TdxVerifier {
         // not verified before, and only then the quote's signature: a forgery fails at the
         // first check it cannot pass, after at most one P-256 verification.
         let mut want = [0u8; 64];
-        let digest = Sha256::new()
-            .chain_update(quote.attestation_key())
-            .chain_update(quote.qe_auth_data())
-            .finalize();
+        let digest = crate::sha::sha256_parts([quote.attestation_key(), quote.qe_auth_data()]);
         if let Some(dst) = want.get_mut(..32) {
             dst.copy_from_slice(&digest);
         }
@@ -962,17 +958,4 @@ fn reference_check(
             Outcome::Fail,
         ),
     }
-}
-
-/// Lower-case hex, as `hex::encode` writes it, without its per-character iterator: the
-/// field checks run on every quote, and encoding was a noticeable share of their cost.
-fn lower_hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let digit = |n: u8| DIGITS.get(usize::from(n)).copied().unwrap_or(b'0');
-    let mut out = Vec::with_capacity(bytes.len() * 2);
-    for &b in bytes {
-        out.push(digit(b >> 4));
-        out.push(digit(b & 0x0f));
-    }
-    String::from_utf8(out).unwrap_or_default()
 }

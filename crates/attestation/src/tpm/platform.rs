@@ -192,6 +192,61 @@ pub struct CvmAkTrust {
     tdx: TdxVerifier,
     tdx_collateral: TdxCollateralSet,
     crls: Option<Arc<CrlBundle>>,
+    runtime_data: RuntimeDataMemo,
+}
+
+/// The HCL runtime data of recent verified evidence, parsed, with the REPORT_DATA it gives:
+/// a vTPM presents the same runtime data on every handshake, and parsing its JSON and
+/// hashing it were about an eighth of an Azure verification's CPU.
+///
+/// Keyed by the exact bytes and filled only after a hardware report bound them (its
+/// REPORT_DATA was that digest), so a peer without genuine evidence can neither add nor
+/// evict an entry. What is kept is a pure function of the bytes; every verification still
+/// compares the bytes in full, checks the hardware report's binding and matches the AK.
+#[derive(Default)]
+struct RuntimeDataMemo(std::sync::Mutex<std::collections::VecDeque<MemoEntry>>);
+
+struct MemoEntry {
+    bytes: Box<[u8]>,
+    parsed: Arc<RuntimeData>,
+    report_data: [u8; 64],
+}
+
+/// How many nodes' runtime data is kept (about 3 KiB each).
+const RUNTIME_DATA_MEMO: usize = 64;
+
+impl RuntimeDataMemo {
+    /// The parsed runtime data and its REPORT_DATA, from the memo or computed.
+    fn get(&self, bytes: &[u8]) -> Result<(Arc<RuntimeData>, [u8; 64], bool), ValidationError> {
+        if let Ok(entries) = self.0.lock()
+            && let Some(e) = entries.iter().find(|e| *e.bytes == *bytes)
+        {
+            return Ok((Arc::clone(&e.parsed), e.report_data, true));
+        }
+        let parsed = Arc::new(RuntimeData::parse(bytes)?);
+        Ok((parsed, hcl::runtime_data_report_data(bytes), false))
+    }
+
+    /// Keeps `bytes` once a hardware report bound them; the oldest entry goes first.
+    fn insert(&self, bytes: &[u8], parsed: Arc<RuntimeData>, report_data: [u8; 64]) {
+        if let Ok(mut entries) = self.0.lock()
+            && !entries.iter().any(|e| *e.bytes == *bytes)
+        {
+            if entries.len() >= RUNTIME_DATA_MEMO {
+                entries.pop_front();
+            }
+            entries.push_back(MemoEntry {
+                bytes: bytes.into(),
+                parsed,
+                report_data,
+            });
+        }
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.0.lock().map(|e| e.len()).unwrap_or(0)
+    }
 }
 
 impl fmt::Debug for CvmAkTrust {
@@ -233,6 +288,7 @@ impl CvmAkTrust {
             tdx: TdxVerifier::new(TdxPolicy::default()),
             tdx_collateral: TdxCollateralSet::default(),
             crls: None,
+            runtime_data: RuntimeDataMemo::default(),
         })
     }
 
@@ -253,6 +309,7 @@ impl CvmAkTrust {
             tdx: TdxVerifier::new(policy),
             tdx_collateral: collateral,
             crls: None,
+            runtime_data: RuntimeDataMemo::default(),
         }
     }
 
@@ -440,16 +497,13 @@ impl CvmAkTrust {
                         observed: format!("{:?}", HardwareKind::Tdx),
                     });
                 };
-                let runtime = RuntimeData::parse(hcl.runtime_data())?;
+                let (runtime, expected, known) = self.runtime_data.get(hcl.runtime_data())?;
                 let certs = snp_certs(&azure.certs)?;
-                self.verify_snp(
-                    report,
-                    &certs,
-                    &hcl.expected_report_data(),
-                    references,
-                    now,
-                    explanation,
-                )?;
+                self.verify_snp(report, &certs, &expected, references, now, explanation)?;
+                if !known {
+                    self.runtime_data
+                        .insert(hcl.runtime_data(), Arc::clone(&runtime), expected);
+                }
                 ak_check(explanation, hcl::hcl_ak_matches(&runtime, ak_public))
             }
             PlatformKind::AwsSevSnp(aws) => {
@@ -465,9 +519,12 @@ impl CvmAkTrust {
                 Ok(())
             }
             PlatformKind::AzureTdx(azure) => {
-                let runtime = RuntimeData::parse(&azure.runtime_data)?;
-                let expected = hcl::runtime_data_report_data(&azure.runtime_data);
+                let (runtime, expected, known) = self.runtime_data.get(&azure.runtime_data)?;
                 self.verify_tdx(&azure.quote, &expected, references, now, explanation)?;
+                if !known {
+                    self.runtime_data
+                        .insert(&azure.runtime_data, Arc::clone(&runtime), expected);
+                }
                 ak_check(explanation, hcl::hcl_ak_matches(&runtime, ak_public))
             }
         }
@@ -615,5 +672,60 @@ fn snp_certs(certs: &[Vec<u8>]) -> Result<SnpCerts, ValidationError> {
             "{} SEV-SNP certificates; want the VCEK or VLEK, optionally its ASK or ASVK",
             certs.len()
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
+    use super::*;
+
+    const RUNTIME: &[u8] = include_bytes!("../../tests/data/cvm/snp-azure/runtimedata.bin");
+
+    /// The same runtime data with another AK modulus: one hex digit of `n` changed.
+    fn other_runtime() -> Vec<u8> {
+        let text = std::str::from_utf8(RUNTIME).unwrap();
+        let n = text.find("\"n\":\"").unwrap() + 5;
+        let mut bytes = RUNTIME.to_vec();
+        bytes[n + 10] = if bytes[n + 10] == b'A' { b'B' } else { b'A' };
+        bytes
+    }
+
+    #[test]
+    fn the_runtime_data_memo_answers_exactly_what_parsing_and_hashing_give() {
+        let memo = RuntimeDataMemo::default();
+        let (parsed, report_data, known) = memo.get(RUNTIME).unwrap();
+        assert!(!known);
+        assert_eq!(*parsed, RuntimeData::parse(RUNTIME).unwrap());
+        assert_eq!(report_data, hcl::runtime_data_report_data(RUNTIME));
+        assert_eq!(memo.len(), 0, "looking up keeps nothing");
+
+        memo.insert(RUNTIME, Arc::clone(&parsed), report_data);
+        let (again, again_rd, known) = memo.get(RUNTIME).unwrap();
+        assert!(known);
+        assert_eq!((*again == *parsed, again_rd), (true, report_data));
+
+        // Bytes of the same length that differ in one digit of the AK are not the entry.
+        let other = other_runtime();
+        assert_eq!(other.len(), RUNTIME.len());
+        let (o, o_rd, known) = memo.get(&other).unwrap();
+        assert!(!known);
+        assert_ne!(o.ak, parsed.ak);
+        assert_eq!(o_rd, hcl::runtime_data_report_data(&other));
+        assert_ne!(o_rd, report_data);
+    }
+
+    #[test]
+    fn the_runtime_data_memo_keeps_the_newest_entries_up_to_its_bound() {
+        let memo = RuntimeDataMemo::default();
+        let parsed = Arc::new(RuntimeData::parse(RUNTIME).unwrap());
+        for i in 0..=RUNTIME_DATA_MEMO {
+            let key = i.to_be_bytes();
+            memo.insert(&key, Arc::clone(&parsed), [0; 64]);
+            memo.insert(&key, Arc::clone(&parsed), [0; 64]);
+        }
+        assert_eq!(memo.len(), RUNTIME_DATA_MEMO);
+        assert!(!memo.get(&0usize.to_be_bytes()).is_ok_and(|(_, _, k)| k));
+        assert!(memo.get(&RUNTIME_DATA_MEMO.to_be_bytes()).unwrap().2);
     }
 }

@@ -11,7 +11,6 @@ use crate::explain::Check;
 use crate::measurements::CvmReferences;
 use ring::signature::{self, RsaPublicKeyComponents, UnparsedPublicKey};
 use rustls_pki_types::{CertificateDer, SignatureVerificationAlgorithm, TrustAnchor, UnixTime};
-use sha2::{Digest, Sha256};
 use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::Arc;
@@ -60,7 +59,7 @@ pub struct AkFingerprint([u8; 32]);
 impl AkFingerprint {
     /// The fingerprint of a `TPMT_PUBLIC` as it appears in the evidence's `ak_public`.
     pub fn of_public_area(tpmt_public: &[u8]) -> Self {
-        Self(Sha256::digest(tpmt_public).into())
+        Self(crate::sha::sha256(tpmt_public))
     }
 
     /// Parses 64 hex digits.

@@ -7,7 +7,6 @@ use super::trust::{AkKey, AkTrust};
 use crate::explain::{Check, Outcome};
 use crate::measurements::{MeasurementMode, Measurements, MeasurementsProvider, PcrIndex};
 use crate::{Measurement, ReportData, ValidationError, Validator, VerifiedEvidence};
-use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -226,11 +225,7 @@ fn signed_sha256_selection(quote: &QuoteInfo) -> Result<BTreeSet<PcrIndex>, Vali
 /// SHA-256 over the values in ascending index order, as the TPM computes `pcrDigest` for a
 /// single-bank selection.
 fn pcr_digest(pcrs: &BTreeMap<PcrIndex, [u8; 32]>) -> [u8; 32] {
-    let mut h = Sha256::new();
-    for v in pcrs.values() {
-        h.update(v);
-    }
-    h.finalize().into()
+    crate::sha::sha256_parts(pcrs.values().map(<[u8; 32]>::as_slice))
 }
 
 /// Parses the event log and replays it; refuses it unless every quoted PCR it extends

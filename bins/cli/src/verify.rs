@@ -628,13 +628,12 @@ mod tests {
         );
     }
 
-    /// Real signed evidence from the software TPM of the attestation crate.
-    #[cfg(feature = "insecure-test-attestation")]
+    /// Real signed evidence from the software TPM (`asterism-soft-tpm`).
     mod signed {
         use super::*;
         use asterism_attestation::tpm::TpmQuoteEvidence;
-        use asterism_attestation::tpm::soft::{SoftAk, SoftTpm};
         use asterism_attestation::{AkTrust, Issuer, ValidationError};
+        use asterism_soft_tpm::{SoftAk, SoftTpm};
 
         fn idx(i: u8) -> PcrIndex {
             PcrIndex::new(i).unwrap()

@@ -24,7 +24,7 @@
 //! the machine); the ratios join/baseline; and the join service's peak resident memory
 //! (VmHWM) after all its runs.
 //!
-//! Run: `cargo bench -p asterism-join-service --features insecure-test-attestation --bench join_load`
+//! Run: `cargo bench -p asterism-join-service --profile release --bench join_load`
 //! Environment: `JOIN_BENCH_JOINERS` (K, default 256), `JOIN_BENCH_RATES` (open-loop
 //! rates per second, comma-separated, default `500,750,1000`), `JOIN_BENCH_SERVICE_BIN`
 //! (another `asterism-join-service` binary to measure, e.g. an older build).
@@ -43,7 +43,6 @@
 mod common;
 
 use asterism_atls::Issuer;
-use asterism_attestation::tpm::soft::{SoftAk, SoftTpm};
 use asterism_metadata::{InstanceMetadata, MetadataConfig, MetadataServer, Role};
 use asterism_proto::kms::api_client::ApiClient as KmsClient;
 use asterism_proto::kms::api_server::{Api, ApiServer};
@@ -51,6 +50,7 @@ use asterism_proto::kms::{
     GetControlPlaneIdentityRequest, GetControlPlaneIdentityResponse, GetDataKeyRequest,
     GetDataKeyResponse,
 };
+use asterism_soft_tpm::{SoftAk, SoftTpm};
 use common::*;
 use hyper_util::rt::TokioIo;
 use std::future::Future;

@@ -18,7 +18,7 @@
 //! It prints tickets/s per round and the medians, the number of quotes, and the ratios
 //! b/a and c/a (target: ≥ 0.9).
 //!
-//! Run: `cargo bench -p asterism-join-service --features insecure-test-attestation --bench join_slow_tpm`
+//! Run: `cargo bench -p asterism-join-service --profile release --bench join_slow_tpm`
 //! Environment: `JOIN_SLOW_JOINERS` (K, default 384), `JOIN_SLOW_CONCURRENCY` (default 16),
 //! `JOIN_SLOW_ROUNDS` (interleaved rounds of a, b, c; medians are reported; default 3).
 
@@ -35,7 +35,6 @@
 mod common;
 
 use asterism_atls::{AtlsConfig, AtlsConnector, AtlsServer, Issuer, SessionKeyIssuer};
-use asterism_attestation::tpm::soft::{SoftAk, SoftTpm};
 use asterism_attestation::{AkFingerprint, AkTrust, IssueError, ReportData, TpmQuoteValidator};
 use asterism_join_service::{
     JoinConfig, JoinService, KeyServiceAddress, KeyServiceClient, Limits, Metrics, RedbState,
@@ -43,6 +42,7 @@ use asterism_join_service::{
 use asterism_metadata::{HttpMetadata, InstanceMetadata, MetadataConfig, MetadataServer, Role};
 use asterism_proto::join::IssueJoinTicketRequest;
 use asterism_proto::join::api_client::ApiClient;
+use asterism_soft_tpm::{SoftAk, SoftTpm};
 use asterism_testkit::TpmNode;
 use asterism_tpm::TpmIssuer;
 use common::*;

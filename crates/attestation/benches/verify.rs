@@ -5,7 +5,8 @@
 //! TPM structure parsing, AK policy and trust, signature, PCR selection and digest,
 //! binding, and the comparison with expected measurements.
 //!
-//! Run: `cargo bench -p asterism-attestation --features insecure-test-attestation --bench verify`
+//! Run: `cargo bench -p asterism-attestation --profile release --bench verify` (the verifier
+//! as programs build it; the evidence comes from `asterism-soft-tpm`).
 #![allow(
     clippy::print_stdout,
     clippy::unwrap_used,
@@ -13,11 +14,11 @@
     clippy::indexing_slicing
 )] // a benchmark binary
 
-use asterism_attestation::tpm::soft::{SoftAk, SoftTpm};
 use asterism_attestation::{
     AkTrust, ExpectedPcr, Issuer, Measurements, PcrIndex, PlatformCa, ReportData, Role,
     TpmQuoteValidator, Validator,
 };
+use asterism_soft_tpm::{SoftAk, SoftTpm};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 

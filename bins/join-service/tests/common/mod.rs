@@ -378,7 +378,7 @@ pub async fn join(
 
 /// A software-TPM issuer whose AK tests pin.
 pub fn soft_node() -> (Arc<dyn Issuer>, AkFingerprint) {
-    use asterism_attestation::tpm::soft::{SoftAk, SoftTpm};
+    use asterism_soft_tpm::{SoftAk, SoftTpm};
     let tpm = SoftTpm::new(SoftAk::generate_ecdsa_p256().unwrap());
     let fp = tpm.ak().fingerprint();
     (Arc::new(tpm), fp)

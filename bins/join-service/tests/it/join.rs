@@ -464,7 +464,7 @@ async fn a_burst_of_key_requests_on_a_fresh_connection_is_not_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_software_node_with_other_pcrs_gets_nothing() {
-    use asterism_attestation::tpm::soft::{SoftAk, SoftTpm};
+    use asterism_soft_tpm::{SoftAk, SoftTpm};
     let mut tpm = SoftTpm::new(SoftAk::generate_ecdsa_p256().unwrap());
     tpm.set_pcr(PcrIndex::new(7).unwrap(), [1; 32]);
     let fp = tpm.ak().fingerprint();

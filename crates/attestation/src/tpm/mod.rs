@@ -10,8 +10,9 @@
 //!   `TPMT_PUBLIC`;
 //! * [`TpmQuoteValidator`]: the verification, with a mandatory [`AkTrust`] policy and a
 //!   [`crate::MeasurementsProvider`];
-//! * `soft` (feature `insecure-test-attestation`): a software quote builder for tests and
-//!   benchmarks.
+//!
+//! Tests and benchmarks make evidence with the software quote builder of the
+//! `asterism-soft-tpm` crate, which no program depends on.
 
 pub mod ek;
 pub mod eventlog;
@@ -21,9 +22,6 @@ pub mod structures;
 mod trust;
 mod validator;
 mod wire;
-
-#[cfg(feature = "insecure-test-attestation")]
-pub mod soft;
 
 pub use evidence::{
     AwsSnp, AzureSnp, AzureTdx, EVIDENCE_VERSION, EvidenceError, MAX_EVIDENCE_SIZE, PcrValue,

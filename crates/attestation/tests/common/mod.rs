@@ -7,8 +7,8 @@
     clippy::panic
 )]
 
-use asterism_attestation::tpm::soft::{SoftAk, SoftTpm};
 use asterism_attestation::{ExpectedPcr, Measurements, PcrIndex};
+use asterism_soft_tpm::{SoftAk, SoftTpm};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose, PublicKeyData, SignatureAlgorithm,

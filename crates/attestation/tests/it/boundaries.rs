@@ -20,7 +20,6 @@
 )] // test code
 
 use crate::common::*;
-use asterism_attestation::tpm::soft::SoftAk;
 use asterism_attestation::tpm::structures::{KdfScheme, ObjectAttributes, PublicParams, alg};
 use asterism_attestation::tpm::{
     AkTrust, EvidenceError, MAX_EVIDENCE_SIZE, ParseError, QuoteEvidence, TpmQuoteValidator,
@@ -30,6 +29,7 @@ use asterism_attestation::{
     ExpectedPcr, Issuer, Measurement, Measurements, MeasurementsError, PcrIndex, ReportData, Role,
     ValidationError, Validator,
 };
+use asterism_soft_tpm::SoftAk;
 
 fn rd() -> ReportData {
     ReportData::atls(Role::Client, &[0x22; 32])

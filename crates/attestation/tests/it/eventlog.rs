@@ -14,12 +14,12 @@ use asterism_attestation::tpm::eventlog::{
     ALG_SHA256, EventLog, EventLogError, EventType, MAX_EVENT_DATA, MAX_EVENT_LOG_SIZE, MAX_EVENTS,
     extend,
 };
-use asterism_attestation::tpm::soft::SoftTpm;
 use asterism_attestation::tpm::{AkTrust, TpmQuoteValidator};
 use asterism_attestation::{
     ExpectedPcr, Issuer, Measurements, MeasurementsError, PcrIndex, ReferenceEvent, ReportData,
     Role, ValidationError, Validator,
 };
+use asterism_soft_tpm::SoftTpm;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 

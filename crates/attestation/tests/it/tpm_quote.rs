@@ -8,7 +8,6 @@
 )] // test code
 
 use crate::common::*;
-use asterism_attestation::tpm::soft::{SoftAk, SoftQuote, SoftTpm};
 use asterism_attestation::tpm::structures::{
     AsymScheme, ObjectAttributes, PcrSelection, PublicParams, alg,
 };
@@ -19,6 +18,7 @@ use asterism_attestation::tpm::{
 use asterism_attestation::{
     ExpectedPcr, Issuer, Measurements, ReportData, Role, ValidationError, Validator,
 };
+use asterism_soft_tpm::{SoftAk, SoftQuote, SoftTpm};
 use prost::Message;
 use sha2::{Digest, Sha256};
 use std::time::{Duration, SystemTime};

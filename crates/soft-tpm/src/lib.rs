@@ -1,20 +1,25 @@
-//! **Insecure, for tests and benchmarks only**: a software "TPM" that makes `tpm-quote`
-//! evidence in the real wire format (`TPMS_ATTEST`, `TPMT_SIGNATURE`, `TPMT_PUBLIC`),
-//! signed by a software ECDSA P-256 or RSA key instead of a TPM-resident AK.
+//! **For tests and benchmarks only**: a software "TPM" that makes `tpm-quote` evidence in
+//! the real wire format (`TPMS_ATTEST`, `TPMT_SIGNATURE`, `TPMT_PUBLIC`), signed by a
+//! software ECDSA P-256 or RSA key instead of a TPM-resident AK.
 //!
 //! The evidence verifies like a real quote, so tests can build valid evidence and then
 //! tamper with any part of it, and load generators can produce realistic evidence. Nothing
-//! ties the key to a TPM: trust such an AK only by pinning it in a test.
+//! ties the key to a TPM: a verifier accepts such an AK only where a test pins it.
+//!
+//! It is a crate of its own, outside `asterism-attestation`'s insecure test feature, so that
+//! benchmarks can measure the verifier as programs build it (optimised, without that
+//! feature) against evidence made here. No program may depend on it: `scripts/check-deps`
+//! refuses a normal dependency on it.
+#![forbid(unsafe_code)]
 
-use super::evidence::{TpmQuoteEvidence, VARIANT};
-use super::structures::{
+use asterism_attestation::tpm::structures::{
     AsymScheme, ClockInfo, ECC_NIST_P256, KdfScheme, ObjectAttributes, PcrSelection, PublicParams,
     QuoteInfo, SymDefObject, TpmsAttest, TpmtPublic, TpmtSignature, alg,
 };
-use super::trust::AkFingerprint;
-use super::wire::ParseError;
-use crate::measurements::PcrIndex;
-use crate::{IssueError, Issuer, ReportData};
+use asterism_attestation::tpm::{
+    AK_ATTRIBUTES, AkFingerprint, ParseError, TpmQuoteEvidence, VARIANT,
+};
+use asterism_attestation::{IssueError, Issuer, PcrIndex, ReportData};
 use prost::Message;
 use ring::rand::SystemRandom;
 use ring::signature::{self, EcdsaKeyPair, KeyPair, RsaKeyPair};
@@ -51,7 +56,7 @@ pub struct SoftAk {
 impl SoftAk {
     /// The attributes of a well-formed AK: fixedTPM, fixedParent, sensitiveDataOrigin,
     /// userWithAuth, noDA, restricted, sign.
-    pub const AK_ATTRIBUTES: ObjectAttributes = ObjectAttributes(super::trust::AK_ATTRIBUTES);
+    pub const AK_ATTRIBUTES: ObjectAttributes = ObjectAttributes(AK_ATTRIBUTES);
 
     /// A fresh random ECDSA P-256 AK.
     pub fn generate_ecdsa_p256() -> Result<Self, SoftError> {

@@ -115,10 +115,10 @@ impl NameHash {
 /// The Name of an object: `nameAlg || H_nameAlg(TPMT_PUBLIC)`, from the marshalled
 /// `TPMT_PUBLIC` (its nameAlg is bytes 2..4).
 pub fn object_name(tpmt_public: &[u8]) -> Result<Vec<u8>> {
-    let name_alg = tpmt_public
-        .get(2..4)
-        .map(|b| u16::from_be_bytes([b[0], b[1]]))
-        .context("a TPMT_PUBLIC shorter than its header")?;
+    let &[_, _, high, low, ..] = tpmt_public else {
+        bail!("a TPMT_PUBLIC shorter than its header");
+    };
+    let name_alg = u16::from_be_bytes([high, low]);
     let hash = NameHash::of(name_alg)?;
     let mut name = name_alg.to_be_bytes().to_vec();
     name.extend_from_slice(digest::digest(hash.digest(), tpmt_public).as_ref());

@@ -321,6 +321,11 @@ fn a_tampered_response_or_wrong_proof_is_refused() {
     set_field(&response, "proof", &hex::encode(&proof[..31]));
     owner.refused_finish(&response);
 
+    // An oversized response is refused by its size, unread.
+    fs::write(&response, vec![b' '; 128 * 1024]).unwrap();
+    let error = owner.refused_finish(&response);
+    assert!(error.contains("response.json is larger than"), "{error}");
+
     // The right proof for another request or another AK.
     fs::write(&response, &honest).unwrap();
     set_field(&response, "request_digest", &"ab".repeat(32));
@@ -420,7 +425,7 @@ fn a_challenge_needs_the_ek_the_certificate_names_and_an_ak_of_our_template() {
     // An oversized request is refused by its size, unread.
     fs::write(&request, vec![b' '; 2 * 1024 * 1024]).unwrap();
     let error = owner.refused_challenge(&request);
-    assert!(error.contains("request.json"), "{error}");
+    assert!(error.contains("request.json is larger than"), "{error}");
 }
 
 /// Enrolment time per machine with swtpm, the four commands as separate processes (as an

@@ -14,8 +14,19 @@
 //! * `boot-measurements`: the expected measurements of a VM image from a reference boot's
 //!   event log and PCR values (docs/vm-image.md).
 //!
+//! For machines with real TPMs, where no provider certifies the AK, the owner plays the
+//! enrolment CA with the same platform CA, once per machine:
+//!
+//! * `enroll request` (machine): the EK certificate and chain, the EK and the AK;
+//! * `enroll challenge` (owner): verifies the EK certificate against the manufacturers'
+//!   bundle and the AK against our template, and makes a credential only that TPM can open
+//!   (`TPM2_MakeCredential` in software);
+//! * `enroll activate` (machine): `TPM2_ActivateCredential`, answered with an HMAC proof,
+//!   never the credential;
+//! * `enroll finish` (owner): checks the proof, and only then certifies the AK.
+//!
 //! Progress goes to stderr; the only output on stdout is the answer of `node-marker`. Keys
-//! never appear in the output.
+//! and enrolment credentials never appear in the output.
 #![forbid(unsafe_code)]
 
 mod boot;

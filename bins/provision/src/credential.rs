@@ -30,6 +30,7 @@ use std::fmt;
 
 use anyhow::{Context, Result, anyhow, bail};
 use asterism_attestation::tpm::TpmtPublic;
+use asterism_attestation::tpm::ek::VerifiedEk;
 use asterism_attestation::tpm::structures::{ObjectAttributes, PublicParams, SymDefObject, alg};
 use ring::rand::{SecureRandom, SystemRandom};
 use ring::{agreement, digest, hmac};
@@ -246,8 +247,18 @@ fn ek_params(ek: &TpmtPublic) -> Result<EkParams> {
 }
 
 /// `TPM2_MakeCredential(ek, credential, name)`: a challenge that only the TPM holding the
-/// EK `ek` and a key named `name` can open.
+/// EK `ek` and a key named `name` can open. Only for an EK whose certificate was verified:
+/// a challenge to an unverified key proves nothing.
 pub fn make_credential(
+    ek: &VerifiedEk,
+    name: &[u8],
+    credential: &Credential,
+) -> Result<MadeCredential> {
+    make_credential_for_key(ek.ek_public(), name, credential)
+}
+
+/// [`make_credential`] for any EK public area (the tests' uncertified swtpm EKs).
+fn make_credential_for_key(
     ek: &TpmtPublic,
     name: &[u8],
     credential: &Credential,
@@ -504,7 +515,7 @@ mod tests {
         for slot in [EkCertSlot::Rsa2048, EkCertSlot::EccP256] {
             let ek = TpmtPublic::parse(&tpm.read_ek_public(slot).unwrap()).unwrap();
             let credential = Credential::random().unwrap();
-            let made = make_credential(&ek, &name, &credential).unwrap();
+            let made = make_credential_for_key(&ek, &name, &credential).unwrap();
             let recovered = tpm
                 .activate_credential(&ak, slot, &made.credential_blob, &made.encrypted_secret)
                 .unwrap_or_else(|e| panic!("{slot:?}: {e}"));
@@ -527,7 +538,7 @@ mod tests {
 
         let mut other_name = name.clone();
         *other_name.last_mut().unwrap() ^= 1;
-        let made = make_credential(&ek, &other_name, &credential).unwrap();
+        let made = make_credential_for_key(&ek, &other_name, &credential).unwrap();
         let error = tpm
             .activate_credential(&ak, slot, &made.credential_blob, &made.encrypted_secret)
             .unwrap_err();
@@ -537,14 +548,14 @@ mod tests {
         let other = Swtpm::start().unwrap();
         let mut other_tpm = Tpm::open(&other.config()).unwrap();
         let other_ek = TpmtPublic::parse(&other_tpm.read_ek_public(slot).unwrap()).unwrap();
-        let made = make_credential(&other_ek, &name, &credential).unwrap();
+        let made = make_credential_for_key(&other_ek, &name, &credential).unwrap();
         assert!(
             tpm.activate_credential(&ak, slot, &made.credential_blob, &made.encrypted_secret)
                 .is_err()
         );
 
         // A flipped bit anywhere in the blob fails the integrity check.
-        let mut made = make_credential(&ek, &name, &credential).unwrap();
+        let mut made = make_credential_for_key(&ek, &name, &credential).unwrap();
         *made.credential_blob.last_mut().unwrap() ^= 1;
         assert!(
             tpm.activate_credential(&ak, slot, &made.credential_blob, &made.encrypted_secret)

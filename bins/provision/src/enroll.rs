@@ -33,6 +33,7 @@ use anyhow::{Context, Result, bail};
 use asterism_attestation::AkFingerprint;
 use asterism_attestation::tpm::check_ak_template;
 use asterism_attestation::tpm::ek::{EkCaBundle, certificates_from_nv};
+use asterism_attestation::tpm::structures::{ECC_NIST_P256, PublicParams};
 use asterism_tpm::{AkAlgorithm, AkConfig, EkCertSlot, Tpm};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
@@ -257,6 +258,19 @@ pub fn challenge(request_path: &Path, bundle_dir: &Path, pending: &Path, out: &P
         verified.anchor_file()
     );
 
+    let ek_matches_kind = match (request.ek, &verified.ek_public().params) {
+        (EkKind::Rsa2048, PublicParams::Rsa { key_bits, .. }) => *key_bits == 2048,
+        (EkKind::EccP256, PublicParams::Ecc { curve, .. }) => *curve == ECC_NIST_P256,
+        _ => false,
+    };
+    if !ek_matches_kind {
+        bail!(
+            "{}: the EK is not a {:?} key, as the request says",
+            request_path.display(),
+            request.ek
+        );
+    }
+
     // The AK: our template exactly, or a verifier would refuse it anyway.
     check_ak_template(&ak_public).with_context(|| {
         format!(
@@ -267,7 +281,7 @@ pub fn challenge(request_path: &Path, bundle_dir: &Path, pending: &Path, out: &P
     let ak_name = credential::object_name(&ak_public)?;
 
     let secret = Credential::random()?;
-    let made = credential::make_credential(verified.ek_public(), &ak_name, &secret)
+    let made = credential::make_credential(&verified, &ak_name, &secret)
         .context("making the credential for the EK")?;
     let expected = Zeroizing::new(credential::enrolment_proof(
         secret.expose(),

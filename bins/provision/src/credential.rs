@@ -189,7 +189,7 @@ fn aes_cfb_encrypt(key: &[u8], data: &mut [u8]) -> Result<()> {
 }
 
 fn aes_cfb_encrypt_iv(key: &[u8], iv: [u8; 16], data: &mut [u8]) -> Result<()> {
-    use aes::cipher::{BlockCipherEncrypt, KeyInit};
+    use aes::cipher::{BlockEncrypt, KeyInit};
     let run = |cipher: &dyn Fn(&mut aes::Block), data: &mut [u8]| {
         let mut feedback = aes::Block::from(iv);
         for chunk in data.chunks_mut(16) {

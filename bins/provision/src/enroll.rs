@@ -110,8 +110,8 @@ pub struct Response {
 }
 
 /// What the owner keeps between challenge and finish (mode 0600: the expected proof is as
-/// good as an answer).
-#[derive(Serialize, Deserialize)]
+/// good as an answer). Zeroized when dropped; not `Debug`.
+#[derive(Serialize, Deserialize, zeroize::Zeroize, zeroize::ZeroizeOnDrop)]
 #[serde(deny_unknown_fields)]
 struct Pending {
     format: String,

@@ -38,6 +38,8 @@ pub const CERT_FILE: &str = "platform-ca.pem";
 /// The manufacturer CA directory (EK certificates).
 pub const EK_CA_DIR: &str = "ek-ca";
 
+/// The largest key file read: a PEM P-256 key is about 250 bytes.
+const MAX_KEY_FILE: u64 = 64 * 1024;
 /// How long the platform CA certificate is valid.
 const CA_VALIDITY_DAYS: i64 = 20 * 365;
 /// How far back certificates are dated, for clocks that run a little behind.
@@ -135,7 +137,7 @@ impl PlatformCa {
                 dir.display()
             );
         }
-        let key_pem = files::read_private(&key_path)?;
+        let key_pem = files::read_private(&key_path, MAX_KEY_FILE)?;
         let key_pem = std::str::from_utf8(&key_pem)
             .with_context(|| format!("{} is not PEM", key_path.display()))?;
         let key = KeyPair::from_pem(key_pem)

@@ -49,8 +49,8 @@ pub fn refuse_existing(paths: &[PathBuf]) -> Result<()> {
     Ok(())
 }
 
-/// Reads a secret file, refusing one that others may read.
-pub fn read_private(path: &Path) -> Result<zeroize::Zeroizing<Vec<u8>>> {
+/// Reads a secret file of at most `cap` bytes, refusing one that others may read.
+pub fn read_private(path: &Path, cap: u64) -> Result<zeroize::Zeroizing<Vec<u8>>> {
     use std::os::unix::fs::MetadataExt;
     let meta = fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
     if meta.mode() & 0o077 != 0 {
@@ -61,7 +61,7 @@ pub fn read_private(path: &Path) -> Result<zeroize::Zeroizing<Vec<u8>>> {
             path.display()
         );
     }
-    Ok(zeroize::Zeroizing::new(
-        fs::read(path).with_context(|| format!("reading {}", path.display()))?,
-    ))
+    Ok(zeroize::Zeroizing::new(asterism_binkit::read_capped(
+        path, cap,
+    )?))
 }

@@ -14,12 +14,25 @@
 //! * `boot-measurements`: the expected measurements of a VM image from a reference boot's
 //!   event log and PCR values (docs/vm-image.md).
 //!
+//! For machines with real TPMs, where no provider certifies the AK, the owner plays the
+//! enrolment CA with the same platform CA, once per machine:
+//!
+//! * `enroll request` (machine): the EK certificate and chain, the EK and the AK;
+//! * `enroll challenge` (owner): verifies the EK certificate against the manufacturers'
+//!   bundle and the AK against our template, and makes a credential only that TPM can open
+//!   (`TPM2_MakeCredential` in software);
+//! * `enroll activate` (machine): `TPM2_ActivateCredential`, answered with an HMAC proof,
+//!   never the credential;
+//! * `enroll finish` (owner): checks the proof, and only then certifies the AK.
+//!
 //! Progress goes to stderr; the only output on stdout is the answer of `node-marker`. Keys
-//! never appear in the output.
+//! and enrolment credentials never appear in the output.
 #![forbid(unsafe_code)]
 
 mod boot;
 mod ca;
+mod credential;
+mod enroll;
 mod files;
 mod marker;
 mod node;
@@ -61,6 +74,14 @@ enum Command {
     NodeMarker {
         #[command(subcommand)]
         command: MarkerCommand,
+    },
+    /// Enrol a machine with a real TPM, once: prove by credential activation that its
+    /// attestation key is in the TPM whose EK certificate a manufacturer signed, then
+    /// certify the key with the platform CA (docs/provisioning.md, "Enrolling machines with
+    /// real TPMs").
+    Enroll {
+        #[command(subcommand)]
+        command: EnrollCommand,
     },
     /// The expected measurements of nodes booted from a VM image: PCRs 0-9 from a reference
     /// boot (its TCG event log must replay to the PCR values read), each with its events,
@@ -122,6 +143,89 @@ enum AkKind {
 }
 
 #[derive(Subcommand)]
+enum EnrollCommand {
+    /// On the machine: write the EK certificate (and chain), the EK and the attestation key
+    /// (created and persisted if missing) to a request file for the owner.
+    Request {
+        /// The TPM, e.g. `device:/dev/tpmrm0` or `swtpm:host=127.0.0.1,port=2321`.
+        #[arg(long)]
+        tpm: String,
+        /// Which EK and EK certificate to use.
+        #[arg(long, value_enum, default_value_t = EkKind::Rsa2048)]
+        ek: EkKind,
+        /// The attestation key's algorithm (as for `node`).
+        #[arg(long, value_enum, default_value_t = AkKind::Ecc)]
+        ak: AkKind,
+        /// The request file to write (must not exist).
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// On the owner's side: verify the request's EK certificate against the manufacturers'
+    /// bundle and the AK against our template, and make a challenge only that TPM can
+    /// answer.
+    Challenge {
+        /// The machine's request file.
+        #[arg(long)]
+        request: PathBuf,
+        /// The TPM manufacturers' CA certificates (a directory of PEM or DER files).
+        #[arg(long)]
+        ek_ca_dir: PathBuf,
+        /// Where to keep the pending state for `finish` (written mode 0600; must not exist).
+        #[arg(long)]
+        pending: PathBuf,
+        /// The challenge file to write for the machine (must not exist).
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// On the machine: open the challenge with the TPM (TPM2_ActivateCredential) and write
+    /// the proof for the owner.
+    Activate {
+        /// The TPM, e.g. `device:/dev/tpmrm0` or `swtpm:host=127.0.0.1,port=2321`.
+        #[arg(long)]
+        tpm: String,
+        /// The owner's challenge file.
+        #[arg(long)]
+        challenge: PathBuf,
+        /// The response file to write (must not exist).
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// On the owner's side: check the machine's proof and only then certify its attestation
+    /// key with the platform CA; the pending file is used up.
+    Finish {
+        /// The pending file `challenge` wrote.
+        #[arg(long)]
+        pending: PathBuf,
+        /// The machine's response file.
+        #[arg(long)]
+        response: PathBuf,
+        /// The platform CA directory (`platform-ca init`).
+        #[arg(long)]
+        ca_dir: PathBuf,
+        /// Where to write ak-cert.der, ak-public.bin and platform-ca.pem (created if
+        /// missing; none of them may exist yet).
+        #[arg(long)]
+        out: PathBuf,
+        /// Validity of the AK certificate, in days.
+        #[arg(long, default_value_t = 3650, value_parser = clap::value_parser!(u32).range(1..=36500))]
+        validity_days: u32,
+    },
+}
+
+/// The EKs a machine may enrol with: the TCG default templates L-1 and L-2. (The
+/// high-range P-384 EK's policy, a PolicyOR, is not satisfied by activation yet.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+enum EkKind {
+    /// RSA-2048 EK, certificate at NV index 0x01C00002.
+    #[value(name = "rsa2048")]
+    #[serde(rename = "rsa2048")]
+    Rsa2048,
+    /// ECC NIST P-256 EK, certificate at NV index 0x01C0000A.
+    EccP256,
+}
+
+#[derive(Subcommand)]
 enum MarkerCommand {
     /// Print `bootstrapped` or `not-bootstrapped` on stdout (PCR 15 not all zero or zero).
     Status {
@@ -167,6 +271,27 @@ fn run(cli: Cli) -> Result<()> {
                 marker::status(&tpm, cluster_id.as_deref())
             }
             MarkerCommand::Mark { tpm, cluster_id } => marker::mark(&tpm, &cluster_id),
+        },
+        Command::Enroll { command } => match command {
+            EnrollCommand::Request { tpm, ek, ak, out } => enroll::request(&tpm, ek, ak, &out),
+            EnrollCommand::Challenge {
+                request,
+                ek_ca_dir,
+                pending,
+                out,
+            } => enroll::challenge(&request, &ek_ca_dir, &pending, &out),
+            EnrollCommand::Activate {
+                tpm,
+                challenge,
+                out,
+            } => enroll::activate(&tpm, &challenge, &out),
+            EnrollCommand::Finish {
+                pending,
+                response,
+                ca_dir,
+                out,
+                validity_days,
+            } => enroll::finish(&pending, &response, &ca_dir, &out, validity_days),
         },
         Command::BootMeasurements {
             event_log,

@@ -1,7 +1,8 @@
 //! `asterism-provision` as real processes: a platform CA, provisioned nodes whose quotes a
 //! `TpmQuoteValidator` accepts with exactly the written files (and rejects with another CA
 //! or changed PCRs), refusal to overwrite, and the PCR 15 node marker seen from separate
-//! processes until the TPM resets.
+//! processes until the TPM resets. `enroll` (credential activation before a machine's AK is
+//! certified) is tested in the `enroll` module.
 
 #![allow(
     clippy::unwrap_used,
@@ -24,6 +25,8 @@ use asterism_attestation::{
 use asterism_swtpm::{SwtpmConfig, SwtpmProcess};
 use asterism_tpm::marker::{expected_marker_pcr, read_marker_pcr};
 use asterism_tpm::{AkAlgorithm, AkConfig, PcrSelection, Tpm, TpmIssuer};
+
+mod enroll;
 
 /// The upstream `HKDFClusterID` test vector's output (a cluster ID) and its PCR 15.
 const CLUSTER_ID: &str = "128c164378fe8767f998fbdfe4b4d6463ec5ae1b664ea5999bc27417607ae9b6";

@@ -14,21 +14,24 @@ use tss_esapi::abstraction::ek as tss_ek;
 use tss_esapi::abstraction::nv;
 use tss_esapi::abstraction::{AsymmetricAlgorithmSelection, DefaultKey};
 use tss_esapi::constants::CapabilityType;
+use tss_esapi::constants::SessionType;
 use tss_esapi::handles::{
-    KeyHandle, NvIndexTpmHandle, ObjectHandle, PcrHandle, PersistentTpmHandle, TpmHandle,
+    AuthHandle, KeyHandle, NvIndexTpmHandle, ObjectHandle, PcrHandle, PersistentTpmHandle,
+    SessionHandle, TpmHandle,
 };
 use tss_esapi::interface_types::algorithm::HashingAlgorithm;
 use tss_esapi::interface_types::dynamic_handles::Persistent;
 use tss_esapi::interface_types::ecc::EccCurve;
 use tss_esapi::interface_types::key_bits::RsaKeyBits;
 use tss_esapi::interface_types::resource_handles::{Hierarchy, NvAuth, Provision};
-use tss_esapi::interface_types::session_handles::AuthSession;
+use tss_esapi::interface_types::session_handles::{AuthSession, PolicySession};
 use tss_esapi::structures::{
-    AttestInfo, CapabilityData, Data, Digest, DigestValues, PcrSelectionList, PcrSlot,
-    SignatureScheme,
+    AttestInfo, CapabilityData, Data, Digest, DigestValues, EncryptedSecret, IdObject,
+    PcrSelectionList, PcrSlot, SignatureScheme, SymmetricDefinition,
 };
 use tss_esapi::tcti_ldr::{DeviceConfig, NetworkTPMConfig, TctiNameConf};
 use tss_esapi::traits::Marshall;
+use zeroize::Zeroizing;
 
 use crate::ak::{self, AkConfig, AttestationKey, PersistentHandle};
 use crate::config::TpmConfig;
@@ -76,6 +79,24 @@ pub struct Quote {
     /// The SHA-256 values of those PCRs, ascending by index, read right after the quote and
     /// checked against the quote's `pcrDigest`.
     pub pcrs: Vec<(u32, PcrValue)>,
+}
+
+/// The credential `TPM2_ActivateCredential` recovered ([`Tpm::activate_credential`]): a
+/// secret that proves possession of the EK and the AK to whoever made the challenge. Zeroized
+/// when dropped, never printed, not `Clone`.
+pub struct ActivatedCredential(Zeroizing<Vec<u8>>);
+
+impl ActivatedCredential {
+    /// The credential's bytes. Use them (e.g. as an HMAC key), do not log or send them.
+    pub fn expose(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for ActivatedCredential {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ActivatedCredential(<redacted>)")
+    }
 }
 
 /// An open TPM.
@@ -366,34 +387,88 @@ impl Tpm {
     /// (verify with `asterism_attestation::tpm::ek::EkCaBundle::verify`). Nothing is left
     /// loaded.
     pub fn read_ek_public(&mut self, slot: EkCertSlot) -> Result<Vec<u8>, TpmError> {
-        let selection = match slot {
-            EkCertSlot::Rsa2048 => AsymmetricAlgorithmSelection::Rsa(RsaKeyBits::Rsa2048),
-            EkCertSlot::EccP256 => AsymmetricAlgorithmSelection::Ecc(EccCurve::NistP256),
-            EkCertSlot::EccP384 => AsymmetricAlgorithmSelection::Ecc(EccCurve::NistP384),
-        };
-        let template = binding(
-            "EK template",
-            tss_ek::create_ek_public_from_default_template_2(selection, None::<DefaultKey>),
+        let (handle, public) = self.create_ek(slot)?;
+        let public = binding("marshal TPMT_PUBLIC", public.marshall());
+        self.flush(ObjectHandle::from(handle), "the transient EK");
+        public
+    }
+
+    /// `TPM2_ActivateCredential`: proves that the attestation key `ak` and the EK of `slot`'s
+    /// kind (the TCG default template, as [`Tpm::read_ek_public`] makes it) are in this TPM,
+    /// by recovering the credential that `TPM2_MakeCredential` (done by a verifier, in
+    /// software) bound to the EK's public key and the AK's name.
+    ///
+    /// `credential_blob` is the content of the TPM2B_ID_OBJECT (integrity HMAC and encrypted
+    /// credential), `secret` the content of the TPM2B_ENCRYPTED_SECRET (the seed, encrypted to
+    /// the EK). The EK is used under its standard authorization policy, `PolicySecret` with
+    /// the endorsement hierarchy (empty endorsement auth), in a policy session; the AK with
+    /// its empty auth value. The TPM refuses (`TPM_RC_INTEGRITY` or a value error) a blob made
+    /// for another EK or another AK name. Nothing is left loaded.
+    pub fn activate_credential(
+        &mut self,
+        ak: &AttestationKey,
+        slot: EkCertSlot,
+        credential_blob: &[u8],
+        secret: &[u8],
+    ) -> Result<ActivatedCredential, TpmError> {
+        let key = self.ak_handle(ak)?;
+        let blob = binding(
+            "TPM2B_ID_OBJECT",
+            IdObject::try_from(credential_blob.to_vec()),
         )?;
-        let created = self.run("TPM2_CreatePrimary(endorsement)", |ctx| {
-            ctx.execute_with_session(Some(AuthSession::Password), |ctx| {
-                ctx.create_primary(
-                    Hierarchy::Endorsement,
-                    template.clone(),
+        let secret = binding(
+            "TPM2B_ENCRYPTED_SECRET",
+            EncryptedSecret::try_from(secret.to_vec()),
+        )?;
+        let (ek, _) = self.create_ek(slot)?;
+        let session = self.run("TPM2_StartAuthSession(policy)", |ctx| {
+            ctx.execute_without_session(|ctx| {
+                ctx.start_auth_session(
                     None,
                     None,
                     None,
-                    None,
+                    SessionType::Policy,
+                    SymmetricDefinition::AES_128_CFB,
+                    HashingAlgorithm::Sha256,
                 )
             })
-        })?;
-        let public = binding("marshal TPMT_PUBLIC", created.out_public.marshall());
-        if let Err(error) = self.ctx.execute_without_session(|ctx| {
-            ctx.flush_context(ObjectHandle::from(created.key_handle))
-        }) {
-            warn!(%error, "cannot flush the transient EK");
-        }
-        public
+        });
+        let session = match session {
+            Ok(Some(session)) => session,
+            Ok(None) => {
+                self.flush(ObjectHandle::from(ek), "the transient EK");
+                return Err(TpmError::UnexpectedResponse {
+                    operation: "TPM2_StartAuthSession(policy)",
+                    detail: "no session handle".to_owned(),
+                });
+            }
+            Err(error) => {
+                self.flush(ObjectHandle::from(ek), "the transient EK");
+                return Err(error);
+            }
+        };
+        let activated = self.run("TPM2_ActivateCredential", |ctx| {
+            let policy = PolicySession::try_from(session)?;
+            // A retry starts the policy again: PolicySecret once per attempt.
+            ctx.execute_without_session(|ctx| ctx.policy_restart(policy))?;
+            ctx.execute_with_session(Some(AuthSession::Password), |ctx| {
+                ctx.policy_secret(
+                    policy,
+                    AuthHandle::Endorsement,
+                    Default::default(),
+                    Default::default(),
+                    Default::default(),
+                    None,
+                )
+            })?;
+            ctx.execute_with_sessions((Some(AuthSession::Password), Some(session), None), |ctx| {
+                ctx.activate_credential(key, ek, blob.clone(), secret.clone())
+            })
+        });
+        self.flush(SessionHandle::from(session).into(), "the policy session");
+        self.flush(ObjectHandle::from(ek), "the transient EK");
+        let digest = activated?;
+        Ok(ActivatedCredential(Zeroizing::new(digest.value().to_vec())))
     }
 
     /// The contents of the EK certificate chain NV indices (`0x01C00100` to `0x01C001FF`)
@@ -484,6 +559,46 @@ impl Tpm {
     }
 
     // ---- internals ----
+
+    /// Creates the EK of `slot`'s kind from the TCG default template in the endorsement
+    /// hierarchy: a transient object the caller flushes.
+    fn create_ek(
+        &mut self,
+        slot: EkCertSlot,
+    ) -> Result<(KeyHandle, tss_esapi::structures::Public), TpmError> {
+        let selection = match slot {
+            EkCertSlot::Rsa2048 => AsymmetricAlgorithmSelection::Rsa(RsaKeyBits::Rsa2048),
+            EkCertSlot::EccP256 => AsymmetricAlgorithmSelection::Ecc(EccCurve::NistP256),
+            EkCertSlot::EccP384 => AsymmetricAlgorithmSelection::Ecc(EccCurve::NistP384),
+        };
+        let template = binding(
+            "EK template",
+            tss_ek::create_ek_public_from_default_template_2(selection, None::<DefaultKey>),
+        )?;
+        let created = self.run("TPM2_CreatePrimary(endorsement)", |ctx| {
+            ctx.execute_with_session(Some(AuthSession::Password), |ctx| {
+                ctx.create_primary(
+                    Hierarchy::Endorsement,
+                    template.clone(),
+                    None,
+                    None,
+                    None,
+                    None,
+                )
+            })
+        })?;
+        Ok((created.key_handle, created.out_public))
+    }
+
+    /// Flushes a transient object or session, logging (not failing) when that fails.
+    fn flush(&mut self, handle: ObjectHandle, what: &str) {
+        if let Err(error) = self
+            .ctx
+            .execute_without_session(|ctx| ctx.flush_context(handle))
+        {
+            warn!(%error, "cannot flush {what}");
+        }
+    }
 
     /// Sends one command through the retry loop.
     fn run<T>(

@@ -10,6 +10,8 @@
 //!   [`Tpm::read_ek_certificate`], [`Tpm::read_ek_certificate_chain`], [`Tpm::read_ek_public`]
 //!   and [`Tpm::read_nv_index`] do what they say;
 //!   [`Tpm::read_hcl_report`] reads an Azure confidential VM's HCL report from its vTPM.
+//! * [`Tpm::activate_credential`] answers an enrolment challenge: `TPM2_ActivateCredential`
+//!   with the AK and the EK (under the EK's standard policy), proving both are in this TPM.
 //! * [`TpmIssuer`] turns quotes into `tpm-quote` evidence for attested TLS.
 //! * [`marker`] is the node marker in PCR 15. Running swtpm processes (local clusters,
 //!   tests) is the separate `asterism-swtpm` crate, which links no TSS; open one here with
@@ -19,7 +21,9 @@
 //! ([`retry`]); errors carry the operation and the decoded response code ([`ResponseCode`]).
 //!
 //! This is the only crate that links the TSS C libraries. It issues evidence but never
-//! verifies it (that is pure Rust, elsewhere), holds no secret and reads no environment.
+//! verifies it (that is pure Rust, elsewhere), keeps no secret (the one it returns, an activated
+//! enrolment credential, is an [`ActivatedCredential`] that zeroizes itself and prints as
+//! redacted) and reads no environment.
 //! It spawns no processes. It is blocking by design: callers in async code run it on a
 //! blocking thread.
 #![forbid(unsafe_code)]
@@ -36,7 +40,9 @@ pub mod retry;
 
 pub use ak::{AkAlgorithm, AkConfig, AttestationKey, PersistentHandle};
 pub use config::{ConfigError, DEFAULT_DEVICE, DEFAULT_SWTPM_HOST, DEFAULT_SWTPM_PORT, TpmConfig};
-pub use device::{MAX_EVENT_DATA, MAX_NV_READ, MAX_QUALIFYING_DATA, Quote, Tpm};
+pub use device::{
+    ActivatedCredential, MAX_EVENT_DATA, MAX_NV_READ, MAX_QUALIFYING_DATA, Quote, Tpm,
+};
 pub use ek::EkCertSlot;
 pub use error::{Layer, ResponseCode, TpmError};
 pub use issuer::TpmIssuer;

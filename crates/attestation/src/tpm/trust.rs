@@ -357,6 +357,17 @@ impl AkTrust {
     }
 }
 
+/// Applies the AK policy that an AK trusted by a platform CA or a pin must pass (our AK
+/// template exactly: restricted signing key, fixedTPM, fixedParent, sensitiveDataOrigin,
+/// userWithAuth, noDA, empty authPolicy, nameAlg SHA-256, ECDSA-SHA256 on P-256 or
+/// RSASSA-SHA256) to a `TPMT_PUBLIC`. An enrolment checks this before it certifies a key, so
+/// a platform CA never certifies a key that verifiers would refuse anyway.
+pub fn check_ak_template(tpmt_public: &[u8]) -> Result<(), ValidationError> {
+    let public = TpmtPublic::parse(tpmt_public)
+        .map_err(|e| ValidationError::Malformed(format!("AK public area: {e}")))?;
+    AkKey::from_public(&public, AttributeRule::Exact).map(|_| ())
+}
+
 /// How strictly an AK's `TPMA_OBJECT` is checked ([`AkTrust::attribute_rule`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AttributeRule {

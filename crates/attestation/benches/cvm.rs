@@ -60,6 +60,9 @@ use std::hint::black_box;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use x509_parser::prelude::{FromDer, X509Certificate};
 
+#[path = "support/mod.rs"]
+mod support;
+
 const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/cvm");
 const RSA_AK_PEM: &[u8] = include_bytes!("../tests/data/test-ak-rsa2048.pk8.pem");
 /// Wall time of one measurement; each figure is the best of `ROUNDS`, interleaved.
@@ -70,38 +73,9 @@ fn read(path: &str) -> Vec<u8> {
     std::fs::read(format!("{DATA}/{path}")).unwrap()
 }
 
-/// CPU time this thread has used (the scheduler's own account, in nanoseconds).
-fn thread_cpu() -> Duration {
-    let text = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap();
-    let ns = text.split_whitespace().next().unwrap().parse().unwrap();
-    Duration::from_nanos(ns)
-}
-
-/// Calls of `f` per CPU-second, over about `RUN` of wall time.
-fn rate(f: &mut dyn FnMut()) -> f64 {
-    for _ in 0..4 {
-        f();
-    }
-    let (wall, cpu) = (Instant::now(), thread_cpu());
-    let mut n = 0u64;
-    while wall.elapsed() < RUN {
-        for _ in 0..8 {
-            f();
-        }
-        n += 8;
-    }
-    n as f64 / (thread_cpu() - cpu).as_secs_f64()
-}
-
-/// The best rate of each closure over `ROUNDS` interleaved rounds.
+/// The best rate of each closure over `ROUNDS` interleaved rounds of `RUN`.
 fn best(fs: &mut [&mut dyn FnMut()]) -> Vec<f64> {
-    let mut out = vec![0f64; fs.len()];
-    for _ in 0..ROUNDS {
-        for (f, r) in fs.iter_mut().zip(&mut out) {
-            *r = r.max(rate(*f));
-        }
-    }
-    out
+    support::best(fs, ROUNDS, RUN)
 }
 
 fn pem_der(pem: &[u8]) -> Vec<Vec<u8>> {

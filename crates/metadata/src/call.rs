@@ -68,6 +68,23 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    call_with_headers(client, request, cap, timeout)
+        .await
+        .map(|(_, body)| body)
+}
+
+/// [`call`], with the answer's headers.
+pub(crate) async fn call_with_headers<B>(
+    client: &Client<HttpConnector, B>,
+    request: Request<B>,
+    cap: usize,
+    timeout: Duration,
+) -> Result<(http::HeaderMap, Bytes), CallError>
+where
+    B: hyper::body::Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let call = async {
         let response = client
             .request(request)
@@ -85,17 +102,15 @@ where
         if declared.is_some_and(|n| n > cap as u64) {
             return Err(CallError::TooLarge);
         }
-        let body = Limited::new(response.into_body(), cap)
-            .collect()
-            .await
-            .map_err(|e| {
-                if e.is::<http_body_util::LengthLimitError>() {
-                    CallError::TooLarge
-                } else {
-                    CallError::Request(e)
-                }
-            })?;
-        Ok(body.to_bytes())
+        let (parts, body) = response.into_parts();
+        let body = Limited::new(body, cap).collect().await.map_err(|e| {
+            if e.is::<http_body_util::LengthLimitError>() {
+                CallError::TooLarge
+            } else {
+                CallError::Request(e)
+            }
+        })?;
+        Ok((parts.headers, body.to_bytes()))
     };
     tokio::time::timeout(timeout, call)
         .await

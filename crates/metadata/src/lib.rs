@@ -7,6 +7,9 @@
 //!   for tests).
 //! * [`imds::Imds`]: a client for a cloud's instance metadata service, for what a
 //!   confidential VM's evidence needs from it (Azure THIM's VCEK, Azure's TDX quotes).
+//! * [`node_settings`]: a node's own settings (addresses, host name, the cluster to join),
+//!   from the one place its platform keeps them: fw_cfg, SMBIOS OEM strings, a file on the
+//!   ESP, or GCE's, Azure's or AWS's instance metadata.
 //! * [`MetadataServer`]: the local metadata service, which identifies the caller of `GET
 //!   /self` by its source address, as cloud metadata services do by VPC IP. The
 //!   `asterism-metadata` program around it is the package `asterism-metadata-server`, so
@@ -21,6 +24,7 @@ mod call;
 mod client;
 pub mod imds;
 mod instance;
+pub mod node_settings;
 mod server;
 
 pub use client::{DEFAULT_TIMEOUT, HttpMetadata, MAX_RESPONSE_LEN};

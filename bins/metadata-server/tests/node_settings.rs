@@ -1,0 +1,195 @@
+//! `asterism-node-settings` as the image's init would run it: settings from a fw_cfg tree
+//! and an ESP file in temporary directories, printed as shell assignments or the settings
+//! document, the blobs written as files; a hostile source leaves nothing written.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+const CLUSTER_ID: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+const CP_KEY: &str = "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100";
+const CA: &str = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+
+fn put(root: &Path, name: &str, bytes: &[u8]) {
+    let path = root.join("by_name").join(name).join("raw");
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, bytes).unwrap();
+}
+
+fn fw_cfg(root: &Path) {
+    let params = format!(
+        "asterism.ip=10.0.2.15/24 asterism.gw=10.0.2.2 asterism.node-ip=10.0.3.7/24 \
+         asterism.hostname=worker-7 asterism.cluster-id={CLUSTER_ID} \
+         asterism.control-plane-key={CP_KEY}"
+    );
+    put(root, "opt/asterism/params", params.as_bytes());
+    put(
+        root,
+        "opt/asterism/ak-cert",
+        &[0x30, 0x03, 0x02, 0x01, 0x07],
+    );
+    put(root, "opt/asterism/join-trust/platform-ca", CA.as_bytes());
+    put(
+        root,
+        "opt/asterism/join-trust/measurements",
+        br#"{"pcrs":{}}"#,
+    );
+}
+
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_asterism-node-settings"))
+        .args(args)
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn fw_cfg_settings_print_as_the_inits_shell_variables_with_the_blobs_as_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("fw_cfg");
+    fw_cfg(&root);
+    let out_dir = dir.path().join("attestation");
+    let out = run(&[
+        "--source",
+        "auto",
+        "--fw-cfg-root",
+        root.to_str().unwrap(),
+        "--write-files",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    for line in [
+        "settings_source='fw-cfg'",
+        "ip_addr='10.0.2.15/24'",
+        "gw='10.0.2.2'",
+        "node_ip='10.0.3.7/24'",
+        "hostname_='worker-7'",
+        &format!("cluster_id='{CLUSTER_ID}'"),
+        &format!("control_plane_key='{CP_KEY}'"),
+    ] {
+        assert!(
+            stdout.lines().any(|l| l == line),
+            "{line} not in:\n{stdout}"
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(out_dir.join("join-platform-ca.pem")).unwrap(),
+        CA
+    );
+    assert_eq!(
+        std::fs::read(out_dir.join("ak-cert.der")).unwrap(),
+        [0x30, 3, 2, 1, 7]
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("BEGIN CERTIFICATE"), "{stderr}");
+}
+
+#[test]
+fn the_json_output_is_an_esp_settings_file_that_reads_back_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("fw_cfg");
+    fw_cfg(&root);
+    let out = run(&[
+        "--source",
+        "fw-cfg",
+        "--fw-cfg-root",
+        root.to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["source"], "fw-cfg");
+    doc.as_object_mut().unwrap().remove("source");
+    let esp = dir.path().join("node-settings.json");
+    std::fs::write(&esp, doc.to_string()).unwrap();
+    let again = run(&[
+        "--source",
+        "esp",
+        "--esp-file",
+        esp.to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    let mut doc2: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
+    doc2.as_object_mut().unwrap().remove("source");
+    assert_eq!(doc, doc2);
+}
+
+#[test]
+fn a_hostile_source_prints_and_writes_nothing_and_names_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("fw_cfg");
+    fw_cfg(&root);
+    // A valid everything but one bad value, read after the blobs would have been.
+    put(
+        &root,
+        "opt/asterism/params",
+        format!("asterism.hostname=worker-7 asterism.cluster-id={CLUSTER_ID} asterism.control-plane-key=zz")
+            .as_bytes(),
+    );
+    let out_dir = dir.path().join("attestation");
+    let out = run(&[
+        "--source",
+        "fw-cfg",
+        "--fw-cfg-root",
+        root.to_str().unwrap(),
+        "--write-files",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    assert!(!out_dir.exists(), "nothing written");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("fw_cfg: control-plane-key"), "{stderr}");
+}
+
+#[test]
+fn shell_output_with_blobs_needs_a_directory_for_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("fw_cfg");
+    fw_cfg(&root);
+    let out = run(&[
+        "--source",
+        "fw-cfg",
+        "--fw-cfg-root",
+        root.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+}
+
+#[test]
+fn no_detectable_source_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let none = dir.path().join("none");
+    let p = none.to_str().unwrap();
+    let out = run(&[
+        "--fw-cfg-root",
+        p,
+        "--dmi-entries",
+        p,
+        "--dmi-id",
+        p,
+        "--esp-file",
+        p,
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no node settings source"));
+}

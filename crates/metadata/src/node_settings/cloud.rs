@@ -143,9 +143,8 @@ impl CloudSettings {
         let ip = self.gce_get(GCE_IP, MAX_TEXT_ANSWER).await?;
 
         let url = self.url(GCE_ATTRIBUTES);
-        let object: serde_json::Map<String, serde_json::Value> =
-            serde_json::from_slice(&attributes)
-                .map_err(|e| self.malformed(&url, format!("not a JSON object: {e}")))?;
+        let document::Pairs(object) = serde_json::from_slice(&attributes)
+            .map_err(|e| self.malformed(&url, format!("not a JSON object: {e}")))?;
         let mut raw = Raw::new(self.origin);
         for (key, value) in object {
             // Other attributes (ssh-keys, startup-script, …) are the platform's or others'.

@@ -34,7 +34,7 @@ pub fn parse(origin: Source, what: &str, bytes: &[u8]) -> Result<NodeSettings, S
         what: what.to_owned(),
         reason,
     };
-    let object: serde_json::Map<String, serde_json::Value> =
+    let Pairs(object) =
         serde_json::from_slice(bytes).map_err(|e| malformed(format!("not a JSON object: {e}")))?;
     let mut raw = Raw::new(origin);
     for (key, value) in object {
@@ -57,6 +57,35 @@ pub fn parse(origin: Source, what: &str, bytes: &[u8]) -> Result<NodeSettings, S
         raw.set_key(&key, Value::Text(text))?;
     }
     raw.into_settings()
+}
+
+/// A JSON object's members in document order, a repeated key included (a map would keep
+/// one of them silently; the settings refuse it).
+pub(crate) struct Pairs(pub(crate) Vec<(String, serde_json::Value)>);
+
+impl<'de> serde::Deserialize<'de> for Pairs {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Members;
+        impl<'de> serde::de::Visitor<'de> for Members {
+            type Value = Pairs;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Pairs, A::Error> {
+                let mut members = Vec::new();
+                while let Some(member) = map.next_entry::<String, serde_json::Value>()? {
+                    members.push(member);
+                }
+                Ok(Pairs(members))
+            }
+        }
+        deserializer.deserialize_map(Members)
+    }
 }
 
 /// Reads the ESP settings file at `path` (at most [`MAX_DOCUMENT_LEN`] bytes).
@@ -147,6 +176,22 @@ mod tests {
             read_esp(&path),
             Err(SettingsError::Malformed { .. })
         ));
+    }
+
+    #[test]
+    fn a_key_repeated_in_the_document_is_refused() {
+        let text = format!(r#"{{"cluster-id": "{CLUSTER_ID}", "cluster-id": "{CP_KEY}"}}"#);
+        let err = parse(Source::Esp, "f", text.as_bytes()).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                SettingsError::Duplicate {
+                    field: Field::ClusterId,
+                    ..
+                }
+            ),
+            "{err}"
+        );
     }
 
     #[test]

@@ -46,7 +46,7 @@ pub enum Source {
 }
 
 impl Source {
-    /// Every source, in the order `auto` detection considers them.
+    /// Every source.
     pub const ALL: [Source; 6] = [
         Source::FwCfg,
         Source::Gce,
@@ -999,6 +999,47 @@ pub(crate) mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn detection_prefers_fw_cfg_then_the_clouds_identity_then_bare_metal_sources() {
+        assert_eq!(
+            detect_from(true, "Google", "Google Compute Engine", true, true),
+            Some(Source::FwCfg)
+        );
+        assert_eq!(
+            detect_from(false, "Google", "Google Compute Engine", true, true),
+            Some(Source::Gce)
+        );
+        assert_eq!(
+            detect_from(false, "Amazon EC2", "m7i.large", false, false),
+            Some(Source::Aws)
+        );
+        assert_eq!(
+            detect_from(
+                false,
+                "Microsoft Corporation",
+                "Virtual Machine",
+                false,
+                false
+            ),
+            Some(Source::Azure)
+        );
+        assert_eq!(
+            detect_from(false, "Dell Inc.", "PowerEdge R650", true, true),
+            Some(Source::Smbios)
+        );
+        assert_eq!(
+            detect_from(false, "Dell Inc.", "PowerEdge R650", false, true),
+            Some(Source::Esp)
+        );
+        assert_eq!(
+            detect_from(false, "QEMU", "Standard PC", false, false),
+            None
+        );
+        for source in Source::ALL {
+            assert_eq!(source.as_str().parse::<Source>().unwrap(), source);
+        }
     }
 
     #[test]

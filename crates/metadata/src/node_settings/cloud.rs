@@ -20,8 +20,10 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use serde::Deserialize;
 use std::time::Duration;
 
-/// GCE's metadata server.
-pub const GCE_METADATA_URL: &str = "http://metadata.google.internal";
+/// GCE's metadata server, by address: it is also `metadata.google.internal`, but a node
+/// reads its settings before it has a resolver.
+/// <https://cloud.google.com/compute/docs/metadata/querying-metadata>
+pub const GCE_METADATA_URL: &str = "http://169.254.169.254";
 /// Azure's and AWS's instance metadata service.
 pub const IMDS_URL: &str = crate::imds::DEFAULT_IMDS_URL;
 /// Deadline of one call: connect, request, answer headers and body.

@@ -321,6 +321,32 @@ mod tests {
     }
 
     #[test]
+    fn the_size_cap_and_the_ranges_are_exact() {
+        // A document of exactly the cap is read; one byte more is refused by its size.
+        let at_cap = |extra: usize| {
+            let mut doc = br#"{"snp": {"vmpl": 3}}"#.to_vec();
+            doc.resize(MAX_POLICY_SIZE + extra, b' ');
+            CvmPolicy::from_json(&doc)
+        };
+        assert_eq!(
+            at_cap(0).unwrap().snp.vmpl,
+            Some(3),
+            "VMPL 3 is the last one"
+        );
+        assert!(matches!(at_cap(1), Err(CvmPolicyError::TooLarge(n)) if n == MAX_POLICY_SIZE + 1));
+        // Each signer alone, and both.
+        for (signers, vcek, vlek) in [
+            (r#"["vcek"]"#, true, false),
+            (r#"["vlek"]"#, false, true),
+            (r#"["vcek", "vlek"]"#, true, true),
+        ] {
+            let json = format!(r#"{{"snp": {{"signers": {signers}}}}}"#);
+            let p = CvmPolicy::from_json(json.as_bytes()).unwrap().snp;
+            assert_eq!((p.allow_vcek, p.allow_vlek), (vcek, vlek), "{signers}");
+        }
+    }
+
+    #[test]
     fn bad_values_and_unknown_knobs_are_refused() {
         for bad in [
             r#"{"snp": {"vmpl": 4}}"#,

@@ -35,7 +35,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use rustls_pki_types::{CertificateDer, TrustAnchor, UnixTime};
 
 use super::ek::{asn1_time, certificates_in_file, check_ca, parse_exact};
-use super::trust::{AkKey, AkTrustError, CHAIN_ALGS};
+use super::structures::TpmtPublic;
+use super::trust::{AkFingerprint, AkKey, AkTrustError, AttributeRule, CHAIN_ALGS};
 use crate::ValidationError;
 
 /// `tcg-kp-AIKCertificate` (2.23.133.8.3), DER value of the OID.
@@ -139,6 +140,24 @@ impl CloudAkCa {
                 .collect(),
         )?;
         Self::from_der(roots, intermediates)
+    }
+
+    /// Checks, as the validator does, that `chain` (DER, the AK certificate first, as a
+    /// node sends it) certifies the AK whose `TPMT_PUBLIC` is `ak_public` at `now`, and that
+    /// the AK is one (restricted signing key, RSA 2048–8192 or ECC P-256, SHA-256). Returns
+    /// the AK's identity. For checking an AK certificate collected from a machine; the
+    /// validator checks it with the quote.
+    pub fn check_ak_certificate(
+        &self,
+        chain: &[Vec<u8>],
+        ak_public: &[u8],
+        now: SystemTime,
+    ) -> Result<AkFingerprint, ValidationError> {
+        let public = TpmtPublic::parse(ak_public)
+            .map_err(|e| ValidationError::Malformed(format!("ak_public: {e}")))?;
+        let ak = AkKey::from_public(&public, AttributeRule::Required)?;
+        self.verify(chain, &ak, now)?;
+        ak.fingerprint()
     }
 
     /// Checks that `chain` (leaf first, as in the evidence) certifies `ak` at `now`.

@@ -164,7 +164,7 @@ fn validate(parts: &Parts) -> Result<VerifiedEvidence, ValidationError> {
     validate_with(gcp(), in_validity(), parts, &NONCE)
 }
 
-fn untrusted(r: Result<VerifiedEvidence, ValidationError>, needle: &str) {
+fn untrusted(r: Result<impl std::fmt::Debug, ValidationError>, needle: &str) {
     match r {
         Err(ValidationError::UntrustedKey(m)) => assert!(m.contains(needle), "{m}"),
         other => panic!("want untrusted key containing {needle:?}, got {other:?}"),
@@ -326,6 +326,31 @@ fn the_quoted_pcrs_are_compared_with_the_measurements() {
         .with_clock(in_validity)
         .validate_raw_binding(&parts.evidence(), &NONCE);
     assert!(r.is_err(), "{r:?}");
+}
+
+#[test]
+fn a_collected_ak_certificate_is_checked_on_its_own() {
+    let parts = Parts::real();
+    let fp = gcp()
+        .check_ak_certificate(&parts.chain, &parts.ak_public, in_validity())
+        .unwrap();
+    assert_eq!(
+        fp,
+        AkKey::from_public(
+            &TpmtPublic::parse(&parts.ak_public).unwrap(),
+            AttributeRule::Required
+        )
+        .unwrap()
+        .fingerprint()
+        .unwrap()
+    );
+    let mut other = parts.ak_public.clone();
+    let last = other.len() - 1;
+    other[last] ^= 0x02;
+    untrusted(
+        gcp().check_ak_certificate(&parts.chain, &other, in_validity()),
+        "not the key in ak_public",
+    );
 }
 
 #[test]

@@ -32,6 +32,8 @@ const GCP_NEWER_INTERMEDIATE: &[u8] =
     include_bytes!("../../tests/data/tpm-ek-ca/gcp/gcp_ek_ak_ca_intermediate_v3.crt");
 const AZURE_ROOT: &[u8] =
     include_bytes!("../../tests/data/cloud-ak-ca/azure/azure-virtual-tpm-root-2023.pem");
+const AZURE_INTERMEDIATE: &[u8] =
+    include_bytes!("../../tests/data/cloud-ak-ca/azure/global-virtual-tpm-ca-03.pem");
 
 /// The nonce the attestation was taken with.
 const NONCE: [u8; 2] = [0x90, 0x09];
@@ -226,7 +228,7 @@ fn a_chain_to_another_root_is_refused() {
         validate_with(ca, in_validity(), &parts, &NONCE),
         "UnknownIssuer",
     );
-    let azure = CloudAkCa::from_files([AZURE_ROOT], [] as [&[u8]; 0]).unwrap();
+    let azure = CloudAkCa::from_files([AZURE_ROOT], [AZURE_INTERMEDIATE]).unwrap();
     untrusted(
         validate_with(azure, in_validity(), &parts, &NONCE),
         "UnknownIssuer",
@@ -354,8 +356,8 @@ fn a_collected_ak_certificate_is_checked_on_its_own() {
 }
 
 #[test]
-fn the_azure_root_loads_as_a_cloud_root() {
-    CloudAkCa::from_files([AZURE_ROOT], [] as [&[u8]; 0]).unwrap();
+fn the_azure_root_and_intermediate_load_as_a_cloud_ca() {
+    CloudAkCa::from_files([AZURE_ROOT], [AZURE_INTERMEDIATE]).unwrap();
 }
 
 #[test]

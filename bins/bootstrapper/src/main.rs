@@ -68,6 +68,13 @@ struct Args {
     #[arg(long, value_name = "PLATFORM")]
     confidential_vm: Option<CvmPlatform>,
 
+    /// This node's vTPM holds an AK the cloud made and certified (azure-trusted-launch): quote
+    /// with that AK and send the cloud's certificate for it from the vTPM's NV (unless
+    /// --ak-cert names one); verifiers trust it with --cloud-ak-root. Not on a confidential
+    /// VM, whose hardware report vouches for its AK.
+    #[arg(long, value_name = "PLATFORM", conflicts_with = "confidential_vm")]
+    cloud_vtpm: Option<asterism_bootstrapper::platform::CloudVtpm>,
+
     /// With --confidential-vm: the cloud's instance metadata service (plain http).
     #[arg(long, value_name = "URL", default_value = asterism_metadata::imds::DEFAULT_IMDS_URL)]
     imds_url: String,
@@ -597,11 +604,14 @@ async fn run(args: Args, logs: LogBuffer) -> anyhow::Result<u8> {
         let default = dir.root().join("attestation/ak-cert.der");
         default.exists().then_some(default)
     });
-    let chain = match &ak_cert {
-        Some(path) => {
+    let cloud = args.cloud_vtpm;
+    let chain = match (&ak_cert, cloud) {
+        (Some(path), _) => {
             vec![asterism_binkit::read_capped(path, MAX_AK_CERT_FILE)?]
         }
-        None => {
+        // Read from the vTPM below.
+        (None, Some(_)) => Vec::new(),
+        (None, None) => {
             tracing::warn!("no AK certificate: verifiers must pin this node's AK");
             Vec::new()
         }
@@ -620,7 +630,19 @@ async fn run(args: Args, logs: LogBuffer) -> anyhow::Result<u8> {
             Some(platform) => platform::read_from_tpm(platform, &mut tpm)?,
             None => None,
         };
-        let ak = platform::ak_config(cvm)?;
+        let (ak, chain) = match cloud {
+            Some(cloud) => {
+                let chain = if chain.is_empty() {
+                    let cert = cloud.read_ak_certificate(&mut tpm)?;
+                    tracing::info!(%cloud, "sending the cloud's AK certificate from the vTPM");
+                    vec![cert]
+                } else {
+                    chain
+                };
+                (cloud.ak_config()?, chain)
+            }
+            None => (platform::ak_config(cvm)?, chain),
+        };
         let issuer = TpmIssuer::new(tpm, &ak, PcrSelection::all(), chain)
             .context("cannot load the attestation key from the TPM")?;
         let issuer = match log {
@@ -1044,6 +1066,24 @@ mod tests {
         // None: nothing could verify the join service.
         let err = join_service_trust(&args(&[])).unwrap_err();
         assert!(format!("{err:#}").contains("--pinned-ak"), "{err:#}");
+    }
+
+    #[test]
+    fn the_cloud_vtpm_flag_names_a_cloud_and_excludes_a_confidential_vm() {
+        use asterism_bootstrapper::platform::CloudVtpm;
+        assert_eq!(with(&[]).unwrap().cloud_vtpm, None);
+        let args = with(&["--cloud-vtpm", "azure-trusted-launch"]).unwrap();
+        assert_eq!(args.cloud_vtpm, Some(CloudVtpm::AzureTrustedLaunch));
+        assert!(with(&["--cloud-vtpm", "gce"]).is_err());
+        assert!(
+            with(&[
+                "--cloud-vtpm",
+                "azure-trusted-launch",
+                "--confidential-vm",
+                "azure-sev-snp"
+            ])
+            .is_err()
+        );
     }
 
     #[test]

@@ -68,6 +68,13 @@ struct Args {
     #[arg(long, value_name = "PLATFORM")]
     confidential_vm: Option<CvmPlatform>,
 
+    /// This node's vTPM holds an AK the cloud made and certified (azure-trusted-launch): quote
+    /// with that AK and send the cloud's certificate for it from the vTPM's NV (unless
+    /// --ak-cert names one); verifiers trust it with --cloud-ak-root. Not on a confidential
+    /// VM, whose hardware report vouches for its AK.
+    #[arg(long, value_name = "PLATFORM", conflicts_with = "confidential_vm")]
+    cloud_vtpm: Option<asterism_bootstrapper::platform::CloudVtpm>,
+
     /// With --confidential-vm: the cloud's instance metadata service (plain http).
     #[arg(long, value_name = "URL", default_value = asterism_metadata::imds::DEFAULT_IMDS_URL)]
     imds_url: String,
@@ -152,7 +159,8 @@ struct Args {
     insecure_skip_control_plane_identity: bool,
 
     /// The join service's expected measurements (JSON, docs/attestation.md; re-read when it
-    /// changes); PCR 15 is always the marker of --cluster-id. Needs --platform-ca, or
+    /// changes); PCR 15 is always the marker of --cluster-id. Needs one way to trust the
+    /// join service's attestation key: --platform-ca, --pinned-ak, --cloud-ak-root, or
     /// --confidential-vm (the join service runs on a confidential VM of the same platform).
     #[arg(long, value_name = "PATH")]
     verify_join_service_measurements: Option<PathBuf>,
@@ -165,6 +173,33 @@ struct Args {
         conflicts_with = "confidential_vm"
     )]
     platform_ca: Option<PathBuf>,
+
+    /// Trust the join service's attestation key by its fingerprint (SHA-256 of its
+    /// TPMT_PUBLIC, 64 hex digits, as the control-plane node logs it) instead of a platform
+    /// CA: bare-metal control planes. Repeatable (one per control-plane node).
+    #[arg(
+        long,
+        value_name = "HEX",
+        requires = "verify_join_service_measurements",
+        conflicts_with = "confidential_vm"
+    )]
+    pinned_ak: Vec<String>,
+
+    /// Trust the join service's attestation key when its certificate chains to this cloud
+    /// vTPM CA root (PEM or DER; GCE, Azure Trusted Launch; docs/provisioning.md).
+    /// Repeatable.
+    #[arg(
+        long,
+        value_name = "PATH",
+        requires = "verify_join_service_measurements",
+        conflicts_with = "confidential_vm"
+    )]
+    cloud_ak_root: Vec<PathBuf>,
+
+    /// With --cloud-ak-root: an intermediate CA certificate (PEM or DER) the join service's
+    /// AK certificate chains through. Repeatable.
+    #[arg(long, value_name = "PATH", requires = "cloud_ak_root")]
+    cloud_ak_intermediate: Vec<PathBuf>,
 
     /// With --confidential-vm: the policy for the join service's hardware report (JSON,
     /// docs/attestation.md section 7.1); without it the secure defaults.
@@ -185,7 +220,13 @@ struct Args {
 
     /// INSECURE, development only: trust whichever join service answers; it chooses this
     /// node's disk key and cluster. Warned on every join and rejoin attempt.
-    #[arg(long, conflicts_with_all = ["cluster_id", "verify_join_service_measurements", "platform_ca"])]
+    #[arg(long, conflicts_with_all = [
+        "cluster_id",
+        "verify_join_service_measurements",
+        "platform_ca",
+        "pinned_ak",
+        "cloud_ak_root",
+    ])]
     insecure_skip_join_service_verification: bool,
 
     /// INSECURE: let the recovery server accept the original's request form, which carries
@@ -476,7 +517,6 @@ fn parse_cluster_id(s: &str) -> Result<asterism_kms::ClusterId, String> {
 }
 
 fn join_service_trust(args: &Args) -> anyhow::Result<asterism_bootstrapper::JoinServiceTrust> {
-    use asterism_attestation::AkTrust;
     use asterism_bootstrapper::JoinServiceTrust;
     if args.insecure_skip_join_service_verification {
         return Ok(JoinServiceTrust::insecure_skip_verification());
@@ -492,31 +532,34 @@ fn join_service_trust(args: &Args) -> anyhow::Result<asterism_bootstrapper::Join
             "--cluster-id needs --verify-join-service-measurements to verify the join service"
         );
     };
-    const NO_TRUST: &str = "--cluster-id needs --platform-ca (or, on a confidential VM, --confidential-vm) to verify the join service";
+    const NO_TRUST: &str = "--cluster-id needs exactly one way to trust the join service's attestation key: --platform-ca, --pinned-ak, --cloud-ak-root or, on a confidential VM, --confidential-vm";
+    // The same policies as every verifier's (`AkTrustArgs`). On a confidential VM the join
+    // service runs on one of the same platform: its AK is vouched for by its hardware
+    // report, whose launch the measurements must pin. Elsewhere a platform CA, a pin or a
+    // cloud's vTPM CA vouches for it.
+    let ak_trust = asterism_binkit::AkTrustArgs {
+        platform_ca: args.platform_ca.clone(),
+        pinned_ak: args.pinned_ak.clone(),
+        cloud_ak_root: args.cloud_ak_root.clone(),
+        cloud_ak_intermediate: args.cloud_ak_intermediate.clone(),
+        confidential_vm: args.confidential_vm,
+        cvm_policy: args.cvm_policy.clone(),
+        tdx_collateral: args.tdx_collateral.clone(),
+        insecure_no_launch_measurement: args.insecure_no_launch_measurement,
+        ..asterism_binkit::AkTrustArgs::default()
+    };
     // Checked before the measurements are read, so that this is the error a user sees.
-    if args.confidential_vm.is_none() && args.platform_ca.is_none() {
+    if !ak_trust.is_given() {
         anyhow::bail!(NO_TRUST);
     }
     let measurements_path = measurements;
     let measurements = asterism_binkit::measurements::watch(measurements_path)
         .with_context(|| format!("loading measurements from {}", measurements_path.display()))?;
-    // On a confidential VM the join service runs on one of the same platform: its AK is
-    // vouched for by its hardware report, whose launch the measurements must pin. Elsewhere
-    // a platform CA certifies it.
-    let trust = match (args.confidential_vm, &args.platform_ca) {
-        (Some(platform), _) => asterism_binkit::AkTrustArgs {
-            confidential_vm: Some(platform),
-            cvm_policy: args.cvm_policy.clone(),
-            tdx_collateral: args.tdx_collateral.clone(),
-            insecure_no_launch_measurement: args.insecure_no_launch_measurement,
-            ..asterism_binkit::AkTrustArgs::default()
-        }
+    let trust = ak_trust
         .ak_trust_for(&asterism_attestation::MeasurementsProvider::current(
             &measurements,
-        ))?,
-        (None, Some(ca)) => AkTrust::platform_ca(asterism_binkit::ak_trust::platform_ca(ca)?),
-        (None, None) => anyhow::bail!(NO_TRUST),
-    };
+        ))
+        .context("how the join service's attestation key is trusted")?;
     let identity = control_plane_identity(args)?;
     tracing::info!(cluster_id = %cluster_id, "the join service must attest as a member of this cluster (mutual aTLS, PCR 15)");
     JoinServiceTrust::cluster(trust, Arc::new(measurements), cluster_id, identity)
@@ -561,11 +604,14 @@ async fn run(args: Args, logs: LogBuffer) -> anyhow::Result<u8> {
         let default = dir.root().join("attestation/ak-cert.der");
         default.exists().then_some(default)
     });
-    let chain = match &ak_cert {
-        Some(path) => {
+    let cloud = args.cloud_vtpm;
+    let chain = match (&ak_cert, cloud) {
+        (Some(path), _) => {
             vec![asterism_binkit::read_capped(path, MAX_AK_CERT_FILE)?]
         }
-        None => {
+        // Read from the vTPM below.
+        (None, Some(_)) => Vec::new(),
+        (None, None) => {
             tracing::warn!("no AK certificate: verifiers must pin this node's AK");
             Vec::new()
         }
@@ -584,7 +630,19 @@ async fn run(args: Args, logs: LogBuffer) -> anyhow::Result<u8> {
             Some(platform) => platform::read_from_tpm(platform, &mut tpm)?,
             None => None,
         };
-        let ak = platform::ak_config(cvm)?;
+        let (ak, chain) = match cloud {
+            Some(cloud) => {
+                let chain = if chain.is_empty() {
+                    let cert = cloud.read_ak_certificate(&mut tpm)?;
+                    tracing::info!(%cloud, "sending the cloud's AK certificate from the vTPM");
+                    vec![cert]
+                } else {
+                    chain
+                };
+                (cloud.ak_config()?, chain)
+            }
+            None => (platform::ak_config(cvm)?, chain),
+        };
         let issuer = TpmIssuer::new(tpm, &ak, PcrSelection::all(), chain)
             .context("cannot load the attestation key from the TPM")?;
         let issuer = match log {
@@ -912,6 +970,120 @@ mod tests {
         assert!(join_service_trust(&args(&bare, &["--insecure-no-launch-measurement"])).is_ok());
         // The relaxation is for the hardware report; without a platform it means nothing.
         assert!(with(&["--insecure-no-launch-measurement"]).is_err());
+    }
+
+    #[test]
+    fn a_pin_or_a_cloud_root_verifies_the_join_service_and_excludes_the_insecure_flag() {
+        let hex = "ab".repeat(32);
+        let pin = "cd".repeat(32);
+        let base = [
+            "--cluster-id",
+            &hex,
+            "--verify-join-service-measurements",
+            "/m.json",
+        ];
+        let plus = |extra: &[&str]| {
+            with(
+                &base
+                    .iter()
+                    .copied()
+                    .chain(extra.iter().copied())
+                    .collect::<Vec<_>>(),
+            )
+        };
+        let pinned = plus(&["--pinned-ak", &pin, "--pinned-ak", &"ef".repeat(32)]).unwrap();
+        assert_eq!(pinned.pinned_ak.len(), 2);
+        let cloud = plus(&[
+            "--cloud-ak-root",
+            "/root.cer",
+            "--cloud-ak-intermediate",
+            "/inter.crt",
+        ])
+        .unwrap();
+        assert_eq!(cloud.cloud_ak_root.len(), 1);
+        assert_eq!(cloud.cloud_ak_intermediate.len(), 1);
+        // Only with the join service's measurements, never with the insecure flag, and not
+        // on a confidential VM (its hardware report vouches for the join service).
+        assert!(with(&["--pinned-ak", &pin]).is_err());
+        assert!(with(&["--cloud-ak-root", "/root.cer"]).is_err());
+        assert!(with(&["--cloud-ak-intermediate", "/inter.crt"]).is_err());
+        for flag in [["--pinned-ak", &pin], ["--cloud-ak-root", "/root.cer"]] {
+            let mut insecure = vec!["--insecure-skip-join-service-verification"];
+            insecure.extend(flag);
+            assert!(with(&insecure).is_err(), "{flag:?}");
+            assert!(
+                plus(&[flag[0], flag[1], "--confidential-vm", "azure-sev-snp"]).is_err(),
+                "{flag:?}"
+            );
+        }
+    }
+
+    // A runtime, as the measurements file is watched.
+    #[tokio::test]
+    async fn the_join_services_ak_is_trusted_by_exactly_one_policy() {
+        let dir = tempfile::tempdir().unwrap();
+        let measurements = dir.path().join("m.json");
+        std::fs::write(
+            &measurements,
+            format!(r#"{{"measurements": {{"4": "{}"}}}}"#, "11".repeat(32)),
+        )
+        .unwrap();
+        let root = dir.path().join("root.cer");
+        std::fs::write(
+            &root,
+            include_bytes!(
+                "../../../crates/attestation/tests/data/tpm-ek-ca/gcp/tpm_ek_root_1.cer"
+            ),
+        )
+        .unwrap();
+        let hex = "ab".repeat(32);
+        let key = "cd".repeat(32);
+        let pin = "ef".repeat(32);
+        let args = |extra: &[&str]| {
+            let mut argv = vec![
+                "--cluster-id",
+                &hex,
+                "--control-plane-key",
+                &key,
+                "--verify-join-service-measurements",
+                measurements.to_str().unwrap(),
+            ];
+            argv.extend_from_slice(extra);
+            with(&argv).unwrap()
+        };
+        assert!(join_service_trust(&args(&["--pinned-ak", &pin])).is_ok());
+        assert!(join_service_trust(&args(&["--cloud-ak-root", root.to_str().unwrap()])).is_ok());
+        // Two policies: which one vouches for the join service would be ambiguous.
+        let err = join_service_trust(&args(&["--pinned-ak", &pin, "--platform-ca", "/ca.pem"]))
+            .unwrap_err();
+        assert!(format!("{err:#}").contains("exactly one"), "{err:#}");
+        // A bad pin or root is refused at start, naming what is wrong.
+        let err = join_service_trust(&args(&["--pinned-ak", "00"])).unwrap_err();
+        assert!(format!("{err:#}").contains("--pinned-ak"), "{err:#}");
+        let err = join_service_trust(&args(&["--cloud-ak-root", measurements.to_str().unwrap()]))
+            .unwrap_err();
+        assert!(format!("{err:#}").contains("--cloud-ak-root"), "{err:#}");
+        // None: nothing could verify the join service.
+        let err = join_service_trust(&args(&[])).unwrap_err();
+        assert!(format!("{err:#}").contains("--pinned-ak"), "{err:#}");
+    }
+
+    #[test]
+    fn the_cloud_vtpm_flag_names_a_cloud_and_excludes_a_confidential_vm() {
+        use asterism_bootstrapper::platform::CloudVtpm;
+        assert_eq!(with(&[]).unwrap().cloud_vtpm, None);
+        let args = with(&["--cloud-vtpm", "azure-trusted-launch"]).unwrap();
+        assert_eq!(args.cloud_vtpm, Some(CloudVtpm::AzureTrustedLaunch));
+        assert!(with(&["--cloud-vtpm", "gce"]).is_err());
+        assert!(
+            with(&[
+                "--cloud-vtpm",
+                "azure-trusted-launch",
+                "--confidential-vm",
+                "azure-sev-snp"
+            ])
+            .is_err()
+        );
     }
 
     #[test]

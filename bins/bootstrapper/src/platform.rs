@@ -63,6 +63,17 @@ pub enum PlatformError {
     /// configfs-tsm answered with another provider's report than SEV-SNP's.
     #[error("configfs-tsm answered a {0:?} report; --confidential-vm aws-sev-snp needs sev_guest")]
     NotSnp(Provider),
+    /// The cloud vTPM's AK certificate could not be read from its NV index.
+    #[error("cannot read the {cloud} AK certificate from NV index {index:#010x}")]
+    AkCertificate {
+        /// The cloud vTPM.
+        cloud: CloudVtpm,
+        /// The NV index.
+        index: u32,
+        /// Why.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// The SNP certificate table is malformed.
     #[error("the SEV-SNP certificate table from configfs-tsm is malformed")]
     CertTable(#[source] CertTableError),
@@ -128,6 +139,82 @@ fn pem_certs(text: &str) -> Result<Vec<Vec<u8>>, String> {
 /// Where Azure's vTPM keeps the AK its runtime data names (persistent, RSA-2048, made by
 /// the paravisor; without noDA).
 pub const AZURE_AK_HANDLE: u32 = 0x8100_0003;
+
+/// NV index of the certificate Azure's vTPM CA issued for the AK at [`AZURE_AK_HANDLE`].
+pub const AZURE_AK_CERT_NV_INDEX: u32 = 0x01c1_01d0;
+
+/// A cloud vTPM whose AK the cloud made and certified, on a VM that is no confidential VM:
+/// the node quotes with that AK and sends the cloud's certificate for it, which verifiers
+/// trust with `--cloud-ak-root` (docs/provisioning.md, "Cloud vTPMs").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CloudVtpm {
+    /// Azure Trusted Launch: the AK at [`AZURE_AK_HANDLE`], its certificate in NV index
+    /// [`AZURE_AK_CERT_NV_INDEX`].
+    AzureTrustedLaunch,
+}
+
+impl CloudVtpm {
+    /// The name on the command line.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::AzureTrustedLaunch => "azure-trusted-launch",
+        }
+    }
+
+    /// The cloud's AK, as the cloud made it: loaded, never created or replaced.
+    pub fn ak_config(self) -> Result<AkConfig, TpmError> {
+        match self {
+            Self::AzureTrustedLaunch => Ok(AkConfig::provisioned_at(
+                AkAlgorithm::Rsa2048,
+                PersistentHandle::try_from(AZURE_AK_HANDLE)?,
+            )),
+        }
+    }
+
+    /// The NV index of the AK's certificate.
+    pub const fn ak_certificate_nv_index(self) -> u32 {
+        match self {
+            Self::AzureTrustedLaunch => AZURE_AK_CERT_NV_INDEX,
+        }
+    }
+
+    /// Reads the AK's certificate (DER) from the vTPM; padding after it is dropped.
+    /// Blocking.
+    pub fn read_ak_certificate(self, tpm: &mut Tpm) -> Result<Vec<u8>, PlatformError> {
+        let index = self.ak_certificate_nv_index();
+        let error =
+            |source: Box<dyn std::error::Error + Send + Sync>| PlatformError::AkCertificate {
+                cloud: self,
+                index,
+                source,
+            };
+        let contents = tpm.read_nv_index(index).map_err(|e| error(Box::new(e)))?;
+        asterism_attestation::tpm::ek::certificates_from_nv(&contents)
+            .map_err(|e| error(Box::new(e)))?
+            .into_iter()
+            .next()
+            .ok_or_else(|| error("the NV index holds no certificate".into()))
+    }
+}
+
+impl std::fmt::Display for CloudVtpm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for CloudVtpm {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "azure-trusted-launch" => Ok(Self::AzureTrustedLaunch),
+            other => Err(format!(
+                "unknown cloud vTPM {other:?}; known: azure-trusted-launch"
+            )),
+        }
+    }
+}
 
 /// The attestation key to quote with on `platform`: on Azure the vTPM's own AK, as the
 /// paravisor made it (the HCL report vouches for that key and no other); elsewhere (AWS,
@@ -309,6 +396,19 @@ pub fn vlek_certs(auxblob: &[u8]) -> Result<Vec<Vec<u8>>, PlatformError> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn on_azure_trusted_launch_the_vtpms_own_ak_and_certificate_are_used() {
+        let cloud: CloudVtpm = "azure-trusted-launch".parse().unwrap();
+        assert_eq!(cloud, CloudVtpm::AzureTrustedLaunch);
+        assert_eq!(cloud.to_string(), "azure-trusted-launch");
+        let ak = cloud.ak_config().unwrap();
+        assert!(ak.provisioned, "never create or replace the cloud's AK");
+        assert_eq!(ak.handle.raw(), AZURE_AK_HANDLE);
+        assert_eq!(ak.algorithm, AkAlgorithm::Rsa2048);
+        assert_eq!(cloud.ak_certificate_nv_index(), 0x01c1_01d0);
+        assert!("gce".parse::<CloudVtpm>().is_err());
+    }
 
     #[test]
     fn on_azure_the_vtpms_own_ak_is_used_and_elsewhere_ours() {

@@ -92,6 +92,13 @@ pub fn join_service_trust(ak: &AkTrustArgs) -> Result<JoinServiceTrust> {
              deploy the join service with --cvm-crl yourself"
         );
     }
+    if !ak.cloud_ak_root.is_empty() {
+        // Refused rather than dropped: the join service would start without an AK policy.
+        bail!(
+            "--cloud-ak-root is not handed on to the join service this command deploys yet; \
+             deploy the join service with --cloud-ak-root yourself"
+        );
+    }
     let add_file = |trust: &mut JoinServiceTrust, flag: &str, name: String, path: &Path| {
         let bytes = asterism_binkit::read_capped(path, MAX_TRUST_FILE)?;
         let text =
@@ -275,6 +282,13 @@ mod tests {
                 "--insecure-no-launch-measurement"
             ]
         );
+    }
+
+    #[test]
+    fn a_cloud_root_is_refused_rather_than_dropped() {
+        let cloud = AkTrustArgs::cloud_ak(vec!["/root.cer".into()], Vec::new());
+        let e = join_service_trust(&cloud).unwrap_err().to_string();
+        assert!(e.contains("--cloud-ak-root"), "{e}");
     }
 
     #[test]

@@ -5,6 +5,11 @@
 //! TPM structure parsing, AK policy and trust, signature, PCR selection and digest,
 //! binding, and the comparison with expected measurements.
 //!
+//! Trust policies side by side: a pinned AK; a platform CA's certificate; a cloud vTPM CA's
+//! chain (root and intermediate, as GCE's); and, on the real GCE AK certificate, the cloud
+//! chain check alone (RSA-2048 leaf, RSA-4096 intermediate) beside the two bare RSA
+//! signature verifications it consists of.
+//!
 //! Run: `cargo bench -p asterism-attestation --profile release --bench verify` (the verifier
 //! as programs build it; the evidence comes from `asterism-soft-tpm`).
 #![allow(
@@ -14,6 +19,7 @@
     clippy::indexing_slicing
 )] // a benchmark binary
 
+use asterism_attestation::tpm::CloudAkCa;
 use asterism_attestation::{
     AkTrust, ExpectedPcr, Issuer, Measurements, PcrIndex, PlatformCa, ReportData, Role,
     TpmQuoteValidator, Validator,
@@ -98,6 +104,71 @@ fn bare_ecdsa_p256() -> impl FnMut() {
     }
 }
 
+/// A bare ring RSA PKCS#1 SHA-256 verification of `signed` by the issuer's key.
+fn bare_rsa(signed: Vec<u8>, sig: Vec<u8>, issuer_key: Vec<u8>) -> impl FnMut() {
+    use ring::signature::{self, UnparsedPublicKey};
+    UnparsedPublicKey::new(&signature::RSA_PKCS1_2048_8192_SHA256, &issuer_key)
+        .verify(&signed, &sig)
+        .unwrap();
+    move || {
+        UnparsedPublicKey::new(
+            &signature::RSA_PKCS1_2048_8192_SHA256,
+            black_box(&issuer_key),
+        )
+        .verify(black_box(&signed), black_box(&sig))
+        .unwrap();
+    }
+}
+
+/// The real GCE attestation, and the CA certificates its AK certificate chains to.
+const GCE_ATTESTATION: &[u8] = include_bytes!("../tests/data/gce-vtpm/gce-cos-85-nonce9009.pb");
+const GCP_ROOT: &[u8] = include_bytes!("../tests/data/tpm-ek-ca/gcp/tpm_ek_root_1.cer");
+const GCP_INTERMEDIATE: &[u8] =
+    include_bytes!("../tests/data/tpm-ek-ca/gcp/tpm_ek_intermediate_2.crt");
+
+/// `ak_pub` (1) and `ak_cert` (6) of go-tpm-tools' `attest.Attestation`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct GceAttestation {
+    #[prost(bytes = "vec", tag = "1")]
+    ak_pub: Vec<u8>,
+    #[prost(bytes = "vec", tag = "6")]
+    ak_cert: Vec<u8>,
+}
+
+/// The cloud chain check of the real GCE AK certificate, and its two RSA signatures bare
+/// (the leaf's by the intermediate, RSA-2048; the intermediate's by the root, RSA-4096).
+fn gce_chain() -> (impl FnMut(), impl FnMut(), impl FnMut()) {
+    use prost::Message;
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    let a = GceAttestation::decode(GCE_ATTESTATION).unwrap();
+    let ca = CloudAkCa::from_der([GCP_ROOT], [GCP_INTERMEDIATE]).unwrap();
+    let chain = vec![a.ak_cert.clone()];
+    // 2026-01-01, inside every validity period of the chain.
+    let at = std::time::UNIX_EPOCH + Duration::from_secs(1_767_225_600);
+    ca.check_ak_certificate(&chain, &a.ak_pub, at).unwrap();
+    let (_, leaf) = X509Certificate::from_der(&a.ak_cert).unwrap();
+    let (_, inter) = X509Certificate::from_der(GCP_INTERMEDIATE).unwrap();
+    let (_, root) = X509Certificate::from_der(GCP_ROOT).unwrap();
+    let leaf_sig = bare_rsa(
+        leaf.tbs_certificate.as_ref().to_vec(),
+        leaf.signature_value.data.to_vec(),
+        inter.public_key().subject_public_key.data.to_vec(),
+    );
+    let inter_sig = bare_rsa(
+        inter.tbs_certificate.as_ref().to_vec(),
+        inter.signature_value.data.to_vec(),
+        root.public_key().subject_public_key.data.to_vec(),
+    );
+    let ak_pub = a.ak_pub;
+    let check = move || {
+        black_box(
+            ca.check_ak_certificate(black_box(&chain), black_box(&ak_pub), at)
+                .unwrap(),
+        );
+    };
+    (check, leaf_sig, inter_sig)
+}
+
 fn main() {
     let (ecdsa, m) = tpm(SoftAk::generate_ecdsa_p256().unwrap());
     let pinned = TpmQuoteValidator::new(
@@ -111,8 +182,9 @@ fn main() {
     let ca_key = rcgen::KeyPair::generate().unwrap();
     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
     ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign];
     let ca_cert = ca_params.self_signed(&ca_key).unwrap();
-    let ca = rcgen::Issuer::new(ca_params, ca_key);
+    let ca = rcgen::Issuer::new(ca_params.clone(), ca_key);
     struct AkPub(Vec<u8>);
     impl rcgen::PublicKeyData for AkPub {
         fn der_bytes(&self) -> &[u8] {
@@ -130,9 +202,39 @@ fn main() {
     ecdsa_ca.set_ak_cert_chain(vec![leaf.der().to_vec()]);
     let via_ca = TpmQuoteValidator::new(
         AkTrust::platform_ca(PlatformCa::from_der([ca_cert.der()]).unwrap()),
-        m.into_provider(),
+        m.clone().into_provider(),
     );
     let ca_sessions = sessions(&ecdsa_ca, &via_ca);
+
+    // Same AK, trusted through a cloud vTPM CA: the AK certificate (keyUsage
+    // digitalSignature) from an intermediate the verifier holds, under the cloud's root,
+    // as GCE's: two signatures over certificates per validation.
+    let cloud_key = rcgen::KeyPair::generate().unwrap();
+    let mut root_params = ca_params.clone();
+    root_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "cloud vTPM root");
+    let cloud_cert = root_params.self_signed(&cloud_key).unwrap();
+    let cloud = rcgen::Issuer::new(root_params, cloud_key);
+    let inter_key = rcgen::KeyPair::generate().unwrap();
+    let mut inter_params = ca_params;
+    inter_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "cloud vTPM intermediate");
+    let inter_cert = inter_params.signed_by(&inter_key, &cloud).unwrap();
+    let inter = rcgen::Issuer::new(inter_params, inter_key);
+    let mut leaf_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    leaf_params.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
+    let leaf = leaf_params
+        .signed_by(&AkPub(ecdsa_ca.ak().subject_public_key()), &inter)
+        .unwrap();
+    let mut ecdsa_cloud = ecdsa_ca;
+    ecdsa_cloud.set_ak_cert_chain(vec![leaf.der().to_vec()]);
+    let via_cloud = TpmQuoteValidator::new(
+        AkTrust::cloud_ak(CloudAkCa::from_der([cloud_cert.der()], [inter_cert.der()]).unwrap()),
+        m.into_provider(),
+    );
+    let cloud_sessions = sessions(&ecdsa_cloud, &via_cloud);
 
     use rustls_pki_types::PrivatePkcs8KeyDer;
     use rustls_pki_types::pem::PemObject;
@@ -155,8 +257,24 @@ fn main() {
     let mut a = verifying(&pinned, &pinned_sessions);
     let mut b = verifying(&via_ca, &ca_sessions);
     let mut c = verifying(&rsa_pinned, &rsa_sessions);
-    let r = support::best(&mut [&mut bare, &mut a, &mut b, &mut c], ROUNDS, RUN);
-    let (floor, pinned, chain, rsa) = (r[0], r[1], r[2], r[3]);
+    let mut d = verifying(&via_cloud, &cloud_sessions);
+    let (mut gce, mut gce_leaf, mut gce_inter) = gce_chain();
+    let r = support::best(
+        &mut [
+            &mut bare,
+            &mut a,
+            &mut b,
+            &mut c,
+            &mut d,
+            &mut gce,
+            &mut gce_leaf,
+            &mut gce_inter,
+        ],
+        ROUNDS,
+        RUN,
+    );
+    let (floor, pinned, chain, rsa, cloud) = (r[0], r[1], r[2], r[3], r[4]);
+    let (gce, gce_leaf, gce_inter) = (r[5], r[6], r[7]);
     println!(
         "tpm-quote verification, one thread, {SESSIONS} distinct sessions, 24 PCRs quoted; per \
          CPU-second, best of {ROUNDS} x {RUN:?}"
@@ -179,7 +297,23 @@ fn main() {
         chain,
         Some(ca_sessions[0].1.len()),
     );
+    line(
+        "ECDSA P-256 AK, cloud vTPM CA (ECDSA) chain",
+        cloud,
+        Some(cloud_sessions[0].1.len()),
+    );
     line("RSA-2048 AK, pinned", rsa, Some(rsa_sessions[0].1.len()));
+    line("real GCE AK certificate: cloud chain check", gce, None);
+    line(
+        "  bare RSA-2048 verify (leaf by intermediate)",
+        gce_leaf,
+        None,
+    );
+    line(
+        "  bare RSA-4096 verify (intermediate by root)",
+        gce_inter,
+        None,
+    );
     println!(
         "pinned ECDSA P-256 / bare verify: {:.2} (target >= 0.90)",
         pinned / floor
@@ -187,5 +321,13 @@ fn main() {
     println!(
         "platform-CA chain / (bare / 2): {:.2} (target >= 0.90)",
         chain / (floor / 2.0)
+    );
+    println!(
+        "cloud chain (root + intermediate) / (bare / 3): {:.2}",
+        cloud / (floor / 3.0)
+    );
+    println!(
+        "real GCE chain check / (1 / (1/RSA-2048 + 1/RSA-4096)): {:.2}",
+        gce * (1.0 / gce_leaf + 1.0 / gce_inter)
     );
 }

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use asterism_attestation::cvm_policy::CvmPolicy;
 use asterism_attestation::revocation::CrlBundle;
 use asterism_attestation::tdx::TdxCollateral;
-use asterism_attestation::tpm::{CvmAkTrust, CvmPlatform, MissingReferences, TdxCollateralSet};
+use asterism_attestation::tpm::{
+    CloudAkCa, CvmAkTrust, CvmPlatform, MissingReferences, TdxCollateralSet,
+};
 use asterism_attestation::{
     AkFingerprint, AkTrust, InsecureNoLaunchMeasurement, Measurements, PlatformCa,
 };
@@ -17,8 +19,9 @@ use crate::fs::{FileError, read_capped};
 /// Largest platform CA file read (a bundle of a few certificates is a few KiB).
 const MAX_CA_FILE: u64 = 1024 * 1024;
 
-/// Which attestation keys to trust: exactly one of a platform CA, pinned fingerprints or
-/// (development builds only) any key.
+/// Which attestation keys to trust: exactly one of a platform CA, pinned fingerprints, a
+/// confidential VM's hardware report, a cloud's vTPM CA or (development builds only) any
+/// key.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct AkTrustArgs {
     /// PEM file of the platform CA(s) that certify attestation keys.
@@ -29,6 +32,20 @@ pub struct AkTrustArgs {
     /// hex digits) instead of a platform CA. Repeatable.
     #[arg(long, value_name = "HEX")]
     pub pinned_ak: Vec<String>,
+
+    /// Trust attestation keys whose certificate a cloud's vTPM CA issued and that chains to
+    /// this root certificate (PEM or DER): Google's vTPM CA root for GCE Shielded and
+    /// Confidential VMs, Azure's "Azure Virtual TPM Root Certificate Authority 2023" for
+    /// Trusted Launch (docs/provisioning.md). Repeatable. The cloud is trusted as the
+    /// hypervisor is.
+    #[arg(long, value_name = "PATH")]
+    pub cloud_ak_root: Vec<PathBuf>,
+
+    /// With --cloud-ak-root: an intermediate CA certificate (PEM or DER) that AK
+    /// certificates chain through when the nodes do not send it (GCE's AK certificates come
+    /// without theirs). Repeatable.
+    #[arg(long, value_name = "PATH", requires = "cloud_ak_root")]
+    pub cloud_ak_intermediate: Vec<PathBuf>,
 
     /// Trust attestation keys that a confidential VM's hardware report vouches for:
     /// azure-sev-snp, azure-tdx or aws-sev-snp (docs/attestation.md).
@@ -133,6 +150,9 @@ pub enum AkTrustArgsError {
     /// The measurements lack a reference value the confidential-VM platform requires.
     #[error(transparent)]
     MissingReferences(#[from] MissingReferences),
+    /// The cloud vTPM CA certificates are not usable.
+    #[error("--cloud-ak-root / --cloud-ak-intermediate")]
+    CloudCa(#[source] asterism_attestation::tpm::AkTrustError),
     /// A pinned fingerprint is not 64 hex digits.
     #[error("--pinned-ak {value:?}")]
     Pin {
@@ -147,9 +167,9 @@ pub enum AkTrustArgsError {
 /// The policies a build offers, for the error message.
 fn policies() -> &'static str {
     if cfg!(feature = "insecure-test-attestation") {
-        "--platform-ca, --pinned-ak, --confidential-vm or --insecure-any-ak"
+        "--platform-ca, --pinned-ak, --confidential-vm, --cloud-ak-root or --insecure-any-ak"
     } else {
-        "--platform-ca, --pinned-ak or --confidential-vm"
+        "--platform-ca, --pinned-ak, --confidential-vm or --cloud-ak-root"
     }
 }
 
@@ -158,6 +178,16 @@ impl AkTrustArgs {
     pub fn platform_ca(path: impl Into<PathBuf>) -> Self {
         Self {
             platform_ca: Some(path.into()),
+            ..Self::default()
+        }
+    }
+
+    /// Trust the AKs whose certificates chain to the cloud vTPM CA roots in `roots`, through
+    /// the intermediates in `intermediates` where needed.
+    pub fn cloud_ak(roots: Vec<PathBuf>, intermediates: Vec<PathBuf>) -> Self {
+        Self {
+            cloud_ak_root: roots,
+            cloud_ak_intermediate: intermediates,
             ..Self::default()
         }
     }
@@ -179,6 +209,7 @@ impl AkTrustArgs {
         usize::from(self.platform_ca.is_some())
             + usize::from(!self.pinned_ak.is_empty())
             + usize::from(self.confidential_vm.is_some())
+            + usize::from(!self.cloud_ak_root.is_empty())
             + usize::from(self.insecure_any_ak())
     }
 
@@ -215,6 +246,10 @@ impl AkTrustArgs {
         }
         if let Some(platform) = self.confidential_vm {
             return self.confidential_vm_trust(platform);
+        }
+        if !self.cloud_ak_root.is_empty() {
+            return cloud_ak_ca(&self.cloud_ak_root, &self.cloud_ak_intermediate)
+                .map(AkTrust::cloud_ak);
         }
         insecure_any_ak()
     }
@@ -401,6 +436,28 @@ pub fn platform_ca(path: &Path) -> Result<PlatformCa, AkTrustArgsError> {
     })
 }
 
+/// Reads the cloud vTPM CA roots and intermediates (each file PEM or DER).
+pub fn cloud_ak_ca(
+    roots: &[PathBuf],
+    intermediates: &[PathBuf],
+) -> Result<CloudAkCa, AkTrustArgsError> {
+    let read = |paths: &[PathBuf]| {
+        paths
+            .iter()
+            .map(|p| read_capped(p, MAX_CA_FILE))
+            .collect::<Result<Vec<_>, _>>()
+    };
+    let ca = CloudAkCa::from_files(read(roots)?, read(intermediates)?)
+        .map_err(AkTrustArgsError::CloudCa)?;
+    tracing::info!(
+        roots = roots.len(),
+        intermediates = intermediates.len(),
+        "attestation keys are trusted through a cloud's vTPM CA (the cloud is trusted as the \
+         hypervisor)"
+    );
+    Ok(ca)
+}
+
 #[cfg(feature = "insecure-test-attestation")]
 fn insecure_any_ak() -> Result<AkTrust, AkTrustArgsError> {
     tracing::warn!("accepting ANY attestation key (--insecure-any-ak): development only");
@@ -433,6 +490,70 @@ mod tests {
             Err(AkTrustArgsError::NotExactlyOne)
         ));
         assert!(AkTrustArgs::pinned(["ab".repeat(32)]).ak_trust().is_ok());
+    }
+
+    const GCP_ROOT: &[u8] =
+        include_bytes!("../../attestation/tests/data/tpm-ek-ca/gcp/tpm_ek_root_1.cer");
+    const GCP_INTERMEDIATE: &[u8] =
+        include_bytes!("../../attestation/tests/data/tpm-ek-ca/gcp/tpm_ek_intermediate_2.crt");
+    const AZURE_ROOT: &[u8] = include_bytes!(
+        "../../attestation/tests/data/cloud-ak-ca/azure/azure-virtual-tpm-root-2023.pem"
+    );
+
+    #[test]
+    fn cloud_roots_are_a_policy_of_their_own_read_as_der_or_pem() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, inter, azure) = (
+            dir.path().join("root.cer"),
+            dir.path().join("inter.crt"),
+            dir.path().join("azure.pem"),
+        );
+        std::fs::write(&root, GCP_ROOT).unwrap();
+        std::fs::write(&inter, GCP_INTERMEDIATE).unwrap();
+        std::fs::write(&azure, AZURE_ROOT).unwrap();
+        let gce = AkTrustArgs::cloud_ak(vec![root.clone()], vec![inter.clone()]);
+        assert!(matches!(gce.ak_trust(), Ok(AkTrust::CloudAk(_))));
+        let both = AkTrustArgs::cloud_ak(vec![root.clone(), azure.clone()], Vec::new());
+        assert!(matches!(both.ak_trust(), Ok(AkTrust::CloudAk(_))));
+        // With another policy it is two.
+        let two = AkTrustArgs {
+            pinned_ak: vec!["ab".repeat(32)],
+            ..AkTrustArgs::cloud_ak(vec![root.clone()], Vec::new())
+        };
+        assert!(matches!(
+            two.ak_trust(),
+            Err(AkTrustArgsError::NotExactlyOne)
+        ));
+        // A root that is not a CA (the intermediate is one; a text file is not a certificate).
+        let text = dir.path().join("README");
+        std::fs::write(&text, "not a certificate").unwrap();
+        assert!(matches!(
+            AkTrustArgs::cloud_ak(vec![text], Vec::new()).ak_trust(),
+            Err(AkTrustArgsError::CloudCa(_))
+        ));
+    }
+
+    #[test]
+    fn cloud_ak_flags_parse() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            ak: AkTrustArgs,
+        }
+        let cli = Cli::try_parse_from([
+            "x",
+            "--cloud-ak-root",
+            "/a.cer",
+            "--cloud-ak-root",
+            "/b.pem",
+            "--cloud-ak-intermediate",
+            "/i.crt",
+        ])
+        .unwrap();
+        assert_eq!(cli.ak.cloud_ak_root.len(), 2);
+        assert_eq!(cli.ak.cloud_ak_intermediate.len(), 1);
+        assert!(Cli::try_parse_from(["x", "--cloud-ak-intermediate", "/i.crt"]).is_err());
     }
 
     /// A DER CRL from the real TDX collateral JSON (hex under `key`).

@@ -223,6 +223,19 @@ impl TestNode {
         Measurements::from_json(json.as_bytes()).unwrap()
     }
 
+    /// A measurements file (JSON) of this node's PCRs as they are now, those whose index
+    /// passes `keep`.
+    pub fn measurements_json(&self, keep: impl Fn(u32) -> bool) -> String {
+        let mut tpm = Tpm::open(&self.swtpm.config()).unwrap();
+        let pcrs = tpm.read_pcrs(&PcrSelection::all()).unwrap();
+        let entries: Vec<String> = pcrs
+            .iter()
+            .filter(|(i, _)| keep(*i))
+            .map(|(i, v)| format!("\"{i}\": \"{}\"", hex::encode(v)))
+            .collect();
+        format!("{{\"measurements\": {{{}}}}}", entries.join(", "))
+    }
+
     /// Trust in this node as the join service of `cluster_id`: its AK (pinned), PCRs 0–7 as
     /// they are now, and PCR 15 as the marker of `cluster_id`.
     /// Tickets must be signed as `identity` says.
@@ -231,14 +244,7 @@ impl TestNode {
         cluster_id: asterism_kms::ClusterId,
         identity: asterism_bootstrapper::ControlPlaneIdentity,
     ) -> JoinServiceTrust {
-        let mut tpm = Tpm::open(&self.swtpm.config()).unwrap();
-        let pcrs = tpm.read_pcrs(&PcrSelection::all()).unwrap();
-        let entries: Vec<String> = pcrs
-            .iter()
-            .filter(|(i, _)| *i <= 7)
-            .map(|(i, v)| format!("\"{i}\": \"{}\"", hex::encode(v)))
-            .collect();
-        let json = format!("{{\"measurements\": {{{}}}}}", entries.join(", "));
+        let json = self.measurements_json(|i| i <= 7);
         let measurements = Measurements::from_json(json.as_bytes()).unwrap();
         JoinServiceTrust::cluster(
             pin(&self.ak_public),

@@ -36,8 +36,8 @@ fn kms() -> ClusterKms {
 
 /// What the stub saw.
 #[derive(Default)]
-struct Seen {
-    join_peers: Vec<SocketAddr>,
+pub(crate) struct Seen {
+    pub(crate) join_peers: Vec<SocketAddr>,
     rejoin_uuids: Vec<String>,
 }
 
@@ -67,7 +67,7 @@ struct StubJoinService {
 }
 
 /// The control plane's identity key of the stub's cluster.
-fn control_plane_signer() -> ControlPlaneSigner {
+pub(crate) fn control_plane_signer() -> ControlPlaneSigner {
     ControlPlaneSigner::new(&kms().control_plane_seed().unwrap()).unwrap()
 }
 
@@ -105,7 +105,7 @@ fn binding<T>(request: &Request<T>) -> [u8; 32] {
 }
 
 /// The cluster the stub's keys derive.
-fn cluster_id() -> asterism_kms::ClusterId {
+pub(crate) fn cluster_id() -> asterism_kms::ClusterId {
     let secret = kms().data_key(&KeyId::MeasurementSecret, 32).unwrap();
     derive_cluster_id(&secret, &MEASUREMENT_SALT).unwrap()
 }
@@ -194,7 +194,7 @@ impl Api for StubJoinService {
 }
 
 /// Starts the stub on `ip` (mutual aTLS: attests with `cp`'s TPM, verifies `node`'s).
-async fn start_stub(
+pub(crate) async fn start_stub(
     ip: IpAddr,
     cp: &TestNode,
     node: &TestNode,

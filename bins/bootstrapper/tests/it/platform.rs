@@ -183,10 +183,16 @@ fn azure_snp_hcl_report() -> Vec<u8> {
 /// with tpm2-tools (only asterism-tpm talks to the TSS directly). `false` when tpm2-tools
 /// is not installed.
 fn paravisor_writes(swtpm: &Swtpm, data: &[u8]) -> bool {
+    nv_writes(swtpm, HCL_REPORT_NV_INDEX, data)
+}
+
+/// Defines NV index `index` of `data`'s size in `swtpm` and writes `data` to it, with
+/// tpm2-tools; false when they are not installed.
+fn nv_writes(swtpm: &Swtpm, index: u32, data: &[u8]) -> bool {
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("hcl.bin");
+    let file = dir.path().join("nv.bin");
     std::fs::write(&file, data).unwrap();
-    let index = format!("{HCL_REPORT_NV_INDEX:#x}");
+    let index = format!("{index:#x}");
     let size = data.len().to_string();
     let steps: [&[&str]; 2] = [
         &[
@@ -658,4 +664,123 @@ fn aws_without_configfs_tsm_says_this_is_not_a_confidential_vm() {
     }
     let chain = asterism_binkit::error_chain(&err);
     assert!(chain.contains("not a confidential VM"), "{chain}");
+}
+
+/// An RSA public key as rcgen certifies it.
+struct RsaKey(Vec<u8>);
+
+impl rcgen::PublicKeyData for RsaKey {
+    fn der_bytes(&self) -> &[u8] {
+        &self.0
+    }
+    fn algorithm(&self) -> &'static rcgen::SignatureAlgorithm {
+        &rcgen::PKCS_RSA_SHA256
+    }
+}
+
+/// A DER `RSAPublicKey` of an RSA `TPMT_PUBLIC` (default exponent).
+fn rsa_public_key(tpmt_public: &[u8]) -> Vec<u8> {
+    use asterism_attestation::tpm::TpmtPublic;
+    use asterism_attestation::tpm::structures::PublicParams;
+    let PublicParams::Rsa { modulus, .. } = TpmtPublic::parse(tpmt_public).unwrap().params else {
+        panic!("not an RSA key")
+    };
+    let der = |tag: u8, content: &[u8]| {
+        let mut out = vec![tag];
+        match content.len() {
+            n if n < 0x80 => out.push(n as u8),
+            n if n < 0x100 => out.extend([0x81, n as u8]),
+            n => out.extend([0x82, (n >> 8) as u8, n as u8]),
+        }
+        out.extend_from_slice(content);
+        out
+    };
+    let mut n = vec![0];
+    n.extend_from_slice(&modulus);
+    let mut ints = der(0x02, &n);
+    ints.extend(der(0x02, &[0x01, 0x00, 0x01]));
+    der(0x30, &ints)
+}
+
+#[test]
+fn on_azure_trusted_launch_the_vtpms_ak_and_its_certificate_verify_to_the_cloud_root() {
+    use asterism_attestation::tpm::CloudAkCa;
+    use asterism_bootstrapper::platform::{AZURE_AK_CERT_NV_INDEX, AZURE_AK_HANDLE, CloudVtpm};
+    use asterism_tpm::PersistentHandle;
+    let swtpm = Swtpm::start().unwrap();
+    // Azure's part, which swtpm stands in for: an RSA-2048 AK persisted at 0x81000003 and
+    // the cloud CA's certificate for it in NV.
+    let mut tpm = Tpm::open(&swtpm.config()).unwrap();
+    let handle = PersistentHandle::try_from(AZURE_AK_HANDLE).unwrap();
+    let ak = tpm
+        .load_attestation_key(&AkConfig::new(AkAlgorithm::Rsa2048).with_handle(handle))
+        .unwrap();
+    let pcr0 = tpm.read_pcrs(&PcrSelection::new([0]).unwrap()).unwrap()[0].1;
+    drop(tpm);
+    let root_key = rcgen::KeyPair::generate().unwrap();
+    let mut root_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    root_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "cloud vTPM root");
+    root_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    root_params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign];
+    let root = root_params.self_signed(&root_key).unwrap();
+    let root_issuer = rcgen::Issuer::new(root_params, root_key);
+    let mut leaf = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    leaf.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
+    let cert = leaf
+        .signed_by(&RsaKey(rsa_public_key(ak.public_area())), &root_issuer)
+        .unwrap()
+        .der()
+        .to_vec();
+    // Padded, as NV indices often are.
+    let mut nv = cert.clone();
+    nv.resize(cert.len() + 16, 0);
+    if !nv_writes(&swtpm, AZURE_AK_CERT_NV_INDEX, &nv) {
+        eprintln!("tpm2-tools not installed; skipping the Azure Trusted Launch issuing test");
+        return;
+    }
+
+    // As the bootstrapper starts with --cloud-vtpm azure-trusted-launch.
+    let cloud = CloudVtpm::AzureTrustedLaunch;
+    let mut tpm = Tpm::open(&swtpm.config()).unwrap();
+    let read = cloud.read_ak_certificate(&mut tpm).unwrap();
+    assert_eq!(read, cert, "the certificate without its padding");
+    let issuer = TpmIssuer::new(
+        tpm,
+        &cloud.ak_config().unwrap(),
+        PcrSelection::all(),
+        vec![read],
+    )
+    .unwrap();
+    assert_eq!(
+        issuer.ak_public(),
+        ak.public_area(),
+        "the cloud's AK, as it is"
+    );
+    let rd = ReportData::atls(Role::Client, &[9; 32]);
+    let evidence = issuer.issue(&rd).unwrap();
+
+    let measurements =
+        Measurements::new([(PcrIndex::new(0).unwrap(), ExpectedPcr::enforce(pcr0))]).unwrap();
+    let verifier = |ca: CloudAkCa| {
+        TpmQuoteValidator::new(AkTrust::cloud_ak(ca), measurements.clone().into_provider())
+    };
+    let trusted = CloudAkCa::from_der([root.der()], [] as [&[u8]; 0]).unwrap();
+    use asterism_attestation::Validator as _;
+    verifier(trusted).validate(&evidence, &rd).unwrap();
+    // Another cloud's root does not vouch for it.
+    let other_key = rcgen::KeyPair::generate().unwrap();
+    let mut other_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    other_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "cloud vTPM root");
+    other_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    other_params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign];
+    let other = other_params.self_signed(&other_key).unwrap();
+    let other = CloudAkCa::from_der([other.der()], [] as [&[u8]; 0]).unwrap();
+    assert!(matches!(
+        verifier(other).validate(&evidence, &rd),
+        Err(ValidationError::UntrustedKey(_))
+    ));
 }

@@ -17,8 +17,20 @@ use asterism_proto::init::{InitRequest, init_response};
 
 /// Serves metadata naming `t` as its only (control-plane) instance.
 async fn metadata_server(t: &TestNode) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
+    metadata_server_of(serde_json::json!([instance(
+        "cp-0",
+        MetaRole::ControlPlane,
+        t.ip
+    )]))
+    .await
+}
+
+/// Serves metadata naming `instances`.
+async fn metadata_server_of(
+    instances: serde_json::Value,
+) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
     let json = serde_json::json!({
-        "instances": [instance("cp-0", MetaRole::ControlPlane, t.ip)],
+        "instances": instances,
         "initSecretHash": init_secret_hash(),
     });
     let config = MetadataConfig::from_json(json.to_string().as_bytes()).unwrap();
@@ -40,6 +52,11 @@ struct Process {
 /// Starts the bootstrapper with an InitServer on a port of the system's choosing, and
 /// points `t` at that port once the bootstrapper has logged it.
 fn spawn(t: &TestNode, metadata: SocketAddr) -> Process {
+    spawn_with(t, metadata, &["--join-port", "1"])
+}
+
+/// Like [`spawn`], with `extra` arguments (which must name `--join-port`).
+fn spawn_with(t: &TestNode, metadata: SocketAddr, extra: &[&str]) -> Process {
     let mut child = Command::new(env!("CARGO_BIN_EXE_asterism-bootstrapper"))
         .arg("--node-dir")
         .arg(t.node_dir.root())
@@ -47,7 +64,8 @@ fn spawn(t: &TestNode, metadata: SocketAddr) -> Process {
         .args(["--tpm", &t.swtpm.tcti()])
         .args(["--metadata-url", &format!("http://{metadata}")])
         .args(["--init-port", "0"])
-        .args(["--join-port", "1", "--join-retry-interval", "200ms"])
+        .args(extra)
+        .args(["--join-retry-interval", "200ms"])
         .args(["--kubernetes-driver", "none", "--insecure-fast-disk-kdf"])
         .args([
             "--state-disk-integrity",
@@ -202,5 +220,56 @@ fn hosting_the_cluster_services_needs_a_mapped_disk() {
     assert!(
         !dir.path().join("node").exists(),
         "refused before anything is made"
+    );
+}
+
+/// A bare-metal worker that pins the join service's AK joins through a mutually attested
+/// join service, with no insecure flag: `--pinned-ak` is how the process trusts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_pinning_the_join_services_ak_joins_without_an_insecure_flag() {
+    use crate::join::{Seen, cluster_id, control_plane_signer, start_stub};
+    let cp = TestNode::new("127.0.13.5");
+    let t = TestNode::new("127.0.13.6");
+    cp.mark(&cluster_id());
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let (port, _stop_stub) = start_stub(cp.ip, &cp, &t, seen.clone()).await;
+    let (metadata, _stop) = metadata_server_of(serde_json::json!([
+        instance("cp-0", MetaRole::ControlPlane, cp.ip),
+        instance("worker-0", MetaRole::Worker, t.ip),
+    ]))
+    .await;
+    // The join service's firmware PCRs, as an operator records them from the control
+    // plane; PCR 15 is the cluster marker whatever the file says.
+    let measurements = t.node_dir.root().join("join-service-measurements.json");
+    std::fs::create_dir_all(t.node_dir.root()).unwrap();
+    std::fs::write(&measurements, cp.measurements_json(|i| i <= 7)).unwrap();
+    let pin = asterism_attestation::AkFingerprint::of_public_area(&cp.ak_public).to_string();
+    let port = port.to_string();
+    let cluster = cluster_id().to_hex();
+    let key = control_plane_signer().public_key().to_string();
+    let mut process = spawn_with(
+        &t,
+        metadata,
+        &[
+            "--join-port",
+            &port,
+            "--cluster-id",
+            &cluster,
+            "--control-plane-key",
+            &key,
+            "--verify-join-service-measurements",
+            measurements.to_str().unwrap(),
+            "--pinned-ak",
+            &pin,
+        ],
+    );
+    let (code, stderr) = wait(&mut process, Duration::from_secs(120));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("Joined"), "{stderr}");
+    assert!(!stderr.contains("INSECURE"), "{stderr}");
+    assert_eq!(seen.lock().unwrap().join_peers.len(), 1);
+    assert_eq!(
+        t.pcr15(),
+        asterism_tpm::marker::expected_marker_pcr(cluster_id().as_bytes())
     );
 }

@@ -623,7 +623,7 @@ fn tlv(bytes: &[u8]) -> Result<(u8, &[u8], &[u8]), String> {
     Ok((tag, content, rest))
 }
 
-fn parse_exact(der: &[u8]) -> Result<X509Certificate<'_>, String> {
+pub(super) fn parse_exact(der: &[u8]) -> Result<X509Certificate<'_>, String> {
     match X509Certificate::from_der(der) {
         Ok(([], cert)) => Ok(cert),
         Ok((rest, _)) => Err(format!("{} bytes after the certificate", rest.len())),
@@ -633,7 +633,7 @@ fn parse_exact(der: &[u8]) -> Result<X509Certificate<'_>, String> {
 
 /// The certificates of one bundle file: PEM with only `CERTIFICATE` blocks, or one DER
 /// certificate.
-fn certificates_in_file(bytes: &[u8]) -> Result<Vec<Vec<u8>>, String> {
+pub(super) fn certificates_in_file(bytes: &[u8]) -> Result<Vec<Vec<u8>>, String> {
     if bytes.first() == Some(&0x30) {
         parse_exact(bytes)?;
         return Ok(vec![bytes.to_vec()]);
@@ -658,7 +658,7 @@ fn certificates_in_file(bytes: &[u8]) -> Result<Vec<Vec<u8>>, String> {
 }
 
 /// A CA that may sign certificates: basicConstraints CA and keyUsage keyCertSign.
-fn check_ca(cert: &X509Certificate<'_>) -> Result<(), String> {
+pub(super) fn check_ca(cert: &X509Certificate<'_>) -> Result<(), String> {
     let bc = cert
         .basic_constraints()
         .map_err(|e| format!("basicConstraints: {e}"))?;
@@ -673,7 +673,7 @@ fn check_ca(cert: &X509Certificate<'_>) -> Result<(), String> {
     }
 }
 
-fn asn1_time(now: SystemTime) -> Result<ASN1Time, String> {
+pub(super) fn asn1_time(now: SystemTime) -> Result<ASN1Time, String> {
     let secs = now
         .duration_since(UNIX_EPOCH)
         .map_err(|_| "time before 1970".to_owned())?

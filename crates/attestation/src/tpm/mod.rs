@@ -2,6 +2,7 @@
 //! an attestation key (AK), with the AK's public area and optionally its certificate chain.
 //!
 //! * [`evidence`]: the versioned protobuf message and its strict decoder;
+//! * [`cloud`]: AK certificates a cloud's vTPM CA issued (GCE, Azure) ([`CloudAkCa`]);
 //! * [`ek`]: EK certificates checked against the operator's bundle of TPM manufacturers'
 //!   CAs ([`ek::EkCaBundle`], [`ek::VerifiedEk`]);
 //! * [`eventlog`]: the TCG event log a node may send along, parsed exactly and replayed
@@ -14,6 +15,7 @@
 //! Tests and benchmarks make evidence with the software quote builder of the
 //! `asterism-soft-tpm` crate, which no program depends on.
 
+pub mod cloud;
 pub mod ek;
 pub mod eventlog;
 pub mod evidence;
@@ -23,6 +25,7 @@ mod trust;
 mod validator;
 mod wire;
 
+pub use cloud::CloudAkCa;
 pub use evidence::{
     AwsSnp, AzureSnp, AzureTdx, EVIDENCE_VERSION, EvidenceError, MAX_EVIDENCE_SIZE, PcrValue,
     PlatformKind, PlatformReport, QuoteEvidence, TpmQuoteEvidence, VARIANT,

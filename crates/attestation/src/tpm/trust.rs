@@ -1,5 +1,6 @@
 //! Which attestation keys (AKs) a verifier trusts, and the AK policy every AK must meet.
 
+use super::cloud::CloudAkCa;
 use super::evidence::QuoteEvidence;
 use super::platform::CvmAkTrust;
 use super::structures::{
@@ -116,6 +117,16 @@ pub enum AkTrustError {
     /// A fingerprint is not 64 hex digits.
     #[error("AK fingerprint: {0}")]
     Fingerprint(String),
+    /// A cloud vTPM CA certificate is not usable.
+    #[error("cloud vTPM CA {role} #{index}: {reason}")]
+    CloudCertificate {
+        /// `root` or `intermediate`.
+        role: &'static str,
+        /// Position among the certificates of that role.
+        index: usize,
+        /// What is wrong.
+        reason: String,
+    },
 }
 
 /// Platform CA roots that certify AKs (the evidence carries the AK certificate chain).
@@ -264,6 +275,9 @@ pub enum AkTrust {
     /// The evidence carries a confidential VM's hardware report that vouches for the AK
     /// (Azure SEV-SNP, Azure TDX, AWS SEV-SNP); see [`CvmAkTrust`].
     ConfidentialVm(Arc<CvmAkTrust>),
+    /// The evidence carries the AK certificate a cloud's vTPM CA issued (GCE, Azure Trusted
+    /// Launch); it must chain to one of the cloud's roots ([`CloudAkCa`]).
+    CloudAk(Arc<CloudAkCa>),
 }
 
 impl AkTrust {
@@ -291,6 +305,11 @@ impl AkTrust {
         Self::ConfidentialVm(Arc::new(trust))
     }
 
+    /// Trusts AKs that a cloud's vTPM CA certified.
+    pub fn cloud_ak(ca: CloudAkCa) -> Self {
+        Self::CloudAk(Arc::new(ca))
+    }
+
     /// Refuses `references` when this is a confidential-VM trust whose platform requires
     /// reference values they lack ([`CvmAkTrust::require_references`]); every other
     /// policy needs none. Binaries call it at start, with the measurements they loaded.
@@ -306,11 +325,12 @@ impl AkTrust {
 
     /// Which AK attributes this policy accepts. A platform CA or a pin vouches for keys
     /// made by our own template, so the template must match exactly. A cloud's vTPM makes
-    /// its AK with its own template (Azure's lacks noDA); the hardware report vouches for
-    /// the key itself, so only the attributes that make it an AK are required.
+    /// its AK with its own template (Azure's and Google's lack noDA); the hardware report or
+    /// the cloud's certificate vouches for the key itself, so only the attributes that make
+    /// it an AK are required.
     pub(crate) fn attribute_rule(&self) -> AttributeRule {
         match self {
-            Self::ConfidentialVm(_) => AttributeRule::Required,
+            Self::ConfidentialVm(_) | Self::CloudAk(_) => AttributeRule::Required,
             _ => AttributeRule::Exact,
         }
     }
@@ -338,6 +358,7 @@ impl AkTrust {
                 return (explanation.checks, result.map(|()| None));
             }
             Self::PlatformCa(ca) => ca.verify(chain, ak, now).map(|()| None),
+            Self::CloudAk(ca) => ca.verify(chain, ak, now).map(|()| None),
             Self::Pinned(pins) if pins.contains(fingerprint) => Ok(None),
             Self::Pinned(_) => Err(ValidationError::UntrustedKey(format!(
                 "AK {fingerprint} is not pinned"

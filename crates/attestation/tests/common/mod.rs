@@ -86,8 +86,14 @@ fn ca_params(name: &str) -> CertificateParams {
 
 impl TestCa {
     pub fn new(name: &str) -> Self {
+        Self::new_with(name, |_| {})
+    }
+
+    /// A root CA whose parameters `edit` changed.
+    pub fn new_with(name: &str, edit: impl FnOnce(&mut CertificateParams)) -> Self {
         let key = KeyPair::generate().unwrap();
-        let params = ca_params(name);
+        let mut params = ca_params(name);
+        edit(&mut params);
         let cert = params.self_signed(&key).unwrap();
         Self {
             issuer: Issuer::new(params, key),

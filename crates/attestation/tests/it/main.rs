@@ -12,6 +12,8 @@
 )]
 
 mod boundaries;
+#[cfg(feature = "insecure-test-attestation")]
+mod cloud_ak;
 #[path = "../common/mod.rs"]
 mod common;
 #[cfg(feature = "insecure-test-attestation")]

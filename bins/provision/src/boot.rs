@@ -20,34 +20,106 @@ pub const BOOT_PCRS: std::ops::RangeInclusive<u8> = 0..=9;
 /// The largest event log or PCR file read.
 const MAX_INPUT: u64 = 1024 * 1024;
 
-/// Reads `pcrs_file` (`{"sha256": {"0": "<hex>", …}}`, as the reference boot writes it).
+/// Reads `pcrs_file`: either `{"sha256": {"0": "<hex>", …}}`, as the VM image's reference
+/// boot writes it, or the text `tpm2_pcrread sha256` prints on the machine itself
+/// (`  sha256:` then one `    <index> : 0x<hex>` line per PCR; other banks are skipped).
 pub fn read_pcrs(pcrs_file: &Path) -> Result<BTreeMap<PcrIndex, [u8; 32]>> {
-    #[derive(serde::Deserialize)]
-    struct File {
-        sha256: BTreeMap<String, String>,
-    }
     let text = asterism_binkit::read_capped(pcrs_file, MAX_INPUT)
         .with_context(|| format!("reading {}", pcrs_file.display()))?;
-    let file: File = serde_json::from_slice(&text).with_context(|| {
-        format!(
-            "{}: not a PCR file ({{\"sha256\": {{\"0\": hex, …}}}})",
-            pcrs_file.display()
-        )
-    })?;
+    let name = pcrs_file.display();
+    let entries = if text.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{') {
+        #[derive(serde::Deserialize)]
+        struct File {
+            sha256: BTreeMap<String, String>,
+        }
+        let file: File = serde_json::from_slice(&text).with_context(|| {
+            format!("{name}: not a PCR file ({{\"sha256\": {{\"0\": hex, …}}}})")
+        })?;
+        file.sha256.into_iter().collect()
+    } else {
+        pcrread_sha256(&text).with_context(|| {
+            format!("{name}: neither a PCR file (JSON) nor `tpm2_pcrread sha256` output")
+        })?
+    };
     let mut pcrs = BTreeMap::new();
-    for (index, value) in file.sha256 {
+    for (index, value) in entries {
         let i = index
             .parse::<u8>()
             .ok()
             .and_then(PcrIndex::new)
-            .with_context(|| format!("{}: {index:?} is not a PCR index", pcrs_file.display()))?;
+            .with_context(|| format!("{name}: {index:?} is not a PCR index"))?;
         let v: [u8; 32] = hex::decode(&value)
             .ok()
             .and_then(|v| v.try_into().ok())
-            .with_context(|| format!("{}: PCR {index} is not 32 hex bytes", pcrs_file.display()))?;
-        pcrs.insert(i, v);
+            .with_context(|| format!("{name}: PCR {index} is not 32 hex bytes"))?;
+        if pcrs.insert(i, v).is_some() {
+            bail!("{name}: PCR {index} is given twice");
+        }
     }
     Ok(pcrs)
+}
+
+/// The SHA-256 bank of `tpm2_pcrread` output, as (index, hex) pairs.
+fn pcrread_sha256(text: &[u8]) -> Result<Vec<(String, String)>> {
+    let text = std::str::from_utf8(text).context("not UTF-8 text")?;
+    let mut out = Vec::new();
+    let mut bank: Option<&str> = None;
+    for (n, line) in text.lines().enumerate() {
+        let trimmed = line.trim();
+        if trimmed.is_empty() {
+            continue;
+        }
+        if let Some(name) = trimmed.strip_suffix(':') {
+            bank = Some(name);
+            continue;
+        }
+        let (index, value) = trimmed
+            .split_once(':')
+            .with_context(|| format!("line {}: not `<index> : 0x<hex>`", n + 1))?;
+        match bank {
+            Some("sha256") => {}
+            Some(_) => continue,
+            None => bail!("line {}: a PCR value before any bank name", n + 1),
+        }
+        let value = value.trim();
+        let hex = value
+            .strip_prefix("0x")
+            .with_context(|| format!("line {}: the value does not start with 0x", n + 1))?;
+        out.push((index.trim().to_owned(), hex.to_ascii_lowercase()));
+    }
+    if out.is_empty() {
+        bail!("no sha256 bank");
+    }
+    Ok(out)
+}
+
+/// Why an event makes its PCR differ between machines of one model, or between firmware
+/// versions, when it does.
+fn varies(event: &asterism_attestation::tpm::eventlog::Event) -> Option<&'static str> {
+    Some(match event.event_type.0 {
+        // SMBIOS and ACPI tables: serial numbers, UUIDs, asset tags.
+        0x8000_0009 | 0x8000_000b => "hand-off tables (SMBIOS, ACPI): serial numbers and UUIDs",
+        // Boot options: device paths name disks and network cards.
+        0x8000_0002 | 0x8000_000c => {
+            "the boot order or a boot option, whose device path names this machine's disk or network card"
+        }
+        // The disk's partition table, with the disk's GUID.
+        0x8000_0006 | 0x8000_000d => "the boot disk's GPT header: its GUID is this disk's",
+        0xa | 0xb | 0x10 | 0x11 => "platform configuration: differs with the installed hardware",
+        0x9 => "CPU microcode: differs with the CPU's stepping and the installed update",
+        0x1 | 0x8 | 0x13 => "firmware version: the same only on machines with the same firmware",
+        _ => return None,
+    })
+}
+
+/// The events that make their PCR differ between machines (or firmware versions), in log
+/// order: `(PCR, event number, event label, why)`.
+pub fn machine_specific(log: &EventLog) -> Vec<(u8, usize, String, &'static str)> {
+    log.events()
+        .iter()
+        .filter(|e| e.is_extended() && BOOT_PCRS.contains(&e.pcr.get()))
+        .filter_map(|e| varies(e).map(|why| (e.pcr.get(), e.number, e.label(), why)))
+        .collect()
 }
 
 /// The expected measurements of nodes booted like the reference: PCRs 0–9 enforced at the
@@ -115,6 +187,16 @@ pub fn run(event_log: &Path, pcrs_file: &Path, out: &Path) -> Result<()> {
         out.display(),
         log.events().len()
     );
+    let varying = machine_specific(&log);
+    let pcrs: std::collections::BTreeSet<u8> = varying.iter().map(|v| v.0).collect();
+    for pcr in pcrs {
+        crate::progress!(
+            "PCR {pcr} may differ on another machine; take its reference from each machine, or drop it from the file:"
+        );
+        for (_, number, label, why) in varying.iter().filter(|v| v.0 == pcr) {
+            crate::progress!("  event {number} {label}: {why}");
+        }
+    }
     Ok(())
 }
 
@@ -292,5 +374,66 @@ mod tests {
         p.remove(&PcrIndex::new(8).unwrap());
         let err = measurements(&log, &p).unwrap_err().to_string();
         assert_eq!(err, "the PCR values lack PCR 8");
+    }
+
+    fn log_file(name: &str) -> EventLog {
+        let path = format!(
+            "{}/../../crates/attestation/tests/data/eventlog/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        EventLog::parse(&std::fs::read(path).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn the_events_that_differ_between_machines_are_named_with_their_pcr() {
+        // The real GCE log: firmware version and platform information in PCR 0, the boot
+        // options in PCR 1, the disk's GPT in PCR 5.
+        let flagged: Vec<(u8, usize)> = machine_specific(&log_file("gce-cos-85-amd-sev.bin"))
+            .iter()
+            .map(|(pcr, number, _, _)| (*pcr, *number))
+            .collect();
+        assert_eq!(flagged, [(0, 1), (0, 2), (1, 9), (1, 10), (1, 11), (5, 21)]);
+        let gpt = &machine_specific(&log_file("gce-cos-85-amd-sev.bin"))[5];
+        assert!(gpt.2.starts_with("EV_EFI_GPT_EVENT"), "{gpt:?}");
+        assert!(gpt.3.contains("GUID"), "{gpt:?}");
+        // OVMF under QEMU: its version in PCR 0, its boot options in PCR 1; nothing in the
+        // kernel's PCRs 4 and 9.
+        let ovmf: Vec<u8> = machine_specific(&log_file("ovmf-q35-linux-6.1.bin"))
+            .iter()
+            .map(|v| v.0)
+            .collect();
+        assert_eq!(ovmf, [0, 1, 1]);
+    }
+
+    #[test]
+    fn pcr_values_are_read_as_tpm2_pcrread_prints_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = pcrs();
+        // `tpm2_pcrread sha1:0,1+sha256:0,1,…` on the machine: the SHA-1 bank is skipped.
+        let mut text = String::from("  sha1:\n    0 : 0x");
+        text.push_str(&"AB".repeat(20));
+        text.push_str("\n  sha256:\n");
+        for (i, v) in &p {
+            text.push_str(&format!("    {:<2}: 0x{}\n", i.get(), hex::encode_upper(v)));
+        }
+        let file = dir.path().join("pcrs.txt");
+        std::fs::write(&file, &text).unwrap();
+        assert_eq!(read_pcrs(&file).unwrap(), p);
+        // With the reference boot's log they give its measurements.
+        let out = dir.path().join("m.json");
+        let log = dir.path().join("log.bin");
+        std::fs::write(&log, LOG).unwrap();
+        run(&log, &file, &out).unwrap();
+        // A PCR twice, a value without 0x, no SHA-256 bank, a value before any bank.
+        for bad in [
+            format!("{text}    0 : 0x{}\n", "00".repeat(32)),
+            text.replace(": 0x", ": "),
+            text.replace("sha256:", "sha384:"),
+            format!("    0 : 0x{}\n", "00".repeat(32)),
+        ] {
+            std::fs::write(&file, &bad).unwrap();
+            let err = read_pcrs(&file).unwrap_err();
+            assert!(format!("{err:#}").contains("pcrs.txt"), "{err:#}");
+        }
     }
 }

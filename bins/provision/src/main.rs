@@ -83,14 +83,16 @@ enum Command {
         #[command(subcommand)]
         command: EnrollCommand,
     },
-    /// The expected measurements of nodes booted from a VM image: PCRs 0-9 from a reference
-    /// boot (its TCG event log must replay to the PCR values read), each with its events,
-    /// and PCR 15 zero.
+    /// The expected measurements of nodes booted like a reference boot (a VM image's, or one
+    /// machine's of a fleet): PCRs 0-9 from its TCG event log, which must replay to the PCR
+    /// values read, each with its events, and PCR 15 zero. Names the events that make a
+    /// PCR differ between machines.
     BootMeasurements {
         /// The reference boot's event log (`binary_bios_measurements`).
         #[arg(long)]
         event_log: PathBuf,
-        /// The PCR values the guest read: `{"sha256": {"0": "<hex>", …}}`.
+        /// The PCR values the machine read: `{"sha256": {"0": "<hex>", …}}`, or the text
+        /// `tpm2_pcrread sha256` prints.
         #[arg(long)]
         pcrs: PathBuf,
         /// The measurements file to write (must not exist).

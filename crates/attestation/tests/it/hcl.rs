@@ -423,3 +423,16 @@ fn the_real_aws_report_carries_the_documented_report_data_and_refuses_another_ak
     assert!(expected.starts_with(AZURE_SNP_AK_SPKI_SHA512));
     assert_eq!(observed, AWS_REPORT_DATA);
 }
+
+#[test]
+fn a_report_shorter_than_its_fixed_parts_is_refused_by_its_length_at_the_exact_bound() {
+    let full = tdx_hcl();
+    // One byte short of header, hardware report and data header: refused for its length.
+    let short = malformed(HclReport::parse(&full[..RUNTIME_AT - 1]));
+    assert!(short.contains("shorter than header"), "{short}");
+    // Exactly those parts: past the length check, refused because the declared runtime
+    // data is missing.
+    let fixed_only = malformed(HclReport::parse(&full[..RUNTIME_AT]));
+    assert!(!fixed_only.contains("shorter than header"), "{fixed_only}");
+    assert!(fixed_only.contains("truncated"), "{fixed_only}");
+}

@@ -15,6 +15,7 @@ mod cluster;
 #[path = "../common/mod.rs"]
 mod common;
 mod disk_binding;
+mod enrolment;
 mod idle_flood;
 mod recovery;
 mod rogue_join_service;

@@ -35,8 +35,17 @@ const RSA_AK_PEM: &[u8] = include_bytes!("../tests/data/test-ak-rsa2048.pk8.pem"
 /// Distinct pieces of evidence, each bound to its own session.
 const SESSIONS: usize = 256;
 /// Wall time of one measurement; each figure is the best of `ROUNDS`, interleaved.
+/// `VERIFY_BENCH_QUICK=1` (scripts/bench) measures 200 ms, best of 3.
 const RUN: Duration = Duration::from_millis(500);
 const ROUNDS: usize = 5;
+
+fn run_and_rounds() -> (Duration, usize) {
+    if std::env::var_os("VERIFY_BENCH_QUICK").is_some() {
+        (Duration::from_millis(200), 3)
+    } else {
+        (RUN, ROUNDS)
+    }
+}
 
 fn idx(i: u8) -> PcrIndex {
     PcrIndex::new(i).unwrap()
@@ -259,6 +268,7 @@ fn main() {
     let mut c = verifying(&rsa_pinned, &rsa_sessions);
     let mut d = verifying(&via_cloud, &cloud_sessions);
     let (mut gce, mut gce_leaf, mut gce_inter) = gce_chain();
+    let (run, rounds) = run_and_rounds();
     let r = support::best(
         &mut [
             &mut bare,
@@ -270,14 +280,14 @@ fn main() {
             &mut gce_leaf,
             &mut gce_inter,
         ],
-        ROUNDS,
-        RUN,
+        rounds,
+        run,
     );
     let (floor, pinned, chain, rsa, cloud) = (r[0], r[1], r[2], r[3], r[4]);
     let (gce, gce_leaf, gce_inter) = (r[5], r[6], r[7]);
     println!(
         "tpm-quote verification, one thread, {SESSIONS} distinct sessions, 24 PCRs quoted; per \
-         CPU-second, best of {ROUNDS} x {RUN:?}"
+         CPU-second, best of {rounds} x {run:?}"
     );
     let line = |name: &str, rate: f64, bytes: Option<usize>| {
         println!(

@@ -11,9 +11,9 @@
 use asterism_attestation::ValidationError;
 use asterism_attestation::explain::Outcome;
 use asterism_attestation::hcl::{
-    HardwareKind, HardwareReport, HclReport, MAX_HCL_REPORT_SIZE, RuntimeData, SNP_REPORT_SIZE,
-    TD_REPORT_SIZE, aws_snp_ak_matches, aws_snp_report_data, hcl_ak_matches,
-    runtime_data_report_data,
+    HardwareKind, HardwareReport, HclReport, MAX_HCL_REPORT_SIZE, MAX_RUNTIME_DATA_SIZE,
+    RuntimeData, SNP_REPORT_SIZE, TD_REPORT_SIZE, aws_snp_ak_matches, aws_snp_report_data,
+    hcl_ak_matches, runtime_data_report_data,
 };
 use asterism_attestation::tpm::AK_ATTRIBUTES;
 use asterism_attestation::tpm::structures::{
@@ -435,4 +435,22 @@ fn a_report_shorter_than_its_fixed_parts_is_refused_by_its_length_at_the_exact_b
     let fixed_only = malformed(HclReport::parse(&full[..RUNTIME_AT]));
     assert!(!fixed_only.contains("shorter than header"), "{fixed_only}");
     assert!(fixed_only.contains("truncated"), "{fixed_only}");
+}
+
+#[test]
+fn runtime_data_of_exactly_the_cap_is_read_and_one_byte_more_is_refused() {
+    let with_runtime = |len: usize| {
+        let mut report = snp_hcl_from(&vec![b' '; len]);
+        // The runtime-data header: data size (fixed part + variable part), variable size.
+        let data_at = RUNTIME_AT - 20;
+        let data_size = u32::try_from(20 + len).unwrap().to_le_bytes();
+        report[data_at..data_at + 4].copy_from_slice(&data_size);
+        let variable = u32::try_from(len).unwrap().to_le_bytes();
+        report[RUNTIME_AT - 4..RUNTIME_AT].copy_from_slice(&variable);
+        HclReport::parse(&report)
+    };
+    let at_cap = with_runtime(MAX_RUNTIME_DATA_SIZE).unwrap();
+    assert_eq!(at_cap.runtime_data().len(), MAX_RUNTIME_DATA_SIZE);
+    let over = malformed(with_runtime(MAX_RUNTIME_DATA_SIZE + 1));
+    assert!(over.contains("runtime data is"), "{over}");
 }

@@ -11,6 +11,7 @@
     clippy::indexing_slicing
 )]
 
+mod ak_spki;
 mod boundaries;
 #[path = "../common/mod.rs"]
 mod common;

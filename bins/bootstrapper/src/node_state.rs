@@ -6,7 +6,6 @@
 use std::path::{Path, PathBuf};
 
 use asterism_cluster::{MEASUREMENT_SALT_LEN, Role};
-use asterism_components::Component;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 
@@ -106,30 +105,6 @@ impl NodeState {
     }
 }
 
-/// What the node was handed to set up Kubernetes with: the driver it was handed to, and the
-/// Kubernetes version and components of the init request or join ticket, in order. Written
-/// with the node's files, for the operator and `asterism mini status` (docs/mini.md); the
-/// bootstrapper never reads it back. Handed is not installed: the `none` driver installs
-/// nothing, and the kubeadm driver installs its fallback list when the list is empty.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct KubernetesHandover {
-    /// The Kubernetes driver's name (`none`, `kubeadm`).
-    pub driver: String,
-    /// `v<major>.<minor>.<patch>`, or empty when the request or ticket named none.
-    pub kubernetes_version: String,
-    /// The components, as received.
-    pub kubernetes_components: Vec<Component>,
-}
-
-impl KubernetesHandover {
-    /// The file content: indented JSON (components with their wire keys, zero values left
-    /// out as they travel).
-    #[must_use]
-    pub fn to_json(&self) -> String {
-        format!("{:#}", serde_json::json!(self))
-    }
-}
-
 /// The paths of one node directory (`<cluster dir>/nodes/<name>/`, `/run/node` in the node
 /// image). `state/` is the mount point of the state disk's file system where the disk is
 /// mapped (device-mapper); without device-mapper it is a plain directory that stands for
@@ -200,7 +175,7 @@ impl NodeDir {
     }
 
     /// `state/asterism/kubernetes.json`: what the node was handed to set up Kubernetes with
-    /// ([`KubernetesHandover`]).
+    /// ([`asterism_cluster::KubernetesHandover`]).
     #[must_use]
     pub fn kubernetes_handover(&self) -> PathBuf {
         self.state().join("asterism").join("kubernetes.json")
@@ -279,27 +254,6 @@ mod tests {
         );
         let back = NodeState::from_json(json.as_bytes(), Path::new("x")).unwrap();
         assert_eq!(back, state);
-    }
-
-    #[test]
-    fn the_kubernetes_handover_reads_back_as_written() {
-        let handover = KubernetesHandover {
-            driver: "none".into(),
-            kubernetes_version: "v1.31.13".into(),
-            kubernetes_components: vec![Component {
-                url: "https://example.com/cni.tgz".into(),
-                hash: format!("sha256:{}", "ab".repeat(32)),
-                install_path: "/run/state/cni/bin".into(),
-                extract: true,
-            }],
-        };
-        let json = handover.to_json();
-        assert!(
-            json.contains("\"kubernetes_version\": \"v1.31.13\""),
-            "{json}"
-        );
-        let back: KubernetesHandover = serde_json::from_str(&json).unwrap();
-        assert_eq!(back, handover);
     }
 
     #[test]

@@ -4,10 +4,8 @@
 
 use crate::error::chain;
 use crate::release::{ClusterRelease, ReleaseError};
-use crate::state::{
-    Admission, ClusterState, InitNode, Member, StateError, TOKEN_MIN_REMAINING, TOKEN_TTL,
-};
-use asterism_cluster::{ExpiringToken, Role};
+use crate::state::{Admission, ClusterState, Member, StateError, TOKEN_MIN_REMAINING, TOKEN_TTL};
+use asterism_cluster::{ExpiringToken, InitNode, Role};
 use asterism_kms::DiskUuid;
 use asterism_kube_api::{ApiError, ClusterApi, JoiningNode, MemberRecord, TokenPolicy};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -247,7 +245,7 @@ impl ClusterState for KubeState {
             .await
             .map_err(state_error)?;
         self.api
-            .record_init_member(&init.name, &init.role, &init.ak, disk.as_str(), now)
+            .record_init_member(&init.name, init.role.as_str(), &init.ak, disk.as_str(), now)
             .await
             .map_err(state_error)
     }

@@ -2,10 +2,8 @@
 //! [`ClusterState`] trait. The default implementation, [`RedbState`], keeps them in an
 //! embedded database file (redb) so they survive restarts.
 
-use crate::release::{ClusterRelease, ReleaseError};
-use asterism_cluster::{BootstrapToken, ExpiringToken, Role};
+use asterism_cluster::{BootstrapToken, ExpiringToken, InitNode, Role};
 use asterism_kms::DiskUuid;
-use asterism_kubernetes_versions::Component;
 use redb::{
     Database, ReadableDatabase as _, ReadableTable, ReadableTableMetadata as _, TableDefinition,
 };
@@ -152,42 +150,6 @@ impl Member {
     /// or another one after an operator re-admitted the node.
     pub fn accepts(&self, ak: &str) -> bool {
         self.ak == ak || self.readmit
-    }
-}
-
-/// The first node of the cluster, as its bootstrapper recorded it at init: it derived its
-/// own disk key from the master secret, so no join ticket ever bound its disk. The join
-/// service records it at start ([`ClusterState::record_init_node`]). The record also holds
-/// the cluster's Kubernetes version and components, which every join ticket carries
-/// ([`InitNode::release`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct InitNode {
-    /// The state disk's UUID.
-    pub disk: String,
-    /// The attestation key identity of the init node (SHA-256 of its AK's public area, hex,
-    /// as the validator reports it).
-    pub ak: String,
-    /// The node name.
-    pub name: String,
-    /// The role (`ControlPlane`).
-    pub role: String,
-    /// The Kubernetes version the cluster was initialised with (`v1.31.13`); empty in a
-    /// record that names no release.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub kubernetes_version: String,
-    /// The components the first node installed, as the init request named them.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub kubernetes_components: Vec<Component>,
-}
-
-impl InitNode {
-    /// The recorded release, checked; `None` when the record names neither a version nor
-    /// components (tickets then carry none, as before the record held them).
-    pub fn release(&self) -> Result<Option<ClusterRelease>, ReleaseError> {
-        if self.kubernetes_version.is_empty() && self.kubernetes_components.is_empty() {
-            return Ok(None);
-        }
-        ClusterRelease::new(&self.kubernetes_version, self.kubernetes_components.clone()).map(Some)
     }
 }
 
@@ -744,7 +706,7 @@ impl ClusterState for RedbState {
                     &mut t.members,
                     &Member {
                         name: init.name.clone(),
-                        role: init.role.clone(),
+                        role: init.role.to_string(),
                         ak: init.ak.clone(),
                         disk: init.disk.clone(),
                         admitted_at: now,
@@ -948,7 +910,7 @@ mod tests {
             disk: D1.into(),
             ak: "ak-cp".into(),
             name: "cp-0".into(),
-            role: "ControlPlane".into(),
+            role: Role::ControlPlane,
             ..Default::default()
         };
         {

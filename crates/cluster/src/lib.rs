@@ -1,15 +1,20 @@
 //! The vocabulary of an Asterism cluster that the bootstrapper, the join service and the
 //! Kubernetes crates share, defined once: a node's [`Role`], the kubeadm
 //! [`BootstrapToken`], the control-plane files a joining control-plane node receives, the
-//! API server port and the length of the measurement salt.
+//! API server port, the length of the measurement salt and (feature `node-records`) the
+//! records the bootstrapper writes on a node for the join service and the operator.
 //!
 //! This crate is pure and small: values and checks, no I/O, no randomness of its own, no
 //! runtime. It must never let a token's secret reach a `Debug` output or an error.
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "node-records")]
+mod records;
 mod role;
 mod token;
 
+#[cfg(feature = "node-records")]
+pub use records::{InitNode, KubernetesHandover, RecordError};
 pub use role::Role;
 pub use token::{
     BootstrapToken, ExpiringToken, TOKEN_ID_LEN, TOKEN_SECRET_LEN, TokenError, is_bootstrap_token,

@@ -222,7 +222,7 @@ async fn the_init_node_binds_its_disk_and_is_recorded_without_tickets() {
         disk: DISK.into(),
         ak: OTHER_AK.into(),
         name: "worker-0".into(),
-        role: "ControlPlane".into(),
+        role: Role::ControlPlane,
         ..Default::default()
     };
     state.record_init_node(&init, t0()).await.unwrap();

@@ -128,7 +128,7 @@ async fn the_binary_issues_tickets_and_stops_cleanly_on_sigterm() {
 fn write_init_node(cluster: &Cluster, components: Vec<Component>) -> std::path::PathBuf {
     let record = InitNode {
         disk: DISK_B.into(),
-        ak: "ak of the init node".into(),
+        ak: "a1".repeat(32),
         name: "cp-0".into(),
         role: Role::ControlPlane,
         kubernetes_version: "v1.31.13".into(),

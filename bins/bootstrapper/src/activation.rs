@@ -13,7 +13,7 @@
 
 use std::path::PathBuf;
 
-use asterism_cluster::{KubernetesHandover, MEASUREMENT_SALT_LEN, Role};
+use asterism_cluster::{KubernetesHandover, MEASUREMENT_SALT_LEN, NodeDir, Role};
 use asterism_kms::{ClusterId, DataKey};
 use asterism_kubeadm::setup::ControlPlaneFile;
 use tracing::{info, warn};
@@ -24,7 +24,7 @@ use crate::error::{StepError, blocking};
 use crate::files;
 use crate::identity::Identity;
 use crate::node::Node;
-use crate::node_state::{NodeDir, NodeState};
+use crate::node_state::NodeState;
 use crate::pki::SshFiles;
 use crate::ticket::JoinTicket;
 

@@ -15,7 +15,7 @@ pub mod timing;
 pub mod vm;
 
 use anyhow::{Context, Result, bail};
-use asterism_cluster::KubernetesHandover;
+use asterism_cluster::{KubernetesHandover, NodeDir};
 use asterism_swtpm::{SwtpmConfig, SwtpmProcess};
 use serde::{Deserialize, Serialize};
 use std::ffi::OsString;
@@ -124,7 +124,7 @@ const MAX_HANDOVER_LEN: u64 = 1 << 20;
 /// The hand-over record of `node` (`state/asterism/kubernetes.json`, what its bootstrapper
 /// handed its Kubernetes driver); `None` when it wrote none.
 fn read_handover(node: &Node) -> Result<Option<KubernetesHandover>> {
-    let path = node.dir.join("state/asterism/kubernetes.json");
+    let path = NodeDir::new(&node.dir).kubernetes_handover();
     if !path.exists() {
         return Ok(None);
     }
@@ -741,13 +741,13 @@ impl LocalCluster {
                 &"--key-service",
                 &format!("unix:{}", cp.dir.join("run/key-service.sock").display()),
                 &"--pki-dir",
-                &cp.dir.join("state/kubernetes/pki"),
+                &NodeDir::new(&cp.dir).kubernetes_pki(),
                 &"--measurement-salt-file",
                 &secrets.join("measurementSalt"),
                 &"--state-dir",
                 &cp.dir.join("run/join-service"),
                 &"--init-node",
-                &cp.dir.join("state/asterism/init-node.json"),
+                &NodeDir::new(&cp.dir).init_node_record(),
                 &"--admin-socket",
                 &self.admin_socket(),
                 &"--metadata-url",
@@ -876,7 +876,7 @@ impl LocalCluster {
     pub fn derived_disk_key(&self, node: &Node) -> Result<asterism_kms::DataKey> {
         let kms = workspace_kms(&self.workspace)?;
         let disk = asterism_disk::StateDisk::open(
-            node.dir.join("state.img"),
+            NodeDir::new(&node.dir).state_image(),
             asterism_disk::DiskConfig::local(),
         )?;
         let uuid = disk.uuid()?;
@@ -1095,7 +1095,7 @@ fn workspace_kms(ws: &Path) -> Result<asterism_kms::ClusterKms> {
 /// key is the only keyslot left (the first-boot passphrase's slot is gone), and the header
 /// says the disk is initialised.
 fn disk_rekeyed(kms: &asterism_kms::ClusterKms, n: &Node) -> Result<bool> {
-    let img = n.dir.join("state.img");
+    let img = NodeDir::new(&n.dir).state_image();
     let disk = asterism_disk::StateDisk::open(&img, asterism_disk::DiskConfig::local())?;
     let uuid = disk.uuid()?;
     let key = kms.data_key(

@@ -13,7 +13,7 @@
 
 use std::path::PathBuf;
 
-use asterism_cluster::{MEASUREMENT_SALT_LEN, Role};
+use asterism_cluster::{KubernetesHandover, MEASUREMENT_SALT_LEN, NodeDir, Role};
 use asterism_kms::{ClusterId, DataKey};
 use asterism_kubeadm::setup::ControlPlaneFile;
 use tracing::{info, warn};
@@ -24,7 +24,7 @@ use crate::error::{StepError, blocking};
 use crate::files;
 use crate::identity::Identity;
 use crate::node::Node;
-use crate::node_state::{KubernetesHandover, NodeDir, NodeState};
+use crate::node_state::NodeState;
 use crate::pki::SshFiles;
 use crate::ticket::JoinTicket;
 
@@ -99,8 +99,9 @@ pub(crate) struct InitActivation {
     pub(crate) disk_key: DataKey,
     /// The emergency SSH CA's public key and this node's host certificate.
     pub(crate) ssh: SshFiles,
-    /// The record of this node's disk and attestation key for the join service (JSON), if
-    /// the node knows its attestation key identity.
+    /// The record of this node's disk and attestation key for the join service
+    /// ([`asterism_cluster::InitNode`], as JSON), if the node knows its attestation key
+    /// identity.
     pub(crate) init_node_record: Option<String>,
     /// The files of the cluster's services when this node hosts them ([`crate::hosted`]).
     pub(crate) hosted_services: Vec<NodeFile>,
@@ -227,7 +228,7 @@ impl Activation {
         // 2. The files, with the record of what the driver is handed.
         let handover = NodeFile::new(
             dir.kubernetes_handover(),
-            self.kubernetes.handover(node.driver.name()).to_json(),
+            self.kubernetes.handover(node.driver.name()).to_json()?,
             files::PUBLIC_MODE,
         );
         let batch: Vec<files::FileToWrite<'_>> = self

@@ -14,7 +14,7 @@ use tracing::{info, warn};
 use crate::effects::{DiskOps, NodeMarker, StateMount};
 use crate::error::{StepError, blocking};
 use crate::files::{self, FileError, exists};
-use crate::node_state::NodeDir;
+use asterism_cluster::NodeDir;
 
 /// What kind of boot this is.
 #[derive(Debug)]

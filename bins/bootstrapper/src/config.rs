@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::limits::InitLimits;
-use crate::node_state::NodeDir;
 use crate::trust::JoinServiceTrust;
+use asterism_cluster::NodeDir;
 
 /// The InitServer port (the port the owner's CLI dials).
 pub const DEFAULT_INIT_PORT: u16 = 9000;

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use asterism_atls::AtlsError;
+use asterism_cluster::RecordError;
 use asterism_disk::{DiskError, FileSystemError};
 use asterism_kms::{DeriveError, KeyIdError};
 
@@ -33,6 +34,9 @@ pub enum StepError {
     /// The node state file is missing or malformed.
     #[error(transparent)]
     NodeState(#[from] NodeStateError),
+    /// A record for another program (`asterism_cluster`'s node records) did not serialise.
+    #[error(transparent)]
+    Record(#[from] RecordError),
     /// PCR 15 could not be read or extended.
     #[error("node marker")]
     Marker(#[from] MarkError),

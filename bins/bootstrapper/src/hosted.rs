@@ -15,7 +15,7 @@ use asterism_proto::init::HostedServices;
 
 use crate::activation::NodeFile;
 use crate::files::SECRET_MODE;
-use crate::node_state::NodeDir;
+use asterism_cluster::NodeDir;
 
 /// The files of the hosted services, checked: the key service's master secret and salt,
 /// the join service's measurement salt, the measurements it expects of joining nodes and

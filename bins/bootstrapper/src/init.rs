@@ -16,7 +16,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use asterism_binkit::error_chain;
-use asterism_cluster::MEASUREMENT_SALT_LEN;
+use asterism_cluster::{InitNode, MEASUREMENT_SALT_LEN, Role};
 use asterism_kms::{KeyId, KmsUri, STATE_DISK_KEY_LEN, StorageUri, derive_cluster_id};
 use asterism_kubernetes_versions::KubernetesVersion;
 use asterism_metadata::Metadata;
@@ -182,7 +182,7 @@ impl<M: Metadata + 'static> InitService<M> {
             measurement_salt,
             disk_key,
             ssh,
-            init_node_record: self.init_node_record(&req.kubernetes_version, &components),
+            init_node_record: self.init_node_record(&req.kubernetes_version, &components)?,
             hosted_services,
             params: ClusterInit {
                 cluster_name,
@@ -212,23 +212,23 @@ impl<M: Metadata + 'static> InitService<M> {
         &self,
         kubernetes_version: &str,
         components: &Components,
-    ) -> Option<String> {
+    ) -> Result<Option<String>, String> {
         let Some(ak) = &self.node.config.ak_identity else {
             warn!(
                 step = "disk",
                 "no attestation key identity: the join service cannot bind this node's disk, and its rejoin will be refused"
             );
-            return None;
+            return Ok(None);
         };
-        let record = serde_json::json!({
-            "disk": self.this.disk_uuid.as_str(),
-            "ak": ak,
-            "name": self.this.identity.name,
-            "role": "ControlPlane",
-            "kubernetes_version": kubernetes_version,
-            "kubernetes_components": components.as_slice(),
-        });
-        Some(record.to_string())
+        let record = InitNode {
+            disk: self.this.disk_uuid.as_str().to_owned(),
+            ak: ak.clone(),
+            name: self.this.identity.name.clone(),
+            role: Role::ControlPlane,
+            kubernetes_version: kubernetes_version.to_owned(),
+            kubernetes_components: components.as_slice().to_vec(),
+        };
+        record.to_json().map(Some).map_err(|e| error_chain(&e))
     }
 }
 

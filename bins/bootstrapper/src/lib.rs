@@ -57,6 +57,7 @@ mod trust;
 
 pub use asterism_binkit::error_chain;
 pub use asterism_cluster::Role;
+pub use asterism_cluster::{KubernetesHandover, NodeDir};
 pub use boot::prepare_state_image;
 pub use config::{
     Config, DEFAULT_ACTIVATION_TIMEOUT, DEFAULT_COMPONENTS_DIRS, DEFAULT_INIT_PORT,
@@ -79,7 +80,7 @@ pub use init::DEFAULT_CLUSTER_NAME;
 pub use lock::{Holder, LockError, NodeLock};
 pub use logbuf::{DEFAULT_LOG_BUFFER_BYTES, LogBuffer, LogBufferLayer};
 pub use node::Node;
-pub use node_state::{KubernetesHandover, NodeDir, NodeState};
+pub use node_state::NodeState;
 pub use pki::PkiError;
 pub use recover::DEFAULT_RECOVER_PORT;
 pub use run::{EXIT_FAILED, EXIT_RESET, EXIT_STOPPED, Failure, Listeners, Outcome, run};

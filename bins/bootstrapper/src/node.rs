@@ -14,7 +14,7 @@ use crate::effects::{DiskOps, KubernetesDriver, NodeMarker, StateMount};
 use crate::error::blocking;
 use crate::lock::NodeLock;
 use crate::logbuf::LogBuffer;
-use crate::node_state::NodeDir;
+use asterism_cluster::NodeDir;
 
 /// A node and its effects.
 pub struct Node<M> {

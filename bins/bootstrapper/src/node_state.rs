@@ -1,12 +1,10 @@
 //! The node state file (`state/constellation/node_state.json`: role and measurement salt,
-//! docs/bootstrapper.md), the record of what the node was handed to set up Kubernetes
-//! (`state/asterism/kubernetes.json`), and the layout of a node directory
-//! (docs/design/local-cluster.md, "Per-node directory").
+//! docs/bootstrapper.md). The layout of a node directory is
+//! [`asterism_cluster::NodeDir`].
 
 use std::path::{Path, PathBuf};
 
 use asterism_cluster::{MEASUREMENT_SALT_LEN, Role};
-use asterism_components::Component;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 
@@ -106,162 +104,6 @@ impl NodeState {
     }
 }
 
-/// What the node was handed to set up Kubernetes with: the driver it was handed to, and the
-/// Kubernetes version and components of the init request or join ticket, in order. Written
-/// with the node's files, for the operator and `asterism mini status` (docs/mini.md); the
-/// bootstrapper never reads it back. Handed is not installed: the `none` driver installs
-/// nothing, and the kubeadm driver installs its fallback list when the list is empty.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct KubernetesHandover {
-    /// The Kubernetes driver's name (`none`, `kubeadm`).
-    pub driver: String,
-    /// `v<major>.<minor>.<patch>`, or empty when the request or ticket named none.
-    pub kubernetes_version: String,
-    /// The components, as received.
-    pub kubernetes_components: Vec<Component>,
-}
-
-impl KubernetesHandover {
-    /// The file content: indented JSON (components with their wire keys, zero values left
-    /// out as they travel).
-    #[must_use]
-    pub fn to_json(&self) -> String {
-        format!("{:#}", serde_json::json!(self))
-    }
-}
-
-/// The paths of one node directory (`<cluster dir>/nodes/<name>/`, `/run/node` in the node
-/// image). `state/` is the mount point of the state disk's file system where the disk is
-/// mapped (device-mapper); without device-mapper it is a plain directory that stands for
-/// the mounted disk.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeDir {
-    root: PathBuf,
-}
-
-impl NodeDir {
-    /// The node directory at `root`.
-    #[must_use]
-    pub fn new(root: impl Into<PathBuf>) -> Self {
-        Self { root: root.into() }
-    }
-
-    /// The directory itself.
-    #[must_use]
-    pub fn root(&self) -> &Path {
-        &self.root
-    }
-
-    /// `state.img`: the LUKS2 state disk image.
-    #[must_use]
-    pub fn state_image(&self) -> PathBuf {
-        self.root.join("state.img")
-    }
-
-    /// `state/`: the mounted state disk, or the plain directory that stands for it.
-    #[must_use]
-    pub fn state(&self) -> PathBuf {
-        self.root.join("state")
-    }
-
-    /// `state/initial.key`: the first-boot passphrase (0400) until re-keying replaces it,
-    /// where `state/` only stands for the disk (no device-mapper).
-    #[must_use]
-    pub fn initial_key(&self) -> PathBuf {
-        self.state().join("initial.key")
-    }
-
-    /// `run/initial.key`: the first-boot passphrase of a disk that is mapped, outside the
-    /// file system it protects (it is written before the format, and `run/` is memory on a
-    /// node); removed after re-keying.
-    #[must_use]
-    pub fn mapped_initial_key(&self) -> PathBuf {
-        self.run().join("initial.key")
-    }
-
-    /// `state/constellation/node_state.json`.
-    #[must_use]
-    pub fn node_state(&self) -> PathBuf {
-        self.state().join("constellation").join("node_state.json")
-    }
-
-    /// `state/asterism/init-node.json`: on the first node, its disk UUID and attestation
-    /// key identity, for the join service to bind (docs/join-service.md).
-    #[must_use]
-    pub fn init_node_record(&self) -> PathBuf {
-        self.state().join("asterism").join("init-node.json")
-    }
-
-    /// `state/asterism/services/`: on a control plane that hosts the cluster's key and join
-    /// services outside Kubernetes, their secrets and trust ([`crate::hosted`]).
-    #[must_use]
-    pub fn hosted_services(&self) -> PathBuf {
-        self.state().join("asterism").join("services")
-    }
-
-    /// `state/asterism/kubernetes.json`: what the node was handed to set up Kubernetes with
-    /// ([`KubernetesHandover`]).
-    #[must_use]
-    pub fn kubernetes_handover(&self) -> PathBuf {
-        self.state().join("asterism").join("kubernetes.json")
-    }
-
-    /// `state/ssh/`.
-    #[must_use]
-    pub fn ssh(&self) -> PathBuf {
-        self.state().join("ssh")
-    }
-
-    /// `state/ssh/ssh_host_ed25519_key`.
-    #[must_use]
-    pub fn ssh_host_key(&self) -> PathBuf {
-        self.ssh().join("ssh_host_ed25519_key")
-    }
-
-    /// `state/ssh/ssh_ca.pub`.
-    #[must_use]
-    pub fn ssh_ca_pub(&self) -> PathBuf {
-        self.ssh().join("ssh_ca.pub")
-    }
-
-    /// `state/ssh/ssh_host_cert.pub`.
-    #[must_use]
-    pub fn ssh_host_cert(&self) -> PathBuf {
-        self.ssh().join("ssh_host_cert.pub")
-    }
-
-    /// `state/kubernetes/pki/`: the cluster CA and control-plane files.
-    #[must_use]
-    pub fn kubernetes_pki(&self) -> PathBuf {
-        self.state().join("kubernetes").join("pki")
-    }
-
-    /// `state/kubelet/pki/kubelet-client-crt.pem`.
-    #[must_use]
-    pub fn kubelet_cert(&self) -> PathBuf {
-        self.state()
-            .join("kubelet")
-            .join("pki")
-            .join("kubelet-client-crt.pem")
-    }
-
-    /// `state/kubelet/pki/kubelet-client-key.pem`.
-    #[must_use]
-    pub fn kubelet_key(&self) -> PathBuf {
-        self.state()
-            .join("kubelet")
-            .join("pki")
-            .join("kubelet-client-key.pem")
-    }
-
-    /// `run/`: scratch space (detached LUKS header copies; the first-boot passphrase of a
-    /// mapped disk).
-    #[must_use]
-    pub fn run(&self) -> PathBuf {
-        self.root.join("run")
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -279,27 +121,6 @@ mod tests {
         );
         let back = NodeState::from_json(json.as_bytes(), Path::new("x")).unwrap();
         assert_eq!(back, state);
-    }
-
-    #[test]
-    fn the_kubernetes_handover_reads_back_as_written() {
-        let handover = KubernetesHandover {
-            driver: "none".into(),
-            kubernetes_version: "v1.31.13".into(),
-            kubernetes_components: vec![Component {
-                url: "https://example.com/cni.tgz".into(),
-                hash: format!("sha256:{}", "ab".repeat(32)),
-                install_path: "/run/state/cni/bin".into(),
-                extract: true,
-            }],
-        };
-        let json = handover.to_json();
-        assert!(
-            json.contains("\"kubernetes_version\": \"v1.31.13\""),
-            "{json}"
-        );
-        let back: KubernetesHandover = serde_json::from_str(&json).unwrap();
-        assert_eq!(back, handover);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use tracing::info;
 use zeroize::Zeroizing;
 
 use crate::files::{self, FileError, exists};
-use crate::node_state::NodeDir;
+use asterism_cluster::NodeDir;
 
 /// The largest SSH host key file read back.
 const MAX_HOST_KEY_FILE: u64 = 16 * 1024;

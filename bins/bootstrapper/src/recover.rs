@@ -374,8 +374,8 @@ mod tests {
     use crate::effects::fakes::RecordingMount;
     use crate::effects::{DiskOps, MarkError, NodeMarker};
     use crate::logbuf::LogBuffer;
-    use crate::node_state::NodeDir;
     use crate::trust::JoinServiceTrust;
+    use asterism_cluster::NodeDir;
 
     const UUID: &str = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
     const SALT: [u8; 32] = [5; 32];

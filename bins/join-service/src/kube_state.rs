@@ -5,9 +5,11 @@
 use crate::error::chain;
 use crate::release::{ClusterRelease, ReleaseError};
 use crate::state::{
-    Admission, ClusterState, InitNode, Member, StateError, TOKEN_MIN_REMAINING, TOKEN_TTL,
+    Admission, ClusterState, Member, StateError, TOKEN_MIN_REMAINING, TOKEN_TTL, init_node_ak,
+    is_ak,
 };
-use asterism_cluster::{ExpiringToken, Role};
+use asterism_attestation::AkFingerprint;
+use asterism_cluster::{ExpiringToken, InitNode, Role};
 use asterism_kms::DiskUuid;
 use asterism_kube_api::{ApiError, ClusterApi, JoiningNode, MemberRecord, TokenPolicy};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -178,9 +180,15 @@ impl ClusterState for KubeState {
     /// admission bound its disk, so a member may only name a disk already bound to its key.
     /// (The embedded store also refuses a second disk for a key under another name; here the
     /// member's name, tied to its address by the metadata check, is what holds it.)
-    async fn check_disk(&self, disk: &DiskUuid, ak: &str, name: &str) -> Result<(), StateError> {
+    async fn check_disk(
+        &self,
+        disk: &DiskUuid,
+        ak: &AkFingerprint,
+        name: &str,
+    ) -> Result<(), StateError> {
+        let ak = ak.to_string();
         self.api
-            .check_disk(disk.as_str(), ak)
+            .check_disk(disk.as_str(), &ak)
             .await
             .map_err(state_error)?;
         let Some(member) = self.api.member(name).await.map_err(state_error)? else {
@@ -197,14 +205,14 @@ impl ClusterState for KubeState {
         {
             Some(b) if b.ak == ak => Ok(()),
             _ => Err(StateError::SecondDisk {
-                ak: ak.to_owned(),
+                ak,
                 bound: "(recorded in its disk binding)".to_owned(),
                 requested: disk.as_str().to_owned(),
             }),
         }
     }
 
-    async fn check_rejoin(&self, disk: &DiskUuid, ak: &str) -> Result<(), StateError> {
+    async fn check_rejoin(&self, disk: &DiskUuid, ak: &AkFingerprint) -> Result<(), StateError> {
         match self
             .api
             .disk_binding(disk.as_str())
@@ -214,16 +222,16 @@ impl ClusterState for KubeState {
             None => Err(StateError::DiskUnbound {
                 uuid: disk.as_str().to_owned(),
             }),
-            Some(b) if b.ak != ak => Err(StateError::DiskBoundToOtherKey {
+            Some(b) if !is_ak(&b.ak, ak) => Err(StateError::DiskBoundToOtherKey {
                 uuid: disk.as_str().to_owned(),
             }),
             Some(_) => Ok(()),
         }
     }
 
-    async fn check_member(&self, name: &str, ak: &str) -> Result<(), StateError> {
+    async fn check_member(&self, name: &str, ak: &AkFingerprint) -> Result<(), StateError> {
         match self.api.member(name).await.map_err(state_error)? {
-            Some(m) if !m.accepts(ak) => Err(StateError::MemberKeyChanged {
+            Some(m) if !m.accepts(&ak.to_string()) => Err(StateError::MemberKeyChanged {
                 name: name.to_owned(),
             }),
             _ => Ok(()),
@@ -235,19 +243,20 @@ impl ClusterState for KubeState {
     async fn record_init_node(&self, init: &InitNode, now: SystemTime) -> Result<(), StateError> {
         let disk = DiskUuid::parse(&init.disk)
             .map_err(|e| StateError::store_caused("the init node's disk UUID", e))?;
+        let ak = init_node_ak(init)?.to_string();
         if let Some(m) = self.api.member(&init.name).await.map_err(state_error)?
-            && m.ak != init.ak
+            && m.ak != ak
         {
             return Err(StateError::MemberKeyChanged {
                 name: init.name.clone(),
             });
         }
         self.api
-            .bind_disk(disk.as_str(), &init.ak, now)
+            .bind_disk(disk.as_str(), &ak, now)
             .await
             .map_err(state_error)?;
         self.api
-            .record_init_member(&init.name, &init.role, &init.ak, disk.as_str(), now)
+            .record_init_member(&init.name, init.role.as_str(), &ak, disk.as_str(), now)
             .await
             .map_err(state_error)
     }
@@ -271,8 +280,9 @@ impl ClusterState for KubeState {
     async fn admit(&self, a: Admission) -> Result<ExpiringToken, StateError> {
         self.check_member(&a.name, &a.ak).await?;
         self.check_disk(&a.disk, &a.ak, &a.name).await?;
+        let ak = a.ak.to_string();
         self.api
-            .bind_disk(a.disk.as_str(), &a.ak, a.now)
+            .bind_disk(a.disk.as_str(), &ak, a.now)
             .await
             .map_err(state_error)?;
         self.joining_node(&a).await?;
@@ -282,7 +292,7 @@ impl ClusterState for KubeState {
             .await
             .map_err(state_error)?;
         self.api
-            .record_member(&a.name, a.role.as_str(), &a.ak, a.disk.as_str(), a.now)
+            .record_member(&a.name, a.role.as_str(), &ak, a.disk.as_str(), a.now)
             .await
             .map_err(state_error)?;
         Ok(token)

@@ -35,6 +35,7 @@ pub use error::{DenyReason, JoinError};
 pub use keys::KeySource;
 // The key-service client the binary, the tests and the benchmarks build the service with.
 pub use asterism_binkit::RateLimiter;
+pub use asterism_cluster::InitNode;
 pub use asterism_kms::{KeyError, KeyServiceAddress, KeyServiceClient};
 pub use kube_state::{JoiningNodes, KubeReleaseError, KubeState};
 pub use metrics::Metrics;
@@ -45,6 +46,5 @@ pub use serve::{
 };
 pub use service::{JoinConfig, JoinService, METADATA_CACHE_TTL};
 pub use state::{
-    Admission, ClusterState, InitNode, Member, RedbState, StateError, TOKEN_MIN_REMAINING,
-    TOKEN_TTL,
+    Admission, ClusterState, Member, RedbState, StateError, TOKEN_MIN_REMAINING, TOKEN_TTL,
 };

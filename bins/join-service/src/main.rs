@@ -407,14 +407,13 @@ const MAX_INIT_NODE_RECORD: u64 = 1024 * 1024;
 /// The init node's record at `path`.
 fn read_init_node(path: &Path) -> anyhow::Result<InitNode> {
     let bytes = read_capped(path, MAX_INIT_NODE_RECORD)?;
-    serde_json::from_slice(&bytes)
-        .with_context(|| format!("{} is no init-node record", path.display()))
+    InitNode::from_json(&bytes).with_context(|| path.display().to_string())
 }
 
 /// The cluster's release as the init node recorded it, checked once here: a bad hash or
 /// version stops the service rather than reach a joining node in a ticket.
 fn cluster_release(init: &InitNode) -> anyhow::Result<Option<ClusterRelease>> {
-    let release = init.release().with_context(|| {
+    let release = ClusterRelease::of_init_node(init).with_context(|| {
         format!(
             "the Kubernetes release recorded by the init node {}",
             init.name

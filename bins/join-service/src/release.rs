@@ -3,6 +3,7 @@
 //! same binaries. Loaded once at start from the cluster state and checked there: a list
 //! with a malformed hash stops the service rather than reach a node.
 
+use asterism_cluster::InitNode;
 use asterism_kubernetes_versions::{
     Component, HashFormatError, KubernetesVersion, Sha256Hash, VersionSyntaxError,
 };
@@ -49,6 +50,15 @@ impl ClusterRelease {
             version,
             components,
         })
+    }
+
+    /// The release the init node recorded, checked; `None` when the record names neither a
+    /// version nor components (tickets then carry none, as before the record held them).
+    pub fn of_init_node(init: &InitNode) -> Result<Option<Self>, ReleaseError> {
+        if init.kubernetes_version.is_empty() && init.kubernetes_components.is_empty() {
+            return Ok(None);
+        }
+        Self::new(&init.kubernetes_version, init.kubernetes_components.clone()).map(Some)
     }
 
     /// The version.

@@ -9,6 +9,7 @@ use crate::release::ClusterRelease;
 use crate::request::{ControlPlaneFile, JoinRequest, JoinTicket, RejoinRequest, RejoinTicket};
 use crate::state::{Admission, ClusterState, Member, StateError};
 use asterism_atls::{AtlsConnectInfo, VerifiedPeer};
+use asterism_attestation::AkFingerprint;
 use asterism_binkit::RateLimiter;
 use asterism_cluster::{API_SERVER_PORT, CONTROL_PLANE_FILES, REQUIRED_CONTROL_PLANE_FILES, Role};
 use asterism_kms::{
@@ -102,8 +103,8 @@ struct ClusterKeys {
 type InstancesByIp = HashMap<IpAddr, InstanceMetadata>;
 
 /// What the attested peer is.
-struct Peer<'a> {
-    ak: &'a str,
+struct Peer {
+    ak: AkFingerprint,
     ip: IpAddr,
 }
 
@@ -149,16 +150,19 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
     }
 
     /// The attested peer of a request, if it is within its request rate.
-    fn peer<'a>(&self, peer: Option<&'a VerifiedPeer>) -> Result<Peer<'a>, JoinError> {
+    fn peer(&self, peer: Option<&VerifiedPeer>) -> Result<Peer, JoinError> {
         let peer = peer.ok_or(JoinError::NotAttested)?;
         let ip = peer
             .remote_addr()
             .map(|a| a.ip().to_canonical())
             .ok_or(JoinError::NotAttested)?;
-        let ak = peer.evidence().identity();
-        if !self.inner.limiter.allow(ak, Instant::now()) {
+        let identity = peer.evidence().identity();
+        if !self.inner.limiter.allow(identity, Instant::now()) {
             return Err(JoinError::RateLimited);
         }
+        // Every validator names the attesting key by 32 bytes in hex.
+        let ak = AkFingerprint::from_hex(identity)
+            .map_err(|e| JoinError::internal("reading the peer's attestation key identity", e))?;
         Ok(Peer { ak, ip })
     }
 
@@ -319,7 +323,7 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
 
     /// A join ticket for `req` (`IssueJoinTicket`, docs/join-service.md), with the
     /// authorization checks of docs/join-service.md in their order.
-    async fn join(&self, peer: &Peer<'_>, req: JoinRequest) -> Result<JoinTicket<'_>, JoinError> {
+    async fn join(&self, peer: &Peer, req: JoinRequest) -> Result<JoinTicket<'_>, JoinError> {
         let JoinRequest {
             disk,
             csr,
@@ -389,12 +393,12 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
         }
         self.inner
             .state
-            .check_disk(&disk, peer.ak, &instance.name)
+            .check_disk(&disk, &peer.ak, &instance.name)
             .await
             .map_err(state_error)?;
         self.inner
             .state
-            .check_member(&instance.name, peer.ak)
+            .check_member(&instance.name, &peer.ak)
             .await
             .map_err(state_error)?;
 
@@ -431,7 +435,7 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
             .admit(Admission {
                 name: instance.name.clone(),
                 role: instance.role,
-                ak: peer.ak.to_owned(),
+                ak: peer.ak,
                 disk: disk.clone(),
                 now,
             })
@@ -443,7 +447,7 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
             node = %instance.name,
             role = %instance.role,
             peer = %peer.ip,
-            ak = peer.ak,
+            ak = %peer.ak,
             disk = %disk,
             token_id = token.id(),
             control_plane_files = control_plane_files.len(),
@@ -472,21 +476,17 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
     /// unbound disk is refused: a disk is bound when its node first receives its key (its
     /// join ticket, or init for the first node), so an unbound one was never this
     /// cluster's to hand out.
-    async fn rejoin(
-        &self,
-        peer: &Peer<'_>,
-        req: RejoinRequest,
-    ) -> Result<RejoinTicket<'_>, JoinError> {
+    async fn rejoin(&self, peer: &Peer, req: RejoinRequest) -> Result<RejoinTicket<'_>, JoinError> {
         let RejoinRequest { disk } = req;
         let instance = self.identify(peer.ip).await?;
         self.inner
             .state
-            .check_rejoin(&disk, peer.ak)
+            .check_rejoin(&disk, &peer.ak)
             .await
             .map_err(state_error)?;
         let (cluster_keys, disk_key) =
             futures::try_join!(self.cluster_keys(), self.key(KeyId::Disk(disk.clone())),)?;
-        tracing::info!(node = %instance.name, peer = %peer.ip, ak = peer.ak, disk = %disk, "issued a rejoin ticket");
+        tracing::info!(node = %instance.name, peer = %peer.ip, ak = %peer.ak, disk = %disk, "issued a rejoin ticket");
         Ok(RejoinTicket {
             disk_key,
             measurement_secret: &cluster_keys.measurement_secret,

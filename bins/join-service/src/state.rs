@@ -2,10 +2,9 @@
 //! [`ClusterState`] trait. The default implementation, [`RedbState`], keeps them in an
 //! embedded database file (redb) so they survive restarts.
 
-use crate::release::{ClusterRelease, ReleaseError};
-use asterism_cluster::{BootstrapToken, ExpiringToken, Role};
+use asterism_attestation::AkFingerprint;
+use asterism_cluster::{BootstrapToken, ExpiringToken, InitNode, Role};
 use asterism_kms::DiskUuid;
-use asterism_kubernetes_versions::Component;
 use redb::{
     Database, ReadableDatabase as _, ReadableTable, ReadableTableMetadata as _, TableDefinition,
 };
@@ -150,45 +149,15 @@ pub struct Member {
 impl Member {
     /// Whether a join ticket with attestation key `ak` may update this record: the same key,
     /// or another one after an operator re-admitted the node.
-    pub fn accepts(&self, ak: &str) -> bool {
-        self.ak == ak || self.readmit
+    pub fn accepts(&self, ak: &AkFingerprint) -> bool {
+        is_ak(&self.ak, ak) || self.readmit
     }
 }
 
-/// The first node of the cluster, as its bootstrapper recorded it at init: it derived its
-/// own disk key from the master secret, so no join ticket ever bound its disk. The join
-/// service records it at start ([`ClusterState::record_init_node`]). The record also holds
-/// the cluster's Kubernetes version and components, which every join ticket carries
-/// ([`InitNode::release`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct InitNode {
-    /// The state disk's UUID.
-    pub disk: String,
-    /// The attestation key identity of the init node (SHA-256 of its AK's public area, hex,
-    /// as the validator reports it).
-    pub ak: String,
-    /// The node name.
-    pub name: String,
-    /// The role (`ControlPlane`).
-    pub role: String,
-    /// The Kubernetes version the cluster was initialised with (`v1.31.13`); empty in a
-    /// record that names no release.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub kubernetes_version: String,
-    /// The components the first node installed, as the init request named them.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub kubernetes_components: Vec<Component>,
-}
-
-impl InitNode {
-    /// The recorded release, checked; `None` when the record names neither a version nor
-    /// components (tickets then carry none, as before the record held them).
-    pub fn release(&self) -> Result<Option<ClusterRelease>, ReleaseError> {
-        if self.kubernetes_version.is_empty() && self.kubernetes_components.is_empty() {
-            return Ok(None);
-        }
-        ClusterRelease::new(&self.kubernetes_version, self.kubernetes_components.clone()).map(Some)
-    }
+/// Whether `stored`, an AK identity as the state keeps it (the fingerprint's hex, as
+/// written from an [`AkFingerprint`]), names `ak`.
+pub(crate) fn is_ak(stored: &str, ak: &AkFingerprint) -> bool {
+    stored == ak.to_string()
 }
 
 #[derive(Serialize, Deserialize)]
@@ -211,7 +180,7 @@ pub struct Admission {
     /// Role.
     pub role: Role,
     /// The attested AK identity.
-    pub ak: String,
+    pub ak: AkFingerprint,
     /// The state disk.
     pub disk: DiskUuid,
     /// Now.
@@ -226,7 +195,7 @@ pub trait ClusterState: Send + Sync + 'static {
     fn check_disk(
         &self,
         disk: &DiskUuid,
-        ak: &str,
+        ak: &AkFingerprint,
         name: &str,
     ) -> impl Future<Output = Result<(), StateError>> + Send;
 
@@ -236,7 +205,7 @@ pub trait ClusterState: Send + Sync + 'static {
     fn check_rejoin(
         &self,
         disk: &DiskUuid,
-        ak: &str,
+        ak: &AkFingerprint,
     ) -> impl Future<Output = Result<(), StateError>> + Send;
 
     /// Succeeds if node `name` is no member, or a member that [`Member::accepts`] `ak`;
@@ -244,7 +213,7 @@ pub trait ClusterState: Send + Sync + 'static {
     fn check_member(
         &self,
         name: &str,
-        ak: &str,
+        ak: &AkFingerprint,
     ) -> impl Future<Output = Result<(), StateError>> + Send;
 
     /// Records the init node: binds its disk to its AK and records it as a member, unless
@@ -277,6 +246,12 @@ pub trait ClusterState: Send + Sync + 'static {
 
     /// All members, by name.
     fn members(&self) -> impl Future<Output = Result<Vec<Member>, StateError>> + Send;
+}
+
+/// The init node's AK identity, parsed from its record.
+pub(crate) fn init_node_ak(init: &InitNode) -> Result<AkFingerprint, StateError> {
+    AkFingerprint::from_hex(&init.ak)
+        .map_err(|e| StateError::store_caused("the init node's attestation key identity", e))
 }
 
 fn unix(t: SystemTime) -> u64 {
@@ -513,9 +488,10 @@ fn may_bind(
     disks: &impl ReadableTable<&'static str, &'static [u8]>,
     ak_disks: &impl ReadableTable<&'static str, &'static str>,
     disk: &str,
-    ak: &str,
+    ak: &AkFingerprint,
     second_disk_allowed: bool,
 ) -> Result<bool, StateError> {
+    let ak_hex = ak.to_string();
     let existing = disks
         .get(disk)
         .map_err(store)?
@@ -523,14 +499,14 @@ fn may_bind(
         .transpose()
         .map_err(store)?;
     match existing {
-        Some(record) if record.ak == ak => Ok(true),
+        Some(record) if record.ak == ak_hex => Ok(true),
         Some(_) => Err(StateError::DiskBoundToOtherKey {
             uuid: disk.to_owned(),
         }),
-        None => match ak_disks.get(ak).map_err(store)? {
+        None => match ak_disks.get(ak_hex.as_str()).map_err(store)? {
             Some(bound) if bound.value() != disk && !second_disk_allowed => {
                 Err(StateError::SecondDisk {
-                    ak: ak.to_owned(),
+                    ak: ak_hex.clone(),
                     bound: bound.value().to_owned(),
                     requested: disk.to_owned(),
                 })
@@ -545,20 +521,21 @@ fn may_bind(
 fn bind_in(
     t: &mut Tables<'_>,
     disk: &str,
-    ak: &str,
+    ak: &AkFingerprint,
     now: u64,
     second_disk_allowed: bool,
 ) -> Result<(), StateError> {
     match may_bind(&t.disks, &t.ak_disks, disk, ak, second_disk_allowed)? {
         true => Ok(()),
         false => {
+            let ak = ak.to_string();
             let record = serde_json::to_vec(&DiskRecord {
-                ak: ak.to_owned(),
+                ak: ak.clone(),
                 bound_at: now,
             })
             .map_err(store)?;
             t.disks.insert(disk, record.as_slice()).map_err(store)?;
-            t.ak_disks.insert(ak, disk).map_err(store)?;
+            t.ak_disks.insert(ak.as_str(), disk).map_err(store)?;
             Ok(())
         }
     }
@@ -599,12 +576,12 @@ fn admit_in(t: &mut Tables<'_>, a: &Admission) -> Result<ExpiringToken, StateErr
 
     let member = match previous {
         Some(p) => {
-            if p.ak != a.ak {
+            if !is_ak(&p.ak, &a.ak) {
                 tracing::warn!(node = %a.name, old_ak = %p.ak, new_ak = %a.ak, "member re-admitted by an operator: its attestation key is replaced");
             }
             Member {
                 role: a.role.to_string(),
-                ak: a.ak.clone(),
+                ak: a.ak.to_string(),
                 disk: a.disk.to_string(),
                 last_ticket_at: now,
                 tickets: p.tickets.saturating_add(1),
@@ -615,7 +592,7 @@ fn admit_in(t: &mut Tables<'_>, a: &Admission) -> Result<ExpiringToken, StateErr
         None => Member {
             name: a.name.clone(),
             role: a.role.to_string(),
-            ak: a.ak.clone(),
+            ak: a.ak.to_string(),
             disk: a.disk.to_string(),
             admitted_at: now,
             last_ticket_at: now,
@@ -676,8 +653,13 @@ fn admit_in(t: &mut Tables<'_>, a: &Admission) -> Result<ExpiringToken, StateErr
 }
 
 impl ClusterState for RedbState {
-    async fn check_disk(&self, disk: &DiskUuid, ak: &str, name: &str) -> Result<(), StateError> {
-        let (disk, ak, name) = (disk.as_str().to_owned(), ak.to_owned(), name.to_owned());
+    async fn check_disk(
+        &self,
+        disk: &DiskUuid,
+        ak: &AkFingerprint,
+        name: &str,
+    ) -> Result<(), StateError> {
+        let (disk, ak, name) = (disk.as_str().to_owned(), *ak, name.to_owned());
         self.blocking(move |db| {
             let read = db.begin_read().map_err(store)?;
             let members = read.open_table(MEMBERS).map_err(store)?;
@@ -689,8 +671,8 @@ impl ClusterState for RedbState {
         .await
     }
 
-    async fn check_rejoin(&self, disk: &DiskUuid, ak: &str) -> Result<(), StateError> {
-        let (disk, ak) = (disk.as_str().to_owned(), ak.to_owned());
+    async fn check_rejoin(&self, disk: &DiskUuid, ak: &AkFingerprint) -> Result<(), StateError> {
+        let (disk, ak) = (disk.as_str().to_owned(), *ak);
         self.blocking(move |db| {
             let read = db.begin_read().map_err(store)?;
             let table = read.open_table(DISKS).map_err(store)?;
@@ -702,15 +684,17 @@ impl ClusterState for RedbState {
                 .map_err(store)?;
             match record {
                 None => Err(StateError::DiskUnbound { uuid: disk }),
-                Some(r) if r.ak != ak => Err(StateError::DiskBoundToOtherKey { uuid: disk }),
+                Some(r) if !is_ak(&r.ak, &ak) => {
+                    Err(StateError::DiskBoundToOtherKey { uuid: disk })
+                }
                 Some(_) => Ok(()),
             }
         })
         .await
     }
 
-    async fn check_member(&self, name: &str, ak: &str) -> Result<(), StateError> {
-        let (name, ak) = (name.to_owned(), ak.to_owned());
+    async fn check_member(&self, name: &str, ak: &AkFingerprint) -> Result<(), StateError> {
+        let (name, ak) = (name.to_owned(), *ak);
         self.blocking(move |db| {
             let read = db.begin_read().map_err(store)?;
             let table = read.open_table(MEMBERS).map_err(store)?;
@@ -732,20 +716,21 @@ impl ClusterState for RedbState {
         let init = init.clone();
         let disk = DiskUuid::parse(&init.disk)
             .map_err(|e| StateError::store_caused("the init node's disk UUID", e))?;
+        let ak = init_node_ak(&init)?;
         self.write(move |t| {
             let now = unix(now);
             let previous = member_in(&t.members, &init.name)?;
-            if previous.as_ref().is_some_and(|p| p.ak != init.ak) {
+            if previous.as_ref().is_some_and(|p| !is_ak(&p.ak, &ak)) {
                 return Err(StateError::MemberKeyChanged { name: init.name });
             }
-            bind_in(t, disk.as_str(), &init.ak, now, false)?;
+            bind_in(t, disk.as_str(), &ak, now, false)?;
             if previous.is_none() {
                 put_member(
                     &mut t.members,
                     &Member {
                         name: init.name.clone(),
-                        role: init.role.clone(),
-                        ak: init.ak.clone(),
+                        role: init.role.to_string(),
+                        ak: ak.to_string(),
                         disk: init.disk.clone(),
                         admitted_at: now,
                         last_ticket_at: now,
@@ -796,11 +781,18 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
+    /// A test AK identity named by `label` (its first bytes).
+    fn fp(label: &str) -> AkFingerprint {
+        let mut bytes = [0u8; 32];
+        bytes[..label.len()].copy_from_slice(label.as_bytes());
+        AkFingerprint::from(bytes)
+    }
+
     fn admission(name: &str, ak: &str, disk: &str, now: SystemTime) -> Admission {
         Admission {
             name: name.into(),
             role: Role::Worker,
-            ak: ak.into(),
+            ak: fp(ak),
             disk: DiskUuid::parse(disk).unwrap(),
             now,
         }
@@ -823,11 +815,11 @@ mod tests {
         let s = RedbState::open(dir.path()).unwrap();
         let now = SystemTime::now();
         let d = DiskUuid::parse(D1).unwrap();
-        s.check_disk(&d, "ak-b", "n").await.unwrap();
+        s.check_disk(&d, &fp("ak-b"), "n").await.unwrap();
         s.admit(admission("a", "ak-a", D1, now)).await.unwrap();
-        s.check_disk(&d, "ak-a", "n").await.unwrap();
+        s.check_disk(&d, &fp("ak-a"), "n").await.unwrap();
         assert!(matches!(
-            s.check_disk(&d, "ak-b", "n").await,
+            s.check_disk(&d, &fp("ak-b"), "n").await,
             Err(StateError::DiskBoundToOtherKey { .. })
         ));
         // Admission with a foreign disk writes nothing.
@@ -854,11 +846,11 @@ mod tests {
         s.admit(admission("a", "ak-a", D1, now)).await.unwrap();
         // Its own disk again: fine. Another (unbound) disk, under its own name or another:
         // refused, before and in the transaction, and nothing is bound.
-        s.check_disk(&d1, "ak-a", "a").await.unwrap();
+        s.check_disk(&d1, &fp("ak-a"), "a").await.unwrap();
         s.admit(admission("a", "ak-a", D1, now)).await.unwrap();
         for name in ["a", "victim"] {
             assert!(matches!(
-                s.check_disk(&d2, "ak-a", name).await,
+                s.check_disk(&d2, &fp("ak-a"), name).await,
                 Err(StateError::SecondDisk { .. })
             ));
             assert!(matches!(
@@ -866,12 +858,12 @@ mod tests {
                 Err(StateError::SecondDisk { .. })
             ));
         }
-        s.check_disk(&d2, "ak-v", "victim").await.unwrap();
+        s.check_disk(&d2, &fp("ak-v"), "victim").await.unwrap();
         // After an operator's re-admission, the member's key may take a new disk, once.
         s.allow_readmission("a").await.unwrap();
-        s.check_disk(&d2, "ak-a", "a").await.unwrap();
+        s.check_disk(&d2, &fp("ak-a"), "a").await.unwrap();
         s.admit(admission("a", "ak-a", D2, now)).await.unwrap();
-        s.check_rejoin(&d2, "ak-a").await.unwrap();
+        s.check_rejoin(&d2, &fp("ak-a")).await.unwrap();
         // The index survives reopening.
         drop(s);
         let s = RedbState::open(dir.path()).unwrap();
@@ -884,17 +876,17 @@ mod tests {
         let s = RedbState::open(dir.path()).unwrap();
         let d = DiskUuid::parse(D1).unwrap();
         assert!(matches!(
-            s.check_rejoin(&d, "ak-a").await,
+            s.check_rejoin(&d, &fp("ak-a")).await,
             Err(StateError::DiskUnbound { .. })
         ));
         // Asking binds nothing: the key that asked first gets no claim.
-        assert!(s.check_rejoin(&d, "ak-a").await.is_err());
+        assert!(s.check_rejoin(&d, &fp("ak-a")).await.is_err());
         s.admit(admission("a", "ak-a", D1, SystemTime::now()))
             .await
             .unwrap();
-        s.check_rejoin(&d, "ak-a").await.unwrap();
+        s.check_rejoin(&d, &fp("ak-a")).await.unwrap();
         assert!(matches!(
-            s.check_rejoin(&d, "ak-b").await,
+            s.check_rejoin(&d, &fp("ak-b")).await,
             Err(StateError::DiskBoundToOtherKey { .. })
         ));
     }
@@ -905,10 +897,10 @@ mod tests {
         let s = RedbState::open(dir.path()).unwrap();
         let now = UNIX_EPOCH + Duration::from_secs(5_000_000);
         s.admit(admission("n", "ak-a", D1, now)).await.unwrap();
-        s.check_member("n", "ak-a").await.unwrap();
-        s.check_member("other", "ak-b").await.unwrap();
+        s.check_member("n", &fp("ak-a")).await.unwrap();
+        s.check_member("other", &fp("ak-b")).await.unwrap();
         assert!(matches!(
-            s.check_member("n", "ak-b").await,
+            s.check_member("n", &fp("ak-b")).await,
             Err(StateError::MemberKeyChanged { .. })
         ));
         assert!(matches!(
@@ -916,9 +908,10 @@ mod tests {
             Err(StateError::MemberKeyChanged { .. })
         ));
         // The refusal wrote nothing: neither the member nor the new disk.
-        assert_eq!(s.members().await.unwrap()[0].ak, "ak-a");
+        assert_eq!(s.members().await.unwrap()[0].ak, fp("ak-a").to_string());
         assert!(matches!(
-            s.check_rejoin(&DiskUuid::parse(D2).unwrap(), "ak-b").await,
+            s.check_rejoin(&DiskUuid::parse(D2).unwrap(), &fp("ak-b"))
+                .await,
             Err(StateError::DiskUnbound { .. })
         ));
 
@@ -927,12 +920,15 @@ mod tests {
             Err(StateError::NoSuchMember { .. })
         ));
         assert!(s.allow_readmission("n").await.unwrap().readmit);
-        s.check_member("n", "ak-b").await.unwrap();
+        s.check_member("n", &fp("ak-b")).await.unwrap();
         s.admit(admission("n", "ak-b", D2, now + Duration::from_secs(1)))
             .await
             .unwrap();
         let m = &s.members().await.unwrap()[0];
-        assert_eq!((m.ak.as_str(), m.readmit, m.tickets), ("ak-b", false, 2));
+        assert_eq!(
+            (m.ak.clone(), m.readmit, m.tickets),
+            (fp("ak-b").to_string(), false, 2)
+        );
         // One re-admission, one key change: the old key is now the stranger.
         assert!(matches!(
             s.admit(admission("n", "ak-a", D1, now)).await,
@@ -946,9 +942,9 @@ mod tests {
         let now = UNIX_EPOCH + Duration::from_secs(6_000_000);
         let init = InitNode {
             disk: D1.into(),
-            ak: "ak-cp".into(),
+            ak: fp("ak-cp").to_string(),
             name: "cp-0".into(),
-            role: "ControlPlane".into(),
+            role: Role::ControlPlane,
             ..Default::default()
         };
         {
@@ -963,17 +959,17 @@ mod tests {
         let members = s.members().await.unwrap();
         assert_eq!(members.len(), 1);
         assert_eq!(
-            (members[0].name.as_str(), members[0].ak.as_str()),
-            ("cp-0", "ak-cp")
+            (members[0].name.as_str(), members[0].ak.clone()),
+            ("cp-0", fp("ak-cp").to_string())
         );
         assert_eq!(
             (members[0].role.as_str(), members[0].admitted_at),
             ("ControlPlane", 6_000_000)
         );
         let d = DiskUuid::parse(D1).unwrap();
-        s.check_rejoin(&d, "ak-cp").await.unwrap();
+        s.check_rejoin(&d, &fp("ak-cp")).await.unwrap();
         assert!(matches!(
-            s.check_rejoin(&d, "ak-worker").await,
+            s.check_rejoin(&d, &fp("ak-worker")).await,
             Err(StateError::DiskBoundToOtherKey { .. })
         ));
         assert!(
@@ -983,7 +979,7 @@ mod tests {
         );
         // A record that disagrees with the state is refused and changes nothing.
         let other = InitNode {
-            ak: "ak-other".into(),
+            ak: fp("ak-other").to_string(),
             ..init.clone()
         };
         assert!(matches!(
@@ -999,6 +995,30 @@ mod tests {
             Err(StateError::DiskBoundToOtherKey { .. })
         ));
         assert_eq!(s.members().await.unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn an_init_node_record_whose_ak_is_no_ak_identity_is_refused_and_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = RedbState::open(dir.path()).unwrap();
+        for ak in ["ak of the init node".to_owned(), "ab".repeat(31)] {
+            let init = InitNode {
+                disk: D1.into(),
+                ak,
+                name: "cp-0".into(),
+                role: Role::ControlPlane,
+                ..Default::default()
+            };
+            assert!(matches!(
+                s.record_init_node(&init, SystemTime::now()).await,
+                Err(StateError::Store { what, .. }) if what.contains("attestation key identity")
+            ));
+        }
+        assert!(s.members().await.unwrap().is_empty());
+        // Its disk stays unbound: any key may still bind it.
+        s.check_disk(&DiskUuid::parse(D1).unwrap(), &fp("ak-a"), "n")
+            .await
+            .unwrap();
     }
 
     #[tokio::test]
@@ -1083,7 +1103,7 @@ mod tests {
             .map(|m| m.name)
             .collect();
         assert_eq!(names, ["a", "c"]);
-        s.check_disk(&DiskUuid::parse(D1).unwrap(), "ak-a", "cp-0")
+        s.check_disk(&DiskUuid::parse(D1).unwrap(), &fp("ak-a"), "cp-0")
             .await
             .unwrap();
     }
@@ -1108,7 +1128,7 @@ mod tests {
 
         let s = RedbState::open(dir.path()).unwrap();
         assert!(s.members().await.unwrap().is_empty());
-        s.check_disk(&DiskUuid::parse(D1).unwrap(), "ak-other", "cp-0")
+        s.check_disk(&DiskUuid::parse(D1).unwrap(), &fp("ak-other"), "cp-0")
             .await
             .unwrap();
     }

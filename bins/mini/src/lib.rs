@@ -15,6 +15,7 @@ pub mod timing;
 pub mod vm;
 
 use anyhow::{Context, Result, bail};
+use asterism_cluster::{KubernetesHandover, NodeDir};
 use asterism_swtpm::{SwtpmConfig, SwtpmProcess};
 use serde::{Deserialize, Serialize};
 use std::ffi::OsString;
@@ -117,59 +118,41 @@ pub struct NodeRecord {
     pub kubernetes: Option<KubernetesHandover>,
 }
 
-/// What a node's bootstrapper handed its Kubernetes driver: the record the bootstrapper
-/// writes as `state/asterism/kubernetes.json` in the node directory.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
-pub struct KubernetesHandover {
-    /// The driver (`none` in a local cluster: nothing is installed).
-    pub driver: String,
-    /// The Kubernetes version of the init request or join ticket (`v1.31.13`); empty when
-    /// it named none.
-    #[serde(default)]
-    pub kubernetes_version: String,
-    /// The components, in order: URL, hash, install path and extract flag of each (the
-    /// flag only where set, as components travel).
-    #[serde(default)]
-    pub kubernetes_components: Vec<asterism_kubernetes_versions::Component>,
-}
-
 /// The largest hand-over record read from a node directory.
 const MAX_HANDOVER_LEN: u64 = 1 << 20;
 
-impl KubernetesHandover {
-    /// Reads the record of `node`; `None` when it wrote none.
-    pub fn read(node: &Node) -> Result<Option<Self>> {
-        let path = node.dir.join("state/asterism/kubernetes.json");
-        if !path.exists() {
-            return Ok(None);
-        }
-        let bytes = asterism_binkit::fs::read_capped(&path, MAX_HANDOVER_LEN)?;
-        let record = serde_json::from_slice(&bytes)
-            .with_context(|| format!("{} is not a hand-over record", path.display()))?;
-        Ok(Some(record))
+/// The hand-over record of `node` (`state/asterism/kubernetes.json`, what its bootstrapper
+/// handed its Kubernetes driver); `None` when it wrote none.
+fn read_handover(node: &Node) -> Result<Option<KubernetesHandover>> {
+    let path = NodeDir::new(&node.dir).kubernetes_handover();
+    if !path.exists() {
+        return Ok(None);
     }
+    let bytes = asterism_binkit::fs::read_capped(&path, MAX_HANDOVER_LEN)?;
+    let record =
+        KubernetesHandover::from_json(&bytes).with_context(|| path.display().to_string())?;
+    Ok(Some(record))
+}
 
-    /// The table's KUBERNETES column: `v1.31.13, 9 components (none driver: not installed)`.
-    #[must_use]
-    pub fn summary(&self) -> String {
-        let version = if self.kubernetes_version.is_empty() {
-            "no version"
-        } else {
-            &self.kubernetes_version
-        };
-        let count = self.kubernetes_components.len();
-        let noun = if count == 1 {
-            "component"
-        } else {
-            "components"
-        };
-        let installed = if self.driver == "none" {
-            "none driver: not installed".to_owned()
-        } else {
-            format!("{} driver", self.driver)
-        };
-        format!("{version}, {count} {noun} ({installed})")
-    }
+/// The table's KUBERNETES column: `v1.31.13, 9 components (none driver: not installed)`.
+fn handover_summary(handover: &KubernetesHandover) -> String {
+    let version = if handover.kubernetes_version.is_empty() {
+        "no version"
+    } else {
+        &handover.kubernetes_version
+    };
+    let count = handover.kubernetes_components.len();
+    let noun = if count == 1 {
+        "component"
+    } else {
+        "components"
+    };
+    let installed = if handover.driver == "none" {
+        "none driver: not installed".to_owned()
+    } else {
+        format!("{} driver", handover.driver)
+    };
+    format!("{version}, {count} {noun} ({installed})")
 }
 
 /// One node of a local cluster: its "machine" directory, address and TPM.
@@ -758,13 +741,13 @@ impl LocalCluster {
                 &"--key-service",
                 &format!("unix:{}", cp.dir.join("run/key-service.sock").display()),
                 &"--pki-dir",
-                &cp.dir.join("state/kubernetes/pki"),
+                &NodeDir::new(&cp.dir).kubernetes_pki(),
                 &"--measurement-salt-file",
                 &secrets.join("measurementSalt"),
                 &"--state-dir",
                 &cp.dir.join("run/join-service"),
                 &"--init-node",
-                &cp.dir.join("state/asterism/init-node.json"),
+                &NodeDir::new(&cp.dir).init_node_record(),
                 &"--admin-socket",
                 &self.admin_socket(),
                 &"--metadata-url",
@@ -876,7 +859,7 @@ impl LocalCluster {
                 disk_rekeyed,
                 bootstrap_ms: *ms,
                 exit: exit.clone(),
-                kubernetes: KubernetesHandover::read(n).unwrap_or_else(|e| {
+                kubernetes: read_handover(n).unwrap_or_else(|e| {
                     eprintln!("  {}: {e:#}", n.name);
                     None
                 }),
@@ -893,7 +876,7 @@ impl LocalCluster {
     pub fn derived_disk_key(&self, node: &Node) -> Result<asterism_kms::DataKey> {
         let kms = workspace_kms(&self.workspace)?;
         let disk = asterism_disk::StateDisk::open(
-            node.dir.join("state.img"),
+            NodeDir::new(&node.dir).state_image(),
             asterism_disk::DiskConfig::local(),
         )?;
         let uuid = disk.uuid()?;
@@ -1112,7 +1095,7 @@ fn workspace_kms(ws: &Path) -> Result<asterism_kms::ClusterKms> {
 /// key is the only keyslot left (the first-boot passphrase's slot is gone), and the header
 /// says the disk is initialised.
 fn disk_rekeyed(kms: &asterism_kms::ClusterKms, n: &Node) -> Result<bool> {
-    let img = n.dir.join("state.img");
+    let img = NodeDir::new(&n.dir).state_image();
     let disk = asterism_disk::StateDisk::open(&img, asterism_disk::DiskConfig::local())?;
     let uuid = disk.uuid()?;
     let key = kms.data_key(
@@ -1152,10 +1135,10 @@ pub fn table(r: &ClusterRecord) -> String {
         "NODE", "ROLE", "ATTESTATION", "DISK RE-KEYED", "JOIN (ms)", "EXIT"
     ));
     for n in &r.nodes {
-        let kubernetes = n.kubernetes.as_ref().map_or_else(
-            || "- (nothing recorded)".to_owned(),
-            KubernetesHandover::summary,
-        );
+        let kubernetes = n
+            .kubernetes
+            .as_ref()
+            .map_or_else(|| "- (nothing recorded)".to_owned(), handover_summary);
         out.push_str(&format!(
             "{:<16} {:<13} {:<52} {:<13} {:>9}  {:<6} {}\n",
             n.name,
@@ -1378,7 +1361,7 @@ mod tests {
             kubernetes_components: vec![asterism_kubernetes_versions::Component::default()],
         };
         assert_eq!(
-            kubeadm.summary(),
+            handover_summary(&kubeadm),
             "no version, 1 component (kubeadm driver)"
         );
     }

@@ -22,6 +22,7 @@ use crate::{
     write_join_service_measurements,
 };
 use anyhow::{Context, Result, bail};
+use asterism_cluster::NodeDir;
 use std::ffi::OsString;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -366,7 +367,7 @@ impl VmCluster {
                 std::fs::OpenOptions::new().write(true).create_new(true),
                 0o600,
             )
-            .open(ndir.join("state.img"))?;
+            .open(NodeDir::new(&ndir).state_image())?;
             disk.set_len(STATE_DISK_BYTES)?;
             let host = i + 1;
             vms.push(VmNode {
@@ -533,7 +534,7 @@ impl VmCluster {
             "-drive".into(),
             format!(
                 "if=none,id=disk0,format=raw,file={}",
-                qemu_value(&ndir.join("state.img"))?
+                qemu_value(&NodeDir::new(ndir).state_image())?
             ),
             "-device".into(),
             "virtio-blk-pci,drive=disk0".into(),

@@ -17,9 +17,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use asterism_attestation::AkFingerprint;
+use asterism_attestation::tpm::ak_spki_der;
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose, PublicKeyData, SerialNumber,
+    KeyUsagePurpose, PublicKeyData, SerialNumber, SubjectPublicKeyInfo,
 };
 use ring::rand::{SecureRandom, SystemRandom};
 use rustls_pki_types::CertificateDer;
@@ -29,7 +30,6 @@ use time::{Duration, OffsetDateTime};
 
 use crate::files;
 use crate::progress;
-use crate::spki::AkSubjectKey;
 
 /// The CA private key file.
 pub const KEY_FILE: &str = "platform-ca.key";
@@ -194,9 +194,11 @@ impl PlatformCa {
 
     /// Certifies the AK whose TPMT_PUBLIC is `public_area`: an X.509 v3 leaf over its public
     /// key, not a CA, key usage digitalSignature, extended key usage
-    /// `tcg-kp-AIKCertificate`, valid from a few minutes ago for `validity_days`.
+    /// `tcg-kp-AIKCertificate`, valid from a few minutes ago for `validity_days`. The key
+    /// is written exactly as the verifier derives it from the evidence
+    /// ([`ak_spki_der`]), which refuses a key outside the AK template.
     pub fn certify_ak(&self, public_area: &[u8], validity_days: u32) -> Result<Vec<u8>> {
-        let key = AkSubjectKey::from_public_area(public_area)?;
+        let key = ak_subject_key(public_area)?;
         let fingerprint = AkFingerprint::of_public_area(public_area).to_string();
         let mut params = CertificateParams::default();
         params.distinguished_name.push(
@@ -223,5 +225,86 @@ impl PlatformCa {
             .signed_by(&key, &self.issuer)
             .context("signing the AK certificate")?;
         Ok(cert.der().to_vec())
+    }
+}
+
+/// The AK's key as rcgen takes it: the verifier's SubjectPublicKeyInfo, split by rcgen into
+/// its algorithm and key bits (rcgen writes the two back as the same DER).
+fn ak_subject_key(public_area: &[u8]) -> Result<SubjectPublicKeyInfo> {
+    let spki = ak_spki_der(public_area).context("the AK cannot be certified")?;
+    SubjectPublicKeyInfo::from_der(&spki)
+        .map_err(|e| anyhow::anyhow!("rcgen does not take the AK's SubjectPublicKeyInfo: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
+    use super::*;
+    use asterism_attestation::tpm::TpmtPublic;
+    use asterism_attestation::tpm::structures::{
+        AsymScheme, ECC_NIST_P256, KdfScheme, ObjectAttributes, PublicParams, SymDefObject, alg,
+    };
+
+    fn ak_public(params: PublicParams) -> Vec<u8> {
+        TpmtPublic {
+            name_alg: alg::SHA256,
+            attributes: ObjectAttributes(asterism_attestation::tpm::AK_ATTRIBUTES),
+            auth_policy: Vec::new(),
+            params,
+        }
+        .to_bytes()
+        .unwrap()
+    }
+
+    fn ecc_ak() -> Vec<u8> {
+        ak_public(PublicParams::Ecc {
+            symmetric: SymDefObject::Null,
+            scheme: AsymScheme::Hashed {
+                scheme: alg::ECDSA,
+                hash: alg::SHA256,
+            },
+            curve: ECC_NIST_P256,
+            kdf: KdfScheme::Null,
+            x: vec![0x11; 32],
+            y: vec![0x22; 32],
+        })
+    }
+
+    fn rsa_ak() -> Vec<u8> {
+        let mut modulus = vec![0x5a; 256];
+        modulus[0] = 0xc3;
+        ak_public(PublicParams::Rsa {
+            symmetric: SymDefObject::Null,
+            scheme: AsymScheme::Hashed {
+                scheme: alg::RSASSA,
+                hash: alg::SHA256,
+            },
+            key_bits: 2048,
+            exponent: 0,
+            modulus,
+        })
+    }
+
+    #[test]
+    fn rcgen_writes_the_ak_spki_back_byte_for_byte() {
+        for public in [ecc_ak(), rsa_ak()] {
+            let spki = ak_spki_der(&public).unwrap();
+            assert_eq!(
+                ak_subject_key(&public).unwrap().subject_public_key_info(),
+                spki
+            );
+        }
+    }
+
+    #[test]
+    fn an_ak_outside_the_template_is_not_certified() {
+        let mut public = TpmtPublic::parse(&ecc_ak()).unwrap();
+        public.attributes =
+            ObjectAttributes(asterism_attestation::tpm::AK_ATTRIBUTES ^ ObjectAttributes::NO_DA);
+        let error = ak_subject_key(&public.to_bytes().unwrap()).unwrap_err();
+        assert!(
+            format!("{error:#}").contains("cannot be certified"),
+            "{error:#}"
+        );
     }
 }

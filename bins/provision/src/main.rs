@@ -36,7 +36,6 @@ mod enroll;
 mod files;
 mod marker;
 mod node;
-mod spki;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -1,15 +1,23 @@
 //! The vocabulary of an Asterism cluster that the bootstrapper, the join service and the
 //! Kubernetes crates share, defined once: a node's [`Role`], the kubeadm
 //! [`BootstrapToken`], the control-plane files a joining control-plane node receives, the
-//! API server port and the length of the measurement salt.
+//! API server port, the length of the measurement salt, the layout of a node directory
+//! ([`NodeDir`]) and (feature `node-records`) the records the bootstrapper writes there for
+//! the join service and the operator.
 //!
 //! This crate is pure and small: values and checks, no I/O, no randomness of its own, no
 //! runtime. It must never let a token's secret reach a `Debug` output or an error.
 #![forbid(unsafe_code)]
 
+mod node_dir;
+#[cfg(feature = "node-records")]
+mod records;
 mod role;
 mod token;
 
+pub use node_dir::NodeDir;
+#[cfg(feature = "node-records")]
+pub use records::{InitNode, KubernetesHandover, RecordError};
 pub use role::Role;
 pub use token::{
     BootstrapToken, ExpiringToken, TOKEN_ID_LEN, TOKEN_SECRET_LEN, TokenError, is_bootstrap_token,

@@ -326,8 +326,9 @@ async fn a_worker_joins_through_a_mutually_attested_join_service_and_rejoins_aft
         "a worker gets no CA key"
     );
     // What the ticket named reached the driver, and the node recorded it.
-    let handover: KubernetesHandover =
-        serde_json::from_slice(&std::fs::read(t.node_dir.kubernetes_handover()).unwrap()).unwrap();
+    let handover =
+        KubernetesHandover::from_json(&std::fs::read(t.node_dir.kubernetes_handover()).unwrap())
+            .unwrap();
     assert_eq!(
         handover,
         KubernetesHandover {

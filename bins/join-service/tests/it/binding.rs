@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::common::*;
+use asterism_cluster::Role;
 use asterism_join_service::{ClusterState, InitNode, RedbState};
 use asterism_kms::KeyId;
 use asterism_proto::join::IssueRejoinTicketRequest;
@@ -63,7 +64,7 @@ async fn the_init_nodes_disk_key_goes_to_the_init_node_only() {
                 disk: DISK_A.into(),
                 ak: cpfp.to_string(),
                 name: "cp-0".into(),
-                role: "ControlPlane".into(),
+                role: Role::ControlPlane,
                 ..Default::default()
             },
             SystemTime::now(),

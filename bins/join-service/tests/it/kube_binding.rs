@@ -11,6 +11,7 @@
     clippy::indexing_slicing
 )]
 
+use asterism_attestation::AkFingerprint;
 use asterism_join_service::{
     Admission, ClusterState, InitNode, JoiningNodes, KubeReleaseError, KubeState, StateError,
 };
@@ -25,6 +26,11 @@ const DISK: &str = "aaaaaaaa-0000-4000-8000-00000000000a";
 /// The AK of the recorded member `worker-0`.
 const RECORDED_AK: &str = "4d2a9f0e1b3c5d7e9f1a2b4c6d8e0f1a3b5c7d9e1f2a4b6c8d0e2f4a6b8c0d2e";
 const OTHER_AK: &str = "1111111111111111111111111111111111111111111111111111111111111111";
+
+/// The AK identity `hex` names.
+fn fingerprint(hex: &str) -> AkFingerprint {
+    AkFingerprint::from_hex(hex).unwrap()
+}
 
 fn t0() -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_secs(1_772_445_600)
@@ -61,9 +67,15 @@ async fn a_rejoin_needs_a_disk_bound_to_its_own_key_and_writes_nothing() {
             Reply::recorded(200, "configmap-disk-binding-other-ak.json"),
         ],
     );
-    let err = state.check_rejoin(&disk, OTHER_AK).await.unwrap_err();
+    let err = state
+        .check_rejoin(&disk, &fingerprint(OTHER_AK))
+        .await
+        .unwrap_err();
     assert!(matches!(err, StateError::DiskUnbound { .. }), "{err:?}");
-    let err = state.check_rejoin(&disk, OTHER_AK).await.unwrap_err();
+    let err = state
+        .check_rejoin(&disk, &fingerprint(OTHER_AK))
+        .await
+        .unwrap_err();
     assert!(
         matches!(err, StateError::DiskBoundToOtherKey { .. }),
         "{err:?}"
@@ -79,12 +91,15 @@ async fn a_member_with_another_key_is_refused_before_any_write() {
         &member_path(),
         [Reply::recorded(200, "configmap-member-worker-0.json")],
     );
-    state.check_member("worker-0", RECORDED_AK).await.unwrap();
+    state
+        .check_member("worker-0", &fingerprint(RECORDED_AK))
+        .await
+        .unwrap();
     let err = state
         .admit(Admission {
             name: "worker-0".into(),
             role: Role::Worker,
-            ak: OTHER_AK.into(),
+            ak: fingerprint(OTHER_AK),
             disk: DiskUuid::parse(DISK).unwrap(),
             now: t0(),
         })
@@ -123,7 +138,7 @@ async fn a_member_asking_for_a_second_disk_is_refused_before_any_write() {
     );
     let disk = DiskUuid::parse(DISK).unwrap();
     let err = state
-        .check_disk(&disk, RECORDED_AK, "worker-0")
+        .check_disk(&disk, &fingerprint(RECORDED_AK), "worker-0")
         .await
         .unwrap_err();
     assert!(matches!(err, StateError::SecondDisk { .. }), "{err:?}");
@@ -131,7 +146,7 @@ async fn a_member_asking_for_a_second_disk_is_refused_before_any_write() {
         .admit(Admission {
             name: "worker-0".into(),
             role: Role::Worker,
-            ak: RECORDED_AK.into(),
+            ak: fingerprint(RECORDED_AK),
             disk,
             now: t0(),
         })
@@ -175,7 +190,10 @@ async fn an_operator_readmission_lets_the_next_ticket_replace_the_key_once() {
             &member_path(),
             [Reply::recorded(200, "configmap-member-updated.json")],
         );
-    state.check_member("worker-0", OTHER_AK).await.unwrap();
+    state
+        .check_member("worker-0", &fingerprint(OTHER_AK))
+        .await
+        .unwrap();
     let api = server.api(_dir.path()).await;
     let record = api
         .record_member("worker-0", "Worker", OTHER_AK, DISK, t0())
@@ -222,7 +240,7 @@ async fn the_init_node_binds_its_disk_and_is_recorded_without_tickets() {
         disk: DISK.into(),
         ak: OTHER_AK.into(),
         name: "worker-0".into(),
-        role: "ControlPlane".into(),
+        role: Role::ControlPlane,
         ..Default::default()
     };
     state.record_init_node(&init, t0()).await.unwrap();

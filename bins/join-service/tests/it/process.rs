@@ -9,6 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common::*;
+use asterism_cluster::Role;
 use asterism_join_service::InitNode;
 use asterism_kubernetes_versions::{Component, VersionTable};
 use asterism_proto::join::IssueJoinTicketResponse;
@@ -127,14 +128,14 @@ async fn the_binary_issues_tickets_and_stops_cleanly_on_sigterm() {
 fn write_init_node(cluster: &Cluster, components: Vec<Component>) -> std::path::PathBuf {
     let record = InitNode {
         disk: DISK_B.into(),
-        ak: "ak of the init node".into(),
+        ak: "a1".repeat(32),
         name: "cp-0".into(),
-        role: "ControlPlane".into(),
+        role: Role::ControlPlane,
         kubernetes_version: "v1.31.13".into(),
         kubernetes_components: components,
     };
     let path = cluster.dir.path().join("init-node.json");
-    std::fs::write(&path, serde_json::to_vec(&record).unwrap()).unwrap();
+    std::fs::write(&path, record.to_json().unwrap()).unwrap();
     path
 }
 

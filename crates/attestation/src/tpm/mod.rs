@@ -40,7 +40,7 @@ pub(crate) use trust::AkKey;
 pub use trust::InsecureAnyAk;
 pub use trust::{
     AK_ATTRIBUTES, AkFingerprint, AkTrust, AkTrustError, MAX_RSA_BITS, MIN_RSA_BITS, PinnedAks,
-    PlatformCa, REQUIRED_AK_ATTRIBUTES, check_ak_template,
+    PlatformCa, REQUIRED_AK_ATTRIBUTES, ak_spki_der, check_ak_template,
 };
 pub use validator::{Explained, TpmQuoteValidator};
 pub use wire::ParseError;

@@ -389,6 +389,18 @@ pub fn check_ak_template(tpmt_public: &[u8]) -> Result<(), ValidationError> {
     AkKey::from_public(&public, AttributeRule::Exact).map(|_| ())
 }
 
+/// The DER SubjectPublicKeyInfo that a certificate for the AK whose `TPMT_PUBLIC` this is
+/// must carry: a platform CA's AK certificate is accepted only if its key is exactly these
+/// bytes. ECC P-256: `id-ecPublicKey` with `prime256v1`, key `04 || x || y`; RSA:
+/// `rsaEncryption` with NULL parameters, key the DER `RSAPublicKey` with minimal integers
+/// and exponent 65537. Refuses what [`check_ak_template`] refuses: a platform CA certifies
+/// only keys a verifier would accept.
+pub fn ak_spki_der(tpmt_public: &[u8]) -> Result<Vec<u8>, ValidationError> {
+    let public = TpmtPublic::parse(tpmt_public)
+        .map_err(|e| ValidationError::Malformed(format!("AK public area: {e}")))?;
+    AkKey::from_public(&public, AttributeRule::Exact).map(|key| key.spki_der())
+}
+
 /// How strictly an AK's `TPMA_OBJECT` is checked ([`AkTrust::attribute_rule`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AttributeRule {

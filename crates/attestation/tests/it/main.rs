@@ -11,6 +11,7 @@
     clippy::indexing_slicing
 )]
 
+mod ak_spki;
 mod boundaries;
 #[cfg(feature = "insecure-test-attestation")]
 mod cloud_ak;

@@ -243,9 +243,19 @@ fn the_ak_public_area_must_be_the_runtime_datas_ak() {
 
     let mut other = n.clone();
     other[100] ^= 1;
-    let (f, _, observed) = field(hcl_ak_matches(&runtime, &rsa_public(&other, 0)));
+    let (f, expected, observed) = field(hcl_ak_matches(&runtime, &rsa_public(&other, 0)));
     assert_eq!(f, "runtime_data.keys[HCLAkPub].n");
-    assert!(observed.starts_with("AK modulus"), "{observed}");
+    // Each modulus is named by its length and digest, so that the two can be told apart.
+    let summary = |n: &[u8]| {
+        use sha2::Digest as _;
+        format!(
+            "{} bytes, SHA-256 {}",
+            n.len(),
+            hex::encode(sha2::Sha256::digest(n))
+        )
+    };
+    assert_eq!(expected, summary(&n));
+    assert_eq!(observed, format!("AK modulus of {}", summary(&other)));
 
     let (f, expected, _) = field(hcl_ak_matches(&runtime, &rsa_public(&n, 3)));
     assert_eq!(f, "runtime_data.keys[HCLAkPub].e");
@@ -453,4 +463,19 @@ fn runtime_data_of_exactly_the_cap_is_read_and_one_byte_more_is_refused() {
     assert_eq!(at_cap.runtime_data().len(), MAX_RUNTIME_DATA_SIZE);
     let over = malformed(with_runtime(MAX_RUNTIME_DATA_SIZE + 1));
     assert!(over.contains("runtime data is"), "{over}");
+}
+
+#[test]
+fn runtime_data_json_of_exactly_the_cap_is_parsed_and_one_byte_more_is_refused() {
+    let json = read("snp-azure/runtimedata.bin");
+    let padded = |len: usize| {
+        let mut j = json.clone();
+        j.resize(len, b' ');
+        RuntimeData::parse(&j)
+    };
+    assert!(padded(MAX_RUNTIME_DATA_SIZE).is_ok());
+    match padded(MAX_RUNTIME_DATA_SIZE + 1) {
+        Err(ValidationError::Malformed(m)) => assert!(m.contains("at most"), "{m}"),
+        other => panic!("expected Malformed, got {other:?}"),
+    }
 }

@@ -46,6 +46,11 @@ pub struct Args {
     /// How long the bring-up may take (the API server, then the join service), in seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 300)]
     pub bring_up_timeout_secs: u64,
+    /// The metadata service the deployed join service asks which node an address is (its
+    /// `--metadata-url`). Needed for the bring-up; the manifests written with
+    /// --skip-bring-up leave it out (the join service then assumes the local cluster's).
+    #[arg(long, value_name = "URL")]
+    pub metadata_url: Option<String>,
     /// Why a caller of the library skips the bring-up (no flag).
     #[arg(skip)]
     pub skip_reason: Option<String>,
@@ -59,7 +64,25 @@ impl Args {
             image_repository: DEFAULT_IMAGE_REPOSITORY.to_owned(),
             image_tag: DEFAULT_IMAGE_TAG.to_owned(),
             bring_up_timeout_secs: 300,
+            metadata_url: None,
             skip_reason: Some(reason.into()),
+        }
+    }
+
+    /// The deployed join service's metadata URL: required unless the bring-up is skipped.
+    pub fn metadata_url(&self) -> anyhow::Result<Option<String>> {
+        match (&self.metadata_url, self.skip()) {
+            (Some(url), _) => {
+                if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    anyhow::bail!("--metadata-url {url:?} is not an http:// or https:// URL");
+                }
+                Ok(Some(url.clone()))
+            }
+            (None, Some(_)) => Ok(None),
+            (None, None) => anyhow::bail!(
+                "the join service deployed into the cluster needs the metadata service it \
+                 asks about nodes: give --metadata-url (or --skip-bring-up)"
+            ),
         }
     }
 
@@ -300,5 +323,26 @@ mod tests {
         assert_eq!(b.skip().as_deref(), Some("--skip-bring-up"));
         b.skip_bring_up = false;
         assert_eq!(b.skip(), None);
+    }
+
+    #[test]
+    fn the_bring_up_needs_the_join_services_metadata_url() {
+        let mut args = Args::skipped("test");
+        assert_eq!(
+            args.metadata_url().unwrap(),
+            None,
+            "not needed when skipped"
+        );
+        args.skip_reason = None;
+        args.skip_bring_up = false;
+        let err = args.metadata_url().unwrap_err().to_string();
+        assert!(err.contains("--metadata-url"), "{err}");
+        args.metadata_url = Some("10.0.0.254:8080".into());
+        assert!(args.metadata_url().is_err(), "a URL, with its scheme");
+        args.metadata_url = Some("http://10.0.0.254:8080".into());
+        assert_eq!(
+            args.metadata_url().unwrap().as_deref(),
+            Some("http://10.0.0.254:8080")
+        );
     }
 }

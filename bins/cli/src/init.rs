@@ -233,6 +233,7 @@ pub async fn run_with(args: Args, after: &bring_up::Args) -> Result<Initialised>
         attestation_config,
         measurement_salt: <[u8; MEASUREMENT_SALT_LEN]>::try_from(measurement_salt.as_slice())?,
         trust,
+        metadata_url: after.metadata_url()?,
     })?;
     let manifests = bring_up::manifest_files(&plan.deployment)?;
     // Split before anything is sent: a failure here leaves no cluster without its shares.
@@ -761,6 +762,7 @@ mod tests {
                 args: vec!["--pinned-ak=00".into()],
                 files: Default::default(),
             },
+            metadata_url: None,
         })
         .unwrap();
         let manifests = bring_up::manifest_files(&plan.deployment).unwrap();

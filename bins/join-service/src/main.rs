@@ -476,3 +476,70 @@ fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+    use super::*;
+    use asterism_kube_api::{DeploymentSpec, Images, JOIN_SERVICE, JoinServiceTrust, Object};
+
+    /// The join service container of the deployment `asterism init` applies: its command
+    /// line and the paths its volumes provide.
+    fn deployed() -> (Vec<String>, Vec<String>) {
+        let spec = DeploymentSpec {
+            images: Images::from_repository("registry.example", "v0"),
+            attestation_config: r#"{"measurements":{}}"#.into(),
+            measurement_salt: [7; 32],
+            trust: JoinServiceTrust {
+                args: vec!["--platform-ca=/var/trust/platform-ca.pem".into()],
+                files: Default::default(),
+            },
+            metadata_url: Some("http://10.0.0.254:8080".into()),
+        };
+        let deployment = asterism_kube_api::deployment(&spec).unwrap();
+        let container = deployment
+            .objects()
+            .find_map(|o| match o {
+                Object::DaemonSet(ds) if ds.metadata.name.as_deref() == Some(JOIN_SERVICE) => {
+                    Some(ds.spec.as_ref()?.template.spec.as_ref()?.containers[0].clone())
+                }
+                _ => None,
+            })
+            .expect("a join service DaemonSet");
+        let mounts = container
+            .volume_mounts
+            .unwrap()
+            .into_iter()
+            .map(|m| m.mount_path)
+            .collect();
+        (container.args.unwrap(), mounts)
+    }
+
+    #[test]
+    fn the_deployed_command_line_is_one_this_program_accepts_with_every_path_mounted() {
+        let (args, mounts) = deployed();
+        // The kubelet substitutes $(HOST_IP); the wrapper adds --init-node where the record
+        // exists.
+        let mut argv = vec!["asterism-join-service".to_owned()];
+        argv.extend(args.iter().map(|a| a.replace("$(HOST_IP)", "10.0.0.1")));
+        argv.push("--init-node=/var/run/asterism-init/init-node.json".into());
+        let parsed = Args::try_parse_from(&argv).unwrap_or_else(|e| panic!("{e}"));
+        // It attests with the node's TPM, and asks the given metadata service.
+        assert_eq!(parsed.tpm.as_deref(), Some("device:/dev/tpmrm0"));
+        assert!(parsed.ak_cert.is_some());
+        assert_eq!(parsed.metadata_url, "http://10.0.0.254:8080");
+        // Every file or socket a flag names is under a mounted volume.
+        for arg in &args {
+            let Some((_, value)) = arg.split_once('=') else {
+                continue;
+            };
+            let path = value.strip_prefix("unix:").unwrap_or(value);
+            if path.starts_with('/') && !path.starts_with("/dev/") {
+                assert!(
+                    mounts.iter().any(|m| path.starts_with(m.as_str())),
+                    "{arg}: no volume provides {path} (mounts: {mounts:?})"
+                );
+            }
+        }
+    }
+}

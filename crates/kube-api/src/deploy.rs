@@ -130,6 +130,10 @@ pub struct DeploymentSpec {
     pub measurement_salt: [u8; MEASUREMENT_SALT_LEN],
     /// The join service's attestation-key trust.
     pub trust: JoinServiceTrust,
+    /// The metadata service the join service asks which node an address is (its name and
+    /// role): the join service's `--metadata-url`. Without it the manifest names none and
+    /// the join service falls back to the local cluster's address, which is only right there.
+    pub metadata_url: Option<String>,
 }
 
 /// The master secret and salt for the key service's Secret. Zeroized on drop, never
@@ -655,7 +659,14 @@ fn join_service(spec: &DeploymentSpec) -> Vec<Object> {
         // The JoiningNode and NodeVersion CRDs belong to a node operator Asterism does not
         // deploy yet.
         "--joining-nodes=when-installed".to_owned(),
+        // Joining nodes verify the join service (mutual aTLS) by default: it attests with
+        // this node's TPM and the AK certificate the bootstrapper found.
+        "--tpm=device:/dev/tpmrm0".to_owned(),
+        format!("--ak-cert={ATTESTATION_DIR}/ak-cert.der"),
     ];
+    if let Some(url) = &spec.metadata_url {
+        args.push(format!("--metadata-url={url}"));
+    }
     args.extend(spec.trust.args.iter().cloned());
     let env = vec![
         EnvVar {
@@ -705,6 +716,7 @@ fn join_service(spec: &DeploymentSpec) -> Vec<Object> {
             mount("key-service", KEY_SERVICE_SOCKET_DIR, false),
             mount("init-node", INIT_NODE_DIR, true),
             mount("admin", JOIN_ADMIN_DIR, false),
+            mount("attestation", ATTESTATION_DIR, true),
         ]),
         readiness_probe: Some(Probe {
             http_get: Some(HTTPGetAction {
@@ -716,7 +728,14 @@ fn join_service(spec: &DeploymentSpec) -> Vec<Object> {
             period_seconds: Some(5),
             ..Probe::default()
         }),
-        security_context: Some(locked_down()),
+        // The node's TPM device (/dev/tpmrm0): a container reaches a host device only when
+        // privileged (as the verify service), since no device plugin is deployed.
+        security_context: Some(SecurityContext {
+            privileged: Some(true),
+            read_only_root_filesystem: Some(true),
+            run_as_user: Some(0),
+            ..SecurityContext::default()
+        }),
         ..Container::default()
     };
     let volumes = vec![
@@ -726,6 +745,7 @@ fn join_service(spec: &DeploymentSpec) -> Vec<Object> {
         host_dir("key-service", KEY_SERVICE_SOCKET_DIR, "DirectoryOrCreate"),
         host_dir("init-node", INIT_NODE_HOST_DIR, "DirectoryOrCreate"),
         host_dir("admin", JOIN_ADMIN_DIR, "DirectoryOrCreate"),
+        host_dir("attestation", ATTESTATION_HOST_DIR, "Directory"),
     ];
     let mut objects = vec![
         Object::ConfigMap(ConfigMap {

@@ -49,6 +49,7 @@ fn plan() -> Plan {
             args: vec!["--pinned-ak=00".into()],
             files: Default::default(),
         },
+        metadata_url: Some("http://10.0.0.254:8080".into()),
     })
     .unwrap()
 }

@@ -38,6 +38,7 @@ fn spec() -> DeploymentSpec {
                 "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n".into(),
             )]),
         },
+        metadata_url: Some("http://10.0.0.254:8080".into()),
     }
 }
 

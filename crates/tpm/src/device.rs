@@ -120,8 +120,8 @@ pub struct Tpm {
     /// this connection, by persistent handle.
     aks: HashMap<u32, (KeyHandle, Vec<u8>)>,
     /// ESAPI handles and marshalled public areas of the transient AKs made from NV
-    /// templates on this connection, by template NV index; flushed when the connection is
-    /// dropped.
+    /// templates on this connection, by template NV index. The binding flushes the objects
+    /// it created when the connection is dropped, these among them.
     template_aks: HashMap<u32, (KeyHandle, Vec<u8>)>,
 }
 
@@ -1066,16 +1066,6 @@ impl Tpm {
         }
         values.sort_by_key(|(index, _)| *index);
         Ok(Some(values))
-    }
-}
-
-impl Drop for Tpm {
-    /// Flushes the AKs made from NV templates: without a resource manager (swtpm,
-    /// `/dev/tpm0`) a transient object outlives the connection that made it.
-    fn drop(&mut self) {
-        for (_, (key, _)) in std::mem::take(&mut self.template_aks) {
-            self.flush(ObjectHandle::from(key), "the transient AK");
-        }
     }
 }
 

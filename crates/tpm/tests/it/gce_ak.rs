@@ -171,3 +171,57 @@ fn a_template_that_makes_no_attestation_key_is_refused_naming_its_index() {
         "{err}"
     );
 }
+
+/// The transient handles loaded in `swtpm`, as tpm2-tools lists them; `None` when tpm2-tools
+/// is not installed.
+fn transient_handles(swtpm: &Swtpm) -> Option<String> {
+    let output = match std::process::Command::new("tpm2_getcap")
+        .args(["handles-transient", "-T", &swtpm.tcti()])
+        .output()
+    {
+        Ok(output) => output,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(e) => panic!("running tpm2_getcap: {e}"),
+    };
+    assert!(output.status.success(), "tpm2_getcap failed");
+    Some(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+#[test]
+fn a_flushed_template_ak_is_made_again_and_a_dropped_connection_leaves_none_loaded() {
+    let swtpm = Swtpm::start().unwrap();
+    // The same template in more NV indices than swtpm has transient slots (3): loading
+    // them all exhausts the slots, and the retry flushes every transient object, the
+    // first AK among them.
+    let aks: Vec<NvTemplateAk> = (0..4u32)
+        .map(|i| NvTemplateAk {
+            template_index: 0x01c1_0003 + (i << 4),
+            ..NvTemplateAk::GCE_ECC
+        })
+        .collect();
+    for ak in &aks {
+        paravisor_writes(&swtpm, ak.template_index, &google_ecc_template());
+    }
+    let mut tpm = Tpm::open(&swtpm.config()).unwrap();
+    let first = tpm.load_nv_template_ak(&aks[0]).unwrap();
+    for ak in &aks[1..] {
+        let other = tpm.load_nv_template_ak(ak).unwrap();
+        assert_eq!(
+            other.public_area(),
+            first.public_area(),
+            "one template, one key"
+        );
+    }
+    // The first AK was flushed: quoting makes it again from its template.
+    let quote = tpm
+        .quote(&first, &[1; 32], &PcrSelection::new([0]).unwrap())
+        .unwrap();
+    verify_quote_signature(first.public_area(), &quote.attest, &quote.signature);
+    drop(tpm);
+
+    // Without a resource manager a transient object outlives its connection unless
+    // flushed; the binding flushes what the connection created when it is dropped.
+    if let Some(handles) = transient_handles(&swtpm) {
+        assert!(!handles.contains("0x80"), "left loaded: {handles}");
+    }
+}

@@ -68,10 +68,11 @@ struct Args {
     #[arg(long, value_name = "PLATFORM")]
     confidential_vm: Option<CvmPlatform>,
 
-    /// This node's vTPM holds an AK the cloud made and certified (azure-trusted-launch): quote
-    /// with that AK and send the cloud's certificate for it from the vTPM's NV (unless
-    /// --ak-cert names one); verifiers trust it with --cloud-ak-root. Not on a confidential
-    /// VM, whose hardware report vouches for its AK.
+    /// This node's vTPM holds an AK the cloud made and certified (azure-trusted-launch: the
+    /// persistent AK; gce: the AK made from Google's template in NV): quote with that AK and
+    /// send the cloud's certificate for it from the vTPM's NV (unless --ak-cert names one);
+    /// verifiers trust it with --cloud-ak-root. Not on a confidential VM, whose hardware
+    /// report vouches for its AK.
     #[arg(long, value_name = "PLATFORM", conflicts_with = "confidential_vm")]
     cloud_vtpm: Option<asterism_bootstrapper::platform::CloudVtpm>,
 
@@ -630,21 +631,11 @@ async fn run(args: Args, logs: LogBuffer) -> anyhow::Result<u8> {
             Some(platform) => platform::read_from_tpm(platform, &mut tpm)?,
             None => None,
         };
-        let (ak, chain) = match cloud {
-            Some(cloud) => {
-                let chain = if chain.is_empty() {
-                    let cert = cloud.read_ak_certificate(&mut tpm)?;
-                    tracing::info!(%cloud, "sending the cloud's AK certificate from the vTPM");
-                    vec![cert]
-                } else {
-                    chain
-                };
-                (cloud.ak_config()?, chain)
-            }
-            None => (platform::ak_config(cvm)?, chain),
+        let issuer = match cloud {
+            Some(cloud) => cloud.issuer(tpm, chain)?,
+            None => TpmIssuer::new(tpm, &platform::ak_config(cvm)?, PcrSelection::all(), chain)
+                .context("cannot load the attestation key from the TPM")?,
         };
-        let issuer = TpmIssuer::new(tpm, &ak, PcrSelection::all(), chain)
-            .context("cannot load the attestation key from the TPM")?;
         let issuer = match log {
             Some(log) => issuer.with_event_log(log),
             None => issuer,
@@ -1074,7 +1065,9 @@ mod tests {
         assert_eq!(with(&[]).unwrap().cloud_vtpm, None);
         let args = with(&["--cloud-vtpm", "azure-trusted-launch"]).unwrap();
         assert_eq!(args.cloud_vtpm, Some(CloudVtpm::AzureTrustedLaunch));
-        assert!(with(&["--cloud-vtpm", "gce"]).is_err());
+        let args = with(&["--cloud-vtpm", "gce"]).unwrap();
+        assert_eq!(args.cloud_vtpm, Some(CloudVtpm::Gce));
+        assert!(with(&["--cloud-vtpm", "gcp"]).is_err());
         assert!(
             with(&[
                 "--cloud-vtpm",

@@ -20,7 +20,10 @@
 use asterism_attestation::hcl::{self, HardwareKind, HardwareReport, HclReport};
 use asterism_attestation::tpm::{AwsSnp, AzureSnp, AzureTdx, CvmPlatform, PlatformKind};
 use asterism_metadata::imds::{Imds, ImdsError};
-use asterism_tpm::{AkAlgorithm, AkConfig, PersistentHandle, Tpm, TpmError};
+use asterism_tpm::{
+    AkAlgorithm, AkConfig, AkLocation, AttestationKey, NvTemplateAk, PcrSelection,
+    PersistentHandle, Tpm, TpmError, TpmIssuer,
+};
 use asterism_tsm::{CertKind, CertTableError, ConfigfsTsm, Provider, TsmError};
 
 /// Why the hardware report could not be gathered. Each error of a call names its URL.
@@ -63,6 +66,15 @@ pub enum PlatformError {
     /// configfs-tsm answered with another provider's report than SEV-SNP's.
     #[error("configfs-tsm answered a {0:?} report; --confidential-vm aws-sev-snp needs sev_guest")]
     NotSnp(Provider),
+    /// The cloud vTPM's AK could not be loaded or made.
+    #[error("cannot load the {cloud} AK from the vTPM")]
+    CloudAk {
+        /// The cloud vTPM.
+        cloud: CloudVtpm,
+        /// Why.
+        #[source]
+        source: TpmError,
+    },
     /// The cloud vTPM's AK certificate could not be read from its NV index.
     #[error("cannot read the {cloud} AK certificate from NV index {index:#010x}")]
     AkCertificate {
@@ -151,6 +163,11 @@ pub enum CloudVtpm {
     /// Azure Trusted Launch: the AK at [`AZURE_AK_HANDLE`], its certificate in NV index
     /// [`AZURE_AK_CERT_NV_INDEX`].
     AzureTrustedLaunch,
+    /// GCE (Shielded and Confidential VMs): the AK made as a primary key of the
+    /// endorsement hierarchy from Google's template in NV (ECC `0x01c10003` if present,
+    /// else RSA `0x01c10001`), its certificate in NV `0x01c10002` or `0x01c10000`
+    /// ([`NvTemplateAk::GCE`]).
+    Gce,
 }
 
 impl CloudVtpm {
@@ -158,30 +175,71 @@ impl CloudVtpm {
     pub const fn name(self) -> &'static str {
         match self {
             Self::AzureTrustedLaunch => "azure-trusted-launch",
+            Self::Gce => "gce",
         }
     }
 
-    /// The cloud's AK, as the cloud made it: loaded, never created or replaced.
-    pub fn ak_config(self) -> Result<AkConfig, TpmError> {
+    /// Azure's AK, as Azure made it: loaded, never created or replaced.
+    pub fn azure_ak_config() -> Result<AkConfig, TpmError> {
+        Ok(AkConfig::provisioned_at(
+            AkAlgorithm::Rsa2048,
+            PersistentHandle::try_from(AZURE_AK_HANDLE)?,
+        ))
+    }
+
+    /// Loads the cloud's AK as the cloud made it (Azure: the persistent key; GCE: the
+    /// primary key made from Google's NV template, ECC preferred) and returns it with the
+    /// NV index of its certificate. Blocking.
+    pub fn load_ak(self, tpm: &mut Tpm) -> Result<(AttestationKey, u32), PlatformError> {
+        let error = |source| PlatformError::CloudAk {
+            cloud: self,
+            source,
+        };
         match self {
-            Self::AzureTrustedLaunch => Ok(AkConfig::provisioned_at(
-                AkAlgorithm::Rsa2048,
-                PersistentHandle::try_from(AZURE_AK_HANDLE)?,
-            )),
+            Self::AzureTrustedLaunch => {
+                let key = Self::azure_ak_config()
+                    .and_then(|config| tpm.load_attestation_key(&config))
+                    .map_err(error)?;
+                Ok((key, AZURE_AK_CERT_NV_INDEX))
+            }
+            Self::Gce => {
+                let ak = tpm.find_nv_template_ak(&NvTemplateAk::GCE).map_err(error)?;
+                let key = tpm.load_nv_template_ak(&ak).map_err(error)?;
+                Ok((key, ak.certificate_index))
+            }
         }
     }
 
-    /// The NV index of the AK's certificate.
-    pub const fn ak_certificate_nv_index(self) -> u32 {
-        match self {
-            Self::AzureTrustedLaunch => AZURE_AK_CERT_NV_INDEX,
+    /// The issuer a node on this cloud quotes with: the cloud's AK ([`CloudVtpm::load_ak`])
+    /// and, unless `chain` is given (`--ak-cert`), the cloud's certificate for it read from
+    /// the vTPM. Blocking.
+    pub fn issuer(self, mut tpm: Tpm, chain: Vec<Vec<u8>>) -> Result<TpmIssuer, PlatformError> {
+        let (key, index) = self.load_ak(&mut tpm)?;
+        let chain = if chain.is_empty() {
+            let cert = self.read_ak_certificate(&mut tpm, index)?;
+            tracing::info!(
+                cloud = %self,
+                index = format_args!("{index:#010x}"),
+                "sending the cloud's AK certificate from the vTPM"
+            );
+            vec![cert]
+        } else {
+            chain
+        };
+        if let AkLocation::NvTemplate(ak) = key.location() {
+            tracing::info!(
+                cloud = %self,
+                algorithm = ?ak.algorithm,
+                template = format_args!("{:#010x}", ak.template_index),
+                "quoting with the AK made from the cloud's template"
+            );
         }
+        Ok(TpmIssuer::with_key(tpm, key, PcrSelection::all(), chain))
     }
 
-    /// Reads the AK's certificate (DER) from the vTPM; padding after it is dropped.
-    /// Blocking.
-    pub fn read_ak_certificate(self, tpm: &mut Tpm) -> Result<Vec<u8>, PlatformError> {
-        let index = self.ak_certificate_nv_index();
+    /// Reads the AK's certificate (DER) from NV index `index` of the vTPM; padding after
+    /// it is dropped. Blocking.
+    pub fn read_ak_certificate(self, tpm: &mut Tpm, index: u32) -> Result<Vec<u8>, PlatformError> {
         let error =
             |source: Box<dyn std::error::Error + Send + Sync>| PlatformError::AkCertificate {
                 cloud: self,
@@ -209,8 +267,9 @@ impl std::str::FromStr for CloudVtpm {
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "azure-trusted-launch" => Ok(Self::AzureTrustedLaunch),
+            "gce" => Ok(Self::Gce),
             other => Err(format!(
-                "unknown cloud vTPM {other:?}; known: azure-trusted-launch"
+                "unknown cloud vTPM {other:?}; known: azure-trusted-launch, gce"
             )),
         }
     }
@@ -402,12 +461,15 @@ mod tests {
         let cloud: CloudVtpm = "azure-trusted-launch".parse().unwrap();
         assert_eq!(cloud, CloudVtpm::AzureTrustedLaunch);
         assert_eq!(cloud.to_string(), "azure-trusted-launch");
-        let ak = cloud.ak_config().unwrap();
+        let ak = CloudVtpm::azure_ak_config().unwrap();
         assert!(ak.provisioned, "never create or replace the cloud's AK");
         assert_eq!(ak.handle.raw(), AZURE_AK_HANDLE);
         assert_eq!(ak.algorithm, AkAlgorithm::Rsa2048);
-        assert_eq!(cloud.ak_certificate_nv_index(), 0x01c1_01d0);
-        assert!("gce".parse::<CloudVtpm>().is_err());
+        assert_eq!(AZURE_AK_CERT_NV_INDEX, 0x01c1_01d0);
+        let gce: CloudVtpm = "gce".parse().unwrap();
+        assert_eq!(gce, CloudVtpm::Gce);
+        assert_eq!(gce.to_string(), "gce");
+        assert!("gcp".parse::<CloudVtpm>().is_err());
     }
 
     #[test]

@@ -108,9 +108,9 @@ fn provision_in(
     }
     let ak_public = ak.public_area().to_vec();
     progress!(
-        "created the attestation key ({:?}, persistent handle {:#010x}, identity {})",
+        "created the attestation key ({:?}, {}, identity {})",
         ak.algorithm(),
-        ak.handle().raw(),
+        ak.location(),
         AkFingerprint::of_public_area(&ak_public)
     );
     let ak_cert = ca.certify_ak(&ak_public, args.validity_days)?;

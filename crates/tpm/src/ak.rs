@@ -28,6 +28,14 @@
 //!
 //! The zero-filled `unique` follows the TCG EK-template convention; it makes the template
 //! (and so the derived key) a fixed function of the algorithm.
+//!
+//! **A cloud's AK from an NV template** ([`NvTemplateAk`]): GCE's vTPM keeps no AK but the
+//! template of one in NV (`0x01c10003` ECC P-256, `0x01c10001` RSA-2048) and Google's
+//! certificate for the key that template makes as a primary of the endorsement hierarchy
+//! (`0x01c10002`, `0x01c10000`). [`crate::Tpm::load_nv_template_ak`] makes that key
+//! (transient, never persisted) after checking that the template is an attestation key
+//! ([`provisioned_mismatch`]); its attributes are the cloud's (GCE's lack noDA), which
+//! verifiers accept only with the cloud's certificate.
 
 use tss_esapi::attributes::ObjectAttributesBuilder;
 use tss_esapi::interface_types::algorithm::{HashingAlgorithm, PublicAlgorithm};
@@ -142,11 +150,89 @@ impl Default for AkConfig {
     }
 }
 
+/// NV index of Google's certificate for the RSA AK of a GCE vTPM (DER).
+pub const GCE_RSA_AK_CERT_NV_INDEX: u32 = 0x01c1_0000;
+/// NV index of the template (TPMT_PUBLIC) of the RSA AK of a GCE vTPM.
+pub const GCE_RSA_AK_TEMPLATE_NV_INDEX: u32 = 0x01c1_0001;
+/// NV index of Google's certificate for the ECC AK of a GCE vTPM (DER).
+pub const GCE_ECC_AK_CERT_NV_INDEX: u32 = 0x01c1_0002;
+/// NV index of the template (TPMT_PUBLIC) of the ECC AK of a GCE vTPM.
+pub const GCE_ECC_AK_TEMPLATE_NV_INDEX: u32 = 0x01c1_0003;
+
+/// The most bytes read from an AK template's NV index. A TPMT_PUBLIC is at most a few
+/// hundred bytes (an RSA-4096 unique field is 512); a larger index is no template.
+pub const MAX_AK_TEMPLATE: usize = 1024;
+
+/// An AK that the vTPM does not keep but makes again on each boot: a primary key of the
+/// endorsement hierarchy, created from a template (TPMT_PUBLIC) the cloud stores in an NV
+/// index, and certified by the cloud's vTPM CA in a paired NV index. A primary key is a
+/// fixed function of the hierarchy's seed and the template, so it is the key the
+/// certificate names every time. GCE's vTPM works this way ([`NvTemplateAk::GCE`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct NvTemplateAk {
+    /// The key type and scheme the template must describe.
+    pub algorithm: AkAlgorithm,
+    /// The NV index holding the template (a marshalled TPMT_PUBLIC).
+    pub template_index: u32,
+    /// The NV index holding the cloud's certificate for the key (DER, maybe padded).
+    pub certificate_index: u32,
+}
+
+impl NvTemplateAk {
+    /// GCE's ECC P-256 AK: template in `0x01c10003`, certificate in `0x01c10002`.
+    pub const GCE_ECC: NvTemplateAk = NvTemplateAk {
+        algorithm: AkAlgorithm::EccP256,
+        template_index: GCE_ECC_AK_TEMPLATE_NV_INDEX,
+        certificate_index: GCE_ECC_AK_CERT_NV_INDEX,
+    };
+
+    /// GCE's RSA-2048 AK: template in `0x01c10001`, certificate in `0x01c10000`.
+    pub const GCE_RSA: NvTemplateAk = NvTemplateAk {
+        algorithm: AkAlgorithm::Rsa2048,
+        template_index: GCE_RSA_AK_TEMPLATE_NV_INDEX,
+        certificate_index: GCE_RSA_AK_CERT_NV_INDEX,
+    };
+
+    /// GCE's AKs, preferred first (ECC: smaller quotes, faster to create).
+    pub const GCE: [NvTemplateAk; 2] = [Self::GCE_ECC, Self::GCE_RSA];
+
+    /// GCE's AK of `algorithm`.
+    pub const fn gce(algorithm: AkAlgorithm) -> NvTemplateAk {
+        match algorithm {
+            AkAlgorithm::EccP256 => Self::GCE_ECC,
+            AkAlgorithm::Rsa2048 => Self::GCE_RSA,
+        }
+    }
+}
+
+/// Where a loaded attestation key lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AkLocation {
+    /// A persistent object at this handle.
+    Persistent(PersistentHandle),
+    /// A transient primary key made from an NV template, held by the connection that made
+    /// it (and made again from the template if it was flushed).
+    NvTemplate(NvTemplateAk),
+}
+
+impl std::fmt::Display for AkLocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AkLocation::Persistent(handle) => write!(f, "persistent handle {:#010x}", handle.0),
+            AkLocation::NvTemplate(ak) => write!(
+                f,
+                "endorsement primary from the template in NV index {:#010x}",
+                ak.template_index
+            ),
+        }
+    }
+}
+
 /// A loaded attestation key: what a verifier needs to know about it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AttestationKey {
     pub(crate) algorithm: AkAlgorithm,
-    pub(crate) handle: PersistentHandle,
+    pub(crate) location: AkLocation,
     pub(crate) public: Vec<u8>,
     pub(crate) created: bool,
 }
@@ -163,12 +249,23 @@ impl AttestationKey {
         self.algorithm
     }
 
-    /// The persistent handle the key lives at.
-    pub fn handle(&self) -> PersistentHandle {
-        self.handle
+    /// The persistent handle the key lives at; `None` for a key made from an NV template,
+    /// which is not persistent.
+    pub fn handle(&self) -> Option<PersistentHandle> {
+        match self.location {
+            AkLocation::Persistent(handle) => Some(handle),
+            AkLocation::NvTemplate(_) => None,
+        }
     }
 
-    /// Whether this load created (and persisted) the key rather than finding it.
+    /// Where the key lives.
+    pub fn location(&self) -> AkLocation {
+        self.location
+    }
+
+    /// Whether this load created (and persisted) the key rather than finding it. A key made
+    /// from an NV template is created on every load, from the cloud's template, and says
+    /// `false`: it is the cloud's key, not one of ours.
     pub fn was_created(&self) -> bool {
         self.created
     }

@@ -30,10 +30,13 @@ use tss_esapi::structures::{
     PcrSelectionList, PcrSlot, SignatureScheme, SymmetricDefinition,
 };
 use tss_esapi::tcti_ldr::{DeviceConfig, NetworkTPMConfig, TctiNameConf};
-use tss_esapi::traits::Marshall;
+use tss_esapi::traits::{Marshall, UnMarshall};
 use zeroize::Zeroizing;
 
-use crate::ak::{self, AkConfig, AttestationKey, PersistentHandle};
+use crate::ak::{
+    self, AkAlgorithm, AkConfig, AkLocation, AttestationKey, MAX_AK_TEMPLATE, NvTemplateAk,
+    PersistentHandle,
+};
 use crate::config::TpmConfig;
 use crate::ek::EkCertSlot;
 use crate::error::{ResponseCode, TPM_RC_HANDLE, TpmError};
@@ -116,6 +119,10 @@ pub struct Tpm {
     /// ESAPI handles and marshalled public areas of the persistent AKs already looked up on
     /// this connection, by persistent handle.
     aks: HashMap<u32, (KeyHandle, Vec<u8>)>,
+    /// ESAPI handles and marshalled public areas of the transient AKs made from NV
+    /// templates on this connection, by template NV index. The binding flushes the objects
+    /// it created when the connection is dropped, these among them.
+    template_aks: HashMap<u32, (KeyHandle, Vec<u8>)>,
 }
 
 // The TPM handle must be `Send` so it can live in a `Mutex` shared by a server.
@@ -154,6 +161,7 @@ impl Tpm {
             tcti,
             retry: RetryPolicy::default(),
             aks: HashMap::new(),
+            template_aks: HashMap::new(),
         })
     }
 
@@ -188,7 +196,7 @@ impl Tpm {
                     self.remember_ak(config.handle, handle, public.clone());
                     return Ok(AttestationKey {
                         algorithm: config.algorithm,
-                        handle: config.handle,
+                        location: AkLocation::Persistent(config.handle),
                         public,
                         created: false,
                     });
@@ -227,7 +235,7 @@ impl Tpm {
         self.remember_ak(config.handle, handle, public.clone());
         Ok(AttestationKey {
             algorithm: config.algorithm,
-            handle: config.handle,
+            location: AkLocation::Persistent(config.handle),
             public,
             created: false,
         })
@@ -507,6 +515,11 @@ impl Tpm {
     /// of the TPM's largest NV buffer. Refuses an undefined index and one larger than
     /// [`MAX_NV_READ`] before reading it.
     pub fn read_nv_index(&mut self, index: u32) -> Result<Vec<u8>, TpmError> {
+        self.read_nv_index_at_most(index, MAX_NV_READ)
+    }
+
+    /// [`Tpm::read_nv_index`] with a lower cap than [`MAX_NV_READ`].
+    fn read_nv_index_at_most(&mut self, index: u32, max: usize) -> Result<Vec<u8>, TpmError> {
         if !self.handle_exists(index)? {
             return Err(TpmError::NvIndexNotDefined { index });
         }
@@ -525,12 +538,8 @@ impl Tpm {
             }
             Err(other) => return Err(other),
         };
-        let too_large = |size| TpmError::NvIndexTooLarge {
-            index,
-            size,
-            max: MAX_NV_READ,
-        };
-        if size > MAX_NV_READ {
+        let too_large = |size| TpmError::NvIndexTooLarge { index, size, max };
+        if size > max {
             return Err(too_large(size));
         }
         // `read_full` reads in chunks of TPM_PT_NV_BUFFER_MAX.
@@ -540,7 +549,7 @@ impl Tpm {
             })
         })?;
         // Redefined larger between the size check and the read.
-        if data.len() > MAX_NV_READ {
+        if data.len() > max {
             return Err(too_large(data.len()));
         }
         debug!(
@@ -558,7 +567,146 @@ impl Tpm {
         self.read_nv_index(HCL_REPORT_NV_INDEX)
     }
 
+    /// The first of `candidates` whose template NV index is defined: which of a cloud's
+    /// AKs this vTPM has. Refused, naming every index looked at, when none is.
+    pub fn find_nv_template_ak(
+        &mut self,
+        candidates: &[NvTemplateAk],
+    ) -> Result<NvTemplateAk, TpmError> {
+        for candidate in candidates {
+            if self.handle_exists(candidate.template_index)? {
+                return Ok(*candidate);
+            }
+        }
+        Err(TpmError::NoAkTemplate {
+            indices: candidates.iter().map(|c| c.template_index).collect(),
+        })
+    }
+
+    /// Makes the AK `ak` describes, as the cloud does: reads its template (a TPMT_PUBLIC, at
+    /// most [`MAX_AK_TEMPLATE`] bytes, trailing padding ignored) from
+    /// `ak.template_index`, refuses a template that is no attestation key of
+    /// `ak.algorithm` ([`ak::provisioned_mismatch`]), and creates it with
+    /// `TPM2_CreatePrimary` in the endorsement hierarchy (empty endorsement auth). The key is
+    /// transient and held by this connection until it is dropped; if something flushes it, the
+    /// next quote makes it again from the template (a primary key is a fixed function of the
+    /// seed and the template, so it is the same key). Loading it again on the same connection
+    /// replaces the held one.
+    pub fn load_nv_template_ak(&mut self, ak: &NvTemplateAk) -> Result<AttestationKey, TpmError> {
+        let (key, public) = self.create_template_ak(ak)?;
+        self.remember_template_ak(ak.template_index, key, public.clone());
+        info!(
+            algorithm = ?ak.algorithm,
+            template = format_args!("{:#010x}", ak.template_index),
+            "made the attestation key from the cloud's template"
+        );
+        Ok(AttestationKey {
+            algorithm: ak.algorithm,
+            location: AkLocation::NvTemplate(*ak),
+            public,
+            created: false,
+        })
+    }
+
+    /// The cloud's certificate for the AK `ak` describes: the first DER certificate in NV
+    /// index `ak.certificate_index` (padding after it dropped). Refused, naming the index,
+    /// when the index is undefined or holds no certificate.
+    pub fn read_nv_template_ak_certificate(
+        &mut self,
+        ak: &NvTemplateAk,
+    ) -> Result<Vec<u8>, TpmError> {
+        let index = ak.certificate_index;
+        let contents = self.read_nv_index(index)?;
+        let unusable = |reason: String| TpmError::NvCertificateUnusable { index, reason };
+        asterism_attestation::tpm::ek::certificates_from_nv(&contents)
+            .map_err(|e| unusable(e.to_string()))?
+            .into_iter()
+            .next()
+            .ok_or_else(|| unusable("it holds no certificate".to_owned()))
+    }
+
+    /// GCE's AK and Google's certificate for it: the AK of `algorithm`, or, when `None`, the
+    /// ECC AK if the vTPM has its template and the RSA AK otherwise
+    /// ([`NvTemplateAk::GCE`]); see [`Tpm::load_nv_template_ak`] and
+    /// [`Tpm::read_nv_template_ak_certificate`].
+    pub fn load_gce_ak(
+        &mut self,
+        algorithm: Option<AkAlgorithm>,
+    ) -> Result<(AttestationKey, Vec<u8>), TpmError> {
+        let ak = match algorithm {
+            Some(algorithm) => NvTemplateAk::gce(algorithm),
+            None => self.find_nv_template_ak(&NvTemplateAk::GCE)?,
+        };
+        let key = self.load_nv_template_ak(&ak)?;
+        let certificate = self.read_nv_template_ak_certificate(&ak)?;
+        Ok((key, certificate))
+    }
+
     // ---- internals ----
+
+    /// Reads `ak`'s template from NV and creates the primary key from it in the endorsement
+    /// hierarchy: a transient object the caller keeps or flushes.
+    fn create_template_ak(&mut self, ak: &NvTemplateAk) -> Result<(KeyHandle, Vec<u8>), TpmError> {
+        let index = ak.template_index;
+        let bytes = self.read_nv_index_at_most(index, MAX_AK_TEMPLATE)?;
+        let unusable = |reason: String| TpmError::AkTemplateUnusable { index, reason };
+        // The TSS reads one TPMT_PUBLIC from the front and ignores what follows.
+        let template = tss_esapi::structures::Public::unmarshall(&bytes)
+            .map_err(|e| unusable(format!("not a TPMT_PUBLIC: {e}")))?;
+        if let Some(reason) = ak::provisioned_mismatch(ak.algorithm, &template) {
+            return Err(unusable(reason));
+        }
+        let created = self.run("TPM2_CreatePrimary(endorsement)", |ctx| {
+            ctx.execute_with_session(Some(AuthSession::Password), |ctx| {
+                ctx.create_primary(
+                    Hierarchy::Endorsement,
+                    template.clone(),
+                    None,
+                    None,
+                    None,
+                    None,
+                )
+            })
+        })?;
+        match binding("marshal TPMT_PUBLIC", created.out_public.marshall()) {
+            Ok(public) => Ok((created.key_handle, public)),
+            Err(error) => {
+                self.flush(ObjectHandle::from(created.key_handle), "the transient AK");
+                Err(error)
+            }
+        }
+    }
+
+    /// Keeps the transient AK made from the template at `index`, flushing one made before.
+    fn remember_template_ak(&mut self, index: u32, key: KeyHandle, public: Vec<u8>) {
+        if let Some((old, _)) = self.template_aks.insert(index, (key, public))
+            && old != key
+        {
+            self.flush(ObjectHandle::from(old), "the previous transient AK");
+        }
+    }
+
+    /// The ESAPI handle of the transient AK made from `template`, made again from the
+    /// template when it was flushed, after checking that it still is `ak`.
+    fn template_ak_handle(
+        &mut self,
+        ak: &AttestationKey,
+        template: &NvTemplateAk,
+    ) -> Result<KeyHandle, TpmError> {
+        let index = template.template_index;
+        if !self.template_aks.contains_key(&index) {
+            debug!(
+                template = format_args!("{index:#010x}"),
+                "making the attestation key from its template again"
+            );
+            let (key, public) = self.create_template_ak(template)?;
+            self.remember_template_ak(index, key, public);
+        }
+        match self.template_aks.get(&index) {
+            Some((key, public)) if *public == ak.public => Ok(*key),
+            _ => Err(TpmError::TemplateAkChanged { index }),
+        }
+    }
 
     /// Creates the EK of `slot`'s kind from the TCG default template in the endorsement
     /// hierarchy: a transient object the caller flushes.
@@ -643,6 +791,15 @@ impl Tpm {
     /// (swtpm, `/dev/tpm0`) this assumes, as the rest of the crate does, that this process is
     /// the TPM's only user. This crate itself keeps no transient object between calls.
     fn flush_transient_objects(&mut self) {
+        // The AKs made from NV templates are among them: forget them, to be made again
+        // from their templates when next used. Their ESAPI handles are stale (closing
+        // them may fail, which does not matter).
+        for (_, (key, _)) in std::mem::take(&mut self.template_aks) {
+            let mut object = ObjectHandle::from(key);
+            if let Err(error) = self.ctx.tr_close(&mut object) {
+                debug!(%error, "cannot close the handle of a flushed AK");
+            }
+        }
         let listed = self.ctx.execute_without_session(|ctx| {
             ctx.get_capability(CapabilityType::Handles, TRANSIENT_FIRST, 64)
         });
@@ -780,7 +937,7 @@ impl Tpm {
         self.remember_ak(config.handle, KeyHandle::from(persistent), public.clone());
         Ok(AttestationKey {
             algorithm: config.algorithm,
-            handle: config.handle,
+            location: AkLocation::Persistent(config.handle),
             public,
             created: true,
         })
@@ -808,13 +965,17 @@ impl Tpm {
     /// The ESAPI handle of the persistent key at `ak`'s handle, looked up once per
     /// connection, after checking that it still is `ak` (same public area).
     fn ak_handle(&mut self, ak: &AttestationKey) -> Result<KeyHandle, TpmError> {
-        let raw = ak.handle.raw();
+        let handle = match ak.location {
+            AkLocation::Persistent(handle) => handle,
+            AkLocation::NvTemplate(template) => return self.template_ak_handle(ak, &template),
+        };
+        let raw = handle.raw();
         if !self.aks.contains_key(&raw) {
-            let Some((key, public)) = self.read_persistent(ak.handle)? else {
+            let Some((key, public)) = self.read_persistent(handle)? else {
                 return Err(TpmError::AkNotFound { handle: raw });
             };
             let public = binding("marshal TPMT_PUBLIC", public.marshall())?;
-            self.remember_ak(ak.handle, key, public);
+            self.remember_ak(handle, key, public);
         }
         match self.aks.get(&raw) {
             Some((key, public)) if *public == ak.public => Ok(*key),

@@ -500,6 +500,44 @@ pub enum TpmError {
         reason: String,
     },
 
+    /// None of the NV indices where a cloud keeps its AK template is defined.
+    #[error(
+        "no AK template in NV index {}: the vTPM holds none of the cloud's AK templates",
+        indices.iter().map(|i| format!("{i:#010x}")).collect::<Vec<_>>().join(" or ")
+    )]
+    NoAkTemplate {
+        /// The NV indices looked at.
+        indices: Vec<u32>,
+    },
+
+    /// The AK template in the NV index cannot make an attestation key.
+    #[error("the AK template in NV index {index:#010x} is unusable: {reason}")]
+    AkTemplateUnusable {
+        /// The template's NV index.
+        index: u32,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// The key made from the AK template again is not the one that was loaded.
+    #[error(
+        "the key made from the AK template in NV index {index:#010x} is not the attestation \
+         key that was loaded (the template changed); load it again"
+    )]
+    TemplateAkChanged {
+        /// The template's NV index.
+        index: u32,
+    },
+
+    /// The NV index that should hold an AK certificate holds none.
+    #[error("NV index {index:#010x} holds no usable AK certificate: {reason}")]
+    NvCertificateUnusable {
+        /// The certificate's NV index.
+        index: u32,
+        /// What is wrong.
+        reason: String,
+    },
+
     /// An allocated PCR bank whose hash this crate cannot compute in software.
     #[error("PCR bank {algorithm} is allocated but cannot be hashed in software for PCR_Event")]
     UnsupportedPcrBank {

@@ -91,6 +91,25 @@ impl TpmIssuer {
         })
     }
 
+    /// Quotes with `key`, an AK already loaded on `tpm` (e.g. a cloud's AK made from its NV
+    /// template, [`Tpm::load_nv_template_ak`]), on every [`Issuer::issue`]. `ak_cert_chain`
+    /// as for [`TpmIssuer::new`].
+    pub fn with_key(
+        tpm: Tpm,
+        key: AttestationKey,
+        selection: PcrSelection,
+        ak_cert_chain: Vec<Vec<u8>>,
+    ) -> Self {
+        Self {
+            ak_public: key.public_area().to_vec(),
+            device: Mutex::new(Device::Held(Box::new(tpm), key)),
+            selection,
+            ak_cert_chain,
+            platform: None,
+            event_log: None,
+        }
+    }
+
     /// Sends `report` with every quote: on a confidential VM, the hardware report that
     /// vouches for this AK (read once at start: it does not change while the VM runs).
     #[must_use]

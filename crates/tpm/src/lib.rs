@@ -3,7 +3,8 @@
 //!
 //! * [`TpmConfig`] names the TPM (`device:/dev/tpmrm0`, `swtpm:host=…,port=…`).
 //! * [`Tpm::open`] connects; [`Tpm::load_attestation_key`] finds or creates the persistent AK
-//!   ([`ak`] documents the templates and handles).
+//!   ([`ak`] documents the templates and handles); [`Tpm::load_nv_template_ak`] makes a
+//!   cloud's AK from the template the cloud keeps in NV ([`Tpm::load_gce_ak`] on GCE).
 //! * [`Tpm::quote`] returns a [`Quote`]: the TPMS_ATTEST and TPMT_SIGNATURE exactly as the TPM
 //!   produced them, plus the quoted SHA-256 PCR values.
 //! * [`Tpm::read_pcrs`], [`Tpm::extend_pcr`], [`Tpm::pcr_event`],
@@ -38,7 +39,7 @@ pub mod marker;
 pub mod pcr;
 pub mod retry;
 
-pub use ak::{AkAlgorithm, AkConfig, AttestationKey, PersistentHandle};
+pub use ak::{AkAlgorithm, AkConfig, AkLocation, AttestationKey, NvTemplateAk, PersistentHandle};
 pub use config::{ConfigError, DEFAULT_DEVICE, DEFAULT_SWTPM_HOST, DEFAULT_SWTPM_PORT, TpmConfig};
 pub use device::{
     ActivatedCredential, MAX_EVENT_DATA, MAX_NV_READ, MAX_QUALIFYING_DATA, Quote, Tpm,

@@ -744,15 +744,11 @@ fn on_azure_trusted_launch_the_vtpms_ak_and_its_certificate_verify_to_the_cloud_
     // As the bootstrapper starts with --cloud-vtpm azure-trusted-launch.
     let cloud = CloudVtpm::AzureTrustedLaunch;
     let mut tpm = Tpm::open(&swtpm.config()).unwrap();
-    let read = cloud.read_ak_certificate(&mut tpm).unwrap();
+    let read = cloud
+        .read_ak_certificate(&mut tpm, AZURE_AK_CERT_NV_INDEX)
+        .unwrap();
     assert_eq!(read, cert, "the certificate without its padding");
-    let issuer = TpmIssuer::new(
-        tpm,
-        &cloud.ak_config().unwrap(),
-        PcrSelection::all(),
-        vec![read],
-    )
-    .unwrap();
+    let issuer = cloud.issuer(tpm, Vec::new()).unwrap();
     assert_eq!(
         issuer.ak_public(),
         ak.public_area(),
@@ -781,6 +777,187 @@ fn on_azure_trusted_launch_the_vtpms_ak_and_its_certificate_verify_to_the_cloud_
     let other = CloudAkCa::from_der([other.der()], [] as [&[u8]; 0]).unwrap();
     assert!(matches!(
         verifier(other).validate(&evidence, &rd),
+        Err(ValidationError::UntrustedKey(_))
+    ));
+}
+
+/// Undefines NV index `index` of `swtpm` with tpm2-tools (installed: the caller wrote it).
+fn nv_undefines(swtpm: &Swtpm, index: u32) {
+    let output = Command::new("tpm2_nvundefine")
+        .arg(format!("{index:#x}"))
+        .args(["-C", "o", "-T", &swtpm.tcti()])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "tpm2_nvundefine: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// An ECC P-256 public key (the uncompressed point) as rcgen certifies it.
+struct EcKey(Vec<u8>);
+
+impl rcgen::PublicKeyData for EcKey {
+    fn der_bytes(&self) -> &[u8] {
+        &self.0
+    }
+    fn algorithm(&self) -> &'static rcgen::SignatureAlgorithm {
+        &rcgen::PKCS_ECDSA_P256_SHA256
+    }
+}
+
+/// An ECC AK template as Google's (restricted ECDSA-SHA256 signing key on P-256, named with
+/// SHA-256, fixedTPM | fixedParent | sensitiveDataOrigin | userWithAuth | restricted | sign,
+/// no noDA), with `unique` filled with `fill`: another fill is another template, so another
+/// key.
+fn gce_ecc_ak_template(fill: u8) -> Vec<u8> {
+    use asterism_attestation::tpm::structures::{
+        AsymScheme, ECC_NIST_P256, KdfScheme, ObjectAttributes, PublicParams, SymDefObject, alg,
+    };
+    asterism_attestation::tpm::TpmtPublic {
+        name_alg: alg::SHA256,
+        attributes: ObjectAttributes(
+            ObjectAttributes::FIXED_TPM
+                | ObjectAttributes::FIXED_PARENT
+                | ObjectAttributes::SENSITIVE_DATA_ORIGIN
+                | ObjectAttributes::USER_WITH_AUTH
+                | ObjectAttributes::RESTRICTED
+                | ObjectAttributes::SIGN,
+        ),
+        auth_policy: Vec::new(),
+        params: PublicParams::Ecc {
+            symmetric: SymDefObject::Null,
+            scheme: AsymScheme::Hashed {
+                scheme: alg::ECDSA,
+                hash: alg::SHA256,
+            },
+            curve: ECC_NIST_P256,
+            kdf: KdfScheme::Null,
+            x: vec![fill; 32],
+            y: vec![fill; 32],
+        },
+    }
+    .to_bytes()
+    .unwrap()
+}
+
+/// The uncompressed point of an ECC `TPMT_PUBLIC`.
+fn ecc_point(tpmt_public: &[u8]) -> Vec<u8> {
+    use asterism_attestation::tpm::TpmtPublic;
+    use asterism_attestation::tpm::structures::PublicParams;
+    let PublicParams::Ecc { x, y, .. } = TpmtPublic::parse(tpmt_public).unwrap().params else {
+        panic!("not an ECC key")
+    };
+    [&[0x04][..], &x, &y].concat()
+}
+
+#[test]
+fn on_gce_the_ak_made_from_googles_template_and_its_certificate_verify_to_the_cloud_root() {
+    use asterism_attestation::tpm::CloudAkCa;
+    use asterism_bootstrapper::platform::CloudVtpm;
+    use asterism_tpm::NvTemplateAk;
+    let swtpm = Swtpm::start().unwrap();
+    let cloud = CloudVtpm::Gce;
+
+    // A vTPM without Google's templates: refused, naming where the templates would be.
+    let err = cloud
+        .issuer(Tpm::open(&swtpm.config()).unwrap(), Vec::new())
+        .unwrap_err();
+    let chain = asterism_binkit::error_chain(&err);
+    assert!(
+        chain.contains("0x01c10003") && chain.contains("0x01c10001"),
+        "{chain}"
+    );
+
+    // Google's part, which the test plays: the ECC AK template in NV 0x01c10003 and the
+    // cloud CA's certificate for the key it makes in 0x01c10002.
+    let template = gce_ecc_ak_template(0);
+    if !nv_writes(&swtpm, NvTemplateAk::GCE_ECC.template_index, &template) {
+        eprintln!("tpm2-tools not installed; skipping the GCE issuing test");
+        return;
+    }
+    // The template without its certificate: refused, naming the certificate's index.
+    let err = cloud
+        .issuer(Tpm::open(&swtpm.config()).unwrap(), Vec::new())
+        .unwrap_err();
+    let chain = asterism_binkit::error_chain(&err);
+    assert!(chain.contains("0x01c10002"), "{chain}");
+    // The key the template makes (a primary: the same key every time).
+    let ak_public = {
+        let mut tpm = Tpm::open(&swtpm.config()).unwrap();
+        let ak = tpm.load_nv_template_ak(&NvTemplateAk::GCE_ECC).unwrap();
+        ak.public_area().to_vec()
+    };
+    let root_key = rcgen::KeyPair::generate().unwrap();
+    let mut root_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    root_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "cloud vTPM root");
+    root_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    root_params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign];
+    let root = root_params.self_signed(&root_key).unwrap();
+    let root_issuer = rcgen::Issuer::new(root_params, root_key);
+    let mut leaf = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    leaf.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
+    let cert = leaf
+        .signed_by(&EcKey(ecc_point(&ak_public)), &root_issuer)
+        .unwrap()
+        .der()
+        .to_vec();
+    let mut nv = cert.clone();
+    nv.resize(cert.len() + 16, 0xff);
+    assert!(nv_writes(
+        &swtpm,
+        NvTemplateAk::GCE_ECC.certificate_index,
+        &nv
+    ));
+
+    // As the bootstrapper starts with --cloud-vtpm gce.
+    let mut tpm = Tpm::open(&swtpm.config()).unwrap();
+    let pcr0 = tpm.read_pcrs(&PcrSelection::new([0]).unwrap()).unwrap()[0].1;
+    let issuer = cloud.issuer(tpm, Vec::new()).unwrap();
+    assert_eq!(
+        issuer.ak_public(),
+        ak_public,
+        "the key Google's template makes"
+    );
+    let rd = ReportData::atls(Role::Client, &[9; 32]);
+    let evidence = issuer.issue(&rd).unwrap();
+    assert_eq!(
+        asterism_attestation::tpm::QuoteEvidence::decode(&evidence)
+            .unwrap()
+            .ak_cert_chain,
+        [cert],
+        "the certificate from NV, without its padding"
+    );
+
+    let measurements =
+        Measurements::new([(PcrIndex::new(0).unwrap(), ExpectedPcr::enforce(pcr0))]).unwrap();
+    let trusted = || CloudAkCa::from_der([root.der()], [] as [&[u8]; 0]).unwrap();
+    let verifier = TpmQuoteValidator::new(
+        AkTrust::cloud_ak(trusted()),
+        measurements.clone().into_provider(),
+    );
+    use asterism_attestation::Validator as _;
+    verifier.validate(&evidence, &rd).unwrap();
+    drop(issuer);
+
+    // Another template makes another AK, which the certificate does not name: the node
+    // quotes with it, and the verifier refuses the evidence.
+    nv_undefines(&swtpm, NvTemplateAk::GCE_ECC.template_index);
+    assert!(nv_writes(
+        &swtpm,
+        NvTemplateAk::GCE_ECC.template_index,
+        &gce_ecc_ak_template(1)
+    ));
+    let issuer = cloud
+        .issuer(Tpm::open(&swtpm.config()).unwrap(), Vec::new())
+        .unwrap();
+    assert_ne!(issuer.ak_public(), ak_public);
+    let evidence = issuer.issue(&rd).unwrap();
+    assert!(matches!(
+        verifier.validate(&evidence, &rd),
         Err(ValidationError::UntrustedKey(_))
     ));
 }

@@ -31,7 +31,7 @@ fn ak_is_created_once_then_loaded_from_its_persistent_handle() {
 
     let first = tpm.load_attestation_key(&config).unwrap();
     assert!(first.was_created());
-    assert_eq!(first.handle().raw(), ECC_AK_HANDLE);
+    assert_eq!(first.handle().unwrap().raw(), ECC_AK_HANDLE);
 
     let second = tpm.load_attestation_key(&config).unwrap();
     assert!(!second.was_created(), "the persisted AK must be reused");
@@ -91,7 +91,7 @@ fn rsa_ak_is_a_restricted_2048_bit_rsassa_sha256_signing_key() {
     let (_swtpm, mut tpm) = swtpm_and_tpm(false);
     let config = AkConfig::new(AkAlgorithm::Rsa2048);
     let ak = tpm.load_attestation_key(&config).unwrap();
-    assert_eq!(ak.handle().raw(), RSA_AK_HANDLE);
+    assert_eq!(ak.handle().unwrap().raw(), RSA_AK_HANDLE);
 
     let public = parse_public(ak.public_area());
     assert_eq!(public.alg, ALG_RSA);

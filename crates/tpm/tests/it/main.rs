@@ -15,6 +15,7 @@ mod attestation_key;
 #[path = "../common/mod.rs"]
 mod common;
 mod ek_certificate;
+mod gce_ak;
 mod hcl_report;
 mod issuer;
 mod marker;

@@ -108,7 +108,7 @@ fn quoting_with_an_ak_that_was_replaced_at_its_handle_is_refused() {
     let (swtpm, mut tpm) = swtpm_and_tpm(false);
     let ak = tpm.load_attestation_key(&AkConfig::default()).unwrap();
     // Another key takes the AK's handle.
-    let rsa_here = AkConfig::new(AkAlgorithm::Rsa2048).with_handle(ak.handle());
+    let rsa_here = AkConfig::new(AkAlgorithm::Rsa2048).with_handle(ak.handle().unwrap());
     assert!(tpm.load_attestation_key(&rsa_here).unwrap().was_created());
 
     // Both on this connection and on a fresh one, the stale AK is not used to sign.

@@ -5,7 +5,7 @@
 //! {
 //!   "snp": {
 //!     "minimumTcb": {
-//!       "milan": {"bootloader": 3, "tee": 0, "snp": 8, "microcode": 115},
+//!       "milan": {"bootloader": 3, "tee": 0, "snp": 24, "microcode": 115},
 //!       "genoa": {"bootloader": 9, "tee": 0, "snp": 23, "microcode": 72},
 //!       "turin": {"fmc": 1, "bootloader": 1, "tee": 1, "snp": 1, "microcode": 1}
 //!     },

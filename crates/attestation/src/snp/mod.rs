@@ -29,7 +29,7 @@ mod verify;
 
 pub(crate) use certs::verify_pss_raw;
 pub use certs::{SnpCerts, embedded_ark, embedded_intermediate};
-pub use policy::{MinimumTcb, PerProduct, SnpPolicy, check_fields};
+pub use policy::{MILAN_SNP_FLOOR, MinimumTcb, PerProduct, SnpPolicy, check_fields};
 pub use report::{
     Cpuid, FirmwareVersion, GuestPolicy, KeyInfo, MAX_VERSION, MIN_VERSION, PlatformInfo,
     REPORT_SIZE, RawTcb, SIGNED_LEN, SignerKind, SnpReport, Tcb,

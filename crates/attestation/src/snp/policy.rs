@@ -54,12 +54,17 @@ impl<T: Copy> PerProduct<T> {
     }
 }
 
+/// The default Milan floor's SNP firmware SVN: 0x18 (24), the SNP firmware that attests the
+/// fix of AMD-SB-3019 (CVE-2024-56161, the microcode signature check) on Milan, as the
+/// bulletin's figure is quoted by a verifier's maintainers (microsoft/CCF issue 6812). A report
+/// under it comes from firmware on which the host could load its own microcode.
+pub const MILAN_SNP_FLOOR: u8 = 0x18;
+
 /// What a verified SEV-SNP report must show besides a valid signature and chain.
 ///
-/// The default: a Milan TCB floor of boot loader 3, TEE 0, SNP 8, microcode 115 (the TCB of
-/// AMD's 2023 Milan firmware and microcode, kept as the default; `docs/attestation.md`
-/// section 8 says why it is not raised here) and no floor for Genoa and Turin, whose reports
-/// are therefore refused until the operator sets one; debug always refused; no migration agent; SMT allowed (every cloud runs its hosts with
+/// The default: a Milan TCB floor of boot loader 3, TEE 0, SNP [`MILAN_SNP_FLOOR`],
+/// microcode 115 (`docs/attestation.md` section 8 gives each number's source) and no floor
+/// for Genoa and Turin, whose reports are therefore refused until the operator sets one; debug always refused; no migration agent; SMT allowed (every cloud runs its hosts with
 /// SMT); VMPL 0 (the report must come from the most privileged level, the guest firmware or
 /// the cloud's paravisor); VCEK and VLEK both accepted (a cloud's trust mode narrows this to
 /// its own signer, [`crate::tpm::CvmAkTrust::sev_snp`]); no reference for the host data or
@@ -103,7 +108,7 @@ impl Default for SnpPolicy {
                 milan: Some(MinimumTcb {
                     bootloader: 3,
                     tee: 0,
-                    snp: 8,
+                    snp: MILAN_SNP_FLOOR,
                     microcode: 115,
                     fmc: 0,
                 }),

@@ -13,8 +13,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use asterism_attestation::explain::{Explanation, Outcome, Reference};
 use asterism_attestation::snp::{
-    MinimumTcb, PerProduct, Product, REPORT_SIZE, SignerKind, SnpCerts, SnpPolicy, SnpReport,
-    SnpVerifier, check_fields, kds,
+    MILAN_SNP_FLOOR, MinimumTcb, PerProduct, Product, REPORT_SIZE, SignerKind, SnpCerts, SnpPolicy,
+    SnpReport, SnpVerifier, check_fields, kds,
 };
 use asterism_attestation::{InsecureNoLaunchMeasurement, ValidationError};
 use base64::Engine;
@@ -103,6 +103,16 @@ fn any_launch() -> SnpPolicy {
     }
 }
 
+/// The Milan sample's own TCB (boot loader 3, TEE 0, SNP 8, microcode 115): under the default
+/// Milan floor's SNP firmware, so tests that need the sample to pass set it as the floor.
+const MILAN_SAMPLE_TCB: MinimumTcb = MinimumTcb {
+    bootloader: 3,
+    tee: 0,
+    snp: 8,
+    microcode: 115,
+    fmc: 0,
+};
+
 /// The Azure report's own TCB (boot loader 2, TEE 0, SNP 6, microcode 93): older than the
 /// default Milan floor, and the lowest of the three real reports, so each of them meets it.
 const AZURE_TCB: MinimumTcb = MinimumTcb {
@@ -183,9 +193,18 @@ fn the_three_real_reports_verify_and_their_product_is_detected() {
 }
 
 #[test]
-fn the_default_policy_accepts_the_milan_and_aws_reports_and_refuses_the_older_azure_tcb() {
-    verify(&milan(), any_launch()).unwrap();
+fn the_default_milan_floor_accepts_the_aws_report_and_refuses_the_older_milan_and_azure_tcbs() {
     verify(&aws(), any_launch()).unwrap();
+    // The Milan sample's SNP firmware (SVN 8) predates the fix AMD-SB-3019 attests.
+    let (field, expected, observed) = field_error(verify(&milan(), any_launch()).unwrap_err());
+    assert_eq!(
+        (field.as_str(), expected.as_str(), observed.as_str()),
+        ("reported_tcb.snp", ">= 24", "8")
+    );
+    assert_eq!(
+        SnpPolicy::default().minimum_tcb.milan.map(|t| t.snp),
+        Some(MILAN_SNP_FLOOR)
+    );
     let (field, expected, observed) = field_error(verify(&azure(), any_launch()).unwrap_err());
     assert_eq!(
         (field.as_str(), expected.as_str(), observed.as_str()),
@@ -785,7 +804,7 @@ fn a_product_without_a_configured_floor_is_refused_naming_the_knob() {
     let report = SnpReport::parse(&case.report).unwrap();
     let policy = SnpPolicy {
         minimum_tcb: PerProduct {
-            milan: SnpPolicy::default().minimum_tcb.milan,
+            milan: Some(MILAN_SAMPLE_TCB),
             ..PerProduct::default()
         },
         ..any_launch()
@@ -826,14 +845,21 @@ fn with_policy_bit(report: &[u8], bit: u32) -> Vec<u8> {
 
 #[test]
 fn the_launch_and_committed_tcbs_must_meet_the_floor_too() {
-    // The Milan sample's TCBs are exactly the default Milan floor.
+    // The Milan sample's TCBs are exactly the floor set here.
     let case = milan();
     let real = SnpReport::parse(&case.report).unwrap();
+    let policy = SnpPolicy {
+        minimum_tcb: PerProduct {
+            milan: Some(MILAN_SAMPLE_TCB),
+            ..PerProduct::default()
+        },
+        ..any_launch()
+    };
     let run = |report: &SnpReport| {
         check_fields(
             report,
             Product::Milan,
-            &any_launch(),
+            &policy,
             &case.report_data,
             &mut Explanation::default(),
         )

@@ -43,9 +43,10 @@
 //! ```
 //!
 //! Decoding is strict: at most [`MAX_EVIDENCE_SIZE`] bytes, checked before decoding; the
-//! encoding must be canonical (the decoded message must re-encode to exactly the input:
-//! fields in number order, no unknown or repeated scalar fields, minimal varints); the
-//! version must be 1; and every TPM structure must parse exactly.
+//! encoding must be canonical (exactly what an encoder writes for the decoded message:
+//! fields in number order, no unknown or repeated scalar fields, minimal varints; checked in
+//! the same pass that reads it, [`super::evidence_wire`]); the version must be 1; and every
+//! TPM structure must parse exactly.
 
 use super::structures::{TpmsAttest, TpmtPublic, TpmtSignature};
 use super::wire::ParseError;
@@ -232,73 +233,37 @@ pub struct QuoteEvidence {
 }
 
 impl QuoteEvidence {
-    /// Decodes and parses evidence bytes (see the module documentation for the rules).
+    /// Decodes and parses evidence bytes (see the module documentation for the rules): one
+    /// pass that checks the encoding is canonical as it reads ([`super::evidence_wire`]).
     pub fn decode(bytes: &[u8]) -> Result<Self, EvidenceError> {
         if bytes.len() > MAX_EVIDENCE_SIZE {
             return Err(EvidenceError::TooLarge(bytes.len()));
         }
-        let wire =
-            TpmQuoteEvidence::decode(bytes).map_err(|e| EvidenceError::Protobuf(e.to_string()))?;
-        // One encoding only: fields in number order, no unknown or repeated scalar fields,
-        // minimal varints. Every ordinary protobuf encoder produces exactly this for this
-        // message (no maps, no packed fields), so the check costs interoperability nothing.
-        if wire.encoded_len() != bytes.len() || wire.encode_to_vec() != bytes {
-            return Err(EvidenceError::NonCanonical);
-        }
-        Self::try_from(wire)
+        super::evidence_wire::decode(bytes)
     }
 }
 
+/// The wire message as prost decoded it; canonical encoding is not checked here (decode
+/// bytes with [`QuoteEvidence::decode`], which does).
 impl TryFrom<TpmQuoteEvidence> for QuoteEvidence {
     type Error = EvidenceError;
 
     fn try_from(wire: TpmQuoteEvidence) -> Result<Self, Self::Error> {
-        if wire.version != EVIDENCE_VERSION {
-            return Err(EvidenceError::UnsupportedVersion(wire.version));
-        }
-        let platform = match wire.platform {
-            None => None,
-            Some(PlatformReport { kind: None }) => return Err(EvidenceError::EmptyPlatform),
-            Some(PlatformReport { kind }) => kind,
-        };
-        if wire.ak_cert_chain.len() > MAX_CERT_CHAIN {
-            return Err(EvidenceError::CertChainTooLong(wire.ak_cert_chain.len()));
-        }
-        let attest = TpmsAttest::parse(&wire.attest).map_err(EvidenceError::Attest)?;
-        let signature = TpmtSignature::parse(&wire.signature).map_err(EvidenceError::Signature)?;
-        let ak_public = TpmtPublic::parse(&wire.ak_public).map_err(EvidenceError::AkPublic)?;
-        let mut pcrs = BTreeMap::new();
-        let mut last: Option<PcrIndex> = None;
-        for p in wire.pcrs {
-            let index = u8::try_from(p.index)
-                .ok()
-                .and_then(PcrIndex::new)
-                .ok_or(EvidenceError::PcrIndex(p.index))?;
-            if last.is_some_and(|l| l >= index) {
-                return Err(EvidenceError::PcrOrder(p.index));
-            }
-            last = Some(index);
-            let value: [u8; 32] =
-                p.value
-                    .as_slice()
-                    .try_into()
-                    .map_err(|_| EvidenceError::PcrLength {
-                        index: p.index,
-                        len: p.value.len(),
-                    })?;
-            pcrs.insert(index, value);
-        }
-        Ok(Self {
-            attest_bytes: wire.attest,
-            attest,
-            signature,
-            pcrs,
-            ak_public_bytes: wire.ak_public,
-            ak_public,
-            ak_cert_chain: wire.ak_cert_chain,
-            event_log: wire.event_log,
-            platform,
-        })
+        let pcrs: Vec<(u32, &[u8])> = wire
+            .pcrs
+            .iter()
+            .map(|p| (p.index, p.value.as_slice()))
+            .collect();
+        Self::from_parts(
+            wire.version,
+            wire.platform.map(|p| p.kind),
+            &wire.attest,
+            &wire.signature,
+            &wire.ak_public,
+            wire.ak_cert_chain.iter().map(Vec::as_slice).collect(),
+            &pcrs,
+            wire.event_log.as_deref(),
+        )
     }
 }
 

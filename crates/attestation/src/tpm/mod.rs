@@ -19,6 +19,7 @@ pub mod cloud;
 pub mod ek;
 pub mod eventlog;
 pub mod evidence;
+mod evidence_wire;
 mod platform;
 pub mod structures;
 mod trust;

@@ -22,6 +22,8 @@ mod cvm_ak_trust;
 mod ek;
 #[cfg(feature = "insecure-test-attestation")]
 mod eventlog;
+#[cfg(feature = "insecure-test-attestation")]
+mod evidence_decoder;
 mod hcl;
 mod measurements;
 mod snp;

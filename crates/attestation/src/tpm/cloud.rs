@@ -30,17 +30,17 @@
 //! certifies its own vTPM is trusted as the hypervisor is: it could certify a key that
 //! never was in a vTPM.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
-use rustls_pki_types::{CertificateDer, TrustAnchor, UnixTime};
+use rustls_pki_types::{CertificateDer, TrustAnchor};
 
 use super::ek::{asn1_time, certificates_in_file, check_ca, parse_exact};
 use super::structures::TpmtPublic;
-use super::trust::{AkFingerprint, AkKey, AkTrustError, AttributeRule, CHAIN_ALGS};
+use super::trust::{
+    AkChainWalk, AkFingerprint, AkKey, AkTrustError, AttributeRule, TCG_KP_AIK_CERTIFICATE,
+};
 use crate::ValidationError;
 
-/// `tcg-kp-AIKCertificate` (2.23.133.8.3), DER value of the OID.
-const TCG_KP_AIK_CERTIFICATE: &[u8] = &[0x67, 0x81, 0x05, 0x08, 0x03];
 /// `tcg-kp-EKCertificate` (2.23.133.8.1): Google's vTPM CA puts it on AK certificates and on
 /// its intermediates.
 const TCG_KP_EK_CERTIFICATE: &[u8] = &[0x67, 0x81, 0x05, 0x08, 0x01];
@@ -168,58 +168,21 @@ impl CloudAkCa {
         now: SystemTime,
     ) -> Result<(), ValidationError> {
         let untrusted = |m: String| ValidationError::UntrustedKey(m);
-        let (leaf, sent) = chain.split_first().ok_or_else(|| {
-            untrusted("the evidence carries no AK certificate (cloud vTPM CA policy)".into())
-        })?;
-        let leaf_der = CertificateDer::from(leaf.as_slice());
-        let end_entity = webpki::EndEntityCert::try_from(&leaf_der)
-            .map_err(|e| untrusted(format!("AK certificate does not parse: {e}")))?;
-        let intermediates: Vec<CertificateDer<'_>> = sent
-            .iter()
-            .chain(&self.intermediates)
-            .map(|c| CertificateDer::from(c.as_slice()))
-            .collect();
         let anchors: Vec<TrustAnchor<'_>> = self.roots.iter().map(|r| r.anchor.clone()).collect();
-        let secs = now
-            .duration_since(UNIX_EPOCH)
-            .map_err(|_| untrusted("system clock is before 1970".into()))?;
-        let time = UnixTime::since_unix_epoch(secs);
-
-        let mut path = None;
-        for eku in [TCG_KP_AIK_CERTIFICATE, TCG_KP_EK_CERTIFICATE] {
-            match end_entity.verify_for_usage(
-                CHAIN_ALGS,
-                &anchors,
-                &intermediates,
-                time,
-                webpki::KeyUsage::required_if_present(eku),
-                None,
-                None,
-            ) {
-                Ok(p) => {
-                    path = Some(p);
-                    break;
-                }
-                #[allow(deprecated)]
-                Err(webpki::Error::RequiredEkuNotFound)
-                | Err(webpki::Error::RequiredEkuNotFoundContext(_)) => continue,
-                Err(e) => {
-                    return Err(untrusted(format!(
-                        "AK certificate chain to the cloud's vTPM CA is not trusted: {e}"
-                    )));
-                }
-            }
+        let used = AkChainWalk {
+            anchors: &anchors,
+            extra_intermediates: &self.intermediates,
+            ekus: &[TCG_KP_AIK_CERTIFICATE, TCG_KP_EK_CERTIFICATE],
+            missing: "the evidence carries no AK certificate (cloud vTPM CA policy)",
+            untrusted: "AK certificate chain to the cloud's vTPM CA is not trusted",
+            no_eku: "AK certificate chain to the cloud's vTPM CA is not trusted: a certificate's \
+                     extended key usage names neither AIK (2.23.133.8.3) nor the vTPM CA's \
+                     2.23.133.8.1",
         }
-        let path = path.ok_or_else(|| {
-            untrusted(
-                "AK certificate chain to the cloud's vTPM CA is not trusted: a certificate's \
-                 extended key usage names neither AIK (2.23.133.8.3) nor the vTPM CA's \
-                 2.23.133.8.1"
-                    .into(),
-            )
-        })?;
-
-        let used = path.anchor();
+        .verify(chain, ak, now)?;
+        let leaf = chain
+            .first()
+            .ok_or_else(|| untrusted("no AK certificate".into()))?;
         let root = self
             .roots
             .iter()
@@ -251,12 +214,6 @@ impl CloudAkCa {
                 "the AK certificate's keyUsage {} lacks digitalSignature",
                 usage.value
             )));
-        }
-
-        if leaf_cert.public_key().raw != ak.spki_der().as_slice() {
-            return Err(untrusted(
-                "the AK certificate's public key is not the key in ak_public".into(),
-            ));
         }
         Ok(())
     }

@@ -42,7 +42,7 @@ pub const AK_ATTRIBUTES: u32 = REQUIRED_AK_ATTRIBUTES
     | ObjectAttributes::NO_DA;
 
 /// `tcg-kp-AIKCertificate` (2.23.133.8.3), DER value of the OID.
-const TCG_KP_AIK_CERTIFICATE: &[u8] = &[0x67, 0x81, 0x05, 0x08, 0x03];
+pub(super) const TCG_KP_AIK_CERTIFICATE: &[u8] = &[0x67, 0x81, 0x05, 0x08, 0x03];
 
 /// SHA-256 of an AK's `TPMT_PUBLIC` bytes: what [`AkTrust::Pinned`] pins, and the
 /// identity a verified quote reports.
@@ -188,37 +188,88 @@ impl PlatformCa {
         ak: &AkKey,
         now: SystemTime,
     ) -> Result<(), ValidationError> {
+        let walk = AkChainWalk {
+            anchors: &self.roots,
+            extra_intermediates: &[],
+            ekus: &[TCG_KP_AIK_CERTIFICATE],
+            missing: "the evidence carries no AK certificate chain (platform CA policy)",
+            untrusted: "AK certificate chain is not trusted",
+            no_eku: "AK certificate chain is not trusted: a certificate's extended key usage \
+                     does not name AIK (2.23.133.8.3)",
+        };
+        walk.verify(chain, ak, now).map(|_| ())
+    }
+}
+
+/// One walk of an AK certificate chain, shared by the platform CA and cloud vTPM CA
+/// policies: the chain (leaf first, as the evidence carries it) must reach one of `anchors`
+/// through the chain's own certificates and `extra_intermediates`, every certificate's
+/// extended key usage allowing one of `ekus` (tried in order), and the leaf's public key
+/// must be exactly the AK's. The messages name the policy.
+pub(super) struct AkChainWalk<'a> {
+    pub anchors: &'a [TrustAnchor<'a>],
+    pub extra_intermediates: &'a [Vec<u8>],
+    pub ekus: &'a [&'static [u8]],
+    /// The refusal when the evidence carries no certificate.
+    pub missing: &'static str,
+    /// The prefix of a refusal by the path builder.
+    pub untrusted: &'static str,
+    /// The refusal when no certificate's EKU allows any of `ekus`.
+    pub no_eku: &'static str,
+}
+
+impl AkChainWalk<'_> {
+    /// Walks `chain` for `ak` at `now`; returns the trust anchor the path ended at.
+    pub(super) fn verify(
+        &self,
+        chain: &[Vec<u8>],
+        ak: &AkKey,
+        now: SystemTime,
+    ) -> Result<TrustAnchor<'static>, ValidationError> {
         let untrusted = |m: String| ValidationError::UntrustedKey(m);
-        let (leaf, intermediates) = chain.split_first().ok_or_else(|| {
-            untrusted("the evidence carries no AK certificate chain (platform CA policy)".into())
-        })?;
+        let (leaf, sent) = chain
+            .split_first()
+            .ok_or_else(|| untrusted(self.missing.into()))?;
         let leaf_der = CertificateDer::from(leaf.as_slice());
         let leaf_cert = webpki::EndEntityCert::try_from(&leaf_der)
             .map_err(|e| untrusted(format!("AK certificate does not parse: {e}")))?;
-        let intermediates: Vec<CertificateDer<'_>> = intermediates
+        let intermediates: Vec<CertificateDer<'_>> = sent
             .iter()
+            .chain(self.extra_intermediates)
             .map(|c| CertificateDer::from(c.as_slice()))
             .collect();
         let secs = now
             .duration_since(UNIX_EPOCH)
             .map_err(|_| untrusted("system clock is before 1970".into()))?;
-        leaf_cert
-            .verify_for_usage(
+        let time = UnixTime::since_unix_epoch(secs);
+        let mut anchor = None;
+        for &eku in self.ekus {
+            match leaf_cert.verify_for_usage(
                 CHAIN_ALGS,
-                &self.roots,
+                self.anchors,
                 &intermediates,
-                UnixTime::since_unix_epoch(secs),
-                webpki::KeyUsage::required_if_present(TCG_KP_AIK_CERTIFICATE),
+                time,
+                webpki::KeyUsage::required_if_present(eku),
                 None,
                 None,
-            )
-            .map_err(|e| untrusted(format!("AK certificate chain is not trusted: {e}")))?;
+            ) {
+                Ok(path) => {
+                    anchor = Some(path.anchor().to_owned());
+                    break;
+                }
+                #[allow(deprecated)]
+                Err(webpki::Error::RequiredEkuNotFound)
+                | Err(webpki::Error::RequiredEkuNotFoundContext(_)) => continue,
+                Err(e) => return Err(untrusted(format!("{}: {e}", self.untrusted))),
+            }
+        }
+        let anchor = anchor.ok_or_else(|| untrusted(self.no_eku.into()))?;
         if leaf_cert.subject_public_key_info().as_ref() != ak.spki_der().as_slice() {
             return Err(untrusted(
                 "the AK certificate's public key is not the key in ak_public".into(),
             ));
         }
-        Ok(())
+        Ok(anchor)
     }
 }
 

@@ -442,8 +442,8 @@ impl TdxVerifier {
         ex.push(Check::pass_if(
             bound,
             "qe_report.report_data",
-            hex::encode(want),
-            hex::encode(observed),
+            crate::explain::lower_hex(&want),
+            crate::explain::lower_hex(&observed),
         ));
         if !bound {
             return Err(ValidationError::BadSignature(

@@ -303,8 +303,8 @@ impl Server {
         cpu_of(&self.child.id().to_string())
     }
 
-    /// `VmHWM` (peak resident set) and `VmRSS`, in KiB.
-    fn memory_kib(&self) -> (u64, u64) {
+    /// The process's memory now, from `/proc/PID/status`.
+    fn memory(&self) -> Memory {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
         let field = |name: &str| -> u64 {
             status
@@ -314,7 +314,38 @@ impl Server {
                 .and_then(|v| v.parse().ok())
                 .unwrap()
         };
-        (field("VmHWM:"), field("VmRSS:"))
+        Memory {
+            hwm_kib: field("VmHWM:"),
+            rss_kib: field("VmRSS:"),
+            anon_kib: field("RssAnon:"),
+            file_kib: field("RssFile:"),
+            threads: field("Threads:"),
+        }
+    }
+}
+
+/// A process's resident memory, split into what its heap and stacks hold (anonymous) and
+/// what its mapped files hold (the binary's code and data, the shared libraries).
+struct Memory {
+    hwm_kib: u64,
+    rss_kib: u64,
+    anon_kib: u64,
+    file_kib: u64,
+    threads: u64,
+}
+
+impl std::fmt::Display for Memory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mib = |kib: u64| kib as f64 / 1024.0;
+        write!(
+            f,
+            "peak (VmHWM) {:.1} MiB, now (VmRSS) {:.1} MiB = heap and stacks {:.1} MiB + mapped files {:.1} MiB; {} threads",
+            mib(self.hwm_kib),
+            mib(self.rss_kib),
+            mib(self.anon_kib),
+            mib(self.file_kib),
+            self.threads
+        )
     }
 }
 
@@ -594,6 +625,7 @@ fn main() {
         }
 
         let mut join_runs = Vec::new();
+        let idle = service.memory();
         let warm = nodes.jobs(0..WARM_UP, addr);
         measure("warm-up".into(), &service, Arrivals::Burst, warm).await;
         for (n, (label, arrivals)) in schedule.iter().enumerate() {
@@ -601,7 +633,7 @@ fn main() {
             let jobs = nodes.jobs(first..first + k, addr);
             join_runs.push(measure(format!("join, {label}"), &service, *arrivals, jobs).await);
         }
-        let (hwm, rss) = service.memory_kib();
+        let loaded = service.memory();
         stop(service);
 
         // The baseline server.
@@ -623,6 +655,7 @@ fn main() {
             let jobs = baseline_jobs(k, &url);
             base_runs.push(measure(format!("baseline, {label}"), &baseline, *arrivals, jobs).await);
         }
+        let baseline_memory = baseline.memory();
         let mut baseline = baseline;
         drop(baseline.child.stdin.take());
         baseline.child.wait().unwrap();
@@ -643,10 +676,8 @@ fn main() {
                 j.percentile(0.99).as_secs_f64() / b.percentile(0.99).as_secs_f64(),
             );
         }
-        println!(
-            "  join service memory after its runs: peak (VmHWM) {:.1} MiB, now (VmRSS) {:.1} MiB",
-            hwm as f64 / 1024.0,
-            rss as f64 / 1024.0
-        );
+        println!("  join service memory, started and idle: {idle}");
+        println!("  join service memory after its runs:     {loaded}");
+        println!("  baseline server memory after its runs:  {baseline_memory}");
     });
 }

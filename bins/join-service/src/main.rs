@@ -458,7 +458,13 @@ fn main() -> ExitCode {
         "asterism_metadata",
         "asterism_kube_api",
     ]);
+    // The store's reads and writes run on blocking threads. Its writes take one lock, so a
+    // burst of joiners would otherwise start up to tokio's default of 512 threads that
+    // wait on it, each with its stack and, in glibc, its own malloc arena (42 threads and
+    // 18 MiB of heap after a 256-joiner burst; docs/performance.md). Eight keep the reads
+    // concurrent.
     let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .max_blocking_threads(8)
         .enable_all()
         .build()
     {

@@ -22,6 +22,8 @@ pub const TOKEN_TTL: Duration = Duration::from_secs(15 * 60);
 /// A stored token is handed out again while it has at least this long left.
 pub const TOKEN_MIN_REMAINING: Duration = Duration::from_secs(5 * 60);
 
+/// The most the store's page cache holds in memory (redb's default allows 1 GiB).
+const STORE_CACHE_BYTES: usize = 4 << 20;
 const MEMBERS: TableDefinition<&str, &[u8]> = TableDefinition::new("members");
 const DISKS: TableDefinition<&str, &[u8]> = TableDefinition::new("disk_bindings");
 const TOKENS: TableDefinition<&str, &[u8]> = TableDefinition::new("bootstrap_tokens");
@@ -411,7 +413,11 @@ impl RedbState {
             .create(dir)
             .map_err(|e| StateError::store_caused(format!("creating {}", dir.display()), e))?;
         let path = dir.join(Self::FILE_NAME);
-        let db = Database::create(&path)
+        // redb's default cache may grow to 1 GiB; the store is a few kilobytes per member,
+        // and what the cache does not hold the kernel's page cache does.
+        let db = redb::Builder::new()
+            .set_cache_size(STORE_CACHE_BYTES)
+            .create(&path)
             .map_err(|e| StateError::store_caused(format!("opening {}", path.display()), e))?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
             .map_err(|e| StateError::store_caused(format!("restricting {}", path.display()), e))?;

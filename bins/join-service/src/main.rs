@@ -458,23 +458,7 @@ fn main() -> ExitCode {
         "asterism_metadata",
         "asterism_kube_api",
     ]);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot start the async runtime");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(args)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!(error = format!("{e:#}"), "join service failed");
-            ExitCode::FAILURE
-        }
-    }
+    asterism_binkit::service::main("join service", run(args))
 }
 
 #[cfg(test)]

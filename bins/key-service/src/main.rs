@@ -198,21 +198,5 @@ fn main() -> ExitCode {
         "asterism_atls",
         "asterism_attestation",
     ]);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(err) => {
-            tracing::error!(error = %err, "cannot start the async runtime");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(args)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            tracing::error!(error = format!("{err:#}"), "key service failed");
-            ExitCode::FAILURE
-        }
-    }
+    asterism_binkit::service::main("key service", run(args))
 }

@@ -151,22 +151,5 @@ fn main() -> std::process::ExitCode {
         asterism_binkit::LogFormat::Human,
         &asterism_binkit::logging::directives("info"),
     );
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot start the runtime");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    match rt.block_on(run(args)) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!(error = format!("{e:#}"), "verify service failed");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    asterism_binkit::service::Runtime::with_worker_threads(2).main("verify service", run(args))
 }

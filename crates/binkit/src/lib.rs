@@ -14,6 +14,7 @@ pub mod fs;
 pub mod logging;
 pub mod measurements;
 pub mod ratelimit;
+pub mod service;
 pub mod signal;
 
 pub use ak_trust::AkTrustArgs;

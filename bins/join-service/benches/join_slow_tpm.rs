@@ -37,7 +37,7 @@ mod common;
 use asterism_atls::{AtlsConfig, AtlsConnector, AtlsServer, Issuer, SessionKeyIssuer};
 use asterism_attestation::{AkFingerprint, AkTrust, IssueError, ReportData, TpmQuoteValidator};
 use asterism_join_service::{
-    JoinConfig, JoinService, KeyServiceAddress, KeyServiceClient, Limits, Metrics, RedbState,
+    JoinConfig, JoinService, KeyServiceAddress, KeyServiceClient, LIMITS, Metrics, RedbState,
 };
 use asterism_metadata::{HttpMetadata, InstanceMetadata, MetadataConfig, MetadataServer, Role};
 use asterism_proto::join::IssueJoinTicketRequest;
@@ -167,7 +167,7 @@ async fn run(service_tpm: &TpmNode, delay: Duration, refresh: Duration) -> Run {
     let addr = listener.local_addr().unwrap();
     let rx = stop_rx.clone();
     let grpc = tokio::spawn(async move {
-        asterism_join_service::serve(listener, atls, service, &Limits::default(), stopped(rx))
+        asterism_join_service::serve(listener, atls, service, &LIMITS, stopped(rx))
             .await
             .unwrap();
     });

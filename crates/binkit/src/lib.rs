@@ -11,6 +11,7 @@
 
 pub mod ak_trust;
 pub mod fs;
+pub mod grpc;
 pub mod logging;
 pub mod measurements;
 pub mod ratelimit;

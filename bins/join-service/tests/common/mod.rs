@@ -13,8 +13,8 @@ use asterism_attestation::{
     AkFingerprint, AkTrust, ExpectedPcr, Measurements, PcrIndex, TpmQuoteValidator,
 };
 use asterism_join_service::{
-    ClusterState, JoinConfig, JoinService, KeyServiceAddress, KeyServiceClient, Limits, Metrics,
-    RedbState,
+    ClusterState, JoinConfig, JoinService, KeyServiceAddress, KeyServiceClient, LIMITS, Limits,
+    Metrics, RedbState,
 };
 use asterism_kms::{ClusterKms, KeyId, MasterSecret, Salt};
 use asterism_metadata::{HttpMetadata, InstanceMetadata, MetadataConfig, MetadataServer, Role};
@@ -110,12 +110,8 @@ impl Cluster {
         let service = asterism_key_service::KeyService::new(kms());
         let rx = stop_rx.clone();
         tokio::spawn(async move {
-            ks.serve(
-                service,
-                &asterism_key_service::Limits::default(),
-                stopped(rx),
-            )
-            .await
+            ks.serve(service, &asterism_key_service::LIMITS, stopped(rx))
+                .await
         });
         Self {
             dir,
@@ -281,8 +277,8 @@ pub async fn start_join_service_with<S: ClusterState>(
     let rx1 = rx.clone();
     let grpc = tokio::spawn(async move {
         let limits = Limits {
-            shutdown_grace: Duration::from_secs(1),
-            ..Limits::default()
+            shutdown_grace: Some(Duration::from_secs(1)),
+            ..LIMITS
         };
         asterism_join_service::serve(listener, atls, s, &limits, stopped(rx1))
             .await

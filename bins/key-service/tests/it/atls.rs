@@ -50,7 +50,7 @@ async fn start_attested(service: KeyService) -> String {
         serve_with_limits(
             server.incoming(listener),
             service,
-            &Limits::default(),
+            &LIMITS,
             std::future::pending(),
         )
         .await
@@ -94,7 +94,7 @@ async fn the_attested_only_handler_refuses_an_unattested_connection() {
         serve_with_limits(
             tokio_stream::wrappers::TcpListenerStream::new(listener),
             KeyService::attested_only(zero_kms()),
-            &Limits::default(),
+            &LIMITS,
             std::future::pending(),
         )
         .await

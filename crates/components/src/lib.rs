@@ -31,6 +31,7 @@ use std::path::{Component as PathPart, Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use asterism_basics::error_chain;
 use bytes::Bytes;
 use http::{StatusCode, Uri};
 use http_body_util::{BodyExt as _, Empty};
@@ -773,17 +774,6 @@ impl Installer {
         progress.done(received);
         Ok(Sha256Hash::from_bytes(hasher.finalize().into()))
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(inner) = cur {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        cur = inner.source();
-    }
-    s
 }
 
 /// Resolves a `Location` header against the request URI (absolute, or an absolute path).

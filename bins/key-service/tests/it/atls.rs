@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use crate::common::*;
 use asterism_atls::attestation::test_ed25519::{InsecureTestIssuer, InsecureTestValidator};
 use asterism_atls::{AtlsConfig, AtlsConnector, AtlsServer};
-use asterism_key_service::{KeyService, Limits, serve_with_limits};
+use asterism_key_service::{KeyService, LIMITS, serve_with_limits};
 use asterism_kms::{ClusterKms, MasterSecret, Salt};
 use asterism_proto::kms::api_client::ApiClient;
 use tokio::net::TcpListener;

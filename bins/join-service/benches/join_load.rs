@@ -43,7 +43,7 @@
 mod common;
 
 use asterism_atls::Issuer;
-use asterism_metadata::{InstanceMetadata, MetadataConfig, MetadataServer, Role};
+use asterism_metadata::{MetadataConfig, MetadataServer, Role};
 use asterism_proto::kms::api_client::ApiClient as KmsClient;
 use asterism_proto::kms::api_server::{Api, ApiServer};
 use asterism_proto::kms::{
@@ -401,14 +401,6 @@ fn baseline_jobs(n: usize, url: &str) -> Vec<impl Future<Output = ()> + Send + '
         .collect()
 }
 
-fn free_port(ip: &str) -> u16 {
-    std::net::TcpListener::bind(format!("{ip}:0"))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn stop(mut server: Server) {
     let status = Command::new("kill")
         .args(["-TERM", &server.child.id().to_string()])
@@ -458,13 +450,7 @@ fn main() {
         let listener = TcpListener::bind("127.0.10.254:0").await.unwrap();
         let metadata_url = format!("http://{}", listener.local_addr().unwrap());
         let instances = (0..total)
-            .map(|i| InstanceMetadata {
-                name: format!("node-{i}"),
-                provider_id: format!("asterism-local:///node-{i}"),
-                role: Role::Worker,
-                vpc_ip: node_ip(i),
-                ..Default::default()
-            })
+            .map(|i| asterism_testkit::metadata::instance(&format!("node-{i}"), Role::Worker, node_ip(i)))
             .collect();
         tokio::spawn(
             MetadataServer::new(MetadataConfig {
@@ -490,7 +476,7 @@ fn main() {
         let dir = cluster.dir.path();
         std::fs::write(dir.join("salt"), SALT).unwrap();
         std::fs::write(dir.join("measurements.json"), zero_measurements().to_json()).unwrap();
-        let listen = format!("{CP}:{}", free_port(CP));
+        let listen = format!("{CP}:{}", asterism_testkit::process::free_port(CP));
         let log = std::fs::File::create(dir.join("join-service.log")).unwrap();
         let binary = std::env::var_os("JOIN_BENCH_SERVICE_BIN")
             .unwrap_or_else(|| env!("CARGO_BIN_EXE_asterism-join-service").into());

@@ -38,6 +38,7 @@ pub fn token0(image: &Path) -> String {
         .arg(image)
         .output()
         .expect("running cryptsetup");
+    assert!(out.status.success(), "cryptsetup token export: {out:?}");
     String::from_utf8(out.stdout).expect("cryptsetup prints UTF-8")
 }
 

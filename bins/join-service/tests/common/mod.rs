@@ -5,6 +5,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +22,7 @@ use asterism_metadata::{HttpMetadata, InstanceMetadata, MetadataConfig, Metadata
 use asterism_pki::{ClusterCa, kubelet_key_and_csr};
 use asterism_proto::join::api_client::ApiClient;
 use asterism_proto::join::{IssueJoinTicketRequest, IssueJoinTicketResponse};
+use asterism_testkit::process::Process;
 use hyper_util::rt::TokioIo;
 use tokio::sync::watch;
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -33,14 +35,7 @@ pub const DISK_B: &str = "bbbbbbbb-0000-4000-8000-00000000000b";
 pub const SALT: &[u8] = b"measurement salt of 32 bytes....";
 
 pub fn instances() -> Vec<InstanceMetadata> {
-    let mk = |name: &str, role, ip: &str| InstanceMetadata {
-        name: name.into(),
-        provider_id: format!("asterism-local:///{name}"),
-        role,
-        vpc_ip: ip.into(),
-        secondary_ip_range: String::new(),
-        alias_ip_ranges: vec![],
-    };
+    let mk = asterism_testkit::metadata::instance;
     vec![
         mk("cp-0", Role::ControlPlane, CP),
         mk("worker-0", Role::Worker, W0),
@@ -382,4 +377,45 @@ pub fn soft_node() -> (Arc<dyn Issuer>, AkFingerprint) {
 
 pub fn path_str(p: &Path) -> String {
     p.display().to_string()
+}
+
+/// worker-0's join ticket from the join service at `addr`, once it answers (30 s at most).
+pub async fn first_ticket(addr: SocketAddr, node: Arc<dyn Issuer>) -> IssueJoinTicketResponse {
+    let start = std::time::Instant::now();
+    loop {
+        match join(
+            addr,
+            W0,
+            node.clone(),
+            join_request("worker-0", W0, DISK_A, false),
+        )
+        .await
+        {
+            Ok(t) => break t,
+            Err(e) if start.elapsed() > Duration::from_secs(30) => panic!("{e:?}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// Sends SIGTERM to the join service process and waits (20 s at most) for it to end;
+/// returns its status and its log. The wait blocks a thread of its own, not the runtime.
+pub async fn stop(process: Process) -> (ExitStatus, String) {
+    tokio::task::spawn_blocking(move || {
+        let mut process = process;
+        process.stop(Duration::from_secs(20))
+    })
+    .await
+    .unwrap()
+}
+
+/// Waits (20 s at most) for the join service process to end; returns its status and its
+/// log.
+pub async fn wait(process: Process) -> (ExitStatus, String) {
+    tokio::task::spawn_blocking(move || {
+        let mut process = process;
+        process.wait(Duration::from_secs(20))
+    })
+    .await
+    .unwrap()
 }

@@ -95,12 +95,18 @@ impl Process {
         }
     }
 
-    /// Sends SIGTERM.
+    /// Whether the process has exited.
+    pub fn has_exited(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_some()
+    }
+
+    /// Sends SIGTERM (with the shell's built-in `kill`, so that no separate package is
+    /// needed).
     pub fn terminate(&self) {
-        let status = Command::new("kill")
-            .args(["-TERM", &self.id().to_string()])
+        let status = Command::new("sh")
+            .args(["-c", "kill -TERM \"$1\"", "sh", &self.id().to_string()])
             .status()
-            .expect("running kill");
+            .expect("running sh");
         assert!(status.success(), "kill -TERM {}", self.id());
     }
 
@@ -122,10 +128,16 @@ impl Process {
             }
             std::thread::sleep(Duration::from_millis(20));
         };
-        // The pipe closes with the process (unless it left a child holding it): the reader
-        // takes the last lines.
+        // The pipe closes with the process, and the reader takes the last lines; unless the
+        // process left a child holding the pipe, which is not waited for beyond 2 s.
         if let Some(reader) = self.reader.take() {
-            let _ = reader.join();
+            let start = Instant::now();
+            while !reader.is_finished() && start.elapsed() < Duration::from_secs(2) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if reader.is_finished() {
+                let _ = reader.join();
+            }
         }
         (status, self.stderr())
     }

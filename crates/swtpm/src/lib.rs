@@ -53,11 +53,13 @@
 //! live swtpm on it.
 //!
 //! One module per concern: `config` (the directories and the port), `manufacture`
-//! (`swtpm_setup`), `process` (starting, finding, stopping) and `error`.
+//! (`swtpm_setup`), `process` (starting, finding, stopping), `files` (what the two share)
+//! and `error`.
 #![forbid(unsafe_code)]
 
 mod config;
 mod error;
+mod files;
 mod manufacture;
 mod process;
 

@@ -1,18 +1,16 @@
 //! Manufacturing a TPM state with `swtpm_setup`: EKs, their certificates signed by a
 //! manufacturer CA, the PCR banks.
 
-use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use tracing::{debug, info};
 
 use crate::config::existing_dir;
 use crate::error::{SwtpmError, invalid, io_error};
-use crate::process::tail;
+use crate::files::{tail, write_atomically};
 use crate::{SETUP_LOG_FILE, check_swtpm_installed, has_tpm_state};
 
 /// A PCR bank to allocate when manufacturing.
@@ -168,24 +166,6 @@ pub fn manufacture(state_dir: &Path, options: &ManufactureOptions) -> Result<(),
             log: tail(&log),
         })
     }
-}
-
-/// Writes `contents` to `path` through a temporary file in the same directory and a rename,
-/// so a concurrent reader sees the old or the new file, never a partial one.
-pub(crate) fn write_atomically(path: &Path, contents: &[u8]) -> Result<(), SwtpmError> {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let mut name = path.file_name().unwrap_or(OsStr::new("file")).to_owned();
-    name.push(format!(
-        ".tmp.{}.{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    ));
-    let temp = path.with_file_name(name);
-    fs::write(&temp, contents).map_err(io_error(format!("writing {}", temp.display())))?;
-    fs::rename(&temp, path).map_err(|error| {
-        let _ = fs::remove_file(&temp);
-        io_error(format!("replacing {}", path.display()))(error)
-    })
 }
 
 #[cfg(test)]

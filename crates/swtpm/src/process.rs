@@ -16,7 +16,7 @@ use tracing::{debug, info, warn};
 use crate::check_swtpm_installed;
 use crate::config::SwtpmConfig;
 use crate::error::{SwtpmError, io_error};
-use crate::manufacture::write_atomically;
+use crate::files::{tail, write_atomically};
 
 /// How long swtpm may take to bind its ports and answer on its control channel.
 pub(crate) const START_TIMEOUT: Duration = Duration::from_secs(10);
@@ -546,14 +546,6 @@ pub(crate) fn free_port_pair() -> Result<u16, SwtpmError> {
         what: "finding two adjacent free ports".to_owned(),
         source: io::Error::from(io::ErrorKind::AddrInUse),
     })
-}
-
-/// The last lines of a log file, for error messages.
-pub(crate) fn tail(path: &Path) -> String {
-    let text = fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    let skip = lines.len().saturating_sub(20);
-    lines.into_iter().skip(skip).collect::<Vec<_>>().join("\n")
 }
 
 #[cfg(test)]

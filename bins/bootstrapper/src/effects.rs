@@ -281,18 +281,7 @@ impl ApiServerEndpoint {
         }
         let (host, port) = text.rsplit_once(':').ok_or_else(bad)?;
         let port_ok = port.parse::<u16>().is_ok_and(|p| p != 0);
-        let host_ok = !host.is_empty()
-            && host.len() <= 253
-            && host.split('.').all(|label| {
-                !label.is_empty()
-                    && label.len() <= 63
-                    && !label.starts_with('-')
-                    && !label.ends_with('-')
-                    && label
-                        .bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || b == b'-')
-            });
-        if port_ok && host_ok {
+        if port_ok && asterism_basics::is_host_name(host) {
             Ok(Self(text.to_owned()))
         } else {
             Err(bad())

@@ -754,25 +754,11 @@ fn main() -> ExitCode {
     let args = Args::parse();
     let logs = LogBuffer::new(args.log_buffer_kib.saturating_mul(1024));
     init_logging(args.log_format, args.verbose, &logs);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(err) => {
-            tracing::error!(error = %err, "cannot start the async runtime");
-            return ExitCode::from(asterism_bootstrapper::EXIT_FAILED);
-        }
-    };
-    let code = match runtime.block_on(run(args, logs)) {
-        Ok(code) => code,
-        Err(err) => {
-            tracing::error!(error = format!("{err:#}"), "bootstrapper failed");
-            asterism_bootstrapper::EXIT_FAILED
-        }
-    };
+    // A failure exits with 1: `EXIT_FAILED`.
+    const _: () = assert!(asterism_bootstrapper::EXIT_FAILED == 1);
+    let code = asterism_binkit::service::main("bootstrapper", run(args, logs));
     log_peak_memory();
-    ExitCode::from(code)
+    code
 }
 
 /// Logs the process's peak resident memory (`VmHWM`), for the performance figures.

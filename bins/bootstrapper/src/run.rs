@@ -8,11 +8,13 @@ use std::time::Duration;
 
 use asterism_atls::{AtlsConfig, AtlsServer};
 use asterism_binkit::error_chain;
+use asterism_binkit::grpc::{self, Limits};
 use asterism_kms::ClusterId;
 use asterism_metadata::Metadata;
 use asterism_proto::init::api_server::ApiServer;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
+use tonic::service::Routes;
 use tracing::{error, info, warn};
 
 use crate::boot::{Boot, boot_phase};
@@ -212,10 +214,8 @@ async fn rejoin_or_recover<M: Metadata + 'static>(
         }
     };
     let mut server_task = tokio::spawn(async move {
-        if let Err(e) = tonic::transport::Server::builder()
-            .add_service(service.into_server())
-            .serve_with_incoming_shutdown(incoming, server_shutdown)
-            .await
+        let routes = Routes::new(service.into_server());
+        if let Err(e) = grpc::serve(incoming, routes, &RECOVERY_GRPC_LIMITS, server_shutdown).await
         {
             error!(error = %error_chain(&e), "the recovery server failed");
         }
@@ -335,11 +335,8 @@ async fn bootstrap<M: Metadata + 'static>(
     );
     let server_events = events_tx.clone();
     let mut server_task = tokio::spawn(async move {
-        let served = tonic::transport::Server::builder()
-            .http2_keepalive_interval(Some(Duration::from_secs(15)))
-            .add_service(ApiServer::new(service))
-            .serve_with_incoming_shutdown(incoming, init_shutdown)
-            .await;
+        let routes = Routes::new(ApiServer::new(service));
+        let served = grpc::serve(incoming, routes, &INIT_GRPC_LIMITS, init_shutdown).await;
         let _ = server_events.send(Event::ServerDone(served));
     });
     info!(step = "serve", listen = %addr, "InitServer listening (aTLS, the node attests)");
@@ -440,6 +437,19 @@ fn limited_incoming(
         }
     })
 }
+
+/// The gRPC caps of the recovery server: tonic's own. Its caps sit in front of it: aTLS's
+/// handshake slots and the per-peer limiter of [`limited_incoming`].
+const RECOVERY_GRPC_LIMITS: Limits = Limits::TONIC_DEFAULTS;
+
+/// The gRPC caps of the InitServer: those of the recovery server, with a keepalive ping
+/// every 15 s, so that the connection of an `Init` call, open for as long as `kubeadm
+/// init` takes, is not dropped as idle on the way. No request deadline, for the same
+/// reason.
+const INIT_GRPC_LIMITS: Limits = Limits {
+    keepalive_interval: Some(Duration::from_secs(15)),
+    ..RECOVERY_GRPC_LIMITS
+};
 
 /// The aTLS configuration of the InitServer and the recovery server: the node attests,
 /// with the handshake slots of `limits`.

@@ -43,7 +43,7 @@
 mod common;
 
 use asterism_atls::Issuer;
-use asterism_metadata::{InstanceMetadata, MetadataConfig, MetadataServer, Role};
+use asterism_metadata::{MetadataConfig, MetadataServer, Role};
 use asterism_proto::kms::api_client::ApiClient as KmsClient;
 use asterism_proto::kms::api_server::{Api, ApiServer};
 use asterism_proto::kms::{
@@ -52,7 +52,6 @@ use asterism_proto::kms::{
 };
 use asterism_soft_tpm::{SoftAk, SoftTpm};
 use common::*;
-use hyper_util::rt::TokioIo;
 use std::future::Future;
 use std::io::BufRead as _;
 use std::net::SocketAddr;
@@ -199,74 +198,6 @@ fn baseline_server() {
         .await
         .unwrap();
     });
-}
-
-fn plain_connector() -> impl tower::Service<
-    http::Uri,
-    Response = TokioIo<tokio_rustls::client::TlsStream<TcpStream>>,
-    Error = std::io::Error,
-    Future = impl Send,
-> + Clone
-+ Send
-+ 'static {
-    // The baseline trusts the server certificate by an accept-any verifier that still
-    // checks the handshake signature, as aTLS does with its ephemeral certificates.
-    #[derive(Debug)]
-    struct AnyCert(rustls::crypto::WebPkiSupportedAlgorithms);
-    impl rustls::client::danger::ServerCertVerifier for AnyCert {
-        fn verify_server_cert(
-            &self,
-            _: &rustls::pki_types::CertificateDer<'_>,
-            _: &[rustls::pki_types::CertificateDer<'_>],
-            _: &rustls::pki_types::ServerName<'_>,
-            _: &[u8],
-            _: rustls::pki_types::UnixTime,
-        ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-            Ok(rustls::client::danger::ServerCertVerified::assertion())
-        }
-        fn verify_tls12_signature(
-            &self,
-            _: &[u8],
-            _: &rustls::pki_types::CertificateDer<'_>,
-            _: &rustls::DigitallySignedStruct,
-        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-            Err(rustls::Error::General("no TLS 1.2".into()))
-        }
-        fn verify_tls13_signature(
-            &self,
-            m: &[u8],
-            c: &rustls::pki_types::CertificateDer<'_>,
-            d: &rustls::DigitallySignedStruct,
-        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-            rustls::crypto::verify_tls13_signature(m, c, d, &self.0)
-        }
-        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-            self.0.supported_schemes()
-        }
-    }
-    let p = provider();
-    let algs = p.signature_verification_algorithms;
-    let mut cfg = rustls::ClientConfig::builder_with_provider(p)
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AnyCert(algs)))
-        .with_no_client_auth();
-    cfg.alpn_protocols = vec![b"h2".to_vec()];
-    cfg.resumption = rustls::client::Resumption::disabled();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
-    tower::service_fn(move |uri: http::Uri| {
-        let connector = connector.clone();
-        async move {
-            let authority = uri.authority().unwrap().as_str().to_string();
-            let tcp = TcpStream::connect(authority).await?;
-            tcp.set_nodelay(true)?;
-            let tls = connector
-                .connect("localhost".try_into().unwrap(), tcp)
-                .await?;
-            Ok::<_, std::io::Error>(TokioIo::new(tls))
-        }
-    })
 }
 
 // --- measuring ---
@@ -477,7 +408,9 @@ impl Nodes {
 }
 
 fn baseline_jobs(n: usize, url: &str) -> Vec<impl Future<Output = ()> + Send + 'static + use<>> {
-    let connector = plain_connector();
+    // Any server certificate, the handshake signature still checked, as aTLS does with
+    // its ephemeral certificates.
+    let connector = asterism_testkit::tls::h2_connector();
     (0..n)
         .map(|_| {
             let (url, connector) = (url.to_owned(), connector.clone());
@@ -497,14 +430,6 @@ fn baseline_jobs(n: usize, url: &str) -> Vec<impl Future<Output = ()> + Send + '
             }
         })
         .collect()
-}
-
-fn free_port(ip: &str) -> u16 {
-    std::net::TcpListener::bind(format!("{ip}:0"))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn stop(mut server: Server) {
@@ -556,13 +481,7 @@ fn main() {
         let listener = TcpListener::bind("127.0.10.254:0").await.unwrap();
         let metadata_url = format!("http://{}", listener.local_addr().unwrap());
         let instances = (0..total)
-            .map(|i| InstanceMetadata {
-                name: format!("node-{i}"),
-                provider_id: format!("asterism-local:///node-{i}"),
-                role: Role::Worker,
-                vpc_ip: node_ip(i),
-                ..Default::default()
-            })
+            .map(|i| asterism_testkit::metadata::instance(&format!("node-{i}"), Role::Worker, node_ip(i)))
             .collect();
         tokio::spawn(
             MetadataServer::new(MetadataConfig {
@@ -588,7 +507,7 @@ fn main() {
         let dir = cluster.dir.path();
         std::fs::write(dir.join("salt"), SALT).unwrap();
         std::fs::write(dir.join("measurements.json"), zero_measurements().to_json()).unwrap();
-        let listen = format!("{CP}:{}", free_port(CP));
+        let listen = format!("{CP}:{}", asterism_testkit::process::free_port(CP));
         let log = std::fs::File::create(dir.join("join-service.log")).unwrap();
         let binary = std::env::var_os("JOIN_BENCH_SERVICE_BIN")
             .unwrap_or_else(|| env!("CARGO_BIN_EXE_asterism-join-service").into());

@@ -37,9 +37,9 @@ mod common;
 use asterism_atls::{AtlsConfig, AtlsConnector, AtlsServer, Issuer, SessionKeyIssuer};
 use asterism_attestation::{AkFingerprint, AkTrust, IssueError, ReportData, TpmQuoteValidator};
 use asterism_join_service::{
-    JoinConfig, JoinService, KeyServiceAddress, KeyServiceClient, Limits, Metrics, RedbState,
+    JoinConfig, JoinService, KeyServiceAddress, KeyServiceClient, LIMITS, Metrics, RedbState,
 };
-use asterism_metadata::{HttpMetadata, InstanceMetadata, MetadataConfig, MetadataServer, Role};
+use asterism_metadata::{HttpMetadata, MetadataConfig, MetadataServer, Role};
 use asterism_proto::join::IssueJoinTicketRequest;
 use asterism_proto::join::api_client::ApiClient;
 use asterism_soft_tpm::{SoftAk, SoftTpm};
@@ -105,12 +105,8 @@ async fn run(service_tpm: &TpmNode, delay: Duration, refresh: Duration) -> Run {
         let _ = rx.wait_for(|s| *s).await;
     };
     let instances = (0..total)
-        .map(|i| InstanceMetadata {
-            name: format!("node-{i}"),
-            provider_id: format!("asterism-local:///node-{i}"),
-            role: Role::Worker,
-            vpc_ip: node_ip(i),
-            ..Default::default()
+        .map(|i| {
+            asterism_testkit::metadata::instance(&format!("node-{i}"), Role::Worker, node_ip(i))
         })
         .collect();
     tokio::spawn(
@@ -167,7 +163,7 @@ async fn run(service_tpm: &TpmNode, delay: Duration, refresh: Duration) -> Run {
     let addr = listener.local_addr().unwrap();
     let rx = stop_rx.clone();
     let grpc = tokio::spawn(async move {
-        asterism_join_service::serve(listener, atls, service, &Limits::default(), stopped(rx))
+        asterism_join_service::serve(listener, atls, service, &LIMITS, stopped(rx))
             .await
             .unwrap();
     });

@@ -41,8 +41,8 @@ pub use kube_state::{JoiningNodes, KubeReleaseError, KubeState};
 pub use metrics::Metrics;
 pub use release::{ClusterRelease, ReleaseError};
 pub use serve::{
-    HttpAccess, LISTEN_BACKLOG, Limits, bind_admin_socket, bind_listener, is_loopback, serve,
-    serve_admin, serve_http, serve_http_with,
+    HttpAccess, LIMITS, LISTEN_BACKLOG, Limits, bind_admin_socket, bind_listener, is_loopback,
+    serve, serve_admin, serve_http, serve_http_with,
 };
 pub use service::{JoinConfig, JoinService, METADATA_CACHE_TTL};
 pub use state::{

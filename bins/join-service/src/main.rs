@@ -13,7 +13,7 @@ use asterism_attestation::TpmQuoteValidator;
 use asterism_binkit::{AkTrustArgs, LogArgs, read_capped};
 use asterism_join_service::{
     ClusterRelease, ClusterState, HttpAccess, InitNode, JoinConfig, JoinService, JoiningNodes,
-    KeyServiceAddress, KeyServiceClient, KubeState, Limits, Metrics, RedbState,
+    KeyServiceAddress, KeyServiceClient, KubeState, LIMITS, Metrics, RedbState,
 };
 use asterism_kube_api::{ApiOptions, ClusterApi, WaitPolicy};
 use asterism_metadata::HttpMetadata;
@@ -385,15 +385,9 @@ async fn serve_with<S: ClusterState>(args: &Args, parts: Parts, state: S) -> any
         None => None,
     };
     tracing::info!(listen = %listener.local_addr()?, key_service = ?args.key_service, metadata = %args.metadata_url, "join service listening (attested TLS, nodes must attest)");
-    asterism_join_service::serve(
-        listener,
-        atls,
-        service,
-        &Limits::default(),
-        stopped(stop_rx),
-    )
-    .await
-    .context("the gRPC server failed")?;
+    asterism_join_service::serve(listener, atls, service, &LIMITS, stopped(stop_rx))
+        .await
+        .context("the gRPC server failed")?;
     for h in [http, admin].into_iter().flatten() {
         let _ = h.await;
     }
@@ -463,24 +457,9 @@ fn main() -> ExitCode {
     // wait on it, each with its stack and, in glibc, its own malloc arena (42 threads and
     // 18 MiB of heap after a 256-joiner burst; docs/performance.md). Eight keep the reads
     // concurrent.
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .max_blocking_threads(8)
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot start the async runtime");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(args)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!(error = format!("{e:#}"), "join service failed");
-            ExitCode::FAILURE
-        }
-    }
+    asterism_binkit::service::Runtime::default()
+        .with_max_blocking_threads(8)
+        .main("join service", run(args))
 }
 
 #[cfg(test)]

@@ -6,6 +6,8 @@ use crate::keys::KeySource;
 use crate::service::JoinService;
 use crate::state::{ClusterState, StateError};
 use asterism_atls::AtlsServer;
+use asterism_binkit::grpc;
+pub use asterism_binkit::grpc::Limits;
 use asterism_metadata::Metadata;
 use asterism_proto::join::api_server::ApiServer;
 use bytes::Bytes;
@@ -18,6 +20,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpSocket, UnixListener};
+use tonic::service::Routes;
 
 /// Listen backlog of [`bind_listener`]. A burst of nodes connecting at once waits in it;
 /// with tokio's default of 128, the 129th simultaneous SYN is dropped and retransmitted a
@@ -36,29 +39,15 @@ pub fn bind_listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
     socket.listen(LISTEN_BACKLOG)
 }
 
-/// Limits of the gRPC server.
-#[derive(Debug, Clone)]
-pub struct Limits {
-    /// Largest request message (a CSR, a host key and principals fit easily).
-    pub max_request_size: usize,
-    /// Deadline of one request.
-    pub request_timeout: Duration,
-    /// Concurrent requests per connection.
-    pub max_streams_per_connection: u32,
-    /// How long open connections may finish after shutdown began.
-    pub shutdown_grace: Duration,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Self {
-            max_request_size: 64 * 1024,
-            request_timeout: Duration::from_secs(30),
-            max_streams_per_connection: 16,
-            shutdown_grace: Duration::from_secs(10),
-        }
-    }
-}
+/// The join service's caps: [`Limits::SERVICE`] with requests of at most 64 KiB (a CSR,
+/// a host key and principals fit easily) and 30 s to answer one, as a join may wait on
+/// the Kubernetes API. Its connections are not counted here: aTLS caps the handshakes in
+/// flight, and each verified connection ends with its lifetime.
+pub const LIMITS: Limits = Limits {
+    max_request_size: 64 * 1024,
+    request_timeout: Some(Duration::from_secs(30)),
+    ..Limits::SERVICE
+};
 
 /// Serves `join.API` on `listener` over aTLS until `shutdown` completes. Connections whose
 /// evidence does not verify are closed before HTTP/2 starts, so no handler runs for them.
@@ -77,42 +66,14 @@ where
     let api = ApiServer::new(service)
         .max_decoding_message_size(limits.max_request_size)
         .max_encoding_message_size(4 * 1024 * 1024);
-    let streams = usize::try_from(limits.max_streams_per_connection).unwrap_or(16);
-    let (drain_tx, drain_rx) = tokio::sync::oneshot::channel::<()>();
-    let signal = async move {
-        shutdown.await;
-        tracing::info!("shutting down: accepting no new connections, draining open ones");
-        let _ = drain_tx.send(());
-    };
-    let server = tonic::transport::Server::builder()
-        .timeout(limits.request_timeout)
-        .concurrency_limit_per_connection(streams)
-        .max_concurrent_streams(limits.max_streams_per_connection)
-        .http2_max_header_list_size(16 * 1024)
-        .http2_max_pending_accept_reset_streams(Some(streams))
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+    let limits = Limits {
         // GOAWAY a little before aTLS cuts the verified connection at its lifetime, so
         // requests in flight can finish; the node reconnects and attests again, which is
         // how a revoked measurement reaches it.
-        .max_connection_age(graceful_age(atls.max_connection_lifetime()))
-        .add_service(api)
-        .serve_with_incoming_shutdown(atls.incoming(listener), signal);
-    tokio::pin!(server);
-    let grace = limits.shutdown_grace;
-    let grace_expired = async move {
-        match drain_rx.await {
-            Ok(()) => tokio::time::sleep(grace).await,
-            Err(_) => std::future::pending().await,
-        }
+        max_connection_age: Some(graceful_age(atls.max_connection_lifetime())),
+        ..limits.clone()
     };
-    tokio::select! {
-        r = &mut server => r,
-        () = grace_expired => {
-            tracing::warn!("connections still open after the shutdown grace period; dropping them");
-            Ok(())
-        }
-    }
+    grpc::serve(atls.incoming(listener), Routes::new(api), &limits, shutdown).await
 }
 
 /// When HTTP/2 should start closing a connection that aTLS cuts at `lifetime`: 10 s

@@ -637,16 +637,10 @@ fn state_error(e: StateError) -> JoinError {
     }
 }
 
+/// A control-plane file, refused if larger than [`MAX_CONTROL_PLANE_FILE_LEN`].
 fn read_capped(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
-    use std::io::Read as _;
-    let file = std::fs::File::open(path)?;
-    let mut data = Vec::new();
-    file.take(MAX_CONTROL_PLANE_FILE_LEN + 1)
-        .read_to_end(&mut data)?;
-    if data.len() as u64 > MAX_CONTROL_PLANE_FILE_LEN {
-        return Err(std::io::Error::other("larger than 1 MiB"));
-    }
-    Ok(data)
+    asterism_basics::read_file_capped(path, MAX_CONTROL_PLANE_FILE_LEN)?
+        .ok_or_else(|| std::io::Error::other("larger than 1 MiB"))
 }
 
 /// The channel binding of the aTLS connection `request` arrived on.

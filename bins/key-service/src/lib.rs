@@ -35,7 +35,7 @@ mod service;
 
 pub use listen::{BindError, Listener, SocketFile};
 pub use secret_file::{MAX_SECRET_FILE_LEN, SecretFileError, read_secret_file};
-pub use serve::{BoxError, Limits, ServeError, serve, serve_with_limits};
+pub use serve::{BoxError, LIMITS, Limits, ServeError, serve, serve_with_limits};
 pub use service::{
     AuthorizationError, DataKeyRequest, KeyService, MAX_KEY_LEN, RequestError, authorize_attested,
 };

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use asterism_binkit::{AkTrustArgs, LogArgs};
-use asterism_key_service::{KeyService, Limits, Listener, read_secret_file};
+use asterism_key_service::{KeyService, LIMITS, Listener, read_secret_file};
 use asterism_kms::KeyServiceAddress;
 use asterism_kms::{ClusterKms, MasterSecret, Salt};
 use clap::{Parser, ValueEnum};
@@ -108,7 +108,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         asterism_key_service::serve_with_limits(
             server.incoming(listener),
             KeyService::attested_only(kms),
-            &Limits::default(),
+            &LIMITS,
             shutdown,
         )
         .await?;
@@ -121,7 +121,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .context("cannot read the bound address")?;
     tracing::info!(listen = %address, "key service listening (plaintext gRPC)");
     listener
-        .serve(KeyService::new(kms), &Limits::default(), shutdown)
+        .serve(KeyService::new(kms), &LIMITS, shutdown)
         .await?;
     tracing::info!("key service stopped");
     Ok(())
@@ -198,21 +198,5 @@ fn main() -> ExitCode {
         "asterism_atls",
         "asterism_attestation",
     ]);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(err) => {
-            tracing::error!(error = %err, "cannot start the async runtime");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(args)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            tracing::error!(error = format!("{err:#}"), "key service failed");
-            ExitCode::FAILURE
-        }
-    }
+    asterism_binkit::service::main("key service", run(args))
 }

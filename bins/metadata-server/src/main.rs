@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use asterism_binkit::logging::{self, LogFormat};
+use asterism_binkit::service::Runtime;
 use asterism_metadata::{MetadataConfig, MetadataServer};
 use clap::Parser;
 
@@ -53,22 +54,5 @@ fn main() -> ExitCode {
         LogFormat::Human,
         &logging::directives(&logging::crate_directives(level, &["asterism_metadata"])),
     );
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot start the async runtime");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(args)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!(error = format!("{e:#}"), "metadata service failed");
-            ExitCode::FAILURE
-        }
-    }
+    Runtime::with_worker_threads(2).main("metadata service", run(args))
 }

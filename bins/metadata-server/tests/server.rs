@@ -6,17 +6,10 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use asterism_metadata::{HttpMetadata, InstanceMetadata, Metadata, MetadataConfig, Role};
+use asterism_metadata::{HttpMetadata, Metadata, MetadataConfig, Role};
 
 fn config() -> MetadataConfig {
-    let instance = |name: &str, role, ip: &str| InstanceMetadata {
-        name: name.into(),
-        provider_id: format!("asterism-local:///{name}"),
-        role,
-        vpc_ip: ip.into(),
-        secondary_ip_range: String::new(),
-        alias_ip_ranges: vec![],
-    };
+    let instance = asterism_testkit::metadata::instance;
     MetadataConfig {
         instances: vec![
             instance("cp-0", Role::ControlPlane, "127.0.10.1"),

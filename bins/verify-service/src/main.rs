@@ -14,6 +14,7 @@
 use anyhow::{Context as _, Result};
 use asterism_attestation::{Issuer, ReportData};
 use asterism_binkit::RateLimiter;
+use asterism_binkit::grpc::{self, Limits};
 use asterism_proto::verify::api_server::{Api, ApiServer};
 use asterism_proto::verify::{GetAttestationRequest, GetAttestationResponse};
 use asterism_tpm::{AkConfig, PcrSelection, TpmConfig, TpmIssuer};
@@ -22,12 +23,24 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use tonic::service::Routes;
 
 /// Longest AK certificate read, in bytes.
 const MAX_AK_CERT: u64 = 64 * 1024;
 
 /// Longest nonce accepted, in bytes.
 const MAX_NONCE: usize = 64;
+
+/// The verify service's gRPC caps: a request is a nonce (1 KiB is plenty), answered within
+/// 10 s; 4 requests at a time per connection, as each costs a TPM quote. Nothing else is
+/// capped here: the service holds no secret, and the per-source rate limit bounds the
+/// quotes.
+const LIMITS: Limits = Limits {
+    max_request_size: 1024,
+    request_timeout: Some(Duration::from_secs(10)),
+    max_streams_per_connection: Some(4),
+    ..Limits::TONIC_DEFAULTS
+};
 
 /// Serves fresh attestation evidence of this node to `asterism verify`.
 #[derive(Parser, Debug)]
@@ -126,22 +139,19 @@ async fn run(args: Args) -> Result<()> {
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     tracing::info!(listen = %args.listen, "verify service listening (plain gRPC; evidence is self-authenticating)");
     let shutdown = asterism_binkit::shutdown_signal()?;
-    tonic::transport::Server::builder()
-        .timeout(Duration::from_secs(10))
-        .concurrency_limit_per_connection(4)
-        .add_service(
-            ApiServer::new(Verify {
-                issuer: Arc::new(issuer),
-                limiter: RateLimiter::new(args.rate_limit_per_second, args.rate_limit_burst),
-            })
-            .max_decoding_message_size(1024),
-        )
-        .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
-            shutdown,
-        )
-        .await
-        .context("serving")?;
+    let api = ApiServer::new(Verify {
+        issuer: Arc::new(issuer),
+        limiter: RateLimiter::new(args.rate_limit_per_second, args.rate_limit_burst),
+    })
+    .max_decoding_message_size(LIMITS.max_request_size);
+    grpc::serve(
+        tokio_stream::wrappers::TcpListenerStream::new(listener),
+        Routes::new(api),
+        &LIMITS,
+        shutdown,
+    )
+    .await
+    .context("serving")?;
     Ok(())
 }
 
@@ -151,22 +161,5 @@ fn main() -> std::process::ExitCode {
         asterism_binkit::LogFormat::Human,
         &asterism_binkit::logging::directives("info"),
     );
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot start the runtime");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    match rt.block_on(run(args)) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!(error = format!("{e:#}"), "verify service failed");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    asterism_binkit::service::Runtime::with_worker_threads(2).main("verify service", run(args))
 }

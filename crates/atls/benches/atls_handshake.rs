@@ -23,7 +23,6 @@ use asterism_atls::{AtlsConfig, AtlsConnector, AtlsServer};
 use asterism_proto::kms::api_client::ApiClient;
 use asterism_proto::kms::api_server::{Api, ApiServer};
 use asterism_proto::kms::{GetDataKeyRequest, GetDataKeyResponse};
-use hyper_util::rt::TokioIo;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -135,74 +134,6 @@ async fn plain_server() -> String {
     format!("http://{addr}")
 }
 
-fn plain_connector() -> impl tower::Service<
-    http::Uri,
-    Response = TokioIo<tokio_rustls::client::TlsStream<TcpStream>>,
-    Error = std::io::Error,
-    Future = impl Send,
-> + Clone
-+ Send
-+ 'static {
-    // The baseline trusts the server certificate by a dangerous accept-any verifier too,
-    // so both sides of the comparison do the same signature work.
-    #[derive(Debug)]
-    struct AnyCert(rustls::crypto::WebPkiSupportedAlgorithms);
-    impl rustls::client::danger::ServerCertVerifier for AnyCert {
-        fn verify_server_cert(
-            &self,
-            _: &rustls::pki_types::CertificateDer<'_>,
-            _: &[rustls::pki_types::CertificateDer<'_>],
-            _: &rustls::pki_types::ServerName<'_>,
-            _: &[u8],
-            _: rustls::pki_types::UnixTime,
-        ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-            Ok(rustls::client::danger::ServerCertVerified::assertion())
-        }
-        fn verify_tls12_signature(
-            &self,
-            _: &[u8],
-            _: &rustls::pki_types::CertificateDer<'_>,
-            _: &rustls::DigitallySignedStruct,
-        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-            Err(rustls::Error::General("no TLS 1.2".into()))
-        }
-        fn verify_tls13_signature(
-            &self,
-            m: &[u8],
-            c: &rustls::pki_types::CertificateDer<'_>,
-            d: &rustls::DigitallySignedStruct,
-        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-            rustls::crypto::verify_tls13_signature(m, c, d, &self.0)
-        }
-        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-            self.0.supported_schemes()
-        }
-    }
-    let p = provider();
-    let algs = p.signature_verification_algorithms;
-    let mut cfg = rustls::ClientConfig::builder_with_provider(p)
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AnyCert(algs)))
-        .with_no_client_auth();
-    cfg.alpn_protocols = vec![b"h2".to_vec()];
-    cfg.resumption = rustls::client::Resumption::disabled();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
-    tower::service_fn(move |uri: http::Uri| {
-        let connector = connector.clone();
-        async move {
-            let authority = uri.authority().unwrap().as_str().to_string();
-            let tcp = TcpStream::connect(authority).await?;
-            tcp.set_nodelay(true)?;
-            let tls = connector
-                .connect("localhost".try_into().unwrap(), tcp)
-                .await?;
-            Ok::<_, std::io::Error>(TokioIo::new(tls))
-        }
-    })
-}
-
 async fn atls_server(cfg: AtlsConfig) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -288,14 +219,16 @@ fn main() {
         )
         .unwrap();
 
+        // The plain baseline trusts any server certificate but checks the handshake
+        // signature, so both sides of the comparison do the same signature work.
         // Warm up every path once.
-        measure(&plain_uri, plain_connector(), 2, 0.3).await;
+        measure(&plain_uri, asterism_testkit::tls::h2_connector(), 2, 0.3).await;
         measure(&one_way_uri, one_way.clone(), 2, 0.3).await;
         measure(&mutual_uri, mutual.clone(), 2, 0.3).await;
 
         println!("atls_handshake: fresh TCP + TLS 1.3 connection + 1 gRPC unary call per iteration, loopback, {} worker threads", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
         for conc in [1, concurrency] {
-            let a = measure(&plain_uri, plain_connector(), conc, secs).await;
+            let a = measure(&plain_uri, asterism_testkit::tls::h2_connector(), conc, secs).await;
             let b = measure(&one_way_uri, one_way.clone(), conc, secs).await;
             let c = measure(&mutual_uri, mutual.clone(), conc, secs).await;
             println!("concurrency {conc:>3}:");

@@ -745,24 +745,17 @@ impl MeasurementsProvider for SharedMeasurements {
 }
 
 fn read_bounded(path: &Path) -> Result<Vec<u8>, MeasurementsError> {
-    use std::io::Read;
-    let io = |source| MeasurementsError::Io {
-        path: path.to_owned(),
-        source,
-    };
-    let file = std::fs::File::open(path).map_err(io)?;
-    let mut bytes = Vec::new();
-    file.take(MAX_FILE_SIZE + 1)
-        .read_to_end(&mut bytes)
-        .map_err(io)?;
-    let size = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
-    if size > MAX_FILE_SIZE {
-        return Err(MeasurementsError::TooLarge {
+    let read = asterism_basics::read_file_capped(path, MAX_FILE_SIZE).map_err(|source| {
+        MeasurementsError::Io {
             path: path.to_owned(),
-            size,
-        });
-    }
-    Ok(bytes)
+            source,
+        }
+    })?;
+    // One byte more than the cap was read, so the size reported is a lower bound.
+    read.ok_or_else(|| MeasurementsError::TooLarge {
+        path: path.to_owned(),
+        size: MAX_FILE_SIZE + 1,
+    })
 }
 
 #[derive(Deserialize)]

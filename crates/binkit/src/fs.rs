@@ -6,7 +6,7 @@
 //! crash leaves either the old file or the new one.
 
 use std::fs::{self, OpenOptions};
-use std::io::{self, Read, Write as _};
+use std::io::{self, Write as _};
 use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 
@@ -57,8 +57,7 @@ impl FileError {
 /// Reads `path` whole if it holds at most `cap` bytes; a larger file is an error, never
 /// truncated.
 pub fn read_capped(path: &Path, cap: u64) -> Result<Vec<u8>, FileError> {
-    let file = fs::File::open(path).map_err(FileError::io("read", path))?;
-    read_capped_from(file, cap)
+    asterism_basics::read_file_capped(path, cap)
         .map_err(FileError::io("read", path))?
         .ok_or_else(|| FileError::TooLarge {
             path: path.to_owned(),
@@ -66,14 +65,7 @@ pub fn read_capped(path: &Path, cap: u64) -> Result<Vec<u8>, FileError> {
         })
 }
 
-/// Reads `reader` to its end if it yields at most `cap` bytes: `None` if it yields more
-/// (at most `cap + 1` bytes are read).
-pub fn read_capped_from(reader: impl Read, cap: u64) -> io::Result<Option<Vec<u8>>> {
-    let mut bytes = Vec::new();
-    reader.take(cap.saturating_add(1)).read_to_end(&mut bytes)?;
-    let len = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
-    Ok((len <= cap).then_some(bytes))
-}
+pub use asterism_basics::read_capped_from;
 
 /// Replaces `path` with `bytes`, mode 0600, atomically: a temporary file next to it
 /// (created 0600, so the content is never readable by others), synced, then renamed over

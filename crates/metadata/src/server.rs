@@ -54,22 +54,15 @@ impl MetadataConfig {
 
     /// Reads and checks the configuration file at `path`.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        use std::io::Read as _;
-        let io = |source| ConfigError::Read {
-            path: path.to_owned(),
-            source,
-        };
-        let file = std::fs::File::open(path).map_err(io)?;
-        let mut bytes = Vec::new();
-        file.take(MAX_CONFIG_LEN + 1)
-            .read_to_end(&mut bytes)
-            .map_err(io)?;
-        if bytes.len() as u64 > MAX_CONFIG_LEN {
-            return Err(ConfigError::TooLarge {
+        let bytes = asterism_basics::read_file_capped(path, MAX_CONFIG_LEN)
+            .map_err(|source| ConfigError::Read {
+                path: path.to_owned(),
+                source,
+            })?
+            .ok_or_else(|| ConfigError::TooLarge {
                 path: path.to_owned(),
                 cap: MAX_CONFIG_LEN,
-            });
-        }
+            })?;
         Self::from_json(&bytes)
     }
 

@@ -8,23 +8,13 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use asterism_metadata::{
-    HttpMetadata, InstanceMetadata, MAX_RESPONSE_LEN, Metadata, MetadataConfig, MetadataError,
-    MetadataServer, Role,
+    HttpMetadata, MAX_RESPONSE_LEN, Metadata, MetadataConfig, MetadataError, MetadataServer, Role,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
-fn instance(name: &str, role: Role, ip: &str) -> InstanceMetadata {
-    InstanceMetadata {
-        name: name.into(),
-        provider_id: format!("asterism-local:///{name}"),
-        role,
-        vpc_ip: ip.into(),
-        secondary_ip_range: String::new(),
-        alias_ip_ranges: vec![],
-    }
-}
+use asterism_testkit::metadata::instance;
 
 fn config() -> MetadataConfig {
     MetadataConfig {

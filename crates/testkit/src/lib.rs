@@ -13,15 +13,33 @@
 //!   in the forms tests elsewhere need (the Azure SEV-SNP HCL report, whole).
 //! * `relay` (feature `tls-relay`) is a man in the middle that terminates TLS on both sides
 //!   and copies the plaintext: what a relayed attested session looks like.
+//! * `tls` (feature `tls`) is a TLS 1.3 client that trusts any server certificate (still
+//!   checking the handshake signature), raw or as a tonic connector: a peer without evidence.
+//! * [`luks`] asks the cryptsetup program itself about an image: does a key open it, its
+//!   token, its UUID.
+//! * [`metadata`] makes the local metadata service's instances.
+//! * [`process`] runs a program under test: a free port, its standard error as it comes, a
+//!   line or an exit waited for with a deadline.
+//! * [`logs`] captures what the code under test logs.
 //! * [`check_swtpm_installed`] explains what to install when swtpm is missing.
+//!
+//! What a package's tests alone need stays in its `tests/common`; what two packages need
+//! lives here. One exception on purpose: `crates/tpm/tests/common` keeps a TPM structure
+//! parser of its own, an oracle independent of the verifier's.
 #![forbid(unsafe_code)]
 
 pub mod cvm;
 #[cfg(feature = "kube-api")]
 pub mod kube_api;
+pub mod logs;
+pub mod luks;
+pub mod metadata;
+pub mod process;
 #[cfg(feature = "tls-relay")]
 pub mod relay;
 mod swtpm;
+#[cfg(feature = "tls")]
+pub mod tls;
 mod tpm_node;
 
 pub use asterism_swtpm::{SwtpmError, check_swtpm_installed};

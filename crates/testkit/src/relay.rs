@@ -7,9 +7,7 @@
 //! evidence bound to the target's session must not verify on the victim's.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use rustls::{DigitallySignedStruct, SignatureScheme};
+use rustls::pki_types::{PrivateKeyDer, ServerName};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -36,7 +34,7 @@ impl TlsRelay {
             .unwrap()
             .self_signed(&key)
             .unwrap();
-        let mut server = rustls::ServerConfig::builder_with_provider(provider.clone())
+        let mut server = rustls::ServerConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13])
             .unwrap()
             .with_no_client_auth()
@@ -46,13 +44,7 @@ impl TlsRelay {
             )
             .unwrap();
         server.alpn_protocols = vec![b"h2".to_vec()];
-        let mut client = rustls::ClientConfig::builder_with_provider(provider.clone())
-            .with_protocol_versions(&[&rustls::version::TLS13])
-            .unwrap()
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
-            .with_no_client_auth();
-        client.alpn_protocols = vec![b"h2".to_vec()];
+        let client = crate::tls::client_config(&[&rustls::version::TLS13], vec![b"h2".to_vec()]);
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
         let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
 
@@ -111,67 +103,11 @@ pub async fn silent_tls(
     from: std::net::IpAddr,
     to: SocketAddr,
 ) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut client = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
-        .with_no_client_auth();
-    client.alpn_protocols = vec![b"h2".to_vec()];
+    let client = crate::tls::client_config(&[&rustls::version::TLS13], vec![b"h2".to_vec()]);
     let socket = tokio::net::TcpSocket::new_v4()?;
     socket.bind(SocketAddr::new(from, 0))?;
     let tcp = socket.connect(to).await?;
     tokio_rustls::TlsConnector::from(Arc::new(client))
         .connect(ServerName::IpAddress(to.ip().into()), tcp)
         .await
-}
-
-/// Accepts any server certificate (its handshake signature is still checked).
-#[derive(Debug)]
-struct AnyCertificate(Arc<rustls::crypto::CryptoProvider>);
-
-impl ServerCertVerifier for AnyCertificate {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
 }

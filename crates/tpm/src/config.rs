@@ -214,17 +214,7 @@ fn validate_host(host: &str) -> Result<(), ConfigError> {
     if host.parse::<std::net::IpAddr>().is_ok() {
         return Ok(());
     }
-    // RFC 1123 host names: dot-separated labels of letters, digits and inner hyphens.
-    let plausible = !host.is_empty()
-        && host.len() <= 253
-        && host.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-                && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
-        });
-    if plausible {
+    if asterism_basics::is_host_name(host) {
         Ok(())
     } else {
         Err(ConfigError::InvalidHost {

@@ -24,7 +24,7 @@
 pub mod snp_certs;
 
 use std::fs;
-use std::io::{self, Read as _};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -155,18 +155,13 @@ fn io_error(path: &Path, operation: &'static str) -> impl FnOnce(io::Error) -> T
 /// Reads at most `max` bytes of `path`; more is an error.
 fn read_bounded(path: &Path, max: usize) -> Result<Vec<u8>, TsmError> {
     let file = fs::File::open(path).map_err(io_error(path, "open"))?;
-    let mut out = Vec::new();
-    let limit = u64::try_from(max).unwrap_or(u64::MAX).saturating_add(1);
-    file.take(limit)
-        .read_to_end(&mut out)
-        .map_err(io_error(path, "read"))?;
-    if out.len() > max {
-        return Err(TsmError::TooLarge {
+    let cap = u64::try_from(max).unwrap_or(u64::MAX);
+    asterism_basics::read_capped_from(file, cap)
+        .map_err(io_error(path, "read"))?
+        .ok_or_else(|| TsmError::TooLarge {
             path: path.to_owned(),
             max,
-        });
-    }
-    Ok(out)
+        })
 }
 
 /// A text attribute, without its trailing newline.

@@ -7,8 +7,7 @@ pub mod init_helpers;
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
@@ -20,10 +19,9 @@ use asterism_bootstrapper::{
     NodeDir, NoneDriver, Outcome, TpmMarker, UnlockMode,
 };
 use asterism_disk::{DiskConfig, FileSystemConfig, Integrity, Pbkdf, StateDisk, StateFileSystem};
-use asterism_metadata::{InstanceMetadata, Role, StaticMetadata};
+use asterism_metadata::StaticMetadata;
 use asterism_testkit::{Swtpm, pin};
 use asterism_tpm::{PcrSelection, Tpm};
-use std::io::Write as _;
 use tonic::transport::Channel;
 
 pub const INIT_SECRET: &[u8] = b"correct horse battery staple";
@@ -33,15 +31,8 @@ pub fn init_secret_hash() -> String {
     bcrypt::hash(INIT_SECRET, 4).unwrap()
 }
 
-pub fn instance(name: &str, role: Role, ip: IpAddr) -> InstanceMetadata {
-    InstanceMetadata {
-        name: name.into(),
-        provider_id: format!("asterism-local:///{name}"),
-        role,
-        vpc_ip: ip.to_string(),
-        ..InstanceMetadata::default()
-    }
-}
+#[allow(unused_imports)]
+pub use asterism_testkit::metadata::instance;
 
 /// One test node.
 pub struct TestNode {
@@ -290,36 +281,6 @@ impl TestNode {
 }
 
 /// A TPM issuer on `swtpm` (a connection of its own).
-/// Whether `key` opens the LUKS image, asked of the cryptsetup program directly.
-pub fn opens(image: &Path, key: &[u8]) -> bool {
-    let mut child = Command::new("cryptsetup")
-        .args(["open", "--test-passphrase", "--key-file", "-"])
-        .arg(image)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(key).unwrap();
-    child.wait().unwrap().success()
-}
-
-/// Token 0 of the image, as the cryptsetup program reports it.
-pub fn token0(image: &Path) -> String {
-    let out = Command::new("cryptsetup")
-        .args(["token", "export", "--token-id", "0"])
-        .arg(image)
-        .output()
-        .unwrap();
-    String::from_utf8(out.stdout).unwrap()
-}
-
-/// The LUKS UUID of the image.
-pub fn luks_uuid(image: &Path) -> String {
-    let out = Command::new("cryptsetup")
-        .arg("luksUUID")
-        .arg(image)
-        .output()
-        .unwrap();
-    String::from_utf8(out.stdout).unwrap().trim().to_owned()
-}
+// Not every test program uses each.
+#[allow(unused_imports)]
+pub use asterism_testkit::luks::{opens, token0, uuid as luks_uuid};

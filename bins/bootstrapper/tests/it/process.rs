@@ -3,17 +3,17 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::io::{BufRead as _, BufReader};
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::common::*;
 use asterism_kms::{KmsUri, MasterSecret, Salt};
 use asterism_metadata::{MetadataConfig, Role as MetaRole};
 use asterism_proto::init::api_client::ApiClient;
 use asterism_proto::init::{InitRequest, init_response};
+use asterism_testkit::process::Process;
 
 /// Serves metadata naming `t` as its only (control-plane) instance.
 async fn metadata_server(t: &TestNode) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
@@ -43,12 +43,6 @@ async fn metadata_server_of(
     (addr, tx)
 }
 
-/// The bootstrapper process and what it has logged so far.
-struct Process {
-    child: Child,
-    stderr: Arc<Mutex<String>>,
-}
-
 /// Starts the bootstrapper with an InitServer on a port of the system's choosing, and
 /// points `t` at that port once the bootstrapper has logged it.
 fn spawn(t: &TestNode, metadata: SocketAddr) -> Process {
@@ -57,7 +51,8 @@ fn spawn(t: &TestNode, metadata: SocketAddr) -> Process {
 
 /// Like [`spawn`], with `extra` arguments (which must name `--join-port`).
 fn spawn_with(t: &TestNode, metadata: SocketAddr, extra: &[&str]) -> Process {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_asterism-bootstrapper"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_asterism-bootstrapper"));
+    command
         .arg("--node-dir")
         .arg(t.node_dir.root())
         .args(["--node-ip", &t.ip.to_string()])
@@ -73,61 +68,23 @@ fn spawn_with(t: &TestNode, metadata: SocketAddr, extra: &[&str]) -> Process {
             "--state-disk-size-mib",
             "32",
         ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = Arc::new(Mutex::new(String::new()));
-    let pipe = child.stderr.take().unwrap();
-    let sink = stderr.clone();
-    std::thread::spawn(move || {
-        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-            let mut all = sink.lock().unwrap();
-            all.push_str(&line);
-            all.push('\n');
+        .stdout(Stdio::null());
+    let process = Process::spawn(&mut command);
+    let port = process.wait_for_line("the InitServer's address", Duration::from_secs(60), |l| {
+        if !l.contains("InitServer listening") {
+            return None;
         }
+        let addr = l.split("listen=").nth(1)?.split_whitespace().next()?;
+        addr.parse::<SocketAddr>().ok().map(|a| a.port())
     });
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let port = loop {
-        let port = stderr
-            .lock()
-            .unwrap()
-            .lines()
-            .filter(|l| l.contains("InitServer listening"))
-            .find_map(|l| {
-                let addr = l.split("listen=").nth(1)?.split_whitespace().next()?;
-                addr.parse::<SocketAddr>().ok().map(|a| a.port())
-            });
-        if let Some(port) = port {
-            break port;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the bootstrapper did not log its InitServer address: {}",
-            stderr.lock().unwrap()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
     t.use_init_port(port);
-    Process { child, stderr }
+    process
 }
 
+/// Waits for the bootstrapper to exit (failing after `within`): its exit code and log.
 fn wait(process: &mut Process, within: Duration) -> (i32, String) {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(status) = process.child.try_wait().unwrap() {
-            // The reader thread drains the pipe's last lines after the exit.
-            std::thread::sleep(Duration::from_millis(200));
-            let logs = process.stderr.lock().unwrap().clone();
-            return (status.code().unwrap_or(-1), logs);
-        }
-        if Instant::now() > deadline {
-            let _ = process.child.kill();
-            panic!("the bootstrapper did not exit within {within:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let (status, logs) = process.wait(within);
+    (status.code().unwrap_or(-1), logs)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -192,7 +149,7 @@ async fn sigterm_before_the_lock_stops_gracefully_with_exit_4() {
     let mut child = spawn(&t, metadata);
     let _ = t.init_channel().await;
     let status = Command::new("kill")
-        .args(["-TERM", &child.child.id().to_string()])
+        .args(["-TERM", &child.id().to_string()])
         .status()
         .unwrap();
     assert!(status.success());

@@ -7,38 +7,13 @@
 use asterism::bring_up::{self, Plan};
 use asterism_kube_api::{DeploymentSpec, Images, JoinServiceTrust, KeyServiceSecret};
 use asterism_testkit::kube_api::{RecordingServer, Reply};
+// Every record of every crate at every level, until the guard is dropped. The tests run
+// on one thread (current-thread runtime), so the subscriber sees every record.
+use asterism_testkit::logs::capture_from_now as capture_logs;
 use base64::Engine as _;
-use std::sync::{Arc, Mutex};
 
 const MASTER_SECRET: &[u8; 32] = b"master-secret-never-printed-0001";
 const SALT: &[u8; 32] = b"salt-value-never-in-any-output!!";
-
-/// A log sink the test reads back.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Every event of every crate at every level, from now until the guard is dropped. The
-/// tests run on one thread (current-thread runtime), so the subscriber sees every event.
-fn capture_logs() -> (Captured, tracing::subscriber::DefaultGuard) {
-    let logs = Captured::default();
-    let sink = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_ansi(false)
-        .with_writer(move || sink.clone())
-        .finish();
-    (logs, tracing::subscriber::set_default(subscriber))
-}
 
 fn plan() -> Plan {
     Plan::new(DeploymentSpec {
@@ -104,7 +79,7 @@ async fn the_bring_up_never_prints_or_logs_the_master_secret_or_the_salt() {
         .unwrap();
 
     let out = String::from_utf8(out).unwrap();
-    let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let logs = logs.text();
     assert!(
         out.contains("applied Secret kube-system/asterism-mastersecret"),
         "{out}"
@@ -157,7 +132,7 @@ async fn an_unparsable_answer_to_the_secret_is_not_logged() {
     );
     let secret = KeyServiceSecret::new(MASTER_SECRET, SALT).unwrap();
     let applied = api.apply_key_service_secret(&secret).await;
-    let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let logs = logs.text();
     assert!(
         !logs.contains(&b64),
         "the logs hold the master secret: {logs}"

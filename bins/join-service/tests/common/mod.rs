@@ -5,6 +5,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,14 +14,15 @@ use asterism_attestation::{
     AkFingerprint, AkTrust, ExpectedPcr, Measurements, PcrIndex, TpmQuoteValidator,
 };
 use asterism_join_service::{
-    ClusterState, JoinConfig, JoinService, KeyServiceAddress, KeyServiceClient, Limits, Metrics,
-    RedbState,
+    ClusterState, JoinConfig, JoinService, KeyServiceAddress, KeyServiceClient, LIMITS, Limits,
+    Metrics, RedbState,
 };
 use asterism_kms::{ClusterKms, KeyId, MasterSecret, Salt};
 use asterism_metadata::{HttpMetadata, InstanceMetadata, MetadataConfig, MetadataServer, Role};
 use asterism_pki::{ClusterCa, kubelet_key_and_csr};
 use asterism_proto::join::api_client::ApiClient;
 use asterism_proto::join::{IssueJoinTicketRequest, IssueJoinTicketResponse};
+use asterism_testkit::process::Process;
 use hyper_util::rt::TokioIo;
 use tokio::sync::watch;
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -33,14 +35,7 @@ pub const DISK_B: &str = "bbbbbbbb-0000-4000-8000-00000000000b";
 pub const SALT: &[u8] = b"measurement salt of 32 bytes....";
 
 pub fn instances() -> Vec<InstanceMetadata> {
-    let mk = |name: &str, role, ip: &str| InstanceMetadata {
-        name: name.into(),
-        provider_id: format!("asterism-local:///{name}"),
-        role,
-        vpc_ip: ip.into(),
-        secondary_ip_range: String::new(),
-        alias_ip_ranges: vec![],
-    };
+    let mk = asterism_testkit::metadata::instance;
     vec![
         mk("cp-0", Role::ControlPlane, CP),
         mk("worker-0", Role::Worker, W0),
@@ -110,12 +105,8 @@ impl Cluster {
         let service = asterism_key_service::KeyService::new(kms());
         let rx = stop_rx.clone();
         tokio::spawn(async move {
-            ks.serve(
-                service,
-                &asterism_key_service::Limits::default(),
-                stopped(rx),
-            )
-            .await
+            ks.serve(service, &asterism_key_service::LIMITS, stopped(rx))
+                .await
         });
         Self {
             dir,
@@ -281,8 +272,8 @@ pub async fn start_join_service_with<S: ClusterState>(
     let rx1 = rx.clone();
     let grpc = tokio::spawn(async move {
         let limits = Limits {
-            shutdown_grace: Duration::from_secs(1),
-            ..Limits::default()
+            shutdown_grace: Some(Duration::from_secs(1)),
+            ..LIMITS
         };
         asterism_join_service::serve(listener, atls, s, &limits, stopped(rx1))
             .await
@@ -386,4 +377,45 @@ pub fn soft_node() -> (Arc<dyn Issuer>, AkFingerprint) {
 
 pub fn path_str(p: &Path) -> String {
     p.display().to_string()
+}
+
+/// worker-0's join ticket from the join service at `addr`, once it answers (30 s at most).
+pub async fn first_ticket(addr: SocketAddr, node: Arc<dyn Issuer>) -> IssueJoinTicketResponse {
+    let start = std::time::Instant::now();
+    loop {
+        match join(
+            addr,
+            W0,
+            node.clone(),
+            join_request("worker-0", W0, DISK_A, false),
+        )
+        .await
+        {
+            Ok(t) => break t,
+            Err(e) if start.elapsed() > Duration::from_secs(30) => panic!("{e:?}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// Sends SIGTERM to the join service process and waits (20 s at most) for it to end;
+/// returns its status and its log. The wait blocks a thread of its own, not the runtime.
+pub async fn stop(process: Process) -> (ExitStatus, String) {
+    tokio::task::spawn_blocking(move || {
+        let mut process = process;
+        process.stop(Duration::from_secs(20))
+    })
+    .await
+    .unwrap()
+}
+
+/// Waits (20 s at most) for the join service process to end; returns its status and its
+/// log.
+pub async fn wait(process: Process) -> (ExitStatus, String) {
+    tokio::task::spawn_blocking(move || {
+        let mut process = process;
+        process.wait(Duration::from_secs(20))
+    })
+    .await
+    .unwrap()
 }

@@ -412,7 +412,7 @@ async fn a_key_service_that_starts_late_serves_the_next_request_with_the_cluster
     let serving = tokio::spawn(async move {
         ks.serve(
             asterism_key_service::KeyService::new(kms()),
-            &asterism_key_service::Limits::default(),
+            &asterism_key_service::LIMITS,
             std::future::pending(),
         )
         .await

@@ -12,12 +12,13 @@
 )]
 
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use crate::common::*;
 use asterism_join_service::{JoiningNodes, KubeState};
 use asterism_testkit::TpmNode;
 use asterism_testkit::kube_api::{RecordingServer, Reply};
+use asterism_testkit::process::{Process, free_port};
 use tonic::Code;
 
 const CONFIG_MAPS: &str = "/api/v1/namespaces/kube-system/configmaps";
@@ -380,14 +381,6 @@ async fn an_api_server_failure_is_unavailable_and_forbidden_is_internal() {
     js.stop().await;
 }
 
-fn free_port(ip: &str) -> u16 {
-    std::net::TcpListener::bind(format!("{ip}:0"))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_keeps_its_state_on_the_kubernetes_api_with_cluster_state_kubernetes() {
     let (node, fp) = soft_node();
@@ -414,7 +407,8 @@ async fn the_binary_keeps_its_state_on_the_kubernetes_api_with_cluster_state_kub
     std::fs::write(dir.join("measurements.json"), zero_measurements().to_json()).unwrap();
     server.write_kubeconfig(&dir.join("admin.conf"));
     let listen = format!("{CP}:{}", free_port(CP));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_asterism-join-service"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_asterism-join-service"));
+    command
         .args(["--listen", &listen])
         .args(["--pinned-ak", &fp.to_string()])
         .arg("--measurements")
@@ -428,43 +422,11 @@ async fn the_binary_keeps_its_state_on_the_kubernetes_api_with_cluster_state_kub
         .arg(dir.join("salt"))
         .args(["--cluster-state", "kubernetes", "--kubeconfig"])
         .arg(dir.join("admin.conf"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .stdout(Stdio::null());
+    let child = Process::spawn(&mut command);
 
-    let addr = listen.parse().unwrap();
-    let start = Instant::now();
-    let ticket = loop {
-        match join(
-            addr,
-            W0,
-            node.clone(),
-            join_request("worker-0", W0, DISK_A, false),
-        )
-        .await
-        {
-            Ok(t) => break t,
-            Err(e) if start.elapsed() > Duration::from_secs(30) => panic!("{e:?}"),
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    };
-    let kill = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
-    let start = Instant::now();
-    let exit = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(start.elapsed() < Duration::from_secs(20), "did not stop");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    let mut logs = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut logs).unwrap();
+    let ticket = first_ticket(listen.parse().unwrap(), node.clone()).await;
+    let (exit, logs) = stop(child).await;
     assert!(exit.success(), "{exit:?}\n{logs}");
 
     assert!(

@@ -5,22 +5,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+
+use asterism_testkit::process::{Process, free_port};
 
 use crate::common::*;
 use asterism_cluster::Role;
 use asterism_join_service::InitNode;
 use asterism_kubernetes_versions::{Component, VersionTable};
-use asterism_proto::join::IssueJoinTicketResponse;
-
-fn free_port(ip: &str) -> u16 {
-    std::net::TcpListener::bind(format!("{ip}:0"))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// Starts the binary on `cluster` with the embedded state, trusting `fp`, with `extra`
 /// arguments; returns it and its join.API address.
@@ -28,13 +20,14 @@ fn spawn(
     cluster: &Cluster,
     fp: &asterism_attestation::AkFingerprint,
     extra: &[&std::ffi::OsStr],
-) -> (Child, SocketAddr) {
+) -> (Process, SocketAddr) {
     let dir = cluster.dir.path();
     std::fs::write(dir.join("salt"), SALT).unwrap();
     std::fs::write(dir.join("measurements.json"), zero_measurements().to_json()).unwrap();
     let listen = format!("{CP}:{}", free_port(CP));
     let metrics = format!("{CP}:{}", free_port(CP));
-    let child = Command::new(env!("CARGO_BIN_EXE_asterism-join-service"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_asterism-join-service"));
+    command
         .args(["--listen", &listen, "--metrics-listen", &metrics])
         .args(["--pinned-ak", &fp.to_string()])
         .arg("--measurements")
@@ -49,59 +42,8 @@ fn spawn(
         .arg("--state-dir")
         .arg(cluster.state_dir())
         .args(extra)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    (child, listen.parse().unwrap())
-}
-
-/// worker-0's join ticket, once the service answers.
-async fn first_ticket(
-    addr: SocketAddr,
-    node: std::sync::Arc<dyn asterism_atls::Issuer>,
-) -> IssueJoinTicketResponse {
-    let start = Instant::now();
-    loop {
-        match join(
-            addr,
-            W0,
-            node.clone(),
-            join_request("worker-0", W0, DISK_A, false),
-        )
-        .await
-        {
-            Ok(t) => break t,
-            Err(e) if start.elapsed() > Duration::from_secs(30) => panic!("{e:?}"),
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    }
-}
-
-/// Sends SIGTERM to `child` and waits for it; returns its status and its log.
-async fn stop(child: Child) -> (std::process::ExitStatus, String) {
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    wait(child).await
-}
-
-/// Waits (20 s at most) for `child` to end; returns its status and its log.
-async fn wait(mut child: Child) -> (std::process::ExitStatus, String) {
-    let start = Instant::now();
-    let exit = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(start.elapsed() < Duration::from_secs(20), "did not stop");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    let mut logs = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut logs).unwrap();
-    (exit, logs)
+        .stdout(Stdio::null());
+    (Process::spawn(&mut command), listen.parse().unwrap())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,7 +10,7 @@ use asterism_atls::{
 };
 use asterism_attestation::{AkTrust, IssueError, ReportData, TpmQuoteValidator};
 use asterism_join_service::{
-    JoinConfig, JoinService, KeyServiceAddress, KeyServiceClient, Limits, Metrics, RedbState,
+    JoinConfig, JoinService, KeyServiceAddress, KeyServiceClient, LIMITS, Metrics, RedbState,
 };
 use asterism_metadata::HttpMetadata;
 use asterism_proto::join::IssueJoinTicketRequest;
@@ -129,15 +129,9 @@ async fn mutual_joins_verify_a_session_key_and_the_service_quotes_once() {
         .unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
-        asterism_join_service::serve(
-            listener,
-            atls,
-            service,
-            &Limits::default(),
-            std::future::pending(),
-        )
-        .await
-        .unwrap();
+        asterism_join_service::serve(listener, atls, service, &LIMITS, std::future::pending())
+            .await
+            .unwrap();
     });
 
     // A node that does not verify the service is served and never makes it quote.

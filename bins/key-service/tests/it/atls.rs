@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use crate::common::*;
 use asterism_atls::attestation::test_ed25519::{InsecureTestIssuer, InsecureTestValidator};
 use asterism_atls::{AtlsConfig, AtlsConnector, AtlsServer};
-use asterism_key_service::{KeyService, Limits, serve_with_limits};
+use asterism_key_service::{KeyService, LIMITS, serve_with_limits};
 use asterism_kms::{ClusterKms, MasterSecret, Salt};
 use asterism_proto::kms::api_client::ApiClient;
 use tokio::net::TcpListener;
@@ -50,7 +50,7 @@ async fn start_attested(service: KeyService) -> String {
         serve_with_limits(
             server.incoming(listener),
             service,
-            &Limits::default(),
+            &LIMITS,
             std::future::pending(),
         )
         .await
@@ -94,7 +94,7 @@ async fn the_attested_only_handler_refuses_an_unattested_connection() {
         serve_with_limits(
             tokio_stream::wrappers::TcpListenerStream::new(listener),
             KeyService::attested_only(zero_kms()),
-            &Limits::default(),
+            &LIMITS,
             std::future::pending(),
         )
         .await

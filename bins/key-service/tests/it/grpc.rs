@@ -10,7 +10,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use crate::common::*;
-use asterism_key_service::{BindError, KeyService, Limits, Listener, MAX_KEY_LEN, serve};
+use asterism_key_service::{BindError, KeyService, LIMITS, Limits, Listener, MAX_KEY_LEN, serve};
 use asterism_kms::KeyServiceAddress;
 use asterism_kms::{ClusterKms, MasterSecret, Salt};
 use asterism_proto::kms::api_client::ApiClient;
@@ -88,7 +88,7 @@ async fn assert_reference_keys(client: &mut ApiClient<tonic::transport::Channel>
 #[tokio::test]
 async fn unix_socket_serves_the_reference_keys() {
     let dir = tempfile::tempdir().unwrap();
-    let (path, server) = start_unix(dir.path(), Limits::default()).await;
+    let (path, server) = start_unix(dir.path(), LIMITS).await;
     let mut client = ApiClient::new(unix_channel(&path, TIMEOUT).await);
     assert_reference_keys(&mut client).await;
     drop(client);
@@ -215,7 +215,7 @@ async fn serve_accepts_wrapped_connections_with_their_own_connect_info() {
 #[tokio::test]
 async fn upper_case_disk_uuid_gives_the_same_key() {
     let dir = tempfile::tempdir().unwrap();
-    let (path, server) = start_unix(dir.path(), Limits::default()).await;
+    let (path, server) = start_unix(dir.path(), LIMITS).await;
     let mut client = ApiClient::new(unix_channel(&path, TIMEOUT).await);
     let lower = get_key_hex(&mut client, "abcdef01-2345-6789-abcd-ef0123456789").await;
     let upper = get_key_hex(&mut client, "ABCDEF01-2345-6789-ABCD-EF0123456789").await;
@@ -227,7 +227,7 @@ async fn upper_case_disk_uuid_gives_the_same_key() {
 #[tokio::test]
 async fn bad_requests_get_invalid_argument() {
     let dir = tempfile::tempdir().unwrap();
-    let (path, server) = start_unix(dir.path(), Limits::default()).await;
+    let (path, server) = start_unix(dir.path(), LIMITS).await;
     let mut client = ApiClient::new(unix_channel(&path, TIMEOUT).await);
 
     let max = u32::try_from(MAX_KEY_LEN).unwrap();
@@ -270,7 +270,7 @@ async fn bad_requests_get_invalid_argument() {
 #[tokio::test]
 async fn oversized_request_is_refused_before_the_handler() {
     let dir = tempfile::tempdir().unwrap();
-    let (path, server) = start_unix(dir.path(), Limits::default()).await;
+    let (path, server) = start_unix(dir.path(), LIMITS).await;
     let mut client = ApiClient::new(unix_channel(&path, TIMEOUT).await);
     // Over the 4 KiB message cap: refused by the decoder (OutOfRange), so the handler
     // (which would say InvalidArgument) never sees it.
@@ -285,7 +285,7 @@ async fn oversized_request_is_refused_before_the_handler() {
 #[tokio::test]
 async fn health_service_reports_kms_api_serving() {
     let dir = tempfile::tempdir().unwrap();
-    let (path, server) = start_unix(dir.path(), Limits::default()).await;
+    let (path, server) = start_unix(dir.path(), LIMITS).await;
     let mut health = HealthClient::new(unix_channel(&path, TIMEOUT).await);
     for service in ["kms.API", ""] {
         let status = health
@@ -314,7 +314,7 @@ async fn unix_socket_is_created_with_mode_0600() {
     let dir = tempfile::tempdir().unwrap();
     // A permissive parent directory: the socket's own mode must protect it.
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
-    let (path, server) = start_unix(dir.path(), Limits::default()).await;
+    let (path, server) = start_unix(dir.path(), LIMITS).await;
     let meta = std::fs::symlink_metadata(&path).unwrap();
     assert!(meta.file_type().is_socket());
     assert_eq!(meta.permissions().mode() & 0o777, 0o600);
@@ -334,7 +334,7 @@ async fn stale_socket_is_replaced() {
     let listener = Listener::bind(&KeyServiceAddress::Unix(path.clone()))
         .await
         .unwrap();
-    let server = spawn(listener, Limits::default());
+    let server = spawn(listener, LIMITS);
     let mut client = ApiClient::new(unix_channel(&path, TIMEOUT).await);
     assert_eq!(
         get_key_hex(&mut client, "measurementSecret").await,
@@ -359,7 +359,7 @@ async fn a_file_that_is_not_a_socket_is_never_replaced() {
 #[tokio::test]
 async fn a_live_socket_is_never_taken_over() {
     let dir = tempfile::tempdir().unwrap();
-    let (path, server) = start_unix(dir.path(), Limits::default()).await;
+    let (path, server) = start_unix(dir.path(), LIMITS).await;
     let err = Listener::bind(&KeyServiceAddress::Unix(path.clone()))
         .await
         .unwrap_err();
@@ -378,8 +378,8 @@ async fn a_live_socket_is_never_taken_over() {
 async fn connections_beyond_the_limit_wait_for_a_free_slot() {
     let dir = tempfile::tempdir().unwrap();
     let limits = Limits {
-        max_connections: 1,
-        ..Limits::default()
+        max_connections: Some(1),
+        ..LIMITS
     };
     let (path, server) = start_unix(dir.path(), limits).await;
 

@@ -4,15 +4,14 @@
 // Test helpers outside `#[test]` functions may fail loudly too.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::thread::JoinHandle;
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common::*;
 use asterism_proto::kms::api_client::ApiClient;
+use asterism_testkit::process::Process;
 use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE};
 
@@ -58,38 +57,9 @@ fn command(master_secret: &Path, salt: &Path, listen: &str) -> Command {
     cmd
 }
 
-/// Reads a child's stderr to the end on a thread.
-fn collect_stderr(child: &mut Child) -> JoinHandle<String> {
-    let mut stderr = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = stderr.read_to_string(&mut text);
-        text
-    })
-}
-
-/// Waits for the child to exit, killing it (and failing) after [`DEADLINE`].
-fn wait(child: &mut Child) -> ExitStatus {
-    let start = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        if start.elapsed() > DEADLINE {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the key service did not exit within {DEADLINE:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Runs the binary to completion and returns its exit status and stderr.
 fn run_to_exit(mut cmd: Command) -> (ExitStatus, String) {
-    let mut child = cmd.spawn().unwrap();
-    let stderr = collect_stderr(&mut child);
-    let status = wait(&mut child);
-    (status, stderr.join().unwrap())
+    asterism_testkit::process::run_to_exit(&mut cmd, DEADLINE)
 }
 
 fn unix_listen(dir: &Path) -> (PathBuf, String) {
@@ -178,18 +148,12 @@ fn serves_then_stops_on_sigterm_and_never_logs_key_material() {
     let mut cmd = command(&s.master_secret, &s.salt, &listen);
     // The most verbose logs, in both formats' field style.
     cmd.args(["--log-format", "json", "-vv"]);
-    let mut child = cmd.spawn().unwrap();
-    let stderr = collect_stderr(&mut child);
+    let mut child = Process::spawn(&mut cmd);
 
     let start = Instant::now();
     while !socket.exists() {
-        if start.elapsed() > DEADLINE || child.try_wait().unwrap().is_some() {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "the key service did not come up: {}",
-                stderr.join().unwrap()
-            );
+        if start.elapsed() > DEADLINE || child.has_exited() {
+            panic!("the key service did not come up: {}", child.stderr());
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -211,14 +175,7 @@ fn serves_then_stops_on_sigterm_and_never_logs_key_material() {
     });
     drop(runtime);
 
-    // The shell's built-in `kill`, so that no separate package is needed.
-    let kill = Command::new("sh")
-        .args(["-c", "kill -TERM \"$1\"", "sh", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
-    let status = wait(&mut child);
-    let logs = stderr.join().unwrap();
+    let (status, logs) = child.stop(DEADLINE);
     assert!(status.success(), "exit {status:?}: {logs}");
     assert!(!socket.exists(), "the socket file is removed on exit");
 

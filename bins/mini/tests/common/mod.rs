@@ -1,14 +1,12 @@
 //! What the end-to-end tests of local clusters share: where the workspace's binaries are,
-//! a teardown that stops a cluster even when a test fails, a runtime, polling, and an
-//! independent key check with the cryptsetup program.
+//! a teardown that stops a cluster even when a test fails, a runtime, and an independent
+//! key check with the cryptsetup program (`asterism_testkit::luks`).
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use asterism_mini::{LocalCluster, Node};
-use std::io::Write as _;
+
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 /// The directory of the workspace's binaries, built next to `asterism-mini` (`cargo test
 /// --workspace` or `cargo build --workspace --bins` builds them all, `asterism` among them).
@@ -60,29 +58,8 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-/// Polls `done` until it holds; fails the test after `deadline`.
-pub fn wait_for(what: &str, deadline: Duration, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(
-            start.elapsed() < deadline,
-            "{what}: not within {deadline:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// `cryptsetup open --test-passphrase` on the node's image with `key` on stdin: whether the
 /// key opens the disk, checked with the program itself, independently of our crates.
 pub fn cryptsetup_opens(node: &Node, key: &[u8]) -> bool {
-    let mut child = Command::new("cryptsetup")
-        .args(["open", "--test-passphrase", "--key-file", "-"])
-        .arg(node.dir.join("state.img"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(key).unwrap();
-    child.wait().unwrap().success()
+    asterism_testkit::luks::opens(&node.dir.join("state.img"), key)
 }

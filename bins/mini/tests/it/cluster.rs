@@ -12,8 +12,9 @@
     clippy::indexing_slicing
 )]
 
-use crate::common::{Teardown, bins, cryptsetup_opens, runtime, wait_for};
+use crate::common::{Teardown, bins, cryptsetup_opens, runtime};
 use asterism_mini::{LocalCluster, Node};
+use asterism_testkit::process::wait_for;
 use std::process::Command;
 use std::time::Duration;
 

@@ -247,7 +247,7 @@ fn the_owner_initialises_and_recovers_while_outsiders_flood_the_node() {
     let cp = cluster.nodes[0].clone();
     let booting = cluster.start_bootstrapper(&cp).unwrap();
     let init_addr: SocketAddr = cluster.init_args().endpoint.parse().unwrap();
-    common::wait_for("the InitServer", Duration::from_secs(60), || {
+    asterism_testkit::process::wait_for("the InitServer", Duration::from_secs(60), || {
         std::net::TcpStream::connect(init_addr).is_ok()
     });
     let wrong_init = |channel: tonic::transport::Channel| async move {
@@ -289,7 +289,7 @@ fn the_owner_initialises_and_recovers_while_outsiders_flood_the_node() {
     cluster.outage().unwrap();
     let booting = cluster.start_bootstrapper(&cp).unwrap();
     let recover_addr: SocketAddr = cp.recover_endpoint().parse().unwrap();
-    common::wait_for("the recovery server", Duration::from_secs(60), || {
+    asterism_testkit::process::wait_for("the recovery server", Duration::from_secs(60), || {
         std::net::TcpStream::connect(recover_addr).is_ok()
     });
     let wrong_keys = |channel: tonic::transport::Channel| async move {

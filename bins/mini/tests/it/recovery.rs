@@ -11,13 +11,14 @@
     clippy::indexing_slicing
 )]
 
-use crate::common::{TeardownAt, bins, cryptsetup_opens, join_worker, runtime, wait_for};
+use crate::common::{TeardownAt, bins, cryptsetup_opens, join_worker, runtime};
 use asterism::recover::{NodeKeys, Target};
 use asterism_atls::{AtlsConfig, AtlsConnector};
 use asterism_kms::DiskUuid;
 use asterism_mini::{LocalCluster, Node};
 use asterism_proto::recover::api_client::ApiClient;
 use asterism_proto::recover::{DescribeRequest, RecoverMessage};
+use asterism_testkit::process::wait_for;
 use std::time::Duration;
 
 /// The recovery of `endpoint` as `asterism recover` runs it, with the cluster's trust

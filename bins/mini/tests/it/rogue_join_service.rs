@@ -14,8 +14,9 @@
     clippy::indexing_slicing
 )]
 
-use crate::common::{bins, wait_for};
+use crate::common::bins;
 use asterism_mini::{LocalCluster, Node};
+use asterism_testkit::process::wait_for;
 use base64::Engine as _;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};

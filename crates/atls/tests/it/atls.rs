@@ -347,62 +347,7 @@ async fn raw_tls_client_alpn(
     alpn: Vec<Vec<u8>>,
 ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, std::io::Error> {
     let tcp = TcpStream::connect(addr).await?;
-    raw_tls_over(tcp, versions, alpn).await
-}
-
-/// A TLS 1.3 client (ALPN `h2`) on `tcp` that checks nothing of the server.
-async fn raw_tls_over(
-    tcp: TcpStream,
-    versions: &[&'static rustls::SupportedProtocolVersion],
-    alpn: Vec<Vec<u8>>,
-) -> Result<tokio_rustls::client::TlsStream<TcpStream>, std::io::Error> {
-    #[derive(Debug)]
-    struct AnyCert;
-    impl rustls::client::danger::ServerCertVerifier for AnyCert {
-        fn verify_server_cert(
-            &self,
-            _: &rustls::pki_types::CertificateDer<'_>,
-            _: &[rustls::pki_types::CertificateDer<'_>],
-            _: &rustls::pki_types::ServerName<'_>,
-            _: &[u8],
-            _: rustls::pki_types::UnixTime,
-        ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-            Ok(rustls::client::danger::ServerCertVerified::assertion())
-        }
-        fn verify_tls12_signature(
-            &self,
-            _: &[u8],
-            _: &rustls::pki_types::CertificateDer<'_>,
-            _: &rustls::DigitallySignedStruct,
-        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-            Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-        }
-        fn verify_tls13_signature(
-            &self,
-            _: &[u8],
-            _: &rustls::pki_types::CertificateDer<'_>,
-            _: &rustls::DigitallySignedStruct,
-        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-            Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-        }
-        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-            rustls::crypto::ring::default_provider()
-                .signature_verification_algorithms
-                .supported_schemes()
-        }
-    }
-    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_protocol_versions(versions)
-    .unwrap()
-    .dangerous()
-    .with_custom_certificate_verifier(Arc::new(AnyCert))
-    .with_no_client_auth();
-    cfg.alpn_protocols = alpn;
-    tokio_rustls::TlsConnector::from(Arc::new(cfg))
-        .connect("localhost".try_into().unwrap(), tcp)
-        .await
+    asterism_testkit::tls::connect_over(tcp, versions, alpn).await
 }
 
 async fn single_accept(
@@ -754,9 +699,13 @@ async fn silent_peers_of_32_sources_holding_every_slot_cannot_starve_a_33rd() {
             let tcp = tcp_from([127, 0, 40, source].into(), addr).await;
             // TLS completes, then nothing: no HELLO.
             silent.push(
-                raw_tls_over(tcp, &[&rustls::version::TLS13], vec![b"h2".to_vec()])
-                    .await
-                    .unwrap(),
+                asterism_testkit::tls::connect_over(
+                    tcp,
+                    &[&rustls::version::TLS13],
+                    vec![b"h2".to_vec()],
+                )
+                .await
+                .unwrap(),
             );
         }
     }

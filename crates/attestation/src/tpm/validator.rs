@@ -7,6 +7,7 @@ use super::trust::{AkKey, AkTrust};
 use crate::explain::{Check, Outcome};
 use crate::measurements::{MeasurementMode, Measurements, MeasurementsProvider, PcrIndex};
 use crate::{Measurement, ReportData, ValidationError, Validator, VerifiedEvidence};
+use asterism_basics::error_chain;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -436,15 +437,4 @@ fn digest_hex(e: &Event) -> String {
 fn list(s: &BTreeSet<PcrIndex>) -> String {
     let v: Vec<String> = s.iter().map(|i| i.to_string()).collect();
     format!("[{}]", v.join(","))
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }

@@ -13,10 +13,6 @@ use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     KeyUsagePurpose, PublicKeyData, SignatureAlgorithm,
 };
-use std::sync::{Arc, Mutex};
-use tracing::field::{Field, Visit};
-use tracing::{Event, Level, Subscriber};
-use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 
 pub const RSA_AK_PEM: &[u8] = include_bytes!("../data/test-ak-rsa2048.pk8.pem");
 
@@ -142,48 +138,4 @@ pub fn aik_eku() -> ExtendedKeyUsagePurpose {
     ExtendedKeyUsagePurpose::Other(TCG_KP_AIK_CERTIFICATE.to_vec())
 }
 
-/// Captured log events: (level, message and fields).
-#[derive(Clone, Default)]
-pub struct Logs(Arc<Mutex<Vec<(Level, String)>>>);
-
-impl Logs {
-    pub fn count(&self, level: Level, needle: &str) -> usize {
-        self.0
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|(l, m)| *l == level && m.contains(needle))
-            .count()
-    }
-
-    pub fn all(&self) -> Vec<(Level, String)> {
-        self.0.lock().unwrap().clone()
-    }
-}
-
-struct Text(String);
-
-impl Visit for Text {
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        self.0.push_str(&format!("{}={:?} ", field.name(), value));
-    }
-}
-
-impl<S: Subscriber> Layer<S> for Logs {
-    fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
-        let mut text = Text(String::new());
-        event.record(&mut text);
-        self.0
-            .lock()
-            .unwrap()
-            .push((*event.metadata().level(), text.0));
-    }
-}
-
-/// Runs `f` with a subscriber that captures every event.
-pub fn capture_logs<R>(f: impl FnOnce() -> R) -> (R, Logs) {
-    let logs = Logs::default();
-    let subscriber = tracing_subscriber::registry().with(logs.clone());
-    let r = tracing::subscriber::with_default(subscriber, f);
-    (r, logs)
-}
+pub use asterism_testkit::logs::capture as capture_logs;

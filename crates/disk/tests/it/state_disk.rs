@@ -87,20 +87,12 @@ fn cryptsetup(args: &[&str], device: &Path, stdin: &[u8]) -> std::process::Outpu
 
 /// Whether `passphrase` opens the image, asked of the cryptsetup program directly.
 fn opens(image: &Image, passphrase: &DataKey) -> bool {
-    cryptsetup(
-        &["open", "--test-passphrase", "--key-file", "-"],
-        &image.path,
-        passphrase.expose_secret(),
-    )
-    .status
-    .success()
+    asterism_testkit::luks::opens(&image.path, passphrase.expose_secret())
 }
 
 /// Token 0 as the cryptsetup program reports it.
 fn token0(image: &Image) -> String {
-    let out = cryptsetup(&["token", "export", "--token-id", "0"], &image.path, b"");
-    assert!(out.status.success());
-    String::from_utf8(out.stdout).unwrap()
+    asterism_testkit::luks::token0(&image.path)
 }
 
 fn scratch_is_empty(image: &Image) -> bool {

@@ -14,7 +14,6 @@
 //! `opt/` are free for users).
 
 use super::{Field, MAX_BLOB_LEN, NodeSettings, Raw, SettingsError, Source, Value};
-use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
 /// The sysfs directory of fw_cfg on a Linux guest.
@@ -105,24 +104,17 @@ pub(crate) fn read_file(
         path: path.to_owned(),
         source,
     };
-    let file = match std::fs::File::open(path) {
-        Ok(file) => file,
+    let read = match asterism_basics::read_file_capped(path, u64::try_from(cap).unwrap_or(u64::MAX))
+    {
+        Ok(read) => read,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(read_error(e)),
     };
-    let mut bytes = Vec::new();
-    let limit = u64::try_from(cap).unwrap_or(u64::MAX).saturating_add(1);
-    file.take(limit)
-        .read_to_end(&mut bytes)
-        .map_err(read_error)?;
-    if bytes.len() > cap {
-        return Err(SettingsError::TooLarge {
-            origin,
-            what: path.display().to_string(),
-            cap,
-        });
-    }
-    Ok(Some(bytes))
+    read.map(Some).ok_or_else(|| SettingsError::TooLarge {
+        origin,
+        what: path.display().to_string(),
+        cap,
+    })
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ use std::str::FromStr;
 /// Largest blob accepted (AK certificate, platform CA bundle, measurements), in bytes.
 pub const MAX_BLOB_LEN: usize = 64 * 1024;
 /// Largest host name (RFC 1035: 253 characters in text form).
-pub const MAX_HOSTNAME_LEN: usize = 253;
+pub const MAX_HOSTNAME_LEN: usize = asterism_basics::MAX_HOST_NAME_LEN;
 
 /// Where node settings come from. Exactly one is read at boot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -332,17 +332,8 @@ impl Hostname {
                 text.len()
             ));
         }
-        for label in text.split('.') {
-            let ok = !label.is_empty()
-                && label.len() <= 63
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
-                && !label.starts_with('-')
-                && !label.ends_with('-');
-            if !ok {
-                return Err("not a host name (letters, digits, hyphens and dots)".into());
-            }
+        if !asterism_basics::is_host_name(text) {
+            return Err("not a host name (letters, digits, hyphens and dots)".into());
         }
         Ok(Self(text.to_owned()))
     }

@@ -1,5 +1,10 @@
 //! Helpers shared by the TPM integration tests: an independent, minimal reading of the TPM
 //! wire structures, so the tests check the bytes rather than trust the code under test.
+//!
+//! This parser stays here on purpose, not in `asterism-testkit` and not shared with the
+//! verifier (`asterism-attestation`): it is an oracle. Written apart from the code under
+//! test, a misreading of the TPM specification in either shows up as a disagreement instead
+//! of passing both.
 
 #![allow(
     dead_code,

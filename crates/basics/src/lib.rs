@@ -1,0 +1,148 @@
+//! The few helpers that libraries and binaries alike need and that would otherwise be
+//! copied into each: an error with its causes on one line ([`error_chain`]), the syntax
+//! of a host name ([`is_host_name`]), and reads that refuse more than a cap instead of
+//! truncating ([`read_capped_from`], [`read_file_capped`]).
+//!
+//! It must never depend on anything but `std` (scripts/check-deps), so that any crate of
+//! the workspace, the verifier included, can use it without taking on a dependency. Nothing
+//! here logs, reads flags or holds state: binary plumbing belongs in `asterism-binkit`.
+#![forbid(unsafe_code)]
+
+use std::io::{self, Read};
+use std::path::Path;
+
+/// An error and its causes on one line, `a: b: c`, for a log line or an error that keeps
+/// a cause from another crate as text (a `Display` of the error alone would drop the
+/// causes).
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut out = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        out.push_str(": ");
+        out.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    out
+}
+
+/// Longest host name in text form (RFC 1035).
+pub const MAX_HOST_NAME_LEN: usize = 253;
+
+/// Longest label of a host name (RFC 1035).
+pub const MAX_LABEL_LEN: usize = 63;
+
+/// Whether `text` is a host name (RFC 1123): dot-separated labels of ASCII letters,
+/// digits and hyphens, each 1 to 63 characters, neither starting nor ending with a hyphen,
+/// at most 253 characters in all. Letters of either case; an IP address is not checked
+/// here (`1.2.3.4` passes as a name, `::1` does not).
+pub fn is_host_name(text: &str) -> bool {
+    !text.is_empty()
+        && text.len() <= MAX_HOST_NAME_LEN
+        && text.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= MAX_LABEL_LEN
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        })
+}
+
+/// Reads `reader` to its end if it yields at most `cap` bytes: `None` if it yields more
+/// (at most `cap + 1` bytes are read, so a huge or endless source costs no more).
+pub fn read_capped_from(reader: impl Read, cap: u64) -> io::Result<Option<Vec<u8>>> {
+    let mut bytes = Vec::new();
+    reader.take(cap.saturating_add(1)).read_to_end(&mut bytes)?;
+    let len = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
+    Ok((len <= cap).then_some(bytes))
+}
+
+/// Reads the file at `path` whole if it holds at most `cap` bytes: `None` if it is larger,
+/// never truncated. A wrong path (a device, a huge log) fails at once instead of filling
+/// memory. Opening and reading errors are returned as they are (a missing file is
+/// [`io::ErrorKind::NotFound`]).
+pub fn read_file_capped(path: &Path, cap: u64) -> io::Result<Option<Vec<u8>>> {
+    read_capped_from(std::fs::File::open(path)?, cap)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Outer(io::Error);
+
+    impl std::fmt::Display for Outer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("outer")
+        }
+    }
+
+    impl std::error::Error for Outer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn the_chain_names_every_cause_in_order() {
+        let e = Outer(io::Error::other("inner"));
+        assert_eq!(error_chain(&e), "outer: inner");
+        assert_eq!(error_chain(&io::Error::other("alone")), "alone");
+    }
+
+    #[test]
+    fn host_names_follow_rfc_1123() {
+        for good in [
+            "a",
+            "node-1",
+            "Node-1.example.COM",
+            "1.2.3.4",
+            &"a".repeat(63),
+        ] {
+            assert!(is_host_name(good), "{good}");
+        }
+        let long = [
+            "a".repeat(63),
+            "b".repeat(63),
+            "c".repeat(63),
+            "d".repeat(61),
+        ]
+        .join(".");
+        assert_eq!(long.len(), 253);
+        assert!(is_host_name(&long));
+        for bad in [
+            "",
+            ".",
+            "a..b",
+            "a.",
+            "-a",
+            "a-",
+            "a_b",
+            "a b",
+            "::1",
+            "ä",
+            &"a".repeat(64),
+            &format!("{long}a"),
+        ] {
+            assert!(!is_host_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_read_over_the_cap_is_refused_not_truncated() {
+        assert_eq!(
+            read_capped_from(&b"four"[..], 4).unwrap(),
+            Some(b"four".to_vec())
+        );
+        assert_eq!(read_capped_from(&b"four"[..], 3).unwrap(), None);
+        assert_eq!(read_capped_from(&b""[..], 0).unwrap(), Some(Vec::new()));
+    }
+
+    #[test]
+    fn a_missing_file_is_not_found() {
+        let err = read_file_capped(Path::new("/nonexistent/asterism"), 1).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::NotFound);
+    }
+}

@@ -1,0 +1,275 @@
+//! The one way the services serve gRPC: [`serve`] puts a set of routes on a stream of
+//! connections with the caps of a [`Limits`], and drains open connections on shutdown for
+//! at most a grace period.
+//!
+//! Every field is a cap a peer could otherwise push against (requests in flight, header
+//! sizes, idle or everlasting connections). A site leaves a field at `None` only where
+//! its protocol needs tonic's default (say so at the site).
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+use tonic::service::Routes;
+use tonic::transport::Server;
+use tonic::transport::server::Connected;
+
+/// The error type a connection stream may yield.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// How long to pause after a failed `accept` when connections are counted (for instance
+/// when out of file descriptors), so that a persistent failure does not become a busy loop.
+const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Caps and deadlines for everything a peer can send or hold. `None` leaves tonic's
+/// default (no cap, or hyper's own).
+///
+/// The services differ where their protocols do: the join service's requests carry a CSR
+/// and host keys (64 KiB) and may wait on the Kubernetes API (30 s); the key service's are
+/// a key ID (4 KiB) answered from memory (10 s), and it alone counts connections, since
+/// it is reached by every node's bootstrapper and nothing in front of it caps them; the
+/// verify service answers one quote at a time per caller (4 streams); the bootstrapper's
+/// InitServer holds one `Init` call open for as long as `kubeadm init` takes, so it has no
+/// request deadline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest decoded request message, in bytes. Applied by the site to each generated
+    /// service (`max_decoding_message_size`): [`serve`] cannot reach into them.
+    pub max_request_size: usize,
+    /// Deadline for handling one request.
+    pub request_timeout: Option<Duration>,
+    /// Connections served at once; further ones wait in the listen backlog.
+    pub max_connections: Option<usize>,
+    /// Concurrent requests (HTTP/2 streams) per connection; also the pending resets a peer
+    /// may leave unanswered.
+    pub max_streams_per_connection: Option<u32>,
+    /// Largest HTTP/2 header list, in bytes.
+    pub max_header_list_size: Option<u32>,
+    /// Interval of HTTP/2 keepalive pings to the peer.
+    pub keepalive_interval: Option<Duration>,
+    /// How long a keepalive ping may go unanswered before the connection is closed.
+    pub keepalive_timeout: Option<Duration>,
+    /// Connections are closed (gracefully, with GOAWAY) after this long, so none is held
+    /// forever.
+    pub max_connection_age: Option<Duration>,
+    /// How long requests in flight may finish after `max_connection_age`.
+    pub max_connection_age_grace: Option<Duration>,
+    /// On shutdown, how long open connections get to finish before they are dropped;
+    /// `None` waits for them.
+    pub shutdown_grace: Option<Duration>,
+}
+
+impl Limits {
+    /// Nothing capped here: tonic's defaults (4 MiB requests). For a server whose caps
+    /// sit elsewhere, in front of it.
+    pub const TONIC_DEFAULTS: Self = Self {
+        max_request_size: 4 * 1024 * 1024,
+        request_timeout: None,
+        max_connections: None,
+        max_streams_per_connection: None,
+        max_header_list_size: None,
+        keepalive_interval: None,
+        keepalive_timeout: None,
+        max_connection_age: None,
+        max_connection_age_grace: None,
+        shutdown_grace: None,
+    };
+
+    /// What the services on the network share: 16 streams per connection, 16 KiB of
+    /// headers, a ping every 30 s answered within 10 s, 10 s to drain on shutdown. A
+    /// service sets its own request size and deadline on top.
+    pub const SERVICE: Self = Self {
+        max_request_size: 4 * 1024,
+        request_timeout: Some(Duration::from_secs(10)),
+        max_streams_per_connection: Some(16),
+        max_header_list_size: Some(16 * 1024),
+        keepalive_interval: Some(Duration::from_secs(30)),
+        keepalive_timeout: Some(Duration::from_secs(10)),
+        shutdown_grace: Some(Duration::from_secs(10)),
+        ..Self::TONIC_DEFAULTS
+    };
+}
+
+/// Serves `routes` on every connection `incoming` yields, with the caps of `limits`, until
+/// `shutdown` completes; then accepts no new connection and drains open ones for at most
+/// `limits.shutdown_grace`.
+///
+/// `incoming` may be any stream of connections: a TCP or Unix listener stream, or one
+/// that wraps each accepted connection in (attested) TLS first. Its connection info is
+/// handed to the handlers as a request extension.
+pub async fn serve<I, IO, E>(
+    incoming: I,
+    routes: Routes,
+    limits: &Limits,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), tonic::transport::Error>
+where
+    I: Stream<Item = Result<IO, E>>,
+    IO: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static,
+    E: Into<BoxError>,
+{
+    let (draining, drain_started) = oneshot::channel::<()>();
+    let signal = async move {
+        shutdown.await;
+        tracing::info!("shutting down: accepting no new connections, draining open ones");
+        let _ = draining.send(());
+    };
+    let server = builder(limits)
+        .add_routes(routes)
+        .serve_with_incoming_shutdown(limit_connections(incoming, limits.max_connections), signal);
+    tokio::pin!(server);
+
+    let Some(grace) = limits.shutdown_grace else {
+        return server.await;
+    };
+    let grace_expired = async move {
+        match drain_started.await {
+            Ok(()) => tokio::time::sleep(grace).await,
+            // The server ended before any shutdown; its result decides.
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        result = &mut server => result,
+        () = grace_expired => {
+            tracing::warn!(
+                grace_secs = grace.as_secs(),
+                "connections still open after the shutdown grace period; dropping them"
+            );
+            Ok(())
+        }
+    }
+}
+
+/// A server builder with the transport caps of `limits`.
+fn builder(limits: &Limits) -> Server {
+    let mut server = Server::builder();
+    if let Some(timeout) = limits.request_timeout {
+        server = server.timeout(timeout);
+    }
+    if let Some(streams) = limits.max_streams_per_connection {
+        let n = usize::try_from(streams).unwrap_or(usize::MAX);
+        server = server
+            .concurrency_limit_per_connection(n)
+            .max_concurrent_streams(streams)
+            .http2_max_pending_accept_reset_streams(Some(n));
+    }
+    if let Some(size) = limits.max_header_list_size {
+        server = server.http2_max_header_list_size(size);
+    }
+    if limits.keepalive_interval.is_some() {
+        server = server.http2_keepalive_interval(limits.keepalive_interval);
+    }
+    if limits.keepalive_timeout.is_some() {
+        server = server.http2_keepalive_timeout(limits.keepalive_timeout);
+    }
+    if let Some(age) = limits.max_connection_age {
+        server = server.max_connection_age(age);
+    }
+    if let Some(grace) = limits.max_connection_age_grace {
+        server = server.max_connection_age_grace(grace);
+    }
+    server
+}
+
+/// With a maximum, each connection holds one of `max` slots until it is dropped, and while
+/// all slots are taken no further connection is accepted. Without, connections pass as
+/// they come.
+fn limit_connections<I, IO, E>(
+    incoming: I,
+    max: Option<usize>,
+) -> impl Stream<Item = Result<Limited<IO>, BoxError>>
+where
+    I: Stream<Item = Result<IO, E>>,
+    E: Into<BoxError>,
+{
+    let slots = max.map(|max| (max, Arc::new(Semaphore::new(max))));
+    incoming.then(move |accepted| {
+        let slots = slots.clone();
+        async move {
+            let Some((max, slots)) = slots else {
+                return accepted
+                    .map(|io| Limited { io, _permit: None })
+                    .map_err(Into::into);
+            };
+            match accepted {
+                Ok(io) => {
+                    if slots.available_permits() == 0 {
+                        tracing::warn!(max, "connection limit reached; waiting for a free slot");
+                    }
+                    let permit = slots.acquire_owned().await.map_err(BoxError::from)?;
+                    Ok(Limited {
+                        io,
+                        _permit: Some(permit),
+                    })
+                }
+                Err(err) => {
+                    let err: BoxError = err.into();
+                    tracing::warn!(error = %err, "accepting a connection failed");
+                    tokio::time::sleep(ACCEPT_ERROR_BACKOFF).await;
+                    Err(err)
+                }
+            }
+        }
+    })
+}
+
+/// A connection, holding a slot of the connection limit if there is one.
+struct Limited<IO> {
+    io: IO,
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+impl<IO: Connected> Connected for Limited<IO> {
+    type ConnectInfo = IO::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Limited<IO> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Limited<IO> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}

@@ -1,0 +1,116 @@
+//! The `main` of a service: its async runtime, and its result turned into an exit code.
+//!
+//! Every service's `main` parses its flags and installs its log subscriber (the filter is
+//! the service's own), then hands its `run` future to [`main`] (or [`Runtime::main`] for a
+//! runtime of another shape). A failure is logged with its whole chain of causes, once,
+//! and the process exits with 1.
+
+use std::future::Future;
+use std::process::ExitCode;
+
+/// What a service's `run` returns when it succeeds, as an exit code: `()` is 0, a `u8` is
+/// itself (a program whose outcomes have codes of their own, the bootstrapper's).
+pub trait Exit {
+    /// The process's exit code.
+    fn exit_code(self) -> ExitCode;
+}
+
+impl Exit for () {
+    fn exit_code(self) -> ExitCode {
+        ExitCode::SUCCESS
+    }
+}
+
+impl Exit for u8 {
+    fn exit_code(self) -> ExitCode {
+        ExitCode::from(self)
+    }
+}
+
+/// The shape of a service's tokio runtime: multi-threaded, with I/O and timers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Runtime {
+    /// Worker threads; `None` is one per CPU (tokio's default).
+    pub worker_threads: Option<usize>,
+    /// Most threads for blocking work (`spawn_blocking`); `None` is tokio's default, 512.
+    pub max_blocking_threads: Option<usize>,
+}
+
+impl Runtime {
+    /// A runtime with `n` worker threads, for a service whose load is small whatever the
+    /// machine (the metadata server, the verify service).
+    pub fn with_worker_threads(n: usize) -> Self {
+        Self {
+            worker_threads: Some(n),
+            ..Self::default()
+        }
+    }
+
+    /// The same runtime with at most `n` threads for blocking work: for a service whose
+    /// blocking calls wait on one lock, where more threads only add stacks and, in glibc,
+    /// malloc arenas.
+    #[must_use]
+    pub fn with_max_blocking_threads(self, n: usize) -> Self {
+        Self {
+            max_blocking_threads: Some(n),
+            ..self
+        }
+    }
+
+    /// Runs `run` on this runtime and returns the exit code: what `run` returned, or 1
+    /// when the runtime cannot start or `run` fails (logged as `"<name> failed"` with the
+    /// error's chain of causes).
+    pub fn main<T: Exit>(
+        self,
+        name: &str,
+        run: impl Future<Output = anyhow::Result<T>>,
+    ) -> ExitCode {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        if let Some(n) = self.worker_threads {
+            builder.worker_threads(n);
+        }
+        if let Some(n) = self.max_blocking_threads {
+            builder.max_blocking_threads(n);
+        }
+        let runtime = match builder.enable_all().build() {
+            Ok(runtime) => runtime,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start the async runtime");
+                return ExitCode::FAILURE;
+            }
+        };
+        match runtime.block_on(run) {
+            Ok(done) => done.exit_code(),
+            Err(e) => {
+                tracing::error!(error = format!("{e:#}"), "{name} failed");
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+/// Runs a service's `run` future on a multi-threaded runtime with one worker per CPU and
+/// returns its exit code ([`Runtime::main`]).
+pub fn main<T: Exit>(name: &str, run: impl Future<Output = anyhow::Result<T>>) -> ExitCode {
+    Runtime::default().main(name, run)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn success_exits_with_zero_or_the_code_run_chose() {
+        assert_eq!(main("t", async { Ok(()) }), ExitCode::SUCCESS);
+        assert_eq!(
+            Runtime::with_worker_threads(1).main("t", async { Ok(3u8) }),
+            ExitCode::from(3)
+        );
+    }
+
+    #[test]
+    fn a_failure_exits_with_one() {
+        let failed = main("t", async { Err::<(), _>(anyhow::anyhow!("boom")) });
+        assert_eq!(failed, ExitCode::FAILURE);
+    }
+}

@@ -168,7 +168,7 @@ async fn mount_state<M>(node: &Node<M>, device: std::path::PathBuf) -> Result<()
 pub(crate) enum RequestError {
     /// The master-secret form (`kms_uri`), without the flag that allows it.
     #[error(
-        "the request carries the master secret (kms_uri); this node accepts only the two derived keys (start it with --insecure-accept-master-secret to allow the original's form)"
+        "the request carries the master secret (kms_uri); this node accepts only the two derived keys (start it with --insecure-accept-master-secret to allow it)"
     )]
     MasterSecretRefused,
     /// The master-secret form, allowed, but its KMS URI or storage URI is unusable.

@@ -6,8 +6,8 @@
 //!
 //! Only the cluster KMS (`kms://cluster-kms` with `storage://no-store`) exists. The cloud
 //! backends (`aws`, `azure`, `gcp`), which clients may still name, are recognised by name so
-//! that they are refused with a clear message ([`KmsUri::into_kms`]); their parameters, which carry cloud
-//! credentials, are never read.
+//! that they are refused with a clear message ([`KmsUri::into_kms`]); their parameters, which
+//! carry cloud credentials, are never read.
 //!
 //! Query values are percent-decoded twice, once as an `application/x-www-form-urlencoded`
 //! query and once more as a query component, because existing clients encode them that

@@ -20,9 +20,9 @@ pub const MAX_RESPONSE_LEN: usize = 1024 * 1024;
 /// (`GET /self`, `/peers`, `/endpoint`, `/initsecrethash`).
 ///
 /// It checks the HTTP status (anything but 200 is an error, so a proxy's error page is never
-/// read as metadata), caps the response body at [`MAX_RESPONSE_LEN`] and gives every call a deadline
-/// ([`DEFAULT_TIMEOUT`]). With [`HttpMetadata::with_local_address`] its connections come
-/// from the node's own address, which is how the service tells nodes apart.
+/// read as metadata), caps the response body at [`MAX_RESPONSE_LEN`] and gives every call a
+/// deadline ([`DEFAULT_TIMEOUT`]). With [`HttpMetadata::with_local_address`] its connections
+/// come from the node's own address, which is how the service tells nodes apart.
 #[derive(Clone)]
 pub struct HttpMetadata {
     base: String,

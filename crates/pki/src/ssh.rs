@@ -109,10 +109,10 @@ impl SshCa {
 
     /// Signs an OpenSSH host certificate for `host_key`: type host, the given
     /// principals, valid from `now` − [`HOST_CERTIFICATE_BACKDATE`] to `now` +
-    /// [`HOST_CERTIFICATE_VALIDITY`] (so an expired node's certificate stops working), key
-    /// ID = the first principal, a random non-zero 64-bit serial (so one certificate can be
-    /// revoked), no critical options or extensions, a fresh 32-byte nonce. Which principals a node may have is the caller's
-    /// decision.
+    /// [`HOST_CERTIFICATE_VALIDITY`] (so an expired node's certificate stops working), key ID =
+    /// the first principal, a random non-zero 64-bit serial (so one certificate can be
+    /// revoked), no critical options or extensions, a fresh 32-byte nonce. Which principals a
+    /// node may have is the caller's decision.
     ///
     /// An empty principal list is refused: a certificate without principals is valid for
     /// every host name.

@@ -2,9 +2,10 @@
 //!
 //! **Choice: the AK is a primary key of the owner hierarchy**, not a child of an SRK.
 //! `TPM2_CreatePrimary` derives a primary key deterministically from the hierarchy's seed and
-//! the template, so the same TPM always gives the same AK until the owner hierarchy is
-//! cleared, and no storage key or key blob has to be kept anywhere. The key is made persistent with `TPM2_EvictControl` so that later loads are
-//! a handle look-up instead of a key generation (an RSA primary takes seconds on some TPMs).
+//! the template, so the same TPM always gives the same AK until the owner hierarchy is cleared,
+//! and no storage key or key blob has to be kept anywhere. The key is made persistent with
+//! `TPM2_EvictControl` so that later loads are a handle look-up instead of a key generation (an
+//! RSA primary takes seconds on some TPMs).
 //!
 //! Templates (TPMT_PUBLIC, nameAlg SHA-256, empty authPolicy, empty auth value):
 //!

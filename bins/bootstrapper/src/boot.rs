@@ -1,6 +1,6 @@
-//! The boot phase (a separate disk-mapper program in the original design, folded in here):
-//! decide from PCR 15 and the state disk what this boot is, and format a new disk: where the
-//! disk is mapped, also make its file system and mount it on `state/`.
+//! The boot phase, run in the same process before init or rejoin: decide from PCR 15 and the
+//! state disk what this boot is, and format a new disk: where the disk is mapped, also make its
+//! file system and mount it on `state/`.
 
 use std::fs::OpenOptions;
 use std::os::unix::fs::PermissionsExt as _;

@@ -55,8 +55,8 @@ pub struct Config {
     /// public area, hex): recorded at init with the disk UUID, so that the join service
     /// binds the first node's disk to it.
     pub ak_identity: Option<String>,
-    /// Whether the recovery server accepts the original's request form, which carries the
-    /// cluster's master secret (logged at warn on every use). Off: only the two derived
+    /// Whether the recovery server accepts the master-secret request form (`kms_uri`), which
+    /// carries the cluster's master secret (logged at warn on every use). Off: only the two derived
     /// keys are accepted.
     pub insecure_accept_master_secret: bool,
     /// Whether this node, as the first control plane, hosts the cluster's key and join

@@ -186,8 +186,8 @@ impl DiskOps for LuksDisk {
 
 /// The Kubernetes components of an init request or a join ticket (docs/kubernetes.md),
 /// checked: every one has a supported URL, a well-formed `sha256:<hex>` hash and a plain
-/// absolute install path. The original strings are kept, since the components ConfigMap
-/// records them and is named by their hashes.
+/// absolute install path. The strings are kept exactly as sent, since the components
+/// ConfigMap records them and is named by their hashes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Components(CheckedComponents);
 

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 /// Mode of secret files (keys, node state).
 pub const SECRET_MODE: u32 = 0o600;
-/// Mode of the first-boot passphrase file (read-only, as the original's key file).
+/// Mode of the first-boot passphrase file (read-only for its owner: nothing rewrites it).
 pub const KEY_FILE_MODE: u32 = 0o400;
 /// Mode of public files (certificates, public keys).
 pub const PUBLIC_MODE: u32 = 0o644;

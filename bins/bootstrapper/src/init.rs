@@ -43,7 +43,8 @@ use crate::logbuf;
 use crate::node::Node;
 use crate::pki;
 
-/// The cluster name when the request leaves it empty.
+/// The cluster name when the request leaves it empty. Clusters made so far carry it, so it
+/// must not change.
 pub const DEFAULT_CLUSTER_NAME: &str = "constellation";
 /// The longest init secret considered (bcrypt uses only the first 72 bytes anyway).
 const MAX_INIT_SECRET: usize = 1024;

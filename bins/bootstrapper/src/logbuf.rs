@@ -2,9 +2,9 @@
 //! of this process's log lines, so that a failed Init can stream them to its
 //! (authenticated) caller.
 //!
-//! The original streams the whole host journal (`journalctl`) — to any caller, even one with
-//! a wrong init secret. Here only this process's own lines are
-//! kept, in memory, and only a caller that presented the right init secret receives them.
+//! Only this process's own lines are kept, in memory, and only a caller that presented the
+//! right init secret receives them: the host journal is not this caller's to read, and a
+//! wrong secret gets nothing.
 //! Nothing secret is ever logged by this crate, so nothing secret is in the buffer.
 
 use std::collections::VecDeque;

@@ -1,6 +1,6 @@
-//! The node state file (`state/constellation/node_state.json`: role and measurement salt,
-//! docs/bootstrapper.md). The layout of a node directory is
-//! [`asterism_cluster::NodeDir`].
+//! The node state file (`state/constellation/node_state.json`, where existing state disks
+//! have it: role and measurement salt, docs/bootstrapper.md). The layout of a node
+//! directory is [`asterism_cluster::NodeDir`].
 
 use std::path::{Path, PathBuf};
 
@@ -50,8 +50,8 @@ struct Wire {
 }
 
 impl NodeState {
-    /// The file content, byte for byte what the original writes (Go `json.MarshalIndent`
-    /// with a TAB indent, no trailing newline).
+    /// The file content: JSON indented with one TAB per level, no trailing newline. Existing
+    /// state disks hold files in exactly this form, so it must not change byte for byte.
     #[must_use]
     pub fn to_json(&self) -> String {
         format!(

@@ -30,9 +30,9 @@ use crate::node::Node;
 use crate::node_state::NodeState;
 use crate::ticket::{TicketError, key32};
 
-/// The recovery server's port, as the original has it: the owner's CLI dials it.
+/// The recovery server's port: the owner's CLI dials it, so it must not change.
 pub const DEFAULT_RECOVER_PORT: u16 = 9999;
-/// The largest Recover request decoded (two 32-byte keys and a UUID; the original's form
+/// The largest Recover request decoded (two 32-byte keys and a UUID; the master-secret form
 /// carries a KMS URI of a few hundred bytes).
 const MAX_RECOVER_MESSAGE: usize = 4096;
 
@@ -166,12 +166,12 @@ async fn mount_state<M>(node: &Node<M>, device: std::path::PathBuf) -> Result<()
 /// Why a Recover request is refused before its keys are tried.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum RequestError {
-    /// The original's form, which carries the master secret, without the flag that allows it.
+    /// The master-secret form (`kms_uri`), without the flag that allows it.
     #[error(
-        "the request carries the master secret (kms_uri); this node accepts only the two derived keys (start it with --insecure-accept-master-secret to allow the original's form)"
+        "the request carries the master secret (kms_uri); this node accepts only the two derived keys (start it with --insecure-accept-master-secret to allow it)"
     )]
     MasterSecretRefused,
-    /// The original's form, allowed, but its KMS URI or storage URI is unusable.
+    /// The master-secret form, allowed, but its KMS URI or storage URI is unusable.
     #[error("the KMS URI: {0}")]
     Kms(String),
     /// A key has the wrong length.
@@ -188,7 +188,7 @@ pub(crate) enum RequestError {
 }
 
 /// A Recover request decoded into this node's two keys. `accept_master_secret` allows the
-/// original's form (the keys are derived here from the master secret in `kms_uri`).
+/// master-secret form (the keys are derived here from the master secret in `kms_uri`).
 pub(crate) fn decode(
     mut msg: RecoverMessage,
     uuid: &DiskUuid,

@@ -5,7 +5,7 @@
 //! expected measurements with PCR 15 required to be zero (a node waiting for recovery has
 //! not marked it yet), `Describe` names its disk UUID, and `Recover` sends the two keys
 //! derived for that UUID. The master secret never leaves this machine, unless
-//! `--insecure-send-master-secret` asks for the original's form.
+//! `--insecure-send-master-secret` asks for the master-secret form (`kms_uri`).
 //!
 //! The master secret comes from wherever [`recover`] is given it: [`read_master_secret`]
 //! reads the workspace's `master-secret.json`, [`read_shares`] reconstructs it from M
@@ -34,7 +34,8 @@ use zeroize::Zeroizing;
 
 /// The recovery server's port on a node.
 pub const DEFAULT_PORT: u16 = 9999;
-/// The pause between attempts of one retrier (the original's, off Azure).
+/// The pause between attempts of one retrier while nothing listens: a node that is still
+/// booting is asked again soon, without flooding the endpoint.
 pub const RETRY_INTERVAL: Duration = Duration::from_secs(5);
 /// The deadline of one connection, its attestation and both calls.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -72,9 +73,8 @@ pub struct Args {
     /// Deadline for the whole recovery, in seconds.
     #[arg(long, default_value_t = 600)]
     pub timeout_secs: u64,
-    /// INSECURE: send the whole master secret, as the original's clients do (for nodes
-    /// that accept only that form), instead of the two keys each node needs. Warned on
-    /// every use.
+    /// INSECURE: send the whole master secret (for nodes that accept only that form) instead
+    /// of the two keys each node needs. Warned on every use.
     #[arg(long)]
     pub insecure_send_master_secret: bool,
     /// INSECURE: send keys to any attestation key that passes the measurements, for a
@@ -105,7 +105,7 @@ pub struct Target {
     pub endpoint: String,
     /// Checks a node's evidence: the measurements with PCR 15 required zero.
     pub validator: Arc<dyn Validator>,
-    /// Send the original's form (the master secret).
+    /// Send the master-secret form (the whole master secret in `kms_uri`).
     pub insecure_send_master_secret: bool,
     /// Which attestation keys may receive keys, and for which disk.
     pub control_plane: ControlPlaneAks,
@@ -234,8 +234,9 @@ enum AttemptError {
 }
 
 /// One retrier: attempts every `retry_interval` until a node is recovered (`Some`), or
-/// nothing listened twice in a row (`None`: the original's rule, one `Unavailable` per
-/// retrier). `after_recovery`: a node was recovered before this retrier began.
+/// nothing listened twice in a row (`None`: one `Unavailable` per retrier is forgiven, a
+/// second means no node there needs recovery). `after_recovery`: a node was recovered
+/// before this retrier began.
 async fn retrier(
     target: &Target,
     kms: &ClusterKms,
@@ -395,7 +396,7 @@ impl NodeKeys {
     }
 }
 
-/// The original's form: the master secret in a KMS URI.
+/// The master-secret form: the master secret in a KMS URI.
 fn original_form(kms: &ClusterKms) -> Result<RecoverMessage> {
     let uri = KmsUri::cluster(
         MasterSecret::new(kms.master_secret().expose_secret().to_vec())?,

@@ -20,7 +20,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum JoiningNodes {
     /// Every join writes its JoiningNode; without the CRD or the NodeVersion a join fails
-    /// (as in the original, where the node operator is always installed).
+    /// (for a cluster whose node operator is installed and relies on the records).
     Required,
     /// Write JoiningNode records when the CRD and the NodeVersion exist; otherwise skip them
     /// with a warning. Control-plane joins are then **not serialised**.

@@ -5,9 +5,9 @@
 //!
 //! Attestation proves *what* a node runs; this service adds *who* it is: the peer's source
 //! address must be an instance of the metadata, the CSR must name that instance, the role
-//! must match, and a disk's key goes only to the attestation key the disk is bound to (the
-//! original checked none of this: any attested node got any disk's key). Handlers take the [`asterism_atls::VerifiedPeer`] of the
-//! connection, never raw evidence.
+//! must match, and a disk's key goes only to the attestation key the disk is bound to
+//! (otherwise any attested node could take any disk's key). Handlers take the
+//! [`asterism_atls::VerifiedPeer`] of the connection, never raw evidence.
 //!
 //! * [`JoinService`]: the core, generic over [`asterism_metadata::Metadata`],
 //!   [`KeySource`] and [`ClusterState`];

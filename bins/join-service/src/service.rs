@@ -331,8 +331,8 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
             principals,
             role,
         } = req;
-        // The original falls back to "ip:port", which is no host name; the address alone
-        // is.
+        // No principals asked for: the address alone (with a port it would be no host
+        // name).
         let principals = principals.unwrap_or_else(|| vec![peer.ip.to_string()]);
 
         // Who is it? The metadata, by source address, decides; attestation alone does not

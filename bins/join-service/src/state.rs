@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, oneshot};
 use zeroize::Zeroizing;
 
-/// How long a minted bootstrap token is valid (15 min, as the original's join service).
+/// How long a minted bootstrap token is valid: 15 min, ample for a node to run `kubeadm join`.
 pub const TOKEN_TTL: Duration = Duration::from_secs(15 * 60);
 /// A stored token is handed out again while it has at least this long left.
 pub const TOKEN_MIN_REMAINING: Duration = Duration::from_secs(5 * 60);

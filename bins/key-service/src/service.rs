@@ -68,7 +68,8 @@ pub struct DataKeyRequest {
 impl TryFrom<GetDataKeyRequest> for DataKeyRequest {
     type Error = RequestError;
 
-    /// Checks the length first and the ID second, as the original does.
+    /// Checks the length first and the ID second: a request wrong in both is refused for
+    /// its length (docs/key-service.md).
     fn try_from(request: GetDataKeyRequest) -> Result<Self, Self::Error> {
         let len = usize::try_from(request.length)
             .ok()

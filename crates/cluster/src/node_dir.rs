@@ -54,7 +54,7 @@ impl NodeDir {
         self.run().join("initial.key")
     }
 
-    /// `state/constellation/node_state.json`.
+    /// `state/constellation/node_state.json`: the path existing state disks have it at.
     #[must_use]
     pub fn node_state(&self) -> PathBuf {
         self.state().join("constellation").join("node_state.json")

@@ -30,8 +30,8 @@ impl Role {
     }
 
     /// Parses a role case-insensitively; `control-plane` is accepted as well. Anything
-    /// else is [`Role::Unknown`], as in the original (so an unknown role never matches a
-    /// role check).
+    /// else is [`Role::Unknown`] rather than an error, so a record with a role this version
+    /// does not know still reads, and an unknown role never matches a role check.
     #[must_use]
     pub fn parse(s: &str) -> Role {
         match s.to_ascii_lowercase().as_str() {

@@ -231,7 +231,8 @@ pub struct InvalidPbkdf {
 }
 
 impl Pbkdf {
-    /// The original's parameters: argon2id, target 2000 ms, at most 64 MiB, 4 threads.
+    /// The production parameters: argon2id, target 2000 ms, at most 64 MiB, 4 threads
+    /// (docs/disk.md): a guessed passphrase costs seconds, and a node's boot pays it once.
     pub const SPEC: Self = Self::Argon2idBenchmarked {
         time_ms: 2000,
         max_memory_kib: 65536,

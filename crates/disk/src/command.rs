@@ -133,8 +133,8 @@ impl fmt::Debug for Invocation {
     }
 }
 
-/// What the device-mapper activation passes to the kernel, as the original does: no read
-/// and no write workqueue.
+/// What the device-mapper activation passes to the kernel: no read and no write workqueue,
+/// so encryption runs in the context of the I/O instead of being queued to kernel workers.
 const ACTIVATION_FLAGS: [&str; 2] = ["--perf-no_read_workqueue", "--perf-no_write_workqueue"];
 
 /// Builds cryptsetup command lines. Pure: nothing here touches the system.

@@ -4,7 +4,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// The mapper name of the state disk, as in the original: it is mapped at `/dev/mapper/state`.
+/// The mapper name of the state disk: it is mapped at `/dev/mapper/state`, where the
+/// bootstrapper and the node image's init look for it.
 pub const DEFAULT_MAPPER_NAME: &str = "state";
 
 /// The bound on every cryptsetup invocation except a format that wipes integrity tags.
@@ -60,7 +61,7 @@ pub(crate) fn pbkdf_args(pbkdf: &Pbkdf) -> Vec<String> {
 /// Whether the data segment is authenticated with dm-integrity (`hmac(sha256)`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Integrity {
-    /// Always `hmac-sha256`, as in the original (docs/disk.md). Formatting fails where the
+    /// Always `hmac-sha256` (docs/disk.md). Formatting fails where the
     /// kernel has no device-mapper, and every header must carry integrity.
     #[default]
     HmacSha256,
@@ -167,7 +168,7 @@ pub struct DiskConfig {
 }
 
 impl Default for DiskConfig {
-    /// Production: the original's format parameters, integrity required, device-mapper
+    /// Production: the format parameters of docs/disk.md, integrity required, device-mapper
     /// required.
     fn default() -> Self {
         Self {

@@ -23,7 +23,7 @@ use crate::header::{
     token_json, validate_header,
 };
 
-/// The length of a generated initial passphrase: 32 random bytes, as in the original.
+/// The length of a generated initial passphrase: 32 random bytes, as long as a disk key.
 pub const INITIAL_PASSPHRASE_LEN: usize = 32;
 
 /// cryptsetup's exit status for "no key available with this passphrase".
@@ -48,8 +48,7 @@ pub struct Formatted {
     pub integrity: bool,
 }
 
-/// 32 fresh random bytes (raw binary, not text) for the first keyslot of a new disk, as the
-/// original generates.
+/// 32 fresh random bytes (raw binary, not text) for the first keyslot of a new disk.
 pub fn generate_initial_passphrase() -> Result<DataKey, DiskError> {
     let mut bytes = vec![0u8; INITIAL_PASSPHRASE_LEN];
     SystemRandom::new()
@@ -124,7 +123,8 @@ pub struct StateDisk<R: CommandRunner = SystemRunner> {
 
 impl StateDisk<SystemRunner> {
     /// The state disk at `path` (a block device or an image file; symbolic links are
-    /// resolved, as the original does for the cloud device links such as `/dev/disk/by-id/google-state-disk`).
+    /// resolved, since clouds name the state disk by a link such as
+    /// `/dev/disk/by-id/google-state-disk`).
     /// Nothing is read from the disk yet.
     pub fn open(path: impl AsRef<Path>, config: DiskConfig) -> Result<Self, DiskError> {
         let runner = SystemRunner::new(config.device_mapper_control.clone());
@@ -351,7 +351,7 @@ impl<R: CommandRunner> StateDisk<R> {
 
     /// Sets token 0 to `diskIsInitialized: false`, so that the next boot treats the disk as
     /// new and formats it (docs/disk.md: a node whose initialization failed after the node
-    /// lock must be reset, not left half-initialized, which the original did not do).
+    /// lock must be reset, not left half-initialized).
     pub fn mark_for_reset(&self) -> Result<(), DiskError> {
         let (_, header) = self.validated_copy()?;
         self.set_token(false, header.volume_key_digest())?;

@@ -31,7 +31,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::Deserialize;
 
-/// The token type of the state disk.
+/// The token type of the state disk. Existing state disks carry it, so it must not change.
 pub const TOKEN_TYPE: &str = "constellation-state-disk";
 
 /// The most keyslots a valid state-disk header may have. A safe re-key holds at most three
@@ -614,7 +614,8 @@ fn check_digest(digest: &Digest) -> Result<(), String> {
     expect_base64("digest", &digest.digest)
 }
 
-/// Persistent flags this crate tolerates: the activation flags the original sets (no read or write workqueue).
+/// Persistent flags this crate tolerates: the two workqueue flags of the activation (no read
+/// or write workqueue), which the headers of existing disks may carry.
 const ALLOWED_CONFIG_FLAGS: [&str; 2] = ["no-read-workqueue", "no-write-workqueue"];
 
 fn check_config(config: &Config) -> Result<(), String> {

@@ -119,8 +119,8 @@ impl KeyId {
     /// Parses an ID as a caller of the key service sends it (without the `key-` prefix).
     ///
     /// A UUID becomes [`KeyId::Disk`] and is lower-cased, so `ABCD…` and `abcd…` name the
-    /// same disk key. (The original derives from the UUID as sent; nodes always send lower
-    /// case, so this only changes keys nobody asked for.)
+    /// same disk key. Nodes always send lower case, so the keys of existing disks do not
+    /// change.
     pub fn parse(id: &str) -> Result<Self, KeyIdError> {
         if id.is_empty() {
             return Err(KeyIdError::Empty);

@@ -145,9 +145,8 @@ impl TryFrom<Vec<u8>> for MasterSecret {
 
 /// The salt that goes with the master secret into every data-key derivation.
 ///
-/// At least [`Salt::MIN_LEN`] bytes. The original accepts any non-empty salt but always
-/// generates 32 bytes, and its key service refuses shorter ones; Asterism requires 32
-/// everywhere.
+/// At least [`Salt::MIN_LEN`] bytes, everywhere: salts are always generated with 32 bytes,
+/// so a shorter one is a mistake, not an existing cluster's.
 pub struct Salt(Zeroizing<Vec<u8>>);
 
 secret_bytes!(Salt);

@@ -5,12 +5,13 @@
 //! no error repeats any part of the input.
 //!
 //! Only the cluster KMS (`kms://cluster-kms` with `storage://no-store`) exists. The cloud
-//! backends of the original (`aws`, `azure`, `gcp`) are recognised by name so that they are
-//! refused with a clear message ([`KmsUri::into_kms`]); their parameters, which carry cloud
-//! credentials, are never read.
+//! backends (`aws`, `azure`, `gcp`), which clients may still name, are recognised by name so
+//! that they are refused with a clear message ([`KmsUri::into_kms`]); their parameters, which
+//! carry cloud credentials, are never read.
 //!
-//! Query values are percent-decoded twice, as the original does: once as an
-//! `application/x-www-form-urlencoded` query and once more as a query component. The
+//! Query values are percent-decoded twice, once as an `application/x-www-form-urlencoded`
+//! query and once more as a query component, because existing clients encode them that
+//! way. The
 //! `cluster-kms` values are base64url with padding and are written unescaped (their
 //! alphabet passes both decodings unchanged).
 
@@ -125,7 +126,7 @@ pub enum StorageUri {
     },
 }
 
-/// The cloud backends of the original, recognised only to be refused.
+/// Cloud backends a client may name, recognised only to be refused.
 const CLOUD_BACKENDS: [&str; 3] = ["aws", "azure", "gcp"];
 
 fn cloud_backend(host: &str) -> Option<&'static str> {

@@ -37,7 +37,7 @@ pub struct WaitPolicy {
 }
 
 impl Default for WaitPolicy {
-    /// Every 5 s for at most 2 min, as the original waits for its API server.
+    /// Every 5 s for at most 2 min: time for a just-started API server to come up.
     fn default() -> Self {
         Self {
             interval: Duration::from_secs(5),
@@ -100,7 +100,8 @@ impl ClusterApi {
     }
 
     /// Waits until the API server answers a namespace listing (one item is enough), trying every
-    /// `policy.interval` until `policy.deadline` (every error is retried, as in the original).
+    /// `policy.interval` until `policy.deadline` (every error is retried: while the API server
+    /// starts, any error may be transient).
     pub async fn wait_until_ready(&self, policy: WaitPolicy) -> Result<()> {
         const OP: &str = "list namespaces";
         let started = Instant::now();

@@ -28,8 +28,8 @@ pub const COMPONENTS_PREFIX: &str = "k8s-components-";
 pub const COMPONENTS_KEY: &str = "components";
 /// Key of the Kubernetes version in a components ConfigMap.
 pub const CLUSTER_VERSION_KEY: &str = "cluster-version";
-/// Node annotation naming the node's components ConfigMap (the original's key, which its
-/// node operator reads).
+/// Node annotation naming the node's components ConfigMap. The node operator reads this
+/// key, so it must not change.
 pub const COMPONENTS_ANNOTATION: &str = "constellation.edgeless.systems/kubernetes-components";
 
 pub use asterism_cluster::MEASUREMENT_SALT_LEN;
@@ -318,7 +318,7 @@ impl ClusterApi {
 
     /// Annotates node `node` with its components ConfigMap. A JSON
     /// merge patch of the one annotation: it cannot conflict with other writers, so unlike
-    /// the original's read-modify-write it needs no retry.
+    /// a read-modify-write it needs no retry.
     pub async fn annotate_node_components(&self, node: &str, config_map: &str) -> Result<()> {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let patch = serde_json::json!({

@@ -795,7 +795,7 @@ fn verify_service(images: &Images) -> Vec<Object> {
             period_seconds: Some(5),
             ..Probe::default()
         }),
-        // The node's TPM device (/dev/tpmrm0), as the original's verification service.
+        // Privileged for the node's TPM device (/dev/tpmrm0): no device plugin is deployed.
         security_context: Some(SecurityContext {
             privileged: Some(true),
             read_only_root_filesystem: Some(true),

@@ -30,7 +30,8 @@ pub const MEMBER_PREFIX: &str = "asterism-member-";
 pub const UPDATE_GROUP: &str = "update.edgeless.systems";
 /// Their version.
 pub const UPDATE_VERSION: &str = "v1alpha1";
-/// The cluster-scoped NodeVersion naming the current components ConfigMap.
+/// The cluster-scoped NodeVersion naming the current components ConfigMap. The node
+/// operator keeps it under this name, so the name must not change.
 pub const NODE_VERSION: &str = "constellation-version";
 /// Field manager of the server-side apply of worker JoiningNodes.
 pub const FIELD_MANAGER: &str = "join-service";

@@ -109,8 +109,8 @@ pub struct TokenPolicy {
 }
 
 impl Default for TokenPolicy {
-    /// 15 min (as the original's join service), reused while 5 min are left: a node that got the token has
-    /// at least 5 min to run `kubeadm join`.
+    /// 15 min, reused while 5 min are left: a node that got the token has at least 5 min to
+    /// run `kubeadm join`, and a burst of joins costs one token write.
     fn default() -> Self {
         Self {
             ttl: Duration::from_secs(15 * 60),

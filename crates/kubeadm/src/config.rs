@@ -7,11 +7,12 @@
 //! piece: it writes a rendered file (which may hold a bootstrap token) into a private
 //! temporary directory and removes it when dropped.
 //!
-//! Changes from the original: init and join use the same cloud-provider setting
-//!; the join configuration always pins the cluster CA (`caCertHashes` must not
-//! be empty, `unsafeSkipCAVerification` is never set); an empty cloud provider is left out
-//! instead of being passed as an empty flag; join also passes `provider-id` as a kubelet
-//! argument, as init does.
+//! Init and join use the same cloud-provider setting; the join configuration always pins
+//! the cluster CA (`caCertHashes` must not be empty, `unsafeSkipCAVerification` is never
+//! set), so kubeadm's discovery trusts no API server but the cluster's; an empty cloud
+//! provider is left out instead of being passed as an empty flag; join also passes
+//! `provider-id` as a kubelet argument, as init does, because kubeadm join may ignore the
+//! KubeletConfiguration's.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -203,8 +204,8 @@ impl ApiVersion {
     }
 }
 
-/// The cloud-provider setting, the same for init and join (the
-/// original set AWS external on init but not on join).
+/// The cloud-provider setting, the same for init and join: a node's kubelet and the
+/// cluster's controller manager must agree on whether a cloud controller manager runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CloudProvider {
     /// A cloud controller manager runs in the cluster: `cloud-provider: external` for the
@@ -264,8 +265,8 @@ fn path_str(p: &Path) -> String {
     p.to_string_lossy().into_owned()
 }
 
-/// Makes a name Kubernetes-compliant as the original does (lower case, `_` → `-`) and
-/// checks it is a DNS-1123 subdomain.
+/// Makes an instance name Kubernetes-compliant (lower case, `_` → `-`: the node names
+/// existing clusters already have) and checks it is a DNS-1123 subdomain.
 pub fn k8s_node_name(raw: &str) -> Result<String, ConfigError> {
     let name = raw.to_lowercase().replace('_', "-");
     if asterism_pki::x509::is_dns1123_subdomain(&name) {

@@ -4,7 +4,8 @@
 //! the disk-bound consensus is not starved by other I/O on the node.
 //!
 //! This step never fails its caller: a missing etcd (after the bounded wait), several etcd
-//! processes or a refused priority are logged at warn and swallowed, as in the original.
+//! processes or a refused priority are logged at warn and swallowed: the priority helps etcd
+//! but the node works without it.
 //!
 //! The process table root and the priority call are behind seams ([`EtcdIoPriority::new`]
 //! takes the root, [`IoPrioritySetter`] the call) so the search runs on a fake `/proc` in

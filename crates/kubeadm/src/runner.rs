@@ -24,7 +24,7 @@ use zeroize::Zeroizing;
 
 use super::config::KubernetesVersion;
 
-/// kubeadm's verbosity, as the original runs it.
+/// kubeadm's verbosity: enough to tell from the log which phase failed.
 pub const VERBOSITY: &str = "-v=5";
 /// The phases `kubeadm init` skips: run before (preflight, certs) or not wanted (CoreDNS
 /// comes later from the cluster's own charts).
@@ -492,7 +492,7 @@ impl<C: Commands> Kubeadm<C> {
 }
 
 /// systemd through `systemctl`: enabling and starting the kubelet before
-/// kubeadm runs, as the original does on init and join.
+/// kubeadm runs on init and join, and on a reboot of a bootstrapped node.
 #[derive(Debug, Clone)]
 pub struct Systemd<C> {
     systemctl: PathBuf,
@@ -518,8 +518,9 @@ impl<C: Commands> Systemd<C> {
             .map(drop)
     }
 
-    /// `systemctl enable --runtime --force kubelet.service` (until the next boot, as the
-    /// original's D-Bus call).
+    /// `systemctl enable --runtime --force kubelet.service`: until the next boot only, so
+    /// after a reboot the kubelet does not start before the bootstrapper has set the node
+    /// up again (and enabled it again).
     pub async fn enable_kubelet(&self) -> Result<(), KubeadmError> {
         self.systemctl(&["enable", "--runtime", "--force", KUBELET_UNIT])
             .await

@@ -18,8 +18,8 @@ use asterism_components::{CheckedComponents, ComponentError, Installer};
 
 pub use asterism_cluster::CONTROL_PLANE_FILES;
 
-/// How often a join is tried, back to back, as the original does: joining sometimes fails
-/// transiently, and a failed join makes the node reset its disk.
+/// How often a join is tried, back to back: joining sometimes fails transiently (a download,
+/// the API server not answering yet), and a failed join makes the node reset its disk.
 pub const JOIN_ATTEMPTS: u32 = 3;
 
 /// Setting up the node failed.
@@ -246,9 +246,9 @@ impl<C: Commands> KubeadmNode<C> {
     /// cluster's version (the join ticket carries none).
     ///
     /// The whole join (install, version, kubeadm join) is tried up to [`JOIN_ATTEMPTS`]
-    /// times back to back, as the original does; each attempt empties the manifests
-    /// directory first and nothing else is reset. Refusals that would repeat (a
-    /// configuration or a control-plane file name) are not retried.
+    /// times back to back; each attempt empties the manifests directory first and nothing
+    /// else is reset. Refusals that would repeat (a configuration or a control-plane file
+    /// name) are not retried.
     pub async fn join_with_installed_kubeadm(
         &self,
         components: &CheckedComponents,
@@ -293,7 +293,7 @@ impl<C: Commands> KubeadmNode<C> {
     }
 
     /// Starts the kubelet on an already-bootstrapped node (a reboot: no kubeadm), then
-    /// prioritises etcd's I/O (on any node, as the original: a worker has no etcd, and the
+    /// prioritises etcd's I/O (on any node, whatever its role: a worker has no etcd, and the
     /// step gives up after its bounded wait).
     pub async fn start_kubelet(&self) -> Result<(), SetupError> {
         self.systemd.start_kubelet().await?;

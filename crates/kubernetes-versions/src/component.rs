@@ -49,9 +49,9 @@ impl From<asterism_proto::components::Component> for Component {
     }
 }
 
-/// The hash of a whole component list, as the original names its components ConfigMap
-/// after init: `sha256:` + hex(SHA-256(concatenation of every component's
-/// hash string)).
+/// The hash of a whole component list, which names the components ConfigMap after init:
+/// `sha256:` + hex(SHA-256(concatenation of every component's hash string)). Existing
+/// clusters' ConfigMaps carry names made this way, so the computation must not change.
 #[must_use]
 pub fn list_hash(components: &[Component]) -> String {
     let mut h = Sha256::new();
@@ -121,7 +121,7 @@ impl fmt::Debug for Sha256Hash {
 /// Why a hash string is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum HashFormatError {
-    /// No hash at all (the original then skipped the check).
+    /// No hash at all: refused, since a component without one could not be checked.
     #[error("the hash is empty; every component needs a sha256 hash")]
     Empty,
     /// Not `sha256:`.

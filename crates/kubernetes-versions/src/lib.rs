@@ -6,8 +6,8 @@
 //! ([`BUILTIN_TABLE`]); a test holds it to a recorded digest ([`BUILTIN_TABLE_SHA256`]), so
 //! changing it is a deliberate edit (docs/kubernetes.md says how). Loading it checks every
 //! component: each carries a well-formed SHA-256 hash, and a `data:` component, which the
-//! file leaves unhashed, gets the hash of its decoded bytes (Change from the original, which
-//! installs such components unchecked).
+//! file leaves unhashed, gets the hash of its decoded bytes, so the installer checks it like
+//! a downloaded one.
 //!
 //! A crate of its own, apart from the installer (`asterism-components`), because the
 //! installer carries an HTTP client and TLS: the operator's CLI, which only reads the table

@@ -19,10 +19,10 @@ pub const MAX_RESPONSE_LEN: usize = 1024 * 1024;
 /// Reads instance metadata from a metadata service over plain HTTP
 /// (`GET /self`, `/peers`, `/endpoint`, `/initsecrethash`).
 ///
-/// Unlike the original client, it checks the HTTP status (anything but 200 is an error),
-/// caps the response body at [`MAX_RESPONSE_LEN`] and gives every call a deadline
-/// ([`DEFAULT_TIMEOUT`]). With [`HttpMetadata::with_local_address`] its connections come
-/// from the node's own address, which is how the service tells nodes apart.
+/// It checks the HTTP status (anything but 200 is an error, so a proxy's error page is never
+/// read as metadata), caps the response body at [`MAX_RESPONSE_LEN`] and gives every call a
+/// deadline ([`DEFAULT_TIMEOUT`]). With [`HttpMetadata::with_local_address`] its connections
+/// come from the node's own address, which is how the service tells nodes apart.
 #[derive(Clone)]
 pub struct HttpMetadata {
     base: String,

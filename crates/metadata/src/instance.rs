@@ -1,4 +1,4 @@
-//! The instance metadata record and node roles, with the original's JSON field names.
+//! The instance metadata record and node roles, with the JSON field names of the wire format.
 
 use serde::{Deserialize, Deserializer, Serialize};
 use std::net::IpAddr;
@@ -6,7 +6,8 @@ use std::net::IpAddr;
 pub use asterism_cluster::Role;
 
 /// What the metadata service knows about one instance (docs/metadata.md). The JSON field
-/// names are the original's (Go default names).
+/// names are the service's wire format, which existing metadata services speak, so they
+/// must not change.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct InstanceMetadata {
     /// The instance (and Kubernetes node) name.

@@ -1,7 +1,8 @@
 //! Instance metadata for Asterism: which instances form the cluster, their roles and
 //! addresses, the control-plane endpoint and the init-secret hash.
 //!
-//! * [`InstanceMetadata`] and [`Role`], serialised with the original's JSON field names.
+//! * [`InstanceMetadata`] and [`Role`], serialised with the JSON field names the
+//!   metadata service and existing peers use (docs/metadata.md).
 //! * The [`Metadata`] trait, the narrow seam every program uses; implemented by
 //!   [`HttpMetadata`] (a client of the metadata service) and [`StaticMetadata`] (in memory,
 //!   for tests).

@@ -10,7 +10,8 @@ use ssh_key::{Algorithm, LineEnding, PrivateKey, PublicKey};
 use std::time::{SystemTime, UNIX_EPOCH};
 use zeroize::Zeroizing;
 
-/// OpenSSH's "valid forever" `valid before` value (the original's; never issued here).
+/// OpenSSH's "valid forever" `valid before` value (never issued here: host certificates
+/// expire, see [`HOST_CERTIFICATE_VALIDITY`]).
 pub const VALID_FOREVER: u64 = u64::MAX;
 /// How long a host certificate is valid after it is signed: one year, as the kubelet
 /// certificate. A node receives a new one when it next joins.
@@ -108,10 +109,10 @@ impl SshCa {
 
     /// Signs an OpenSSH host certificate for `host_key`: type host, the given
     /// principals, valid from `now` − [`HOST_CERTIFICATE_BACKDATE`] to `now` +
-    /// [`HOST_CERTIFICATE_VALIDITY`] (the original: from `now` forever), key ID = the first
-    /// principal, a random non-zero 64-bit serial (the original: 0), no critical options or
-    /// extensions, a fresh 32-byte nonce. Which principals a node may have is the caller's
-    /// decision.
+    /// [`HOST_CERTIFICATE_VALIDITY`] (so an expired node's certificate stops working), key ID =
+    /// the first principal, a random non-zero 64-bit serial (so one certificate can be
+    /// revoked), no critical options or extensions, a fresh 32-byte nonce. Which principals a
+    /// node may have is the caller's decision.
     ///
     /// An empty principal list is refused: a certificate without principals is valid for
     /// every host name.
@@ -160,9 +161,8 @@ impl SshCa {
     }
 }
 
-/// A random serial, never 0 (the original's, and what tools show for "no serial"): two
-/// certificates share one with probability 2⁻⁶⁴ per pair, so a serial names one
-/// certificate in a revocation list.
+/// A random serial, never 0 (what tools show for "no serial"): two certificates share one
+/// with probability 2⁻⁶⁴ per pair, so a serial names one certificate in a revocation list.
 fn random_serial(rng: &SystemRandom) -> Result<u64, SshError> {
     loop {
         let mut bytes = [0u8; 8];

@@ -185,9 +185,9 @@ fn key_pem(key: &KeyPair) -> Result<PrivateKeyPem, X509Error> {
     ))))
 }
 
-/// A kubelet certificate request that passed every check the original made (signature,
-/// exactly one O = `system:nodes`, CN = `system:node:<name>`), plus Asterism's: the subject
-/// holds nothing else, and the node name is a DNS-1123 subdomain.
+/// A kubelet certificate request that passed every check: the signature, exactly one
+/// O = `system:nodes` and one CN = `system:node:<name>`, nothing else in the subject (a
+/// kubelet certificate has no use for more), and a node name that is a DNS-1123 subdomain.
 #[derive(Debug, Clone)]
 pub struct KubeletCsr {
     node_name: String,
@@ -248,7 +248,8 @@ impl KubeletCsr {
                             };
                             ip_addresses.push(ip.ok_or(CsrError::Malformed)?);
                         }
-                        // DNS names and other SANs are ignored, as in the original.
+                        // DNS names and other SANs are ignored: the certificate names
+                        // the node by its CN and its IP addresses only.
                     }
                 }
             }
@@ -274,8 +275,8 @@ impl KubeletCsr {
 }
 
 /// Whether `name` is a lower-case RFC 1123 subdomain (Kubernetes node names): labels of
-/// `[a-z0-9]([-a-z0-9]*[a-z0-9])?` joined by dots, at most 253 characters. (The original's
-/// join service mis-escaped this pattern and so refused dotted names.)
+/// `[a-z0-9]([-a-z0-9]*[a-z0-9])?` joined by dots, at most 253 characters: dotted names
+/// are valid node names and are accepted.
 pub fn is_dns1123_subdomain(name: &str) -> bool {
     if name.is_empty() || name.len() > 253 {
         return false;

@@ -1,8 +1,9 @@
 //! Asterism's gRPC protocols: the .proto files under `proto/` and the prost/tonic code
 //! generated from them.
 //!
-//! Packages, services, message names and field numbers match the original Constellation
-//! protocols, so the messages are wire-compatible with it. This crate holds no logic:
+//! Packages, services, message names and field numbers are fixed: existing clients and
+//! nodes speak these protocols, so a change must stay wire-compatible (a new field takes a
+//! new number, which older peers skip). This crate holds no logic:
 //! handlers convert these messages into domain types at the edge.
 //!
 //! Messages that carry secrets (keys, init secret, KMS URI) have a hand-written `Debug`

@@ -1,11 +1,11 @@
 //! The attestation key (AK): algorithms, templates and persistent handles.
 //!
-//! **Choice: the AK is a primary key of the owner hierarchy** (as the original's vTPM
-//! issuer does), not a child of an SRK. `TPM2_CreatePrimary` derives a primary key
-//! deterministically from the hierarchy's seed and the template, so the same TPM always gives
-//! the same AK until the owner hierarchy is cleared, and no storage key or key blob has to be
-//! kept anywhere. The key is made persistent with `TPM2_EvictControl` so that later loads are
-//! a handle look-up instead of a key generation (an RSA primary takes seconds on some TPMs).
+//! **Choice: the AK is a primary key of the owner hierarchy**, not a child of an SRK.
+//! `TPM2_CreatePrimary` derives a primary key deterministically from the hierarchy's seed and
+//! the template, so the same TPM always gives the same AK until the owner hierarchy is cleared,
+//! and no storage key or key blob has to be kept anywhere. The key is made persistent with
+//! `TPM2_EvictControl` so that later loads are a handle look-up instead of a key generation (an
+//! RSA primary takes seconds on some TPMs).
 //!
 //! Templates (TPMT_PUBLIC, nameAlg SHA-256, empty authPolicy, empty auth value):
 //!
@@ -65,7 +65,7 @@ pub enum AkAlgorithm {
     /// ECC NIST P-256, ECDSA with SHA-256.
     #[default]
     EccP256,
-    /// RSA-2048, RSASSA-PKCS1-v1_5 with SHA-256 (the original's `AttestationKeyRSA`).
+    /// RSA-2048, RSASSA-PKCS1-v1_5 with SHA-256.
     Rsa2048,
 }
 

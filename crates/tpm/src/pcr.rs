@@ -7,7 +7,8 @@ use crate::error::TpmError;
 /// Number of PCRs in a PC-client TPM bank: indices 0..=23.
 pub const PCR_COUNT: u32 = 24;
 
-/// The PCR that marks a node as bootstrapped (the original's `PCRIndexClusterID`).
+/// The PCR that marks a node as bootstrapped: the cluster ID is extended into it, and
+/// verifiers and existing measurement policies expect it at this index.
 pub const PCR_CLUSTER_ID: u32 = 15;
 
 /// A SHA-256 PCR value.

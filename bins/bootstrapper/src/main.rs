@@ -230,8 +230,9 @@ struct Args {
     ])]
     insecure_skip_join_service_verification: bool,
 
-    /// INSECURE: let the recovery server accept the original's request form, which carries
-    /// the cluster's whole master secret (`kms_uri`), instead of only this node's two keys.
+    /// INSECURE: let the recovery server accept the master-secret request form (`kms_uri`),
+    /// which carries the cluster's whole master secret, instead of only this node's two keys
+    /// (docs/recovery.md says which clients send it).
     /// Warned on every use.
     #[arg(long)]
     insecure_accept_master_secret: bool,
@@ -275,7 +276,7 @@ struct Args {
     mount: PathBuf,
 
     /// argon2id iterations of the disk keyslots (forced; no benchmark). Without it the
-    /// original's parameters are used (2 s target, 64 MiB, 4 threads).
+    /// keyslots are benchmarked for a 2 s unlock with 64 MiB and 4 threads (docs/disk.md).
     #[arg(long, value_name = "N", requires = "pbkdf_memory_kib")]
     pbkdf_iterations: Option<u32>,
 

@@ -1,8 +1,7 @@
 //! `asterism-verify-service`: answers `verify.API/GetAttestation` with fresh `tpm-quote`
 //! evidence of this node, bound to the caller's nonce.
 //!
-//! The answer is plain gRPC, like the original verification service: the evidence is
-//! self-authenticating (signed by the TPM over `SHA-256("asterism/verify/v1" || nonce)`),
+//! The answer is plain gRPC, with no attested TLS: the evidence is self-authenticating (signed by the TPM over `SHA-256("asterism/verify/v1" || nonce)`),
 //! and `asterism verify` checks it. The purpose label keeps this service from ever signing
 //! a binding that attested TLS would accept.
 //!

@@ -299,7 +299,7 @@ pub(crate) fn unpack(
                 check_symlink_target(&rel, &target)?;
                 clear_slot(&path, &rel)?;
                 // symlink(original = target, link = path): the link named `path` points to
-                // `target` (the original had these two swapped).
+                // `target`, the archive's link name to its target.
                 std::os::unix::fs::symlink(&target, &path)
                     .map_err(uio("cannot create symlink", &path))?;
                 files.remove(&rel);

@@ -2,14 +2,14 @@
 //! an init request or join ticket names, checks each against its SHA-256 hash, and installs
 //! it atomically.
 //!
-//! Changes from the original:
+//! What it guarantees (docs/kubernetes.md compares it with the original installer):
 //! * the hash is **mandatory**: a component without a well-formed `sha256:<64 lowercase hex>`
 //!   is refused before anything is downloaded;
-//! * retries back off exponentially (bounded attempts, a timeout per attempt) instead of a
-//!   10 ms hot loop;
+//! * retries back off exponentially, with bounded attempts and a timeout per attempt, so a
+//!   failing mirror is not hammered;
 //! * archives are unpacked into a temporary directory first; `..`, absolute paths, paths
 //!   through symlinks, and symlinks or hard links pointing outside the destination are
-//!   refused, and symlinks are created the right way round (link name → target);
+//!   refused, and each symlink is created as link name → target;
 //! * files appear at their final path only complete: temporary file, fsync, rename.
 //!
 //! The pure parts (URL parsing, archive path checks, retry decisions) take values and return
@@ -46,7 +46,7 @@ pub use asterism_kubernetes_versions::{
 };
 
 /// Mode of an installed (non-archive) component: read and execute for its owner, read for
-/// everyone else, as the original installs them.
+/// everyone else; nothing but the owner (root) may change a binary the kubelet runs.
 pub const BINARY_MODE: u32 = 0o544;
 /// Mode bits an archive entry may keep: no setuid/setgid/sticky, no group or world write.
 pub const ARCHIVE_MODE_MASK: u32 = 0o755;

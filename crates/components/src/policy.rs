@@ -59,8 +59,8 @@ impl DownloadPolicy {
     }
 }
 
-/// Whether an HTTP status is worth another attempt: 408, 425, 429, 502, 503 and 504, as in
-/// the original.
+/// Whether an HTTP status is worth another attempt: 408, 425, 429, 502, 503 and 504, the
+/// statuses that say the server or a proxy may answer later; every other status is final.
 #[must_use]
 pub fn is_retriable_status(status: StatusCode) -> bool {
     matches!(status.as_u16(), 408 | 425 | 429 | 502 | 503 | 504)

@@ -34,11 +34,11 @@ use std::time::SystemTime;
 
 use rustls_pki_types::{CertificateDer, TrustAnchor};
 
-use super::ek::{asn1_time, certificates_in_file, check_ca, parse_exact};
-use super::structures::TpmtPublic;
-use super::trust::{
+use super::ak::{
     AkChainWalk, AkFingerprint, AkKey, AkTrustError, AttributeRule, TCG_KP_AIK_CERTIFICATE,
 };
+use super::ek::{asn1_time, certificates_in_file, check_ca, parse_exact};
+use super::structures::TpmtPublic;
 use crate::ValidationError;
 
 /// `tcg-kp-EKCertificate` (2.23.133.8.1): Google's vTPM CA puts it on AK certificates and on

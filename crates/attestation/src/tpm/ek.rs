@@ -56,8 +56,8 @@ use x509_parser::public_key::RSAPublicKey;
 use x509_parser::time::ASN1Time;
 use x509_parser::x509::X509Name;
 
+use super::ak::CHAIN_ALGS;
 use super::structures::{PublicParams, TpmtPublic};
-use super::trust::CHAIN_ALGS;
 
 /// First NV index of the TCG EK certificate chain (intermediate CA certificates).
 pub const EK_CHAIN_NV_FIRST: u32 = 0x01C0_0100;

@@ -15,10 +15,9 @@
 //! every input, it accepts exactly what decode-then-re-encode accepts, with the same result.
 
 use super::evidence::{
-    AwsSnp, AzureSnp, AzureTdx, EvidenceError, MAX_CERT_CHAIN, PlatformKind, QuoteEvidence,
+    AwsSnp, AzureSnp, AzureTdx, EvidenceError, MAX_CERT_CHAIN, MAX_EVIDENCE_SIZE, PlatformKind,
+    QuoteEvidence,
 };
-use crate::measurements::PcrIndex;
-use std::collections::BTreeMap;
 
 /// Protobuf wire types this message uses.
 const VARINT: u8 = 0;
@@ -153,7 +152,7 @@ fn plain_uint32(r: &mut Reader<'_>, wire_type: u8) -> Result<u32, EvidenceError>
 }
 
 /// Decodes `TpmQuoteEvidence` bytes (the size cap is checked by the caller).
-pub(super) fn decode(bytes: &[u8]) -> Result<QuoteEvidence, EvidenceError> {
+fn decode(bytes: &[u8]) -> Result<QuoteEvidence, EvidenceError> {
     let mut r = Reader::new(bytes);
     let mut order = Order::new();
     let mut version = 0;
@@ -280,63 +279,12 @@ fn report_and_certs(body: &[u8]) -> Result<(Vec<u8>, Vec<Vec<u8>>), EvidenceErro
 }
 
 impl QuoteEvidence {
-    /// Builds decoded evidence from its wire fields, checking what the wire form leaves
-    /// open: the version, a platform report that names a platform, the chain's length,
-    /// each TPM structure, and the PCR list.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn from_parts(
-        version: u32,
-        platform: Option<Option<PlatformKind>>,
-        attest: &[u8],
-        signature: &[u8],
-        ak_public: &[u8],
-        chain: Vec<&[u8]>,
-        pcrs: &[(u32, &[u8])],
-        event_log: Option<&[u8]>,
-    ) -> Result<Self, EvidenceError> {
-        use super::evidence::EVIDENCE_VERSION;
-        use super::structures::{TpmsAttest, TpmtPublic, TpmtSignature};
-        if version != EVIDENCE_VERSION {
-            return Err(EvidenceError::UnsupportedVersion(version));
+    /// Decodes and parses evidence bytes (see the module documentation for the rules): one
+    /// pass that checks the encoding is canonical as it reads (this module).
+    pub fn decode(bytes: &[u8]) -> Result<Self, EvidenceError> {
+        if bytes.len() > MAX_EVIDENCE_SIZE {
+            return Err(EvidenceError::TooLarge(bytes.len()));
         }
-        let platform = match platform {
-            None => None,
-            Some(None) => return Err(EvidenceError::EmptyPlatform),
-            Some(kind) => kind,
-        };
-        if chain.len() > MAX_CERT_CHAIN {
-            return Err(EvidenceError::CertChainTooLong(chain.len()));
-        }
-        let parsed_attest = TpmsAttest::parse(attest).map_err(EvidenceError::Attest)?;
-        let parsed_signature = TpmtSignature::parse(signature).map_err(EvidenceError::Signature)?;
-        let parsed_ak = TpmtPublic::parse(ak_public).map_err(EvidenceError::AkPublic)?;
-        let mut map = BTreeMap::new();
-        let mut last: Option<PcrIndex> = None;
-        for &(raw, value) in pcrs {
-            let index = u8::try_from(raw)
-                .ok()
-                .and_then(PcrIndex::new)
-                .ok_or(EvidenceError::PcrIndex(raw))?;
-            if last.is_some_and(|l| l >= index) {
-                return Err(EvidenceError::PcrOrder(raw));
-            }
-            last = Some(index);
-            let value: [u8; 32] = value.try_into().map_err(|_| EvidenceError::PcrLength {
-                index: raw,
-                len: value.len(),
-            })?;
-            map.insert(index, value);
-        }
-        Ok(Self {
-            attest_bytes: attest.to_vec(),
-            attest: parsed_attest,
-            signature: parsed_signature,
-            pcrs: map,
-            ak_public_bytes: ak_public.to_vec(),
-            ak_public: parsed_ak,
-            ak_cert_chain: chain.into_iter().map(<[u8]>::to_vec).collect(),
-            event_log: event_log.map(<[u8]>::to_vec),
-            platform,
-        })
+        decode(bytes)
     }
 }

@@ -15,6 +15,7 @@
 //! Tests and benchmarks make evidence with the software quote builder of the
 //! `asterism-soft-tpm` crate, which no program depends on.
 
+mod ak;
 pub mod cloud;
 pub mod ek;
 pub mod eventlog;
@@ -26,6 +27,11 @@ mod trust;
 mod validator;
 mod wire;
 
+pub(crate) use ak::AkKey;
+pub use ak::{
+    AK_ATTRIBUTES, AkFingerprint, AkTrustError, MAX_RSA_BITS, MIN_RSA_BITS, REQUIRED_AK_ATTRIBUTES,
+    ak_spki_der, check_ak_template,
+};
 pub use cloud::CloudAkCa;
 pub use evidence::{
     AwsSnp, AzureSnp, AzureTdx, EVIDENCE_VERSION, EvidenceError, MAX_EVIDENCE_SIZE, PcrValue,
@@ -36,12 +42,8 @@ pub use platform::{
     TdxCollateralSet, UnknownPlatform,
 };
 pub use structures::{TpmsAttest, TpmtPublic, TpmtSignature};
-pub(crate) use trust::AkKey;
 #[cfg(feature = "insecure-test-attestation")]
 pub use trust::InsecureAnyAk;
-pub use trust::{
-    AK_ATTRIBUTES, AkFingerprint, AkTrust, AkTrustError, MAX_RSA_BITS, MIN_RSA_BITS, PinnedAks,
-    PlatformCa, REQUIRED_AK_ATTRIBUTES, ak_spki_der, check_ak_template,
-};
+pub use trust::{AkTrust, PinnedAks, PlatformCa};
 pub use validator::{Explained, TpmQuoteValidator};
 pub use wire::ParseError;

@@ -1,9 +1,10 @@
 //! The `tpm-quote` validator.
 
+use super::ak::AkKey;
 use super::eventlog::{Event, EventLog, pcr_start};
 use super::evidence::{QuoteEvidence, VARIANT};
 use super::structures::{QuoteInfo, alg};
-use super::trust::{AkKey, AkTrust};
+use super::trust::AkTrust;
 use crate::explain::{Check, Outcome};
 use crate::measurements::{MeasurementMode, Measurements, MeasurementsProvider, PcrIndex};
 use crate::{Measurement, ReportData, ValidationError, Validator, VerifiedEvidence};

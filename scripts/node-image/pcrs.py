@@ -195,30 +195,37 @@ def predict(args):
             "9": [{"type": t, "digest": d.hex()} for t, d in pcr9_events],
         },
     }
-    image["uefi"] = predict_uefi(args, kernel, initrd)
+    image["uefi"] = predict_uefi(args, kernel, initrd, secure_boot=False)
+    image["secure_boot"] = predict_uefi(args, kernel, initrd, secure_boot=True)
     image["files"].update(image["uefi"].pop("files"))
+    image["secure_boot"].pop("files")
     json.dump(image, sys.stdout, indent=2, sort_keys=True)
     sys.stdout.write("\n")
 
 
-def predict_uefi(args, kernel, initrd):
+def predict_uefi(args, kernel, initrd, secure_boot):
     """The firmware's boot of the disk image: OVMF measures the GPT of the disk it boots
     from (PCR 5) and the UKI it starts (PCR 4, its Authenticode hash: the signature is not
     part of it); systemd-stub measures the UKI's sections (PCR 11); the kernel the initrd
-    the stub hands it (PCR 9). The command line is the UKI's own and is in PCR 11."""
+    the stub hands it (PCR 9). The command line is the UKI's own and is in PCR 11. PCR 7
+    (the Secure Boot variables and the db entry that verified the UKI) depends on the
+    firmware's variables, and comes from the reference boot."""
     uki = Path(args.uki).read_bytes()
     sections = {".linux": kernel, ".osrel": Path(args.osrel).read_bytes(),
                 ".cmdline": Path(args.uki_cmdline).read_bytes(), ".initrd": initrd}
-    # Checked against the event log of a boot: OVMF ends the pre-boot phase before it calls
-    # the boot option, then measures the UKI; systemd-stub loads the kernel from its .linux
-    # section with LoadImage, which the firmware measures too (as the file is: no setup
-    # header fields patched, unlike QEMU's direct boot).
+    # Checked against the event logs of boots: OVMF ends the pre-boot phase before it calls
+    # the boot option, then measures the UKI. Without Secure Boot, systemd-stub starts the
+    # kernel from its .linux section with LoadImage, which the firmware measures too (the
+    # file as it is: no setup header fields patched, unlike QEMU's direct boot); with Secure
+    # Boot it starts the kernel itself (the kernel is not signed apart from the UKI, so the
+    # firmware would refuse it), and PCR 4 has no such event.
     pcr4_events = [
         ("EV_EFI_ACTION", sha256(CALLING_EFI_APPLICATION)),
         ("EV_SEPARATOR", sha256(bytes(4))),
         ("EV_EFI_BOOT_SERVICES_APPLICATION", authenticode_sha256(uki)),
-        ("EV_EFI_BOOT_SERVICES_APPLICATION", authenticode_sha256(kernel)),
     ]
+    if not secure_boot:
+        pcr4_events.append(("EV_EFI_BOOT_SERVICES_APPLICATION", authenticode_sha256(kernel)))
     # The disk's partition table, and the firmware's ExitBootServices.
     pcr5_events = [
         ("EV_SEPARATOR", sha256(bytes(4))),
@@ -284,7 +291,8 @@ def reference(args):
         image = json.loads(Path(args.image).read_text())
         # Direct kernel boots measure the kernel and initramfs QEMU hands over; firmware
         # boots (with Secure Boot or without) the UKI the disk holds.
-        predicted = image if args.mode == "direct-kernel" else image["uefi"]
+        predicted = {"direct-kernel": image, "uefi": image["uefi"],
+                     "secure-boot": image["secure_boot"]}[args.mode]
         expected = predicted["expected_pcrs"]["sha256"]
         for index, value in sorted(expected.items(), key=lambda kv: int(kv[0])):
             got = pcrs.get("sha256", {}).get(index)

@@ -381,6 +381,8 @@ pub struct RunningVm {
 /// uptime at each init line) and the wall time since QEMU started.
 #[derive(Debug, Clone, Copy, serde::Serialize)]
 pub struct BootTiming {
+    /// How the VM booted (`uefi`, `secure-boot`, `direct-kernel`).
+    pub boot_mode: &'static str,
     /// Wall seconds from QEMU's start to the bootstrapper's exit.
     pub wall_seconds: f64,
     /// QEMU and the firmware: the wall time before the kernel's clock started.
@@ -704,7 +706,11 @@ impl VmCluster {
             &vm.node.dir.join(NODE_DISK),
             &NodeDir::new(&vm.node.dir).state_image(),
         )?;
-        let timing = boot_timing(&std::fs::read_to_string(vm.console())?, wall);
+        let timing = boot_timing(
+            &std::fs::read_to_string(vm.console())?,
+            wall,
+            self.boot_mode,
+        );
         if let Some(t) = &timing {
             std::fs::write(
                 vm.node.dir.join("boot-timing.json"),
@@ -960,12 +966,13 @@ fn uptime_at(console: &str, marker: &str) -> Option<f64> {
 
 /// Splits a boot into firmware, kernel, init and bootstrapper from the console's uptimes
 /// and the wall time from QEMU's start to the bootstrapper's exit.
-fn boot_timing(console: &str, wall_seconds: f64) -> Option<BootTiming> {
+fn boot_timing(console: &str, wall_seconds: f64, mode: BootMode) -> Option<BootTiming> {
     let init = uptime_at(console, "asterism-init: start ")?;
     let bootstrapper = uptime_at(console, "asterism-init: bootstrapper start ")?;
     let exited = uptime_at(console, "asterism-init: bootstrapper exited ")?;
     let round = |x: f64| (x * 100.0).round() / 100.0;
     Some(BootTiming {
+        boot_mode: mode.name(),
         wall_seconds: round(wall_seconds),
         firmware_seconds: round(wall_seconds - exited),
         kernel_seconds: round(init),
@@ -1217,12 +1224,13 @@ mod tests {
             asterism-init: start uptime=3.50 kernel=6.1.0\n\
             asterism-init: bootstrapper start uptime=4.00\n\
             asterism-init: bootstrapper exited with status 0 uptime=9.00\n";
-        let t = boot_timing(console, 21.0).unwrap();
+        let t = boot_timing(console, 21.0, BootMode::Uefi).unwrap();
+        assert_eq!(t.boot_mode, "uefi");
         assert_eq!(t.firmware_seconds, 12.0);
         assert_eq!(t.kernel_seconds, 3.5);
         assert_eq!(t.init_seconds, 0.5);
         assert_eq!(t.bootstrapper_seconds, 5.0);
-        assert!(boot_timing("asterism-init: start uptime=1\n", 5.0).is_none());
+        assert!(boot_timing("asterism-init: start uptime=1\n", 5.0, BootMode::Uefi).is_none());
     }
 
     #[test]

@@ -407,8 +407,10 @@ fn a_vm_booted_without_secure_boot_is_refused_naming_the_secure_boot_event_of_pc
     let cp = vmc.vms[0].clone();
     // The same firmware, but with variables that enrol no keys: Secure Boot is off, and the
     // same UKI starts unverified. The firmware measures the Secure Boot variables, and the
-    // db entry that verified the UKI, into PCR 7; OVMF's PCR 0 covers its variable store's
-    // defaults too, so that differs as well.
+    // db entry that verified the UKI, into PCR 7. Two more PCRs differ, each for its own
+    // reason: PCR 0 (OVMF measures a firmware volume from memory whose contents differ with
+    // these variables) and PCR 4 (without Secure Boot, systemd-stub starts the kernel with
+    // LoadImage, which the firmware measures).
     std::fs::copy(
         asterism_mini::vm::OVMF_VARS,
         cp.node.dir.join("OVMF_VARS_4M.fd"),
@@ -437,22 +439,34 @@ fn a_vm_booted_without_secure_boot_is_refused_naming_the_secure_boot_event_of_pc
         "refused for a measurement: {reason}"
     );
     // The verifier explains every PCR that differs by its first event that differs: PCR 7's
-    // is the SecureBoot variable; the image's own PCRs (4, 5, 9) are those of the reference.
+    // is the SecureBoot variable, off where the reference has it on.
     let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
     let explained: Vec<&str> = logs
         .lines()
         .filter(|l| l.contains("PCR differs from its expected value at this event"))
         .collect();
+    let pcr = |n: u8| {
+        explained
+            .iter()
+            .find(|l| l.contains(&format!("pcr={n} ")))
+            .copied()
+    };
+    let pcr7 = pcr(7).unwrap_or_else(|| panic!("the verifier explains PCR 7: {explained:#?}"));
     assert!(
-        explained.iter().any(|l| l.contains("pcr=7")
-            && l.contains("PCR 7 event 1 (EV_EFI_VARIABLE_DRIVER_CONFIG")
-            && l.contains("SecureBoot")),
-        "the verifier names PCR 7's SecureBoot event: {logs}"
+        pcr7.contains("PCR 7 event 1 (EV_EFI_VARIABLE_DRIVER_CONFIG SecureBoot off)")
+            && pcr7.contains("(EV_EFI_VARIABLE_DRIVER_CONFIG SecureBoot on)"),
+        "{pcr7}"
     );
-    for pcr in [4, 5, 9] {
+    let pcr4 = pcr(4).unwrap_or_else(|| panic!("PCR 4 differs too: {explained:#?}"));
+    assert!(
+        pcr4.contains("PCR 4 event 4 (EV_EFI_BOOT_SERVICES_APPLICATION")
+            && pcr4.contains("expected no such event"),
+        "only the kernel's own event is new in PCR 4: {pcr4}"
+    );
+    for n in [5, 9] {
         assert!(
-            !explained.iter().any(|l| l.contains(&format!("pcr={pcr} "))),
-            "PCR {pcr} is the reference's: {explained:#?}"
+            pcr(n).is_none(),
+            "PCR {n} is the reference's: {explained:#?}"
         );
     }
     assert!(

@@ -2,7 +2,9 @@
 """PCR arithmetic for the node image (standard library only).
 
 predict    writes image.json: the image's inputs, the sha256 of each output, and the PCR
-           values the build can compute (the kernel's and the initramfs' measurements).
+           values the build can compute, for both ways the image boots: the direct kernel
+           boot (the kernel's and the initramfs' measurements) and the firmware's boot of
+           the disk image (the UKI's Authenticode hash, its sections, the disk's GPT).
 reference  reads a reference boot's serial console log: the PCR values and the TCG event
            log the init printed between markers; writes reference-pcrs.json and
            reference-eventlog.bin and compares the PCRs with image.json's prediction; when
@@ -107,6 +109,50 @@ def load_options(cmdline):
     return (cmdline + " initrd=initrd").encode("utf-16-le") + b"\0\0"
 
 
+# systemd-stub (252) measures each UKI section it finds into PCR 11, in this order: the
+# section's name with its NUL, then its contents (systemd-measure computes the same).
+UKI_SECTIONS = (".linux", ".osrel", ".cmdline", ".initrd", ".splash", ".dtb", ".pcrsig", ".pcrpkey")
+
+
+def uki_pcr11_events(sections):
+    events = []
+    for name in UKI_SECTIONS:
+        if name in sections:
+            events.append((f"EV_IPL {name} (name)", sha256(name.encode() + b"\0")))
+            events.append((f"EV_IPL {name}", sha256(sections[name])))
+    return events
+
+
+def gpt_event_digest(disk):
+    """The digest of OVMF's EV_EFI_GPT_EVENT for the boot disk: the GPT header (its
+    HeaderSize bytes), the number of partitions in use (UINT64), then their entries."""
+    with open(disk, "rb") as f:
+        f.seek(512)
+        header = f.read(512)
+        if header[:8] != b"EFI PART":
+            raise ValueError(f"{disk}: no GPT header at LBA 1")
+        header_size, = struct.unpack_from("<I", header, 12)
+        entries_lba, count, entry_size = struct.unpack_from("<QII", header, 72)
+        f.seek(entries_lba * 512)
+        table = f.read(count * entry_size)
+    used = [table[i:i + entry_size] for i in range(0, len(table), entry_size)
+            if table[i:i + 16] != bytes(16)]
+    return sha256(header[:header_size] + struct.pack("<Q", len(used)) + b"".join(used))
+
+
+def certificate_der(pem_path):
+    text = Path(pem_path).read_text()
+    body = text.split("-----BEGIN CERTIFICATE-----")[1].split("-----END CERTIFICATE-----")[0]
+    return base64.b64decode("".join(body.split()))
+
+
+def replay(events):
+    pcr = SHA256_ZERO
+    for _, digest in events:
+        pcr = extend(pcr, digest)
+    return pcr
+
+
 def predict(args):
     kernel = Path(args.kernel).read_bytes()
     initrd = Path(args.initrd).read_bytes()
@@ -149,8 +195,70 @@ def predict(args):
             "9": [{"type": t, "digest": d.hex()} for t, d in pcr9_events],
         },
     }
+    image["uefi"] = predict_uefi(args, kernel, initrd, secure_boot=False)
+    image["secure_boot"] = predict_uefi(args, kernel, initrd, secure_boot=True)
+    image["files"].update(image["uefi"].pop("files"))
+    image["secure_boot"].pop("files")
     json.dump(image, sys.stdout, indent=2, sort_keys=True)
     sys.stdout.write("\n")
+
+
+def predict_uefi(args, kernel, initrd, secure_boot):
+    """The firmware's boot of the disk image: OVMF measures the GPT of the disk it boots
+    from (PCR 5) and the UKI it starts (PCR 4, its Authenticode hash: the signature is not
+    part of it); systemd-stub measures the UKI's sections (PCR 11); the kernel the initrd
+    the stub hands it (PCR 9). The command line is the UKI's own and is in PCR 11. PCR 7
+    (the Secure Boot variables and the db entry that verified the UKI) depends on the
+    firmware's variables, and comes from the reference boot."""
+    uki = Path(args.uki).read_bytes()
+    sections = {".linux": kernel, ".osrel": Path(args.osrel).read_bytes(),
+                ".cmdline": Path(args.uki_cmdline).read_bytes(), ".initrd": initrd}
+    # Checked against the event logs of boots: OVMF ends the pre-boot phase before it calls
+    # the boot option, then measures the UKI. Without Secure Boot, systemd-stub starts the
+    # kernel from its .linux section with LoadImage, which the firmware measures too (the
+    # file as it is: no setup header fields patched, unlike QEMU's direct boot); with Secure
+    # Boot it starts the kernel itself (the kernel is not signed apart from the UKI, so the
+    # firmware would refuse it), and PCR 4 has no such event.
+    pcr4_events = [
+        ("EV_EFI_ACTION", sha256(CALLING_EFI_APPLICATION)),
+        ("EV_SEPARATOR", sha256(bytes(4))),
+        ("EV_EFI_BOOT_SERVICES_APPLICATION", authenticode_sha256(uki)),
+    ]
+    if not secure_boot:
+        pcr4_events.append(("EV_EFI_BOOT_SERVICES_APPLICATION", authenticode_sha256(kernel)))
+    # The disk's partition table, and the firmware's ExitBootServices.
+    pcr5_events = [
+        ("EV_SEPARATOR", sha256(bytes(4))),
+        ("EV_EFI_GPT_EVENT", gpt_event_digest(args.disk)),
+        ("EV_EFI_ACTION", sha256(b"Exit Boot Services Invocation")),
+        ("EV_EFI_ACTION", sha256(b"Exit Boot Services Returned with Success")),
+    ]
+    # The kernel's EFI stub: the command line systemd-stub passes it (the .cmdline section
+    # as UTF-16LE, NUL-terminated; no initrd= here), then the initrd.
+    uki_cmdline = sections[".cmdline"].decode("ascii")
+    pcr9_events = [
+        ("EV_EVENT_TAG LOADED_IMAGE::LoadOptions",
+         sha256(uki_cmdline.encode("utf-16-le") + b"\0\0")),
+        ("EV_EVENT_TAG Linux initrd", sha256(initrd)),
+    ]
+    pcr11_events = uki_pcr11_events(sections)
+    cert = certificate_der(args.signing_cert)
+    disk = Path(args.disk)
+    events = {"4": pcr4_events, "5": pcr5_events, "9": pcr9_events, "11": pcr11_events}
+    return {
+        "disk": {
+            "size_bytes": disk.stat().st_size,
+            "state_partition_label": args.state_label,
+            "gpt_event_sha256": gpt_event_digest(disk).hex(),
+        },
+        "uki_authenticode_sha256": authenticode_sha256(uki).hex(),
+        "signing_certificate_sha256": hashlib.sha256(cert).hexdigest(),
+        "files": {name: hashlib.sha256(Path(path).read_bytes()).hexdigest()
+                  for name, path in (("uki.efi", args.uki), ("disk.raw", args.disk))},
+        "expected_pcrs": {"sha256": {k: replay(v).hex() for k, v in events.items()}},
+        "expected_events": {k: [{"type": t, "digest": d.hex()} for t, d in v]
+                            for k, v in events.items()},
+    }
 
 
 def reference(args):
@@ -181,7 +289,11 @@ def reference(args):
     ok = True
     if args.image:
         image = json.loads(Path(args.image).read_text())
-        expected = image["expected_pcrs"]["sha256"]
+        # Direct kernel boots measure the kernel and initramfs QEMU hands over; firmware
+        # boots (with Secure Boot or without) the UKI the disk holds.
+        predicted = {"direct-kernel": image, "uefi": image["uefi"],
+                     "secure-boot": image["secure_boot"]}[args.mode]
+        expected = predicted["expected_pcrs"]["sha256"]
         for index, value in sorted(expected.items(), key=lambda kv: int(kv[0])):
             got = pcrs.get("sha256", {}).get(index)
             match = got == value
@@ -206,12 +318,13 @@ def main():
     p = sub.add_parser("predict")
     for name in ("kernel", "initrd", "cmdline", "kernel-release", "source-date-epoch",
                  "packages", "modules", "missing-optional-modules", "bootstrapper-sha256",
-                 "memory-mib"):
+                 "memory-mib", "uki", "osrel", "uki-cmdline", "signing-cert", "disk", "state-label"):
         p.add_argument("--" + name, required=True)
     r = sub.add_parser("reference")
     r.add_argument("--console", required=True)
     r.add_argument("--out-dir", required=True)
     r.add_argument("--image")
+    r.add_argument("--mode", choices=("direct-kernel", "uefi", "secure-boot"), default="direct-kernel")
     args = parser.parse_args()
     if args.command == "predict":
         predict(args)

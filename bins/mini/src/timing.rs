@@ -143,6 +143,9 @@ pub struct NodeTiming {
     pub name: String,
     /// Whether it ran as a VM.
     pub vm: bool,
+    /// How it ran: `process`, or the VM's boot mode (`uefi`, `secure-boot`,
+    /// `direct-kernel`; `VM` for a boot that did not record it).
+    pub mode: String,
     /// The VM's boot (`boot-timing.json`).
     pub boot: Option<serde_json::Value>,
     /// The bootstrapper's phases.
@@ -176,9 +179,19 @@ pub fn cluster(dir: &Path) -> Result<Vec<NodeTiming>> {
         let boot = std::fs::read(ndir.join("boot-timing.json"))
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok());
+        let mode = if vm {
+            boot.as_ref()
+                .and_then(|b: &serde_json::Value| b.get("boot_mode"))
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or("VM")
+                .to_owned()
+        } else {
+            "process".to_owned()
+        };
         out.push(NodeTiming {
             name,
             vm,
+            mode,
             boot,
             phases,
         });
@@ -225,9 +238,11 @@ fn render(all: &[(String, NodeTiming)]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<28} {:<16} {:>8} {:>7} {:>7} {:>9} | {:>7} {:>6} {:>6} {:>6} {:>6} {:>6}",
+        "{:<28} {:<16} {:<14} {:>7} {:>8} {:>7} {:>7} {:>9} | {:>7} {:>6} {:>6} {:>6} {:>6} {:>6}",
         "cluster",
         "node",
+        "mode",
+        "wall",
         "firmware",
         "kernel",
         "init",
@@ -251,8 +266,10 @@ fn render(all: &[(String, NodeTiming)]) -> String {
         let short = dir.rsplit('/').next().unwrap_or(dir);
         let _ = writeln!(
             out,
-            "{short:<28} {:<16} {:>8} {:>7} {:>7} {:>9.2} | {:>7.2} {:>6.2} {:>6.2} {:>6.2} {:>6.2} {:>6.2}",
+            "{short:<28} {:<16} {:<14} {:>7} {:>8} {:>7} {:>7} {:>9.2} | {:>7.2} {:>6.2} {:>6.2} {:>6.2} {:>6.2} {:>6.2}",
             n.name,
+            n.mode,
+            cell(boot(n, "wall_seconds")),
             cell(boot(n, "firmware_seconds")),
             cell(boot(n, "kernel_seconds")),
             cell(boot(n, "init_seconds")),
@@ -269,23 +286,41 @@ fn render(all: &[(String, NodeTiming)]) -> String {
     let _ = writeln!(
         out,
         "
-medians (seconds): bootstrapper total, and its disk, wait and own parts"
+medians (seconds): a VM's boot (QEMU's start to the bootstrapper's exit: for a worker,
+boot to joined) and its firmware, kernel and init; the bootstrapper total, and its disk,
+wait and own parts"
     );
+    // The modes in the order they are compared: the VM boot modes, then process mode.
+    let mut modes: Vec<&str> = Vec::new();
+    for (_, n) in all {
+        if !modes.contains(&n.mode.as_str()) {
+            modes.push(&n.mode);
+        }
+    }
+    modes.sort_by_key(|m| *m == "process");
     let mut rows = Vec::new();
     for role in ["control-plane", "worker"] {
-        for vm in [true, false] {
-            let of: Vec<&Phases> = all
+        for mode in &modes {
+            let of: Vec<&NodeTiming> = all
                 .iter()
-                .filter(|(_, n)| n.vm == vm && n.name.starts_with(role))
-                .map(|(_, n)| &n.phases)
+                .filter(|(_, n)| n.mode == *mode && n.name.starts_with(role))
+                .map(|(_, n)| n)
                 .collect();
             if of.is_empty() {
                 continue;
             }
-            let m = |f: fn(&Phases) -> f64| median(of.iter().map(|p| f(p)).collect());
+            let m = |f: fn(&Phases) -> f64| median(of.iter().map(|n| f(&n.phases)).collect());
+            let b = |key: &str| {
+                let v: Vec<f64> = of.iter().filter_map(|n| boot(n, key)).collect();
+                if v.is_empty() {
+                    "     -".to_owned()
+                } else {
+                    format!("{:>6.2}", median(v))
+                }
+            };
             let row = (
                 role,
-                vm,
+                *mode,
                 m(|p| p.total),
                 m(Phases::disk),
                 m(|p| p.wait),
@@ -293,9 +328,12 @@ medians (seconds): bootstrapper total, and its disk, wait and own parts"
             );
             let _ = writeln!(
                 out,
-                "  {role:<14} {:<8} n={:<2} total {:>6.2}  disk {:>6.2}  wait {:>6.2}  own {:>6.2}",
-                if vm { "VM" } else { "process" },
+                "  {role:<14} {mode:<14} n={:<2} boot {} (firmware {}, kernel {}, init {})  bootstrapper {:>6.2}  disk {:>6.2}  wait {:>6.2}  own {:>6.2}",
                 of.len(),
+                b("wall_seconds"),
+                b("firmware_seconds"),
+                b("kernel_seconds"),
+                b("init_seconds"),
                 row.2,
                 row.3,
                 row.4,
@@ -305,12 +343,15 @@ medians (seconds): bootstrapper total, and its disk, wait and own parts"
         }
     }
     for role in ["control-plane", "worker"] {
-        let find = |vm: bool| rows.iter().find(|r| r.0 == role && r.1 == vm);
-        if let (Some(v), Some(p)) = (find(true), find(false)) {
+        let Some(p) = rows.iter().find(|r| r.0 == role && r.1 == "process") else {
+            continue;
+        };
+        for v in rows.iter().filter(|r| r.0 == role && r.1 != "process") {
             let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
             let _ = writeln!(
                 out,
-                "  {role:<14} VM / process: total {:.1}x, disk {:.1}x, own {:.1}x, total without the wait {:.1}x",
+                "  {role:<14} {} / process: total {:.1}x, disk {:.1}x, own {:.1}x, total without the wait {:.1}x",
+                v.1,
                 ratio(v.2, p.2),
                 ratio(v.3, p.3),
                 ratio(v.5, p.5),
@@ -405,10 +446,13 @@ asterism-init: bootstrapper exited with status 0 uptime=21.19
 
     #[test]
     fn the_report_gives_medians_by_mode_and_role_and_their_ratio() {
-        let node = |name: &str, vm: bool, total: f64| NodeTiming {
+        let node = |name: &str, mode: &str, total: f64| NodeTiming {
             name: name.into(),
-            vm,
-            boot: vm.then(|| serde_json::json!({"firmware_seconds": 14.0})),
+            vm: mode != "process",
+            mode: mode.into(),
+            boot: (mode != "process").then(
+                || serde_json::json!({"firmware_seconds": 14.0, "wall_seconds": total + 20.0}),
+            ),
             phases: Phases {
                 total,
                 format: total / 4.0,
@@ -418,21 +462,33 @@ asterism-init: bootstrapper exited with status 0 uptime=21.19
             },
         };
         let all = vec![
-            ("t/vm-1".to_owned(), node("worker-0", true, 12.0)),
-            ("t/vm-2".to_owned(), node("worker-0", true, 16.0)),
-            ("t/process-1".to_owned(), node("worker-0", false, 0.4)),
+            ("t/vm-1".to_owned(), node("worker-0", "uefi", 12.0)),
+            ("t/vm-2".to_owned(), node("worker-0", "uefi", 16.0)),
+            (
+                "t/direct-1".to_owned(),
+                node("worker-0", "direct-kernel", 8.0),
+            ),
+            ("t/process-1".to_owned(), node("worker-0", "process", 0.4)),
         ];
         let text = render(&all);
         assert!(text.contains("vm-1"), "{text}");
         assert!(text.contains("   14.00"), "the firmware column: {text}");
         assert!(
             text.contains(
-                "worker         VM       n=2  total  14.00  disk   7.00  wait   3.50  own   3.50"
+                "worker         uefi           n=2  boot  34.00 (firmware  14.00, kernel      -, init      -)  bootstrapper  14.00  disk   7.00  wait   3.50  own   3.50"
             ),
             "{text}"
         );
         assert!(
-            text.contains("worker         VM / process: total 35.0x, disk 35.0x, own 35.0x"),
+            text.contains("worker         direct-kernel  n=1  boot  28.00"),
+            "{text}"
+        );
+        assert!(
+            text.contains("worker         uefi / process: total 35.0x, disk 35.0x, own 35.0x"),
+            "{text}"
+        );
+        assert!(
+            text.contains("worker         direct-kernel / process: total 20.0x"),
             "{text}"
         );
     }

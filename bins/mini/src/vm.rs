@@ -1,9 +1,12 @@
 //! VM mode (`mini up --vm`): every node is a QEMU VM booted from the node image
-//! (docs/vm-image.md), which the firmware measures into the node's own TPM.
+//! (docs/vm-image.md), which the firmware measures into the node's own TPM. By default the
+//! firmware boots the image's disk, as a real machine's would: the unified kernel image on
+//! its EFI system partition (with `--secure-boot`, only once its signature verifies); with
+//! `--direct-kernel` QEMU hands the firmware the kernel, the initramfs and the command line.
 //!
-//! Per node: a swtpm on a Unix socket, a copy of the firmware variables, a raw virtio disk
-//! (the LUKS2 state disk, which the node maps with dm-crypt and mounts: the node's state
-//! lives there, encrypted), and two NICs. The first is QEMU's user-mode network: it forwards
+//! Per node: a swtpm on a Unix socket, a copy of the firmware variables, a copy of the
+//! image's disk on virtio (its state partition becomes the LUKS2 state disk, which the node
+//! maps with dm-crypt and mounts: the node's state lives there, encrypted), and two NICs. The first is QEMU's user-mode network: it forwards
 //! the node's InitServer and verify ports to its loopback address on the host, as process
 //! mode has them, and forwards the guest's metadata address to a relay on the host that
 //! answers for this node (see [`metadata_relay`]). The second joins the cluster network, a
@@ -32,7 +35,17 @@ use std::time::{Duration, Instant};
 /// The firmware's code, mapped read-only into every VM (Debian's `ovmf` package).
 const OVMF_CODE: &str = "/usr/share/OVMF/OVMF_CODE_4M.fd";
 /// The firmware's variables: each VM gets a copy.
-const OVMF_VARS: &str = "/usr/share/OVMF/OVMF_VARS_4M.fd";
+pub const OVMF_VARS: &str = "/usr/share/OVMF/OVMF_VARS_4M.fd";
+/// The firmware that enforces Secure Boot (it needs SMM).
+const OVMF_CODE_SECURE_BOOT: &str = "/usr/share/OVMF/OVMF_CODE_4M.secboot.fd";
+/// Variables with Debian's snakeoil test key enrolled as PK, KEK and db: the key the image
+/// build signs the UKI with unless told another.
+const OVMF_VARS_SECURE_BOOT: &str = "/usr/share/OVMF/OVMF_VARS_4M.snakeoil.fd";
+/// What OVMF prints on the console when it refuses to start an image (Secure Boot: no
+/// signature, or one db does not trust).
+const FIRMWARE_REFUSED: &str = "Access Denied";
+/// The GPT label of the node's state partition on the image's disk (scripts/build-node-image).
+pub const STATE_PARTITION_LABEL: &str = "asterism-state";
 /// The QEMU program.
 const QEMU: &str = "qemu-system-x86_64";
 /// The guest's address on the user-mode network, its gateway, and the address the guest
@@ -48,8 +61,6 @@ const MAC_CLUSTER: &str = "52:54:00:12:34:57";
 /// clusters with different `--net` do not share a network.
 const MCAST_GROUP: &str = "230.0.0.1";
 const MCAST_PORT_BASE: u16 = 47000;
-/// The size of a node's state disk.
-const STATE_DISK_BYTES: u64 = 64 << 20;
 /// How long a VM may take from QEMU's start to its InitServer listening (TCG on a busy
 /// machine: a minute and more).
 const BOOT_DEADLINE: Duration = Duration::from_secs(600);
@@ -67,6 +78,37 @@ const RELAY_DEADLINE: Duration = Duration::from_secs(30);
 /// The largest request head the relay reads.
 const MAX_REQUEST_HEAD: usize = 16 * 1024;
 
+/// How a VM boots the node image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BootMode {
+    /// The firmware boots the disk image's UKI, as a real machine does.
+    Uefi,
+    /// The same, with Secure Boot enforced: the UKI must be signed by a key in db.
+    SecureBoot,
+    /// QEMU hands the firmware the kernel, initramfs and command line (`-kernel`): quicker
+    /// to change while working on the image, but not how a real machine boots.
+    DirectKernel,
+}
+
+impl BootMode {
+    /// The name of the mode, as `scripts/boot-node-image --boot` and its reference
+    /// directories have it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Uefi => "uefi",
+            Self::SecureBoot => "secure-boot",
+            Self::DirectKernel => "direct-kernel",
+        }
+    }
+
+    fn firmware(self) -> (&'static str, &'static str) {
+        match self {
+            Self::SecureBoot => (OVMF_CODE_SECURE_BOOT, OVMF_VARS_SECURE_BOOT),
+            Self::Uefi | Self::DirectKernel => (OVMF_CODE, OVMF_VARS),
+        }
+    }
+}
+
 /// Settings of VM mode (`mini up --vm`).
 #[derive(clap::Args, Debug, Clone)]
 pub struct VmArgs {
@@ -78,15 +120,49 @@ pub struct VmArgs {
         default_value = "target/node-image"
     )]
     pub image: PathBuf,
-    /// VM mode: the expected measurements of a node booted from the image, as the image's
-    /// reference boot (`scripts/boot-node-image`) wrote them.
+    /// VM mode: the reference boots of the image (`scripts/boot-node-image`), one
+    /// directory per boot mode, each with its `measurements.json`.
     #[arg(
         long,
-        value_name = "PATH",
-        env = "ASTERISM_NODE_MEASUREMENTS",
-        default_value = "target/node-reference/measurements.json"
+        value_name = "DIR",
+        env = "ASTERISM_NODE_REFERENCE",
+        default_value = "target/node-reference"
     )]
-    pub vm_measurements: PathBuf,
+    pub vm_reference: PathBuf,
+    /// VM mode: the expected measurements of a node booted from the image (default: the
+    /// boot mode's `measurements.json` in `--vm-reference`).
+    #[arg(long, value_name = "PATH", env = "ASTERISM_NODE_MEASUREMENTS")]
+    pub vm_measurements: Option<PathBuf>,
+    /// VM mode: boot the UKI with Secure Boot enforced (OVMF's secboot build, with the
+    /// snakeoil test key that signs the image enrolled in db).
+    #[arg(long, conflicts_with = "direct_kernel")]
+    pub secure_boot: bool,
+    /// VM mode: QEMU hands the kernel, initramfs and command line to the firmware instead
+    /// of the firmware booting the disk (quicker to iterate on; not like a real machine).
+    #[arg(long)]
+    pub direct_kernel: bool,
+}
+
+impl VmArgs {
+    /// The boot mode the flags choose.
+    pub fn boot_mode(&self) -> BootMode {
+        if self.direct_kernel {
+            BootMode::DirectKernel
+        } else if self.secure_boot {
+            BootMode::SecureBoot
+        } else {
+            BootMode::Uefi
+        }
+    }
+
+    /// The measurements file: the one given, or the boot mode's reference.
+    pub fn measurements(&self) -> PathBuf {
+        self.vm_measurements.clone().unwrap_or_else(|| {
+            self.vm_reference
+                .join(self.boot_mode().name())
+                .join("measurements.json")
+        })
+    }
 }
 
 /// Arguments of the metadata relay QEMU starts for each connection of a guest to its
@@ -198,10 +274,12 @@ fn tempfile_dir() -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// The node image: kernel, initramfs, the measured command line and the VM memory the
-/// measurements assume.
+/// The node image: kernel, initramfs, the measured command line, the disk image and the VM
+/// memory the measurements assume.
 #[derive(Debug, Clone)]
 pub struct NodeImage {
+    /// The GPT disk image: the EFI system partition with the UKI, the state partition.
+    pub disk: PathBuf,
     /// The kernel.
     pub vmlinuz: PathBuf,
     /// The initramfs.
@@ -231,6 +309,7 @@ impl NodeImage {
             }
         };
         let vmlinuz = file("vmlinuz")?;
+        let disk = file("disk.raw")?;
         let initramfs = file("initramfs.cpio.gz")?;
         let cmdline = std::fs::read_to_string(file("cmdline")?)?
             .trim()
@@ -243,6 +322,7 @@ impl NodeImage {
             .and_then(serde_json::Value::as_u64)
             .with_context(|| format!("{}: no vm.memory_mib", image_json.display()))?;
         Ok(Self {
+            disk,
             vmlinuz,
             initramfs,
             cmdline,
@@ -261,7 +341,12 @@ pub fn check_host() -> Result<()> {
     if !qemu.is_ok_and(|s| s.success()) {
         bail!("{QEMU} is missing: install the qemu-system-x86 package");
     }
-    for f in [OVMF_CODE, OVMF_VARS] {
+    for f in [
+        OVMF_CODE,
+        OVMF_VARS,
+        OVMF_CODE_SECURE_BOOT,
+        OVMF_VARS_SECURE_BOOT,
+    ] {
         if !Path::new(f).is_file() {
             bail!("{f} is missing: install the ovmf package");
         }
@@ -296,6 +381,8 @@ pub struct RunningVm {
 /// uptime at each init line) and the wall time since QEMU started.
 #[derive(Debug, Clone, Copy, serde::Serialize)]
 pub struct BootTiming {
+    /// How the VM booted (`uefi`, `secure-boot`, `direct-kernel`).
+    pub boot_mode: &'static str,
     /// Wall seconds from QEMU's start to the bootstrapper's exit.
     pub wall_seconds: f64,
     /// QEMU and the firmware: the wall time before the kernel's clock started.
@@ -317,6 +404,8 @@ pub struct VmCluster {
     pub vms: Vec<VmNode>,
     /// The image the VMs boot (a test may change its command line, to see it refused).
     pub image: NodeImage,
+    /// How the VMs boot.
+    pub boot_mode: BootMode,
     accel: Accel,
     net: u8,
 }
@@ -333,11 +422,14 @@ impl VmCluster {
     ) -> Result<Self> {
         check_host()?;
         let image = NodeImage::locate(&args.image)?;
-        if !args.vm_measurements.is_file() {
+        let boot_mode = args.boot_mode();
+        let vm_measurements = args.measurements();
+        if !vm_measurements.is_file() {
             bail!(
-                "{} is missing: boot the node image once as a reference with scripts/boot-node-image --image {} (docs/vm-image.md), or pass --vm-measurements",
-                args.vm_measurements.display(),
-                args.image.display()
+                "{} is missing: boot the node image once as a reference with scripts/boot-node-image --image {} --boot {} (docs/vm-image.md), or pass --vm-measurements",
+                vm_measurements.display(),
+                args.image.display(),
+                boot_mode.name()
             );
         }
         let accel = Accel::detect()?;
@@ -349,8 +441,8 @@ impl VmCluster {
         // The expected measurements: what the firmware and the kernel measure booting this
         // image, from its reference boot.
         let measurements = dir.join("measurements.json");
-        std::fs::copy(&args.vm_measurements, &measurements)
-            .with_context(|| format!("copying {}", args.vm_measurements.display()))?;
+        std::fs::copy(&vm_measurements, &measurements)
+            .with_context(|| format!("copying {}", vm_measurements.display()))?;
         // What the workers expect of the join service: the same, but PCR 15, which holds the
         // cluster's marker there; the workers enforce it themselves (--cluster-id).
         let join_measurements = dir.join("join-service-measurements.json");
@@ -360,15 +452,11 @@ impl VmCluster {
         for i in 0..=workers {
             let (name, control_plane) = node_name(i);
             let ndir = provision_node(&bins.join("asterism-provision"), &ca_dir, &dir, &name)?;
-            std::fs::copy(OVMF_VARS, ndir.join("OVMF_VARS_4M.fd"))
-                .with_context(|| format!("copying {OVMF_VARS}"))?;
+            let (_, vars) = boot_mode.firmware();
+            std::fs::copy(vars, ndir.join("OVMF_VARS_4M.fd"))
+                .with_context(|| format!("copying {vars}"))?;
             // Mode 0600: the LUKS2 header names the disk's UUID (docs/join-service.md).
-            let disk = std::os::unix::fs::OpenOptionsExt::mode(
-                std::fs::OpenOptions::new().write(true).create_new(true),
-                0o600,
-            )
-            .open(NodeDir::new(&ndir).state_image())?;
-            disk.set_len(STATE_DISK_BYTES)?;
+            copy_sparse(&image.disk, &ndir.join(NODE_DISK))?;
             let host = i + 1;
             vms.push(VmNode {
                 node: Node {
@@ -407,6 +495,7 @@ impl VmCluster {
             cluster,
             vms,
             image,
+            boot_mode,
             accel,
             net,
         })
@@ -422,9 +511,10 @@ impl VmCluster {
     pub fn boot(&self, vm: &VmNode) -> Result<RunningVm> {
         let ndir = &vm.node.dir;
         step(format!(
-            "booting {} ({}, QEMU {}; host address {}, cluster address {})",
+            "booting {} ({}, {} boot, QEMU {}; host address {}, cluster address {})",
             vm.node.name,
-            self.image.vmlinuz.display(),
+            self.image.disk.display(),
+            self.boot_mode.name(),
             self.accel.name(),
             vm.node.ip,
             vm.cluster_ip
@@ -487,13 +577,39 @@ impl VmCluster {
         );
         // Device for device the VM of the reference boot (scripts/boot-node-image): the
         // firmware measures the devices it finds.
+        let (code, _) = self.boot_mode.firmware();
+        let machine = match self.boot_mode {
+            BootMode::SecureBoot => "q35,smm=on",
+            BootMode::Uefi | BootMode::DirectKernel => "q35",
+        };
+        let boot: Vec<String> = match self.boot_mode {
+            BootMode::DirectKernel => vec![
+                "-kernel".into(),
+                qemu_value(&image.vmlinuz)?,
+                "-initrd".into(),
+                qemu_value(&image.initramfs)?,
+                "-append".into(),
+                image.cmdline.clone(),
+            ],
+            // Only the firmware may write its variables, as on real hardware with SMM.
+            BootMode::SecureBoot => vec![
+                "-global".into(),
+                "driver=cfi.pflash01,property=secure,value=on".into(),
+            ],
+            BootMode::Uefi => vec![],
+        };
+        // The firmware boots the disk first (not the NICs' network boot).
+        let disk_device = match self.boot_mode {
+            BootMode::DirectKernel => "virtio-blk-pci,drive=disk0",
+            BootMode::Uefi | BootMode::SecureBoot => "virtio-blk-pci,drive=disk0,bootindex=0",
+        };
         let mut args: Vec<String> = vec![
             "-accel".into(),
             self.accel.name().into(),
             "-cpu".into(),
             "max".into(),
             "-machine".into(),
-            "q35".into(),
+            machine.into(),
             "-m".into(),
             image.memory_mib.to_string(),
             "-smp".into(),
@@ -506,18 +622,15 @@ impl VmCluster {
             "-serial".into(),
             format!("file:{}", qemu_value(&vm.console())?),
             "-drive".into(),
-            format!("if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}"),
+            format!("if=pflash,format=raw,unit=0,readonly=on,file={code}"),
             "-drive".into(),
             format!(
                 "if=pflash,format=raw,unit=1,file={}",
                 qemu_value(&ndir.join("OVMF_VARS_4M.fd"))?
             ),
-            "-kernel".into(),
-            qemu_value(&image.vmlinuz)?,
-            "-initrd".into(),
-            qemu_value(&image.initramfs)?,
-            "-append".into(),
-            image.cmdline.clone(),
+        ];
+        args.extend(boot);
+        args.extend([
             "-fw_cfg".into(),
             format!("name=opt/asterism/params,string={params}"),
             "-fw_cfg".into(),
@@ -534,10 +647,10 @@ impl VmCluster {
             "-drive".into(),
             format!(
                 "if=none,id=disk0,format=raw,file={}",
-                qemu_value(&NodeDir::new(ndir).state_image())?
+                qemu_value(&ndir.join(NODE_DISK))?
             ),
             "-device".into(),
-            "virtio-blk-pci,drive=disk0".into(),
+            disk_device.into(),
             "-netdev".into(),
             user_net,
             "-device".into(),
@@ -548,7 +661,7 @@ impl VmCluster {
             format!("virtio-net-pci,netdev=net1,mac={MAC_CLUSTER}"),
             "-device".into(),
             "virtio-rng-pci".into(),
-        ];
+        ]);
         args.extend(join_trust);
         Ok(args.into_iter().map(OsString::from).collect())
     }
@@ -588,7 +701,16 @@ impl VmCluster {
         } else {
             format!("exit status: {status}")
         };
-        let timing = boot_timing(&std::fs::read_to_string(vm.console())?, wall);
+        // The host's checks read the state partition as the bootstrapper left it.
+        copy_state_partition(
+            &vm.node.dir.join(NODE_DISK),
+            &NodeDir::new(&vm.node.dir).state_image(),
+        )?;
+        let timing = boot_timing(
+            &std::fs::read_to_string(vm.console())?,
+            wall,
+            self.boot_mode,
+        );
         if let Some(t) = &timing {
             std::fs::write(
                 vm.node.dir.join("boot-timing.json"),
@@ -643,6 +765,21 @@ impl VmCluster {
             {
                 return Ok(line.to_string());
             }
+            if self.boot_mode != BootMode::DirectKernel
+                && String::from_utf8_lossy(&text).contains(FIRMWARE_REFUSED)
+            {
+                bail!(
+                    "the firmware of {} refused to start the image's UKI ({FIRMWARE_REFUSED}{}); its console ({}) ends:\n{}",
+                    vm.node.name,
+                    if self.boot_mode == BootMode::SecureBoot {
+                        ": Secure Boot, and db does not trust its signature"
+                    } else {
+                        ""
+                    },
+                    console.display(),
+                    tail(&console)
+                );
+            }
             if let Some(status) = running.qemu.try_wait()? {
                 bail!(
                     "the VM of {} stopped ({status}) before its console said {needle:?}; QEMU said:\n{}\nits console ({}) ends:\n{}",
@@ -663,6 +800,104 @@ impl VmCluster {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+}
+
+/// The VM's disk in the node directory: a copy of the image's disk.
+pub const NODE_DISK: &str = "disk.raw";
+/// The logical block size of the image's disk, in which its GPT counts.
+const SECTOR: u64 = 512;
+
+/// Copies `from` to a new file `to` (mode 0600), leaving holes where `from` is zero (most of
+/// the disk: the state partition is empty until the node formats it).
+fn copy_sparse(from: &Path, to: &Path) -> Result<()> {
+    use std::io::{Seek, SeekFrom};
+    let mut src = std::fs::File::open(from).with_context(|| format!("{}", from.display()))?;
+    let mut dst = std::os::unix::fs::OpenOptionsExt::mode(
+        std::fs::OpenOptions::new().write(true).create_new(true),
+        0o600,
+    )
+    .open(to)
+    .with_context(|| format!("{}", to.display()))?;
+    let len = src.metadata()?.len();
+    let mut chunk = vec![0u8; 1 << 20];
+    loop {
+        let n = src.read(&mut chunk)?;
+        let data = chunk.get(..n).unwrap_or_default();
+        if data.is_empty() {
+            break;
+        }
+        if data.iter().all(|&b| b == 0) {
+            dst.seek(SeekFrom::Current(i64::try_from(n)?))?;
+        } else {
+            dst.write_all(data)?;
+        }
+    }
+    dst.set_len(len)?;
+    Ok(())
+}
+
+/// The byte range (offset, length) of the partition labelled `label` in a GPT disk whose
+/// first `head` bytes (the protective MBR, the header and the entry array) are given.
+pub fn gpt_partition(head: &[u8], label: &str) -> Result<(u64, u64)> {
+    let at = |off: usize, len: usize| -> Result<&[u8]> {
+        head.get(off..off + len).context("the GPT is cut short")
+    };
+    let u32_at = |off: usize| -> Result<u32> { Ok(u32::from_le_bytes(at(off, 4)?.try_into()?)) };
+    let u64_at = |off: usize| -> Result<u64> { Ok(u64::from_le_bytes(at(off, 8)?.try_into()?)) };
+    let header = usize::try_from(SECTOR)?;
+    if at(header, 8)? != b"EFI PART" {
+        bail!("no GPT header at LBA 1");
+    }
+    let entries = usize::try_from(u64_at(header + 72)? * SECTOR)?;
+    let count = usize::try_from(u32_at(header + 80)?)?;
+    let size = usize::try_from(u32_at(header + 84)?)?;
+    if size < 128 {
+        bail!("GPT entries of {size} bytes");
+    }
+    let want: Vec<u16> = label.encode_utf16().collect();
+    for i in 0..count {
+        let entry = entries + i * size;
+        // The name: UTF-16LE, up to 36 code units, NUL-padded.
+        let name: Vec<u16> = at(entry + 56, 72)?
+            .chunks_exact(2)
+            .filter_map(|c| <[u8; 2]>::try_from(c).ok())
+            .map(u16::from_le_bytes)
+            .take_while(|&c| c != 0)
+            .collect();
+        if at(entry, 16)? != [0u8; 16] && name == want {
+            let first = u64_at(entry + 32)?;
+            let last = u64_at(entry + 40)?;
+            if last < first {
+                bail!("the partition {label} ends before it starts");
+            }
+            return Ok((first * SECTOR, (last - first + 1) * SECTOR));
+        }
+    }
+    bail!("no partition labelled {label}")
+}
+
+/// Copies the state partition of the VM's disk to `to` (mode 0600), where the host's checks
+/// read its LUKS2 header as they read a process-mode node's image.
+fn copy_state_partition(disk: &Path, to: &Path) -> Result<()> {
+    use std::io::{Seek, SeekFrom};
+    let mut src = std::fs::File::open(disk).with_context(|| format!("{}", disk.display()))?;
+    // The protective MBR, the header and 128 entries of 128 bytes.
+    let mut head = vec![0u8; 34 * 512];
+    src.read_exact(&mut head)?;
+    let (offset, len) = gpt_partition(&head, STATE_PARTITION_LABEL)
+        .with_context(|| format!("{}", disk.display()))?;
+    src.seek(SeekFrom::Start(offset))?;
+    let mut dst = std::os::unix::fs::OpenOptionsExt::mode(
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true),
+        0o600,
+    )
+    .open(to)
+    .with_context(|| format!("{}", to.display()))?;
+    std::io::copy(&mut src.take(len), &mut dst)?;
+    Ok(())
 }
 
 /// A path as a QEMU option value: UTF-8, commas doubled (QEMU's escape).
@@ -731,12 +966,13 @@ fn uptime_at(console: &str, marker: &str) -> Option<f64> {
 
 /// Splits a boot into firmware, kernel, init and bootstrapper from the console's uptimes
 /// and the wall time from QEMU's start to the bootstrapper's exit.
-fn boot_timing(console: &str, wall_seconds: f64) -> Option<BootTiming> {
+fn boot_timing(console: &str, wall_seconds: f64, mode: BootMode) -> Option<BootTiming> {
     let init = uptime_at(console, "asterism-init: start ")?;
     let bootstrapper = uptime_at(console, "asterism-init: bootstrapper start ")?;
     let exited = uptime_at(console, "asterism-init: bootstrapper exited ")?;
     let round = |x: f64| (x * 100.0).round() / 100.0;
     Some(BootTiming {
+        boot_mode: mode.name(),
         wall_seconds: round(wall_seconds),
         firmware_seconds: round(wall_seconds - exited),
         kernel_seconds: round(init),
@@ -988,12 +1224,13 @@ mod tests {
             asterism-init: start uptime=3.50 kernel=6.1.0\n\
             asterism-init: bootstrapper start uptime=4.00\n\
             asterism-init: bootstrapper exited with status 0 uptime=9.00\n";
-        let t = boot_timing(console, 21.0).unwrap();
+        let t = boot_timing(console, 21.0, BootMode::Uefi).unwrap();
+        assert_eq!(t.boot_mode, "uefi");
         assert_eq!(t.firmware_seconds, 12.0);
         assert_eq!(t.kernel_seconds, 3.5);
         assert_eq!(t.init_seconds, 0.5);
         assert_eq!(t.bootstrapper_seconds, 5.0);
-        assert!(boot_timing("asterism-init: start uptime=1\n", 5.0).is_none());
+        assert!(boot_timing("asterism-init: start uptime=1\n", 5.0, BootMode::Uefi).is_none());
     }
 
     #[test]

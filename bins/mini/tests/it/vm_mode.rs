@@ -1,15 +1,19 @@
 //! End to end, VM mode: the control plane boots as a QEMU VM from the node image (OVMF,
-//! its own swtpm, a virtio state disk), `asterism init` reaches it through the forwarded
-//! port and verifies the PCRs the firmware and the kernel measured; it then runs the key and
-//! join services, a worker VM joins it over the cluster network and rejoins after a power
-//! cut; every node's state ends up on its disk (mapped, mounted, encrypted), and `down`
-//! leaves no QEMU or swtpm running.
+//! its own swtpm, a copy of the image's disk), `asterism init` reaches it through the
+//! forwarded port and verifies the PCRs the firmware and the kernel measured; it then runs
+//! the key and join services, a worker VM joins it over the cluster network and rejoins
+//! after a power cut; every node's state ends up on its disk's state partition (mapped,
+//! mounted, encrypted), and `down` leaves no QEMU or swtpm running. That test boots from
+//! the disk with Secure Boot enforced, as a real machine would; the firmware refuses an
+//! unsigned UKI, and the verifier a node whose Secure Boot state (PCR 7) differs, naming the
+//! event. The command-line test boots the kernel directly, which is quicker.
 //!
 //! Needs QEMU, OVMF, the node image (`scripts/build-node-image`) and its reference
 //! measurements (`scripts/boot-node-image`): `ASTERISM_NODE_IMAGE` and
-//! `ASTERISM_NODE_MEASUREMENTS` name them, by default `target/node-image` and
-//! `target/node-reference/measurements.json` of the workspace. Without them the test says
-//! so on stderr and passes. Under TCG the boot alone takes 20 s and more.
+//! `ASTERISM_NODE_REFERENCE` name them, by default `target/node-image` and
+//! `target/node-reference` of the workspace (one `<boot mode>/measurements.json` each).
+//! Without them the test says so on stderr and passes. Under TCG the boot alone takes 20 s
+//! and more.
 
 #![allow(
     clippy::unwrap_used,
@@ -19,7 +23,7 @@
 )]
 
 use crate::common::{TeardownAt, bins, runtime};
-use asterism_mini::vm::{VmArgs, VmCluster};
+use asterism_mini::vm::{BootMode, VmArgs, VmCluster};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -31,8 +35,9 @@ fn skip(why: &str) {
     );
 }
 
-/// The image and measurements, or `None` (after saying why) when something is missing.
-fn vm_args() -> Option<VmArgs> {
+/// The image and measurements of a boot mode, or `None` (after saying why) when something
+/// is missing.
+fn vm_args(mode: BootMode) -> Option<VmArgs> {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
         .ancestors()
         .nth(2)
@@ -49,21 +54,22 @@ fn vm_args() -> Option<VmArgs> {
         skip(&format!("{e:#}"));
         return None;
     }
-    let measurements = from_env(
-        "ASTERISM_NODE_MEASUREMENTS",
-        "target/node-reference/measurements.json",
-    );
-    if !measurements.is_file() {
+    let args = VmArgs {
+        image,
+        vm_reference: from_env("ASTERISM_NODE_REFERENCE", "target/node-reference"),
+        vm_measurements: None,
+        secure_boot: mode == BootMode::SecureBoot,
+        direct_kernel: mode == BootMode::DirectKernel,
+    };
+    if !args.measurements().is_file() {
         skip(&format!(
-            "no reference measurements at {} (scripts/boot-node-image)",
-            measurements.display()
+            "no reference measurements at {} (scripts/boot-node-image --boot {})",
+            args.measurements().display(),
+            mode.name()
         ));
         return None;
     }
-    Some(VmArgs {
-        image,
-        vm_measurements: measurements,
-    })
+    Some(args)
 }
 
 fn pid_in(path: &Path) -> u32 {
@@ -127,8 +133,11 @@ fn assert_encrypted(image: &Path, plain_texts: &[&[u8]]) {
 }
 
 #[test]
-fn a_control_plane_and_a_worker_vm_bootstrap_and_the_worker_rejoins_after_a_power_cut() {
-    let Some(args) = vm_args() else { return };
+fn a_control_plane_and_a_worker_vm_boot_from_the_disk_with_secure_boot_and_the_worker_rejoins_after_a_power_cut()
+ {
+    let Some(args) = vm_args(BootMode::SecureBoot) else {
+        return;
+    };
     let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("c");
@@ -152,8 +161,14 @@ fn a_control_plane_and_a_worker_vm_bootstrap_and_the_worker_rejoins_after_a_powe
     // services, whose secrets are on that disk too.
     let cp = &vmc.vms[0].node;
     let cp_console = std::fs::read_to_string(cp.dir.join("console.log")).unwrap();
+    // Booted from the disk by the firmware: systemd-stub started the kernel, and the init
+    // found the state partition by its label.
+    assert!(
+        cp_console.contains("BdsDxe: starting Boot0001 \"UEFI Misc Device\""),
+        "the firmware booted the disk (virtio-blk is a misc device to OVMF)"
+    );
     for line in [
-        "asterism-init: tpm0=yes tpmrm0=yes vda=yes",
+        "asterism-init: tpm0=yes tpmrm0=yes state=/dev/vda2",
         "asterism-init: eth1 10.42.71.1/24",
         "asterism-init: join service ready on 10.42.71.1:30090",
     ] {
@@ -254,7 +269,9 @@ fn a_control_plane_and_a_worker_vm_bootstrap_and_the_worker_rejoins_after_a_powe
 
 #[test]
 fn a_vm_booted_with_a_changed_command_line_is_refused_naming_pcr_9() {
-    let Some(args) = vm_args() else { return };
+    let Some(args) = vm_args(BootMode::DirectKernel) else {
+        return;
+    };
     let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("c");
@@ -282,6 +299,174 @@ fn a_vm_booted_with_a_changed_command_line_is_refused_naming_pcr_9() {
         assert!(
             !reason.contains(&format!("Measurement {{ index: {other},")),
             "refused for PCR 9 alone: {reason}"
+        );
+    }
+    assert!(
+        !dir.join("workspace/master-secret.json").exists(),
+        "no master secret was written for a refused node"
+    );
+}
+
+/// Whether `program` runs here (`--help` or `--version` answers).
+fn have(program: &str) -> bool {
+    std::process::Command::new(program)
+        .arg("--version")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok()
+}
+
+#[test]
+fn secure_boot_firmware_refuses_an_unsigned_uki() {
+    let Some(args) = vm_args(BootMode::SecureBoot) else {
+        return;
+    };
+    if !have("sbattach") || !have("mcopy") {
+        skip("sbattach (sbsigntool) or mcopy (mtools) is missing");
+        return;
+    }
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("c");
+    let _teardown = TeardownAt(dir.clone());
+    let vmc = VmCluster::create(&dir, 0, 74, bins(), &args).unwrap();
+    let cp = vmc.vms[0].clone();
+    // The image's UKI without its signature, in the node's copy of the disk, where the
+    // firmware's default boot entry finds it.
+    let unsigned = tmp.path().join("unsigned.efi");
+    std::fs::copy(args.image.join("uki.efi"), &unsigned).unwrap();
+    let removed = std::process::Command::new("sbattach")
+        .arg("--remove")
+        .arg(&unsigned)
+        .output()
+        .unwrap();
+    assert!(removed.status.success(), "{removed:?}");
+    let disk = cp.node.dir.join(asterism_mini::vm::NODE_DISK);
+    let head = {
+        use std::io::Read as _;
+        let mut head = vec![0u8; 34 * 512];
+        std::fs::File::open(&disk)
+            .unwrap()
+            .read_exact(&mut head)
+            .unwrap();
+        head
+    };
+    let (esp, _) = asterism_mini::vm::gpt_partition(&head, "EFI system partition").unwrap();
+    let copied = std::process::Command::new("mcopy")
+        .arg("-o")
+        .arg("-i")
+        .arg(format!("{}@@{esp}", disk.display()))
+        .arg(&unsigned)
+        .arg("::/EFI/BOOT/BOOTX64.EFI")
+        .output()
+        .unwrap();
+    assert!(copied.status.success(), "{copied:?}");
+
+    let mut vm = vmc.boot(&cp).unwrap();
+    let refused = runtime()
+        .block_on(vmc.wait_for_init_server(&cp, &mut vm))
+        .expect_err("the firmware does not start an unsigned UKI");
+    let reason = format!("{refused:#}");
+    assert!(
+        reason.contains("refused to start the image's UKI (Access Denied: Secure Boot"),
+        "{reason}"
+    );
+    let console = std::fs::read_to_string(cp.node.dir.join("console.log")).unwrap();
+    assert!(
+        !console.contains("asterism-init: start"),
+        "nothing of the image ran"
+    );
+}
+
+/// Log lines of every event, from now until the guard is dropped (the tests' runtime runs
+/// on this thread).
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_vm_booted_without_secure_boot_is_refused_naming_the_secure_boot_event_of_pcr_7() {
+    let Some(args) = vm_args(BootMode::SecureBoot) else {
+        return;
+    };
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("c");
+    let _teardown = TeardownAt(dir.clone());
+    let vmc = VmCluster::create(&dir, 0, 75, bins(), &args).unwrap();
+    let cp = vmc.vms[0].clone();
+    // The same firmware, but with variables that enrol no keys: Secure Boot is off, and the
+    // same UKI starts unverified. The firmware measures the Secure Boot variables, and the
+    // db entry that verified the UKI, into PCR 7. Two more PCRs differ, each for its own
+    // reason: PCR 0 (OVMF measures a firmware volume from memory whose contents differ with
+    // these variables) and PCR 4 (without Secure Boot, systemd-stub starts the kernel with
+    // LoadImage, which the firmware measures).
+    std::fs::copy(
+        asterism_mini::vm::OVMF_VARS,
+        cp.node.dir.join("OVMF_VARS_4M.fd"),
+    )
+    .unwrap();
+    let mut vm = vmc.boot(&cp).unwrap();
+    runtime()
+        .block_on(vmc.wait_for_init_server(&cp, &mut vm))
+        .unwrap();
+    let logs = Captured::default();
+    let sink = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing_subscriber::filter::LevelFilter::INFO)
+        .with_ansi(false)
+        .with_writer(move || sink.clone())
+        .finish();
+    let refused = {
+        let _guard = tracing_subscriber::util::SubscriberInitExt::set_default(subscriber);
+        runtime()
+            .block_on(asterism::init::run(vmc.cluster.init_args()))
+            .expect_err("a node without Secure Boot is refused")
+    };
+    let reason = format!("{refused:#}");
+    assert!(
+        reason.contains("Rejected(Measurement { index: "),
+        "refused for a measurement: {reason}"
+    );
+    // The verifier explains every PCR that differs by its first event that differs: PCR 7's
+    // is the SecureBoot variable, off where the reference has it on.
+    let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let explained: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("PCR differs from its expected value at this event"))
+        .collect();
+    let pcr = |n: u8| {
+        explained
+            .iter()
+            .find(|l| l.contains(&format!("pcr={n} ")))
+            .copied()
+    };
+    let pcr7 = pcr(7).unwrap_or_else(|| panic!("the verifier explains PCR 7: {explained:#?}"));
+    assert!(
+        pcr7.contains("PCR 7 event 1 (EV_EFI_VARIABLE_DRIVER_CONFIG SecureBoot off)")
+            && pcr7.contains("(EV_EFI_VARIABLE_DRIVER_CONFIG SecureBoot on)"),
+        "{pcr7}"
+    );
+    let pcr4 = pcr(4).unwrap_or_else(|| panic!("PCR 4 differs too: {explained:#?}"));
+    assert!(
+        pcr4.contains("PCR 4 event 4 (EV_EFI_BOOT_SERVICES_APPLICATION")
+            && pcr4.contains("expected no such event"),
+        "only the kernel's own event is new in PCR 4: {pcr4}"
+    );
+    for n in [5, 9] {
+        assert!(
+            pcr(n).is_none(),
+            "PCR {n} is the reference's: {explained:#?}"
         );
     }
     assert!(

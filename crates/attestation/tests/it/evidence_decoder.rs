@@ -161,7 +161,9 @@ fn valid_protobuf_that_no_encoder_writes_is_refused_as_non_canonical() {
     assert_eq!(&plain[..2], &[0x08, 0x01], "version 1 first");
     let rest = &plain[2..];
     let with = |prefix: &[u8]| [prefix, rest].concat();
-    let cases: [(&str, Vec<u8>); 7] = [
+    let cases: [(&str, Vec<u8>); 8] = [
+        // Alone, so no other rule (field order) refuses it first.
+        ("only a zero version, written out", vec![0x08, 0x00]),
         ("version as a padded varint", with(&[0x08, 0x81, 0x00])),
         ("version 1 as a 64-bit varint", {
             with(&[
@@ -232,6 +234,18 @@ fn a_platform_report_holds_exactly_one_kind() {
         m.extend_from_slice(&body);
         assert!(!agree(&m, what), "{what}: accepted");
     }
+    // A kind whose non-optional field is written out empty: prost reads it, but an encoder
+    // leaves an empty `bytes` field out. Nothing after the wire form would refuse it (the
+    // TDX quote is checked later, by the trust policy), so the decoder must.
+    let tdx = [key(2, 2), 5, key(1, 2), 0, key(2, 2), 1, 0x41];
+    let mut m = plain.clone();
+    m.extend_from_slice(&[key(8, 2), u8::try_from(tdx.len()).unwrap()]);
+    m.extend_from_slice(&tdx);
+    assert!(!agree(&m, "empty quote written out"));
+    assert_eq!(
+        QuoteEvidence::decode(&m).unwrap_err(),
+        EvidenceError::NonCanonical
+    );
     // An empty report (no kind) is canonical protobuf, refused for what it says.
     let mut m = plain.clone();
     m.extend_from_slice(&[key(8, 2), 0]);

@@ -109,6 +109,36 @@ mod tests {
     }
 
     #[test]
+    fn blocking_work_runs_on_at_most_the_threads_allowed() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let running = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        let (r, m) = (Arc::clone(&running), Arc::clone(&most));
+        let code = Runtime::with_worker_threads(1)
+            .with_max_blocking_threads(2)
+            .main("t", async move {
+                let tasks: Vec<_> = (0..6)
+                    .map(|_| {
+                        let (r, m) = (Arc::clone(&r), Arc::clone(&m));
+                        tokio::task::spawn_blocking(move || {
+                            let now = r.fetch_add(1, Ordering::SeqCst) + 1;
+                            m.fetch_max(now, Ordering::SeqCst);
+                            std::thread::sleep(std::time::Duration::from_millis(40));
+                            r.fetch_sub(1, Ordering::SeqCst);
+                        })
+                    })
+                    .collect();
+                for t in tasks {
+                    t.await?;
+                }
+                Ok(())
+            });
+        assert_eq!(code, ExitCode::SUCCESS);
+        assert_eq!(most.load(Ordering::SeqCst), 2, "six sleepers, two threads");
+    }
+
+    #[test]
     fn a_failure_exits_with_one() {
         let failed = main("t", async { Err::<(), _>(anyhow::anyhow!("boom")) });
         assert_eq!(failed, ExitCode::FAILURE);

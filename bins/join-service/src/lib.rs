@@ -25,6 +25,7 @@ mod error;
 mod keys;
 mod kube_state;
 mod metrics;
+mod redb_state;
 mod release;
 mod request;
 mod serve;
@@ -39,12 +40,11 @@ pub use asterism_cluster::InitNode;
 pub use asterism_kms::{KeyError, KeyServiceAddress, KeyServiceClient};
 pub use kube_state::{JoiningNodes, KubeReleaseError, KubeState};
 pub use metrics::Metrics;
+pub use redb_state::RedbState;
 pub use release::{ClusterRelease, ReleaseError};
 pub use serve::{
     HttpAccess, LIMITS, LISTEN_BACKLOG, Limits, bind_admin_socket, bind_listener, is_loopback,
     serve, serve_admin, serve_http, serve_http_with,
 };
 pub use service::{JoinConfig, JoinService, METADATA_CACHE_TTL};
-pub use state::{
-    Admission, ClusterState, Member, RedbState, StateError, TOKEN_MIN_REMAINING, TOKEN_TTL,
-};
+pub use state::{Admission, ClusterState, Member, StateError, TOKEN_MIN_REMAINING, TOKEN_TTL};

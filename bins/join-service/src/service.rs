@@ -725,7 +725,7 @@ where
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::state::RedbState;
+    use crate::redb_state::RedbState;
     use asterism_kms::{KeyServiceAddress, KeyServiceClient};
     use asterism_metadata::MetadataError;
     use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,0 +1,1001 @@
+//! [`ClusterState`] in an embedded redb database: the default store, which keeps the
+//! membership state in a file so it survives restarts (`kube_state.rs` is the other).
+
+use crate::state::{
+    Admission, Cause, ClusterState, Member, StateError, TOKEN_MIN_REMAINING, TOKEN_TTL,
+    init_node_ak, is_ak,
+};
+use asterism_attestation::AkFingerprint;
+use asterism_cluster::{BootstrapToken, ExpiringToken, InitNode};
+use asterism_kms::DiskUuid;
+use redb::{
+    Database, ReadableDatabase as _, ReadableTable, ReadableTableMetadata as _, TableDefinition,
+};
+use ring::rand::{SecureRandom, SystemRandom};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::{mpsc, oneshot};
+use zeroize::Zeroizing;
+
+/// The most the store's page cache holds in memory (redb's default allows 1 GiB).
+const STORE_CACHE_BYTES: usize = 4 << 20;
+const MEMBERS: TableDefinition<&str, &[u8]> = TableDefinition::new("members");
+const DISKS: TableDefinition<&str, &[u8]> = TableDefinition::new("disk_bindings");
+const TOKENS: TableDefinition<&str, &[u8]> = TableDefinition::new("bootstrap_tokens");
+/// The disk each attestation key is bound to (the index of `disk_bindings` by key).
+const AK_DISKS: TableDefinition<&str, &str> = TableDefinition::new("disks_by_ak");
+
+/// A failure of the embedded database (or of encoding what it holds).
+fn store(e: impl Into<Cause>) -> StateError {
+    StateError::store_caused("the embedded database", e)
+}
+
+/// A new random bootstrap token.
+fn generate_token() -> Result<BootstrapToken, StateError> {
+    let rng = SystemRandom::new();
+    BootstrapToken::generate(|buf| {
+        rng.fill(buf)
+            .map_err(|_| StateError::store_failed("no randomness"))
+    })
+}
+
+#[derive(Serialize, Deserialize)]
+struct DiskRecord {
+    ak: String,
+    bound_at: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct TokenRecord {
+    token: String,
+    expires: u64,
+}
+
+fn unix(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Most writes committed in one transaction.
+const MAX_WRITES_PER_COMMIT: usize = 512;
+
+/// [`ClusterState`] in an embedded redb database (`<state dir>/cluster-state.redb`, mode
+/// 0600 in a 0700 directory: it holds bootstrap tokens).
+///
+/// Writes go through one writer thread that commits every write queued while it was busy
+/// in one transaction (group commit): one fsync covers a burst of tickets, and each caller
+/// is answered only after the commit that holds its write has returned, so nothing a
+/// caller was told is lost on a crash. A write that is refused (a disk bound to another
+/// key) writes nothing and does not affect the others in its transaction; a write that
+/// fails otherwise aborts the transaction, and every write in it fails.
+#[derive(Clone)]
+pub struct RedbState {
+    db: Arc<Database>,
+    writer: Arc<Writer>,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for RedbState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedbState")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+/// The open tables of a write transaction.
+struct Tables<'txn> {
+    disks: redb::Table<'txn, &'static str, &'static [u8]>,
+    ak_disks: redb::Table<'txn, &'static str, &'static str>,
+    members: redb::Table<'txn, &'static str, &'static [u8]>,
+    tokens: redb::Table<'txn, &'static str, &'static [u8]>,
+}
+
+/// A write waiting for the writer thread.
+trait PendingWrite: Send {
+    /// Applies the write in the open transaction. An error aborts the transaction; a
+    /// refusal is the write's outcome instead and must leave the tables untouched.
+    fn apply(&mut self, tables: &mut Tables<'_>) -> Result<(), StateError>;
+
+    /// Answers the caller: with the outcome if the transaction committed, otherwise with
+    /// `failure`.
+    fn answer(self: Box<Self>, failure: Option<&Arc<StateError>>);
+}
+
+type WriteFn<T> = Box<dyn for<'a> FnOnce(&mut Tables<'a>) -> Result<T, StateError> + Send>;
+
+struct Pending<T> {
+    run: Option<WriteFn<T>>,
+    outcome: Option<Result<T, StateError>>,
+    reply: oneshot::Sender<Result<T, StateError>>,
+}
+
+impl<T: Send> PendingWrite for Pending<T> {
+    fn apply(&mut self, tables: &mut Tables<'_>) -> Result<(), StateError> {
+        let Some(run) = self.run.take() else {
+            return Ok(());
+        };
+        match run(tables) {
+            Err(
+                e @ (StateError::DiskBoundToOtherKey { .. }
+                | StateError::SecondDisk { .. }
+                | StateError::MemberKeyChanged { .. }
+                | StateError::NoSuchMember { .. }),
+            ) => self.outcome = Some(Err(e)),
+            Err(e) => return Err(e),
+            Ok(v) => self.outcome = Some(Ok(v)),
+        }
+        Ok(())
+    }
+
+    fn answer(self: Box<Self>, failure: Option<&Arc<StateError>>) {
+        let result = match (failure, self.outcome) {
+            (None, Some(outcome)) => outcome,
+            (Some(failure), _) => Err(StateError::store_caused(
+                "the transaction holding this write",
+                Arc::clone(failure),
+            )),
+            (None, None) => Err(StateError::store_failed("the write was not applied")),
+        };
+        // The caller may have given up (its request was cancelled); the write stands.
+        let _ = self.reply.send(result);
+    }
+}
+
+/// The writer thread and its queue; dropping the last handle lets the thread finish what
+/// is queued and waits for it, so the database is closed when the state is dropped.
+struct Writer {
+    queue: Option<mpsc::Sender<Box<dyn PendingWrite>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        drop(self.queue.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn write_loop(db: &Database, mut queue: mpsc::Receiver<Box<dyn PendingWrite>>) {
+    while let Some(first) = queue.blocking_recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_WRITES_PER_COMMIT {
+            match queue.try_recv() {
+                Ok(w) => batch.push(w),
+                Err(_) => break,
+            }
+        }
+        let failure = commit(db, &mut batch).err().map(Arc::new);
+        if let Some(f) = &failure {
+            tracing::error!(writes = batch.len(), error = %asterism_binkit::error_chain(f.as_ref()), "cluster state: a transaction failed; none of its writes was committed");
+        }
+        for w in batch {
+            w.answer(failure.as_ref());
+        }
+    }
+}
+
+fn commit(db: &Database, batch: &mut [Box<dyn PendingWrite>]) -> Result<(), StateError> {
+    let txn = db.begin_write().map_err(store)?;
+    {
+        let mut tables = Tables {
+            disks: txn.open_table(DISKS).map_err(store)?,
+            ak_disks: txn.open_table(AK_DISKS).map_err(store)?,
+            members: txn.open_table(MEMBERS).map_err(store)?,
+            tokens: txn.open_table(TOKENS).map_err(store)?,
+        };
+        for w in batch.iter_mut() {
+            w.apply(&mut tables)?;
+        }
+    }
+    txn.commit().map_err(store)
+}
+
+impl RedbState {
+    /// The database file's name in the state directory.
+    pub const FILE_NAME: &'static str = "cluster-state.redb";
+
+    /// Opens (or creates) the store in `dir`, creating `dir` with mode 0700 if needed, and
+    /// starts its writer thread.
+    pub fn open(dir: &Path) -> Result<Self, StateError> {
+        use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| StateError::store_caused(format!("creating {}", dir.display()), e))?;
+        let path = dir.join(Self::FILE_NAME);
+        // redb's default cache may grow to 1 GiB; the store is a few kilobytes per member,
+        // and what the cache does not hold the kernel's page cache does.
+        let db = redb::Builder::new()
+            .set_cache_size(STORE_CACHE_BYTES)
+            .create(&path)
+            .map_err(|e| StateError::store_caused(format!("opening {}", path.display()), e))?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| StateError::store_caused(format!("restricting {}", path.display()), e))?;
+        let txn = db.begin_write().map_err(store)?;
+        {
+            txn.open_table(MEMBERS).map_err(store)?;
+            txn.open_table(DISKS).map_err(store)?;
+            txn.open_table(TOKENS).map_err(store)?;
+            // A store written before the index existed: index its bindings once.
+            let mut index = txn.open_table(AK_DISKS).map_err(store)?;
+            if index.is_empty().map_err(store)? {
+                let disks = txn.open_table(DISKS).map_err(store)?;
+                for entry in disks.iter().map_err(store)? {
+                    let (disk, record) = entry.map_err(store)?;
+                    let record: DiskRecord =
+                        serde_json::from_slice(record.value()).map_err(store)?;
+                    index
+                        .insert(record.ak.as_str(), disk.value())
+                        .map_err(store)?;
+                }
+            }
+        }
+        txn.commit().map_err(store)?;
+        let db = Arc::new(db);
+        let (queue, rx) = mpsc::channel(MAX_WRITES_PER_COMMIT);
+        let writer_db = db.clone();
+        let thread = std::thread::Builder::new()
+            .name("cluster-state".into())
+            .spawn(move || write_loop(&writer_db, rx))
+            .map_err(|e| StateError::store_caused("starting the writer thread", e))?;
+        Ok(Self {
+            db,
+            writer: Arc::new(Writer {
+                queue: Some(queue),
+                thread: Some(thread),
+            }),
+            path,
+        })
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Database) -> Result<T, StateError> + Send + 'static,
+    ) -> Result<T, StateError> {
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || f(&db))
+            .await
+            .map_err(store)?
+    }
+
+    /// Queues `run` for the writer thread and waits until the transaction that holds it has
+    /// committed.
+    async fn write<T: Send + 'static>(
+        &self,
+        run: impl for<'a> FnOnce(&mut Tables<'a>) -> Result<T, StateError> + Send + 'static,
+    ) -> Result<T, StateError> {
+        let stopped = || StateError::store_failed("the cluster-state writer stopped");
+        let (reply, answer) = oneshot::channel();
+        let pending: Box<dyn PendingWrite> = Box::new(Pending {
+            run: Some(Box::new(run)),
+            outcome: None,
+            reply,
+        });
+        let queue = self.writer.queue.as_ref().ok_or_else(stopped)?;
+        queue.send(pending).await.map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
+    }
+}
+
+/// Whether `disk` may be bound to `ak` (or already is): refuses a disk of another key,
+/// and a new disk for a key that has one unless `second_disk_allowed` (an operator
+/// re-admitted the node).
+fn may_bind(
+    disks: &impl ReadableTable<&'static str, &'static [u8]>,
+    ak_disks: &impl ReadableTable<&'static str, &'static str>,
+    disk: &str,
+    ak: &AkFingerprint,
+    second_disk_allowed: bool,
+) -> Result<bool, StateError> {
+    let ak_hex = ak.to_string();
+    let existing = disks
+        .get(disk)
+        .map_err(store)?
+        .map(|v| serde_json::from_slice::<DiskRecord>(v.value()))
+        .transpose()
+        .map_err(store)?;
+    match existing {
+        Some(record) if record.ak == ak_hex => Ok(true),
+        Some(_) => Err(StateError::DiskBoundToOtherKey {
+            uuid: disk.to_owned(),
+        }),
+        None => match ak_disks.get(ak_hex.as_str()).map_err(store)? {
+            Some(bound) if bound.value() != disk && !second_disk_allowed => {
+                Err(StateError::SecondDisk {
+                    ak: ak_hex.clone(),
+                    bound: bound.value().to_owned(),
+                    requested: disk.to_owned(),
+                })
+            }
+            _ => Ok(false),
+        },
+    }
+}
+
+/// Binds `disk` to `ak` unless it is bound; refuses (before writing anything) if another
+/// key holds it, or if `ak` has another disk and `second_disk_allowed` is false.
+fn bind_in(
+    t: &mut Tables<'_>,
+    disk: &str,
+    ak: &AkFingerprint,
+    now: u64,
+    second_disk_allowed: bool,
+) -> Result<(), StateError> {
+    match may_bind(&t.disks, &t.ak_disks, disk, ak, second_disk_allowed)? {
+        true => Ok(()),
+        false => {
+            let ak = ak.to_string();
+            let record = serde_json::to_vec(&DiskRecord {
+                ak: ak.clone(),
+                bound_at: now,
+            })
+            .map_err(store)?;
+            t.disks.insert(disk, record.as_slice()).map_err(store)?;
+            t.ak_disks.insert(ak.as_str(), disk).map_err(store)?;
+            Ok(())
+        }
+    }
+}
+
+fn member_in(
+    table: &impl ReadableTable<&'static str, &'static [u8]>,
+    name: &str,
+) -> Result<Option<Member>, StateError> {
+    table
+        .get(name)
+        .map_err(store)?
+        .map(|v| serde_json::from_slice::<Member>(v.value()))
+        .transpose()
+        .map_err(store)
+}
+
+fn put_member(table: &mut redb::Table<&str, &[u8]>, member: &Member) -> Result<(), StateError> {
+    let bytes = serde_json::to_vec(member).map_err(store)?;
+    table
+        .insert(member.name.as_str(), bytes.as_slice())
+        .map_err(store)?;
+    Ok(())
+}
+
+/// The admission of `a` in an open transaction: the member's key and the disk binding
+/// first (a refusal writes nothing), then the member, then the token.
+fn admit_in(t: &mut Tables<'_>, a: &Admission) -> Result<ExpiringToken, StateError> {
+    let now = unix(a.now);
+    let previous = member_in(&t.members, &a.name)?;
+    if let Some(p) = previous.as_ref().filter(|p| !p.accepts(&a.ak)) {
+        return Err(StateError::MemberKeyChanged {
+            name: p.name.clone(),
+        });
+    }
+    let readmitted = previous.as_ref().is_some_and(|p| p.readmit);
+    bind_in(t, a.disk.as_str(), &a.ak, now, readmitted)?;
+
+    let member = match previous {
+        Some(p) => {
+            if !is_ak(&p.ak, &a.ak) {
+                tracing::warn!(node = %a.name, old_ak = %p.ak, new_ak = %a.ak, "member re-admitted by an operator: its attestation key is replaced");
+            }
+            Member {
+                role: a.role.to_string(),
+                ak: a.ak.to_string(),
+                disk: a.disk.to_string(),
+                last_ticket_at: now,
+                tickets: p.tickets.saturating_add(1),
+                readmit: false,
+                ..p
+            }
+        }
+        None => Member {
+            name: a.name.clone(),
+            role: a.role.to_string(),
+            ak: a.ak.to_string(),
+            disk: a.disk.to_string(),
+            admitted_at: now,
+            last_ticket_at: now,
+            tickets: 1,
+            readmit: false,
+        },
+    };
+    put_member(&mut t.members, &member)?;
+
+    let min_expiry = now.saturating_add(TOKEN_MIN_REMAINING.as_secs());
+    let mut reusable = None;
+    let mut expired = Vec::new();
+    for entry in t.tokens.iter().map_err(store)? {
+        let (k, v) = entry.map_err(store)?;
+        let record: TokenRecord = serde_json::from_slice(v.value()).map_err(store)?;
+        if record.expires <= now {
+            expired.push(k.value().to_owned());
+        } else if record.expires >= min_expiry
+            && reusable
+                .as_ref()
+                .is_none_or(|(_, e): &(Zeroizing<String>, u64)| record.expires > *e)
+        {
+            reusable = Some((Zeroizing::new(record.token), record.expires));
+        }
+    }
+    for k in expired {
+        t.tokens.remove(k.as_str()).map_err(store)?;
+    }
+    Ok(match reusable {
+        Some((token, expires)) => ExpiringToken {
+            token: BootstrapToken::new(token).map_err(store)?,
+            expires: UNIX_EPOCH + Duration::from_secs(expires),
+        },
+        None => {
+            let expires = now.saturating_add(TOKEN_TTL.as_secs());
+            let token = generate_token()?;
+            let record = Zeroizing::new(
+                serde_json::to_vec(&TokenRecord {
+                    token: token.expose_secret().to_owned(),
+                    expires,
+                })
+                .map_err(store)?,
+            );
+            t.tokens
+                .insert(token.id(), record.as_slice())
+                .map_err(store)?;
+            tracing::info!(
+                token_id = token.id(),
+                expires_in_secs = TOKEN_TTL.as_secs(),
+                "minted a bootstrap token"
+            );
+            ExpiringToken {
+                token,
+                expires: UNIX_EPOCH + Duration::from_secs(expires),
+            }
+        }
+    })
+}
+
+impl ClusterState for RedbState {
+    async fn check_disk(
+        &self,
+        disk: &DiskUuid,
+        ak: &AkFingerprint,
+        name: &str,
+    ) -> Result<(), StateError> {
+        let (disk, ak, name) = (disk.as_str().to_owned(), *ak, name.to_owned());
+        self.blocking(move |db| {
+            let read = db.begin_read().map_err(store)?;
+            let members = read.open_table(MEMBERS).map_err(store)?;
+            let readmitted = member_in(&members, &name)?.is_some_and(|m| m.readmit);
+            let disks = read.open_table(DISKS).map_err(store)?;
+            let ak_disks = read.open_table(AK_DISKS).map_err(store)?;
+            may_bind(&disks, &ak_disks, &disk, &ak, readmitted).map(|_| ())
+        })
+        .await
+    }
+
+    async fn check_rejoin(&self, disk: &DiskUuid, ak: &AkFingerprint) -> Result<(), StateError> {
+        let (disk, ak) = (disk.as_str().to_owned(), *ak);
+        self.blocking(move |db| {
+            let read = db.begin_read().map_err(store)?;
+            let table = read.open_table(DISKS).map_err(store)?;
+            let record = table
+                .get(disk.as_str())
+                .map_err(store)?
+                .map(|v| serde_json::from_slice::<DiskRecord>(v.value()))
+                .transpose()
+                .map_err(store)?;
+            match record {
+                None => Err(StateError::DiskUnbound { uuid: disk }),
+                Some(r) if !is_ak(&r.ak, &ak) => {
+                    Err(StateError::DiskBoundToOtherKey { uuid: disk })
+                }
+                Some(_) => Ok(()),
+            }
+        })
+        .await
+    }
+
+    async fn check_member(&self, name: &str, ak: &AkFingerprint) -> Result<(), StateError> {
+        let (name, ak) = (name.to_owned(), *ak);
+        self.blocking(move |db| {
+            let read = db.begin_read().map_err(store)?;
+            let table = read.open_table(MEMBERS).map_err(store)?;
+            let member = table
+                .get(name.as_str())
+                .map_err(store)?
+                .map(|v| serde_json::from_slice::<Member>(v.value()))
+                .transpose()
+                .map_err(store)?;
+            match member {
+                Some(m) if !m.accepts(&ak) => Err(StateError::MemberKeyChanged { name }),
+                _ => Ok(()),
+            }
+        })
+        .await
+    }
+
+    async fn record_init_node(&self, init: &InitNode, now: SystemTime) -> Result<(), StateError> {
+        let init = init.clone();
+        let disk = DiskUuid::parse(&init.disk)
+            .map_err(|e| StateError::store_caused("the init node's disk UUID", e))?;
+        let ak = init_node_ak(&init)?;
+        self.write(move |t| {
+            let now = unix(now);
+            let previous = member_in(&t.members, &init.name)?;
+            if previous.as_ref().is_some_and(|p| !is_ak(&p.ak, &ak)) {
+                return Err(StateError::MemberKeyChanged { name: init.name });
+            }
+            bind_in(t, disk.as_str(), &ak, now, false)?;
+            if previous.is_none() {
+                put_member(
+                    &mut t.members,
+                    &Member {
+                        name: init.name.clone(),
+                        role: init.role.to_string(),
+                        ak: ak.to_string(),
+                        disk: init.disk.clone(),
+                        admitted_at: now,
+                        last_ticket_at: now,
+                        tickets: 0,
+                        readmit: false,
+                    },
+                )?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn allow_readmission(&self, name: &str) -> Result<Member, StateError> {
+        let name = name.to_owned();
+        self.write(move |t| {
+            let Some(mut member) = member_in(&t.members, &name)? else {
+                return Err(StateError::NoSuchMember { name });
+            };
+            member.readmit = true;
+            put_member(&mut t.members, &member)?;
+            Ok(member)
+        })
+        .await
+    }
+
+    async fn admit(&self, a: Admission) -> Result<ExpiringToken, StateError> {
+        self.write(move |t| admit_in(t, &a)).await
+    }
+
+    async fn members(&self) -> Result<Vec<Member>, StateError> {
+        self.blocking(|db| {
+            let read = db.begin_read().map_err(store)?;
+            let table = read.open_table(MEMBERS).map_err(store)?;
+            let mut out = Vec::new();
+            for entry in table.iter().map_err(store)? {
+                let (_, v) = entry.map_err(store)?;
+                out.push(serde_json::from_slice(v.value()).map_err(store)?);
+            }
+            Ok(out)
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use asterism_cluster::Role;
+
+    /// A test AK identity named by `label` (its first bytes).
+    fn fp(label: &str) -> AkFingerprint {
+        let mut bytes = [0u8; 32];
+        bytes[..label.len()].copy_from_slice(label.as_bytes());
+        AkFingerprint::from(bytes)
+    }
+
+    fn admission(name: &str, ak: &str, disk: &str, now: SystemTime) -> Admission {
+        Admission {
+            name: name.into(),
+            role: Role::Worker,
+            ak: fp(ak),
+            disk: DiskUuid::parse(disk).unwrap(),
+            now,
+        }
+    }
+
+    const D1: &str = "11111111-1111-1111-1111-111111111111";
+    const D2: &str = "22222222-2222-2222-2222-222222222222";
+
+    #[test]
+    fn minted_tokens_have_the_kubeadm_format() {
+        for _ in 0..100 {
+            let t = generate_token().unwrap();
+            assert!(asterism_cluster::is_bootstrap_token(t.expose_secret()));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_disk_stays_with_the_first_key_that_asked_for_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = RedbState::open(dir.path()).unwrap();
+        let now = SystemTime::now();
+        let d = DiskUuid::parse(D1).unwrap();
+        s.check_disk(&d, &fp("ak-b"), "n").await.unwrap();
+        s.admit(admission("a", "ak-a", D1, now)).await.unwrap();
+        s.check_disk(&d, &fp("ak-a"), "n").await.unwrap();
+        assert!(matches!(
+            s.check_disk(&d, &fp("ak-b"), "n").await,
+            Err(StateError::DiskBoundToOtherKey { .. })
+        ));
+        // Admission with a foreign disk writes nothing.
+        assert!(matches!(
+            s.admit(admission("n", "ak-b", D1, now)).await,
+            Err(StateError::DiskBoundToOtherKey { .. })
+        ));
+        let names: Vec<_> = s
+            .members()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|m| m.name)
+            .collect();
+        assert_eq!(names, ["a"]);
+    }
+
+    #[tokio::test]
+    async fn a_key_has_one_disk_and_a_second_needs_an_operator() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = RedbState::open(dir.path()).unwrap();
+        let now = SystemTime::now();
+        let (d1, d2) = (DiskUuid::parse(D1).unwrap(), DiskUuid::parse(D2).unwrap());
+        s.admit(admission("a", "ak-a", D1, now)).await.unwrap();
+        // Its own disk again: fine. Another (unbound) disk, under its own name or another:
+        // refused, before and in the transaction, and nothing is bound.
+        s.check_disk(&d1, &fp("ak-a"), "a").await.unwrap();
+        s.admit(admission("a", "ak-a", D1, now)).await.unwrap();
+        for name in ["a", "victim"] {
+            assert!(matches!(
+                s.check_disk(&d2, &fp("ak-a"), name).await,
+                Err(StateError::SecondDisk { .. })
+            ));
+            assert!(matches!(
+                s.admit(admission(name, "ak-a", D2, now)).await,
+                Err(StateError::SecondDisk { .. })
+            ));
+        }
+        s.check_disk(&d2, &fp("ak-v"), "victim").await.unwrap();
+        // After an operator's re-admission, the member's key may take a new disk, once.
+        s.allow_readmission("a").await.unwrap();
+        s.check_disk(&d2, &fp("ak-a"), "a").await.unwrap();
+        s.admit(admission("a", "ak-a", D2, now)).await.unwrap();
+        s.check_rejoin(&d2, &fp("ak-a")).await.unwrap();
+        // The index survives reopening.
+        drop(s);
+        let s = RedbState::open(dir.path()).unwrap();
+        s.admit(admission("a", "ak-a", D2, now)).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_rejoin_needs_a_disk_bound_to_its_own_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = RedbState::open(dir.path()).unwrap();
+        let d = DiskUuid::parse(D1).unwrap();
+        assert!(matches!(
+            s.check_rejoin(&d, &fp("ak-a")).await,
+            Err(StateError::DiskUnbound { .. })
+        ));
+        // Asking binds nothing: the key that asked first gets no claim.
+        assert!(s.check_rejoin(&d, &fp("ak-a")).await.is_err());
+        s.admit(admission("a", "ak-a", D1, SystemTime::now()))
+            .await
+            .unwrap();
+        s.check_rejoin(&d, &fp("ak-a")).await.unwrap();
+        assert!(matches!(
+            s.check_rejoin(&d, &fp("ak-b")).await,
+            Err(StateError::DiskBoundToOtherKey { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_member_with_another_key_is_refused_until_an_operator_readmits_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = RedbState::open(dir.path()).unwrap();
+        let now = UNIX_EPOCH + Duration::from_secs(5_000_000);
+        s.admit(admission("n", "ak-a", D1, now)).await.unwrap();
+        s.check_member("n", &fp("ak-a")).await.unwrap();
+        s.check_member("other", &fp("ak-b")).await.unwrap();
+        assert!(matches!(
+            s.check_member("n", &fp("ak-b")).await,
+            Err(StateError::MemberKeyChanged { .. })
+        ));
+        assert!(matches!(
+            s.admit(admission("n", "ak-b", D2, now)).await,
+            Err(StateError::MemberKeyChanged { .. })
+        ));
+        // The refusal wrote nothing: neither the member nor the new disk.
+        assert_eq!(s.members().await.unwrap()[0].ak, fp("ak-a").to_string());
+        assert!(matches!(
+            s.check_rejoin(&DiskUuid::parse(D2).unwrap(), &fp("ak-b"))
+                .await,
+            Err(StateError::DiskUnbound { .. })
+        ));
+
+        assert!(matches!(
+            s.allow_readmission("nobody").await,
+            Err(StateError::NoSuchMember { .. })
+        ));
+        assert!(s.allow_readmission("n").await.unwrap().readmit);
+        s.check_member("n", &fp("ak-b")).await.unwrap();
+        s.admit(admission("n", "ak-b", D2, now + Duration::from_secs(1)))
+            .await
+            .unwrap();
+        let m = &s.members().await.unwrap()[0];
+        assert_eq!(
+            (m.ak.clone(), m.readmit, m.tickets),
+            (fp("ak-b").to_string(), false, 2)
+        );
+        // One re-admission, one key change: the old key is now the stranger.
+        assert!(matches!(
+            s.admit(admission("n", "ak-a", D1, now)).await,
+            Err(StateError::MemberKeyChanged { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn the_init_node_is_recorded_once_and_its_disk_is_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let now = UNIX_EPOCH + Duration::from_secs(6_000_000);
+        let init = InitNode {
+            disk: D1.into(),
+            ak: fp("ak-cp").to_string(),
+            name: "cp-0".into(),
+            role: Role::ControlPlane,
+            ..Default::default()
+        };
+        {
+            let s = RedbState::open(dir.path()).unwrap();
+            s.record_init_node(&init, now).await.unwrap();
+        }
+        let s = RedbState::open(dir.path()).unwrap();
+        // Again at the next start: nothing changes.
+        s.record_init_node(&init, now + Duration::from_secs(60))
+            .await
+            .unwrap();
+        let members = s.members().await.unwrap();
+        assert_eq!(members.len(), 1);
+        assert_eq!(
+            (members[0].name.as_str(), members[0].ak.clone()),
+            ("cp-0", fp("ak-cp").to_string())
+        );
+        assert_eq!(
+            (members[0].role.as_str(), members[0].admitted_at),
+            ("ControlPlane", 6_000_000)
+        );
+        let d = DiskUuid::parse(D1).unwrap();
+        s.check_rejoin(&d, &fp("ak-cp")).await.unwrap();
+        assert!(matches!(
+            s.check_rejoin(&d, &fp("ak-worker")).await,
+            Err(StateError::DiskBoundToOtherKey { .. })
+        ));
+        assert!(
+            s.admit(admission("worker-0", "ak-worker", D1, now))
+                .await
+                .is_err()
+        );
+        // A record that disagrees with the state is refused and changes nothing.
+        let other = InitNode {
+            ak: fp("ak-other").to_string(),
+            ..init.clone()
+        };
+        assert!(matches!(
+            s.record_init_node(&other, now).await,
+            Err(StateError::MemberKeyChanged { .. })
+        ));
+        let moved = InitNode {
+            name: "cp-1".into(),
+            ..other
+        };
+        assert!(matches!(
+            s.record_init_node(&moved, now).await,
+            Err(StateError::DiskBoundToOtherKey { .. })
+        ));
+        assert_eq!(s.members().await.unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn an_init_node_record_whose_ak_is_no_ak_identity_is_refused_and_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = RedbState::open(dir.path()).unwrap();
+        for ak in ["ak of the init node".to_owned(), "ab".repeat(31)] {
+            let init = InitNode {
+                disk: D1.into(),
+                ak,
+                name: "cp-0".into(),
+                role: Role::ControlPlane,
+                ..Default::default()
+            };
+            assert!(matches!(
+                s.record_init_node(&init, SystemTime::now()).await,
+                Err(StateError::Store { what, .. }) if what.contains("attestation key identity")
+            ));
+        }
+        assert!(s.members().await.unwrap().is_empty());
+        // Its disk stays unbound: any key may still bind it.
+        s.check_disk(&DiskUuid::parse(D1).unwrap(), &fp("ak-a"), "n")
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn tokens_are_reused_while_they_have_five_minutes_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = RedbState::open(dir.path()).unwrap();
+        let t0 = UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let a = s.admit(admission("a", "ak-a", D1, t0)).await.unwrap();
+        let b = s
+            .admit(admission("b", "ak-b", D2, t0 + Duration::from_secs(9 * 60)))
+            .await
+            .unwrap();
+        assert_eq!(a.token.expose_secret(), b.token.expose_secret());
+        assert_eq!(a.expires, t0 + TOKEN_TTL);
+        // 10 min 1 s later the token has less than 5 min left: a new one.
+        let c = s
+            .admit(admission(
+                "b",
+                "ak-b",
+                D2,
+                t0 + Duration::from_secs(10 * 60 + 1),
+            ))
+            .await
+            .unwrap();
+        assert_ne!(a.token.expose_secret(), c.token.expose_secret());
+    }
+
+    fn pending<T: Send + 'static>(
+        run: impl for<'a> FnOnce(&mut Tables<'a>) -> Result<T, StateError> + Send + 'static,
+    ) -> (
+        Box<dyn PendingWrite>,
+        oneshot::Receiver<Result<T, StateError>>,
+    ) {
+        let (reply, answer) = oneshot::channel();
+        let pending = Box::new(Pending {
+            run: Some(Box::new(run)),
+            outcome: None,
+            reply,
+        });
+        (pending, answer)
+    }
+
+    /// Runs `batch` as the writer thread does: one transaction, then the answers.
+    fn run_batch(dir: &Path, mut batch: Vec<Box<dyn PendingWrite>>) {
+        let db = Database::create(dir.join(RedbState::FILE_NAME)).unwrap();
+        let failure = commit(&db, &mut batch).err().map(Arc::new);
+        for w in batch {
+            w.answer(failure.as_ref());
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refused_write_leaves_the_others_of_its_transaction_committed() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(RedbState::open(dir.path()).unwrap());
+        let now = UNIX_EPOCH + Duration::from_secs(3_000_000);
+        let a = admission("a", "ak-a", D1, now);
+        let b = admission("b", "ak-b", D1, now);
+        let c = admission("c", "ak-c", D2, now);
+        let (wa, ra) = pending(move |t| admit_in(t, &a));
+        let (wb, rb) = pending(move |t| admit_in(t, &b));
+        let (wc, rc) = pending(move |t| admit_in(t, &c));
+        run_batch(dir.path(), vec![wa, wb, wc]);
+        let ta = ra.await.unwrap().unwrap();
+        assert!(matches!(
+            rb.await.unwrap(),
+            Err(StateError::DiskBoundToOtherKey { .. })
+        ));
+        let tc = rc.await.unwrap().unwrap();
+        assert_eq!(
+            ta.token.expose_secret(),
+            tc.token.expose_secret(),
+            "one token per burst"
+        );
+
+        let s = RedbState::open(dir.path()).unwrap();
+        let names: Vec<_> = s
+            .members()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|m| m.name)
+            .collect();
+        assert_eq!(names, ["a", "c"]);
+        s.check_disk(&DiskUuid::parse(D1).unwrap(), &fp("ak-a"), "cp-0")
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_failed_write_aborts_its_transaction_and_every_write_in_it_fails() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(RedbState::open(dir.path()).unwrap());
+        let now = UNIX_EPOCH + Duration::from_secs(3_000_000);
+        let a = admission("a", "ak-a", D1, now);
+        let (wa, ra) = pending(move |t| admit_in(t, &a));
+        // Writes half of something, then fails.
+        let (wb, rb) = pending(|t| {
+            t.members.insert("b", b"{}".as_slice()).map_err(store)?;
+            Err::<(), _>(StateError::store_failed("the disk is full"))
+        });
+        run_batch(dir.path(), vec![wa, wb]);
+        assert!(
+            matches!(ra.await.unwrap(), Err(e @ StateError::Store { .. }) if asterism_binkit::error_chain(&e).contains("full"))
+        );
+        assert!(rb.await.unwrap().is_err());
+
+        let s = RedbState::open(dir.path()).unwrap();
+        assert!(s.members().await.unwrap().is_empty());
+        s.check_disk(&DiskUuid::parse(D1).unwrap(), &fp("ak-other"), "cp-0")
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_admissions_are_all_committed_and_answered_after_their_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let now = UNIX_EPOCH + Duration::from_secs(4_000_000);
+        {
+            let s = RedbState::open(dir.path()).unwrap();
+            let tasks: Vec<_> = (0..200)
+                .map(|i| {
+                    let s = s.clone();
+                    let disk = format!("{i:08x}-0000-4000-8000-000000000000");
+                    tokio::spawn(async move {
+                        s.admit(admission(&format!("n{i}"), &format!("ak-{i}"), &disk, now))
+                            .await
+                            .map(|t| t.token.expose_secret().to_owned())
+                    })
+                })
+                .collect();
+            let mut tokens = std::collections::BTreeSet::new();
+            for t in tasks {
+                tokens.insert(t.await.unwrap().unwrap());
+            }
+            assert_eq!(tokens.len(), 1, "one token for the whole burst");
+            // Every answer came after its commit: a reader sees every member right away.
+            assert_eq!(s.members().await.unwrap().len(), 200);
+        }
+        let s = RedbState::open(dir.path()).unwrap();
+        assert_eq!(s.members().await.unwrap().len(), 200);
+    }
+
+    #[tokio::test]
+    async fn one_member_per_name_and_the_state_survives_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let now = UNIX_EPOCH + Duration::from_secs(2_000_000);
+        let token = {
+            let s = RedbState::open(dir.path()).unwrap();
+            s.admit(admission("n", "ak-a", D1, now)).await.unwrap();
+            s.admit(admission("n", "ak-a", D1, now + Duration::from_secs(5)))
+                .await
+                .unwrap()
+                .token
+                .expose_secret()
+                .to_owned()
+        };
+        let s = RedbState::open(dir.path()).unwrap();
+        let members = s.members().await.unwrap();
+        assert_eq!(members.len(), 1);
+        assert_eq!(members[0].admitted_at, 2_000_000);
+        assert_eq!(members[0].last_ticket_at, 2_000_005);
+        assert_eq!(members[0].tickets, 2);
+        let again = s
+            .admit(admission("m", "ak-b", D2, now + Duration::from_secs(6)))
+            .await
+            .unwrap();
+        assert_eq!(again.token.expose_secret(), token);
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(dir.path().join(RedbState::FILE_NAME))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+}

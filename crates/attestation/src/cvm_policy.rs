@@ -30,8 +30,8 @@
 //! Every member is optional; an absent one keeps the default ([`SnpPolicy::default`],
 //! [`TdxPolicy::default`]); unknown members are refused, so a misspelt knob is an error and
 //! not a silent default. A product's `minimumTcb` entry replaces that product's floor
-//! whole (absent parts are 0). Genoa and Turin have no default floor: their reports are
-//! refused until the file sets one. `"vmpl": null` accepts any VMPL.
+//! whole (absent parts are 0). Turin has no default floor: its reports are refused until
+//! the file sets one. `"vmpl": null` accepts any VMPL.
 
 use crate::explain::Reference;
 use crate::snp::{MinimumTcb, SnpPolicy};

@@ -29,7 +29,9 @@ mod verify;
 
 pub(crate) use certs::verify_pss_raw;
 pub use certs::{SnpCerts, embedded_ark, embedded_intermediate};
-pub use policy::{MILAN_SNP_FLOOR, MinimumTcb, PerProduct, SnpPolicy, check_fields};
+pub use policy::{
+    GENOA_SNP_FLOOR, MILAN_SNP_FLOOR, MinimumTcb, PerProduct, SnpPolicy, check_fields,
+};
 pub use report::{
     Cpuid, FirmwareVersion, GuestPolicy, KeyInfo, MAX_VERSION, MIN_VERSION, PlatformInfo,
     REPORT_SIZE, RawTcb, SIGNED_LEN, SignerKind, SnpReport, Tcb,

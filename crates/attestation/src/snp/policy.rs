@@ -60,11 +60,18 @@ impl<T: Copy> PerProduct<T> {
 /// under it comes from firmware on which the host could load its own microcode.
 pub const MILAN_SNP_FLOOR: u8 = 0x18;
 
+/// The default Genoa floor's SNP firmware SVN: 0x17 (23), the Genoa figure of the same
+/// bulletin and the same source as [`MILAN_SNP_FLOOR`]. It is the component that attests the
+/// fix: the SNP firmware refuses microcode whose signature the fixed loader would refuse.
+pub const GENOA_SNP_FLOOR: u8 = 0x17;
+
 /// What a verified SEV-SNP report must show besides a valid signature and chain.
 ///
 /// The default: a Milan TCB floor of boot loader 3, TEE 0, SNP [`MILAN_SNP_FLOOR`],
-/// microcode 115 (`docs/attestation.md` section 8 gives each number's source) and no floor
-/// for Genoa and Turin, whose reports are therefore refused until the operator sets one; debug always refused; no migration agent; SMT allowed (every cloud runs its hosts with
+/// microcode 115; a Genoa floor of SNP [`GENOA_SNP_FLOOR`] and 0 for the other parts (no
+/// bulletin figure for them could be confirmed); no floor for Turin, whose reports are
+/// therefore refused until the operator sets one (`docs/attestation.md` section 8 gives each
+/// number's source, and why Turin has none); debug always refused; no migration agent; SMT allowed (every cloud runs its hosts with
 /// SMT); VMPL 0 (the report must come from the most privileged level, the guest firmware or
 /// the cloud's paravisor); VCEK and VLEK both accepted (a cloud's trust mode narrows this to
 /// its own signer, [`crate::tpm::CvmAkTrust::sev_snp`]); no reference for the host data or
@@ -112,7 +119,13 @@ impl Default for SnpPolicy {
                     microcode: 115,
                     fmc: 0,
                 }),
-                genoa: None,
+                genoa: Some(MinimumTcb {
+                    bootloader: 0,
+                    tee: 0,
+                    snp: GENOA_SNP_FLOOR,
+                    microcode: 0,
+                    fmc: 0,
+                }),
                 turin: None,
             },
             allow_migration_agent: false,

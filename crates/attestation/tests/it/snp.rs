@@ -13,8 +13,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use asterism_attestation::explain::{Explanation, Outcome, Reference};
 use asterism_attestation::snp::{
-    MILAN_SNP_FLOOR, MinimumTcb, PerProduct, Product, REPORT_SIZE, SignerKind, SnpCerts, SnpPolicy,
-    SnpReport, SnpVerifier, check_fields, kds,
+    GENOA_SNP_FLOOR, MILAN_SNP_FLOOR, MinimumTcb, PerProduct, Product, REPORT_SIZE, SignerKind,
+    SnpCerts, SnpPolicy, SnpReport, SnpVerifier, check_fields, kds,
 };
 use asterism_attestation::{InsecureNoLaunchMeasurement, ValidationError};
 use base64::Engine;
@@ -796,43 +796,50 @@ fn the_fmc_minimum_applies_to_turin_layouts() {
 }
 
 #[test]
-fn a_product_without_a_configured_floor_is_refused_naming_the_knob() {
-    // No Genoa or Turin report is public: the Milan report's fields read as each of them,
-    // through the same field checks the verifier runs, under the default policy (no floor
-    // for either) and with the Milan floor it meets.
+fn the_default_genoa_floor_is_amd_sb_3019s_and_turin_without_a_floor_is_refused_naming_the_knob() {
+    // No Genoa or Turin report is public: the Milan report's fields read as each of them
+    // (Genoa lays out its TCB as Milan does), through the same field checks the verifier
+    // runs, under the default policy.
     let case = milan();
     let report = SnpReport::parse(&case.report).unwrap();
-    let policy = SnpPolicy {
-        minimum_tcb: PerProduct {
-            milan: Some(MILAN_SAMPLE_TCB),
-            ..PerProduct::default()
-        },
-        ..any_launch()
-    };
-    check_fields(
-        &report,
-        Product::Milan,
-        &policy,
-        &case.report_data,
-        &mut Explanation::default(),
-    )
-    .unwrap();
-    for (product, knob) in [
-        (Product::Genoa, "snp.minimumTcb.genoa"),
-        (Product::Turin, "snp.minimumTcb.turin"),
-    ] {
-        let err = check_fields(
-            &report,
+    let run = |report: &SnpReport, product| {
+        check_fields(
+            report,
             product,
-            &SnpPolicy::default(),
+            &SnpPolicy {
+                minimum_tcb: SnpPolicy::default().minimum_tcb,
+                ..any_launch()
+            },
             &case.report_data,
             &mut Explanation::default(),
         )
-        .unwrap_err();
-        let (field, expected, _) = field_error(err);
-        assert_eq!(field, "reported_tcb", "{product}");
-        assert!(expected.contains(knob), "{product}: {expected}");
+    };
+    // The sample's SNP firmware (SVN 8) is under the Genoa floor.
+    let (field, expected, observed) = field_error(run(&report, Product::Genoa).unwrap_err());
+    assert_eq!(
+        (field.as_str(), expected.as_str(), observed.as_str()),
+        ("reported_tcb.snp", ">= 23", "8")
+    );
+    assert_eq!(GENOA_SNP_FLOOR, 0x17);
+    // At the floor in all three TCBs it passes; one under it in any of them does not.
+    let mut at_floor = report.clone();
+    for tcb in [
+        &mut at_floor.reported_tcb,
+        &mut at_floor.launch_tcb,
+        &mut at_floor.committed_tcb,
+    ] {
+        tcb.0[6] = GENOA_SNP_FLOOR; // the SNP firmware SPL on Genoa, as on Milan
     }
+    run(&at_floor, Product::Genoa).unwrap();
+    let mut launched_under = at_floor.clone();
+    launched_under.launch_tcb.0[6] = GENOA_SNP_FLOOR - 1;
+    let (field, _, _) = field_error(run(&launched_under, Product::Genoa).unwrap_err());
+    assert_eq!(field, "launch_tcb.snp");
+
+    // Turin has no default floor: every report is refused, naming the setting.
+    let (field, expected, _) = field_error(run(&at_floor, Product::Turin).unwrap_err());
+    assert_eq!(field, "reported_tcb");
+    assert!(expected.contains("snp.minimumTcb.turin"), "{expected}");
 }
 
 fn with_policy_bit(report: &[u8], bit: u32) -> Vec<u8> {

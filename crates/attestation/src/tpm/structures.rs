@@ -123,14 +123,17 @@ impl PcrSelection {
 
     /// The selected PCR indices, ascending.
     pub fn indices(&self) -> BTreeSet<PcrIndex> {
-        PcrIndex::all()
-            .filter(|i| {
-                let i = usize::from(i.get());
-                self.bitmap
-                    .get(i / 8)
-                    .is_some_and(|byte| byte & (1 << (i % 8)) != 0)
-            })
-            .collect()
+        self.iter().collect()
+    }
+
+    /// The selected PCR indices, ascending, without collecting them.
+    pub fn iter(&self) -> impl Iterator<Item = PcrIndex> + '_ {
+        PcrIndex::all().filter(|i| {
+            let i = usize::from(i.get());
+            self.bitmap
+                .get(i / 8)
+                .is_some_and(|byte| byte & (1 << (i % 8)) != 0)
+        })
     }
 }
 

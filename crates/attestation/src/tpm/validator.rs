@@ -3,7 +3,7 @@
 use super::ak::AkKey;
 use super::eventlog::{Event, EventLog, pcr_start};
 use super::evidence::{QuoteEvidence, VARIANT};
-use super::structures::{QuoteInfo, alg};
+use super::structures::{PcrSelection, QuoteInfo, alg};
 use super::trust::AkTrust;
 use crate::explain::{Check, Outcome};
 use crate::measurements::{MeasurementMode, Measurements, MeasurementsProvider, PcrIndex};
@@ -44,6 +44,7 @@ pub struct TpmQuoteValidator {
     trust: AkTrust,
     measurements: Arc<dyn MeasurementsProvider>,
     clock: Clock,
+    pcr_digests: PcrDigestMemo,
 }
 
 impl TpmQuoteValidator {
@@ -55,6 +56,7 @@ impl TpmQuoteValidator {
             trust,
             measurements,
             clock: Arc::new(SystemTime::now),
+            pcr_digests: PcrDigestMemo::default(),
         }
     }
 
@@ -85,7 +87,7 @@ impl TpmQuoteValidator {
             evidence,
             Binding::ReportData(expected),
             &mut checks,
-            &mut pcrs,
+            Some(&mut pcrs),
         );
         log_result(&result);
         Explained {
@@ -107,7 +109,7 @@ impl TpmQuoteValidator {
             evidence,
             Binding::Raw(qualifying_data),
             &mut Vec::new(),
-            &mut None,
+            None,
         )
     }
 
@@ -116,8 +118,9 @@ impl TpmQuoteValidator {
         evidence: &[u8],
         expected: Binding<'_>,
         checks: &mut Vec<Check>,
-        proven_pcrs: &mut Option<Vec<Measurement>>,
+        proven_pcrs: Option<&mut Option<Vec<Measurement>>>,
     ) -> Result<VerifiedEvidence, ValidationError> {
+        let explaining = proven_pcrs.is_some();
         let ev = QuoteEvidence::decode(evidence)
             .map_err(|e| ValidationError::Malformed(error_chain(&e)))?;
 
@@ -135,15 +138,16 @@ impl TpmQuoteValidator {
         ak.verify(&ev.attest_bytes, &ev.signature)?;
 
         let selected = signed_sha256_selection(&ev.attest.quote)?;
-        let supplied: BTreeSet<PcrIndex> = ev.pcrs.keys().copied().collect();
-        if supplied != selected {
+        // Compared in place: both ascend, so equal sequences are equal sets.
+        if !ev.pcrs.keys().copied().eq(selected.iter()) {
+            let supplied: BTreeSet<PcrIndex> = ev.pcrs.keys().copied().collect();
             return Err(ValidationError::Policy(format!(
                 "supplied PCRs {} do not match the signed selection {}",
                 list(&supplied),
-                list(&selected)
+                list(&selected.indices())
             )));
         }
-        if ev.attest.quote.pcr_digest.as_slice() != pcr_digest(&ev.pcrs).as_slice() {
+        if ev.attest.quote.pcr_digest.as_slice() != self.pcr_digests.digest(&ev.pcrs).as_slice() {
             return Err(ValidationError::Policy(
                 "the supplied PCR values do not hash to the signed pcrDigest".into(),
             ));
@@ -161,7 +165,10 @@ impl TpmQuoteValidator {
                 value: v.to_vec(),
             })
             .collect();
-        *proven_pcrs = Some(measured.clone());
+        // A copy only for a caller that explains (the plain path has no use for it).
+        if let Some(proven) = proven_pcrs {
+            *proven = Some(measured.clone());
+        }
 
         if let Some(bytes) = &ev.event_log {
             let (log, covered) = replayed_log(bytes, &ev.pcrs)?;
@@ -177,9 +184,15 @@ impl TpmQuoteValidator {
         );
         warnings.extend(measurements.compare(&ev.pcrs)?);
 
+        // The explaining caller keeps its own list; the plain path hands its list over.
+        let checks = if explaining {
+            checks.clone()
+        } else {
+            std::mem::take(checks)
+        };
         Ok(
             VerifiedEvidence::new(VARIANT, fingerprint.to_string(), measured, warnings)
-                .with_checks(checks.clone()),
+                .with_checks(checks),
         )
     }
 }
@@ -237,7 +250,7 @@ impl Validator for TpmQuoteValidator {
             evidence,
             Binding::ReportData(expected),
             &mut Vec::new(),
-            &mut None,
+            None,
         );
         log_result(&result);
         result
@@ -252,24 +265,25 @@ fn log_result(result: &Result<VerifiedEvidence, ValidationError>) {
 }
 
 /// The signed selection must be exactly one SHA-256 bank with at least one PCR.
-fn signed_sha256_selection(quote: &QuoteInfo) -> Result<BTreeSet<PcrIndex>, ValidationError> {
-    let banks: Vec<String> = quote
-        .pcr_select
-        .iter()
-        .map(|s| format!("{:#06x}", s.hash))
-        .collect();
+fn signed_sha256_selection(quote: &QuoteInfo) -> Result<&PcrSelection, ValidationError> {
     match quote.pcr_select.as_slice() {
         [only] if only.hash == alg::SHA256 => {
-            let indices = only.indices();
-            if indices.is_empty() {
+            if only.iter().next().is_none() {
                 return Err(ValidationError::Policy("the quote selects no PCRs".into()));
             }
-            Ok(indices)
+            Ok(only)
         }
-        _ => Err(ValidationError::Policy(format!(
-            "the signed PCR selection must be exactly the SHA-256 bank (0x000b); found banks [{}]",
-            banks.join(", ")
-        ))),
+        _ => {
+            let banks: Vec<String> = quote
+                .pcr_select
+                .iter()
+                .map(|s| format!("{:#06x}", s.hash))
+                .collect();
+            Err(ValidationError::Policy(format!(
+                "the signed PCR selection must be exactly the SHA-256 bank (0x000b); found banks [{}]",
+                banks.join(", ")
+            )))
+        }
     }
 }
 
@@ -277,6 +291,62 @@ fn signed_sha256_selection(quote: &QuoteInfo) -> Result<BTreeSet<PcrIndex>, Vali
 /// single-bank selection.
 fn pcr_digest(pcrs: &BTreeMap<PcrIndex, [u8; 32]>) -> [u8; 32] {
     crate::sha::sha256_parts(pcrs.values().map(<[u8; 32]>::as_slice))
+}
+
+/// How many PCR sets [`PcrDigestMemo`] keeps.
+const PCR_DIGEST_MEMO: usize = 8;
+
+/// The last few [`pcr_digest`]s, keyed by the exact indices and values hashed.
+///
+/// Nodes booted from one image send the same PCR values, and hashing 24 of them is a third
+/// of a verification's cost beside the signature on a machine without SHA extensions. This
+/// keeps no verdict: a hit returns exactly what hashing those bytes returns, and the result
+/// is still compared with the signed `pcrDigest`, so a peer that fills the memo gains
+/// nothing but a miss for others (bounded: a miss costs one comparison per entry).
+#[derive(Default)]
+struct PcrDigestMemo(std::sync::Mutex<PcrDigests>);
+
+/// The entries (key, digest) and the one to replace next once full.
+#[derive(Default)]
+struct PcrDigests {
+    entries: Vec<(Box<[u8]>, [u8; 32])>,
+    next: usize,
+}
+
+impl PcrDigestMemo {
+    fn digest(&self, pcrs: &BTreeMap<PcrIndex, [u8; 32]>) -> [u8; 32] {
+        // The key: each index byte and value, in ascending order (at most 24 x 33 bytes).
+        let mut key = [0u8; 24 * 33];
+        let mut len = 0;
+        for (i, v) in pcrs {
+            let Some((index, value)) = key
+                .get_mut(len..len + 33)
+                .and_then(|slot| slot.split_first_mut())
+            else {
+                return pcr_digest(pcrs);
+            };
+            *index = i.get();
+            value.copy_from_slice(v);
+            len += 33;
+        }
+        let key = key.get(..len).unwrap_or_default();
+        if let Ok(memo) = self.0.lock()
+            && let Some((_, d)) = memo.entries.iter().find(|(k, _)| **k == *key)
+        {
+            return *d;
+        }
+        let d = pcr_digest(pcrs);
+        if let Ok(mut memo) = self.0.lock() {
+            let next = memo.next;
+            if memo.entries.len() < PCR_DIGEST_MEMO {
+                memo.entries.push((key.into(), d));
+            } else if let Some(e) = memo.entries.get_mut(next) {
+                *e = (key.into(), d);
+            }
+            memo.next = (next + 1) % PCR_DIGEST_MEMO;
+        }
+        d
+    }
 }
 
 /// Parses the event log and replays it; refuses it unless every quoted PCR it extends
@@ -438,4 +508,47 @@ fn digest_hex(e: &Event) -> String {
 fn list(s: &BTreeSet<PcrIndex>) -> String {
     let v: Vec<String> = s.iter().map(|i| i.to_string()).collect();
     format!("[{}]", v.join(","))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+
+    fn set(seed: u8, count: u8) -> BTreeMap<PcrIndex, [u8; 32]> {
+        (0..count)
+            .map(|i| (PcrIndex::new(i).unwrap(), [seed.wrapping_add(i); 32]))
+            .collect()
+    }
+
+    #[test]
+    fn the_digest_memo_returns_what_hashing_returns_for_hits_misses_and_after_eviction() {
+        let memo = PcrDigestMemo::default();
+        // More distinct sets than the memo holds, each asked twice, and in two rounds.
+        for _round in 0..2 {
+            for seed in 0..(PCR_DIGEST_MEMO as u8 * 2) {
+                let pcrs = set(seed, 24);
+                assert_eq!(memo.digest(&pcrs), pcr_digest(&pcrs));
+                assert_eq!(memo.digest(&pcrs), pcr_digest(&pcrs));
+            }
+        }
+        assert_eq!(memo.0.lock().unwrap().entries.len(), PCR_DIGEST_MEMO);
+        // One value changed, or one index fewer, or the same values under other indices:
+        // each is another key.
+        let pcrs = set(1, 24);
+        assert_eq!(memo.digest(&pcrs), pcr_digest(&pcrs));
+        let mut changed = pcrs.clone();
+        changed.insert(PcrIndex::new(23).unwrap(), [0; 32]);
+        assert_eq!(memo.digest(&changed), pcr_digest(&changed));
+        assert_ne!(memo.digest(&changed), memo.digest(&pcrs));
+        let mut fewer = pcrs.clone();
+        fewer.remove(&PcrIndex::new(23).unwrap());
+        assert_eq!(memo.digest(&fewer), pcr_digest(&fewer));
+        let moved: BTreeMap<_, _> = [(PcrIndex::new(1).unwrap(), [7; 32])].into();
+        let here: BTreeMap<_, _> = [(PcrIndex::new(2).unwrap(), [7; 32])].into();
+        assert_eq!(memo.digest(&moved), pcr_digest(&moved));
+        // Same value and digest input, other index: the TPM's digest is over values only,
+        // so both hash alike; the selection check, not the memo, tells them apart.
+        assert_eq!(memo.digest(&here), pcr_digest(&here));
+    }
 }

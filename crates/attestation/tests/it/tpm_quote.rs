@@ -262,9 +262,17 @@ fn rejects_a_signature_with_another_hash_or_scheme() {
 
 #[test]
 fn rejects_a_pcr_value_that_does_not_match_the_signed_digest() {
-    let (tpm, v) = setup();
+    let (mut tpm, v) = setup();
     let mut q = tpm.quote(&rd());
     let signed = q.sign(tpm.ak()).unwrap();
+    // The genuine values first, so the validator's digest memo holds them.
+    v.validate(&signed.encode_to_vec(), &rd()).unwrap();
+    // The values about to be passed off, genuinely quoted once, so the memo holds their
+    // digest as well: a memo keyed by anything less than the exact values would now pass
+    // them under the first quote's signature.
+    tpm.set_pcr(idx(5), [0x55; 32]);
+    v.validate(&tpm.quote(&rd()).evidence(tpm.ak()).unwrap(), &rd())
+        .unwrap();
     // Same signed quote, but PCR 5 (not in the expected measurements) reported differently.
     q.pcrs.insert(idx(5), [0x55; 32]);
     let mut wire = q.sign(tpm.ak()).unwrap();

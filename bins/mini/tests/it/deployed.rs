@@ -15,7 +15,9 @@
 //! under a mount of the container (it is rewritten to the volume's directory) or be the
 //! image's own (`/bin/sh`, and the one program the service's Containerfile copies into
 //! `/usr/local/bin`, its `ENTRYPOINT`); any other path fails the test before anything
-//! starts. `$(VAR)` is expanded as the kubelet expands it. A container is up when its
+//! starts. The environment's values from ConfigMaps and Secrets (`configMapKeyRef`,
+//! `secretKeyRef`, `envFrom`) are the deployment's own. `$(VAR)` is expanded as the kubelet
+//! expands it. A container is up when its
 //! readiness probe passes; a program that exits first (a flag it refuses, a file it cannot
 //! read) fails the test with its output.
 //!
@@ -311,6 +313,57 @@ fn volume_dir(
     }
 }
 
+/// A variable of a container's environment, as the manifest gives it.
+struct EnvVar {
+    name: String,
+    value: String,
+    /// Whether it comes from a Secret (handed on as it is, never printed).
+    secret: bool,
+}
+
+impl EnvVar {
+    fn new(name: String, value: String, secret: bool) -> Self {
+        Self {
+            name,
+            value,
+            secret,
+        }
+    }
+}
+
+/// Sets `var` in `env`, replacing a variable of the same name.
+fn set_var(env: &mut Vec<EnvVar>, var: EnvVar) {
+    env.retain(|v| v.name != var.name);
+    env.push(var);
+}
+
+fn pairs(env: &[EnvVar]) -> Vec<(String, String)> {
+    env.iter()
+        .map(|v| (v.name.clone(), v.value.clone()))
+        .collect()
+}
+
+/// The keys and values (as text) of the ConfigMap or Secret `reference` names.
+fn data_of(
+    applied: &Applied,
+    kind: &str,
+    reference: &Value,
+    container: &str,
+) -> Result<Vec<(String, String)>, String> {
+    let name = reference["name"].as_str().unwrap_or_default();
+    let object = applied
+        .find(kind, name)
+        .ok_or_else(|| format!("{container}: the deployment creates no {kind} {name}"))?;
+    files_of(object, kind == "Secret")?
+        .into_iter()
+        .map(|(key, bytes)| {
+            String::from_utf8(bytes)
+                .map(|text| (key.clone(), text))
+                .map_err(|_| format!("{container}: {kind} {name}: {key} is not text"))
+        })
+        .collect()
+}
+
 /// Expands `$(VAR)` with `env` as the kubelet does: a defined variable is replaced, `$$`
 /// is one `$`, anything else stays as written.
 fn expand(s: &str, env: &[(String, String)]) -> String {
@@ -491,31 +544,73 @@ fn prepare(ds: &Value, applied: &Applied, host: &Host) -> Result<Vec<Prepared>, 
             image: &image,
             host,
         };
-        // The environment as the manifest gives it, then as the process gets it.
-        let mut raw_env: Vec<(String, String)> = Vec::new();
+        // The environment as the manifest gives it (envFrom, then env, each later name
+        // replacing an earlier one), then as the process gets it. A value from a Secret is
+        // handed on as it is: it is data, not the manifest's text, and never printed.
+        let mut raw_env: Vec<EnvVar> = Vec::new();
+        for source in container["envFrom"].as_array().into_iter().flatten() {
+            let (kind, reference) = if let Some(r) = source.get("configMapRef") {
+                ("ConfigMap", r)
+            } else if let Some(r) = source.get("secretRef") {
+                ("Secret", r)
+            } else {
+                return Err(format!(
+                    "{name}: envFrom: a source not mapped here: {source}"
+                ));
+            };
+            let prefix = source["prefix"].as_str().unwrap_or_default();
+            for (key, value) in data_of(applied, kind, reference, &name)? {
+                let var = EnvVar::new(format!("{prefix}{key}"), value, kind == "Secret");
+                set_var(&mut raw_env, var);
+            }
+        }
         for var in container["env"].as_array().into_iter().flatten() {
             let key = var["name"].as_str().unwrap_or_default().to_owned();
+            let from = &var["valueFrom"];
             let value = if let Some(v) = var["value"].as_str() {
-                expand(v, &raw_env)
-            } else {
-                match var["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
-                    Some("status.hostIP" | "status.podIP") => host.ip.clone(),
+                EnvVar::new(key.clone(), expand(v, &pairs(&raw_env)), false)
+            } else if let Some(field) = from["fieldRef"]["fieldPath"].as_str() {
+                match field {
+                    "status.hostIP" | "status.podIP" => {
+                        EnvVar::new(key.clone(), host.ip.clone(), false)
+                    }
                     _ => {
                         return Err(format!(
-                            "{name}: env {key}: a source not mapped here: {var}"
+                            "{name}: env {key}: field {field} is not mapped here"
                         ));
                     }
                 }
+            } else if let Some((kind, r)) = from
+                .get("configMapKeyRef")
+                .map(|r| ("ConfigMap", r))
+                .or_else(|| from.get("secretKeyRef").map(|r| ("Secret", r)))
+            {
+                let wanted = r["key"].as_str().unwrap_or_default();
+                let value = data_of(applied, kind, r, &name)?
+                    .into_iter()
+                    .find_map(|(k, v)| (k == wanted).then_some(v))
+                    .ok_or_else(|| {
+                        format!(
+                            "{name}: env {key}: {kind} {} has no key {wanted}",
+                            r["name"]
+                        )
+                    })?;
+                EnvVar::new(key.clone(), value, kind == "Secret")
+            } else {
+                return Err(format!("{name}: env {key}: a source not mapped here"));
             };
-            raw_env.push((key, value));
-        }
-        if container.get("envFrom").is_some() {
-            return Err(format!("{name}: envFrom is not mapped here"));
+            set_var(&mut raw_env, value);
         }
         let mut env = vec![("PATH".to_owned(), image.path_var())];
-        for (key, value) in &raw_env {
-            env.push((key.clone(), rewrite.apply(&format!("env {key}"), value)?));
+        for var in &raw_env {
+            let value = if var.secret {
+                var.value.clone()
+            } else {
+                rewrite.apply(&format!("env {}", var.name), &var.value)?
+            };
+            env.push((var.name.clone(), value));
         }
+        let raw_env = pairs(&raw_env);
         // command replaces the image's ENTRYPOINT; args follow either.
         let mut raw = match container.get("command") {
             Some(c) => strings(c),
@@ -892,4 +987,76 @@ fn a_path_no_volume_provides_fails_the_run_before_anything_starts() {
     for ds in applied.daemon_sets() {
         prepare(ds, &applied, &host).unwrap_or_else(|e| panic!("{e}"));
     }
+}
+
+#[test]
+fn the_environment_comes_from_the_deployments_own_objects_and_its_paths_are_checked() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    let (applied, host) = bare(tmp.path(), &rt);
+    let with_env = |env: Value, env_from: Value| {
+        let mut changed = Applied(applied.0.clone());
+        let ds = changed.daemon_set_mut("join-service");
+        let container = &mut ds["spec"]["template"]["spec"]["containers"][0];
+        container["env"]
+            .as_array_mut()
+            .unwrap()
+            .extend(env.as_array().unwrap().iter().cloned());
+        container["envFrom"] = env_from;
+        let ds = ds.clone();
+        prepare(&ds, &changed, &host)
+    };
+    let prepared = with_env(
+        serde_json::json!([
+            {"name": "SALT", "valueFrom": {"secretKeyRef": {"name": "asterism-mastersecret", "key": "salt"}}},
+            {"name": "MEASUREMENTS", "valueFrom": {"configMapKeyRef": {"name": "join-config", "key": "attestationConfig"}}},
+            {"name": "ENDPOINT", "value": "$(HOST_IP):6443"},
+            {"name": "CONFIG", "value": "/var/config/attestationConfig"},
+        ]),
+        serde_json::json!([{"configMapRef": {"name": "join-service-trust"}, "prefix": "TRUST_"}]),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let env = &prepared[0].env;
+    let get = |k: &str| {
+        env.iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.as_str())
+            .unwrap_or_else(|| panic!("no {k}"))
+    };
+    assert_eq!(get("SALT").as_bytes(), [2; 32], "the Secret's value, whole");
+    assert_eq!(get("MEASUREMENTS"), r#"{"measurements":{}}"#);
+    assert_eq!(get("ENDPOINT"), format!("127.0.{NET}.200:6443"));
+    assert!(get("CONFIG").ends_with("/volumes/join-config/attestationConfig"));
+    assert!(get("TRUST_platform-ca.pem").starts_with("-----BEGIN CERTIFICATE-----"));
+    assert_eq!(get("KUBERNETES_SERVICE_HOST"), format!("127.0.{NET}.200"));
+
+    // A key the object lacks, an object the deployment does not create, and a path in a
+    // value that no volume provides each fail.
+    let err = with_env(
+        serde_json::json!([{"name": "X", "valueFrom": {"secretKeyRef": {"name": "asterism-mastersecret", "key": "nothing"}}}]),
+        Value::Null,
+    )
+    .err()
+    .unwrap();
+    assert!(err.contains("has no key nothing"), "{err}");
+    let err = with_env(
+        Value::Array(Vec::new()),
+        serde_json::json!([{"secretRef": {"name": "elsewhere"}}]),
+    )
+    .err()
+    .unwrap();
+    assert!(
+        err.contains("the deployment creates no Secret elsewhere"),
+        "{err}"
+    );
+    let err = with_env(
+        serde_json::json!([{"name": "LOG", "value": "/var/log/asterism.log"}]),
+        Value::Null,
+    )
+    .err()
+    .unwrap();
+    assert!(
+        err.contains("env LOG names /var/log/asterism.log, which no volume provides"),
+        "{err}"
+    );
 }

@@ -17,9 +17,8 @@
 //! `/usr/local/bin`, its `ENTRYPOINT`); any other path fails the test before anything
 //! starts. The environment's values from ConfigMaps and Secrets (`configMapKeyRef`,
 //! `secretKeyRef`, `envFrom`) are the deployment's own. `$(VAR)` is expanded as the kubelet
-//! expands it. A container is up when its
-//! readiness probe passes; a program that exits first (a flag it refuses, a file it cannot
-//! read) fails the test with its output.
+//! expands it. A container is up when its readiness probe passes; a program that exits
+//! first (a flag it refuses, a file it cannot read) fails the test with its output.
 //!
 //! What cannot be the real thing here, and what stands for it (nothing else is changed):
 //!

@@ -202,6 +202,27 @@ pub async fn run(args: Args) -> Result<Initialised> {
     run_with(args, &skipped).await
 }
 
+/// What the bring-up after `asterism init` deploys: the join service checks joining nodes
+/// against what the first node was checked against (`measurements`, in their file format,
+/// and the AK trust of `args`), with `measurement_salt`, and asks the metadata service of
+/// `after`. The one place this is decided: `run_with` deploys it, and the end-to-end test
+/// of the deployed services runs it.
+pub fn deployment_spec(
+    args: &Args,
+    after: &bring_up::Args,
+    measurements: &asterism_attestation::Measurements,
+    measurement_salt: &[u8],
+) -> Result<DeploymentSpec> {
+    Ok(DeploymentSpec {
+        images: after.images(),
+        attestation_config: measurements.to_json(),
+        measurement_salt: <[u8; MEASUREMENT_SALT_LEN]>::try_from(measurement_salt)
+            .context("the measurement salt")?,
+        trust: bring_up::join_service_trust(&args.trust.ak)?,
+        metadata_url: after.metadata_url()?,
+    })
+}
+
 /// Runs `asterism init` and then the bring-up of `after` (unless it is skipped), printing
 /// progress to stderr.
 pub async fn run_with(args: Args, after: &bring_up::Args) -> Result<Initialised> {
@@ -213,28 +234,23 @@ pub async fn run_with(args: Args, after: &bring_up::Args) -> Result<Initialised>
         );
     }
     let measurements = args.trust.load_measurements()?;
-    // The join service checks joining nodes against what the first node was checked
-    // against (the same measurements, in their file format, and the same AK trust).
-    let attestation_config = measurements.to_json();
-    let trust = bring_up::join_service_trust(&args.trust.ak)?;
+    let measurement_salt = random32()?;
+    let plan = Plan::new(deployment_spec(
+        &args,
+        after,
+        &measurements,
+        &measurement_salt,
+    )?)?;
     let validator = args.trust.validator(measurements)?;
     let init_secret = read_init_secret(&args.init_secret_file)?;
     let recovery = recovery_plan(&args)?;
-    let hosted_services = hosted_services(&args, &attestation_config, &trust)?;
+    let hosted_services = hosted_services(&args, &plan.spec.attestation_config, &plan.spec.trust)?;
     let release = VersionTable::builtin()
         .context("the built-in Kubernetes versions table")?
         .resolve(args.kubernetes_version)?;
 
     let master_secret = random32()?;
     let salt = random32()?;
-    let measurement_salt = random32()?;
-    let plan = Plan::new(DeploymentSpec {
-        images: after.images(),
-        attestation_config,
-        measurement_salt: <[u8; MEASUREMENT_SALT_LEN]>::try_from(measurement_salt.as_slice())?,
-        trust,
-        metadata_url: after.metadata_url()?,
-    })?;
     let manifests = bring_up::manifest_files(&plan.deployment)?;
     // Split before anything is sent: a failure here leaves no cluster without its shares.
     let split = match &recovery {

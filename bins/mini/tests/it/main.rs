@@ -14,6 +14,7 @@
 mod cluster;
 #[path = "../common/mod.rs"]
 mod common;
+mod deployed;
 mod disk_binding;
 mod enrolment;
 mod idle_flood;

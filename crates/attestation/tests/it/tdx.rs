@@ -129,6 +129,15 @@ fn accepts_the_real_quote_and_explains_every_check() {
     assert_eq!(v.tcb_status(), TcbStatus::UpToDate);
     assert!(v.advisory_ids().is_empty());
     assert_eq!(hex::encode_upper(v.fmspc()), "B0C06F000000");
+    // The accessors give the quote's own measurements, each from its place in the report.
+    let parsed = TdQuote::parse(&q).unwrap().report().clone();
+    assert_eq!(v.mr_td(), &parsed.mr_td);
+    for i in 0..4 {
+        assert_eq!(v.rtmr(i), Some(&parsed.rtmr[i]), "rtmr{i}");
+    }
+    assert_eq!(v.rtmr(4), None);
+    assert_ne!(parsed.mr_td, [0; 48]);
+    assert_ne!(parsed.rtmr[0], parsed.rtmr[1]);
     let fields: Vec<&str> = ex.checks.iter().map(|c| c.field.as_str()).collect();
     assert_eq!(
         fields,

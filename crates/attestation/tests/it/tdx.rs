@@ -136,6 +136,14 @@ fn accepts_the_real_quote_and_explains_every_check() {
         assert_eq!(v.rtmr(i), Some(&parsed.rtmr[i]), "rtmr{i}");
     }
     assert_eq!(v.rtmr(4), None);
+    assert_eq!(v.report_data(), &report_data(&q));
+    assert_ne!(report_data(&q), [0; 64]);
+    // The verifier's own Debug names it and its policy (no cache contents, no CRLs).
+    let debug = format!("{:?}", TdxVerifier::new(pinned_policy()));
+    assert!(
+        debug.starts_with("TdxVerifier") && debug.contains("policy"),
+        "{debug}"
+    );
     assert_ne!(parsed.mr_td, [0; 48]);
     assert_ne!(parsed.rtmr[0], parsed.rtmr[1]);
     let fields: Vec<&str> = ex.checks.iter().map(|c| c.field.as_str()).collect();
@@ -904,9 +912,12 @@ fn intel_crls() -> Vec<(String, Vec<u8>)> {
 
 fn verify_with_crls(crls: Vec<(String, Vec<u8>)>) -> Result<(), ValidationError> {
     let bundle = asterism_attestation::revocation::CrlBundle::from_files(crls).unwrap();
+    let count = bundle.len();
     let q = quote();
-    TdxVerifier::new(pinned_policy())
-        .with_crls(std::sync::Arc::new(bundle))
+    let verifier = TdxVerifier::new(pinned_policy()).with_crls(std::sync::Arc::new(bundle));
+    assert_eq!(verifier.crls().map(|c| c.len()), Some(count));
+    assert!(TdxVerifier::new(pinned_policy()).crls().is_none());
+    verifier
         .verify(&q, &collateral(), &report_data(&q), at(NOW))
         .map(|_| ())
 }

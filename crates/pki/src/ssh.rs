@@ -72,6 +72,29 @@ fn ssh(what: &'static str) -> impl FnOnce(ssh_key::Error) -> SshError {
 /// the data key `ca_emergency_ssh`, so every control-plane node derives the same CA.
 pub struct SshCa {
     key: PrivateKey,
+    signer: CaSigner,
+}
+
+/// The CA key as it signs: ring's Ed25519 key pair, built once from the seed. Through
+/// `PrivateKey`, ssh-key rebuilds the signing key from the seed and re-checks the public key
+/// on every signature (two scalar multiplications and a point decompression more per host
+/// certificate, on every join ticket).
+struct CaSigner {
+    key: ring::signature::Ed25519KeyPair,
+    public: KeyData,
+}
+
+impl signature::Signer<ssh_key::Signature> for CaSigner {
+    fn try_sign(&self, msg: &[u8]) -> Result<ssh_key::Signature, signature::Error> {
+        ssh_key::Signature::new(Algorithm::Ed25519, self.key.sign(msg).as_ref())
+            .map_err(|_| signature::Error::new())
+    }
+}
+
+impl From<&CaSigner> for KeyData {
+    fn from(signer: &CaSigner) -> Self {
+        signer.public.clone()
+    }
 }
 
 impl std::fmt::Debug for SshCa {
@@ -93,7 +116,27 @@ impl SshCa {
         let keypair = Ed25519Keypair::from_seed(&bytes);
         let key = PrivateKey::new(KeypairData::Ed25519(keypair), "")
             .map_err(ssh("building the CA key"))?;
-        Ok(Self { key })
+        let ring_key = ring::signature::Ed25519KeyPair::from_seed_unchecked(&*bytes)
+            .map_err(|_| SshError::SeedLength(bytes.len()))?;
+        // Both libraries derive the public key from the one seed; they must agree.
+        if ring::signature::KeyPair::public_key(&ring_key).as_ref()
+            != key
+                .public_key()
+                .key_data()
+                .ed25519()
+                .map(|k| k.0.as_slice())
+                .unwrap_or_default()
+        {
+            return Err(SshError::Ssh {
+                what: "building the CA key",
+                source: ssh_key::Error::PublicKey,
+            });
+        }
+        let signer = CaSigner {
+            key: ring_key,
+            public: key.public_key().key_data().clone(),
+        };
+        Ok(Self { key, signer })
     }
 
     /// The CA's public key.
@@ -155,7 +198,7 @@ impl SshCa {
                 .map_err(ssh("adding a principal"))?;
         }
         let cert = builder
-            .sign(&self.key)
+            .sign(&self.signer)
             .map_err(ssh("signing the certificate"))?;
         Ok(HostCertificate(cert))
     }
@@ -384,6 +427,20 @@ mod tests {
             cert.validate_at(1_700_000_000 + 366 * 24 * 3600, [&ca_fp])
                 .is_err()
         );
+    }
+
+    #[test]
+    fn the_ca_signs_exactly_as_ssh_keys_own_ed25519_key_does() {
+        // Ed25519 is deterministic: one seed and one message give one signature, so the
+        // signer built once must give ssh-key's signature byte for byte.
+        use signature::Signer;
+        let ca = ca(3);
+        for msg in [&b""[..], b"host certificate", &[0xa5; 1000]] {
+            let ours: ssh_key::Signature = ca.signer.try_sign(msg).unwrap();
+            let theirs: ssh_key::Signature = ca.key.try_sign(msg).unwrap();
+            assert_eq!(ours, theirs);
+        }
+        assert_eq!(KeyData::from(&ca.signer), *ca.public_key().key_data());
     }
 
     #[test]

@@ -11,8 +11,10 @@
 //! mode has them, and forwards the guest's metadata address to a relay on the host that
 //! answers for this node (see [`metadata_relay`]). The second joins the cluster network, a
 //! multicast hub on loopback shared by the cluster's VMs, where each node has its own
-//! address. The per-node settings travel by fw_cfg, which is not measured, so every node
-//! boots with the same PCRs and the reference boot's measurements apply to all of them.
+//! address. The per-node settings travel by fw_cfg (or, for the workers on request, as
+//! SMBIOS OEM strings, as a bare-metal machine's BMC sets them), neither of which is
+//! measured, so every node boots with the same PCRs and the reference boot's measurements
+//! apply to all of them.
 //!
 //! The control plane boots first and is initialised with `--host-cluster-services`: it then
 //! runs the key and join services itself. The workers boot after init, told by fw_cfg the
@@ -107,6 +109,18 @@ impl BootMode {
             Self::Uefi | Self::DirectKernel => (OVMF_CODE, OVMF_VARS),
         }
     }
+}
+
+/// How a VM is given its node settings (docs/node-settings.md); the image's init reads
+/// whichever it finds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SettingsChannel {
+    /// QEMU's fw_cfg files under `opt/asterism/`.
+    #[default]
+    FwCfg,
+    /// SMBIOS OEM strings (type 11), `asterism.<key>=<value>`, the AK certificate in
+    /// base64: what a bare-metal machine's BMC or firmware setup sets.
+    SmbiosOemStrings,
 }
 
 /// Settings of VM mode (`mini up --vm`).
@@ -406,6 +420,8 @@ pub struct VmCluster {
     pub image: NodeImage,
     /// How the VMs boot.
     pub boot_mode: BootMode,
+    /// How the workers are given their settings (the control plane: always fw_cfg).
+    pub worker_settings: SettingsChannel,
     accel: Accel,
     net: u8,
 }
@@ -496,6 +512,7 @@ impl VmCluster {
             vms,
             image,
             boot_mode,
+            worker_settings: SettingsChannel::default(),
             accel,
             net,
         })
@@ -545,29 +562,37 @@ impl VmCluster {
             "'{mini}' vm-metadata-relay --node-ip {guest} --metadata {}",
             self.cluster.metadata_addr
         );
-        let mut params = format!(
-            "asterism.ip={GUEST_USER_IP} asterism.gw={GUEST_USER_GW} asterism.node-ip={guest}/24 asterism.hostname={} asterism.keep-running=1",
-            vm.node.name
-        );
+        // The node's settings: words, and the join trust's two files after init.
+        let mut words = vec![
+            format!("asterism.ip={GUEST_USER_IP}"),
+            format!("asterism.gw={GUEST_USER_GW}"),
+            format!("asterism.node-ip={guest}/24"),
+            format!("asterism.hostname={}", vm.node.name),
+            "asterism.keep-running=1".to_string(),
+        ];
         let mut join_trust = Vec::new();
         if let Some(cluster_id) = self.cluster.cluster_id() {
-            params.push_str(&format!(" asterism.cluster-id={cluster_id}"));
+            words.push(format!("asterism.cluster-id={cluster_id}"));
             let key = self
                 .cluster
                 .control_plane_key()
                 .context("the workspace has a cluster ID but no control-plane-key")?;
-            params.push_str(&format!(" asterism.control-plane-key={key}"));
-            for (name, file) in [
-                ("platform-ca", &self.cluster.platform_ca),
-                ("measurements", &self.cluster.join_measurements),
-            ] {
-                join_trust.push("-fw_cfg".to_string());
-                join_trust.push(format!(
-                    "name=opt/asterism/join-trust/{name},file={}",
-                    qemu_value(file)?
-                ));
-            }
+            words.push(format!("asterism.control-plane-key={key}"));
+            join_trust.push(("platform-ca", &self.cluster.platform_ca));
+            join_trust.push(("measurements", &self.cluster.join_measurements));
         }
+        let ak_cert = ndir.join("attestation/ak-cert.der");
+        let channel = if vm.node.control_plane {
+            SettingsChannel::FwCfg
+        } else {
+            self.worker_settings
+        };
+        let settings = match channel {
+            SettingsChannel::FwCfg => fw_cfg_settings(&words, &ak_cert, &join_trust)?,
+            SettingsChannel::SmbiosOemStrings => {
+                smbios_settings(ndir, &words, &ak_cert, &join_trust)?
+            }
+        };
         let user_net = format!(
             "user,id=net0,restrict=on,hostfwd=tcp:{host}:{INIT_PORT}-{guest}:{INIT_PORT},hostfwd=tcp:{host}:{VERIFY_PORT}-{guest}:{VERIFY_PORT},guestfwd=tcp:{GUEST_METADATA_IP}:{METADATA_PORT}-cmd:{relay}"
         );
@@ -630,14 +655,8 @@ impl VmCluster {
             ),
         ];
         args.extend(boot);
+        args.extend(settings);
         args.extend([
-            "-fw_cfg".into(),
-            format!("name=opt/asterism/params,string={params}"),
-            "-fw_cfg".into(),
-            format!(
-                "name=opt/asterism/ak-cert,file={}",
-                qemu_value(&ndir.join("attestation/ak-cert.der"))?
-            ),
             "-chardev".into(),
             format!("socket,id=chrtpm,path={}", qemu_value(swtpm_socket)?),
             "-tpmdev".into(),
@@ -662,7 +681,6 @@ impl VmCluster {
             "-device".into(),
             "virtio-rng-pci".into(),
         ]);
-        args.extend(join_trust);
         Ok(args.into_iter().map(OsString::from).collect())
     }
 
@@ -800,6 +818,60 @@ impl VmCluster {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+}
+
+/// QEMU's options that give a node its settings by fw_cfg: the words in
+/// `opt/asterism/params`, the AK certificate and the join trust as files.
+fn fw_cfg_settings(
+    words: &[String],
+    ak_cert: &Path,
+    join_trust: &[(&str, &PathBuf)],
+) -> Result<Vec<String>> {
+    let mut args = vec![
+        "-fw_cfg".to_string(),
+        format!("name=opt/asterism/params,string={}", words.join(" ")),
+        "-fw_cfg".to_string(),
+        format!("name=opt/asterism/ak-cert,file={}", qemu_value(ak_cert)?),
+    ];
+    for (name, file) in join_trust {
+        args.push("-fw_cfg".into());
+        args.push(format!(
+            "name=opt/asterism/join-trust/{name},file={}",
+            qemu_value(file)?
+        ));
+    }
+    Ok(args)
+}
+
+/// QEMU's option that gives a node its settings as SMBIOS OEM strings: one string a word,
+/// the AK certificate in base64, and the join trust's PEM bundle and JSON from files (in the
+/// node directory) that hold the whole string, since a command line cannot carry their
+/// newlines.
+fn smbios_settings(
+    ndir: &Path,
+    words: &[String],
+    ak_cert: &Path,
+    join_trust: &[(&str, &PathBuf)],
+) -> Result<Vec<String>> {
+    use base64::Engine as _;
+    let mut option = String::from("type=11");
+    let cert = std::fs::read(ak_cert).with_context(|| format!("{}", ak_cert.display()))?;
+    let cert = format!(
+        "asterism.ak-cert={}",
+        base64::engine::general_purpose::STANDARD.encode(cert)
+    );
+    for word in words.iter().chain([&cert]) {
+        // QEMU's escape for a comma in an option's value.
+        option.push_str(&format!(",value={}", word.replace(',', ",,")));
+    }
+    for (name, file) in join_trust {
+        let string = ndir.join(format!("smbios-join-{name}"));
+        let mut content = format!("asterism.join-{name}=").into_bytes();
+        content.extend(std::fs::read(file).with_context(|| format!("{}", file.display()))?);
+        std::fs::write(&string, content)?;
+        option.push_str(&format!(",path={}", qemu_value(&string)?));
+    }
+    Ok(vec!["-smbios".into(), option])
 }
 
 /// The VM's disk in the node directory: a copy of the image's disk.

@@ -3,10 +3,12 @@
 //! forwarded port and verifies the PCRs the firmware and the kernel measured; it then runs
 //! the key and join services, a worker VM joins it over the cluster network and rejoins
 //! after a power cut; every node's state ends up on its disk's state partition (mapped,
-//! mounted, encrypted), and `down` leaves no QEMU or swtpm running. That test boots from
-//! the disk with Secure Boot enforced, as a real machine would; the firmware refuses an
-//! unsigned UKI, and the verifier a node whose Secure Boot state (PCR 7) differs, naming the
-//! event. The command-line test boots the kernel directly, which is quicker.
+//! mounted, encrypted), and `down` leaves no QEMU or swtpm running. The control plane gets
+//! its settings by fw_cfg, the worker as SMBIOS OEM strings, as a bare-metal machine would.
+//! That test boots from the disk with Secure Boot enforced, as a real machine would; the
+//! firmware refuses an unsigned UKI, and the verifier a node whose Secure Boot state (PCR 7)
+//! differs, naming the event. The command-line test boots the kernel directly, which is
+//! quicker.
 //!
 //! Needs QEMU, OVMF, the node image (`scripts/build-node-image`) and its reference
 //! measurements (`scripts/boot-node-image`): `ASTERISM_NODE_IMAGE` and
@@ -23,7 +25,7 @@
 )]
 
 use crate::common::{TeardownAt, bins, runtime};
-use asterism_mini::vm::{BootMode, VmArgs, VmCluster};
+use asterism_mini::vm::{BootMode, SettingsChannel, VmArgs, VmCluster};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -142,7 +144,10 @@ fn a_control_plane_and_a_worker_vm_boot_from_the_disk_with_secure_boot_and_the_w
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("c");
     let _teardown = TeardownAt(dir.clone());
-    let vmc = VmCluster::create(&dir, 1, 71, bins(), &args).unwrap();
+    let mut vmc = VmCluster::create(&dir, 1, 71, bins(), &args).unwrap();
+    // The worker's settings (addresses, name, AK certificate, the cluster to join and the
+    // join service to trust) as SMBIOS OEM strings, with no fw_cfg entry of this project.
+    vmc.worker_settings = SettingsChannel::SmbiosOemStrings;
     let (record, mut vms) = runtime().block_on(vmc.bring_up()).unwrap();
 
     // Both nodes bootstrapped, and their disks open with the keys derived from the
@@ -168,6 +173,7 @@ fn a_control_plane_and_a_worker_vm_boot_from_the_disk_with_secure_boot_and_the_w
         "the firmware booted the disk (virtio-blk is a misc device to OVMF)"
     );
     for line in [
+        "asterism-init: settings from fw-cfg",
         "asterism-init: tpm0=yes tpmrm0=yes state=/dev/vda2",
         "asterism-init: eth1 10.42.71.1/24",
         "asterism-init: join service ready on 10.42.71.1:30090",
@@ -185,9 +191,9 @@ fn a_control_plane_and_a_worker_vm_boot_from_the_disk_with_secure_boot_and_the_w
         ],
     );
 
-    // The worker: told the cluster by fw_cfg, admitted by the control plane's join service
-    // over the cluster network after it verified the worker's quote, its state on its own
-    // mapped disk.
+    // The worker: told the cluster by SMBIOS OEM strings, admitted by the control plane's
+    // join service over the cluster network after it verified the worker's quote (with the
+    // AK certificate the strings carried), its state on its own mapped disk.
     let worker = &vmc.vms[1].node;
     let worker_record = &record.nodes[1];
     assert!(
@@ -197,6 +203,21 @@ fn a_control_plane_and_a_worker_vm_boot_from_the_disk_with_secure_boot_and_the_w
         "{worker_record:?}"
     );
     let console = std::fs::read_to_string(worker.dir.join("console.log")).unwrap();
+    assert!(
+        console.contains("asterism-init: settings from smbios"),
+        "the worker read SMBIOS OEM strings"
+    );
+    // The worker's QEMU, still running: SMBIOS OEM strings, no fw_cfg entry of this project.
+    let worker_qemu = std::fs::read(format!(
+        "/proc/{}/cmdline",
+        pid_in(&worker.dir.join("run/qemu.pid"))
+    ))
+    .unwrap();
+    let worker_qemu = String::from_utf8_lossy(&worker_qemu);
+    assert!(
+        worker_qemu.contains("type=11,value=asterism.") && !worker_qemu.contains("opt/asterism"),
+        "{worker_qemu}"
+    );
     assert!(
         console.contains(&format!(
             "asterism-init: joins cluster {}",

@@ -6,9 +6,9 @@
 //! mounted, encrypted), and `down` leaves no QEMU or swtpm running. The control plane gets
 //! its settings by fw_cfg, the worker as SMBIOS OEM strings, as a bare-metal machine would.
 //! That test boots from the disk with Secure Boot enforced, as a real machine would; the
-//! firmware refuses an unsigned UKI, and the verifier a node whose Secure Boot state (PCR 7)
-//! differs, naming the event. The command-line test boots the kernel directly, which is
-//! quicker.
+//! firmware refuses an unsigned UKI and one signed by a key db does not hold, and the
+//! verifier a node whose Secure Boot state (PCR 7) differs, naming the event. The
+//! command-line test boots the kernel directly, which is quicker.
 //!
 //! Needs QEMU, OVMF, the node image (`scripts/build-node-image`) and its reference
 //! measurements (`scripts/boot-node-image`): `ASTERISM_NODE_IMAGE` and
@@ -338,31 +338,30 @@ fn have(program: &str) -> bool {
         .is_ok()
 }
 
-#[test]
-fn secure_boot_firmware_refuses_an_unsigned_uki() {
-    let Some(args) = vm_args(BootMode::SecureBoot) else {
-        return;
-    };
-    if !have("sbattach") || !have("mcopy") {
-        skip("sbattach (sbsigntool) or mcopy (mtools) is missing");
-        return;
-    }
-    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+/// Runs `program` with `args` and asserts that it succeeded.
+fn run_ok(program: &str, args: &[&std::ffi::OsStr]) {
+    let out = std::process::Command::new(program)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{program}: {out:?}");
+}
+
+/// The image's UKI without its signature, written to `to`.
+fn unsigned_uki(args: &VmArgs, to: &Path) {
+    std::fs::copy(args.image.join("uki.efi"), to).unwrap();
+    run_ok("sbattach", &["--remove".as_ref(), to.as_os_str()]);
+}
+
+/// Boots a Secure Boot VM whose disk's default boot entry is `uki` and asserts that the
+/// firmware refuses to start it and nothing of the image runs.
+fn assert_the_firmware_refuses(args: &VmArgs, net: u8, uki: &Path) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("c");
     let _teardown = TeardownAt(dir.clone());
-    let vmc = VmCluster::create(&dir, 0, 74, bins(), &args).unwrap();
+    let vmc = VmCluster::create(&dir, 0, net, bins(), args).unwrap();
     let cp = vmc.vms[0].clone();
-    // The image's UKI without its signature, in the node's copy of the disk, where the
-    // firmware's default boot entry finds it.
-    let unsigned = tmp.path().join("unsigned.efi");
-    std::fs::copy(args.image.join("uki.efi"), &unsigned).unwrap();
-    let removed = std::process::Command::new("sbattach")
-        .arg("--remove")
-        .arg(&unsigned)
-        .output()
-        .unwrap();
-    assert!(removed.status.success(), "{removed:?}");
+    // In the node's copy of the disk, where the firmware's default boot entry finds it.
     let disk = cp.node.dir.join(asterism_mini::vm::NODE_DISK);
     let head = {
         use std::io::Read as _;
@@ -374,20 +373,22 @@ fn secure_boot_firmware_refuses_an_unsigned_uki() {
         head
     };
     let (esp, _) = asterism_mini::vm::gpt_partition(&head, "EFI system partition").unwrap();
-    let copied = std::process::Command::new("mcopy")
-        .arg("-o")
-        .arg("-i")
-        .arg(format!("{}@@{esp}", disk.display()))
-        .arg(&unsigned)
-        .arg("::/EFI/BOOT/BOOTX64.EFI")
-        .output()
-        .unwrap();
-    assert!(copied.status.success(), "{copied:?}");
+    let image = format!("{}@@{esp}", disk.display());
+    run_ok(
+        "mcopy",
+        &[
+            "-o".as_ref(),
+            "-i".as_ref(),
+            image.as_ref(),
+            uki.as_os_str(),
+            "::/EFI/BOOT/BOOTX64.EFI".as_ref(),
+        ],
+    );
 
     let mut vm = vmc.boot(&cp).unwrap();
     let refused = runtime()
         .block_on(vmc.wait_for_init_server(&cp, &mut vm))
-        .expect_err("the firmware does not start an unsigned UKI");
+        .expect_err("the firmware does not start the UKI");
     let reason = format!("{refused:#}");
     assert!(
         reason.contains("refused to start the image's UKI (Access Denied: Secure Boot"),
@@ -398,6 +399,84 @@ fn secure_boot_firmware_refuses_an_unsigned_uki() {
         !console.contains("asterism-init: start"),
         "nothing of the image ran"
     );
+}
+
+#[test]
+fn secure_boot_firmware_refuses_an_unsigned_uki() {
+    let Some(args) = vm_args(BootMode::SecureBoot) else {
+        return;
+    };
+    if !have("sbattach") || !have("mcopy") {
+        skip("sbattach (sbsigntool) or mcopy (mtools) is missing");
+        return;
+    }
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let unsigned = tmp.path().join("unsigned.efi");
+    unsigned_uki(&args, &unsigned);
+    assert_the_firmware_refuses(&args, 74, &unsigned);
+}
+
+#[test]
+fn secure_boot_firmware_refuses_a_uki_signed_by_a_key_db_does_not_hold() {
+    let Some(args) = vm_args(BootMode::SecureBoot) else {
+        return;
+    };
+    if !have("sbattach") || !have("sbsign") || !have("mcopy") || !have("openssl") {
+        skip("sbattach, sbsign (sbsigntool), mcopy (mtools) or openssl is missing");
+        return;
+    }
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let p = |name: &str| tmp.path().join(name);
+    // A key and certificate made now, which no firmware variable enrols.
+    run_ok(
+        "openssl",
+        &[
+            "req",
+            "-new",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=Not enrolled/",
+        ]
+        .map(std::ffi::OsStr::new)
+        .into_iter()
+        .chain([
+            "-keyout".as_ref(),
+            p("other.key").as_os_str(),
+            "-out".as_ref(),
+            p("other.pem").as_os_str(),
+        ])
+        .collect::<Vec<_>>(),
+    );
+    unsigned_uki(&args, &p("unsigned.efi"));
+    run_ok(
+        "sbsign",
+        &[
+            "--key".as_ref(),
+            p("other.key").as_os_str(),
+            "--cert".as_ref(),
+            p("other.pem").as_os_str(),
+            "--output".as_ref(),
+            p("other.efi").as_os_str(),
+            p("unsigned.efi").as_os_str(),
+        ],
+    );
+    // A valid signature, by that key: what the firmware refuses is the key, not the form.
+    run_ok(
+        "sbverify",
+        &[
+            "--cert".as_ref(),
+            p("other.pem").as_os_str(),
+            p("other.efi").as_os_str(),
+        ],
+    );
+    assert_the_firmware_refuses(&args, 76, &p("other.efi"));
 }
 
 /// Log lines of every event, from now until the guard is dropped (the tests' runtime runs

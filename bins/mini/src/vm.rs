@@ -422,6 +422,9 @@ pub struct VmCluster {
     pub boot_mode: BootMode,
     /// How the workers are given their settings (the control plane: always fw_cfg).
     pub worker_settings: SettingsChannel,
+    /// Words added to every node's settings (`asterism.<key>=<value>`): a test's hostile
+    /// ones.
+    pub extra_settings: Vec<String>,
     accel: Accel,
     net: u8,
 }
@@ -513,6 +516,7 @@ impl VmCluster {
             image,
             boot_mode,
             worker_settings: SettingsChannel::default(),
+            extra_settings: Vec::new(),
             accel,
             net,
         })
@@ -570,6 +574,7 @@ impl VmCluster {
             format!("asterism.hostname={}", vm.node.name),
             "asterism.keep-running=1".to_string(),
         ];
+        words.extend(self.extra_settings.iter().cloned());
         let mut join_trust = Vec::new();
         if let Some(cluster_id) = self.cluster.cluster_id() {
             words.push(format!("asterism.cluster-id={cluster_id}"));
@@ -766,7 +771,7 @@ impl VmCluster {
     /// `deadline` passes, with the console's and QEMU's last lines. Asynchronous, so that
     /// this process's connections keep being served meanwhile: the CLI's to the InitServer
     /// must acknowledge its shutdown, or the bootstrapper waits out its 10 s grace period.
-    async fn wait_for_console(
+    pub async fn wait_for_console(
         &self,
         vm: &VmNode,
         running: &mut RunningVm,

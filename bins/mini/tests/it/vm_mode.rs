@@ -8,7 +8,8 @@
 //! That test boots from the disk with Secure Boot enforced, as a real machine would; the
 //! firmware refuses an unsigned UKI and one signed by a key db does not hold, and the
 //! verifier a node whose Secure Boot state (PCR 7) differs, naming the event. The
-//! command-line test boots the kernel directly, which is quicker.
+//! command-line test boots the kernel directly, which is quicker, as does the test of a
+//! node whose settings are refused: it waits, and says why.
 //!
 //! Needs QEMU, OVMF, the node image (`scripts/build-node-image`) and its reference
 //! measurements (`scripts/boot-node-image`): `ASTERISM_NODE_IMAGE` and
@@ -326,6 +327,55 @@ fn a_vm_booted_with_a_changed_command_line_is_refused_naming_pcr_9() {
         !dir.join("workspace/master-secret.json").exists(),
         "no master secret was written for a refused node"
     );
+}
+
+#[test]
+fn a_node_whose_settings_are_refused_waits_and_says_why_with_nothing_applied() {
+    let Some(args) = vm_args(BootMode::DirectKernel) else {
+        return;
+    };
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("c");
+    let _teardown = TeardownAt(dir.clone());
+    let mut vmc = VmCluster::create(&dir, 0, 77, bins(), &args).unwrap();
+    // The bootstrapper's arguments are no setting: a source that names them is refused
+    // whole, with the node's good settings beside them.
+    vmc.extra_settings
+        .push("asterism.args=--insecure-fast-disk-kdf".into());
+    let cp = vmc.vms[0].clone();
+    let mut vm = vmc.boot(&cp).unwrap();
+    let waits = "asterism-init: settings from fw-cfg refused or unavailable, none applied";
+    runtime()
+        .block_on(vmc.wait_for_console(&cp, &mut vm, std::time::Duration::from_secs(600), waits))
+        .unwrap();
+    // It keeps waiting: the init tries again every 10 s, and is refused again.
+    let console_path = cp.node.dir.join("console.log");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let console = loop {
+        let console = std::fs::read_to_string(&console_path).unwrap_or_default();
+        if console.matches(waits).count() >= 2 {
+            break console;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the init did not try again: {console}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    };
+    assert!(
+        console.contains("node settings refused; nothing applied")
+            && console.contains("unknown key")
+            && console.contains("args"),
+        "the program's log line names the source and the key: {console}"
+    );
+    for never in [
+        "asterism-init: eth0 ",
+        "asterism-init: eth1 ",
+        "asterism-init: bootstrapper start",
+    ] {
+        assert!(!console.contains(never), "{never:?} in {console}");
+    }
 }
 
 /// Whether `program` runs here (`--help` or `--version` answers).

@@ -121,6 +121,10 @@ pub enum SettingsChannel {
     /// SMBIOS OEM strings (type 11), `asterism.<key>=<value>`, the AK certificate in
     /// base64: what a bare-metal machine's BMC or firmware setup sets.
     SmbiosOemStrings,
+    /// The settings document `asterism/node-settings.json` on the EFI system partition of
+    /// the node's disk (written with mtools' `mmd` and `mcopy`). It has no key for the
+    /// init's flags: such a node powers off when its bootstrapper exits.
+    EspFile,
 }
 
 /// Settings of VM mode (`mini up --vm`).
@@ -420,7 +424,9 @@ pub struct VmCluster {
     pub image: NodeImage,
     /// How the VMs boot.
     pub boot_mode: BootMode,
-    /// How the workers are given their settings (the control plane: always fw_cfg).
+    /// How the control plane is given its settings.
+    pub control_plane_settings: SettingsChannel,
+    /// How the workers are given their settings.
     pub worker_settings: SettingsChannel,
     /// Words added to every node's settings (`asterism.<key>=<value>`): a test's hostile
     /// ones.
@@ -515,6 +521,7 @@ impl VmCluster {
             vms,
             image,
             boot_mode,
+            control_plane_settings: SettingsChannel::default(),
             worker_settings: SettingsChannel::default(),
             extra_settings: Vec::new(),
             accel,
@@ -588,7 +595,7 @@ impl VmCluster {
         }
         let ak_cert = ndir.join("attestation/ak-cert.der");
         let channel = if vm.node.control_plane {
-            SettingsChannel::FwCfg
+            self.control_plane_settings
         } else {
             self.worker_settings
         };
@@ -596,6 +603,10 @@ impl VmCluster {
             SettingsChannel::FwCfg => fw_cfg_settings(&words, &ak_cert, &join_trust)?,
             SettingsChannel::SmbiosOemStrings => {
                 smbios_settings(ndir, &words, &ak_cert, &join_trust)?
+            }
+            SettingsChannel::EspFile => {
+                esp_settings(ndir, &words, &ak_cert, &join_trust)?;
+                Vec::new()
             }
         };
         let user_net = format!(
@@ -877,6 +888,73 @@ fn smbios_settings(
         option.push_str(&format!(",path={}", qemu_value(&string)?));
     }
     Ok(vec!["-smbios".into(), option])
+}
+
+/// Writes a node's settings as the settings document `asterism/node-settings.json` on the
+/// EFI system partition of its disk: the words' keys and values (not the init's flags,
+/// which a document has no key for), the AK certificate in base64, the join trust's PEM
+/// bundle and measurements object.
+fn esp_settings(
+    ndir: &Path,
+    words: &[String],
+    ak_cert: &Path,
+    join_trust: &[(&str, &PathBuf)],
+) -> Result<()> {
+    use base64::Engine as _;
+    let mut doc = serde_json::Map::new();
+    for word in words {
+        let (key, value) = word
+            .strip_prefix("asterism.")
+            .and_then(|kv| kv.split_once('='))
+            .with_context(|| format!("not a setting: {word}"))?;
+        if !matches!(key, "reference" | "keep-running") {
+            doc.insert(key.into(), value.into());
+        }
+    }
+    let cert = std::fs::read(ak_cert).with_context(|| format!("{}", ak_cert.display()))?;
+    doc.insert(
+        "ak-cert".into(),
+        base64::engine::general_purpose::STANDARD
+            .encode(cert)
+            .into(),
+    );
+    for (name, file) in join_trust {
+        let bytes = std::fs::read(file).with_context(|| format!("{}", file.display()))?;
+        let value = if *name == "measurements" {
+            serde_json::from_slice(&bytes).with_context(|| format!("{}", file.display()))?
+        } else {
+            serde_json::Value::String(String::from_utf8(bytes)?)
+        };
+        doc.insert(format!("join-{name}"), value);
+    }
+    let document = ndir.join("node-settings.json");
+    std::fs::write(&document, serde_json::to_vec(&doc)?)?;
+    let disk = ndir.join(NODE_DISK);
+    let mut head = vec![0u8; 34 * 512];
+    std::fs::File::open(&disk)
+        .with_context(|| format!("{}", disk.display()))?
+        .read_exact(&mut head)?;
+    let (esp, _) = gpt_partition(&head, "EFI system partition")?;
+    let image = format!("{}@@{esp}", disk.display());
+    // The directory exists from an earlier boot of this disk: mmd then fails, and mcopy
+    // replaces the file.
+    let _ = Command::new("mmd")
+        .args(["-i", &image, "::/asterism"])
+        .output();
+    let copied = Command::new("mcopy")
+        .args(["-o", "-i", &image])
+        .arg(&document)
+        .arg("::/asterism/node-settings.json")
+        .output()
+        .context("running mcopy (mtools)")?;
+    if !copied.status.success() {
+        bail!(
+            "mcopy of the settings to {} failed: {}",
+            disk.display(),
+            String::from_utf8_lossy(&copied.stderr)
+        );
+    }
+    Ok(())
 }
 
 /// The VM's disk in the node directory: a copy of the image's disk.

@@ -378,6 +378,48 @@ fn a_node_whose_settings_are_refused_waits_and_says_why_with_nothing_applied() {
     }
 }
 
+#[test]
+fn a_node_reads_its_settings_from_the_file_on_its_esp() {
+    let Some(args) = vm_args(BootMode::DirectKernel) else {
+        return;
+    };
+    if !have("mcopy") {
+        skip("mcopy (mtools) is missing");
+        return;
+    }
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("c");
+    let _teardown = TeardownAt(dir.clone());
+    let mut vmc = VmCluster::create(&dir, 0, 78, bins(), &args).unwrap();
+    // Neither fw_cfg nor SMBIOS OEM strings: the init finds no source, mounts the ESP,
+    // and finds the settings file there.
+    vmc.control_plane_settings = SettingsChannel::EspFile;
+    let cp = vmc.vms[0].clone();
+    let mut vm = vmc.boot(&cp).unwrap();
+    runtime()
+        .block_on(vmc.wait_for_init_server(&cp, &mut vm))
+        .unwrap();
+    let qemu = std::fs::read(format!(
+        "/proc/{}/cmdline",
+        pid_in(&cp.node.dir.join("run/qemu.pid"))
+    ))
+    .unwrap();
+    let qemu = String::from_utf8_lossy(&qemu);
+    assert!(
+        !qemu.contains("opt/asterism") && !qemu.contains("type=11"),
+        "{qemu}"
+    );
+    let console = std::fs::read_to_string(cp.node.dir.join("console.log")).unwrap();
+    for line in [
+        "asterism-init: ESP /dev/vda1 mounted read-only on /boot/efi",
+        "asterism-init: settings from esp",
+        "asterism-init: eth1 10.42.78.1/24",
+    ] {
+        assert!(console.contains(line), "{line:?} not in {console}");
+    }
+}
+
 /// Whether `program` runs here (`--help` or `--version` answers).
 fn have(program: &str) -> bool {
     std::process::Command::new(program)

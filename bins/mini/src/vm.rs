@@ -11,10 +11,10 @@
 //! mode has them, and forwards the guest's metadata address to a relay on the host that
 //! answers for this node (see [`metadata_relay`]). The second joins the cluster network, a
 //! multicast hub on loopback shared by the cluster's VMs, where each node has its own
-//! address. The per-node settings travel by fw_cfg (or, for the workers on request, as
-//! SMBIOS OEM strings, as a bare-metal machine's BMC sets them), neither of which is
-//! measured, so every node boots with the same PCRs and the reference boot's measurements
-//! apply to all of them.
+//! address. The per-node settings travel by fw_cfg (or, on request, as SMBIOS OEM strings,
+//! as a bare-metal machine's BMC sets them, or as a file on the disk's EFI system
+//! partition), none of which is measured, so every node boots with the same PCRs and the
+//! reference boot's measurements apply to all of them.
 //!
 //! The control plane boots first and is initialised with `--host-cluster-services`: it then
 //! runs the key and join services itself. The workers boot after init, told by fw_cfg the

@@ -8,8 +8,9 @@
 //! That test boots from the disk with Secure Boot enforced, as a real machine would; the
 //! firmware refuses an unsigned UKI and one signed by a key db does not hold, and the
 //! verifier a node whose Secure Boot state (PCR 7) differs, naming the event. The
-//! command-line test boots the kernel directly, which is quicker, as does the test of a
-//! node whose settings are refused: it waits, and says why.
+//! command-line test boots the kernel directly, which is quicker, as do the test of a node
+//! whose settings are refused (it waits, and says why) and that of a node whose settings
+//! are the file on its ESP.
 //!
 //! Needs QEMU, OVMF, the node image (`scripts/build-node-image`) and its reference
 //! measurements (`scripts/boot-node-image`): `ASTERISM_NODE_IMAGE` and

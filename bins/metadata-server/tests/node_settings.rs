@@ -193,3 +193,93 @@ fn no_detectable_source_is_an_error() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no node settings source"));
 }
+
+/// An SMBIOS entries tree with one OEM strings structure, as sysfs shows it.
+fn smbios(root: &Path, strings: &[&str]) {
+    let entry = root.join("11-0");
+    std::fs::create_dir_all(&entry).unwrap();
+    let strings: Vec<&[u8]> = strings.iter().map(|s| s.as_bytes()).collect();
+    std::fs::write(
+        entry.join("raw"),
+        asterism_metadata::node_settings::smbios::build(0x0b00, &strings),
+    )
+    .unwrap();
+}
+
+#[test]
+fn detect_names_the_source_without_reading_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let none = dir.path().join("none");
+    let entries = dir.path().join("entries");
+    // Not even valid settings: detection does not read them.
+    smbios(&entries, &["asterism.hostname=-bad-"]);
+    let out = run(&[
+        "--detect",
+        "--fw-cfg-root",
+        none.to_str().unwrap(),
+        "--dmi-id",
+        none.to_str().unwrap(),
+        "--dmi-entries",
+        entries.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), "smbios\n");
+    let out = run(&[
+        "--detect",
+        "--fw-cfg-root",
+        none.to_str().unwrap(),
+        "--dmi-id",
+        none.to_str().unwrap(),
+        "--dmi-entries",
+        none.to_str().unwrap(),
+        "--esp-file",
+        none.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+}
+
+#[test]
+fn smbios_oem_strings_print_the_settings_and_the_inits_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let none = dir.path().join("none");
+    let entries = dir.path().join("entries");
+    smbios(
+        &entries,
+        &[
+            "asterism.node-ip=10.42.7.2/24",
+            "asterism.hostname=worker-0",
+            "asterism.keep-running=1",
+            "asterism.ak-cert=MAMCAQc=",
+        ],
+    );
+    let out_dir = dir.path().join("attestation");
+    let out = run(&[
+        "--fw-cfg-root",
+        none.to_str().unwrap(),
+        "--dmi-id",
+        none.to_str().unwrap(),
+        "--dmi-entries",
+        entries.to_str().unwrap(),
+        "--write-files",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    for line in [
+        "settings_source='smbios'",
+        "node_ip='10.42.7.2/24'",
+        "hostname_='worker-0'",
+        "keep_running='1'",
+    ] {
+        assert!(
+            stdout.lines().any(|l| l == line),
+            "{line} not in:\n{stdout}"
+        );
+    }
+    assert!(!stdout.contains("reference="), "{stdout}");
+    assert_eq!(
+        std::fs::read(out_dir.join("ak-cert.der")).unwrap(),
+        [0x30, 3, 2, 1, 7]
+    );
+}

@@ -11,8 +11,10 @@
 //! mode has them, and forwards the guest's metadata address to a relay on the host that
 //! answers for this node (see [`metadata_relay`]). The second joins the cluster network, a
 //! multicast hub on loopback shared by the cluster's VMs, where each node has its own
-//! address. The per-node settings travel by fw_cfg, which is not measured, so every node
-//! boots with the same PCRs and the reference boot's measurements apply to all of them.
+//! address. The per-node settings travel by fw_cfg (or, on request, as SMBIOS OEM strings,
+//! as a bare-metal machine's BMC sets them, or as a file on the disk's EFI system
+//! partition), none of which is measured, so every node boots with the same PCRs and the
+//! reference boot's measurements apply to all of them.
 //!
 //! The control plane boots first and is initialised with `--host-cluster-services`: it then
 //! runs the key and join services itself. The workers boot after init, told by fw_cfg the
@@ -107,6 +109,22 @@ impl BootMode {
             Self::Uefi | Self::DirectKernel => (OVMF_CODE, OVMF_VARS),
         }
     }
+}
+
+/// How a VM is given its node settings (docs/node-settings.md); the image's init reads
+/// whichever it finds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SettingsChannel {
+    /// QEMU's fw_cfg files under `opt/asterism/`.
+    #[default]
+    FwCfg,
+    /// SMBIOS OEM strings (type 11), `asterism.<key>=<value>`, the AK certificate in
+    /// base64: what a bare-metal machine's BMC or firmware setup sets.
+    SmbiosOemStrings,
+    /// The settings document `asterism/node-settings.json` on the EFI system partition of
+    /// the node's disk (written with mtools' `mmd` and `mcopy`). It has no key for the
+    /// init's flags: such a node powers off when its bootstrapper exits.
+    EspFile,
 }
 
 /// Settings of VM mode (`mini up --vm`).
@@ -406,6 +424,13 @@ pub struct VmCluster {
     pub image: NodeImage,
     /// How the VMs boot.
     pub boot_mode: BootMode,
+    /// How the control plane is given its settings.
+    pub control_plane_settings: SettingsChannel,
+    /// How the workers are given their settings.
+    pub worker_settings: SettingsChannel,
+    /// Words added to every node's settings (`asterism.<key>=<value>`): a test's hostile
+    /// ones.
+    pub extra_settings: Vec<String>,
     accel: Accel,
     net: u8,
 }
@@ -496,6 +521,9 @@ impl VmCluster {
             vms,
             image,
             boot_mode,
+            control_plane_settings: SettingsChannel::default(),
+            worker_settings: SettingsChannel::default(),
+            extra_settings: Vec::new(),
             accel,
             net,
         })
@@ -545,29 +573,42 @@ impl VmCluster {
             "'{mini}' vm-metadata-relay --node-ip {guest} --metadata {}",
             self.cluster.metadata_addr
         );
-        let mut params = format!(
-            "asterism.ip={GUEST_USER_IP} asterism.gw={GUEST_USER_GW} asterism.node-ip={guest}/24 asterism.hostname={} asterism.keep-running=1",
-            vm.node.name
-        );
+        // The node's settings: words, and the join trust's two files after init.
+        let mut words = vec![
+            format!("asterism.ip={GUEST_USER_IP}"),
+            format!("asterism.gw={GUEST_USER_GW}"),
+            format!("asterism.node-ip={guest}/24"),
+            format!("asterism.hostname={}", vm.node.name),
+            "asterism.keep-running=1".to_string(),
+        ];
+        words.extend(self.extra_settings.iter().cloned());
         let mut join_trust = Vec::new();
         if let Some(cluster_id) = self.cluster.cluster_id() {
-            params.push_str(&format!(" asterism.cluster-id={cluster_id}"));
+            words.push(format!("asterism.cluster-id={cluster_id}"));
             let key = self
                 .cluster
                 .control_plane_key()
                 .context("the workspace has a cluster ID but no control-plane-key")?;
-            params.push_str(&format!(" asterism.control-plane-key={key}"));
-            for (name, file) in [
-                ("platform-ca", &self.cluster.platform_ca),
-                ("measurements", &self.cluster.join_measurements),
-            ] {
-                join_trust.push("-fw_cfg".to_string());
-                join_trust.push(format!(
-                    "name=opt/asterism/join-trust/{name},file={}",
-                    qemu_value(file)?
-                ));
-            }
+            words.push(format!("asterism.control-plane-key={key}"));
+            join_trust.push(("platform-ca", &self.cluster.platform_ca));
+            join_trust.push(("measurements", &self.cluster.join_measurements));
         }
+        let ak_cert = ndir.join("attestation/ak-cert.der");
+        let channel = if vm.node.control_plane {
+            self.control_plane_settings
+        } else {
+            self.worker_settings
+        };
+        let settings = match channel {
+            SettingsChannel::FwCfg => fw_cfg_settings(&words, &ak_cert, &join_trust)?,
+            SettingsChannel::SmbiosOemStrings => {
+                smbios_settings(ndir, &words, &ak_cert, &join_trust)?
+            }
+            SettingsChannel::EspFile => {
+                esp_settings(ndir, &words, &ak_cert, &join_trust)?;
+                Vec::new()
+            }
+        };
         let user_net = format!(
             "user,id=net0,restrict=on,hostfwd=tcp:{host}:{INIT_PORT}-{guest}:{INIT_PORT},hostfwd=tcp:{host}:{VERIFY_PORT}-{guest}:{VERIFY_PORT},guestfwd=tcp:{GUEST_METADATA_IP}:{METADATA_PORT}-cmd:{relay}"
         );
@@ -630,14 +671,8 @@ impl VmCluster {
             ),
         ];
         args.extend(boot);
+        args.extend(settings);
         args.extend([
-            "-fw_cfg".into(),
-            format!("name=opt/asterism/params,string={params}"),
-            "-fw_cfg".into(),
-            format!(
-                "name=opt/asterism/ak-cert,file={}",
-                qemu_value(&ndir.join("attestation/ak-cert.der"))?
-            ),
             "-chardev".into(),
             format!("socket,id=chrtpm,path={}", qemu_value(swtpm_socket)?),
             "-tpmdev".into(),
@@ -662,7 +697,6 @@ impl VmCluster {
             "-device".into(),
             "virtio-rng-pci".into(),
         ]);
-        args.extend(join_trust);
         Ok(args.into_iter().map(OsString::from).collect())
     }
 
@@ -748,7 +782,7 @@ impl VmCluster {
     /// `deadline` passes, with the console's and QEMU's last lines. Asynchronous, so that
     /// this process's connections keep being served meanwhile: the CLI's to the InitServer
     /// must acknowledge its shutdown, or the bootstrapper waits out its 10 s grace period.
-    async fn wait_for_console(
+    pub async fn wait_for_console(
         &self,
         vm: &VmNode,
         running: &mut RunningVm,
@@ -800,6 +834,127 @@ impl VmCluster {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+}
+
+/// QEMU's options that give a node its settings by fw_cfg: the words in
+/// `opt/asterism/params`, the AK certificate and the join trust as files.
+fn fw_cfg_settings(
+    words: &[String],
+    ak_cert: &Path,
+    join_trust: &[(&str, &PathBuf)],
+) -> Result<Vec<String>> {
+    let mut args = vec![
+        "-fw_cfg".to_string(),
+        format!("name=opt/asterism/params,string={}", words.join(" ")),
+        "-fw_cfg".to_string(),
+        format!("name=opt/asterism/ak-cert,file={}", qemu_value(ak_cert)?),
+    ];
+    for (name, file) in join_trust {
+        args.push("-fw_cfg".into());
+        args.push(format!(
+            "name=opt/asterism/join-trust/{name},file={}",
+            qemu_value(file)?
+        ));
+    }
+    Ok(args)
+}
+
+/// QEMU's option that gives a node its settings as SMBIOS OEM strings: one string a word,
+/// the AK certificate in base64, and the join trust's PEM bundle and JSON from files (in the
+/// node directory) that hold the whole string, since a command line cannot carry their
+/// newlines.
+fn smbios_settings(
+    ndir: &Path,
+    words: &[String],
+    ak_cert: &Path,
+    join_trust: &[(&str, &PathBuf)],
+) -> Result<Vec<String>> {
+    use base64::Engine as _;
+    let mut option = String::from("type=11");
+    let cert = std::fs::read(ak_cert).with_context(|| format!("{}", ak_cert.display()))?;
+    let cert = format!(
+        "asterism.ak-cert={}",
+        base64::engine::general_purpose::STANDARD.encode(cert)
+    );
+    for word in words.iter().chain([&cert]) {
+        // QEMU's escape for a comma in an option's value.
+        option.push_str(&format!(",value={}", word.replace(',', ",,")));
+    }
+    for (name, file) in join_trust {
+        let string = ndir.join(format!("smbios-join-{name}"));
+        let mut content = format!("asterism.join-{name}=").into_bytes();
+        content.extend(std::fs::read(file).with_context(|| format!("{}", file.display()))?);
+        std::fs::write(&string, content)?;
+        option.push_str(&format!(",path={}", qemu_value(&string)?));
+    }
+    Ok(vec!["-smbios".into(), option])
+}
+
+/// Writes a node's settings as the settings document `asterism/node-settings.json` on the
+/// EFI system partition of its disk: the words' keys and values (not the init's flags,
+/// which a document has no key for), the AK certificate in base64, the join trust's PEM
+/// bundle and measurements object.
+fn esp_settings(
+    ndir: &Path,
+    words: &[String],
+    ak_cert: &Path,
+    join_trust: &[(&str, &PathBuf)],
+) -> Result<()> {
+    use base64::Engine as _;
+    let mut doc = serde_json::Map::new();
+    for word in words {
+        let (key, value) = word
+            .strip_prefix("asterism.")
+            .and_then(|kv| kv.split_once('='))
+            .with_context(|| format!("not a setting: {word}"))?;
+        if !matches!(key, "reference" | "keep-running") {
+            doc.insert(key.into(), value.into());
+        }
+    }
+    let cert = std::fs::read(ak_cert).with_context(|| format!("{}", ak_cert.display()))?;
+    doc.insert(
+        "ak-cert".into(),
+        base64::engine::general_purpose::STANDARD
+            .encode(cert)
+            .into(),
+    );
+    for (name, file) in join_trust {
+        let bytes = std::fs::read(file).with_context(|| format!("{}", file.display()))?;
+        let value = if *name == "measurements" {
+            serde_json::from_slice(&bytes).with_context(|| format!("{}", file.display()))?
+        } else {
+            serde_json::Value::String(String::from_utf8(bytes)?)
+        };
+        doc.insert(format!("join-{name}"), value);
+    }
+    let document = ndir.join("node-settings.json");
+    std::fs::write(&document, serde_json::to_vec(&doc)?)?;
+    let disk = ndir.join(NODE_DISK);
+    let mut head = vec![0u8; 34 * 512];
+    std::fs::File::open(&disk)
+        .with_context(|| format!("{}", disk.display()))?
+        .read_exact(&mut head)?;
+    let (esp, _) = gpt_partition(&head, "EFI system partition")?;
+    let image = format!("{}@@{esp}", disk.display());
+    // The directory exists from an earlier boot of this disk: mmd then fails, and mcopy
+    // replaces the file.
+    let _ = Command::new("mmd")
+        .args(["-i", &image, "::/asterism"])
+        .output();
+    let copied = Command::new("mcopy")
+        .args(["-o", "-i", &image])
+        .arg(&document)
+        .arg("::/asterism/node-settings.json")
+        .output()
+        .context("running mcopy (mtools)")?;
+    if !copied.status.success() {
+        bail!(
+            "mcopy of the settings to {} failed: {}",
+            disk.display(),
+            String::from_utf8_lossy(&copied.stderr)
+        );
+    }
+    Ok(())
 }
 
 /// The VM's disk in the node directory: a copy of the image's disk.

@@ -63,6 +63,12 @@ struct Args {
     #[arg(long, value_name = "DIR")]
     write_files: Option<PathBuf>,
 
+    /// Print the source `--source auto` would read (`fw-cfg`, `smbios`, …) and exit, reading
+    /// no settings: the init brings up the network first when it is a cloud's. Exit status
+    /// 1 when no source is detected.
+    #[arg(long, conflicts_with_all = ["format", "write_files"])]
+    detect: bool,
+
     /// More log output: -v for debug.
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
@@ -79,15 +85,24 @@ const AK_CERT_FILE: &str = "ak-cert.der";
 const PLATFORM_CA_FILE: &str = "join-platform-ca.pem";
 const MEASUREMENTS_FILE: &str = "join-measurements.json";
 
-async fn run(args: &Args) -> anyhow::Result<String> {
-    let at = Locations {
+/// Where the sources are, from the arguments.
+fn locations(args: &Args) -> Locations {
+    Locations {
         fw_cfg_root: args.fw_cfg_root.clone(),
         dmi_entries: args.dmi_entries.clone(),
         dmi_id: args.dmi_id.clone(),
         esp_file: args.esp_file.clone(),
         metadata_url: args.metadata_url.clone(),
         timeout: Duration::from_millis(args.timeout_ms),
-    };
+    }
+}
+
+async fn run(args: &Args) -> anyhow::Result<String> {
+    let at = locations(args);
+    if args.detect {
+        let source = node_settings::detect(&at).ok_or(node_settings::SettingsError::NoSource)?;
+        return Ok(format!("{}\n", source.as_str()));
+    }
     let source = if args.source == "auto" {
         let source = node_settings::detect(&at).ok_or(node_settings::SettingsError::NoSource)?;
         tracing::info!(%source, "node settings source detected");
@@ -170,6 +185,12 @@ fn shell(source: Source, s: &NodeSettings, files: &[(&str, PathBuf)]) -> String 
     );
     for (var, path) in files {
         vars.push((var, path.display().to_string()));
+    }
+    if s.init_flags.reference {
+        vars.push(("reference", "1".into()));
+    }
+    if s.init_flags.keep_running {
+        vars.push(("keep_running", "1".into()));
     }
     vars.iter()
         .map(|(k, v)| format!("{k}='{}'\n", v.replace('\'', r"'\''")))

@@ -3,10 +3,14 @@
 //! forwarded port and verifies the PCRs the firmware and the kernel measured; it then runs
 //! the key and join services, a worker VM joins it over the cluster network and rejoins
 //! after a power cut; every node's state ends up on its disk's state partition (mapped,
-//! mounted, encrypted), and `down` leaves no QEMU or swtpm running. That test boots from
-//! the disk with Secure Boot enforced, as a real machine would; the firmware refuses an
-//! unsigned UKI, and the verifier a node whose Secure Boot state (PCR 7) differs, naming the
-//! event. The command-line test boots the kernel directly, which is quicker.
+//! mounted, encrypted), and `down` leaves no QEMU or swtpm running. The control plane gets
+//! its settings by fw_cfg, the worker as SMBIOS OEM strings, as a bare-metal machine would.
+//! That test boots from the disk with Secure Boot enforced, as a real machine would; the
+//! firmware refuses an unsigned UKI and one signed by a key db does not hold, and the
+//! verifier a node whose Secure Boot state (PCR 7) differs, naming the event. The
+//! command-line test boots the kernel directly, which is quicker, as do the test of a node
+//! whose settings are refused (it waits, and says why) and that of a node whose settings
+//! are the file on its ESP.
 //!
 //! Needs QEMU, OVMF, the node image (`scripts/build-node-image`) and its reference
 //! measurements (`scripts/boot-node-image`): `ASTERISM_NODE_IMAGE` and
@@ -23,7 +27,7 @@
 )]
 
 use crate::common::{TeardownAt, bins, runtime};
-use asterism_mini::vm::{BootMode, VmArgs, VmCluster};
+use asterism_mini::vm::{BootMode, SettingsChannel, VmArgs, VmCluster};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -142,7 +146,10 @@ fn a_control_plane_and_a_worker_vm_boot_from_the_disk_with_secure_boot_and_the_w
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("c");
     let _teardown = TeardownAt(dir.clone());
-    let vmc = VmCluster::create(&dir, 1, 71, bins(), &args).unwrap();
+    let mut vmc = VmCluster::create(&dir, 1, 71, bins(), &args).unwrap();
+    // The worker's settings (addresses, name, AK certificate, the cluster to join and the
+    // join service to trust) as SMBIOS OEM strings, with no fw_cfg entry of this project.
+    vmc.worker_settings = SettingsChannel::SmbiosOemStrings;
     let (record, mut vms) = runtime().block_on(vmc.bring_up()).unwrap();
 
     // Both nodes bootstrapped, and their disks open with the keys derived from the
@@ -168,6 +175,7 @@ fn a_control_plane_and_a_worker_vm_boot_from_the_disk_with_secure_boot_and_the_w
         "the firmware booted the disk (virtio-blk is a misc device to OVMF)"
     );
     for line in [
+        "asterism-init: settings from fw-cfg",
         "asterism-init: tpm0=yes tpmrm0=yes state=/dev/vda2",
         "asterism-init: eth1 10.42.71.1/24",
         "asterism-init: join service ready on 10.42.71.1:30090",
@@ -185,9 +193,9 @@ fn a_control_plane_and_a_worker_vm_boot_from_the_disk_with_secure_boot_and_the_w
         ],
     );
 
-    // The worker: told the cluster by fw_cfg, admitted by the control plane's join service
-    // over the cluster network after it verified the worker's quote, its state on its own
-    // mapped disk.
+    // The worker: told the cluster by SMBIOS OEM strings, admitted by the control plane's
+    // join service over the cluster network after it verified the worker's quote (with the
+    // AK certificate the strings carried), its state on its own mapped disk.
     let worker = &vmc.vms[1].node;
     let worker_record = &record.nodes[1];
     assert!(
@@ -197,6 +205,21 @@ fn a_control_plane_and_a_worker_vm_boot_from_the_disk_with_secure_boot_and_the_w
         "{worker_record:?}"
     );
     let console = std::fs::read_to_string(worker.dir.join("console.log")).unwrap();
+    assert!(
+        console.contains("asterism-init: settings from smbios"),
+        "the worker read SMBIOS OEM strings"
+    );
+    // The worker's QEMU, still running: SMBIOS OEM strings, no fw_cfg entry of this project.
+    let worker_qemu = std::fs::read(format!(
+        "/proc/{}/cmdline",
+        pid_in(&worker.dir.join("run/qemu.pid"))
+    ))
+    .unwrap();
+    let worker_qemu = String::from_utf8_lossy(&worker_qemu);
+    assert!(
+        worker_qemu.contains("type=11,value=asterism.") && !worker_qemu.contains("opt/asterism"),
+        "{worker_qemu}"
+    );
     assert!(
         console.contains(&format!(
             "asterism-init: joins cluster {}",
@@ -307,6 +330,97 @@ fn a_vm_booted_with_a_changed_command_line_is_refused_naming_pcr_9() {
     );
 }
 
+#[test]
+fn a_node_whose_settings_are_refused_waits_and_says_why_with_nothing_applied() {
+    let Some(args) = vm_args(BootMode::DirectKernel) else {
+        return;
+    };
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("c");
+    let _teardown = TeardownAt(dir.clone());
+    let mut vmc = VmCluster::create(&dir, 0, 77, bins(), &args).unwrap();
+    // The bootstrapper's arguments are no setting: a source that names them is refused
+    // whole, with the node's good settings beside them.
+    vmc.extra_settings
+        .push("asterism.args=--insecure-fast-disk-kdf".into());
+    let cp = vmc.vms[0].clone();
+    let mut vm = vmc.boot(&cp).unwrap();
+    let waits = "asterism-init: settings from fw-cfg refused or unavailable, none applied";
+    runtime()
+        .block_on(vmc.wait_for_console(&cp, &mut vm, std::time::Duration::from_secs(600), waits))
+        .unwrap();
+    // It keeps waiting: the init tries again every 10 s, and is refused again.
+    let console_path = cp.node.dir.join("console.log");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let console = loop {
+        let console = std::fs::read_to_string(&console_path).unwrap_or_default();
+        if console.matches(waits).count() >= 2 {
+            break console;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the init did not try again: {console}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    };
+    assert!(
+        console.contains("node settings refused; nothing applied")
+            && console.contains("unknown key")
+            && console.contains("args"),
+        "the program's log line names the source and the key: {console}"
+    );
+    for never in [
+        "asterism-init: eth0 ",
+        "asterism-init: eth1 ",
+        "asterism-init: bootstrapper start",
+    ] {
+        assert!(!console.contains(never), "{never:?} in {console}");
+    }
+}
+
+#[test]
+fn a_node_reads_its_settings_from_the_file_on_its_esp() {
+    let Some(args) = vm_args(BootMode::DirectKernel) else {
+        return;
+    };
+    if !have("mcopy") {
+        skip("mcopy (mtools) is missing");
+        return;
+    }
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("c");
+    let _teardown = TeardownAt(dir.clone());
+    let mut vmc = VmCluster::create(&dir, 0, 78, bins(), &args).unwrap();
+    // Neither fw_cfg nor SMBIOS OEM strings: the init finds no source, mounts the ESP,
+    // and finds the settings file there.
+    vmc.control_plane_settings = SettingsChannel::EspFile;
+    let cp = vmc.vms[0].clone();
+    let mut vm = vmc.boot(&cp).unwrap();
+    runtime()
+        .block_on(vmc.wait_for_init_server(&cp, &mut vm))
+        .unwrap();
+    let qemu = std::fs::read(format!(
+        "/proc/{}/cmdline",
+        pid_in(&cp.node.dir.join("run/qemu.pid"))
+    ))
+    .unwrap();
+    let qemu = String::from_utf8_lossy(&qemu);
+    assert!(
+        !qemu.contains("opt/asterism") && !qemu.contains("type=11"),
+        "{qemu}"
+    );
+    let console = std::fs::read_to_string(cp.node.dir.join("console.log")).unwrap();
+    for line in [
+        "asterism-init: ESP /dev/vda1 mounted read-only on /boot/efi",
+        "asterism-init: settings from esp",
+        "asterism-init: eth1 10.42.78.1/24",
+    ] {
+        assert!(console.contains(line), "{line:?} not in {console}");
+    }
+}
+
 /// Whether `program` runs here (`--help` or `--version` answers).
 fn have(program: &str) -> bool {
     std::process::Command::new(program)
@@ -315,6 +429,69 @@ fn have(program: &str) -> bool {
         .stderr(std::process::Stdio::null())
         .status()
         .is_ok()
+}
+
+/// Runs `program` with `args` and asserts that it succeeded.
+fn run_ok(program: &str, args: &[&std::ffi::OsStr]) {
+    let out = std::process::Command::new(program)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{program}: {out:?}");
+}
+
+/// The image's UKI without its signature, written to `to`.
+fn unsigned_uki(args: &VmArgs, to: &Path) {
+    std::fs::copy(args.image.join("uki.efi"), to).unwrap();
+    run_ok("sbattach", &["--remove".as_ref(), to.as_os_str()]);
+}
+
+/// Boots a Secure Boot VM whose disk's default boot entry is `uki` and asserts that the
+/// firmware refuses to start it and nothing of the image runs.
+fn assert_the_firmware_refuses(args: &VmArgs, net: u8, uki: &Path) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("c");
+    let _teardown = TeardownAt(dir.clone());
+    let vmc = VmCluster::create(&dir, 0, net, bins(), args).unwrap();
+    let cp = vmc.vms[0].clone();
+    // In the node's copy of the disk, where the firmware's default boot entry finds it.
+    let disk = cp.node.dir.join(asterism_mini::vm::NODE_DISK);
+    let head = {
+        use std::io::Read as _;
+        let mut head = vec![0u8; 34 * 512];
+        std::fs::File::open(&disk)
+            .unwrap()
+            .read_exact(&mut head)
+            .unwrap();
+        head
+    };
+    let (esp, _) = asterism_mini::vm::gpt_partition(&head, "EFI system partition").unwrap();
+    let image = format!("{}@@{esp}", disk.display());
+    run_ok(
+        "mcopy",
+        &[
+            "-o".as_ref(),
+            "-i".as_ref(),
+            image.as_ref(),
+            uki.as_os_str(),
+            "::/EFI/BOOT/BOOTX64.EFI".as_ref(),
+        ],
+    );
+
+    let mut vm = vmc.boot(&cp).unwrap();
+    let refused = runtime()
+        .block_on(vmc.wait_for_init_server(&cp, &mut vm))
+        .expect_err("the firmware does not start the UKI");
+    let reason = format!("{refused:#}");
+    assert!(
+        reason.contains("refused to start the image's UKI (Access Denied: Secure Boot"),
+        "{reason}"
+    );
+    let console = std::fs::read_to_string(cp.node.dir.join("console.log")).unwrap();
+    assert!(
+        !console.contains("asterism-init: start"),
+        "nothing of the image ran"
+    );
 }
 
 #[test]
@@ -328,55 +505,71 @@ fn secure_boot_firmware_refuses_an_unsigned_uki() {
     }
     let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("c");
-    let _teardown = TeardownAt(dir.clone());
-    let vmc = VmCluster::create(&dir, 0, 74, bins(), &args).unwrap();
-    let cp = vmc.vms[0].clone();
-    // The image's UKI without its signature, in the node's copy of the disk, where the
-    // firmware's default boot entry finds it.
     let unsigned = tmp.path().join("unsigned.efi");
-    std::fs::copy(args.image.join("uki.efi"), &unsigned).unwrap();
-    let removed = std::process::Command::new("sbattach")
-        .arg("--remove")
-        .arg(&unsigned)
-        .output()
-        .unwrap();
-    assert!(removed.status.success(), "{removed:?}");
-    let disk = cp.node.dir.join(asterism_mini::vm::NODE_DISK);
-    let head = {
-        use std::io::Read as _;
-        let mut head = vec![0u8; 34 * 512];
-        std::fs::File::open(&disk)
-            .unwrap()
-            .read_exact(&mut head)
-            .unwrap();
-        head
-    };
-    let (esp, _) = asterism_mini::vm::gpt_partition(&head, "EFI system partition").unwrap();
-    let copied = std::process::Command::new("mcopy")
-        .arg("-o")
-        .arg("-i")
-        .arg(format!("{}@@{esp}", disk.display()))
-        .arg(&unsigned)
-        .arg("::/EFI/BOOT/BOOTX64.EFI")
-        .output()
-        .unwrap();
-    assert!(copied.status.success(), "{copied:?}");
+    unsigned_uki(&args, &unsigned);
+    assert_the_firmware_refuses(&args, 74, &unsigned);
+}
 
-    let mut vm = vmc.boot(&cp).unwrap();
-    let refused = runtime()
-        .block_on(vmc.wait_for_init_server(&cp, &mut vm))
-        .expect_err("the firmware does not start an unsigned UKI");
-    let reason = format!("{refused:#}");
-    assert!(
-        reason.contains("refused to start the image's UKI (Access Denied: Secure Boot"),
-        "{reason}"
+#[test]
+fn secure_boot_firmware_refuses_a_uki_signed_by_a_key_db_does_not_hold() {
+    let Some(args) = vm_args(BootMode::SecureBoot) else {
+        return;
+    };
+    if !have("sbattach") || !have("sbsign") || !have("mcopy") || !have("openssl") {
+        skip("sbattach, sbsign (sbsigntool), mcopy (mtools) or openssl is missing");
+        return;
+    }
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let p = |name: &str| tmp.path().join(name);
+    // A key and certificate made now, which no firmware variable enrols.
+    run_ok(
+        "openssl",
+        &[
+            "req",
+            "-new",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=Not enrolled/",
+        ]
+        .map(std::ffi::OsStr::new)
+        .into_iter()
+        .chain([
+            "-keyout".as_ref(),
+            p("other.key").as_os_str(),
+            "-out".as_ref(),
+            p("other.pem").as_os_str(),
+        ])
+        .collect::<Vec<_>>(),
     );
-    let console = std::fs::read_to_string(cp.node.dir.join("console.log")).unwrap();
-    assert!(
-        !console.contains("asterism-init: start"),
-        "nothing of the image ran"
+    unsigned_uki(&args, &p("unsigned.efi"));
+    run_ok(
+        "sbsign",
+        &[
+            "--key".as_ref(),
+            p("other.key").as_os_str(),
+            "--cert".as_ref(),
+            p("other.pem").as_os_str(),
+            "--output".as_ref(),
+            p("other.efi").as_os_str(),
+            p("unsigned.efi").as_os_str(),
+        ],
     );
+    // A valid signature, by that key: what the firmware refuses is the key, not the form.
+    run_ok(
+        "sbverify",
+        &[
+            "--cert".as_ref(),
+            p("other.pem").as_os_str(),
+            p("other.efi").as_os_str(),
+        ],
+    );
+    assert_the_firmware_refuses(&args, 76, &p("other.efi"));
 }
 
 /// Log lines of every event, from now until the guard is dropped (the tests' runtime runs

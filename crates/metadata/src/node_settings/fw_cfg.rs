@@ -2,9 +2,9 @@
 //! (`/sys/firmware/qemu_fw_cfg/by_name/<name>/raw`): the node image's layout.
 //!
 //! * `opt/asterism/params`: space-separated `asterism.<key>=<value>` words, for `ip`,
-//!   `gw`, `node-ip`, `hostname`, `cluster-id` and `control-plane-key`. `asterism.reference`
-//!   and `asterism.keep-running` are the init's own flags, not settings: accepted and left
-//!   to the init. Any other word is refused.
+//!   `gw`, `node-ip`, `hostname`, `cluster-id` and `control-plane-key`; and the init's own
+//!   flags `asterism.reference=1` and `asterism.keep-running=1` ([`super::InitFlags`]).
+//!   Any other word is refused.
 //! * `opt/asterism/ak-cert`: the AK certificate, DER.
 //! * `opt/asterism/join-trust/platform-ca` (PEM) and `opt/asterism/join-trust/measurements`
 //!   (JSON).
@@ -20,9 +20,6 @@ use std::path::{Path, PathBuf};
 pub const DEFAULT_FW_CFG_ROOT: &str = "/sys/firmware/qemu_fw_cfg";
 /// Largest `opt/asterism/params` accepted.
 pub const MAX_PARAMS_LEN: usize = 4096;
-
-/// The init's own flags in `opt/asterism/params`: not settings.
-const INIT_FLAGS: [&str; 2] = ["reference", "keep-running"];
 
 fn entry(root: &Path, name: &str) -> PathBuf {
     root.join("by_name").join(name).join("raw")
@@ -73,7 +70,7 @@ fn parse_params(raw: &mut Raw, params: &str) -> Result<(), SettingsError> {
         else {
             return Err(super::unknown_key(Source::FwCfg, word));
         };
-        if INIT_FLAGS.contains(&key) {
+        if raw.init_flags.set(Source::FwCfg, key, value)? {
             continue;
         }
         // Only the per-node values travel here; the blobs are files of their own.
@@ -160,6 +157,29 @@ mod tests {
         assert_eq!(join.cluster_id.to_hex(), CLUSTER_ID);
         assert_eq!(join.platform_ca, CA);
         assert_eq!(join.measurements, MEASUREMENTS.as_bytes());
+        assert_eq!(
+            s.init_flags,
+            super::super::InitFlags {
+                reference: false,
+                keep_running: true
+            }
+        );
+    }
+
+    #[test]
+    fn an_init_flag_takes_the_value_1_only() {
+        let dir = tempfile::tempdir().unwrap();
+        put(dir.path(), "opt/asterism/params", b"asterism.reference=1");
+        assert!(read(dir.path()).unwrap().init_flags.reference);
+        for params in ["asterism.reference=yes", "asterism.keep-running=0"] {
+            let dir = tempfile::tempdir().unwrap();
+            put(dir.path(), "opt/asterism/params", params.as_bytes());
+            let err = read(dir.path()).unwrap_err();
+            assert!(
+                matches!(err, SettingsError::Malformed { .. }),
+                "{params}: {err}"
+            );
+        }
     }
 
     #[test]

@@ -376,6 +376,53 @@ impl fmt::Debug for JoinSettings {
     }
 }
 
+/// The image init's own flags, which the QEMU and bare-metal sources (fw_cfg, SMBIOS OEM
+/// strings) may carry beside the settings as `asterism.reference=1` and
+/// `asterism.keep-running=1`. They change no value the node trusts: `reference` makes the
+/// init print its PCRs and power off without running the bootstrapper, `keep_running` keeps
+/// the node up after its bootstrapper succeeded. Settings documents (the ESP file, cloud
+/// user data) have no key for them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct InitFlags {
+    /// `asterism.reference=1`: a reference boot.
+    pub reference: bool,
+    /// `asterism.keep-running=1`: stay up after the bootstrapper succeeded.
+    pub keep_running: bool,
+}
+
+impl InitFlags {
+    /// Sets the flag `key` (`reference`, `keep-running`) from `value`, which must be `1`;
+    /// `Ok(false)` when `key` is no init flag.
+    pub(crate) fn set(
+        &mut self,
+        origin: Source,
+        key: &str,
+        value: &str,
+    ) -> Result<bool, SettingsError> {
+        let flag = match key {
+            "reference" => &mut self.reference,
+            "keep-running" => &mut self.keep_running,
+            _ => return Ok(false),
+        };
+        if value != "1" {
+            return Err(SettingsError::Malformed {
+                origin,
+                what: format!("asterism.{key}"),
+                reason: "an init flag takes the value 1 or is left out".into(),
+            });
+        }
+        if *flag {
+            return Err(SettingsError::Malformed {
+                origin,
+                what: format!("asterism.{key}"),
+                reason: "given more than once".into(),
+            });
+        }
+        *flag = true;
+        Ok(true)
+    }
+}
+
 /// A node's settings, parsed whole from one source.
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct NodeSettings {
@@ -391,6 +438,8 @@ pub struct NodeSettings {
     pub join: Option<JoinSettings>,
     /// The platform's certificate of the TPM's attestation key (DER).
     pub ak_cert: Option<Vec<u8>>,
+    /// The init's own flags, where the source carries them (fw_cfg, SMBIOS).
+    pub init_flags: InitFlags,
 }
 
 impl fmt::Debug for NodeSettings {
@@ -402,6 +451,7 @@ impl fmt::Debug for NodeSettings {
             .field("hostname", &self.hostname)
             .field("join", &self.join)
             .field("ak_cert_len", &self.ak_cert.as_ref().map(Vec::len))
+            .field("init_flags", &self.init_flags)
             .finish()
     }
 }
@@ -535,6 +585,8 @@ pub(crate) enum Value {
 pub(crate) struct Raw {
     origin: Source,
     values: BTreeMap<Field, Value>,
+    /// The init's flags, where the source may carry them.
+    pub(crate) init_flags: InitFlags,
 }
 
 impl Raw {
@@ -542,6 +594,7 @@ impl Raw {
         Self {
             origin,
             values: BTreeMap::new(),
+            init_flags: InitFlags::default(),
         }
     }
 
@@ -566,6 +619,7 @@ impl Raw {
     /// Interprets every value; the settings only if all are valid and consistent.
     pub(crate) fn into_settings(self) -> Result<NodeSettings, SettingsError> {
         let origin = self.origin;
+        let init_flags = self.init_flags;
         let invalid = |field: Field| {
             move |reason: String| SettingsError::Invalid {
                 origin,
@@ -685,6 +739,7 @@ impl Raw {
             hostname,
             join,
             ak_cert,
+            init_flags,
         })
     }
 }

@@ -6,8 +6,9 @@
 //! The structure (DMTF DSP0134, "OEM Strings (Type 11)"): a header of type (1 byte),
 //! length of the formatted area (1), handle (2); then `Count` (1 byte) at offset 4; then the
 //! string set: `Count` NUL-terminated strings, and one more NUL. Strings of the form
-//! `asterism.<key>=<value>` are settings (the AK certificate in base64); other strings
-//! belong to others and are ignored.
+//! `asterism.<key>=<value>` are settings (the AK certificate in base64), or the init's own
+//! flags `asterism.reference=1` and `asterism.keep-running=1` ([`super::InitFlags`]); other
+//! strings belong to others and are ignored.
 
 use super::{MAX_BLOB_LEN, NodeSettings, Raw, SettingsError, Source, Value};
 use std::path::Path;
@@ -94,6 +95,9 @@ pub fn parse<'a>(
             let (key, value) = kv
                 .split_once('=')
                 .ok_or_else(|| super::unknown_key(origin, kv))?;
+            if raw.init_flags.set(origin, key, value)? {
+                continue;
+            }
             raw.set_key(key, Value::Text(value.to_owned()))?;
         }
     }
@@ -231,6 +235,30 @@ mod tests {
             );
         }
         assert!(oem_strings(&build(1, &[])).unwrap().is_empty());
+    }
+
+    #[test]
+    fn the_inits_flags_travel_beside_the_settings_with_the_value_1_only() {
+        let mut all = strings();
+        all.push("asterism.keep-running=1".into());
+        let bytes = structure(&all);
+        let s = parse([("11-0", bytes.as_slice())]).unwrap();
+        assert!(s.init_flags.keep_running && !s.init_flags.reference);
+        assert!(s.join.is_some(), "the settings are read as well");
+        for flags in [
+            ["asterism.keep-running=yes", "x=1"],
+            ["asterism.reference=0", "x=1"],
+            ["asterism.reference=1", "asterism.reference=1"],
+        ] {
+            let mut all = strings();
+            all.extend(flags.iter().map(|f| f.to_string()));
+            let bytes = structure(&all);
+            let err = parse([("11-0", bytes.as_slice())]).unwrap_err();
+            assert!(
+                matches!(err, SettingsError::Malformed { ref what, .. } if what.starts_with("asterism.")),
+                "{flags:?}: {err}"
+            );
+        }
     }
 
     #[test]

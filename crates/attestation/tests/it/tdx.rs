@@ -202,6 +202,41 @@ fn a_repeat_quote_uses_the_cache_and_still_passes_every_field_check() {
 }
 
 #[test]
+fn a_warm_cache_vouches_only_for_the_exact_bytes_it_verified() {
+    // The cache holds the real quote's outcome; a QE report, its signature or a PCK
+    // certificate changed by one bit must each be verified afresh, and refused, by the
+    // same verifier, with the same collateral.
+    let q = quote();
+    let c = collateral();
+    let verifier = TdxVerifier::new(any_launch());
+    verifier.verify(&q, &c, &report_data(&q), at(NOW)).unwrap();
+    let pck_start = find(&q, b"-----BEGIN CERTIFICATE-----").unwrap();
+    for (what, offset) in [
+        ("QE report", QE_REPORT + 100),
+        ("QE report signature", QE_REPORT + 384 + 3),
+        ("PCK certificate", pck_start + 200),
+    ] {
+        let tampered = flip(&q, offset);
+        let err = verifier
+            .verify(&tampered, &c, &report_data(&tampered), at(NOW))
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ValidationError::BadSignature(_) | ValidationError::Certificate { .. }
+            ),
+            "{what}: {err:?}"
+        );
+    }
+    // And the real quote still hits.
+    verifier.verify(&q, &c, &report_data(&q), at(NOW)).unwrap();
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+#[test]
 fn rejects_a_flipped_bit_in_the_td_report() {
     let err = verify(any_launch(), &flip(&quote(), MR_TD + 5), &collateral(), NOW).unwrap_err();
     assert!(

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-/// The paths of one node directory (`<cluster dir>/nodes/<name>/`, `/run/node` in the node
+/// The paths of one node directory (`<cluster dir>/nodes/<name>/`, `/run` in the node
 /// image). `state/` is the mount point of the state disk's file system where the disk is
 /// mapped (device-mapper); without device-mapper it is a plain directory that stands for
 /// the mounted disk.

@@ -26,7 +26,7 @@
 //! | --- | --- | --- |
 //! | the TPM `device:/dev/tpmrm0` | the node's swtpm (its TCTI) | no TPM device here |
 //! | the host network: `0.0.0.0`, `127.0.0.1`, `status.hostIP` | the node's address `127.0.<net>.1` | a local cluster's node is one loopback address |
-//! | hostPath `/run/…` | the node's directory | the bootstrapper's node directory is `/run` on a node (docs/kubernetes.md) |
+//! | hostPath `/run/…` | the node's directory | the bootstrapper's node directory is `/run` on a node booted from the image (`scripts/node-image/args`; a test holds the two together) |
 //! | hostPath `/etc/kubernetes/pki` | the node directory's `state/kubernetes/pki` | kubeadm's directory; the `none` driver keeps the cluster CA there |
 //! | the service account's token (kube-rs reads it at the fixed `/var/run/secrets/kubernetes.io/serviceaccount`) and `KUBERNETES_SERVICE_HOST`/`_PORT` | `--kubeconfig` naming the recording API server, added for a pod whose service account mounts a token | no API server here, and no process can be given that fixed path without a mount namespace |
 //! | the image's `/bin/sh` and `PATH` | the host's `/bin/sh`; `PATH` a directory holding only the image's program, then the host's `/usr/sbin:/usr/bin:/sbin:/bin` | no container runtime here |
@@ -59,6 +59,9 @@ const NET: u8 = 47;
 const READY_WITHIN: Duration = Duration::from_secs(30);
 /// The TPM the manifests name: the node's device.
 const TPM_DEVICE: &str = "device:/dev/tpmrm0";
+/// The bootstrapper's node directory on a node booted from the image, which the manifests'
+/// host paths assume (`scripts/node-image/args`).
+const NODE_DIR_ON_A_NODE: &str = "/run";
 const CONFIG_MAPS: &str = "/api/v1/namespaces/kube-system/configmaps";
 const SECRETS: &str = "/api/v1/namespaces/kube-system/secrets";
 
@@ -88,7 +91,7 @@ impl Host {
                     "/etc/kubernetes/pki".to_owned(),
                     NodeDir::new(node_dir).kubernetes_pki(),
                 ),
-                ("/run".to_owned(), node_dir.to_path_buf()),
+                (NODE_DIR_ON_A_NODE.to_owned(), node_dir.to_path_buf()),
             ],
             kubeconfig: kubeconfig.to_path_buf(),
             bins: bins(),
@@ -773,6 +776,21 @@ fn empty_cluster_state(server: &RecordingServer) {
         )
         .echo("POST", SECRETS)
         .echo("POST", CONFIG_MAPS);
+}
+
+#[test]
+fn the_node_image_runs_its_bootstrapper_in_the_node_directory_the_manifests_assume() {
+    // The host paths mapped here stand for the image's node directory; an image whose
+    // bootstrapper keeps its files elsewhere would give the pods empty host directories.
+    let args = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/node-image/args"),
+    )
+    .unwrap();
+    let node_dirs: Vec<&str> = args
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("--node-dir="))
+        .collect();
+    assert_eq!(node_dirs, [NODE_DIR_ON_A_NODE]);
 }
 
 #[test]

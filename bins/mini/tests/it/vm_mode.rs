@@ -114,7 +114,7 @@ fn assert_state_on_the_mapped_disk(console: &str, name: &str) {
         assert!(dm(" name=state_dif "), "{name}: with dm-integrity beneath");
     }
     for line in [
-        "asterism-init: mount /dev/mapper/state on /run/node/state type ext4 (rw,nosuid,nodev",
+        "asterism-init: mount /dev/mapper/state on /run/state type ext4 (rw,nosuid,nodev",
         "asterism-init: node state on the mounted disk: yes, beneath the mount point: no",
         "asterism-init: first-boot passphrase file left: no",
         "asterism-init: bootstrapper exited with status 0",

@@ -136,11 +136,9 @@ fn read_handover(node: &Node) -> Result<Option<KubernetesHandover>> {
 
 /// The table's KUBERNETES column: `v1.31.13, 9 components (none driver: not installed)`.
 fn handover_summary(handover: &KubernetesHandover) -> String {
-    let version = if handover.kubernetes_version.is_empty() {
-        "no version"
-    } else {
-        &handover.kubernetes_version
-    };
+    let version = handover
+        .kubernetes_version
+        .map_or_else(|| "no version".to_owned(), |v| v.to_string());
     let count = handover.kubernetes_components.len();
     let noun = if count == 1 {
         "component"
@@ -1340,7 +1338,9 @@ mod tests {
     fn the_table_names_the_version_and_count_and_that_the_none_driver_installed_nothing() {
         let handed = KubernetesHandover {
             driver: "none".into(),
-            kubernetes_version: "v1.31.13".into(),
+            kubernetes_version: Some(asterism_kubernetes_versions::KubernetesVersion::new(
+                1, 31, 13,
+            )),
             kubernetes_components: vec![asterism_kubernetes_versions::Component::default(); 9],
         };
         let record = ClusterRecord {
@@ -1357,7 +1357,7 @@ mod tests {
         assert!(lines[3].ends_with("- (nothing recorded)"), "{text}");
         let kubeadm = KubernetesHandover {
             driver: "kubeadm".into(),
-            kubernetes_version: String::new(),
+            kubernetes_version: None,
             kubernetes_components: vec![asterism_kubernetes_versions::Component::default()],
         };
         assert_eq!(

@@ -142,14 +142,21 @@ pub(super) struct AkChainWalk<'a> {
     pub no_eku: &'static str,
 }
 
+/// What a successful [`AkChainWalk`] found: the trust anchor the path ended at, and the leaf
+/// certificate it verified (DER), for a policy that checks more of the leaf.
+pub(super) struct WalkedChain<'c> {
+    pub anchor: TrustAnchor<'static>,
+    pub leaf: &'c [u8],
+}
+
 impl AkChainWalk<'_> {
-    /// Walks `chain` for `ak` at `now`; returns the trust anchor the path ended at.
-    pub(super) fn verify(
+    /// Walks `chain` for `ak` at `now`.
+    pub(super) fn verify<'c>(
         &self,
-        chain: &[Vec<u8>],
+        chain: &'c [Vec<u8>],
         ak: &AkKey,
         now: SystemTime,
-    ) -> Result<TrustAnchor<'static>, ValidationError> {
+    ) -> Result<WalkedChain<'c>, ValidationError> {
         let untrusted = |m: String| ValidationError::UntrustedKey(m);
         let (leaf, sent) = chain
             .split_first()
@@ -193,7 +200,10 @@ impl AkChainWalk<'_> {
                 "the AK certificate's public key is not the key in ak_public".into(),
             ));
         }
-        Ok(anchor)
+        Ok(WalkedChain {
+            anchor,
+            leaf: leaf.as_slice(),
+        })
     }
 }
 

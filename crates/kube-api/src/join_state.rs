@@ -64,14 +64,7 @@ fn check_disk_uuid(uuid: &str) -> Result<()> {
 
 /// A node name as it names an object: a DNS-1123 subdomain short enough for the prefix.
 fn check_node_name(name: &str) -> Result<()> {
-    let label_ok = |l: &str| {
-        !l.is_empty()
-            && l.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !l.starts_with('-')
-            && !l.ends_with('-')
-    };
-    if name.len() + MEMBER_PREFIX.len() <= MAX_NAME_LEN && name.split('.').all(label_ok) {
+    if name.len() + MEMBER_PREFIX.len() <= MAX_NAME_LEN && asterism_basics::is_node_name(name) {
         Ok(())
     } else {
         Err(ApiError::InvalidInput {

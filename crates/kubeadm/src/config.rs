@@ -183,7 +183,7 @@ fn path_str(p: &Path) -> String {
 /// existing clusters already have) and checks it is a DNS-1123 subdomain.
 pub fn k8s_node_name(raw: &str) -> Result<String, ConfigError> {
     let name = raw.to_lowercase().replace('_', "-");
-    if asterism_pki::x509::is_dns1123_subdomain(&name) {
+    if asterism_basics::is_node_name(&name) {
         Ok(name)
     } else {
         Err(ConfigError::NodeName(raw.to_owned()))

@@ -781,6 +781,11 @@ mod tests {
     use super::*;
 
     /// The flags with the required ones before `extra`.
+    /// `base` followed by `more`.
+    fn plus<'a>(base: &[&'a str], more: &[&'a str]) -> Vec<&'a str> {
+        base.iter().chain(more).copied().collect()
+    }
+
     fn with(extra: &[&str]) -> Result<Args, clap::Error> {
         let base = [
             "asterism-bootstrapper",
@@ -850,24 +855,12 @@ mod tests {
         let err = control_plane_identity(&args).unwrap_err().to_string();
         assert!(err.contains("--control-plane-key"), "{err}");
         let key = "cd".repeat(32);
-        let keyed: Vec<&str> = base
-            .iter()
-            .copied()
-            .chain(["--control-plane-key", &key])
-            .collect();
+        let keyed: Vec<&str> = plus(&base, &["--control-plane-key", &key]);
         assert!(control_plane_identity(&with(&keyed).unwrap()).is_ok());
-        let insecure: Vec<&str> = base
-            .iter()
-            .copied()
-            .chain(["--insecure-skip-control-plane-identity"])
-            .collect();
+        let insecure: Vec<&str> = plus(&base, &["--insecure-skip-control-plane-identity"]);
         assert!(control_plane_identity(&with(&insecure).unwrap()).is_ok());
         // Both, or either without a cluster ID, make no sense.
-        let both: Vec<&str> = keyed
-            .iter()
-            .copied()
-            .chain(["--insecure-skip-control-plane-identity"])
-            .collect();
+        let both: Vec<&str> = plus(&keyed, &["--insecure-skip-control-plane-identity"]);
         assert!(with(&both).is_err());
         assert!(with(&["--control-plane-key", &key]).is_err());
         assert!(with(&["--control-plane-key", "00"]).is_err());
@@ -887,11 +880,7 @@ mod tests {
         let args = with(&cvm).unwrap();
         assert!(args.platform_ca.is_none());
         // Both at once: which one vouches for the join service would be ambiguous.
-        let both: Vec<&str> = cvm
-            .iter()
-            .copied()
-            .chain(["--platform-ca", "/ca.pem"])
-            .collect();
+        let both: Vec<&str> = plus(&cvm, &["--platform-ca", "/ca.pem"]);
         assert!(with(&both).is_err());
         // The CVM policy and collateral only with --confidential-vm.
         assert!(with(&["--tdx-collateral", "/c.json"]).is_err());
@@ -960,18 +949,10 @@ mod tests {
             "--verify-join-service-measurements",
             "/m.json",
         ];
-        let plus = |extra: &[&str]| {
-            with(
-                &base
-                    .iter()
-                    .copied()
-                    .chain(extra.iter().copied())
-                    .collect::<Vec<_>>(),
-            )
-        };
-        let pinned = plus(&["--pinned-ak", &pin, "--pinned-ak", &"ef".repeat(32)]).unwrap();
+        let with_base = |extra: &[&str]| with(&plus(&base, extra));
+        let pinned = with_base(&["--pinned-ak", &pin, "--pinned-ak", &"ef".repeat(32)]).unwrap();
         assert_eq!(pinned.pinned_ak.len(), 2);
-        let cloud = plus(&[
+        let cloud = with_base(&[
             "--cloud-ak-root",
             "/root.cer",
             "--cloud-ak-intermediate",
@@ -990,7 +971,7 @@ mod tests {
             insecure.extend(flag);
             assert!(with(&insecure).is_err(), "{flag:?}");
             assert!(
-                plus(&[flag[0], flag[1], "--confidential-vm", "azure-sev-snp"]).is_err(),
+                with_base(&[flag[0], flag[1], "--confidential-vm", "azure-sev-snp"]).is_err(),
                 "{flag:?}"
             );
         }

@@ -64,21 +64,26 @@ impl NodeDir {
     /// key identity, for the join service to bind (docs/join-service.md).
     #[must_use]
     pub fn init_node_record(&self) -> PathBuf {
-        self.state().join("asterism").join("init-node.json")
+        self.asterism().join("init-node.json")
     }
 
     /// `state/asterism/services/`: on a control plane that hosts the cluster's key and join
     /// services outside Kubernetes, their secrets and trust.
     #[must_use]
     pub fn hosted_services(&self) -> PathBuf {
-        self.state().join("asterism").join("services")
+        self.asterism().join("services")
     }
 
     /// `state/asterism/kubernetes.json`: what the node was handed to set up Kubernetes with
     /// (`KubernetesHandover`, feature `node-records`).
     #[must_use]
     pub fn kubernetes_handover(&self) -> PathBuf {
-        self.state().join("asterism").join("kubernetes.json")
+        self.asterism().join("kubernetes.json")
+    }
+
+    /// `state/asterism/`: the records and files Asterism itself keeps on the state disk.
+    fn asterism(&self) -> PathBuf {
+        self.state().join("asterism")
     }
 
     /// `state/ssh/`.

@@ -280,6 +280,26 @@ fn pad32(what: &str, v: &[u8]) -> Result<[u8; 32], ValidationError> {
     Ok(out)
 }
 
+/// An AK of `kind` (`ECC`, `RSA`) signs with `expected` (`name`-SHA256) and has no
+/// symmetric algorithm.
+fn signing_only(
+    kind: &str,
+    symmetric: &SymDefObject,
+    scheme: &AsymScheme,
+    expected: AsymScheme,
+    name: &str,
+) -> Result<(), ValidationError> {
+    if *symmetric != SymDefObject::Null {
+        return Err(policy(format!("{kind} AK has a symmetric algorithm")));
+    }
+    if *scheme != expected {
+        return Err(policy(format!(
+            "{kind} AK scheme {scheme:?} is not {name}-SHA256"
+        )));
+    }
+    Ok(())
+}
+
 impl AkKey {
     /// Applies the AK policy: attributes (restricted, sign, fixedTPM, fixedParent, not
     /// decrypt), nameAlg SHA-256, no symmetric part, and exactly ECC P-256 with
@@ -343,14 +363,7 @@ impl AkKey {
                 x,
                 y,
             } => {
-                if *symmetric != SymDefObject::Null {
-                    return Err(policy("ECC AK has a symmetric algorithm"));
-                }
-                if *scheme != sha256_scheme(alg::ECDSA) {
-                    return Err(policy(format!(
-                        "ECC AK scheme {scheme:?} is not ECDSA-SHA256"
-                    )));
-                }
+                signing_only("ECC", symmetric, scheme, sha256_scheme(alg::ECDSA), "ECDSA")?;
                 if *curve != ECC_NIST_P256 {
                     return Err(policy(format!("ECC AK curve {curve:#06x} is not P-256")));
                 }
@@ -381,14 +394,13 @@ impl AkKey {
                 exponent,
                 modulus,
             } => {
-                if *symmetric != SymDefObject::Null {
-                    return Err(policy("RSA AK has a symmetric algorithm"));
-                }
-                if *scheme != sha256_scheme(alg::RSASSA) {
-                    return Err(policy(format!(
-                        "RSA AK scheme {scheme:?} is not RSASSA-SHA256"
-                    )));
-                }
+                signing_only(
+                    "RSA",
+                    symmetric,
+                    scheme,
+                    sha256_scheme(alg::RSASSA),
+                    "RSASSA",
+                )?;
                 if !(MIN_RSA_BITS..=MAX_RSA_BITS).contains(key_bits) || key_bits % 8 != 0 {
                     return Err(policy(format!(
                         "RSA AK keyBits {key_bits} not a multiple of 8 in {MIN_RSA_BITS}..={MAX_RSA_BITS}"

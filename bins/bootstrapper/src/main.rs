@@ -603,7 +603,7 @@ async fn run(args: Args, logs: LogBuffer) -> anyhow::Result<u8> {
     tracing::info!(node_dir = %dir.root().display(), node_ip = %args.node_ip, tpm = %args.tpm, "bootstrapper starting");
 
     let ak_cert = args.ak_cert.clone().or_else(|| {
-        let default = dir.root().join("attestation/ak-cert.der");
+        let default = dir.ak_certificate();
         default.exists().then_some(default)
     });
     let cloud = args.cloud_vtpm;

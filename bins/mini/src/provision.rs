@@ -87,7 +87,7 @@ pub(crate) fn provision_node(
             &"--ca-dir",
             &ca_dir,
             &"--out",
-            &ndir.join("attestation"),
+            &asterism_cluster::NodeDir::new(&ndir).attestation(),
         ]),
         &ndir.join("log/provision.log"),
     )?;

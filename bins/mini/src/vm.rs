@@ -636,7 +636,7 @@ impl VmCluster {
             "-fw_cfg".into(),
             format!(
                 "name=opt/asterism/ak-cert,file={}",
-                qemu_value(&ndir.join("attestation/ak-cert.der"))?
+                qemu_value(&NodeDir::new(ndir).ak_certificate())?
             ),
             "-chardev".into(),
             format!("socket,id=chrtpm,path={}", qemu_value(swtpm_socket)?),

@@ -33,6 +33,19 @@ impl NodeDir {
         self.root.join("state.img")
     }
 
+    /// `attestation/`: what provisioning put beside the node's TPM for verifiers, the AK
+    /// certificate among it.
+    #[must_use]
+    pub fn attestation(&self) -> PathBuf {
+        self.root.join("attestation")
+    }
+
+    /// `attestation/ak-cert.der`: the AK certificate a platform CA issued, if any.
+    #[must_use]
+    pub fn ak_certificate(&self) -> PathBuf {
+        self.attestation().join("ak-cert.der")
+    }
+
     /// `state/`: the mounted state disk, or the plain directory that stands for it.
     #[must_use]
     pub fn state(&self) -> PathBuf {
@@ -82,7 +95,8 @@ impl NodeDir {
     }
 
     /// `state/asterism/`: the records and files Asterism itself keeps on the state disk.
-    fn asterism(&self) -> PathBuf {
+    #[must_use]
+    pub fn asterism(&self) -> PathBuf {
         self.state().join("asterism")
     }
 

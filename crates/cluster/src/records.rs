@@ -166,6 +166,17 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
+    /// A component downloaded from `https://example.com/<file>` whose hash repeats the
+    /// hex byte `hash_byte`.
+    fn component(file: &str, hash_byte: &str, install_path: &str, extract: bool) -> Component {
+        Component {
+            url: format!("https://example.com/{file}"),
+            hash: format!("sha256:{}", hash_byte.repeat(32)),
+            install_path: install_path.into(),
+            extract,
+        }
+    }
+
     fn record() -> InitNode {
         InitNode {
             disk: "2f4e6c1a-3b5d-4e7f-8a9b-0c1d2e3f4a5b".into(),
@@ -173,12 +184,12 @@ mod tests {
             name: "node-0".into(),
             role: Role::ControlPlane,
             kubernetes_version: Some(KubernetesVersion::new(1, 31, 13)),
-            kubernetes_components: vec![Component {
-                url: "https://example.com/kubelet".into(),
-                hash: format!("sha256:{}", "cd".repeat(32)),
-                install_path: "/run/state/bin/kubelet".into(),
-                extract: false,
-            }],
+            kubernetes_components: vec![component(
+                "kubelet",
+                "cd",
+                "/run/state/bin/kubelet",
+                false,
+            )],
         }
     }
 
@@ -272,12 +283,7 @@ mod tests {
         KubernetesHandover {
             driver: "none".into(),
             kubernetes_version: Some(KubernetesVersion::new(1, 31, 13)),
-            kubernetes_components: vec![Component {
-                url: "https://example.com/cni.tgz".into(),
-                hash: format!("sha256:{}", "ab".repeat(32)),
-                install_path: "/run/state/cni/bin".into(),
-                extract: true,
-            }],
+            kubernetes_components: vec![component("cni.tgz", "ab", "/run/state/cni/bin", true)],
         }
     }
 

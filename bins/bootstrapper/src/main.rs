@@ -786,6 +786,20 @@ mod tests {
         base.iter().chain(more).copied().collect()
     }
 
+    /// The flags of a node told to join cluster `cluster_id` (hex) and to verify the join
+    /// service's measurements, then `trust` (what vouches for the join service).
+    fn cluster_to_join<'a>(cluster_id: &'a str, trust: &[&'a str]) -> Vec<&'a str> {
+        plus(
+            &[
+                "--cluster-id",
+                cluster_id,
+                "--verify-join-service-measurements",
+                "/m.json",
+            ],
+            trust,
+        )
+    }
+
     fn with(extra: &[&str]) -> Result<Args, clap::Error> {
         let base = [
             "asterism-bootstrapper",
@@ -843,14 +857,7 @@ mod tests {
     #[test]
     fn a_cluster_id_without_the_control_plane_key_is_refused_unless_insecure() {
         let hex = "ab".repeat(32);
-        let base = [
-            "--cluster-id",
-            &hex,
-            "--verify-join-service-measurements",
-            "/m.json",
-            "--platform-ca",
-            "/ca.pem",
-        ];
+        let base = cluster_to_join(&hex, &["--platform-ca", "/ca.pem"]);
         let args = with(&base).unwrap();
         let err = control_plane_identity(&args).unwrap_err().to_string();
         assert!(err.contains("--control-plane-key"), "{err}");
@@ -869,14 +876,7 @@ mod tests {
     #[test]
     fn on_a_confidential_vm_the_join_service_is_verified_by_its_hardware_report() {
         let hex = "ab".repeat(32);
-        let cvm = [
-            "--cluster-id",
-            &hex,
-            "--verify-join-service-measurements",
-            "/m.json",
-            "--confidential-vm",
-            "azure-sev-snp",
-        ];
+        let cvm = cluster_to_join(&hex, &["--confidential-vm", "azure-sev-snp"]);
         let args = with(&cvm).unwrap();
         assert!(args.platform_ca.is_none());
         // Both at once: which one vouches for the join service would be ambiguous.
@@ -886,13 +886,7 @@ mod tests {
         assert!(with(&["--tdx-collateral", "/c.json"]).is_err());
         assert!(with(&["--cvm-policy", "/p.json"]).is_err());
         // Neither a platform CA nor a platform: nothing could verify the join service.
-        let args = with(&[
-            "--cluster-id",
-            &hex,
-            "--verify-join-service-measurements",
-            "/m.json",
-        ])
-        .unwrap();
+        let args = with(&cluster_to_join(&hex, &[])).unwrap();
         assert!(join_service_trust(&args).is_err());
     }
 
@@ -943,12 +937,7 @@ mod tests {
     fn a_pin_or_a_cloud_root_verifies_the_join_service_and_excludes_the_insecure_flag() {
         let hex = "ab".repeat(32);
         let pin = "cd".repeat(32);
-        let base = [
-            "--cluster-id",
-            &hex,
-            "--verify-join-service-measurements",
-            "/m.json",
-        ];
+        let base = cluster_to_join(&hex, &[]);
         let with_base = |extra: &[&str]| with(&plus(&base, extra));
         let pinned = with_base(&["--pinned-ak", &pin, "--pinned-ak", &"ef".repeat(32)]).unwrap();
         assert_eq!(pinned.pinned_ak.len(), 2);

@@ -60,12 +60,12 @@ impl KubernetesStep {
     /// What this step hands the driver named `driver`.
     fn handover(&self, driver: &str) -> KubernetesHandover {
         let (version, components) = match self {
-            Self::Init(p) => (&p.kubernetes_version, &p.components),
-            Self::Join(p) => (&p.kubernetes_version, &p.components),
+            Self::Init(p) => (Some(p.kubernetes_version), &p.components),
+            Self::Join(p) => (p.kubernetes_version, &p.components),
         };
         KubernetesHandover {
             driver: driver.to_owned(),
-            kubernetes_version: version.clone(),
+            kubernetes_version: version,
             kubernetes_components: components.as_slice().to_vec(),
         }
     }

@@ -26,6 +26,7 @@ use asterism_kubeadm::config::{
 use asterism_kubeadm::etcdio::EtcdIoPriority;
 use asterism_kubeadm::runner::ProcessCommands;
 use asterism_kubeadm::setup::{KubeadmNode, SetupConfig};
+use asterism_kubernetes_versions::KubernetesVersion;
 use asterism_metadata::Metadata;
 
 use asterism_pki::{ClusterCa, render_admin_kubeconfig};
@@ -56,17 +57,17 @@ fn fail<E: Into<Box<dyn std::error::Error + Send + Sync>>>(
 
 /// The `none` driver installs nothing: it says what it was handed, and that nothing is
 /// installed, so that a local cluster's log never suggests Kubernetes binaries are there.
-fn nothing_installed(kubernetes_version: &str, components: &Components) {
+fn nothing_installed(kubernetes_version: Option<KubernetesVersion>, components: &Components) {
     info!("{}", nothing_installed_line(kubernetes_version, components));
 }
 
 /// What [`nothing_installed`] logs.
-fn nothing_installed_line(kubernetes_version: &str, components: &Components) -> String {
-    let version = if kubernetes_version.is_empty() {
-        "no Kubernetes version"
-    } else {
-        kubernetes_version
-    };
+fn nothing_installed_line(
+    kubernetes_version: Option<KubernetesVersion>,
+    components: &Components,
+) -> String {
+    let version =
+        kubernetes_version.map_or_else(|| "no Kubernetes version".to_owned(), |v| v.to_string());
     format!(
         "none driver: {} components for {version} handed over, nothing installed",
         components.len()
@@ -83,7 +84,7 @@ impl KubernetesDriver for NoneDriver {
         params: &'a ClusterInit,
     ) -> BoxFuture<'a, Result<Zeroizing<Vec<u8>>, DriverError>> {
         Box::pin(async move {
-            nothing_installed(&params.kubernetes_version, &params.components);
+            nothing_installed(Some(params.kubernetes_version), &params.components);
             let now = SystemTime::now();
             let ca = ClusterCa::generate(now).map_err(fail("generating the cluster CA"))?;
             let key = ca.key_pem().map_err(fail("encoding the cluster CA key"))?;
@@ -117,7 +118,7 @@ impl KubernetesDriver for NoneDriver {
 
     fn join(&self, params: ClusterJoin) -> BoxFuture<'_, Result<(), DriverError>> {
         Box::pin(async move {
-            nothing_installed(&params.kubernetes_version, &params.components);
+            nothing_installed(params.kubernetes_version, &params.components);
             // kubeadm would put the control-plane files into its certificate directory;
             // here they go into the node's (a worker has none).
             let paths: Vec<PathBuf> = params
@@ -187,14 +188,14 @@ pub async fn post_init_api_steps(
     api: &ClusterApi,
     wait: WaitPolicy,
     components: &Components,
-    cluster_version: &str,
+    cluster_version: KubernetesVersion,
     node_name: &str,
 ) -> Result<String, DriverError> {
     api.wait_until_ready(wait)
         .await
         .map_err(fail("waiting for the Kubernetes API server"))?;
     let config_map = api
-        .create_components_config_map(&components.to_proto(), cluster_version)
+        .create_components_config_map(&components.to_proto(), &cluster_version.to_string())
         .await
         .map_err(fail("creating the components ConfigMap"))?;
     api.annotate_node_components(node_name, &config_map)
@@ -308,12 +309,8 @@ pub fn kubeadm_init_params(
     provider_id: String,
     load_balancer_host: String,
 ) -> Result<InitParams, DriverError> {
-    let kubernetes_version = params
-        .kubernetes_version
-        .parse()
-        .map_err(fail("the Kubernetes version"))?;
     Ok(InitParams {
-        kubernetes_version,
+        kubernetes_version: params.kubernetes_version,
         cluster_name: params.cluster_name.clone(),
         node_name: params.node_name.clone(),
         node_ip: params.node_ip,
@@ -364,7 +361,7 @@ impl<M: Metadata + 'static> KubernetesDriver for KubeadmDriver<M> {
                 &api,
                 self.api.wait,
                 components,
-                &params.kubernetes_version,
+                params.kubernetes_version,
                 &node_name,
             )
             .await?;
@@ -399,7 +396,7 @@ impl<M: Metadata + 'static> KubernetesDriver for KubeadmDriver<M> {
                 )
                 .await
                 .map_err(fail("kubeadm join"))?;
-            info!(node = %params.node_name, role = %params.role, version = %params.kubernetes_version, "kubeadm driver: joined the cluster");
+            info!(node = %params.node_name, role = %params.role, version = %params.kubernetes_version.map(|v| v.to_string()).unwrap_or_default(), "kubeadm driver: joined the cluster");
             Ok(())
         })
     }
@@ -413,7 +410,7 @@ mod tests {
     fn init() -> ClusterInit {
         ClusterInit {
             cluster_name: "asterism".into(),
-            kubernetes_version: "v1.31.2".into(),
+            kubernetes_version: "v1.31.2".parse().unwrap(),
             apiserver_cert_sans: vec!["api.example".into()],
             service_cidr: "10.96.0.0/12".into(),
             conformance_mode: false,
@@ -434,23 +431,11 @@ mod tests {
             "10.9.0.100".into(),
         )
         .unwrap();
-        assert_eq!(p.kubernetes_version.as_str(), "v1.31.2");
+        assert_eq!(p.kubernetes_version.to_string(), "v1.31.2");
         assert_eq!(p.control_plane_endpoint, "10.9.0.100");
         assert_eq!(p.provider_id, "gce://p/z/cp-0");
         assert_eq!(p.cert_sans, ["api.example"]);
         assert_eq!(p.cloud_provider, CloudProvider::External);
-        let mut bad = init();
-        bad.kubernetes_version = "1.31".into();
-        assert!(
-            kubeadm_init_params(
-                &bad,
-                &NodePaths::standard(),
-                CloudProvider::None,
-                String::new(),
-                String::new()
-            )
-            .is_err()
-        );
     }
 
     #[tokio::test]
@@ -465,7 +450,7 @@ mod tests {
             role: Role::ControlPlane,
             node_name: "cp-1".into(),
             pki_dir: pki_dir.clone(),
-            kubernetes_version: String::new(),
+            kubernetes_version: None,
             components: Components::default(),
             control_plane_files: vec![
                 ControlPlaneFile {
@@ -484,7 +469,7 @@ mod tests {
             token: asterism_cluster::BootstrapToken::parse("abcdef.0123456789abcdef").unwrap(),
             discovery_token_ca_cert_hash: join.discovery_token_ca_cert_hash.clone(),
             node_name: join.node_name.clone(),
-            kubernetes_version: String::new(),
+            kubernetes_version: None,
             components: Components::default(),
             pki_dir: worker_dir.clone(),
             control_plane_files: Vec::new(),
@@ -509,7 +494,7 @@ mod tests {
         let count = components.len();
         assert!(count > 0);
         assert_eq!(
-            nothing_installed_line(&release.version().to_string(), &components),
+            nothing_installed_line(Some(release.version()), &components),
             format!("none driver: {count} components for v1.31.13 handed over, nothing installed")
         );
         let dir = tempfile::tempdir().unwrap();
@@ -520,7 +505,7 @@ mod tests {
             role: Role::Worker,
             node_name: "worker-0".into(),
             pki_dir: dir.path().join("pki"),
-            kubernetes_version: release.version().to_string(),
+            kubernetes_version: Some(release.version()),
             components,
             control_plane_files: Vec::new(),
         };

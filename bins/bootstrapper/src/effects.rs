@@ -14,6 +14,7 @@ use asterism_disk::{
 };
 use asterism_kms::ClusterId;
 use asterism_kubeadm::setup::ControlPlaneFile;
+use asterism_kubernetes_versions::KubernetesVersion;
 use asterism_tpm::marker::{self, MarkerError};
 use asterism_tpm::{Tpm, TpmConfig, TpmError};
 use futures::future::BoxFuture;
@@ -243,7 +244,7 @@ pub struct ClusterInit {
     /// The cluster name (`constellation` when the request left it empty).
     pub cluster_name: String,
     /// The Kubernetes version the owner asked for.
-    pub kubernetes_version: String,
+    pub kubernetes_version: KubernetesVersion,
     /// Extra subject alternative names of the API server certificate.
     pub apiserver_cert_sans: Vec<String>,
     /// The service CIDR (may be empty: the default).
@@ -316,9 +317,9 @@ pub struct ClusterJoin {
     pub node_name: String,
     /// Where the cluster PKI lives (`state/kubernetes/pki`).
     pub pki_dir: PathBuf,
-    /// The Kubernetes version the join ticket names: `v<major>.<minor>.<patch>` (checked
-    /// with the ticket), or empty when the join service records no release.
-    pub kubernetes_version: String,
+    /// The Kubernetes version the join ticket names, or `None` when the join service
+    /// records no release.
+    pub kubernetes_version: Option<KubernetesVersion>,
     /// The components the join ticket names (may be empty).
     pub components: Components,
     /// The control-plane files of a control-plane node's ticket, checked (empty for a

@@ -120,9 +120,10 @@ impl<M: Metadata + 'static> InitService<M> {
         // the lock, rather than fail the driver after it.
         let components = Components::try_from(std::mem::take(&mut req.kubernetes_components))
             .map_err(|e| format!("Kubernetes components: {}", error_chain(&e)))?;
-        // The version's form, here as in a join ticket: the node records it, the join
-        // service hands it to every joining node, and kubeadm needs a patch version.
-        req.kubernetes_version
+        // Parsed here, as in a join ticket: the node records it, the join service hands it
+        // to every joining node, and kubeadm needs a patch version.
+        let kubernetes_version = req
+            .kubernetes_version
             .parse::<KubernetesVersion>()
             .map_err(|e| format!("Kubernetes version: {}", error_chain(&e)))?;
         let kms_uri = Zeroizing::new(std::mem::take(&mut req.kms_uri));
@@ -183,11 +184,11 @@ impl<M: Metadata + 'static> InitService<M> {
             measurement_salt,
             disk_key,
             ssh,
-            init_node_record: self.init_node_record(&req.kubernetes_version, &components)?,
+            init_node_record: self.init_node_record(kubernetes_version, &components)?,
             hosted_services,
             params: ClusterInit {
                 cluster_name,
-                kubernetes_version: req.kubernetes_version.clone(),
+                kubernetes_version,
                 apiserver_cert_sans: req.apiserver_cert_sans.clone(),
                 service_cidr: req.service_cidr.clone(),
                 conformance_mode: req.conformance_mode,
@@ -211,7 +212,7 @@ impl<M: Metadata + 'static> InitService<M> {
     /// every join ticket (the embedded cluster state's record of them).
     fn init_node_record(
         &self,
-        kubernetes_version: &str,
+        kubernetes_version: KubernetesVersion,
         components: &Components,
     ) -> Result<Option<String>, String> {
         let Some(ak) = &self.node.config.ak_identity else {
@@ -226,7 +227,7 @@ impl<M: Metadata + 'static> InitService<M> {
             ak: ak.clone(),
             name: self.this.identity.name.clone(),
             role: Role::ControlPlane,
-            kubernetes_version: kubernetes_version.to_owned(),
+            kubernetes_version: Some(kubernetes_version),
             kubernetes_components: components.as_slice().to_vec(),
         };
         record.to_json().map(Some).map_err(|e| error_chain(&e))

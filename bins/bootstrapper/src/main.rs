@@ -603,7 +603,7 @@ async fn run(args: Args, logs: LogBuffer) -> anyhow::Result<u8> {
     tracing::info!(node_dir = %dir.root().display(), node_ip = %args.node_ip, tpm = %args.tpm, "bootstrapper starting");
 
     let ak_cert = args.ak_cert.clone().or_else(|| {
-        let default = dir.root().join("attestation/ak-cert.der");
+        let default = dir.ak_certificate();
         default.exists().then_some(default)
     });
     let cloud = args.cloud_vtpm;
@@ -781,6 +781,25 @@ mod tests {
     use super::*;
 
     /// The flags with the required ones before `extra`.
+    /// `base` followed by `more`.
+    fn plus<'a>(base: &[&'a str], more: &[&'a str]) -> Vec<&'a str> {
+        base.iter().chain(more).copied().collect()
+    }
+
+    /// The flags of a node told to join cluster `cluster_id` (hex) and to verify the join
+    /// service's measurements, then `trust` (what vouches for the join service).
+    fn cluster_to_join<'a>(cluster_id: &'a str, trust: &[&'a str]) -> Vec<&'a str> {
+        plus(
+            &[
+                "--cluster-id",
+                cluster_id,
+                "--verify-join-service-measurements",
+                "/m.json",
+            ],
+            trust,
+        )
+    }
+
     fn with(extra: &[&str]) -> Result<Args, clap::Error> {
         let base = [
             "asterism-bootstrapper",
@@ -838,36 +857,17 @@ mod tests {
     #[test]
     fn a_cluster_id_without_the_control_plane_key_is_refused_unless_insecure() {
         let hex = "ab".repeat(32);
-        let base = [
-            "--cluster-id",
-            &hex,
-            "--verify-join-service-measurements",
-            "/m.json",
-            "--platform-ca",
-            "/ca.pem",
-        ];
+        let base = cluster_to_join(&hex, &["--platform-ca", "/ca.pem"]);
         let args = with(&base).unwrap();
         let err = control_plane_identity(&args).unwrap_err().to_string();
         assert!(err.contains("--control-plane-key"), "{err}");
         let key = "cd".repeat(32);
-        let keyed: Vec<&str> = base
-            .iter()
-            .copied()
-            .chain(["--control-plane-key", &key])
-            .collect();
+        let keyed: Vec<&str> = plus(&base, &["--control-plane-key", &key]);
         assert!(control_plane_identity(&with(&keyed).unwrap()).is_ok());
-        let insecure: Vec<&str> = base
-            .iter()
-            .copied()
-            .chain(["--insecure-skip-control-plane-identity"])
-            .collect();
+        let insecure: Vec<&str> = plus(&base, &["--insecure-skip-control-plane-identity"]);
         assert!(control_plane_identity(&with(&insecure).unwrap()).is_ok());
         // Both, or either without a cluster ID, make no sense.
-        let both: Vec<&str> = keyed
-            .iter()
-            .copied()
-            .chain(["--insecure-skip-control-plane-identity"])
-            .collect();
+        let both: Vec<&str> = plus(&keyed, &["--insecure-skip-control-plane-identity"]);
         assert!(with(&both).is_err());
         assert!(with(&["--control-plane-key", &key]).is_err());
         assert!(with(&["--control-plane-key", "00"]).is_err());
@@ -876,34 +876,17 @@ mod tests {
     #[test]
     fn on_a_confidential_vm_the_join_service_is_verified_by_its_hardware_report() {
         let hex = "ab".repeat(32);
-        let cvm = [
-            "--cluster-id",
-            &hex,
-            "--verify-join-service-measurements",
-            "/m.json",
-            "--confidential-vm",
-            "azure-sev-snp",
-        ];
+        let cvm = cluster_to_join(&hex, &["--confidential-vm", "azure-sev-snp"]);
         let args = with(&cvm).unwrap();
         assert!(args.platform_ca.is_none());
         // Both at once: which one vouches for the join service would be ambiguous.
-        let both: Vec<&str> = cvm
-            .iter()
-            .copied()
-            .chain(["--platform-ca", "/ca.pem"])
-            .collect();
+        let both: Vec<&str> = plus(&cvm, &["--platform-ca", "/ca.pem"]);
         assert!(with(&both).is_err());
         // The CVM policy and collateral only with --confidential-vm.
         assert!(with(&["--tdx-collateral", "/c.json"]).is_err());
         assert!(with(&["--cvm-policy", "/p.json"]).is_err());
         // Neither a platform CA nor a platform: nothing could verify the join service.
-        let args = with(&[
-            "--cluster-id",
-            &hex,
-            "--verify-join-service-measurements",
-            "/m.json",
-        ])
-        .unwrap();
+        let args = with(&cluster_to_join(&hex, &[])).unwrap();
         assert!(join_service_trust(&args).is_err());
     }
 
@@ -954,24 +937,11 @@ mod tests {
     fn a_pin_or_a_cloud_root_verifies_the_join_service_and_excludes_the_insecure_flag() {
         let hex = "ab".repeat(32);
         let pin = "cd".repeat(32);
-        let base = [
-            "--cluster-id",
-            &hex,
-            "--verify-join-service-measurements",
-            "/m.json",
-        ];
-        let plus = |extra: &[&str]| {
-            with(
-                &base
-                    .iter()
-                    .copied()
-                    .chain(extra.iter().copied())
-                    .collect::<Vec<_>>(),
-            )
-        };
-        let pinned = plus(&["--pinned-ak", &pin, "--pinned-ak", &"ef".repeat(32)]).unwrap();
+        let base = cluster_to_join(&hex, &[]);
+        let with_base = |extra: &[&str]| with(&plus(&base, extra));
+        let pinned = with_base(&["--pinned-ak", &pin, "--pinned-ak", &"ef".repeat(32)]).unwrap();
         assert_eq!(pinned.pinned_ak.len(), 2);
-        let cloud = plus(&[
+        let cloud = with_base(&[
             "--cloud-ak-root",
             "/root.cer",
             "--cloud-ak-intermediate",
@@ -990,7 +960,7 @@ mod tests {
             insecure.extend(flag);
             assert!(with(&insecure).is_err(), "{flag:?}");
             assert!(
-                plus(&[flag[0], flag[1], "--confidential-vm", "azure-sev-snp"]).is_err(),
+                with_base(&[flag[0], flag[1], "--confidential-vm", "azure-sev-snp"]).is_err(),
                 "{flag:?}"
             );
         }

@@ -106,8 +106,8 @@ pub(crate) struct JoinTicket {
     pub(crate) ssh_ca_public_key: Vec<u8>,
     pub(crate) host_certificate: Vec<u8>,
     pub(crate) components: Components,
-    /// `v<major>.<minor>.<patch>`, or empty when the join service names no release.
-    pub(crate) kubernetes_version: String,
+    /// `None` when the join service names no release.
+    pub(crate) kubernetes_version: Option<KubernetesVersion>,
 }
 
 /// A ticket's fields, parsed: the form of each is right, nothing is checked against the
@@ -124,7 +124,7 @@ struct Parsed {
     ssh_ca_public_key: Vec<u8>,
     host_certificate: Vec<u8>,
     components: Components,
-    kubernetes_version: String,
+    kubernetes_version: Option<KubernetesVersion>,
 }
 
 /// A 32-byte key from a ticket field.
@@ -150,13 +150,17 @@ impl TryFrom<IssueJoinTicketResponse> for Parsed {
         // Checked here, so that a ticket with a bad component is refused before the lock.
         let components = Components::try_from(std::mem::take(&mut r.kubernetes_components))
             .map_err(TicketError::Components)?;
-        // Only its form: the version names what the node was handed (the node records it),
-        // and an empty one is a join service that records no release.
-        if !r.kubernetes_version.is_empty() {
-            r.kubernetes_version
-                .parse::<KubernetesVersion>()
-                .map_err(TicketError::Version)?;
-        }
+        // The version names what the node was handed (the node records it); an empty one
+        // is a join service that records no release.
+        let kubernetes_version = if r.kubernetes_version.is_empty() {
+            None
+        } else {
+            Some(
+                r.kubernetes_version
+                    .parse::<KubernetesVersion>()
+                    .map_err(TicketError::Version)?,
+            )
+        };
         let api_server_endpoint =
             ApiServerEndpoint::parse(&r.api_server_endpoint).map_err(TicketError::Endpoint)?;
         let token = BootstrapToken::new(Zeroizing::new(std::mem::take(&mut r.token)))
@@ -183,7 +187,7 @@ impl TryFrom<IssueJoinTicketResponse> for Parsed {
             ssh_ca_public_key: r.authorized_ca_public_key,
             host_certificate: r.host_certificate,
             components,
-            kubernetes_version: r.kubernetes_version,
+            kubernetes_version,
         })
     }
 }
@@ -1217,7 +1221,8 @@ mod tests {
         for ok in ["", "v1.31.13", "v1.30.14"] {
             let mut t = ticket(Vec::new());
             t.kubernetes_version = ok.into();
-            assert_eq!(Parsed::try_from(t).unwrap().kubernetes_version, ok);
+            let parsed = Parsed::try_from(t).unwrap().kubernetes_version;
+            assert_eq!(parsed.map(|v| v.to_string()).unwrap_or_default(), ok);
         }
         for bad in [
             "v1.31",

@@ -26,9 +26,8 @@ use std::path::{Path, PathBuf};
     about = "Asterism: attested bootstrapping of confidential Kubernetes clusters"
 )]
 struct Cli {
-    /// Log verbosity (error, warn, info, debug, trace) or a tracing filter.
-    #[arg(long, global = true, default_value = "warn", env = "ASTERISM_LOG")]
-    log: String,
+    #[command(flatten)]
+    log: asterism_binkit::logging::ToolLogArgs,
 
     #[command(subcommand)]
     command: Command,
@@ -91,14 +90,8 @@ enum ControlPlaneCommand {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    asterism_binkit::logging::init(asterism_binkit::LogFormat::Human, &cli.log);
-    match run(cli) {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    cli.log.init();
+    asterism_binkit::logging::tool_exit(run(cli))
 }
 
 fn run(cli: Cli) -> Result<std::process::ExitCode> {
@@ -148,7 +141,7 @@ fn run(cli: Cli) -> Result<std::process::ExitCode> {
             rt.block_on(verify::run(args))
         }
         // Its exit code is ours.
-        Command::Mini { args } => return run_mini(&args, &cli.log),
+        Command::Mini { args } => return run_mini(&args, &cli.log.log),
         Command::InsecureTestIdentity { out } => identity::create(&out),
         Command::RecoveryShare(args) => {
             let out = recovery_share::run(&args)?;

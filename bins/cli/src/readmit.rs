@@ -19,23 +19,10 @@ pub struct Args {
     pub admin_socket: PathBuf,
 }
 
-/// Whether `name` is a DNS-1123 subdomain, as node names are (and nothing that could change
-/// the request path).
-fn is_node_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 253
-        && name.split('.').all(|l| {
-            !l.is_empty()
-                && !l.starts_with('-')
-                && !l.ends_with('-')
-                && l.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        })
-}
-
 /// Re-admits `args.node`; returns the member record as the join service answered it.
 pub fn run(args: &Args) -> Result<serde_json::Value> {
-    if !is_node_name(&args.node) {
+    // A node name cannot change the request path.
+    if !asterism_basics::is_node_name(&args.node) {
         bail!("{:?} is no node name (a DNS-1123 subdomain)", args.node);
     }
     let mut s = UnixStream::connect(&args.admin_socket).with_context(|| {
@@ -70,11 +57,20 @@ mod tests {
 
     #[test]
     fn only_node_names_are_sent() {
-        for ok in ["worker-0", "cp-0.zone.example"] {
-            assert!(is_node_name(ok), "{ok}");
-        }
+        // Refused before the socket is dialled: the socket here does not exist.
         for bad in ["", "Worker", "../x", "a/b", "a b", "-a", "a..b", "a?b"] {
-            assert!(!is_node_name(bad), "{bad}");
+            let args = Args {
+                node: bad.into(),
+                admin_socket: "/nonexistent/admin.sock".into(),
+            };
+            let err = run(&args).unwrap_err().to_string();
+            assert!(err.contains("is no node name"), "{bad:?}: {err}");
         }
+        let args = Args {
+            node: "cp-0.zone.example".into(),
+            admin_socket: "/nonexistent/admin.sock".into(),
+        };
+        let err = format!("{:#}", run(&args).unwrap_err());
+        assert!(err.contains("connecting"), "{err}");
     }
 }

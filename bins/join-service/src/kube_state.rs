@@ -160,7 +160,7 @@ impl KubeState {
             .await
             .map_err(KubeReleaseError::Api)?;
         let components = recorded.components.into_iter().map(Into::into).collect();
-        let release = ClusterRelease::new(&recorded.cluster_version, components)
+        let release = ClusterRelease::parse(&recorded.cluster_version, components)
             .map_err(|source| KubeReleaseError::Release { name, source })?;
         Ok(Some(release))
     }

@@ -6,7 +6,7 @@ use crate::state::{
     init_node_ak, is_ak,
 };
 use asterism_attestation::AkFingerprint;
-use asterism_cluster::{BootstrapToken, ExpiringToken, InitNode};
+use asterism_cluster::{BootstrapToken, ExpiringToken, InitNode, Role};
 use asterism_kms::DiskUuid;
 use redb::{
     Database, ReadableDatabase as _, ReadableTable, ReadableTableMetadata as _, TableDefinition,
@@ -295,13 +295,7 @@ fn may_bind(
     second_disk_allowed: bool,
 ) -> Result<bool, StateError> {
     let ak_hex = ak.to_string();
-    let existing = disks
-        .get(disk)
-        .map_err(store)?
-        .map(|v| serde_json::from_slice::<DiskRecord>(v.value()))
-        .transpose()
-        .map_err(store)?;
-    match existing {
+    match record_in::<DiskRecord>(disks, disk)? {
         Some(record) if record.ak == ak_hex => Ok(true),
         Some(_) => Err(StateError::DiskBoundToOtherKey {
             uuid: disk.to_owned(),
@@ -344,16 +338,45 @@ fn bind_in(
     }
 }
 
+/// The JSON record stored under `key`, if any.
+fn record_in<T: serde::de::DeserializeOwned>(
+    table: &impl ReadableTable<&'static str, &'static [u8]>,
+    key: &str,
+) -> Result<Option<T>, StateError> {
+    table
+        .get(key)
+        .map_err(store)?
+        .map(|v| serde_json::from_slice::<T>(v.value()))
+        .transpose()
+        .map_err(store)
+}
+
 fn member_in(
     table: &impl ReadableTable<&'static str, &'static [u8]>,
     name: &str,
 ) -> Result<Option<Member>, StateError> {
-    table
-        .get(name)
-        .map_err(store)?
-        .map(|v| serde_json::from_slice::<Member>(v.value()))
-        .transpose()
-        .map_err(store)
+    record_in(table, name)
+}
+
+/// A member admitted at `now` that has been given `tickets` tickets (the init node none).
+fn new_member(
+    name: String,
+    role: Role,
+    ak: &AkFingerprint,
+    disk: String,
+    now: u64,
+    tickets: u64,
+) -> Member {
+    Member {
+        name,
+        role: role.to_string(),
+        ak: ak.to_string(),
+        disk,
+        admitted_at: now,
+        last_ticket_at: now,
+        tickets,
+        readmit: false,
+    }
 }
 
 fn put_member(table: &mut redb::Table<&str, &[u8]>, member: &Member) -> Result<(), StateError> {
@@ -392,16 +415,7 @@ fn admit_in(t: &mut Tables<'_>, a: &Admission) -> Result<ExpiringToken, StateErr
                 ..p
             }
         }
-        None => Member {
-            name: a.name.clone(),
-            role: a.role.to_string(),
-            ak: a.ak.to_string(),
-            disk: a.disk.to_string(),
-            admitted_at: now,
-            last_ticket_at: now,
-            tickets: 1,
-            readmit: false,
-        },
+        None => new_member(a.name.clone(), a.role, &a.ak, a.disk.to_string(), now, 1),
     };
     put_member(&mut t.members, &member)?;
 
@@ -479,13 +493,7 @@ impl ClusterState for RedbState {
         self.blocking(move |db| {
             let read = db.begin_read().map_err(store)?;
             let table = read.open_table(DISKS).map_err(store)?;
-            let record = table
-                .get(disk.as_str())
-                .map_err(store)?
-                .map(|v| serde_json::from_slice::<DiskRecord>(v.value()))
-                .transpose()
-                .map_err(store)?;
-            match record {
+            match record_in::<DiskRecord>(&table, &disk)? {
                 None => Err(StateError::DiskUnbound { uuid: disk }),
                 Some(r) if !is_ak(&r.ak, &ak) => {
                     Err(StateError::DiskBoundToOtherKey { uuid: disk })
@@ -501,13 +509,7 @@ impl ClusterState for RedbState {
         self.blocking(move |db| {
             let read = db.begin_read().map_err(store)?;
             let table = read.open_table(MEMBERS).map_err(store)?;
-            let member = table
-                .get(name.as_str())
-                .map_err(store)?
-                .map(|v| serde_json::from_slice::<Member>(v.value()))
-                .transpose()
-                .map_err(store)?;
-            match member {
+            match member_in(&table, &name)? {
                 Some(m) if !m.accepts(&ak) => Err(StateError::MemberKeyChanged { name }),
                 _ => Ok(()),
             }
@@ -528,19 +530,9 @@ impl ClusterState for RedbState {
             }
             bind_in(t, disk.as_str(), &ak, now, false)?;
             if previous.is_none() {
-                put_member(
-                    &mut t.members,
-                    &Member {
-                        name: init.name.clone(),
-                        role: init.role.to_string(),
-                        ak: ak.to_string(),
-                        disk: init.disk.clone(),
-                        admitted_at: now,
-                        last_ticket_at: now,
-                        tickets: 0,
-                        readmit: false,
-                    },
-                )?;
+                let member =
+                    new_member(init.name.clone(), init.role, &ak, init.disk.clone(), now, 0);
+                put_member(&mut t.members, &member)?;
             }
             Ok(())
         })

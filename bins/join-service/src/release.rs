@@ -36,9 +36,17 @@ pub enum ReleaseError {
 }
 
 impl ClusterRelease {
-    /// Checks a recorded `version` and `components`; the first bad one refuses the whole.
-    pub fn new(version: &str, components: Vec<Component>) -> Result<Self, ReleaseError> {
-        let version = version.parse().map_err(ReleaseError::Version)?;
+    /// Parses a version recorded as text (the components ConfigMap's) and checks the
+    /// release as [`ClusterRelease::new`] does.
+    pub fn parse(version: &str, components: Vec<Component>) -> Result<Self, ReleaseError> {
+        Self::new(version.parse().map_err(ReleaseError::Version)?, components)
+    }
+
+    /// Checks the `components` of `version`; the first bad one refuses the whole.
+    pub fn new(
+        version: KubernetesVersion,
+        components: Vec<Component>,
+    ) -> Result<Self, ReleaseError> {
         for (index, c) in components.iter().enumerate() {
             Sha256Hash::parse(&c.hash).map_err(|source| ReleaseError::Hash {
                 index,
@@ -55,10 +63,14 @@ impl ClusterRelease {
     /// The release the init node recorded, checked; `None` when the record names neither a
     /// version nor components (tickets then carry none, as before the record held them).
     pub fn of_init_node(init: &InitNode) -> Result<Option<Self>, ReleaseError> {
-        if init.kubernetes_version.is_empty() && init.kubernetes_components.is_empty() {
-            return Ok(None);
+        match init.kubernetes_version {
+            None if init.kubernetes_components.is_empty() => Ok(None),
+            // Components without the version they belong to.
+            None => Err(ReleaseError::Version(VersionSyntaxError {
+                text: String::new(),
+            })),
+            Some(version) => Self::new(version, init.kubernetes_components.clone()).map(Some),
         }
-        Self::new(&init.kubernetes_version, init.kubernetes_components.clone()).map(Some)
     }
 
     /// The version.
@@ -92,7 +104,7 @@ mod tests {
 
     #[test]
     fn a_release_with_valid_hashes_and_an_exact_version_is_kept_as_recorded() {
-        let r = ClusterRelease::new("v1.31.13", vec![component(GOOD)]).unwrap();
+        let r = ClusterRelease::parse("v1.31.13", vec![component(GOOD)]).unwrap();
         assert_eq!(r.version().to_string(), "v1.31.13");
         assert_eq!(r.components(), [component(GOOD)]);
     }
@@ -105,8 +117,8 @@ mod tests {
             "md5:2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae",
             "sha256:2C26B46B68FFC68FF99B453C1D30413413422D706483BFA0F98A5E886266E7AE",
         ] {
-            let err =
-                ClusterRelease::new("v1.31.13", vec![component(GOOD), component(bad)]).unwrap_err();
+            let err = ClusterRelease::parse("v1.31.13", vec![component(GOOD), component(bad)])
+                .unwrap_err();
             assert!(
                 matches!(err, ReleaseError::Hash { index: 1, .. }),
                 "{bad:?}: {err:?}"
@@ -116,7 +128,7 @@ mod tests {
 
     #[test]
     fn a_version_without_its_patch_refuses_the_release() {
-        let err = ClusterRelease::new("v1.31", vec![component(GOOD)]).unwrap_err();
+        let err = ClusterRelease::parse("v1.31", vec![component(GOOD)]).unwrap_err();
         assert!(matches!(err, ReleaseError::Version(_)), "{err:?}");
     }
 }

@@ -11,21 +11,34 @@
 //! for `asterism mini`. The cluster steps are a library so that tests drive them one by one.
 #![forbid(unsafe_code)]
 
+mod args;
+mod pids;
+mod process;
+mod provision;
+mod status;
 pub mod timing;
 pub mod vm;
 
 use anyhow::{Context, Result, bail};
-use asterism_cluster::{KubernetesHandover, NodeDir};
+use asterism_cluster::NodeDir;
 use asterism_swtpm::{SwtpmConfig, SwtpmProcess};
-use serde::{Deserialize, Serialize};
-use std::ffi::OsString;
-use std::io::Write;
-use std::net::{SocketAddr, TcpStream};
+use serde::Deserialize;
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
+
+pub use args::{DirArgs, StatusArgs, UpArgs};
+pub use pids::down;
+use pids::kill_pid_file;
+use process::{
+    http_get, http_get_raw, os, spawn_service, tail, tcp_ready, unix_http_get, wait_until,
+};
+use provision::{
+    create_cluster_dir, create_platform_ca, node_name, provision_node, random_init_secret,
+};
+pub use status::{ClusterRecord, NodeRecord, print_table, status, table};
+use status::{member_verdict, read_handover};
 
 /// Port of the metadata service (on `127.0.<net>.254`).
 const METADATA_PORT: u16 = 8080;
@@ -41,119 +54,6 @@ const VERIFY_PORT: u16 = 9090;
 const RECOVER_PORT: u16 = 9999;
 /// How long any one process may take to come up or finish.
 const STEP_DEADLINE: Duration = Duration::from_secs(120);
-
-/// Arguments of `asterism mini up`.
-#[derive(clap::Args, Debug)]
-pub struct UpArgs {
-    /// Directory of the local cluster (created).
-    #[arg(long, default_value = ".asterism/mini")]
-    pub dir: PathBuf,
-    /// Number of worker nodes (there is one control-plane node).
-    #[arg(long, default_value_t = 2)]
-    pub workers: usize,
-    /// Loopback network of the cluster: nodes get `127.0.<net>.<n>`, the metadata service
-    /// `127.0.<net>.254`. Two clusters on one machine need different values.
-    #[arg(long, default_value_t = 10)]
-    pub net: u8,
-    /// Directory holding the Asterism binaries (default: next to this executable).
-    #[arg(long)]
-    pub bin_dir: Option<PathBuf>,
-    /// Boot every node as a QEMU VM from the node image (docs/mini.md, "VM mode").
-    #[arg(long)]
-    pub vm: bool,
-    /// Settings of VM mode.
-    #[command(flatten)]
-    pub vm_args: vm::VmArgs,
-}
-
-/// Arguments of `asterism mini status` and `down`.
-#[derive(clap::Args, Debug)]
-pub struct DirArgs {
-    /// Directory of the local cluster.
-    #[arg(long, default_value = ".asterism/mini")]
-    pub dir: PathBuf,
-}
-
-/// Arguments of `asterism mini status`.
-#[derive(clap::Args, Debug)]
-pub struct StatusArgs {
-    /// The cluster.
-    #[command(flatten)]
-    pub cluster: DirArgs,
-    /// Print the record and the processes as JSON (every node's components in full).
-    #[arg(long)]
-    pub json: bool,
-}
-
-/// What `mini up` recorded about the cluster, in `<dir>/mini.json`.
-#[derive(Serialize, Deserialize, Debug, Clone)]
-pub struct ClusterRecord {
-    /// The cluster ID, hex.
-    pub cluster_id: String,
-    /// One entry per node.
-    pub nodes: Vec<NodeRecord>,
-}
-
-/// The outcome for one node.
-#[derive(Serialize, Deserialize, Debug, Clone)]
-pub struct NodeRecord {
-    /// Node name.
-    pub name: String,
-    /// `ControlPlane` or `Worker`.
-    pub role: String,
-    /// Its address.
-    pub ip: String,
-    /// Who verified its evidence.
-    pub attestation: String,
-    /// Whether its disk opens with the derived key and not with the first-boot passphrase.
-    pub disk_rekeyed: bool,
-    /// Milliseconds from bootstrapper start to its exit.
-    pub bootstrap_ms: u64,
-    /// `ok` or the bootstrapper's exit status.
-    pub exit: String,
-    /// What its bootstrapper handed its Kubernetes driver (the node's
-    /// `state/asterism/kubernetes.json`); `None` when the node recorded nothing (it did not
-    /// get that far), and in a record of an older `mini`.
-    #[serde(default)]
-    pub kubernetes: Option<KubernetesHandover>,
-}
-
-/// The largest hand-over record read from a node directory.
-const MAX_HANDOVER_LEN: u64 = 1 << 20;
-
-/// The hand-over record of `node` (`state/asterism/kubernetes.json`, what its bootstrapper
-/// handed its Kubernetes driver); `None` when it wrote none.
-fn read_handover(node: &Node) -> Result<Option<KubernetesHandover>> {
-    let path = NodeDir::new(&node.dir).kubernetes_handover();
-    if !path.exists() {
-        return Ok(None);
-    }
-    let bytes = asterism_binkit::fs::read_capped(&path, MAX_HANDOVER_LEN)?;
-    let record =
-        KubernetesHandover::from_json(&bytes).with_context(|| path.display().to_string())?;
-    Ok(Some(record))
-}
-
-/// The table's KUBERNETES column: `v1.31.13, 9 components (none driver: not installed)`.
-fn handover_summary(handover: &KubernetesHandover) -> String {
-    let version = if handover.kubernetes_version.is_empty() {
-        "no version"
-    } else {
-        &handover.kubernetes_version
-    };
-    let count = handover.kubernetes_components.len();
-    let noun = if count == 1 {
-        "component"
-    } else {
-        "components"
-    };
-    let installed = if handover.driver == "none" {
-        "none driver: not installed".to_owned()
-    } else {
-        format!("{} driver", handover.driver)
-    };
-    format!("{version}, {count} {noun} ({installed})")
-}
 
 /// One node of a local cluster: its "machine" directory, address and TPM.
 #[derive(Debug, Clone)]
@@ -226,213 +126,6 @@ fn abs(path: &Path) -> Result<PathBuf> {
 /// Creates `path` (it must not exist) with mode 0600 and `contents`, synced.
 fn write_private(path: &Path, contents: &[u8]) -> Result<()> {
     Ok(asterism_binkit::write_new(path, contents, 0o600)?)
-}
-
-/// Runs a program to completion, its output appended to `log`; fails with the log's tail.
-fn run_logged(program: &Path, args: &[OsString], log: &Path) -> Result<()> {
-    let out = log_file(log)?;
-    let status = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(out.try_clone()?)
-        .stderr(out)
-        .status()
-        .with_context(|| format!("running {}", program.display()))?;
-    if !status.success() {
-        bail!(
-            "{} failed ({status}); its log ends:\n{}",
-            program.display(),
-            tail(log)
-        );
-    }
-    Ok(())
-}
-
-fn log_file(path: &Path) -> Result<std::fs::File> {
-    std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .with_context(|| format!("opening {}", path.display()))
-}
-
-fn tail(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines
-        .get(lines.len().saturating_sub(15)..)
-        .unwrap_or_default()
-        .join("\n")
-}
-
-/// Starts a long-running service in its own process group (so that ^C on the terminal
-/// does not reach it), output to `log`, pid recorded in `pid_file` for `mini down`.
-fn spawn_service(program: &Path, args: &[OsString], log: &Path, pid_file: &Path) -> Result<Child> {
-    let out = log_file(log)?;
-    let child = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(out.try_clone()?)
-        .stderr(out)
-        .process_group(0)
-        .spawn()
-        .with_context(|| format!("starting {}", program.display()))?;
-    std::fs::write(pid_file, format!("{}\n", child.id()))
-        .with_context(|| format!("writing {}", pid_file.display()))?;
-    Ok(child)
-}
-
-fn wait_until(what: &str, log: &Path, mut ready: impl FnMut() -> bool) -> Result<()> {
-    let start = Instant::now();
-    while !ready() {
-        if start.elapsed() > STEP_DEADLINE {
-            bail!(
-                "{what} did not come up within {STEP_DEADLINE:?}; its log ends:\n{}",
-                tail(log)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Ok(())
-}
-
-fn tcp_ready(addr: &str) -> bool {
-    addr.parse::<SocketAddr>()
-        .ok()
-        .and_then(|a| TcpStream::connect_timeout(&a, Duration::from_millis(200)).ok())
-        .is_some()
-}
-
-/// A minimal HTTP/1.0 GET for the local metrics endpoint (bounded to 1 MiB).
-fn http_get(addr: &str, path: &str) -> Result<String> {
-    let body = http_get_raw(addr, path)?;
-    let text = String::from_utf8_lossy(&body).into_owned();
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .context("malformed HTTP answer")?;
-    if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
-        bail!("GET {path}: {}", head.lines().next().unwrap_or_default());
-    }
-    Ok(body.to_string())
-}
-
-/// The body of `GET path` over the Unix socket at `socket` (the join service's admin
-/// socket), bounded to 1 MiB.
-fn unix_http_get(socket: &Path, path: &str) -> Result<String> {
-    let mut s = std::os::unix::net::UnixStream::connect(socket)
-        .with_context(|| format!("connecting to {}", socket.display()))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n"
-    )?;
-    let answer = asterism_binkit::fs::read_capped_from(&mut s, 1 << 20)?
-        .context("the HTTP answer is larger than 1 MiB")?;
-    let text = String::from_utf8_lossy(&answer);
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .context("malformed HTTP answer")?;
-    if !head.starts_with("HTTP/1.1 200") {
-        bail!("GET {path}: {}", head.lines().next().unwrap_or_default());
-    }
-    Ok(body.to_string())
-}
-
-/// The whole answer (status line, headers, body) to an HTTP/1.0 GET, bounded to 1 MiB.
-fn http_get_raw(addr: &str, path: &str) -> Result<Vec<u8>> {
-    let addr: SocketAddr = addr.parse().context("address")?;
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
-    asterism_binkit::fs::read_capped_from(&mut s, 1 << 20)?
-        .context("the HTTP answer is larger than 1 MiB")
-}
-
-fn os(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Vec<OsString> {
-    args.iter().map(|a| a.as_ref().to_os_string()).collect()
-}
-
-fn random_init_secret() -> Result<String> {
-    use ring::rand::SecureRandom;
-    let mut bytes = [0u8; 24];
-    ring::rand::SystemRandom::new()
-        .fill(&mut bytes)
-        .map_err(|_| anyhow::anyhow!("the system random generator failed"))?;
-    Ok(hex::encode(bytes))
-}
-
-/// Checks that the binaries `programs` are in `bins` and swtpm is installed, then creates
-/// the cluster directory (it must not exist) with `run/` and `log/`. Returns it, absolute.
-fn create_cluster_dir(dir: &Path, bins: &Path, programs: &[&str]) -> Result<PathBuf> {
-    for name in programs {
-        let path = bins.join(name);
-        if !path.is_file() {
-            bail!(
-                "{} is missing; build everything first: cargo build --workspace (or pass --bin-dir)",
-                path.display()
-            );
-        }
-    }
-    asterism_swtpm::check_swtpm_installed(true).context("swtpm is needed for local clusters")?;
-    if dir.exists() {
-        bail!(
-            "{} already exists: run `asterism mini down --dir {0}` and remove it, or choose another --dir",
-            dir.display()
-        );
-    }
-    std::fs::create_dir_all(dir)?;
-    let dir = abs(dir)?;
-    std::fs::create_dir_all(dir.join("run"))?;
-    std::fs::create_dir_all(dir.join("log"))?;
-    Ok(dir)
-}
-
-/// The name of node `i` (`control-plane-0` first, then `worker-0`, …) and whether it is
-/// the control plane.
-fn node_name(i: usize) -> (String, bool) {
-    match i.checked_sub(1) {
-        None => ("control-plane-0".to_string(), true),
-        Some(w) => (format!("worker-{w}"), false),
-    }
-}
-
-/// Creates the local platform CA in `<dir>/platform-ca`: what a cloud provider uses to
-/// vouch for its (v)TPMs.
-fn create_platform_ca(provision: &Path, dir: &Path) -> Result<PathBuf> {
-    step("creating the local platform CA");
-    let ca_dir = dir.join("platform-ca");
-    run_logged(
-        provision,
-        &os(&[&"platform-ca", &"init", &"--dir", &ca_dir]),
-        &dir.join("log/provision.log"),
-    )?;
-    Ok(ca_dir)
-}
-
-/// Creates the directory of node `name` and provisions its TPM state: EK with its
-/// certificate, an AK certified by the platform CA. Returns the directory.
-fn provision_node(provision: &Path, ca_dir: &Path, dir: &Path, name: &str) -> Result<PathBuf> {
-    let ndir = dir.join("nodes").join(name);
-    for sub in ["tpm", "attestation", "state", "run", "log"] {
-        std::fs::create_dir_all(ndir.join(sub))?;
-    }
-    step(format!(
-        "provisioning {name}: swtpm with EK, AK certified by the platform CA"
-    ));
-    run_logged(
-        provision,
-        &os(&[
-            &"node",
-            &"--state-dir",
-            &ndir.join("tpm"),
-            &"--ca-dir",
-            &ca_dir,
-            &"--out",
-            &ndir.join("attestation"),
-        ]),
-        &ndir.join("log/provision.log"),
-    )?;
-    Ok(ndir)
 }
 
 /// Picks a random init secret (`<dir>/init-secret`, 0600) and starts the metadata service
@@ -755,7 +448,7 @@ impl LocalCluster {
                 &"--tpm",
                 &cp.tcti,
                 &"--ak-cert",
-                &cp.dir.join("attestation/ak-cert.der"),
+                &NodeDir::new(&cp.dir).ak_certificate(),
             ]),
             &js_log,
             &self.dir.join("run/join-service.pid"),
@@ -799,7 +492,7 @@ impl LocalCluster {
                     &"--tpm",
                     &n.tcti,
                     &"--ak-cert",
-                    &n.dir.join("attestation/ak-cert.der"),
+                    &NodeDir::new(&n.dir).ak_certificate(),
                 ]),
                 &log,
                 &n.dir.join("run/verify-service.pid"),
@@ -1001,7 +694,7 @@ fn start_bootstrapper(
             &"--tpm",
             &n.tcti,
             &"--ak-cert",
-            &n.dir.join("attestation/ak-cert.der"),
+            &NodeDir::new(&n.dir).ak_certificate(),
             &"--metadata-url",
             &format!("http://{metadata_addr}"),
             &"--kubernetes-driver",
@@ -1106,222 +799,12 @@ fn disk_rekeyed(kms: &asterism_kms::ClusterKms, n: &Node) -> Result<bool> {
     Ok(disk.check_key(&key)? && header.keyslots().len() == 1 && disk.is_initialized()?)
 }
 
-fn member_verdict(members: &serde_json::Value, name: &str) -> String {
-    let found = members
-        .as_array()
-        .or_else(|| members.get("members").and_then(|m| m.as_array()))
-        .and_then(|list| {
-            list.iter()
-                .find(|m| m.get("name").and_then(|v| v.as_str()) == Some(name))
-        });
-    match found {
-        Some(m) => {
-            let ak = m.get("ak").and_then(|v| v.as_str()).unwrap_or("?");
-            format!(
-                "verified by join service (tpm-quote AK {})",
-                ak.get(..12).unwrap_or(ak)
-            )
-        }
-        None => "not admitted".to_string(),
-    }
-}
-
-/// The node table: one line per node, its Kubernetes hand-over last.
-#[must_use]
-pub fn table(r: &ClusterRecord) -> String {
-    let mut out = format!("cluster {}\n", r.cluster_id);
-    out.push_str(&format!(
-        "{:<16} {:<13} {:<52} {:<13} {:>9}  {:<6} KUBERNETES\n",
-        "NODE", "ROLE", "ATTESTATION", "DISK RE-KEYED", "JOIN (ms)", "EXIT"
-    ));
-    for n in &r.nodes {
-        let kubernetes = n
-            .kubernetes
-            .as_ref()
-            .map_or_else(|| "- (nothing recorded)".to_owned(), handover_summary);
-        out.push_str(&format!(
-            "{:<16} {:<13} {:<52} {:<13} {:>9}  {:<6} {}\n",
-            n.name,
-            n.role,
-            n.attestation,
-            if n.disk_rekeyed { "yes" } else { "NO" },
-            n.bootstrap_ms,
-            n.exit,
-            kubernetes
-        ));
-    }
-    out
-}
-
-/// Prints the node table.
-pub fn print_table(r: &ClusterRecord) {
-    let _ = std::io::stdout().lock().write_all(table(r).as_bytes());
-}
-
-/// One process of the cluster, as `status --json` lists it.
-#[derive(Serialize, Debug)]
-struct ProcessStatus {
-    /// Its pid file, relative to the cluster directory.
-    pid_file: String,
-    pid: u32,
-    running: bool,
-}
-
-/// `asterism mini status`: the table (or, with `--json`, the record with every node's
-/// components in full) and the cluster's processes.
-pub fn status(args: StatusArgs) -> Result<()> {
-    let dir = abs(&args.cluster.dir)?;
-    let record: ClusterRecord = serde_json::from_slice(
-        &std::fs::read(dir.join("mini.json"))
-            .with_context(|| format!("no local cluster recorded in {}", dir.display()))?,
-    )?;
-    let processes: Vec<ProcessStatus> = pid_files(&dir)?
-        .into_iter()
-        .map(|(pid_file, pid)| ProcessStatus {
-            pid_file,
-            pid,
-            running: alive(pid),
-        })
-        .collect();
-    let mut out = std::io::stdout().lock();
-    if args.json {
-        let report = serde_json::json!({ "cluster": record, "processes": processes });
-        writeln!(out, "{report:#}")?;
-        return Ok(());
-    }
-    out.write_all(table(&record).as_bytes())?;
-    for p in &processes {
-        let state = if p.running { "running" } else { "stopped" };
-        writeln!(out, "{:<40} pid {:<8} {state}", p.pid_file, p.pid)?;
-    }
-    Ok(())
-}
-
-/// Every pid file of the cluster: services under `run/`, swtpm and bootstrappers under
-/// `nodes/*/run/`.
-fn pid_files(dir: &Path) -> Result<Vec<(String, u32)>> {
-    let mut found = Vec::new();
-    let mut dirs = vec![dir.join("run")];
-    if let Ok(nodes) = std::fs::read_dir(dir.join("nodes")) {
-        for n in nodes.flatten() {
-            dirs.push(n.path().join("run"));
-        }
-    }
-    for d in dirs {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            let path = e.path();
-            if path.extension().and_then(|x| x.to_str()) != Some("pid") {
-                continue;
-            }
-            if let Some(pid) = std::fs::read_to_string(&path)
-                .ok()
-                .and_then(|t| t.trim().parse::<u32>().ok())
-            {
-                found.push((
-                    path.strip_prefix(dir)
-                        .unwrap_or(&path)
-                        .display()
-                        .to_string(),
-                    pid,
-                ));
-            }
-        }
-    }
-    found.sort();
-    Ok(found)
-}
-
-/// Kills (SIGKILL) the process a pid file names, waits for it to be gone and removes the
-/// file; nothing to do without the file.
-fn kill_pid_file(path: &Path) -> Result<()> {
-    let Ok(text) = std::fs::read_to_string(path) else {
-        return Ok(());
-    };
-    let pid: u32 = text
-        .trim()
-        .parse()
-        .with_context(|| format!("{} holds no pid", path.display()))?;
-    signal(pid, "KILL");
-    let start = Instant::now();
-    while alive(pid) {
-        if start.elapsed() > Duration::from_secs(5) {
-            bail!("pid {pid} ({}) survived SIGKILL", path.display());
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let _ = std::fs::remove_file(path);
-    Ok(())
-}
-
-fn alive(pid: u32) -> bool {
-    // A zombie has exited: only a process that is not in state Z counts.
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| {
-            s.rsplit_once(") ")
-                .is_some_and(|(_, rest)| !rest.starts_with('Z'))
-        })
-        .unwrap_or(false)
-}
-
-fn signal(pid: u32, sig: &str) {
-    let _ = Command::new("sh")
-        .args([
-            "-c",
-            &format!("kill -{sig} \"$1\" 2>/dev/null"),
-            "sh",
-            &pid.to_string(),
-        ])
-        .status();
-}
-
-/// `asterism mini down`: stops every process the cluster started; nothing keeps running.
-pub fn down(args: DirArgs) -> Result<()> {
-    let dir = abs(&args.dir)?;
-    if !dir.exists() {
-        bail!("no local cluster at {}", dir.display());
-    }
-    let procs = pid_files(&dir)?;
-    for (_, pid) in &procs {
-        if alive(*pid) {
-            signal(*pid, "TERM");
-        }
-    }
-    let start = Instant::now();
-    while procs.iter().any(|(_, p)| alive(*p)) && start.elapsed() < Duration::from_secs(5) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    for (what, pid) in &procs {
-        if alive(*pid) {
-            eprintln!("{what} (pid {pid}) ignored SIGTERM; killing it");
-            signal(*pid, "KILL");
-        }
-    }
-    let start = Instant::now();
-    while procs.iter().any(|(_, p)| alive(*p)) && start.elapsed() < Duration::from_secs(5) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let left: Vec<_> = procs.iter().filter(|(_, p)| alive(*p)).collect();
-    if !left.is_empty() {
-        bail!("still running: {left:?}");
-    }
-    for (what, _) in &procs {
-        let _ = std::fs::remove_file(dir.join(what));
-    }
-    eprintln!(
-        "stopped {} processes; the cluster's files stay in {} (remove the directory to start afresh)",
-        procs.len(),
-        dir.display()
-    );
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
     use super::*;
+    use crate::status::handover_summary;
+    use asterism_cluster::KubernetesHandover;
 
     fn node(kubernetes: Option<KubernetesHandover>) -> NodeRecord {
         NodeRecord {
@@ -1340,7 +823,9 @@ mod tests {
     fn the_table_names_the_version_and_count_and_that_the_none_driver_installed_nothing() {
         let handed = KubernetesHandover {
             driver: "none".into(),
-            kubernetes_version: "v1.31.13".into(),
+            kubernetes_version: Some(asterism_kubernetes_versions::KubernetesVersion::new(
+                1, 31, 13,
+            )),
             kubernetes_components: vec![asterism_kubernetes_versions::Component::default(); 9],
         };
         let record = ClusterRecord {
@@ -1357,7 +842,7 @@ mod tests {
         assert!(lines[3].ends_with("- (nothing recorded)"), "{text}");
         let kubeadm = KubernetesHandover {
             driver: "kubeadm".into(),
-            kubernetes_version: String::new(),
+            kubernetes_version: None,
             kubernetes_components: vec![asterism_kubernetes_versions::Component::default()],
         };
         assert_eq!(

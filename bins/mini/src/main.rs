@@ -13,9 +13,8 @@ use clap::{Parser, Subcommand};
     about = "A local cluster on this machine: swtpm per node, LUKS2 image files, real services"
 )]
 struct Cli {
-    /// Log verbosity (error, warn, info, debug, trace) or a tracing filter.
-    #[arg(long, global = true, default_value = "warn", env = "ASTERISM_LOG")]
-    log: String,
+    #[command(flatten)]
+    log: asterism_binkit::logging::ToolLogArgs,
 
     #[command(subcommand)]
     command: MiniCommand,
@@ -40,14 +39,8 @@ enum MiniCommand {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    asterism_binkit::logging::init(asterism_binkit::LogFormat::Human, &cli.log);
-    match run(cli.command) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    cli.log.init();
+    asterism_binkit::logging::tool_exit(run(cli.command).map(|()| std::process::ExitCode::SUCCESS))
 }
 
 fn run(command: MiniCommand) -> Result<()> {

@@ -593,7 +593,7 @@ impl VmCluster {
             join_trust.push(("platform-ca", &self.cluster.platform_ca));
             join_trust.push(("measurements", &self.cluster.join_measurements));
         }
-        let ak_cert = ndir.join("attestation/ak-cert.der");
+        let ak_cert = NodeDir::new(ndir).ak_certificate();
         let channel = if vm.node.control_plane {
             self.control_plane_settings
         } else {

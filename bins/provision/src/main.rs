@@ -51,9 +51,8 @@ use clap::{Parser, Subcommand, ValueEnum};
              (swtpm) with certified attestation keys, expected measurements"
 )]
 struct Cli {
-    /// Log verbosity (error, warn, info, debug, trace) or a tracing filter.
-    #[arg(long, global = true, default_value = "warn", env = "ASTERISM_LOG")]
-    log: String,
+    #[command(flatten)]
+    log: asterism_binkit::logging::ToolLogArgs,
 
     #[command(subcommand)]
     command: Command,
@@ -251,14 +250,8 @@ enum MarkerCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    asterism_binkit::logging::init(asterism_binkit::LogFormat::Human, &cli.log);
-    match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("error: {error:#}");
-            ExitCode::FAILURE
-        }
-    }
+    cli.log.init();
+    asterism_binkit::logging::tool_exit(run(cli).map(|()| ExitCode::SUCCESS))
 }
 
 fn run(cli: Cli) -> Result<()> {

@@ -23,15 +23,11 @@ use asterism_atls::{AtlsConfig, AtlsConnector, AtlsServer};
 use asterism_proto::kms::api_client::ApiClient;
 use asterism_proto::kms::api_server::{Api, ApiServer};
 use asterism_proto::kms::{GetDataKeyRequest, GetDataKeyResponse};
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tonic::transport::Endpoint;
-use tonic::transport::server::Connected;
 
 #[derive(Clone)]
 struct Fixed;
@@ -56,80 +52,14 @@ impl Api for Fixed {
     }
 }
 
-/// A plain TLS server stream that tonic accepts.
-struct PlainTls(tokio_rustls::server::TlsStream<TcpStream>);
-
-impl Connected for PlainTls {
-    type ConnectInfo = ();
-    fn connect_info(&self) {}
-}
-impl AsyncRead for PlainTls {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_read(cx, buf)
-    }
-}
-impl AsyncWrite for PlainTls {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
-    }
-}
-
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
 async fn plain_server() -> String {
-    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-    let cert = rcgen::CertificateParams::new(vec!["localhost".into()])
-        .unwrap()
-        .self_signed(&key)
-        .unwrap();
-    let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![cert.der().clone()],
-            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
-        )
-        .unwrap();
-    cfg.alpn_protocols = vec![b"h2".to_vec()];
-    cfg.send_tls13_tickets = 0;
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<PlainTls, std::io::Error>>(64);
-    tokio::spawn(async move {
-        loop {
-            let (tcp, _) = listener.accept().await.unwrap();
-            let _ = tcp.set_nodelay(true);
-            let acceptor = acceptor.clone();
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                if let Ok(tls) = acceptor.accept(tcp).await {
-                    let _ = tx.send(Ok(PlainTls(tls))).await;
-                }
-            });
-        }
-    });
+    let incoming = asterism_testkit::tls_server::plain_tls_incoming(listener).unwrap();
     tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(ApiServer::new(Fixed))
-            .serve_with_incoming(tokio_stream::wrappers::ReceiverStream::new(rx)),
+            .serve_with_incoming(incoming),
     );
     format!("http://{addr}")
 }

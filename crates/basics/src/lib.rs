@@ -1,6 +1,6 @@
 //! The few helpers that libraries and binaries alike need and that would otherwise be
 //! copied into each: an error with its causes on one line ([`error_chain`]), the syntax
-//! of a host name ([`is_host_name`]), and reads that refuse more than a cap instead of
+//! of a host name and of a node name ([`is_host_name`], [`is_node_name`]), and reads that refuse more than a cap instead of
 //! truncating ([`read_capped_from`], [`read_file_capped`]).
 //!
 //! It must never depend on anything but `std` (scripts/check-deps), so that any crate of
@@ -47,6 +47,15 @@ pub fn is_host_name(text: &str) -> bool {
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b == b'-')
         })
+}
+
+/// Whether `text` is a Kubernetes node name: a lower-case RFC 1123 subdomain, that is a
+/// [host name](is_host_name) without upper-case letters (labels of
+/// `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, each at most 63 characters, joined by dots, at most 253
+/// in all). Dotted names are node names. Nothing else can reach a request path or an object
+/// name built from it.
+pub fn is_node_name(text: &str) -> bool {
+    is_host_name(text) && !text.bytes().any(|b| b.is_ascii_uppercase())
 }
 
 /// Reads `reader` to its end if it yields at most `cap` bytes: `None` if it yields more
@@ -144,5 +153,36 @@ mod tests {
     fn a_missing_file_is_not_found() {
         let err = read_file_capped(Path::new("/nonexistent/asterism"), 1).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::NotFound);
+    }
+
+    #[test]
+    fn node_names_are_lower_case_subdomains_with_short_labels() {
+        for good in ["cp-0", "worker-1.example", "a", "0", &"a".repeat(63)] {
+            assert!(is_node_name(good), "{good}");
+        }
+        let long_label = "a".repeat(64);
+        let label = "a".repeat(63);
+        let long_name = [label.as_str(); 4].join(".") + ".ab";
+        for bad in [
+            "",
+            "Worker-1",
+            "worker_1",
+            "-cp",
+            "cp-",
+            "cp..0",
+            ".cp",
+            "cp.",
+            "cp/0",
+            "cp 0",
+            "ü",
+            long_label.as_str(),
+            long_name.as_str(),
+        ] {
+            assert!(!is_node_name(bad), "{bad:?}");
+        }
+        let at_limit = [label.as_str(); 3].join(".") + "." + &"a".repeat(61);
+        assert_eq!(at_limit.len(), MAX_HOST_NAME_LEN);
+        assert!(is_node_name(&at_limit));
+        assert!(!is_node_name(&(at_limit + "a")));
     }
 }

@@ -37,6 +37,31 @@ pub struct LogArgs {
     pub verbose: u8,
 }
 
+/// The log flag of the operator's command-line tools (`asterism`, `asterism-mini`,
+/// `asterism-provision`): `--log`, or [`ENV`], default warn.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ToolLogArgs {
+    /// Log verbosity (error, warn, info, debug, trace) or a tracing filter.
+    #[arg(long, global = true, default_value = "warn", env = ENV)]
+    pub log: String,
+}
+
+impl ToolLogArgs {
+    /// Installs the subscriber: human-readable lines selected by `--log`.
+    pub fn init(&self) {
+        init(LogFormat::Human, &self.log);
+    }
+}
+
+/// The exit of a command-line tool: its own code, or failure after the error and its causes
+/// on stderr.
+pub fn tool_exit(result: anyhow::Result<std::process::ExitCode>) -> std::process::ExitCode {
+    result.unwrap_or_else(|e| {
+        eprintln!("error: {e:#}");
+        std::process::ExitCode::FAILURE
+    })
+}
+
 impl LogArgs {
     /// The level `-v` asks for: info, debug (`-v`) or trace (`-vv`).
     pub fn level(&self) -> &'static str {

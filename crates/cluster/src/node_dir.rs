@@ -33,6 +33,19 @@ impl NodeDir {
         self.root.join("state.img")
     }
 
+    /// `attestation/`: what provisioning put beside the node's TPM for verifiers, the AK
+    /// certificate among it.
+    #[must_use]
+    pub fn attestation(&self) -> PathBuf {
+        self.root.join("attestation")
+    }
+
+    /// `attestation/ak-cert.der`: the AK certificate a platform CA issued, if any.
+    #[must_use]
+    pub fn ak_certificate(&self) -> PathBuf {
+        self.attestation().join("ak-cert.der")
+    }
+
     /// `state/`: the mounted state disk, or the plain directory that stands for it.
     #[must_use]
     pub fn state(&self) -> PathBuf {
@@ -64,21 +77,27 @@ impl NodeDir {
     /// key identity, for the join service to bind (docs/join-service.md).
     #[must_use]
     pub fn init_node_record(&self) -> PathBuf {
-        self.state().join("asterism").join("init-node.json")
+        self.asterism().join("init-node.json")
     }
 
     /// `state/asterism/services/`: on a control plane that hosts the cluster's key and join
     /// services outside Kubernetes, their secrets and trust.
     #[must_use]
     pub fn hosted_services(&self) -> PathBuf {
-        self.state().join("asterism").join("services")
+        self.asterism().join("services")
     }
 
     /// `state/asterism/kubernetes.json`: what the node was handed to set up Kubernetes with
     /// (`KubernetesHandover`, feature `node-records`).
     #[must_use]
     pub fn kubernetes_handover(&self) -> PathBuf {
-        self.state().join("asterism").join("kubernetes.json")
+        self.asterism().join("kubernetes.json")
+    }
+
+    /// `state/asterism/`: the records and files Asterism itself keeps on the state disk.
+    #[must_use]
+    pub fn asterism(&self) -> PathBuf {
+        self.state().join("asterism")
     }
 
     /// `state/ssh/`.

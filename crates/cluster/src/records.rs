@@ -4,7 +4,8 @@
 //! * [`InitNode`], `state/asterism/init-node.json` on the first node: its disk, AK and
 //!   release, for the join service (`--init-node`). JSON with the keys `disk`, `ak`,
 //!   `name`, `role`, `kubernetes_version` and `kubernetes_components`; the last two are
-//!   omitted when empty.
+//!   omitted when empty. The version is `v<major>.<minor>.<patch>` exactly: a record with
+//!   another is refused when read.
 //! * [`KubernetesHandover`], `state/asterism/kubernetes.json` on every node: what its
 //!   Kubernetes driver was handed, for the operator and `asterism mini status`. Indented
 //!   JSON with the keys `driver`, `kubernetes_version` and `kubernetes_components`.
@@ -12,7 +13,8 @@
 //! Records written before these types existed read unchanged.
 
 use crate::Role;
-use asterism_kubernetes_versions::Component;
+use asterism_kubernetes_versions::{Component, KubernetesVersion};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 /// The first node of the cluster, as its bootstrapper recorded it at init. It derived its
@@ -34,10 +36,14 @@ pub struct InitNode {
     pub name: String,
     /// The role: the init node is [`Role::ControlPlane`].
     pub role: Role,
-    /// The Kubernetes version the cluster was initialised with (`v1.31.13`); empty in a
-    /// record that names no release.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub kubernetes_version: String,
+    /// The Kubernetes version the cluster was initialised with (`v1.31.13`); `None` in a
+    /// record that names no release (the key absent, or empty).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "version_or_empty"
+    )]
+    pub kubernetes_version: Option<KubernetesVersion>,
     /// The components the first node installed, as the init request named them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub kubernetes_components: Vec<Component>,
@@ -48,18 +54,12 @@ impl InitNode {
 
     /// The record as the file holds it.
     pub fn to_json(&self) -> Result<String, RecordError> {
-        serde_json::to_string(self).map_err(|source| RecordError::Write {
-            what: Self::WHAT,
-            source,
-        })
+        write_json(self, Self::WHAT, serde_json::to_string)
     }
 
     /// Reads a record from the file's bytes.
     pub fn from_json(bytes: &[u8]) -> Result<Self, RecordError> {
-        serde_json::from_slice(bytes).map_err(|source| RecordError::Read {
-            what: Self::WHAT,
-            source,
-        })
+        read_json(bytes, Self::WHAT)
     }
 }
 
@@ -72,9 +72,10 @@ impl InitNode {
 pub struct KubernetesHandover {
     /// The Kubernetes driver's name (`none`, `kubeadm`).
     pub driver: String,
-    /// `v<major>.<minor>.<patch>`, or empty when the request or ticket named none.
-    #[serde(default)]
-    pub kubernetes_version: String,
+    /// The version the request or ticket named; written as `v<major>.<minor>.<patch>`, or
+    /// as the empty string when it named none.
+    #[serde(default, with = "version_or_empty")]
+    pub kubernetes_version: Option<KubernetesVersion>,
     /// The components, as received: URL, hash, install path and extract flag of each, zero
     /// values left out as components travel.
     #[serde(default)]
@@ -86,18 +87,54 @@ impl KubernetesHandover {
 
     /// The file content: indented JSON.
     pub fn to_json(&self) -> Result<String, RecordError> {
-        serde_json::to_string_pretty(self).map_err(|source| RecordError::Write {
-            what: Self::WHAT,
-            source,
-        })
+        write_json(self, Self::WHAT, serde_json::to_string_pretty)
     }
 
     /// Reads a record from the file's bytes.
     pub fn from_json(bytes: &[u8]) -> Result<Self, RecordError> {
-        serde_json::from_slice(bytes).map_err(|source| RecordError::Read {
-            what: Self::WHAT,
-            source,
-        })
+        read_json(bytes, Self::WHAT)
+    }
+}
+
+/// Writes `record` with `to_string` (compact or indented), naming the record on failure.
+fn write_json<T: Serialize>(
+    record: &T,
+    what: &'static str,
+    to_string: fn(&T) -> serde_json::Result<String>,
+) -> Result<String, RecordError> {
+    to_string(record).map_err(|source| RecordError::Write { what, source })
+}
+
+/// Reads a record of type `T` from a file's bytes, naming the record on failure.
+fn read_json<T: DeserializeOwned>(bytes: &[u8], what: &'static str) -> Result<T, RecordError> {
+    serde_json::from_slice(bytes).map_err(|source| RecordError::Read { what, source })
+}
+
+/// A Kubernetes version that may be absent, as the records spell it: the version's text, or
+/// the empty string for none (the form the records had when the version was a string).
+mod version_or_empty {
+    use asterism_kubernetes_versions::KubernetesVersion;
+    use serde::{Deserialize as _, Deserializer, Serializer};
+
+    #[allow(clippy::ref_option)] // serde's `with` hands the field by reference
+    pub(super) fn serialize<S: Serializer>(
+        version: &Option<KubernetesVersion>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        match version {
+            Some(v) => serializer.collect_str(v),
+            None => serializer.serialize_str(""),
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<KubernetesVersion>, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        if text.is_empty() {
+            return Ok(None);
+        }
+        text.parse().map(Some).map_err(serde::de::Error::custom)
     }
 }
 
@@ -129,19 +166,30 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
+    /// A component downloaded from `https://example.com/<file>` whose hash repeats the
+    /// hex byte `hash_byte`.
+    fn component(file: &str, hash_byte: &str, install_path: &str, extract: bool) -> Component {
+        Component {
+            url: format!("https://example.com/{file}"),
+            hash: format!("sha256:{}", hash_byte.repeat(32)),
+            install_path: install_path.into(),
+            extract,
+        }
+    }
+
     fn record() -> InitNode {
         InitNode {
             disk: "2f4e6c1a-3b5d-4e7f-8a9b-0c1d2e3f4a5b".into(),
             ak: "ab".repeat(32),
             name: "node-0".into(),
             role: Role::ControlPlane,
-            kubernetes_version: "v1.31.13".into(),
-            kubernetes_components: vec![Component {
-                url: "https://example.com/kubelet".into(),
-                hash: format!("sha256:{}", "cd".repeat(32)),
-                install_path: "/run/state/bin/kubelet".into(),
-                extract: false,
-            }],
+            kubernetes_version: Some(KubernetesVersion::new(1, 31, 13)),
+            kubernetes_components: vec![component(
+                "kubelet",
+                "cd",
+                "/run/state/bin/kubelet",
+                false,
+            )],
         }
     }
 
@@ -194,10 +242,32 @@ mod tests {
             "ab".repeat(32)
         );
         let record = InitNode::from_json(json.as_bytes()).unwrap();
-        assert!(record.kubernetes_version.is_empty());
+        assert!(record.kubernetes_version.is_none());
         assert!(record.kubernetes_components.is_empty());
         let written = record.to_json().unwrap();
         assert!(!written.contains("kubernetes"), "{written}");
+        let empty = json.replace('}', r#","kubernetes_version":""}"#);
+        let record = InitNode::from_json(empty.as_bytes()).unwrap();
+        assert!(record.kubernetes_version.is_none());
+    }
+
+    #[test]
+    fn a_record_whose_version_is_not_a_patch_version_is_refused() {
+        for bad in ["v1.31", "1.31.13", "v1.31.13-rc.0", "latest"] {
+            let json = record().to_json().unwrap().replace("v1.31.13", bad);
+            assert!(
+                matches!(
+                    InitNode::from_json(json.as_bytes()),
+                    Err(RecordError::Read { .. })
+                ),
+                "{bad}"
+            );
+            let json = handover().to_json().unwrap().replace("v1.31.13", bad);
+            assert!(
+                KubernetesHandover::from_json(json.as_bytes()).is_err(),
+                "{bad}"
+            );
+        }
     }
 
     #[test]
@@ -212,13 +282,8 @@ mod tests {
     fn handover() -> KubernetesHandover {
         KubernetesHandover {
             driver: "none".into(),
-            kubernetes_version: "v1.31.13".into(),
-            kubernetes_components: vec![Component {
-                url: "https://example.com/cni.tgz".into(),
-                hash: format!("sha256:{}", "ab".repeat(32)),
-                install_path: "/run/state/cni/bin".into(),
-                extract: true,
-            }],
+            kubernetes_version: Some(KubernetesVersion::new(1, 31, 13)),
+            kubernetes_components: vec![component("cni.tgz", "ab", "/run/state/cni/bin", true)],
         }
     }
 
@@ -255,11 +320,25 @@ mod tests {
     #[test]
     fn a_kubernetes_handover_without_a_release_reads_with_an_empty_one() {
         let record = KubernetesHandover::from_json(br#"{"driver":"kubeadm"}"#).unwrap();
-        assert!(record.kubernetes_version.is_empty());
+        assert!(record.kubernetes_version.is_none());
         assert!(record.kubernetes_components.is_empty());
         assert!(matches!(
             KubernetesHandover::from_json(b"{}"),
             Err(RecordError::Read { what, .. }) if what.contains("hand-over")
         ));
+    }
+
+    #[test]
+    fn a_kubernetes_handover_without_a_version_writes_it_empty() {
+        let record = KubernetesHandover {
+            kubernetes_version: None,
+            ..handover()
+        };
+        let json = record.to_json().unwrap();
+        assert!(json.contains(r#""kubernetes_version": """#), "{json}");
+        assert_eq!(
+            KubernetesHandover::from_json(json.as_bytes()).unwrap(),
+            record
+        );
     }
 }

@@ -1012,6 +1012,19 @@ mod tests {
         disk.validated_header().unwrap().volume_key_digest().clone()
     }
 
+    /// A disk formatted with `old` whose re-key to `new` stopped after adding the new
+    /// keyslot: the fixture, `old`, `new`, the volume key pin and the new slot.
+    fn new_keyslot_added(
+        backend: Backend,
+    ) -> (Fixture, DataKey, DataKey, VolumeKeyDigest, KeySlot) {
+        let f = fixture(backend);
+        let (old, new) = (key("old passphrase"), key("new passphrase"));
+        f.disk.format_new(&old).unwrap();
+        let pin = pin(&f.disk);
+        let slot = f.disk.add_verified_keyslot(&old, &new, &pin).unwrap();
+        (f, old, new, pin, slot)
+    }
+
     #[test]
     fn crash_after_adding_the_new_keyslot_converges() {
         for backend in BACKENDS {
@@ -1020,13 +1033,8 @@ mod tests {
     }
 
     fn crash_after_adding_the_new_keyslot_converges_with(backend: Backend) {
-        let f = fixture(backend);
-        let (old, new) = (key("old passphrase"), key("new passphrase"));
-        f.disk.format_new(&old).unwrap();
-        let pin = pin(&f.disk);
-
         // Crash right after step 2: both passphrases work, nothing is lost.
-        let slot = f.disk.add_verified_keyslot(&old, &new, &pin).unwrap();
+        let (f, old, new, _, slot) = new_keyslot_added(backend);
         assert_eq!(slot, KeySlot::new(1).unwrap());
         assert!(opens(&f.disk, &old));
         assert!(opens(&f.disk, &new));
@@ -1052,11 +1060,7 @@ mod tests {
     }
 
     fn crash_after_removing_the_old_keyslot_converges_with(backend: Backend) {
-        let f = fixture(backend);
-        let (old, new) = (key("old passphrase"), key("new passphrase"));
-        f.disk.format_new(&old).unwrap();
-        let pin = pin(&f.disk);
-        let slot = f.disk.add_verified_keyslot(&old, &new, &pin).unwrap();
+        let (f, old, new, pin, slot) = new_keyslot_added(backend);
         f.disk.remove_other_keyslots(&new, slot, &pin).unwrap();
 
         // Crash before the token is written: only the new key works, the token says "new".
@@ -1102,11 +1106,7 @@ mod tests {
     }
 
     fn keyslots_are_only_removed_with_a_key_that_opens_another_slot_with(backend: Backend) {
-        let f = fixture(backend);
-        let (old, new) = (key("old"), key("new"));
-        f.disk.format_new(&old).unwrap();
-        let pin = pin(&f.disk);
-        let slot = f.disk.add_verified_keyslot(&old, &new, &pin).unwrap();
+        let (f, old, new, pin, slot) = new_keyslot_added(backend);
 
         let result = f.disk.remove_other_keyslots(&key("stranger"), slot, &pin);
         let refused = match backend {

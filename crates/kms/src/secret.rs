@@ -55,8 +55,22 @@ fn adopt(bytes: Vec<u8>) -> Zeroizing<Vec<u8>> {
     Zeroizing::new(bytes)
 }
 
-/// Implements `Debug` (redacted), constant-time `PartialEq` and `expose_secret` for a
-/// newtype around `Zeroizing<Vec<u8>>`.
+/// Adopts `bytes` if there are at least `min` of them; otherwise wipes them and returns
+/// `too_short(len, min)`.
+fn adopt_at_least(
+    bytes: Vec<u8>,
+    min: usize,
+    too_short: fn(usize, usize) -> SecretError,
+) -> Result<Zeroizing<Vec<u8>>, SecretError> {
+    let bytes = adopt(bytes);
+    if bytes.len() < min {
+        return Err(too_short(bytes.len(), min));
+    }
+    Ok(bytes)
+}
+
+/// Implements `Debug` (redacted), constant-time `PartialEq`, `expose_secret` and
+/// `TryFrom<Vec<u8>>` (through the type's `new`) for a newtype around `Zeroizing<Vec<u8>>`.
 macro_rules! secret_bytes {
     ($ty:ident) => {
         impl $ty {
@@ -95,6 +109,14 @@ macro_rules! secret_bytes {
 
         impl Eq for $ty {}
 
+        impl TryFrom<Vec<u8>> for $ty {
+            type Error = SecretError;
+
+            fn try_from(bytes: Vec<u8>) -> Result<Self, Self::Error> {
+                Self::new(bytes)
+            }
+        }
+
         impl ConstantTimeEq for $ty {
             fn ct_eq(&self, other: &Self) -> subtle::Choice {
                 self.0.as_slice().ct_eq(other.0.as_slice())
@@ -119,27 +141,15 @@ impl MasterSecret {
 
     /// Takes `bytes` as the master secret. On rejection the bytes are wiped.
     pub fn new(bytes: Vec<u8>) -> Result<Self, SecretError> {
-        let bytes = adopt(bytes);
-        if bytes.len() < Self::MIN_LEN {
-            return Err(SecretError::MasterSecretTooShort {
-                len: bytes.len(),
-                min: Self::MIN_LEN,
-            });
-        }
-        Ok(Self(bytes))
+        adopt_at_least(bytes, Self::MIN_LEN, |len, min| {
+            SecretError::MasterSecretTooShort { len, min }
+        })
+        .map(Self)
     }
 
     /// A fresh master secret of [`MasterSecret::DEFAULT_LEN`] bytes from the system CSPRNG.
     pub fn generate() -> Result<Self, SecretError> {
         Ok(Self(random_bytes(Self::DEFAULT_LEN)?))
-    }
-}
-
-impl TryFrom<Vec<u8>> for MasterSecret {
-    type Error = SecretError;
-
-    fn try_from(bytes: Vec<u8>) -> Result<Self, Self::Error> {
-        Self::new(bytes)
     }
 }
 
@@ -159,27 +169,16 @@ impl Salt {
 
     /// Takes `bytes` as the salt. On rejection the bytes are wiped.
     pub fn new(bytes: Vec<u8>) -> Result<Self, SecretError> {
-        let bytes = adopt(bytes);
-        if bytes.len() < Self::MIN_LEN {
-            return Err(SecretError::SaltTooShort {
-                len: bytes.len(),
-                min: Self::MIN_LEN,
-            });
-        }
-        Ok(Self(bytes))
+        adopt_at_least(bytes, Self::MIN_LEN, |len, min| SecretError::SaltTooShort {
+            len,
+            min,
+        })
+        .map(Self)
     }
 
     /// A fresh salt of [`Salt::DEFAULT_LEN`] bytes from the system CSPRNG.
     pub fn generate() -> Result<Self, SecretError> {
         Ok(Self(random_bytes(Self::DEFAULT_LEN)?))
-    }
-}
-
-impl TryFrom<Vec<u8>> for Salt {
-    type Error = SecretError;
-
-    fn try_from(bytes: Vec<u8>) -> Result<Self, Self::Error> {
-        Self::new(bytes)
     }
 }
 
@@ -203,14 +202,6 @@ impl DataKey {
     /// Wraps freshly derived bytes (never empty by construction of the caller).
     pub(crate) fn from_derived(bytes: Zeroizing<Vec<u8>>) -> Self {
         Self(bytes)
-    }
-}
-
-impl TryFrom<Vec<u8>> for DataKey {
-    type Error = SecretError;
-
-    fn try_from(bytes: Vec<u8>) -> Result<Self, Self::Error> {
-        Self::new(bytes)
     }
 }
 

@@ -21,6 +21,7 @@
 use super::error::{ApiError, Result};
 use super::{ATTESTATION_CONFIG_KEY, WaitPolicy};
 use super::{ClusterApi, JOIN_CONFIG, MEASUREMENT_SALT_KEY, MEASUREMENT_SALT_LEN, NAMESPACE};
+use asterism_cluster::NodeDir;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec};
 use k8s_openapi::api::core::v1::{
@@ -70,11 +71,9 @@ pub const CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
 const KEY_SERVICE_SOCKET_DIR: &str = "/run/asterism/key-service";
 /// The directory, in the join service's container, of the join-config files.
 const CONFIG_DIR: &str = "/var/config";
-/// The init node's record, written by its bootstrapper (node directory `/run`).
-const INIT_NODE_HOST_DIR: &str = "/run/state/asterism";
+/// The node directory of a node in the cluster, where its bootstrapper keeps its files.
+const HOST_NODE_DIR: &str = "/run";
 const INIT_NODE_DIR: &str = "/var/run/asterism-init";
-/// The node's AK certificate, as the bootstrapper finds it (node directory `/run`).
-const ATTESTATION_HOST_DIR: &str = "/run/attestation";
 const ATTESTATION_DIR: &str = "/var/run/asterism-attestation";
 /// kubeadm's certificate directory (the cluster CA and the control-plane files).
 const PKI_DIR: &str = "/etc/kubernetes/pki";
@@ -496,6 +495,22 @@ fn join_service_rbac() -> Vec<Object> {
     ]
 }
 
+/// The directory of the init node's record on the host (`/run/state/asterism`).
+fn init_node_host_dir() -> String {
+    NodeDir::new(HOST_NODE_DIR)
+        .asterism()
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// The directory of the node's AK certificate on the host (`/run/attestation`).
+fn attestation_host_dir() -> String {
+    NodeDir::new(HOST_NODE_DIR)
+        .attestation()
+        .to_string_lossy()
+        .into_owned()
+}
+
 fn host_dir(name: &str, path: &str, kind: &str) -> Volume {
     Volume {
         name: name.to_owned(),
@@ -743,9 +758,9 @@ fn join_service(spec: &DeploymentSpec) -> Vec<Object> {
         config_map_volume("trust", JOIN_SERVICE_TRUST),
         host_dir("pki", PKI_DIR, "Directory"),
         host_dir("key-service", KEY_SERVICE_SOCKET_DIR, "DirectoryOrCreate"),
-        host_dir("init-node", INIT_NODE_HOST_DIR, "DirectoryOrCreate"),
+        host_dir("init-node", &init_node_host_dir(), "DirectoryOrCreate"),
         host_dir("admin", JOIN_ADMIN_DIR, "DirectoryOrCreate"),
-        host_dir("attestation", ATTESTATION_HOST_DIR, "Directory"),
+        host_dir("attestation", &attestation_host_dir(), "Directory"),
     ];
     let mut objects = vec![
         Object::ConfigMap(ConfigMap {
@@ -805,7 +820,7 @@ fn verify_service(images: &Images) -> Vec<Object> {
     };
     let volumes = vec![host_dir(
         "attestation",
-        ATTESTATION_HOST_DIR,
+        &attestation_host_dir(),
         "DirectoryOrCreate",
     )];
     vec![
@@ -1075,6 +1090,12 @@ fn round(d: Duration) -> Duration {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn the_services_mount_the_node_directory_where_the_bootstrapper_keeps_it() {
+        assert_eq!(init_node_host_dir(), "/run/state/asterism");
+        assert_eq!(attestation_host_dir(), "/run/attestation");
+    }
 
     #[test]
     fn key_service_secret_refuses_what_the_key_service_would() {

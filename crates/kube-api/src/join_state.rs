@@ -64,14 +64,7 @@ fn check_disk_uuid(uuid: &str) -> Result<()> {
 
 /// A node name as it names an object: a DNS-1123 subdomain short enough for the prefix.
 fn check_node_name(name: &str) -> Result<()> {
-    let label_ok = |l: &str| {
-        !l.is_empty()
-            && l.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !l.starts_with('-')
-            && !l.ends_with('-')
-    };
-    if name.len() + MEMBER_PREFIX.len() <= MAX_NAME_LEN && name.split('.').all(label_ok) {
+    if name.len() + MEMBER_PREFIX.len() <= MAX_NAME_LEN && asterism_basics::is_node_name(name) {
         Ok(())
     } else {
         Err(ApiError::InvalidInput {
@@ -82,6 +75,20 @@ fn check_node_name(name: &str) -> Result<()> {
             ),
         })
     }
+}
+
+/// The ConfigMap `object` that holds a new member record.
+fn member_config_map(object: &str, record: &MemberRecord) -> Result<ConfigMap> {
+    Ok(ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(object.to_owned()),
+            namespace: Some(NAMESPACE.to_owned()),
+            labels: Some(labels("member")),
+            ..ObjectMeta::default()
+        },
+        data: Some(record.to_data()?),
+        ..ConfigMap::default()
+    })
 }
 
 /// Where a disk is bound.
@@ -116,6 +123,28 @@ pub struct MemberRecord {
 }
 
 impl MemberRecord {
+    /// A member admitted at `now` that has been given `tickets` tickets (the init node
+    /// none).
+    fn admitted(
+        name: &str,
+        role: &str,
+        ak: &str,
+        disk: &str,
+        now: SystemTime,
+        tickets: u64,
+    ) -> Self {
+        Self {
+            name: name.to_owned(),
+            role: role.to_owned(),
+            ak: ak.to_owned(),
+            disk: disk.to_owned(),
+            admitted_at: now,
+            last_ticket_at: now,
+            tickets,
+            readmit: false,
+        }
+    }
+
     /// Whether a ticket with attestation key `ak` may update this record: the same key, or
     /// another one after an operator re-admitted the node.
     pub fn accepts(&self, ak: &str) -> bool {
@@ -411,26 +440,8 @@ impl ClusterApi {
             None => {}
         }
         let object = format!("{MEMBER_PREFIX}{name}");
-        let record = MemberRecord {
-            name: name.to_owned(),
-            role: role.to_owned(),
-            ak: ak.to_owned(),
-            disk: disk.to_owned(),
-            admitted_at: now,
-            last_ticket_at: now,
-            tickets: 0,
-            readmit: false,
-        };
-        let cm = ConfigMap {
-            metadata: ObjectMeta {
-                name: Some(object.clone()),
-                namespace: Some(NAMESPACE.to_owned()),
-                labels: Some(labels("member")),
-                ..ObjectMeta::default()
-            },
-            data: Some(record.to_data()?),
-            ..ConfigMap::default()
-        };
+        let record = MemberRecord::admitted(name, role, ak, disk, now, 0);
+        let cm = member_config_map(&object, &record)?;
         let op = format!("create ConfigMap {NAMESPACE}/{object}");
         match self.config_maps().create(&PostParams::default(), &cm).await {
             Ok(_) => Ok(()),
@@ -474,26 +485,8 @@ impl ClusterApi {
                 .map_err(|e| ApiError::from_kube(op, e))?;
             let (record, write) = match current {
                 None => {
-                    let record = MemberRecord {
-                        name: name.to_owned(),
-                        role: role.to_owned(),
-                        ak: ak.to_owned(),
-                        disk: disk.to_owned(),
-                        admitted_at: now,
-                        last_ticket_at: now,
-                        tickets: 1,
-                        readmit: false,
-                    };
-                    let cm = ConfigMap {
-                        metadata: ObjectMeta {
-                            name: Some(object.clone()),
-                            namespace: Some(NAMESPACE.to_owned()),
-                            labels: Some(labels("member")),
-                            ..ObjectMeta::default()
-                        },
-                        data: Some(record.to_data()?),
-                        ..ConfigMap::default()
-                    };
+                    let record = MemberRecord::admitted(name, role, ak, disk, now, 1);
+                    let cm = member_config_map(&object, &record)?;
                     let op = format!("create ConfigMap {NAMESPACE}/{object}");
                     (
                         record,

@@ -15,14 +15,13 @@
 //! KubeletConfiguration's.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::fs;
 use std::io::{self, Write as _};
 use std::net::IpAddr;
 use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 
+use asterism_kubernetes_versions::KubernetesVersion;
 use serde::Serialize;
 use serde::ser::{SerializeMap as _, SerializeSeq as _};
 use zeroize::Zeroizing;
@@ -58,9 +57,6 @@ pub const AUDIT_POLICY: &str =
 /// The configuration could not be rendered: an input is refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    /// The Kubernetes version is not `v<major>.<minor>.<patch>`.
-    #[error("Kubernetes version {0:?} is not of the form v1.31.2")]
-    Version(String),
     /// The node name cannot be made a Kubernetes node name.
     #[error("node name {0:?} is not a valid Kubernetes node name")]
     NodeName(String),
@@ -92,88 +88,6 @@ pub enum ConfigError {
     },
 }
 
-/// A Kubernetes version `v<major>.<minor>.<patch>[-pre][+build]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KubernetesVersion {
-    major: u32,
-    minor: u32,
-    patch: u32,
-    pre: bool,
-    text: String,
-}
-
-impl KubernetesVersion {
-    /// `(major, minor, patch)`.
-    #[must_use]
-    pub fn triple(&self) -> (u32, u32, u32) {
-        (self.major, self.minor, self.patch)
-    }
-
-    /// Whether this version is at least `major.minor.patch` (semver: a pre-release is below
-    /// its release).
-    #[must_use]
-    pub fn at_least(&self, major: u32, minor: u32, patch: u32) -> bool {
-        let t = self.triple();
-        t > (major, minor, patch) || (t == (major, minor, patch) && !self.pre)
-    }
-
-    /// The version as given (`v1.31.2`).
-    #[must_use]
-    pub fn as_str(&self) -> &str {
-        &self.text
-    }
-}
-
-impl fmt::Display for KubernetesVersion {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.text)
-    }
-}
-
-impl FromStr for KubernetesVersion {
-    type Err = ConfigError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = || ConfigError::Version(s.to_owned());
-        let rest = s.strip_prefix('v').ok_or_else(bad)?;
-        let (core, build) = rest.split_once('+').unwrap_or((rest, ""));
-        let (core, pre) = core
-            .split_once('-')
-            .map_or((core, None), |(c, p)| (c, Some(p)));
-        let valid_ident = |t: &str| {
-            !t.is_empty()
-                && t.split('.').all(|p| {
-                    !p.is_empty() && p.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-                })
-        };
-        if pre.is_some_and(|p| !valid_ident(p)) || (rest.contains('+') && !valid_ident(build)) {
-            return Err(bad());
-        }
-        let mut parts = core.split('.');
-        let mut num = || -> Result<u32, ConfigError> {
-            let p = parts.next().ok_or_else(bad)?;
-            if p.is_empty()
-                || !p.bytes().all(|b| b.is_ascii_digit())
-                || (p.len() > 1 && p.starts_with('0'))
-            {
-                return Err(bad());
-            }
-            p.parse().map_err(|_| bad())
-        };
-        let (major, minor, patch) = (num()?, num()?, num()?);
-        if parts.next().is_some() {
-            return Err(bad());
-        }
-        Ok(Self {
-            major,
-            minor,
-            patch,
-            pre: pre.is_some(),
-            text: s.to_owned(),
-        })
-    }
-}
-
 /// The kubeadm configuration API version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ApiVersion {
@@ -187,7 +101,7 @@ impl ApiVersion {
     /// v1beta4 for Kubernetes ≥ v1.31, v1beta3 below.
     #[must_use]
     pub fn for_kubernetes(version: &KubernetesVersion) -> Self {
-        if (version.major, version.minor) >= (1, 31) {
+        if (version.major(), version.minor()) >= (1, 31) {
             Self::V1Beta4
         } else {
             Self::V1Beta3
@@ -269,7 +183,7 @@ fn path_str(p: &Path) -> String {
 /// existing clusters already have) and checks it is a DNS-1123 subdomain.
 pub fn k8s_node_name(raw: &str) -> Result<String, ConfigError> {
     let name = raw.to_lowercase().replace('_', "-");
-    if asterism_pki::x509::is_dns1123_subdomain(&name) {
+    if asterism_basics::is_node_name(&name) {
         Ok(name)
     } else {
         Err(ConfigError::NodeName(raw.to_owned()))
@@ -422,7 +336,7 @@ struct ClusterConfiguration<'a> {
     api_version: &'static str,
     kind: &'static str,
     cluster_name: &'a str,
-    kubernetes_version: &'a str,
+    kubernetes_version: KubernetesVersion,
     #[serde(skip_serializing_if = "str::is_empty")]
     control_plane_endpoint: &'a str,
     certificates_dir: String,
@@ -632,14 +546,14 @@ pub fn render_init(p: &InitParams) -> Result<String, ConfigError> {
         ("terminated-pod-gc-threshold", "1000".to_owned()),
     ]);
     let mut feature_gates = BTreeMap::new();
-    if p.kubernetes_version.at_least(1, 31, 0) {
+    if p.kubernetes_version >= KubernetesVersion::new(1, 31, 0) {
         feature_gates.insert("ControlPlaneKubeletLocalMode", true);
     }
     let cluster = ClusterConfiguration {
         api_version: api.as_str(),
         kind: "ClusterConfiguration",
         cluster_name: &p.cluster_name,
-        kubernetes_version: p.kubernetes_version.as_str(),
+        kubernetes_version: p.kubernetes_version,
         control_plane_endpoint: &p.control_plane_endpoint,
         certificates_dir: path_str(&paths.pki_dir()),
         networking: (!p.service_cidr.is_empty()).then_some(Networking {
@@ -861,34 +775,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn versions_need_the_v_prefix_and_three_numbers() {
-        let v: KubernetesVersion = "v1.31.2".parse().unwrap();
-        assert_eq!(v.triple(), (1, 31, 2));
-        assert!("1.31.2".parse::<KubernetesVersion>().is_err());
-        assert!("v1.31".parse::<KubernetesVersion>().is_err());
-        assert!("v1.31.2.4".parse::<KubernetesVersion>().is_err());
-        assert!("v1.031.2".parse::<KubernetesVersion>().is_err());
-        assert!("v1.31.0-rc.1".parse::<KubernetesVersion>().is_ok());
-        assert!("v1.31.0-".parse::<KubernetesVersion>().is_err());
-    }
-
-    #[test]
     fn v1beta4_from_kubernetes_1_31() {
-        let api = |s: &str| ApiVersion::for_kubernetes(&s.parse().unwrap());
+        let api =
+            |s: &str| ApiVersion::for_kubernetes(&KubernetesVersion::parse_reported(s).unwrap());
         assert_eq!(api("v1.30.14"), ApiVersion::V1Beta3);
         assert_eq!(api("v1.31.0"), ApiVersion::V1Beta4);
         assert_eq!(api("v1.31.0-rc.0"), ApiVersion::V1Beta4);
         assert_eq!(api("v1.33.1"), ApiVersion::V1Beta4);
         assert_eq!(api("v2.0.0"), ApiVersion::V1Beta4);
-    }
-
-    #[test]
-    fn feature_gate_version_compare_is_semver() {
-        let v = |s: &str| s.parse::<KubernetesVersion>().unwrap();
-        assert!(v("v1.31.0").at_least(1, 31, 0));
-        assert!(!v("v1.31.0-rc.1").at_least(1, 31, 0));
-        assert!(!v("v1.30.99").at_least(1, 31, 0));
-        assert!(v("v1.32.0-alpha.1").at_least(1, 31, 0));
     }
 
     #[test]

@@ -17,12 +17,11 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, SystemTime};
 
+use asterism_kubernetes_versions::KubernetesVersion;
 use futures::future::BoxFuture;
 use tokio::io::{AsyncRead, AsyncReadExt as _};
 use tracing::{info, warn};
 use zeroize::Zeroizing;
-
-use super::config::KubernetesVersion;
 
 /// kubeadm's verbosity: enough to tell from the log which phase failed.
 pub const VERBOSITY: &str = "-v=5";
@@ -419,13 +418,14 @@ impl<C: Commands> Kubeadm<C> {
     }
 
     /// `kubeadm version -o short`: the installed kubeadm's version (it chooses the join
-    /// configuration's API version).
+    /// configuration's API version), a pre-release read as the release it leads to
+    /// ([`KubernetesVersion::parse_reported`]).
     pub async fn version(&self) -> Result<KubernetesVersion, KubeadmError> {
         let out = self
             .run(&CommandSpec::new(&self.binary, &["version", "-o", "short"]))
             .await?;
         let text = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-        text.parse().map_err(|_| KubeadmError::Version(text))
+        KubernetesVersion::parse_reported(&text).map_err(|_| KubeadmError::Version(text))
     }
 
     /// The init sequence: preflight, certs, the node's kubelet

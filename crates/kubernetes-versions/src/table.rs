@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::component::{
     Component, DataUrlError, HashFormatError, Sha256Hash, decode_data_url, is_data_url,
@@ -84,6 +84,51 @@ impl FromStr for KubernetesVersion {
             VersionRequest::Exact(v) => Ok(v),
             VersionRequest::Minor { .. } => Err(VersionSyntaxError { text: s.to_owned() }),
         }
+    }
+}
+
+impl KubernetesVersion {
+    /// Parses the version an installed Kubernetes program reports of itself (`kubeadm
+    /// version -o short`): `v<major>.<minor>.<patch>`, optionally followed by a semver
+    /// pre-release (`-rc.1`) and build metadata (`+abc`), each a non-empty list of
+    /// dot-separated alphanumeric identifiers. The suffix is checked and dropped: the
+    /// result is the patch version the build leads to, so `v1.31.0-rc.1` reads as
+    /// `v1.31.0`. Only for choices made by major and minor (which kubeadm configuration
+    /// API to write); what a cluster installs is always an exact version ([`FromStr`]).
+    pub fn parse_reported(text: &str) -> Result<Self, VersionSyntaxError> {
+        let err = || VersionSyntaxError {
+            text: text.to_owned(),
+        };
+        let (rest, build) = match text.split_once('+') {
+            Some((rest, build)) => (rest, Some(build)),
+            None => (text, None),
+        };
+        let (core, pre) = match rest.split_once('-') {
+            Some((core, pre)) => (core, Some(pre)),
+            None => (rest, None),
+        };
+        let identifiers = |t: &str| {
+            t.split('.')
+                .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'))
+        };
+        if pre.is_some_and(|p| !identifiers(p)) || build.is_some_and(|b| !identifiers(b)) {
+            return Err(err());
+        }
+        core.parse().map_err(|_| err())
+    }
+}
+
+impl Serialize for KubernetesVersion {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for KubernetesVersion {
+    /// Reads `v<major>.<minor>.<patch>` exactly, as [`FromStr`] does.
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
     }
 }
 
@@ -535,6 +580,47 @@ mod tests {
                 "{bad:?}: {err:?}"
             );
             assert!(err.to_string().contains("v1.30.14, v1.31.13"), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_reported_version_may_carry_a_pre_release_and_build_suffix() {
+        let v = |s: &str| KubernetesVersion::parse_reported(s).unwrap();
+        assert_eq!(v("v1.31.2"), KubernetesVersion::new(1, 31, 2));
+        assert_eq!(v("v1.31.0-rc.1"), KubernetesVersion::new(1, 31, 0));
+        assert_eq!(v("v1.32.0-alpha.1+abc.1"), KubernetesVersion::new(1, 32, 0));
+        assert_eq!(v("v1.30.4+k3s-1"), KubernetesVersion::new(1, 30, 4));
+        for bad in [
+            "1.31.2",
+            "v1.31",
+            "v1.31.2.4",
+            "v1.031.2",
+            "v1.31.0-",
+            "v1.31.0-rc..1",
+            "v1.31.0+",
+            "v1.31.0-rc_1",
+            "",
+        ] {
+            let err = KubernetesVersion::parse_reported(bad).unwrap_err();
+            assert_eq!(err.text, bad);
+        }
+        // An exact version alone has no suffix.
+        assert!("v1.31.0-rc.1".parse::<KubernetesVersion>().is_err());
+    }
+
+    #[test]
+    fn a_version_travels_in_json_as_its_text_and_is_read_exactly() {
+        let v = KubernetesVersion::new(1, 31, 13);
+        assert_eq!(serde_json::to_string(&v).unwrap(), r#""v1.31.13""#);
+        assert_eq!(
+            serde_json::from_str::<KubernetesVersion>(r#""v1.31.13""#).unwrap(),
+            v
+        );
+        for bad in [r#""v1.31""#, r#""v1.31.13-rc.0""#, r#""""#, "131"] {
+            assert!(
+                serde_json::from_str::<KubernetesVersion>(bad).is_err(),
+                "{bad}"
+            );
         }
     }
 

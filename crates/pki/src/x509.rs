@@ -231,7 +231,7 @@ impl KubeletCsr {
         let node_name = cn
             .strip_prefix(NODE_CN_PREFIX)
             .ok_or(CsrError::CommonName)?;
-        if !is_dns1123_subdomain(node_name) {
+        if !asterism_basics::is_node_name(node_name) {
             return Err(CsrError::NodeName);
         }
 
@@ -272,28 +272,6 @@ impl KubeletCsr {
     pub fn ip_addresses(&self) -> &[IpAddr] {
         &self.ip_addresses
     }
-}
-
-/// Whether `name` is a lower-case RFC 1123 subdomain (Kubernetes node names): labels of
-/// `[a-z0-9]([-a-z0-9]*[a-z0-9])?` joined by dots, at most 253 characters: dotted names
-/// are valid node names and are accepted.
-pub fn is_dns1123_subdomain(name: &str) -> bool {
-    if name.is_empty() || name.len() > 253 {
-        return false;
-    }
-    name.split('.').all(|label| {
-        let b = label.as_bytes();
-        let alnum = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
-        match (b.first(), b.last()) {
-            (Some(first), Some(last)) => {
-                b.len() <= 63
-                    && alnum(first)
-                    && alnum(last)
-                    && b.iter().all(|c| alnum(c) || *c == b'-')
-            }
-            _ => false,
-        }
-    })
 }
 
 /// A freshly generated kubelet key and its CSR, made by a joining node.

@@ -40,6 +40,8 @@ pub mod relay;
 mod swtpm;
 #[cfg(feature = "tls")]
 pub mod tls;
+#[cfg(feature = "tls-server")]
+pub mod tls_server;
 mod tpm_node;
 
 pub use asterism_swtpm::{SwtpmError, check_swtpm_installed};

@@ -656,7 +656,23 @@ impl Tpm {
         if let Some(reason) = ak::provisioned_mismatch(ak.algorithm, &template) {
             return Err(unusable(reason));
         }
-        let created = self.run("TPM2_CreatePrimary(endorsement)", |ctx| {
+        let created = self.create_endorsement_primary(&template)?;
+        match binding("marshal TPMT_PUBLIC", created.out_public.marshall()) {
+            Ok(public) => Ok((created.key_handle, public)),
+            Err(error) => {
+                self.flush(ObjectHandle::from(created.key_handle), "the transient AK");
+                Err(error)
+            }
+        }
+    }
+
+    /// `TPM2_CreatePrimary` in the endorsement hierarchy from `template`: a transient object
+    /// the caller flushes.
+    fn create_endorsement_primary(
+        &mut self,
+        template: &tss_esapi::structures::Public,
+    ) -> Result<tss_esapi::structures::CreatePrimaryKeyResult, TpmError> {
+        self.run("TPM2_CreatePrimary(endorsement)", |ctx| {
             ctx.execute_with_session(Some(AuthSession::Password), |ctx| {
                 ctx.create_primary(
                     Hierarchy::Endorsement,
@@ -667,14 +683,7 @@ impl Tpm {
                     None,
                 )
             })
-        })?;
-        match binding("marshal TPMT_PUBLIC", created.out_public.marshall()) {
-            Ok(public) => Ok((created.key_handle, public)),
-            Err(error) => {
-                self.flush(ObjectHandle::from(created.key_handle), "the transient AK");
-                Err(error)
-            }
-        }
+        })
     }
 
     /// Keeps the transient AK made from the template at `index`, flushing one made before.
@@ -723,18 +732,7 @@ impl Tpm {
             "EK template",
             tss_ek::create_ek_public_from_default_template_2(selection, None::<DefaultKey>),
         )?;
-        let created = self.run("TPM2_CreatePrimary(endorsement)", |ctx| {
-            ctx.execute_with_session(Some(AuthSession::Password), |ctx| {
-                ctx.create_primary(
-                    Hierarchy::Endorsement,
-                    template.clone(),
-                    None,
-                    None,
-                    None,
-                    None,
-                )
-            })
-        })?;
+        let created = self.create_endorsement_primary(&template)?;
         Ok((created.key_handle, created.out_public))
     }
 

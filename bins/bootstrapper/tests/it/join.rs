@@ -333,7 +333,7 @@ async fn a_worker_joins_through_a_mutually_attested_join_service_and_rejoins_aft
         handover,
         KubernetesHandover {
             driver: "none".into(),
-            kubernetes_version: "v1.31.13".into(),
+            kubernetes_version: Some("v1.31.13".parse().unwrap()),
             kubernetes_components: release().components().to_vec(),
         }
     );

@@ -193,7 +193,7 @@ impl Setup {
     fn params(&self) -> ClusterInit {
         ClusterInit {
             cluster_name: "asterism".into(),
-            kubernetes_version: "v1.31.2".into(),
+            kubernetes_version: "v1.31.2".parse().unwrap(),
             apiserver_cert_sans: vec![],
             service_cidr: String::new(),
             conformance_mode: false,

@@ -73,7 +73,7 @@ fn write_init_node(cluster: &Cluster, components: Vec<Component>) -> std::path::
         ak: "a1".repeat(32),
         name: "cp-0".into(),
         role: Role::ControlPlane,
-        kubernetes_version: "v1.31.13".into(),
+        kubernetes_version: Some("v1.31.13".parse().unwrap()),
         kubernetes_components: components,
     };
     let path = cluster.dir.path().join("init-node.json");

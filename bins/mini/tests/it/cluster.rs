@@ -68,7 +68,7 @@ fn handed_the_default_release_and_installed_nothing(
             .as_ref()
             .unwrap_or_else(|| panic!("{}: no hand-over recorded", n.name));
         assert_eq!(k.driver, "none", "{}", n.name);
-        assert_eq!(k.kubernetes_version, "v1.31.13", "{}", n.name);
+        assert_eq!(k.kubernetes_version, Some(release.version()), "{}", n.name);
         assert_eq!(k.kubernetes_components, components, "{}", n.name);
     }
 

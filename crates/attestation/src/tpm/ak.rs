@@ -142,14 +142,21 @@ pub(super) struct AkChainWalk<'a> {
     pub no_eku: &'static str,
 }
 
+/// What a successful [`AkChainWalk`] found: the trust anchor the path ended at, and the leaf
+/// certificate it verified (DER), for a policy that checks more of the leaf.
+pub(super) struct WalkedChain<'c> {
+    pub anchor: TrustAnchor<'static>,
+    pub leaf: &'c [u8],
+}
+
 impl AkChainWalk<'_> {
-    /// Walks `chain` for `ak` at `now`; returns the trust anchor the path ended at.
-    pub(super) fn verify(
+    /// Walks `chain` for `ak` at `now`.
+    pub(super) fn verify<'c>(
         &self,
-        chain: &[Vec<u8>],
+        chain: &'c [Vec<u8>],
         ak: &AkKey,
         now: SystemTime,
-    ) -> Result<TrustAnchor<'static>, ValidationError> {
+    ) -> Result<WalkedChain<'c>, ValidationError> {
         let untrusted = |m: String| ValidationError::UntrustedKey(m);
         let (leaf, sent) = chain
             .split_first()
@@ -193,7 +200,10 @@ impl AkChainWalk<'_> {
                 "the AK certificate's public key is not the key in ak_public".into(),
             ));
         }
-        Ok(anchor)
+        Ok(WalkedChain {
+            anchor,
+            leaf: leaf.as_slice(),
+        })
     }
 }
 
@@ -270,6 +280,26 @@ fn pad32(what: &str, v: &[u8]) -> Result<[u8; 32], ValidationError> {
     Ok(out)
 }
 
+/// An AK of `kind` (`ECC`, `RSA`) signs with `expected` (`name`-SHA256) and has no
+/// symmetric algorithm.
+fn signing_only(
+    kind: &str,
+    symmetric: &SymDefObject,
+    scheme: &AsymScheme,
+    expected: AsymScheme,
+    name: &str,
+) -> Result<(), ValidationError> {
+    if *symmetric != SymDefObject::Null {
+        return Err(policy(format!("{kind} AK has a symmetric algorithm")));
+    }
+    if *scheme != expected {
+        return Err(policy(format!(
+            "{kind} AK scheme {scheme:?} is not {name}-SHA256"
+        )));
+    }
+    Ok(())
+}
+
 impl AkKey {
     /// Applies the AK policy: attributes (restricted, sign, fixedTPM, fixedParent, not
     /// decrypt), nameAlg SHA-256, no symmetric part, and exactly ECC P-256 with
@@ -333,14 +363,7 @@ impl AkKey {
                 x,
                 y,
             } => {
-                if *symmetric != SymDefObject::Null {
-                    return Err(policy("ECC AK has a symmetric algorithm"));
-                }
-                if *scheme != sha256_scheme(alg::ECDSA) {
-                    return Err(policy(format!(
-                        "ECC AK scheme {scheme:?} is not ECDSA-SHA256"
-                    )));
-                }
+                signing_only("ECC", symmetric, scheme, sha256_scheme(alg::ECDSA), "ECDSA")?;
                 if *curve != ECC_NIST_P256 {
                     return Err(policy(format!("ECC AK curve {curve:#06x} is not P-256")));
                 }
@@ -371,14 +394,13 @@ impl AkKey {
                 exponent,
                 modulus,
             } => {
-                if *symmetric != SymDefObject::Null {
-                    return Err(policy("RSA AK has a symmetric algorithm"));
-                }
-                if *scheme != sha256_scheme(alg::RSASSA) {
-                    return Err(policy(format!(
-                        "RSA AK scheme {scheme:?} is not RSASSA-SHA256"
-                    )));
-                }
+                signing_only(
+                    "RSA",
+                    symmetric,
+                    scheme,
+                    sha256_scheme(alg::RSASSA),
+                    "RSASSA",
+                )?;
                 if !(MIN_RSA_BITS..=MAX_RSA_BITS).contains(key_bits) || key_bits % 8 != 0 {
                     return Err(policy(format!(
                         "RSA AK keyBits {key_bits} not a multiple of 8 in {MIN_RSA_BITS}..={MAX_RSA_BITS}"

@@ -169,7 +169,7 @@ impl CloudAkCa {
     ) -> Result<(), ValidationError> {
         let untrusted = |m: String| ValidationError::UntrustedKey(m);
         let anchors: Vec<TrustAnchor<'_>> = self.roots.iter().map(|r| r.anchor.clone()).collect();
-        let used = AkChainWalk {
+        let walked = AkChainWalk {
             anchors: &anchors,
             extra_intermediates: &self.intermediates,
             ekus: &[TCG_KP_AIK_CERTIFICATE, TCG_KP_EK_CERTIFICATE],
@@ -180,9 +180,7 @@ impl CloudAkCa {
                      2.23.133.8.1",
         }
         .verify(chain, ak, now)?;
-        let leaf = chain
-            .first()
-            .ok_or_else(|| untrusted("no AK certificate".into()))?;
+        let used = &walked.anchor;
         let root = self
             .roots
             .iter()
@@ -202,7 +200,7 @@ impl CloudAkCa {
             )));
         }
 
-        let leaf_cert = parse_exact(leaf).map_err(untrusted)?;
+        let leaf_cert = parse_exact(walked.leaf).map_err(untrusted)?;
         let usage = leaf_cert
             .key_usage()
             .map_err(|e| untrusted(format!("AK certificate keyUsage: {e}")))?

@@ -94,6 +94,15 @@ fn init_configuration_v1beta3_below_kubernetes_1_31_matches_the_golden_file() {
 }
 
 #[test]
+fn the_kubelet_local_mode_gate_is_set_from_kubernetes_1_31_0() {
+    let gate = "ControlPlaneKubeletLocalMode: true";
+    for (version, set) in [("v1.30.14", false), ("v1.31.0", true), ("v1.32.9", true)] {
+        let yaml = render_init(&init_params(version)).unwrap();
+        assert_eq!(yaml.contains(gate), set, "{version}");
+    }
+}
+
+#[test]
 fn join_configurations_match_the_golden_files() {
     for (api, v) in [
         (ApiVersion::V1Beta4, "v1beta4"),
@@ -411,6 +420,16 @@ async fn the_installed_kubeadm_version_chooses_the_join_api() {
         .settings(serde_json::json!({"version": "v1.30.4"}));
     let v = fx.kubeadm().version().await.unwrap();
     assert_eq!(ApiVersion::for_kubernetes(&v), ApiVersion::V1Beta3);
+    // A pre-release kubeadm chooses by its major and minor.
+    fx.stand_in
+        .settings(serde_json::json!({"version": "v1.31.0-rc.1"}));
+    let v = fx.kubeadm().version().await.unwrap();
+    assert_eq!(ApiVersion::for_kubernetes(&v), ApiVersion::V1Beta4);
+    fx.stand_in.settings(serde_json::json!({"version": "1.31"}));
+    assert!(matches!(
+        fx.kubeadm().version().await,
+        Err(KubeadmError::Version(text)) if text == "1.31"
+    ));
 }
 
 /// The stand-in refuses what real kubeadm would not accept (or Asterism must never send).

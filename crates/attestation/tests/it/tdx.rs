@@ -698,6 +698,26 @@ fn refuses_other_attributes_that_weaken_the_td() {
 }
 
 #[test]
+fn every_reserved_range_of_the_td_attributes_is_refused_and_no_bit_beside_it() {
+    // TDX 1.5 reserves bits 1-3, 7-15, 23-26 and 32-61: each end of each range is refused.
+    for bit in [1u32, 3, 7, 15, 23, 26, 32, 61] {
+        let (_, r) = check_attributes(1 << bit);
+        assert_eq!(
+            field_of(&r.unwrap_err()),
+            "td_attributes.reserved",
+            "bit {bit}"
+        );
+    }
+    // The features just outside them are accepted: ICSSD (16), LASS (27), PKS (30),
+    // KL (31), PERFMON (63).
+    for bit in [16u32, 27, 30, 31, 63] {
+        check_attributes(1 << bit)
+            .1
+            .unwrap_or_else(|e| panic!("bit {bit}: {e:?}"));
+    }
+}
+
+#[test]
 fn field_checks_all_run_and_the_first_failure_is_returned() {
     let (ex, r) = check_attributes(1 | (1 << 29));
     assert_eq!(field_of(&r.unwrap_err()), "td_attributes.debug");

@@ -18,6 +18,7 @@ pub mod cvm_policy;
 pub mod explain;
 pub mod hcl;
 pub mod measurements;
+pub(crate) mod memo;
 pub mod revocation;
 mod sha;
 pub mod snp;

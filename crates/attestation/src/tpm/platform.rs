@@ -21,6 +21,7 @@ use crate::explain::Reference;
 use crate::explain::{Check, Explanation};
 use crate::hcl::{self, HardwareKind, HardwareReport, HclReport, RuntimeData};
 use crate::measurements::{CvmReferences, InsecureNoLaunchMeasurement, MeasurementMode};
+use crate::memo::ExactMemo;
 use crate::revocation::CrlBundle;
 use crate::snp::{SignerKind, SnpCerts, SnpPolicy, SnpVerifier};
 use crate::tdx::{TdxCollateral, TdxPolicy, TdxVerifier};
@@ -203,25 +204,22 @@ pub struct CvmAkTrust {
 /// REPORT_DATA was that digest), so a peer without genuine evidence can neither add nor
 /// evict an entry. What is kept is a pure function of the bytes; every verification still
 /// compares the bytes in full, checks the hardware report's binding and matches the AK.
-#[derive(Default)]
-struct RuntimeDataMemo(std::sync::Mutex<std::collections::VecDeque<MemoEntry>>);
-
-struct MemoEntry {
-    bytes: Box<[u8]>,
-    parsed: Arc<RuntimeData>,
-    report_data: [u8; 64],
-}
+struct RuntimeDataMemo(ExactMemo<(Arc<RuntimeData>, [u8; 64])>);
 
 /// How many nodes' runtime data is kept (about 3 KiB each).
 const RUNTIME_DATA_MEMO: usize = 64;
 
+impl Default for RuntimeDataMemo {
+    fn default() -> Self {
+        Self(ExactMemo::new(RUNTIME_DATA_MEMO))
+    }
+}
+
 impl RuntimeDataMemo {
     /// The parsed runtime data and its REPORT_DATA, from the memo or computed.
     fn get(&self, bytes: &[u8]) -> Result<(Arc<RuntimeData>, [u8; 64], bool), ValidationError> {
-        if let Ok(entries) = self.0.lock()
-            && let Some(e) = entries.iter().find(|e| *e.bytes == *bytes)
-        {
-            return Ok((Arc::clone(&e.parsed), e.report_data, true));
+        if let Some((parsed, report_data)) = self.0.get(bytes) {
+            return Ok((parsed, report_data, true));
         }
         let parsed = Arc::new(RuntimeData::parse(bytes)?);
         Ok((parsed, hcl::runtime_data_report_data(bytes), false))
@@ -229,23 +227,12 @@ impl RuntimeDataMemo {
 
     /// Keeps `bytes` once a hardware report bound them; the oldest entry goes first.
     fn insert(&self, bytes: &[u8], parsed: Arc<RuntimeData>, report_data: [u8; 64]) {
-        if let Ok(mut entries) = self.0.lock()
-            && !entries.iter().any(|e| *e.bytes == *bytes)
-        {
-            if entries.len() >= RUNTIME_DATA_MEMO {
-                entries.pop_front();
-            }
-            entries.push_back(MemoEntry {
-                bytes: bytes.into(),
-                parsed,
-                report_data,
-            });
-        }
+        self.0.insert(bytes, (parsed, report_data));
     }
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.0.lock().map(|e| e.len()).unwrap_or(0)
+        self.0.len()
     }
 }
 

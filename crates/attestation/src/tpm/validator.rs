@@ -7,6 +7,7 @@ use super::structures::{PcrSelection, QuoteInfo, alg};
 use super::trust::AkTrust;
 use crate::explain::{Check, Outcome};
 use crate::measurements::{MeasurementMode, Measurements, MeasurementsProvider, PcrIndex};
+use crate::memo::ExactMemo;
 use crate::{Measurement, ReportData, ValidationError, Validator, VerifiedEvidence};
 use asterism_basics::error_chain;
 use std::collections::{BTreeMap, BTreeSet};
@@ -303,14 +304,12 @@ const PCR_DIGEST_MEMO: usize = 8;
 /// keeps no verdict: a hit returns exactly what hashing those bytes returns, and the result
 /// is still compared with the signed `pcrDigest`, so a peer that fills the memo gains
 /// nothing but a miss for others (bounded: a miss costs one comparison per entry).
-#[derive(Default)]
-struct PcrDigestMemo(std::sync::Mutex<PcrDigests>);
+struct PcrDigestMemo(ExactMemo<[u8; 32]>);
 
-/// The entries (key, digest) and the one to replace next once full.
-#[derive(Default)]
-struct PcrDigests {
-    entries: Vec<(Box<[u8]>, [u8; 32])>,
-    next: usize,
+impl Default for PcrDigestMemo {
+    fn default() -> Self {
+        Self(ExactMemo::new(PCR_DIGEST_MEMO))
+    }
 }
 
 impl PcrDigestMemo {
@@ -330,21 +329,11 @@ impl PcrDigestMemo {
             len += 33;
         }
         let key = key.get(..len).unwrap_or_default();
-        if let Ok(memo) = self.0.lock()
-            && let Some((_, d)) = memo.entries.iter().find(|(k, _)| **k == *key)
-        {
-            return *d;
+        if let Some(d) = self.0.get(key) {
+            return d;
         }
         let d = pcr_digest(pcrs);
-        if let Ok(mut memo) = self.0.lock() {
-            let next = memo.next;
-            if memo.entries.len() < PCR_DIGEST_MEMO {
-                memo.entries.push((key.into(), d));
-            } else if let Some(e) = memo.entries.get_mut(next) {
-                *e = (key.into(), d);
-            }
-            memo.next = (next + 1) % PCR_DIGEST_MEMO;
-        }
+        self.0.insert(key, d);
         d
     }
 }
@@ -532,7 +521,7 @@ mod tests {
                 assert_eq!(memo.digest(&pcrs), pcr_digest(&pcrs));
             }
         }
-        assert_eq!(memo.0.lock().unwrap().entries.len(), PCR_DIGEST_MEMO);
+        assert_eq!(memo.0.len(), PCR_DIGEST_MEMO);
         // One value changed, or one index fewer, or the same values under other indices:
         // each is another key.
         let pcrs = set(1, 24);

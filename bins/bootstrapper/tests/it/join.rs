@@ -199,7 +199,7 @@ pub(crate) async fn start_stub(
     cp: &TestNode,
     node: &TestNode,
     seen: Arc<Mutex<Seen>>,
-) -> (u16, tokio::sync::oneshot::Sender<()>) {
+) -> (u16, Stub) {
     start_tampering_stub(ip, cp, node, seen, None).await
 }
 
@@ -210,7 +210,7 @@ async fn start_signing_stub(
     node: &TestNode,
     seen: Arc<Mutex<Seen>>,
     signing: Signing,
-) -> (u16, tokio::sync::oneshot::Sender<()>) {
+) -> (u16, Stub) {
     start_stub_with(ip, cp, node, seen, None, signing).await
 }
 
@@ -221,7 +221,7 @@ async fn start_tampering_stub(
     node: &TestNode,
     seen: Arc<Mutex<Seen>>,
     tamper: Option<Tamper>,
-) -> (u16, tokio::sync::oneshot::Sender<()>) {
+) -> (u16, Stub) {
     start_stub_with(ip, cp, node, seen, tamper, Signing::ControlPlane).await
 }
 
@@ -232,7 +232,7 @@ async fn start_stub_with(
     seen: Arc<Mutex<Seen>>,
     tamper: Option<Tamper>,
     signing: Signing,
-) -> (u16, tokio::sync::oneshot::Sender<()>) {
+) -> (u16, Stub) {
     let listener = tokio::net::TcpListener::bind(SocketAddr::new(ip, 0))
         .await
         .unwrap();
@@ -249,14 +249,39 @@ async fn start_stub_with(
         signing,
     };
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(
+    let task = tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(ApiServer::new(service))
             .serve_with_incoming_shutdown(server.incoming(listener), async {
                 let _ = rx.await;
             }),
     );
-    (port, tx)
+    (
+        port,
+        Stub {
+            _stop: tx,
+            task: Some(task),
+        },
+    )
+}
+
+/// A running stub: dropping it asks the server to stop; [`Stub::stop`] also waits until it
+/// has, so that its TPM connection is closed. swtpm serves one connection at a time, so a
+/// test that starts another stub on the same TPM must stop the first one this way.
+pub(crate) struct Stub {
+    _stop: tokio::sync::oneshot::Sender<()>,
+    task: Option<tokio::task::JoinHandle<Result<(), tonic::transport::Error>>>,
+}
+
+impl Stub {
+    /// Stops the server and waits until it, and the TPM connection it holds, are gone.
+    pub(crate) async fn stop(mut self) {
+        let task = self.task.take().expect("a stub is stopped once");
+        drop(self);
+        task.await
+            .expect("the stub's server task panicked")
+            .expect("the stub's server failed");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -475,8 +500,9 @@ async fn a_ticket_for_another_cluster_or_with_a_bad_kubelet_certificate_is_refus
         eprintln!("tampered ticket: {what}");
         let t = TestNode::new(&format!("127.0.12.{}", 20 + i));
         let seen = Arc::new(Mutex::new(Seen::default()));
-        let (port, _stop) = start_tampering_stub(cp.ip, &cp, &t, seen.clone(), Some(tamper)).await;
+        let (port, stub) = start_tampering_stub(cp.ip, &cp, &t, seen.clone(), Some(tamper)).await;
         refused(&cp, &t, port, cluster_id()).await;
+        stub.stop().await;
         assert!(
             !seen.lock().unwrap().join_peers.is_empty(),
             "{what}: the join service was asked"
@@ -502,8 +528,9 @@ async fn a_worker_posing_as_the_join_service_is_refused_without_the_control_plan
         eprintln!("posing worker signs: {signing:?}");
         let t = TestNode::new(&format!("127.0.12.{}", 41 + i));
         let seen = Arc::new(Mutex::new(Seen::default()));
-        let (port, _stop) = start_signing_stub(worker.ip, &worker, &t, seen.clone(), signing).await;
+        let (port, stub) = start_signing_stub(worker.ip, &worker, &t, seen.clone(), signing).await;
         refused(&worker, &t, port, cluster_id()).await;
+        stub.stop().await;
         assert!(
             !seen.lock().unwrap().join_peers.is_empty(),
             "{signing:?}: the posing worker passed attestation and was asked"

@@ -163,14 +163,22 @@ impl KeyService {
 
 #[tonic::async_trait]
 impl Api for KeyService {
-    /// The control plane's identity seed, for the join service (docs/key-service.md). The
-    /// same callers as `GetDataKey` may ask: whoever reaches this service can already
-    /// derive every data key.
+    /// The control plane's identity seed, for the join service (docs/key-service.md), on
+    /// the local socket only: whoever reaches that socket can already derive every data
+    /// key. An attested peer is refused: attestation says what a node runs, not that it is
+    /// the control plane, and with the seed a joined worker could sign join tickets and
+    /// control-plane lists as the control plane.
     async fn get_control_plane_identity(
         &self,
         request: Request<GetControlPlaneIdentityRequest>,
     ) -> Result<Response<GetControlPlaneIdentityResponse>, Status> {
         let peer = self.admit(&request, "control-plane identity")?;
+        if self.require_attested_peer {
+            tracing::warn!(%peer, "refused the control-plane identity to an attested peer");
+            return Err(Status::permission_denied(
+                "the control-plane identity is not released over attested TLS",
+            ));
+        }
         let seed = self.kms.control_plane_seed().map_err(|err| {
             tracing::error!(%peer, error = %error_chain(&err), "deriving the control-plane identity failed");
             Status::internal("deriving the control-plane identity failed")

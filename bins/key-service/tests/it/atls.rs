@@ -177,3 +177,17 @@ fn the_binary_serves_attested_clients_end_to_end() {
     );
     assert!(!logs.contains(&MEASUREMENT_SECRET_ZERO[..16]), "{logs}");
 }
+
+/// A joined worker attests exactly as the control plane does; the identity seed would let it
+/// sign tickets and control-plane lists as the control plane, so the attested listener
+/// never releases it.
+#[tokio::test]
+async fn an_attested_client_gets_no_control_plane_identity() {
+    let addr = start_attested(KeyService::attested_only(zero_kms())).await;
+    let mut client = ApiClient::new(atls_channel(&addr, CLIENT_SEED).await.unwrap());
+    let refused = client
+        .get_control_plane_identity(asterism_proto::kms::GetControlPlaneIdentityRequest {})
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+}

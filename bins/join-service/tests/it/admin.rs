@@ -2,8 +2,6 @@
 //! refused at start unless it requires a bearer token; the operator's admin socket is
 //! mode 0600 and re-admits members.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
 use crate::common::*;
 use asterism_join_service::HttpAccess;
 use std::process::{Command, Stdio};

@@ -2,8 +2,6 @@
 //! disk is refused, the init node's disk is its own, and a member that comes back with
 //! another attestation key waits for an operator.
 
-#![allow(clippy::unwrap_used)]
-
 use crate::common::*;
 use asterism_cluster::Role;
 use asterism_join_service::{ClusterState, InitNode, RedbState};

@@ -1,8 +1,6 @@
 //! SSH host certificates name only the attested peer: its metadata name and address (and,
 //! for a control-plane node, the cluster's names); they expire; their serials differ.
 
-#![allow(clippy::unwrap_used, clippy::indexing_slicing)]
-
 use crate::common::*;
 use ssh_key::Certificate;
 use std::time::{SystemTime, UNIX_EPOCH};

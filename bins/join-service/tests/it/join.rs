@@ -2,8 +2,6 @@
 //! key service on a Unix socket, the real metadata service, clients bound to their node's
 //! `127.0.10.x` address, and evidence from a real swtpm or from a pinned software AK.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
 use std::sync::Arc;
 
 use crate::common::*;

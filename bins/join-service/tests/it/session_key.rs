@@ -2,8 +2,6 @@
 //! swtpm: nodes that verify the service get tickets, and however many connect, the
 //! service's TPM quotes once; nodes that do not ask never make it quote.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
 use crate::common::*;
 use asterism_atls::{
     AtlsConfig, AtlsConnector, AtlsServer, Issuer, SessionKeyIssuer, VerifiedPeer,

@@ -5,13 +5,6 @@
 //! The binaries are the workspace's own, built next to `asterism` (`cargo test --workspace`
 //! builds them all). Kubernetes cannot run here; the bootstrappers use the `none` driver.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use crate::common::{Teardown, bins, cryptsetup_opens, runtime};
 use asterism_mini::{LocalCluster, Node};
 use asterism_testkit::process::wait_for;

@@ -7,13 +7,6 @@
 //! `asterism init` (twice: once for this cluster, once for the impostor's), and the
 //! impostor's own key service and join service.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use crate::common::bins;
 use asterism_mini::{LocalCluster, Node};
 use asterism_testkit::process::wait_for;

@@ -1,12 +1,5 @@
 //! aTLS over real sockets on loopback: real TLS 1.3, real gRPC, real Ed25519 signatures.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use asterism_atls::attestation::test_ed25519::{InsecureTestIssuer, InsecureTestValidator};
 use asterism_atls::attestation::{IssueError, ReportData};
 use asterism_atls::wire::{self, Hello};

@@ -2,13 +2,6 @@
 //! interval, none for peers that do not ask, and every verifier check with an attack that
 //! only that check stops.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use asterism_atls::attestation::test_ed25519::{InsecureTestIssuer, InsecureTestValidator};
 use asterism_atls::attestation::{IssueError, ReportData};
 use asterism_atls::session::{self, SessionKeyEvidence};

@@ -3,13 +3,6 @@
 //! (`crates/testkit/recorded/`), every request recorded so that each test checks what the client sent
 //! as well as how it handled the answer.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use asterism_kube_api::{
     ApiError, ApiOptions, ClusterApi, JoinConfigChange, JoiningNode, TokenPolicy, WaitPolicy,
 };

@@ -4,21 +4,13 @@
 //! real as in tests/join.rs: aTLS and gRPC on loopback, the key service, the metadata
 //! service, swtpm or pinned software AKs.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
-use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime};
 
 use crate::common::*;
 use asterism_join_service::{JoiningNodes, KubeState};
 use asterism_testkit::TpmNode;
 use asterism_testkit::kube_api::{RecordingServer, Reply};
-use asterism_testkit::process::{Process, free_port};
+use asterism_testkit::process::Process;
 use tonic::Code;
 
 const CONFIG_MAPS: &str = "/api/v1/namespaces/kube-system/configmaps";
@@ -403,26 +395,11 @@ async fn the_binary_keeps_its_state_on_the_kubernetes_api_with_cluster_state_kub
             [Reply::recorded(200, "configmap-components-created.json")],
         );
     let dir = cluster.dir.path();
-    std::fs::write(dir.join("salt"), SALT).unwrap();
-    std::fs::write(dir.join("measurements.json"), zero_measurements().to_json()).unwrap();
     server.write_kubeconfig(&dir.join("admin.conf"));
-    let listen = format!("{CP}:{}", free_port(CP));
-    let mut command = Command::new(env!("CARGO_BIN_EXE_asterism-join-service"));
+    let (mut command, listen) = join_service_command(&cluster, &fp);
     command
-        .args(["--listen", &listen])
-        .args(["--pinned-ak", &fp.to_string()])
-        .arg("--measurements")
-        .arg(dir.join("measurements.json"))
-        .arg("--key-service")
-        .arg(format!("unix:{}", cluster.key_socket.display()))
-        .args(["--metadata-url", &cluster.metadata_url])
-        .arg("--pki-dir")
-        .arg(cluster.pki_dir())
-        .arg("--measurement-salt-file")
-        .arg(dir.join("salt"))
         .args(["--cluster-state", "kubernetes", "--kubeconfig"])
-        .arg(dir.join("admin.conf"))
-        .stdout(Stdio::null());
+        .arg(dir.join("admin.conf"));
     let child = Process::spawn(&mut command);
 
     let ticket = first_ticket(listen.parse().unwrap(), node.clone()).await;

@@ -12,4 +12,6 @@
 )]
 
 mod atls;
+#[path = "../common/mod.rs"]
+mod common;
 mod session_key;

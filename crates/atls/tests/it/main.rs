@@ -12,6 +12,5 @@
 )]
 
 mod atls;
-#[path = "../common/mod.rs"]
 mod common;
 mod session_key;

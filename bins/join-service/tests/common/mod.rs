@@ -361,6 +361,20 @@ pub fn join_request(
     }
 }
 
+/// [`join`] as worker-0: from [`W0`], with disk [`DISK_A`], as a worker.
+pub async fn join_worker_0(
+    server: SocketAddr,
+    issuer: Arc<dyn Issuer>,
+) -> Result<IssueJoinTicketResponse, tonic::Status> {
+    join(
+        server,
+        W0,
+        issuer,
+        join_request("worker-0", W0, DISK_A, false),
+    )
+    .await
+}
+
 pub async fn join(
     server: SocketAddr,
     from: &str,

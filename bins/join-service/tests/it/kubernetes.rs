@@ -113,14 +113,7 @@ async fn a_swtpm_node_gets_a_ticket_whose_token_is_a_bootstrap_token_stored_in_t
     let js = start_join_service_with(&cluster, Options::pinning(vec![fp]), state).await;
 
     let before = SystemTime::now();
-    let t = join(
-        js.addr,
-        W0,
-        issuer,
-        join_request("worker-0", W0, DISK_A, false),
-    )
-    .await
-    .unwrap();
+    let t = join_worker_0(js.addr, issuer).await.unwrap();
     let after = SystemTime::now();
 
     // The token has the kubeadm format and is the one stored as a bootstrap token Secret.
@@ -240,14 +233,7 @@ async fn a_refused_node_creates_nothing_in_the_cluster() {
     let state = kube_state(&server, cluster.dir.path()).await;
     let js = start_join_service_with(&cluster, Options::pinning(vec![fp]), state).await;
 
-    let err = join(
-        js.addr,
-        W0,
-        node.clone(),
-        join_request("worker-0", W0, DISK_A, false),
-    )
-    .await
-    .unwrap_err();
+    let err = join_worker_0(js.addr, node.clone()).await.unwrap_err();
     assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
     assert!(err.message().contains("another attestation key"), "{err:?}");
     let requests = server.requests();
@@ -331,14 +317,7 @@ async fn an_api_server_failure_is_unavailable_and_forbidden_is_internal() {
     );
     let state = kube_state(&server, cluster.dir.path()).await;
     let js = start_join_service_with(&cluster, Options::pinning(vec![fp]), state).await;
-    let err = join(
-        js.addr,
-        W0,
-        node.clone(),
-        join_request("worker-0", W0, DISK_A, false),
-    )
-    .await
-    .unwrap_err();
+    let err = join_worker_0(js.addr, node.clone()).await.unwrap_err();
     assert_eq!(err.code(), Code::Unavailable, "{err:?}");
 
     // Missing RBAC is the operator's to fix, not the node's to retry: INTERNAL, no detail.
@@ -353,14 +332,7 @@ async fn an_api_server_failure_is_unavailable_and_forbidden_is_internal() {
             SECRETS,
             [Reply::recorded(403, "status-403-secrets-forbidden.json")],
         );
-    let err = join(
-        js.addr,
-        W0,
-        node,
-        join_request("worker-0", W0, DISK_A, false),
-    )
-    .await
-    .unwrap_err();
+    let err = join_worker_0(js.addr, node).await.unwrap_err();
     assert_eq!(err.code(), Code::Internal, "{err:?}");
     assert_eq!(err.message(), "issuing the ticket failed");
     assert!(

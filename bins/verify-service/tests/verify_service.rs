@@ -7,10 +7,10 @@ use asterism_attestation::{
 };
 use asterism_proto::verify::GetAttestationRequest;
 use asterism_proto::verify::api_client::ApiClient;
-use asterism_testkit::process::free_port;
+use asterism_testkit::process::{Process, free_port};
 use asterism_testkit::{Swtpm, pin};
 use asterism_tpm::{AkConfig, PcrSelection, Tpm};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 #[test]
@@ -22,7 +22,7 @@ fn serves_evidence_bound_to_the_callers_nonce_and_refuses_bad_nonces() {
         let pcr0 = tpm.read_pcrs(&PcrSelection::new([0]).unwrap()).unwrap()[0].1;
         (ak.public_area().to_vec(), pcr0)
     };
-    let (mut child, addr) = start_verify_service(&swtpm, &[]);
+    let (child, addr) = start_verify_service(&swtpm, &[]);
     let rt = tokio::runtime::Runtime::new().unwrap();
     let outcome = rt.block_on(async {
         let channel = channel_from("127.0.0.1", addr).await;
@@ -45,8 +45,7 @@ fn serves_evidence_bound_to_the_callers_nonce_and_refuses_bad_nonces() {
             .unwrap_err();
         (evidence, empty.code(), long.code())
     });
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(child);
     let (evidence, empty, long) = outcome;
     assert_eq!(empty, tonic::Code::InvalidArgument);
     assert_eq!(long, tonic::Code::InvalidArgument);
@@ -77,19 +76,17 @@ fn serves_evidence_bound_to_the_callers_nonce_and_refuses_bad_nonces() {
 }
 
 /// The verify-service program on `swtpm`, listening on a free loopback port, with `args`
-/// besides; and its address.
-fn start_verify_service(swtpm: &Swtpm, args: &[&str]) -> (Child, std::net::SocketAddr) {
+/// besides (killed when dropped); and its address.
+fn start_verify_service(swtpm: &Swtpm, args: &[&str]) -> (Process, std::net::SocketAddr) {
     let addr: std::net::SocketAddr = format!("127.0.0.1:{}", free_port("127.0.0.1"))
         .parse()
         .unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_asterism-verify-service"))
-        .args(["--listen", &addr.to_string(), "--tpm", &swtpm.tcti()])
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let child = Process::spawn(
+        Command::new(env!("CARGO_BIN_EXE_asterism-verify-service"))
+            .args(["--listen", &addr.to_string(), "--tpm", &swtpm.tcti()])
+            .args(args)
+            .stdout(Stdio::null()),
+    );
     (child, addr)
 }
 
@@ -123,7 +120,7 @@ async fn channel_from(from: &str, addr: std::net::SocketAddr) -> tonic::transpor
 fn quotes_are_held_to_a_rate_per_source_address() {
     let swtpm = Swtpm::start().unwrap();
     // Three at once, then one every 100 s: no refill during the test.
-    let (mut child, addr) = start_verify_service(
+    let (child, addr) = start_verify_service(
         &swtpm,
         &["--rate-limit-burst", "3", "--rate-limit-per-second", "0.01"],
     );
@@ -146,8 +143,7 @@ fn quotes_are_held_to_a_rate_per_source_address() {
         let other = ask(channel_from("127.0.0.2", addr).await).await;
         (codes, other)
     });
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(child);
     let (codes, other) = outcome;
     assert_eq!(codes.iter().filter(|c| c.is_ok()).count(), 3, "{codes:?}");
     assert!(

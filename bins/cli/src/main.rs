@@ -96,28 +96,18 @@ fn main() -> std::process::ExitCode {
 
 fn run(cli: Cli) -> Result<std::process::ExitCode> {
     match cli.command {
-        Command::DataKey(args) => {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .context("starting the async runtime")?;
-            rt.block_on(data_key::run(args))
-        }
+        Command::DataKey(args) => asterism_binkit::service::block_on(data_key::run(args)),
         Command::Init {
             init: args,
             bring_up,
         } => {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .context("starting the async runtime")?;
             // A node that hosts the services itself has no Kubernetes API to deploy them to.
             let bring_up = if args.host_cluster_services {
                 bring_up::Args::skipped("the node hosts the key and join services itself")
             } else {
                 bring_up
             };
-            let done = rt.block_on(init::run_with(args, &bring_up))?;
+            let done = asterism_binkit::service::block_on(init::run_with(args, &bring_up))?;
             // The cluster ID on stdout for scripts; progress went to stderr.
             let mut stdout = std::io::stdout().lock();
             std::io::Write::write_fmt(
@@ -127,19 +117,9 @@ fn run(cli: Cli) -> Result<std::process::ExitCode> {
             Ok(())
         }
         Command::Recover(args) => {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .context("starting the async runtime")?;
-            rt.block_on(recover::run(args)).map(|_| ())
+            asterism_binkit::service::block_on(recover::run(args)).map(|_| ())
         }
-        Command::Verify(args) => {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .context("starting the async runtime")?;
-            rt.block_on(verify::run(args))
-        }
+        Command::Verify(args) => asterism_binkit::service::block_on(verify::run(args)),
         // Its exit code is ours.
         Command::Mini { args } => return run_mini(&args, &cli.log.log),
         Command::InsecureTestIdentity { out } => identity::create(&out),

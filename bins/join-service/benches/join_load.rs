@@ -44,12 +44,8 @@ mod common;
 
 use asterism_atls::Issuer;
 use asterism_metadata::{MetadataConfig, MetadataServer, Role};
+use asterism_proto::kms::GetDataKeyRequest;
 use asterism_proto::kms::api_client::ApiClient as KmsClient;
-use asterism_proto::kms::api_server::{Api, ApiServer};
-use asterism_proto::kms::{
-    GetControlPlaneIdentityRequest, GetControlPlaneIdentityResponse, GetDataKeyRequest,
-    GetDataKeyResponse,
-};
 use asterism_soft_tpm::{SoftAk, SoftTpm};
 use common::*;
 use std::future::Future;
@@ -67,30 +63,6 @@ const WARM_UP: usize = 32;
 const BASELINE_SERVER_ARG: &str = "--baseline-server";
 
 // --- the baseline server (a child process: this program with BASELINE_SERVER_ARG) ---
-
-#[derive(Clone)]
-struct Fixed;
-
-#[tonic::async_trait]
-impl Api for Fixed {
-    async fn get_data_key(
-        &self,
-        _request: tonic::Request<GetDataKeyRequest>,
-    ) -> Result<tonic::Response<GetDataKeyResponse>, tonic::Status> {
-        Ok(tonic::Response::new(GetDataKeyResponse {
-            data_key: vec![0u8; 32],
-        }))
-    }
-
-    async fn get_control_plane_identity(
-        &self,
-        _request: tonic::Request<GetControlPlaneIdentityRequest>,
-    ) -> Result<tonic::Response<GetControlPlaneIdentityResponse>, tonic::Status> {
-        Err(tonic::Status::unimplemented(
-            "the baseline serves data keys only",
-        ))
-    }
-}
 
 fn listen(addr: SocketAddr) -> TcpListener {
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
@@ -112,12 +84,7 @@ fn baseline_server() {
         let listener = listen("127.0.0.1:0".parse().unwrap());
         let addr = listener.local_addr().unwrap();
         // Handshakes run in tasks of their own, as the join service's aTLS acceptor does.
-        let incoming = asterism_testkit::tls_server::plain_tls_incoming(listener).unwrap();
-        tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(ApiServer::new(Fixed))
-                .serve_with_incoming(incoming),
-        );
+        asterism_testkit::tls_server::spawn_fixed_keys_server(listener).unwrap();
         println!("listening {addr}");
         // Until the parent closes our standard input.
         tokio::task::spawn_blocking(|| {

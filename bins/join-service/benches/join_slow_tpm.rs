@@ -36,10 +36,8 @@ mod common;
 
 use asterism_atls::{AtlsConfig, AtlsConnector, AtlsServer, Issuer, SessionKeyIssuer};
 use asterism_attestation::{AkFingerprint, AkTrust, IssueError, ReportData, TpmQuoteValidator};
-use asterism_join_service::{
-    JoinConfig, JoinService, KeyServiceAddress, KeyServiceClient, LIMITS, Metrics, RedbState,
-};
-use asterism_metadata::{HttpMetadata, MetadataConfig, MetadataServer, Role};
+use asterism_join_service::{LIMITS, RedbState};
+use asterism_metadata::{MetadataConfig, MetadataServer, Role};
 use asterism_proto::join::IssueJoinTicketRequest;
 use asterism_proto::join::api_client::ApiClient;
 use asterism_soft_tpm::{SoftAk, SoftTpm};
@@ -142,23 +140,11 @@ async fn run(service_tpm: &TpmNode, delay: Duration, refresh: Duration) -> Run {
             .with_session_key(Arc::new(SessionKeyIssuer::new(delayed.clone(), refresh))),
     )
     .unwrap();
-    let service = JoinService::new(
-        HttpMetadata::new(&cluster.metadata_url).unwrap(),
-        KeyServiceClient::new(&KeyServiceAddress::Unix(cluster.key_socket.clone())).unwrap(),
+    let service = join_service(
+        &cluster,
         RedbState::open(&cluster.state_dir()).unwrap(),
-        cluster.ca(),
-        JoinConfig {
-            measurement_salt: SALT.to_vec(),
-            api_server_host: CP.parse().unwrap(),
-            pki_dir: cluster.pki_dir(),
-            rate_per_second: 10.0,
-            burst: 20,
-            cluster_sans: Vec::new(),
-            kubernetes: None,
-        },
-        Metrics::new(),
-    )
-    .unwrap();
+        Options::pinning(Vec::new()),
+    );
     let listener = TcpListener::bind(format!("{CP}:0")).await.unwrap();
     let addr = listener.local_addr().unwrap();
     let rx = stop_rx.clone();

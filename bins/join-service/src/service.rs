@@ -560,6 +560,33 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
 
     /// Logs and counts the outcome of one request and turns it into a gRPC answer; the
     /// only place errors become statuses.
+    /// One ticket request, from the connection to the signed answer: the peer attested
+    /// and within its rate first (a malformed request counts too), then the request decoded
+    /// and answered by `issue`, the answer signed on this connection, and the outcome
+    /// counted.
+    async fn ticket<W, R, A>(
+        &self,
+        request: Request<W>,
+        issue: impl AsyncFnOnce(&Peer, R) -> Result<A, JoinError>,
+    ) -> Result<Response<A>, Status>
+    where
+        R: TryFrom<W, Error = JoinError>,
+        A: TicketAnswer,
+    {
+        let started = Instant::now();
+        let verified = asterism_atls::verified_peer(&request).ok().cloned();
+        let binding = channel_binding(&request);
+        let who = describe(verified.as_ref());
+        let result = async {
+            let peer = self.peer(verified.as_ref())?;
+            let req = R::try_from(request.into_inner())?;
+            let response = issue(&peer, req).await?;
+            self.sign(A::PURPOSE, binding, response, A::signature).await
+        }
+        .await;
+        self.finish(A::KIND, who, started, result)
+    }
+
     fn finish<T>(
         &self,
         kind: &'static str,
@@ -675,49 +702,40 @@ where
         &self,
         request: Request<IssueJoinTicketRequest>,
     ) -> Result<Response<IssueJoinTicketResponse>, Status> {
-        let started = Instant::now();
-        let verified = asterism_atls::verified_peer(&request).ok().cloned();
-        let binding = channel_binding(&request);
-        let who = describe(verified.as_ref());
-        let result = async {
-            // Attested and within its rate first: a malformed request counts too.
-            let peer = self.peer(verified.as_ref())?;
-            let req = JoinRequest::try_from(request.into_inner())?;
-            let response = self
-                .join(&peer, req)
-                .await
-                .map(IssueJoinTicketResponse::from)?;
-            self.sign(Purpose::JoinTicket, binding, response, |r| {
-                &mut r.control_plane_signature
-            })
-            .await
-        }
-        .await;
-        self.finish("join", who, started, result)
+        let issue = async |peer: &Peer, req| self.join(peer, req).await.map(From::from);
+        self.ticket(request, issue).await
     }
 
     async fn issue_rejoin_ticket(
         &self,
         request: Request<IssueRejoinTicketRequest>,
     ) -> Result<Response<IssueRejoinTicketResponse>, Status> {
-        let started = Instant::now();
-        let verified = asterism_atls::verified_peer(&request).ok().cloned();
-        let binding = channel_binding(&request);
-        let who = describe(verified.as_ref());
-        let result = async {
-            let peer = self.peer(verified.as_ref())?;
-            let req = RejoinRequest::try_from(request.into_inner())?;
-            let response = self
-                .rejoin(&peer, req)
-                .await
-                .map(IssueRejoinTicketResponse::from)?;
-            self.sign(Purpose::RejoinTicket, binding, response, |r| {
-                &mut r.control_plane_signature
-            })
-            .await
-        }
-        .await;
-        self.finish("rejoin", who, started, result)
+        let issue = async |peer: &Peer, req| self.rejoin(peer, req).await.map(From::from);
+        self.ticket(request, issue).await
+    }
+}
+
+/// A ticket answer: what its signature is for, the name its outcome is counted under, and
+/// the field the signature goes in.
+trait TicketAnswer: prost::Message + Sized {
+    const PURPOSE: Purpose;
+    const KIND: &'static str;
+    fn signature(&mut self) -> &mut Vec<u8>;
+}
+
+impl TicketAnswer for IssueJoinTicketResponse {
+    const PURPOSE: Purpose = Purpose::JoinTicket;
+    const KIND: &'static str = "join";
+    fn signature(&mut self) -> &mut Vec<u8> {
+        &mut self.control_plane_signature
+    }
+}
+
+impl TicketAnswer for IssueRejoinTicketResponse {
+    const PURPOSE: Purpose = Purpose::RejoinTicket;
+    const KIND: &'static str = "rejoin";
+    fn signature(&mut self) -> &mut Vec<u8> {
+        &mut self.control_plane_signature
     }
 }
 

@@ -2,7 +2,7 @@
 //! `asterism` CLI runs it for `asterism mini …`, with the same arguments.
 #![forbid(unsafe_code)]
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use asterism_mini as mini;
 use clap::{Parser, Subcommand};
 
@@ -45,13 +45,7 @@ fn main() -> std::process::ExitCode {
 
 fn run(command: MiniCommand) -> Result<()> {
     match command {
-        MiniCommand::Up(args) => {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .context("starting the async runtime")?;
-            rt.block_on(mini::up(args))
-        }
+        MiniCommand::Up(args) => asterism_binkit::service::block_on(mini::up(args)),
         MiniCommand::Status(args) => mini::status(args),
         MiniCommand::Down(args) => mini::down(args),
         MiniCommand::VmMetadataRelay(args) => mini::vm::metadata_relay(&args),

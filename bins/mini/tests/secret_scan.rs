@@ -173,11 +173,7 @@ fn run_cluster(dir: &Path) {
 
     // A reboot of the worker: its TPM resets, and its bootstrapper asks for a rejoin ticket.
     let mut worker = worker;
-    let cfg = asterism_swtpm::SwtpmConfig::new(worker.dir.join("tpm"))
-        .unwrap()
-        .with_run_dir(worker.dir.join("run"))
-        .unwrap();
-    let mut swtpm = asterism_swtpm::SwtpmProcess::attach(&cfg).unwrap();
+    let mut swtpm = common::node_swtpm(&worker);
     swtpm.restart().unwrap();
     worker.tcti = swtpm.tcti();
     let booting = cluster.start_bootstrapper(&worker).unwrap();

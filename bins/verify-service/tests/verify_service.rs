@@ -7,6 +7,7 @@ use asterism_attestation::{
 };
 use asterism_proto::verify::GetAttestationRequest;
 use asterism_proto::verify::api_client::ApiClient;
+use asterism_testkit::process::{Process, free_port};
 use asterism_testkit::{Swtpm, pin};
 use asterism_tpm::{AkConfig, PcrSelection, Tpm};
 use std::process::{Command, Stdio};
@@ -21,35 +22,10 @@ fn serves_evidence_bound_to_the_callers_nonce_and_refuses_bad_nonces() {
         let pcr0 = tpm.read_pcrs(&PcrSelection::new([0]).unwrap()).unwrap()[0].1;
         (ak.public_area().to_vec(), pcr0)
     };
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_asterism-verify-service"))
-        .args(["--listen", &addr, "--tpm", &swtpm.tcti()])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let (child, addr) = start_verify_service(&swtpm, &[]);
     let rt = tokio::runtime::Runtime::new().unwrap();
     let outcome = rt.block_on(async {
-        let start = Instant::now();
-        let channel = loop {
-            match tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-                .unwrap()
-                .connect()
-                .await
-            {
-                Ok(c) => break c,
-                Err(_) if start.elapsed() < Duration::from_secs(20) => {
-                    tokio::time::sleep(Duration::from_millis(50)).await
-                }
-                Err(e) => panic!("verify service did not come up: {e}"),
-            }
-        };
+        let channel = channel_from("127.0.0.1", addr).await;
         let mut client = ApiClient::new(channel);
         let evidence = client
             .get_attestation(GetAttestationRequest {
@@ -69,8 +45,7 @@ fn serves_evidence_bound_to_the_callers_nonce_and_refuses_bad_nonces() {
             .unwrap_err();
         (evidence, empty.code(), long.code())
     });
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(child);
     let (evidence, empty, long) = outcome;
     assert_eq!(empty, tonic::Code::InvalidArgument);
     assert_eq!(long, tonic::Code::InvalidArgument);
@@ -98,6 +73,21 @@ fn serves_evidence_bound_to_the_callers_nonce_and_refuses_bad_nonces() {
             )
             .is_err()
     );
+}
+
+/// The verify-service program on `swtpm`, listening on a free loopback port, with `args`
+/// besides (killed when dropped); and its address.
+fn start_verify_service(swtpm: &Swtpm, args: &[&str]) -> (Process, std::net::SocketAddr) {
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{}", free_port("127.0.0.1"))
+        .parse()
+        .unwrap();
+    let child = Process::spawn(
+        Command::new(env!("CARGO_BIN_EXE_asterism-verify-service"))
+            .args(["--listen", &addr.to_string(), "--tpm", &swtpm.tcti()])
+            .args(args)
+            .stdout(Stdio::null()),
+    );
+    (child, addr)
 }
 
 /// A gRPC channel to `addr` from the local address `from`.
@@ -129,21 +119,11 @@ async fn channel_from(from: &str, addr: std::net::SocketAddr) -> tonic::transpor
 #[test]
 fn quotes_are_held_to_a_rate_per_source_address() {
     let swtpm = Swtpm::start().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_asterism-verify-service"))
-        .args(["--listen", &addr.to_string(), "--tpm", &swtpm.tcti()])
-        // Three at once, then one every 100 s: no refill during the test.
-        .args(["--rate-limit-burst", "3", "--rate-limit-per-second", "0.01"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    // Three at once, then one every 100 s: no refill during the test.
+    let (child, addr) = start_verify_service(
+        &swtpm,
+        &["--rate-limit-burst", "3", "--rate-limit-per-second", "0.01"],
+    );
     let rt = tokio::runtime::Runtime::new().unwrap();
     let outcome = rt.block_on(async {
         let ask = |channel: tonic::transport::Channel| async move {
@@ -163,8 +143,7 @@ fn quotes_are_held_to_a_rate_per_source_address() {
         let other = ask(channel_from("127.0.0.2", addr).await).await;
         (codes, other)
     });
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(child);
     let (codes, other) = outcome;
     assert_eq!(codes.iter().filter(|c| c.is_ok()).count(), 3, "{codes:?}");
     assert!(

@@ -20,47 +20,20 @@
 
 use asterism_atls::attestation::test_ed25519::{InsecureTestIssuer, InsecureTestValidator};
 use asterism_atls::{AtlsConfig, AtlsConnector, AtlsServer};
+use asterism_proto::kms::GetDataKeyRequest;
 use asterism_proto::kms::api_client::ApiClient;
-use asterism_proto::kms::api_server::{Api, ApiServer};
-use asterism_proto::kms::{GetDataKeyRequest, GetDataKeyResponse};
+use asterism_proto::kms::api_server::ApiServer;
+use asterism_testkit::tls_server::FixedKeys;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tonic::transport::Endpoint;
 
-#[derive(Clone)]
-struct Fixed;
-
-#[tonic::async_trait]
-impl Api for Fixed {
-    async fn get_data_key(
-        &self,
-        _request: tonic::Request<GetDataKeyRequest>,
-    ) -> Result<tonic::Response<GetDataKeyResponse>, tonic::Status> {
-        Ok(tonic::Response::new(GetDataKeyResponse {
-            data_key: vec![0u8; 32],
-        }))
-    }
-
-    async fn get_control_plane_identity(
-        &self,
-        _request: tonic::Request<asterism_proto::kms::GetControlPlaneIdentityRequest>,
-    ) -> Result<tonic::Response<asterism_proto::kms::GetControlPlaneIdentityResponse>, tonic::Status>
-    {
-        Err(tonic::Status::unimplemented("data keys only"))
-    }
-}
-
 async fn plain_server() -> String {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let incoming = asterism_testkit::tls_server::plain_tls_incoming(listener).unwrap();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(ApiServer::new(Fixed))
-            .serve_with_incoming(incoming),
-    );
+    asterism_testkit::tls_server::spawn_fixed_keys_server(listener).unwrap();
     format!("http://{addr}")
 }
 
@@ -70,7 +43,7 @@ async fn atls_server(cfg: AtlsConfig) -> String {
     let server = AtlsServer::new(cfg).unwrap();
     tokio::spawn(
         tonic::transport::Server::builder()
-            .add_service(ApiServer::new(Fixed))
+            .add_service(ApiServer::new(FixedKeys))
             .serve_with_incoming(server.incoming(listener)),
     );
     format!("http://{addr}")

@@ -3,10 +3,21 @@
 //! Every service's `main` parses its flags and installs its log subscriber (the filter is
 //! the service's own), then hands its `run` future to [`main`] (or [`Runtime::main`] for a
 //! runtime of another shape). A failure is logged with its whole chain of causes, once,
-//! and the process exits with 1.
+//! and the process exits with 1. A command-line tool's async steps run on [`block_on`].
 
 use std::future::Future;
 use std::process::ExitCode;
+
+/// Runs `run` to its end on a single-threaded runtime made for it: the async step of a
+/// command-line tool (`asterism`, `asterism-mini`), whose error its caller reports.
+pub fn block_on<T>(run: impl Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    use anyhow::Context as _;
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?
+        .block_on(run)
+}
 
 /// What a service's `run` returns when it succeeds, as an exit code: `()` is 0, a `u8` is
 /// itself (a program whose outcomes have codes of their own, the bootstrapper's).

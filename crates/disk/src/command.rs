@@ -696,40 +696,17 @@ mod tests {
         };
         let inv = cli.format(Path::new("/dev/vdb"), &params, &key(b"k"));
         let args: Vec<&str> = inv.args().iter().map(|a| a.to_str().unwrap()).collect();
-        assert_eq!(
-            args,
-            [
-                "luksFormat",
-                "--batch-mode",
-                "--disable-external-tokens",
-                "--type",
-                "luks2",
-                "--cipher",
-                "aes-xts-plain64",
-                "--key-size",
-                "512",
-                "--sector-size",
-                "4096",
-                "--key-slot",
-                "0",
-                "--integrity",
-                "hmac-sha256",
-                "--integrity-no-wipe",
-                "--pbkdf",
-                "argon2id",
-                "--pbkdf-force-iterations",
-                "4",
-                "--pbkdf-memory",
-                "32",
-                "--pbkdf-parallel",
-                "1",
-                "--key-file",
-                "-",
-                "--keyfile-size",
-                "1",
-                "/dev/vdb",
-            ]
-        );
+        // The whole command line, word by word.
+        let expected: Vec<&str> = concat!(
+            "luksFormat --batch-mode --disable-external-tokens ",
+            "--type luks2 --cipher aes-xts-plain64 --key-size 512 --sector-size 4096 ",
+            "--key-slot 0 --integrity hmac-sha256 --integrity-no-wipe ",
+            "--pbkdf argon2id --pbkdf-force-iterations 4 --pbkdf-memory 32 --pbkdf-parallel 1 ",
+            "--key-file - --keyfile-size 1 /dev/vdb",
+        )
+        .split(' ')
+        .collect();
+        assert_eq!(args, expected);
     }
 
     #[test]

@@ -18,9 +18,15 @@ pub(crate) enum CallError {
     /// Another status than 200.
     Status(u16),
     /// The body exceeded the cap.
-    TooLarge,
+    TooLarge {
+        /// The cap, in bytes.
+        cap: usize,
+    },
     /// The deadline passed.
-    Timeout,
+    Timeout {
+        /// The deadline.
+        after: Duration,
+    },
 }
 
 /// Checks a base URL (`http://host[:port][/prefix]`) and returns it without a trailing
@@ -100,12 +106,12 @@ where
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
         if declared.is_some_and(|n| n > cap as u64) {
-            return Err(CallError::TooLarge);
+            return Err(CallError::TooLarge { cap });
         }
         let (parts, body) = response.into_parts();
         let body = Limited::new(body, cap).collect().await.map_err(|e| {
             if e.is::<http_body_util::LengthLimitError>() {
-                CallError::TooLarge
+                CallError::TooLarge { cap }
             } else {
                 CallError::Request(e)
             }
@@ -114,5 +120,5 @@ where
     };
     tokio::time::timeout(timeout, call)
         .await
-        .map_err(|_| CallError::Timeout)?
+        .map_err(|_| CallError::Timeout { after: timeout })?
 }

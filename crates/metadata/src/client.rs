@@ -94,14 +94,8 @@ impl HttpMetadata {
             .map_err(|e| match e {
                 CallError::Request(source) => MetadataError::Request { path, source },
                 CallError::Status(status) => MetadataError::Status { path, status },
-                CallError::TooLarge => MetadataError::BodyTooLarge {
-                    path,
-                    cap: MAX_RESPONSE_LEN,
-                },
-                CallError::Timeout => MetadataError::Timeout {
-                    path,
-                    after: self.timeout,
-                },
+                CallError::TooLarge { cap } => MetadataError::BodyTooLarge { path, cap },
+                CallError::Timeout { after } => MetadataError::Timeout { path, after },
             })
     }
 

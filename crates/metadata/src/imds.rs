@@ -257,14 +257,8 @@ impl Imds {
             .map_err(|e| match e {
                 CallError::Request(source) => ImdsError::Request { url, source },
                 CallError::Status(status) => ImdsError::Status { url, status },
-                CallError::TooLarge => ImdsError::TooLarge {
-                    url,
-                    cap: MAX_IMDS_BODY,
-                },
-                CallError::Timeout => ImdsError::Timeout {
-                    url,
-                    after: self.timeout,
-                },
+                CallError::TooLarge { cap } => ImdsError::TooLarge { url, cap },
+                CallError::Timeout { after } => ImdsError::Timeout { url, after },
             })
     }
 }

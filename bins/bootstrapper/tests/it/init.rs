@@ -2,8 +2,6 @@
 //! bcrypt, driven by a test client that verifies the node's TPM quote before it sends
 //! anything secret.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
 use std::os::unix::fs::PermissionsExt as _;
 use std::sync::Arc;
 use std::time::Duration;

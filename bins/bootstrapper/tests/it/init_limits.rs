@@ -2,8 +2,6 @@
 //! costs a TPM quote in the handshake) and Init calls (each costs a bcrypt check) are held
 //! to a burst and then a rate; other addresses are still served.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 

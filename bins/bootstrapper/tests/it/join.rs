@@ -2,8 +2,6 @@
 //! (mutual: the stub attests with its own swtpm and verifies the node's quote) with the
 //! tonic `join.API`, handing out tickets with keys derived from a master secret.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};

@@ -4,13 +4,6 @@
 //! API server (recorded responses in the real API format) as the API server the admin
 //! kubeconfig names.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;

@@ -8,12 +8,6 @@
 //! verifies, and the evidence is refused only because swtpm's AK is not the AK the Azure
 //! runtime data names (its private key lives in an Azure vTPM). The SNP report over an AK
 //! from configfs-tsm (AWS) and Azure's quote of a TD report need the real machines.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 
 use std::collections::VecDeque;
 use std::process::Command;

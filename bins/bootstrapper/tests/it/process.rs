@@ -1,8 +1,6 @@
 //! The `asterism-bootstrapper` program as a process: exit statuses, the log it streams to
 //! an authenticated caller after a failure, and a graceful stop on SIGTERM.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};

@@ -2,8 +2,6 @@
 //! keyed with the cluster-derived key, the node's recovery server over real aTLS (the node
 //! attests; the test verifies its quote), and the keys derived from a master secret.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

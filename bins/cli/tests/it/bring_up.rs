@@ -2,8 +2,6 @@
 //! created, the join service is waited for, and neither the progress output nor any log
 //! line (every target, every level) holds the master secret or the salt.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
 use asterism::bring_up::{self, Plan};
 use asterism_kube_api::{DeploymentSpec, Images, JoinServiceTrust, KeyServiceSecret};
 use asterism_testkit::kube_api::{RecordingServer, Reply};

@@ -2,12 +2,6 @@
 //! decrypted with `asterism recovery-share decrypt`, reconstructed into the keys the master
 //! secret derives; and every wrong share, file or workspace refused with its own reason,
 //! naming the file.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 
 use age::secrecy::ExposeSecret as _;
 use asterism::recover::{self, NodeKeys, check_cluster, cluster_kms, read_shares};

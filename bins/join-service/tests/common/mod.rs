@@ -217,29 +217,16 @@ impl<S> Running<S> {
     }
 }
 
-pub async fn start_join_service(cluster: &Cluster, options: Options) -> Running {
-    let state = RedbState::open(&cluster.state_dir()).unwrap();
-    start_join_service_with(cluster, options, state).await
-}
-
-/// A join service over `state`.
-pub async fn start_join_service_with<S: ClusterState>(
-    cluster: &Cluster,
-    options: Options,
-    state: S,
-) -> Running<S> {
-    let validator = TpmQuoteValidator::new(
-        AkTrust::pinned(options.pinned),
-        options.measurements.into_provider(),
-    );
-    let atls = AtlsServer::new(AtlsConfig::verifying(Arc::new(validator))).unwrap();
+/// The join service on `cluster` over `state`, with the key socket, rate, SANs and release
+/// of `options` (its AK trust and measurements are the aTLS server's, made by the caller).
+pub fn join_service<S: ClusterState>(cluster: &Cluster, state: S, options: Options) -> Service<S> {
     let keys = KeyServiceClient::new(&KeyServiceAddress::Unix(
         options
             .key_socket
             .unwrap_or_else(|| cluster.key_socket.clone()),
     ))
     .unwrap();
-    let service = JoinService::new(
+    JoinService::new(
         HttpMetadata::new(&cluster.metadata_url).unwrap(),
         keys,
         state,
@@ -255,7 +242,26 @@ pub async fn start_join_service_with<S: ClusterState>(
         },
         Metrics::new(),
     )
-    .unwrap();
+    .unwrap()
+}
+
+pub async fn start_join_service(cluster: &Cluster, options: Options) -> Running {
+    let state = RedbState::open(&cluster.state_dir()).unwrap();
+    start_join_service_with(cluster, options, state).await
+}
+
+/// A join service over `state`.
+pub async fn start_join_service_with<S: ClusterState>(
+    cluster: &Cluster,
+    mut options: Options,
+    state: S,
+) -> Running<S> {
+    let validator = TpmQuoteValidator::new(
+        AkTrust::pinned(std::mem::take(&mut options.pinned)),
+        options.measurements.clone().into_provider(),
+    );
+    let atls = AtlsServer::new(AtlsConfig::verifying(Arc::new(validator))).unwrap();
+    let service = join_service(cluster, state, options);
     let (stop, rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
@@ -355,6 +361,20 @@ pub fn join_request(
     }
 }
 
+/// [`join`] as worker-0: from [`W0`], with disk [`DISK_A`], as a worker.
+pub async fn join_worker_0(
+    server: SocketAddr,
+    issuer: Arc<dyn Issuer>,
+) -> Result<IssueJoinTicketResponse, tonic::Status> {
+    join(
+        server,
+        W0,
+        issuer,
+        join_request("worker-0", W0, DISK_A, false),
+    )
+    .await
+}
+
 pub async fn join(
     server: SocketAddr,
     from: &str,
@@ -418,4 +438,33 @@ pub async fn wait(process: Process) -> (ExitStatus, String) {
     })
     .await
     .unwrap()
+}
+
+/// The join-service program on `cluster`, trusting `fp`, listening on a free port of
+/// [`CP`]: the command with the flags every run shares (the measurement salt and zero
+/// measurements written to the cluster's directory), for the caller to add where the
+/// cluster state lives; and the join.API address.
+pub fn join_service_command(
+    cluster: &Cluster,
+    fp: &asterism_attestation::AkFingerprint,
+) -> (std::process::Command, String) {
+    let dir = cluster.dir.path();
+    std::fs::write(dir.join("salt"), SALT).unwrap();
+    std::fs::write(dir.join("measurements.json"), zero_measurements().to_json()).unwrap();
+    let listen = format!("{CP}:{}", asterism_testkit::process::free_port(CP));
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_asterism-join-service"));
+    command
+        .args(["--listen", &listen])
+        .args(["--pinned-ak", &fp.to_string()])
+        .arg("--measurements")
+        .arg(dir.join("measurements.json"))
+        .arg("--key-service")
+        .arg(format!("unix:{}", cluster.key_socket.display()))
+        .args(["--metadata-url", &cluster.metadata_url])
+        .arg("--pki-dir")
+        .arg(cluster.pki_dir())
+        .arg("--measurement-salt-file")
+        .arg(dir.join("salt"))
+        .stdout(std::process::Stdio::null());
+    (command, listen)
 }

@@ -2,8 +2,6 @@
 //! refused at start unless it requires a bearer token; the operator's admin socket is
 //! mode 0600 and re-admits members.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
 use crate::common::*;
 use asterism_join_service::HttpAccess;
 use std::process::{Command, Stdio};
@@ -85,14 +83,7 @@ async fn without_a_token_the_member_lists_are_only_on_the_admin_socket() {
     let (node, fp) = soft_node();
     let cluster = Cluster::start().await;
     let js = start_join_service(&cluster, Options::pinning(vec![fp])).await;
-    join(
-        js.addr,
-        W0,
-        node,
-        join_request("worker-0", W0, DISK_A, false),
-    )
-    .await
-    .unwrap();
+    join_worker_0(js.addr, node).await.unwrap();
     for path in ["/v1/members", "/v1/control-plane"] {
         let r = http(js.http, &format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n")).await;
         assert!(r.starts_with("HTTP/1.1 404"), "{path}: {r}");
@@ -113,14 +104,7 @@ async fn with_a_token_the_members_and_metrics_need_it_and_health_does_not() {
     let (node, fp) = soft_node();
     let cluster = Cluster::start().await;
     let js = start_join_service(&cluster, Options::pinning(vec![fp])).await;
-    join(
-        js.addr,
-        W0,
-        node,
-        join_request("worker-0", W0, DISK_A, false),
-    )
-    .await
-    .unwrap();
+    join_worker_0(js.addr, node).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, rx) = watch::channel(false);
@@ -178,14 +162,7 @@ async fn the_admin_socket_is_private_and_readmits_members() {
     let (new, newfp) = soft_node();
     let cluster = Cluster::start().await;
     let js = start_join_service(&cluster, Options::pinning(vec![oldfp, newfp])).await;
-    join(
-        js.addr,
-        W0,
-        old,
-        join_request("worker-0", W0, DISK_A, false),
-    )
-    .await
-    .unwrap();
+    join_worker_0(js.addr, old).await.unwrap();
 
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("admin.sock");

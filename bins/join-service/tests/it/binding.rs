@@ -2,8 +2,6 @@
 //! disk is refused, the init node's disk is its own, and a member that comes back with
 //! another attestation key waits for an operator.
 
-#![allow(clippy::unwrap_used)]
-
 use crate::common::*;
 use asterism_cluster::Role;
 use asterism_join_service::{ClusterState, InitNode, RedbState};
@@ -94,14 +92,7 @@ async fn a_member_with_another_key_is_refused_until_an_operator_readmits_it() {
     let (new, newfp) = soft_node();
     let cluster = Cluster::start().await;
     let js = start_join_service(&cluster, Options::pinning(vec![oldfp, newfp])).await;
-    join(
-        js.addr,
-        W0,
-        old,
-        join_request("worker-0", W0, DISK_A, false),
-    )
-    .await
-    .unwrap();
+    join_worker_0(js.addr, old).await.unwrap();
 
     // worker-0's address, a fresh disk, another (trusted) TPM.
     let err = join(
@@ -141,14 +132,7 @@ async fn a_joined_worker_cannot_squat_the_disk_of_a_node_that_has_not_joined() {
     let (victim, vfp) = soft_node();
     let cluster = Cluster::start().await;
     let js = start_join_service(&cluster, Options::pinning(vec![afp, vfp])).await;
-    join(
-        js.addr,
-        W0,
-        attacker.clone(),
-        join_request("worker-0", W0, DISK_A, false),
-    )
-    .await
-    .unwrap();
+    join_worker_0(js.addr, attacker.clone()).await.unwrap();
 
     // Under its own name, the victim's disk UUID (read from the disk's plaintext LUKS2
     // header): a second disk for a member, refused.

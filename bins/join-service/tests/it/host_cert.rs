@@ -1,8 +1,6 @@
 //! SSH host certificates name only the attested peer: its metadata name and address (and,
 //! for a control-plane node, the cluster's names); they expire; their serials differ.
 
-#![allow(clippy::unwrap_used, clippy::indexing_slicing)]
-
 use crate::common::*;
 use ssh_key::Certificate;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -66,14 +64,7 @@ async fn a_worker_gets_a_certificate_for_its_own_name_and_address_only() {
         .as_secs();
     let mut serials = Vec::new();
     for _ in 0..2 {
-        let t = join(
-            js.addr,
-            W0,
-            w.clone(),
-            join_request("worker-0", W0, DISK_A, false),
-        )
-        .await
-        .unwrap();
+        let t = join_worker_0(js.addr, w.clone()).await.unwrap();
         let cert = certificate(&t.host_certificate);
         assert_eq!(
             cert.valid_principals(),

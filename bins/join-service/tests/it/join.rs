@@ -2,8 +2,6 @@
 //! key service on a Unix socket, the real metadata service, clients bound to their node's
 //! `127.0.10.x` address, and evidence from a real swtpm or from a pinned software AK.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
 use std::sync::Arc;
 
 use crate::common::*;
@@ -30,14 +28,7 @@ async fn a_node_attesting_with_swtpm_gets_a_complete_ticket_and_a_rejoin_ticket_
     let cluster = Cluster::start().await;
     let js = start_join_service(&cluster, Options::pinning(vec![fp])).await;
 
-    let t = join(
-        js.addr,
-        W0,
-        issuer.clone(),
-        join_request("worker-0", W0, DISK_A, false),
-    )
-    .await
-    .unwrap();
+    let t = join_worker_0(js.addr, issuer.clone()).await.unwrap();
     assert_eq!(
         t.state_disk_key,
         expected_key(KeyId::disk(DISK_A).unwrap()),
@@ -228,14 +219,7 @@ async fn a_disk_belongs_to_the_first_attestation_key_and_retries_are_idempotent(
     let cluster = Cluster::start().await;
     let js = start_join_service(&cluster, Options::pinning(vec![afp, bfp])).await;
 
-    let first = join(
-        js.addr,
-        W0,
-        a.clone(),
-        join_request("worker-0", W0, DISK_A, false),
-    )
-    .await
-    .unwrap();
+    let first = join_worker_0(js.addr, a.clone()).await.unwrap();
     // Another node (another AK) asks for the same disk: join and rejoin refused.
     let err = join(
         js.addr,
@@ -334,14 +318,7 @@ async fn metrics_count_tickets_and_rejections_by_reason() {
     let (node, fp) = soft_node();
     let cluster = Cluster::start().await;
     let js = start_join_service(&cluster, Options::pinning(vec![fp])).await;
-    join(
-        js.addr,
-        W0,
-        node.clone(),
-        join_request("worker-0", W0, DISK_A, false),
-    )
-    .await
-    .unwrap();
+    join_worker_0(js.addr, node.clone()).await.unwrap();
     join(
         js.addr,
         W0,
@@ -374,14 +351,7 @@ async fn an_unreachable_key_service_is_unavailable_and_releases_nothing() {
     let mut options = Options::pinning(vec![fp]);
     options.key_socket = Some(cluster.dir.path().join("nobody-listens.sock"));
     let js = start_join_service(&cluster, options).await;
-    let err = join(
-        js.addr,
-        W0,
-        node,
-        join_request("worker-0", W0, DISK_A, false),
-    )
-    .await
-    .unwrap_err();
+    let err = join_worker_0(js.addr, node).await.unwrap_err();
     assert_eq!(err.code(), Code::Unavailable, "{err:?}");
     assert_eq!(js.admin_get("/v1/members").await, "[]");
     js.stop().await;
@@ -396,14 +366,7 @@ async fn a_key_service_that_starts_late_serves_the_next_request_with_the_cluster
     let mut options = Options::pinning(vec![fp]);
     options.key_socket = Some(socket.clone());
     let js = start_join_service(&cluster, options).await;
-    let err = join(
-        js.addr,
-        W0,
-        node.clone(),
-        join_request("worker-0", W0, DISK_A, false),
-    )
-    .await
-    .unwrap_err();
+    let err = join_worker_0(js.addr, node.clone()).await.unwrap_err();
     assert_eq!(err.code(), Code::Unavailable, "{err:?}");
 
     let ks = asterism_key_service::Listener::bind(&asterism_kms::KeyServiceAddress::Unix(socket))

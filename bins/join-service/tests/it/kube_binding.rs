@@ -4,13 +4,6 @@
 //! binds its disk; tickets carry the components ConfigMap the NodeVersion names, checked
 //! against its name.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use asterism_attestation::AkFingerprint;
 use asterism_join_service::{
     Admission, ClusterState, InitNode, JoiningNodes, KubeReleaseError, KubeState, StateError,

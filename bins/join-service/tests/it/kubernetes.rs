@@ -4,21 +4,13 @@
 //! real as in tests/join.rs: aTLS and gRPC on loopback, the key service, the metadata
 //! service, swtpm or pinned software AKs.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
-use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime};
 
 use crate::common::*;
 use asterism_join_service::{JoiningNodes, KubeState};
 use asterism_testkit::TpmNode;
 use asterism_testkit::kube_api::{RecordingServer, Reply};
-use asterism_testkit::process::{Process, free_port};
+use asterism_testkit::process::Process;
 use tonic::Code;
 
 const CONFIG_MAPS: &str = "/api/v1/namespaces/kube-system/configmaps";
@@ -121,14 +113,7 @@ async fn a_swtpm_node_gets_a_ticket_whose_token_is_a_bootstrap_token_stored_in_t
     let js = start_join_service_with(&cluster, Options::pinning(vec![fp]), state).await;
 
     let before = SystemTime::now();
-    let t = join(
-        js.addr,
-        W0,
-        issuer,
-        join_request("worker-0", W0, DISK_A, false),
-    )
-    .await
-    .unwrap();
+    let t = join_worker_0(js.addr, issuer).await.unwrap();
     let after = SystemTime::now();
 
     // The token has the kubeadm format and is the one stored as a bootstrap token Secret.
@@ -248,14 +233,7 @@ async fn a_refused_node_creates_nothing_in_the_cluster() {
     let state = kube_state(&server, cluster.dir.path()).await;
     let js = start_join_service_with(&cluster, Options::pinning(vec![fp]), state).await;
 
-    let err = join(
-        js.addr,
-        W0,
-        node.clone(),
-        join_request("worker-0", W0, DISK_A, false),
-    )
-    .await
-    .unwrap_err();
+    let err = join_worker_0(js.addr, node.clone()).await.unwrap_err();
     assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
     assert!(err.message().contains("another attestation key"), "{err:?}");
     let requests = server.requests();
@@ -339,14 +317,7 @@ async fn an_api_server_failure_is_unavailable_and_forbidden_is_internal() {
     );
     let state = kube_state(&server, cluster.dir.path()).await;
     let js = start_join_service_with(&cluster, Options::pinning(vec![fp]), state).await;
-    let err = join(
-        js.addr,
-        W0,
-        node.clone(),
-        join_request("worker-0", W0, DISK_A, false),
-    )
-    .await
-    .unwrap_err();
+    let err = join_worker_0(js.addr, node.clone()).await.unwrap_err();
     assert_eq!(err.code(), Code::Unavailable, "{err:?}");
 
     // Missing RBAC is the operator's to fix, not the node's to retry: INTERNAL, no detail.
@@ -361,14 +332,7 @@ async fn an_api_server_failure_is_unavailable_and_forbidden_is_internal() {
             SECRETS,
             [Reply::recorded(403, "status-403-secrets-forbidden.json")],
         );
-    let err = join(
-        js.addr,
-        W0,
-        node,
-        join_request("worker-0", W0, DISK_A, false),
-    )
-    .await
-    .unwrap_err();
+    let err = join_worker_0(js.addr, node).await.unwrap_err();
     assert_eq!(err.code(), Code::Internal, "{err:?}");
     assert_eq!(err.message(), "issuing the ticket failed");
     assert!(
@@ -403,26 +367,11 @@ async fn the_binary_keeps_its_state_on_the_kubernetes_api_with_cluster_state_kub
             [Reply::recorded(200, "configmap-components-created.json")],
         );
     let dir = cluster.dir.path();
-    std::fs::write(dir.join("salt"), SALT).unwrap();
-    std::fs::write(dir.join("measurements.json"), zero_measurements().to_json()).unwrap();
     server.write_kubeconfig(&dir.join("admin.conf"));
-    let listen = format!("{CP}:{}", free_port(CP));
-    let mut command = Command::new(env!("CARGO_BIN_EXE_asterism-join-service"));
+    let (mut command, listen) = join_service_command(&cluster, &fp);
     command
-        .args(["--listen", &listen])
-        .args(["--pinned-ak", &fp.to_string()])
-        .arg("--measurements")
-        .arg(dir.join("measurements.json"))
-        .arg("--key-service")
-        .arg(format!("unix:{}", cluster.key_socket.display()))
-        .args(["--metadata-url", &cluster.metadata_url])
-        .arg("--pki-dir")
-        .arg(cluster.pki_dir())
-        .arg("--measurement-salt-file")
-        .arg(dir.join("salt"))
         .args(["--cluster-state", "kubernetes", "--kubeconfig"])
-        .arg(dir.join("admin.conf"))
-        .stdout(Stdio::null());
+        .arg(dir.join("admin.conf"));
     let child = Process::spawn(&mut command);
 
     let ticket = first_ticket(listen.parse().unwrap(), node.clone()).await;

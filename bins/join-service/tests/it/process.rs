@@ -2,10 +2,7 @@
 //! health and members, and stops with status 0 on SIGTERM; its tickets carry the Kubernetes
 //! release the init node recorded, and a recorded release with a bad hash stops it.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
 
 use asterism_testkit::process::{Process, free_port};
 
@@ -21,28 +18,13 @@ fn spawn(
     fp: &asterism_attestation::AkFingerprint,
     extra: &[&std::ffi::OsStr],
 ) -> (Process, SocketAddr) {
-    let dir = cluster.dir.path();
-    std::fs::write(dir.join("salt"), SALT).unwrap();
-    std::fs::write(dir.join("measurements.json"), zero_measurements().to_json()).unwrap();
-    let listen = format!("{CP}:{}", free_port(CP));
+    let (mut command, listen) = join_service_command(cluster, fp);
     let metrics = format!("{CP}:{}", free_port(CP));
-    let mut command = Command::new(env!("CARGO_BIN_EXE_asterism-join-service"));
     command
-        .args(["--listen", &listen, "--metrics-listen", &metrics])
-        .args(["--pinned-ak", &fp.to_string()])
-        .arg("--measurements")
-        .arg(dir.join("measurements.json"))
-        .arg("--key-service")
-        .arg(format!("unix:{}", cluster.key_socket.display()))
-        .args(["--metadata-url", &cluster.metadata_url])
-        .arg("--pki-dir")
-        .arg(cluster.pki_dir())
-        .arg("--measurement-salt-file")
-        .arg(dir.join("salt"))
+        .args(["--metrics-listen", &metrics])
         .arg("--state-dir")
         .arg(cluster.state_dir())
-        .args(extra)
-        .stdout(Stdio::null());
+        .args(extra);
     (Process::spawn(&mut command), listen.parse().unwrap())
 }
 

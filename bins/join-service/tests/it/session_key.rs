@@ -2,17 +2,12 @@
 //! swtpm: nodes that verify the service get tickets, and however many connect, the
 //! service's TPM quotes once; nodes that do not ask never make it quote.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
 use crate::common::*;
 use asterism_atls::{
     AtlsConfig, AtlsConnector, AtlsServer, Issuer, SessionKeyIssuer, VerifiedPeer,
 };
 use asterism_attestation::{AkTrust, IssueError, ReportData, TpmQuoteValidator};
-use asterism_join_service::{
-    JoinConfig, JoinService, KeyServiceAddress, KeyServiceClient, LIMITS, Metrics, RedbState,
-};
-use asterism_metadata::HttpMetadata;
+use asterism_join_service::{LIMITS, RedbState};
 use asterism_proto::join::IssueJoinTicketRequest;
 use asterism_proto::join::api_client::ApiClient;
 use asterism_testkit::TpmNode;
@@ -107,23 +102,11 @@ async fn mutual_joins_verify_a_session_key_and_the_service_quotes_once() {
         ))),
     )
     .unwrap();
-    let service = JoinService::new(
-        HttpMetadata::new(&cluster.metadata_url).unwrap(),
-        KeyServiceClient::new(&KeyServiceAddress::Unix(cluster.key_socket.clone())).unwrap(),
+    let service = join_service(
+        &cluster,
         RedbState::open(&cluster.state_dir()).unwrap(),
-        cluster.ca(),
-        JoinConfig {
-            measurement_salt: SALT.to_vec(),
-            api_server_host: CP.parse().unwrap(),
-            pki_dir: cluster.pki_dir(),
-            rate_per_second: 10.0,
-            burst: 20,
-            cluster_sans: Vec::new(),
-            kubernetes: None,
-        },
-        Metrics::new(),
-    )
-    .unwrap();
+        Options::pinning(Vec::new()),
+    );
     let listener = tokio::net::TcpListener::bind(format!("{CP}:0"))
         .await
         .unwrap();

@@ -3,8 +3,14 @@
 // Not every test binary uses every helper; helpers may fail loudly.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use asterism_atls::{AtlsConfig, AtlsConnector, Issuer};
+use asterism_testkit::process::{Process, free_port};
 
 use asterism_proto::kms::GetDataKeyRequest;
 use asterism_proto::kms::api_client::ApiClient;
@@ -66,4 +72,78 @@ pub async fn get_key(
 /// Asks for 32 bytes of key `id` and returns them as hex.
 pub async fn get_key_hex(client: &mut ApiClient<Channel>, id: &str) -> String {
     hex::encode(get_key(client, id, 32).await.unwrap())
+}
+
+/// A directory with a master secret and a salt of 32 zero bytes, both mode 0600: the
+/// secrets the `*_ZERO` keys are derived from.
+pub struct Secrets {
+    pub dir: tempfile::TempDir,
+    pub master_secret: PathBuf,
+    pub salt: PathBuf,
+}
+
+pub fn secrets() -> Secrets {
+    let dir = tempfile::tempdir().unwrap();
+    let master_secret = write_secret(dir.path(), "mastersecret", &[0; 32], 0o600);
+    let salt = write_secret(dir.path(), "salt", &[0; 32], 0o600);
+    Secrets {
+        dir,
+        master_secret,
+        salt,
+    }
+}
+
+/// Writes `contents` to `dir/name` with `mode`.
+pub fn write_secret(dir: &Path, name: &str, contents: &[u8], mode: u32) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, contents).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+    path
+}
+
+/// The key-service program serving attested TLS on a free loopback port, with `secrets`
+/// and `verify_clients` (the flags that say how it checks its clients); and its address.
+pub fn start_atls_key_service(secrets: &Secrets, verify_clients: &[&str]) -> (Process, String) {
+    let addr = format!("127.0.0.1:{}", free_port("127.0.0.1"));
+    let child = Process::spawn(
+        Command::new(env!("CARGO_BIN_EXE_asterism-key-service"))
+            .arg("--master-secret-file")
+            .arg(&secrets.master_secret)
+            .arg("--salt-file")
+            .arg(&secrets.salt)
+            .args(["--atls-listen", &addr])
+            .args(verify_clients)
+            .stdout(Stdio::null()),
+    );
+    (child, addr)
+}
+
+/// A channel to the key service at `addr` over attested TLS, attesting with `issuer`.
+pub async fn attested_channel(
+    addr: &str,
+    issuer: Arc<dyn Issuer>,
+) -> Result<Channel, tonic::transport::Error> {
+    let connector = AtlsConnector::new(AtlsConfig::attesting(issuer)).unwrap();
+    Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_with_connector(connector)
+        .await
+}
+
+/// [`attested_channel`], tried again every 50 ms while the service starts, for at most
+/// 20 s; then why it failed.
+pub async fn attested_channel_once_up(
+    addr: &str,
+    issuer: Arc<dyn Issuer>,
+) -> Result<Channel, String> {
+    let start = Instant::now();
+    loop {
+        match attested_channel(addr, issuer.clone()).await {
+            Ok(channel) => return Ok(channel),
+            Err(_) if start.elapsed() < Duration::from_secs(20) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(format!("no attested connection to the key service: {e:?}")),
+        }
+    }
 }

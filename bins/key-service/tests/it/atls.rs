@@ -3,22 +3,18 @@
 //! Real TLS 1.3 and gRPC on loopback, real Ed25519 signatures (the insecure test variant).
 
 #![cfg(feature = "insecure-test-attestation")]
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::io::Read;
-use std::os::unix::fs::PermissionsExt;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::common::*;
 use asterism_atls::attestation::test_ed25519::{InsecureTestIssuer, InsecureTestValidator};
-use asterism_atls::{AtlsConfig, AtlsConnector, AtlsServer};
+use asterism_atls::{AtlsConfig, AtlsServer};
 use asterism_key_service::{KeyService, LIMITS, serve_with_limits};
 use asterism_kms::{ClusterKms, MasterSecret, Salt};
 use asterism_proto::kms::api_client::ApiClient;
 use tokio::net::TcpListener;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 const CLIENT_SEED: [u8; 32] = [7; 32];
 
@@ -34,11 +30,7 @@ fn client_issuer(seed: [u8; 32]) -> Arc<InsecureTestIssuer> {
 }
 
 async fn atls_channel(addr: &str, seed: [u8; 32]) -> Result<Channel, tonic::transport::Error> {
-    let connector = AtlsConnector::new(AtlsConfig::attesting(client_issuer(seed))).unwrap();
-    Endpoint::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect_with_connector(connector)
-        .await
+    attested_channel(addr, client_issuer(seed)).await
 }
 
 async fn start_attested(service: KeyService) -> String {
@@ -108,65 +100,26 @@ async fn the_attested_only_handler_refuses_an_unattested_connection() {
 
 #[test]
 fn the_binary_serves_attested_clients_end_to_end() {
-    let dir = tempfile::tempdir().unwrap();
-    let write = |name: &str| {
-        let path = dir.path().join(name);
-        std::fs::write(&path, [0u8; 32]).unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
-        path
-    };
-    let (ms, salt) = (write("mastersecret"), write("salt"));
-    // A free port: bind, note it, release it for the child.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
+    let secrets = secrets();
     let trusted = hex::encode(client_issuer(CLIENT_SEED).public_key());
-    let mut child = Command::new(env!("CARGO_BIN_EXE_asterism-key-service"))
-        .arg("--master-secret-file")
-        .arg(&ms)
-        .arg("--salt-file")
-        .arg(&salt)
-        .args([
-            "--atls-listen",
-            &addr,
+    let (mut child, addr) = start_atls_key_service(
+        &secrets,
+        &[
             "--verify-clients",
             "insecure-test-ed25519",
-        ])
-        .args(["--insecure-test-trusted-key", &trusted])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+            "--insecure-test-trusted-key",
+            &trusted,
+        ],
+    );
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let result = runtime.block_on(async {
-        let start = Instant::now();
-        let channel = loop {
-            match atls_channel(&addr, CLIENT_SEED).await {
-                Ok(c) => break c,
-                Err(_) if start.elapsed() < Duration::from_secs(20) => {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                Err(e) => return Err(format!("key service did not come up: {e:?}")),
-            }
-        };
+        let channel = attested_channel_once_up(&addr, client_issuer(CLIENT_SEED)).await?;
         let mut client = ApiClient::new(channel);
         let key = get_key_hex(&mut client, "measurementSecret").await;
         let refused = atls_channel(&addr, [9; 32]).await.is_err();
-        Ok((key, refused))
+        Ok::<_, String>((key, refused))
     });
-    let _ = child.kill();
-    let _ = child.wait();
-    let mut logs = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut logs)
-        .unwrap();
+    let (_, logs) = child.stop(Duration::from_secs(30));
     let (key, refused) = result.unwrap_or_else(|e| panic!("{e}\n{logs}"));
     assert_eq!(key, MEASUREMENT_SECRET_ZERO);
     assert!(refused, "an untrusted client is refused");

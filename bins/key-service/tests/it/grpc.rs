@@ -1,8 +1,5 @@
 //! The key service over real gRPC, in process: over a Unix socket and over TCP loopback.
 
-// Test helpers outside `#[test]` functions may fail loudly too.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;

@@ -1,9 +1,6 @@
 //! The `asterism-key-service` binary as a real process: refusals at start-up, and a run
 //! that serves requests, keeps key material out of its logs and stops on SIGTERM.
 
-// Test helpers outside `#[test]` functions may fail loudly too.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
@@ -17,31 +14,6 @@ use base64::engine::general_purpose::{STANDARD, URL_SAFE};
 
 const BIN: &str = env!("CARGO_BIN_EXE_asterism-key-service");
 const DEADLINE: Duration = Duration::from_secs(20);
-
-/// A directory with a master secret and a salt of 32 zero bytes, both mode 0600.
-struct Secrets {
-    dir: tempfile::TempDir,
-    master_secret: PathBuf,
-    salt: PathBuf,
-}
-
-fn secrets() -> Secrets {
-    let dir = tempfile::tempdir().unwrap();
-    let master_secret = write_secret(dir.path(), "mastersecret", &[0; 32], 0o600);
-    let salt = write_secret(dir.path(), "salt", &[0; 32], 0o600);
-    Secrets {
-        dir,
-        master_secret,
-        salt,
-    }
-}
-
-fn write_secret(dir: &Path, name: &str, contents: &[u8], mode: u32) -> PathBuf {
-    let path = dir.join(name);
-    std::fs::write(&path, contents).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
-    path
-}
 
 fn command(master_secret: &Path, salt: &Path, listen: &str) -> Command {
     let mut cmd = Command::new(BIN);

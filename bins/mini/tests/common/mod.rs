@@ -63,3 +63,12 @@ pub fn runtime() -> tokio::runtime::Runtime {
 pub fn cryptsetup_opens(node: &Node, key: &[u8]) -> bool {
     asterism_testkit::luks::opens(&node.dir.join("state.img"), key)
 }
+
+/// The running swtpm of `node` (its state under `tpm/`, its pid and sockets under `run/`).
+pub fn node_swtpm(node: &Node) -> asterism_swtpm::SwtpmProcess {
+    let cfg = asterism_swtpm::SwtpmConfig::new(node.dir.join("tpm"))
+        .unwrap()
+        .with_run_dir(node.dir.join("run"))
+        .unwrap();
+    asterism_swtpm::SwtpmProcess::attach(&cfg).unwrap()
+}

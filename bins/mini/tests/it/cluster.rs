@@ -5,14 +5,7 @@
 //! The binaries are the workspace's own, built next to `asterism` (`cargo test --workspace`
 //! builds them all). Kubernetes cannot run here; the bootstrappers use the `none` driver.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
-use crate::common::{Teardown, bins, cryptsetup_opens, runtime};
+use crate::common::{Teardown, bins, cryptsetup_opens, node_swtpm, runtime};
 use asterism_mini::{LocalCluster, Node};
 use asterism_testkit::process::wait_for;
 use std::process::Command;
@@ -173,13 +166,9 @@ fn init_two_joins_verify_and_a_reboot_with_rejoin() {
     // A reboot of worker-0: its TPM resets (PCRs cleared, AK kept), its bootstrapper starts
     // again, gets a rejoin ticket, unlocks the disk and marks PCR 15 again.
     let mut worker = cluster.nodes[1].clone();
-    let cfg = asterism_swtpm::SwtpmConfig::new(worker.dir.join("tpm"))
-        .unwrap()
-        .with_run_dir(worker.dir.join("run"))
-        .unwrap();
     // The verify service of this node holds no TPM connection between requests; stop it
     // anyway, as a reboot would.
-    let mut swtpm = asterism_swtpm::SwtpmProcess::attach(&cfg).unwrap();
+    let mut swtpm = node_swtpm(&worker);
     swtpm.restart().unwrap();
     worker.tcti = swtpm.tcti();
     {

@@ -31,13 +31,6 @@
 //! | the service account's token (kube-rs reads it at the fixed `/var/run/secrets/kubernetes.io/serviceaccount`) and `KUBERNETES_SERVICE_HOST`/`_PORT` | `--kubeconfig` naming the recording API server, added for a pod whose service account mounts a token | no API server here, and no process can be given that fixed path without a mount namespace |
 //! | the image's `/bin/sh` and `PATH` | the host's `/bin/sh`; `PATH` a directory holding only the image's program, then the host's `/usr/sbin:/usr/bin:/sbin:/bin` | no container runtime here |
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use crate::common::{Teardown, bins, cryptsetup_opens};
 use asterism::bring_up::{self, Plan};
 use asterism_cluster::NodeDir;

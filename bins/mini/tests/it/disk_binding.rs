@@ -5,13 +5,6 @@
 //! squat the disk of a node that has not joined yet; SSH host certificates name the node
 //! only, and expire.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use crate::common::{Teardown, bins, cryptsetup_opens, join_worker, runtime};
 use asterism_mini::{LocalCluster, Node};
 use asterism_testkit::process::wait_for;

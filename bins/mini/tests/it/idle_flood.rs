@@ -12,13 +12,6 @@
 //! Real processes throughout: swtpm per node, the metadata service, bootstrappers,
 //! `asterism init`, the key service and the join service.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use crate::common;
 use crate::common::{Teardown, bins, runtime};
 use asterism_mini::LocalCluster;

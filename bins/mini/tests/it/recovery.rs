@@ -4,13 +4,6 @@
 //! shares. Before that, the refusals: a node whose PCRs differ gets nothing, a relayed
 //! recovery session fails, and a wrong key changes nothing on the node.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use crate::common::{TeardownAt, bins, cryptsetup_opens, join_worker, runtime};
 use asterism::recover::{NodeKeys, Target};
 use asterism_atls::{AtlsConfig, AtlsConnector};

@@ -7,14 +7,7 @@
 //! `asterism init` (twice: once for this cluster, once for the impostor's), and the
 //! impostor's own key service and join service.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
-use crate::common::bins;
+use crate::common::{bins, node_swtpm};
 use asterism_mini::{LocalCluster, Node};
 use asterism_testkit::process::wait_for;
 use base64::Engine as _;
@@ -147,11 +140,7 @@ fn start_impostor(
 
 /// PCR 15 of `node`'s TPM (its swtpm keeps running).
 fn pcr15(node: &Node) -> [u8; 32] {
-    let cfg = asterism_swtpm::SwtpmConfig::new(node.dir.join("tpm"))
-        .unwrap()
-        .with_run_dir(node.dir.join("run"))
-        .unwrap();
-    let swtpm = asterism_swtpm::SwtpmProcess::attach(&cfg).unwrap();
+    let swtpm = node_swtpm(node);
     let mut tpm = asterism_tpm::Tpm::open(&swtpm.tcti().parse().unwrap()).unwrap();
     asterism_tpm::marker::read_marker_pcr(&mut tpm).unwrap()
 }

@@ -1,12 +1,6 @@
 //! aTLS over real sockets on loopback: real TLS 1.3, real gRPC, real Ed25519 signatures.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
+use crate::common::{CLIENT_SEED, SERVER_SEED, issuer, validator_for};
 use asterism_atls::attestation::test_ed25519::{InsecureTestIssuer, InsecureTestValidator};
 use asterism_atls::attestation::{IssueError, ReportData};
 use asterism_atls::wire::{self, Hello};
@@ -22,17 +16,6 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tonic::transport::Endpoint;
-
-const SERVER_SEED: [u8; 32] = [0x51; 32];
-const CLIENT_SEED: [u8; 32] = [0xc1; 32];
-
-fn issuer(seed: [u8; 32]) -> Arc<InsecureTestIssuer> {
-    Arc::new(InsecureTestIssuer::from_seed(&seed).unwrap())
-}
-
-fn validator_for(seed: [u8; 32]) -> Arc<InsecureTestValidator> {
-    Arc::new(InsecureTestValidator::new([issuer(seed).public_key()]))
-}
 
 /// A handler that answers with the identity of the verified peer (or "none") and counts
 /// its calls.
@@ -259,23 +242,7 @@ async fn evidence_replayed_on_another_connection_is_rejected() {
 /// A raw TLS 1.3 server speaking the aTLS frames by hand, for attacks the real server
 /// would never make.
 async fn raw_tls_server() -> (std::net::SocketAddr, tokio_rustls::TlsAcceptor, TcpListener) {
-    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-    let cert = rcgen::CertificateParams::new(vec!["x".into()])
-        .unwrap()
-        .self_signed(&key)
-        .unwrap();
-    let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_protocol_versions(&[&rustls::version::TLS13])
-    .unwrap()
-    .with_no_client_auth()
-    .with_single_cert(
-        vec![cert.der().clone()],
-        rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
-    )
-    .unwrap();
-    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    let cfg = asterism_testkit::tls_server::self_signed_h2_config("x").unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     (
         listener.local_addr().unwrap(),

@@ -12,4 +12,5 @@
 )]
 
 mod atls;
+mod common;
 mod session_key;

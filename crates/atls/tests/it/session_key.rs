@@ -2,14 +2,7 @@
 //! interval, none for peers that do not ask, and every verifier check with an attack that
 //! only that check stops.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
-use asterism_atls::attestation::test_ed25519::{InsecureTestIssuer, InsecureTestValidator};
+use crate::common::{CLIENT_SEED, SERVER_SEED, issuer, validator_for};
 use asterism_atls::attestation::{IssueError, ReportData};
 use asterism_atls::session::{self, SessionKeyEvidence};
 use asterism_atls::wire::{self, Hello};
@@ -20,17 +13,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
-
-const SERVER_SEED: [u8; 32] = [0x51; 32];
-const CLIENT_SEED: [u8; 32] = [0xc1; 32];
-
-fn issuer(seed: [u8; 32]) -> Arc<InsecureTestIssuer> {
-    Arc::new(InsecureTestIssuer::from_seed(&seed).unwrap())
-}
-
-fn validator_for(seed: [u8; 32]) -> Arc<InsecureTestValidator> {
-    Arc::new(InsecureTestValidator::new([issuer(seed).public_key()]))
-}
 
 /// A real issuer that counts its calls.
 struct Counting {
@@ -252,23 +234,7 @@ fn forge(f: Forge, exporter: &[u8; 32]) -> Vec<u8> {
 /// A hand-written server that answers a verifying client with forged session-key
 /// evidence; returns what the client's connector concluded.
 async fn against_forged_server(f: Forge) -> Result<(), AtlsError> {
-    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-    let cert = rcgen::CertificateParams::new(vec!["x".into()])
-        .unwrap()
-        .self_signed(&key)
-        .unwrap();
-    let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_protocol_versions(&[&rustls::version::TLS13])
-    .unwrap()
-    .with_no_client_auth()
-    .with_single_cert(
-        vec![cert.der().clone()],
-        rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
-    )
-    .unwrap();
-    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    let cfg = asterism_testkit::tls_server::self_signed_h2_config("x").unwrap();
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

@@ -2,8 +2,6 @@
 //! image file. Keys are checked with the cryptsetup program directly wherever the claim is
 //! about the disk rather than about this crate.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
 use std::fs::{self, File};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};

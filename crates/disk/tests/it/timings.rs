@@ -2,12 +2,7 @@
 //! parameters. Ignored by default (it takes about half a minute); run it with
 //! `cargo test -p asterism-disk --test timings -- --ignored --nocapture`.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::print_stdout
-)]
+#![allow(clippy::print_stdout)]
 
 use std::fs::File;
 use std::time::Instant;

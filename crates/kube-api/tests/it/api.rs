@@ -3,13 +3,6 @@
 //! (`crates/testkit/recorded/`), every request recorded so that each test checks what the client sent
 //! as well as how it handled the answer.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use asterism_kube_api::{
     ApiError, ApiOptions, ClusterApi, JoinConfigChange, JoiningNode, TokenPolicy, WaitPolicy,
 };
@@ -38,6 +31,26 @@ async fn setup() -> (RecordingServer, ClusterApi, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let api = server.api(dir.path()).await;
     (server, api, dir)
+}
+
+/// The object at `path` reads as `current`; the first replace of it loses a race (409,
+/// `conflict`: another writer was first), the next is `updated`.
+fn lose_one_race(
+    server: &RecordingServer,
+    path: &str,
+    current: &str,
+    conflict: &str,
+    updated: &str,
+) {
+    server.on("GET", path, [Reply::recorded(200, current)]);
+    server.on(
+        "PUT",
+        path,
+        [
+            Reply::recorded(409, conflict),
+            Reply::recorded(200, updated),
+        ],
+    );
 }
 
 fn b64(bytes: &[u8]) -> String {
@@ -172,19 +185,12 @@ async fn join_config_is_created_with_the_measurements_and_the_raw_salt() {
 #[tokio::test]
 async fn updating_join_config_keeps_the_previous_one_and_survives_a_lost_race() {
     let (server, api, _dir) = setup().await;
-    let path = format!("{CONFIG_MAPS}/join-config");
-    server.on(
-        "GET",
-        &path,
-        [Reply::recorded(200, "configmap-join-config.json")],
-    );
-    server.on(
-        "PUT",
-        &path,
-        [
-            Reply::recorded(409, "status-409-configmap-join-config-conflict.json"),
-            Reply::recorded(200, "configmap-join-config-updated.json"),
-        ],
+    lose_one_race(
+        &server,
+        &format!("{CONFIG_MAPS}/join-config"),
+        "configmap-join-config.json",
+        "status-409-configmap-join-config-conflict.json",
+        "configmap-join-config-updated.json",
     );
     let change = api.apply_join_config(CONFIG, &SALT).await.unwrap();
     assert_eq!(change, JoinConfigChange::Updated);
@@ -720,19 +726,12 @@ async fn the_components_reference_comes_from_the_node_version() {
 #[tokio::test]
 async fn a_member_is_updated_with_its_resource_version_and_retried_after_a_lost_race() {
     let (server, api, _dir) = setup().await;
-    let path = format!("{CONFIG_MAPS}/asterism-member-worker-0");
-    server.on(
-        "GET",
-        &path,
-        [Reply::recorded(200, "configmap-member-worker-0.json")],
-    );
-    server.on(
-        "PUT",
-        &path,
-        [
-            Reply::recorded(409, "status-409-configmap-member-conflict.json"),
-            Reply::recorded(200, "configmap-member-updated.json"),
-        ],
+    lose_one_race(
+        &server,
+        &format!("{CONFIG_MAPS}/asterism-member-worker-0"),
+        "configmap-member-worker-0.json",
+        "status-409-configmap-member-conflict.json",
+        "configmap-member-updated.json",
     );
     let ak = "4d2a9f0e1b3c5d7e9f1a2b4c6d8e0f1a3b5c7d9e1f2a4b6c8d0e2f4a6b8c0d2e";
     let record = api

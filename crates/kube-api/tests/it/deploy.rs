@@ -3,13 +3,6 @@
 //! recording API server: exactly which objects, where, with which RBAC verbs, and the wait
 //! for the join service's pods.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use asterism_kube_api::{
     ApiError, ClusterApi, DeploymentSpec, Images, JoinServiceTrust, KeyServiceSecret, Object,
     RolloutStatus, WaitPolicy, deployment,

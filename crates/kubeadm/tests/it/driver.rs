@@ -1,12 +1,6 @@
 //! The kubeadm node setup end to end, as the bootstrapper's `kubeadm` driver runs it:
 //! components from a local HTTP server, the recording stand-in as kubeadm and systemctl, a
 //! temporary directory standing for `/etc/kubernetes` and `/run/state`.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 
 use crate::kubeadm_support;
 

@@ -5,12 +5,6 @@
 //!
 //! `ASTERISM_UPDATE_GOLDEN=1 cargo test -p asterism-kubeadm --test kubeadm` rewrites the
 //! golden files.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 
 use crate::kubeadm_support;
 

@@ -407,16 +407,14 @@ impl CloudSettings {
                     .unwrap_or_else(|_| format!("HTTP status {status}"));
                 Err(self.http(method, path, reason))
             }
-            Err(CallError::TooLarge) => Err(SettingsError::TooLarge {
+            Err(CallError::TooLarge { cap }) => Err(SettingsError::TooLarge {
                 origin: self.origin,
                 what: url,
                 cap,
             }),
-            Err(CallError::Timeout) => Err(self.http(
-                method,
-                path,
-                format!("no complete answer within {:?}", self.timeout),
-            )),
+            Err(CallError::Timeout { after }) => {
+                Err(self.http(method, path, format!("no complete answer within {after:?}")))
+            }
             Err(CallError::Request(e)) => {
                 let mut reason = format!("request failed: {e}");
                 let mut cause = e.source();

@@ -1,8 +1,6 @@
 //! The swtpm launcher: it starts a TPM that answers, restarts it on the same state, and
 //! cleans up after itself.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
 use std::net::TcpStream;
 
 use asterism_testkit::{Swtpm, check_swtpm_installed};

@@ -1,13 +1,6 @@
 //! The production swtpm launcher (`asterism_swtpm`): persistent state directories,
 //! chosen ports, detached processes found again by their pid and port files, TPM resets.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use std::fs;
 use std::net::{TcpListener, TcpStream};
 

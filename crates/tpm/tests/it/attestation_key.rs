@@ -1,13 +1,6 @@
 //! The attestation key: created once, persisted at its handle, found again afterwards, and
 //! made from the restricted-signing template.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use crate::common::{
     ALG_ECC, ALG_ECDSA, ALG_NULL, ALG_RSA, ALG_RSASSA, ALG_SHA256, AkPublic, ECC_NIST_P256,
     parse_public, swtpm_and_tpm,

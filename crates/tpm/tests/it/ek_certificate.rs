@@ -1,12 +1,5 @@
 //! EK certificates: read from NV when swtpm_setup wrote them, `None` otherwise.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use crate::common::swtpm_and_tpm;
 use asterism_tpm::EkCertSlot;
 

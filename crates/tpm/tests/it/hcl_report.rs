@@ -6,13 +6,6 @@
 //! (1820 bytes, header restored), zero-padded to 2048 as Azure pads its larger index; the
 //! 2600-byte Azure TDX report does not fit in an swtpm index.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use std::io::Write as _;
 use std::str::FromStr as _;
 

@@ -1,7 +1,5 @@
 //! The `tpm-quote` issuer on swtpm, checked by the pure-Rust validator.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
 use asterism_attestation::{
     ExpectedPcr, Issuer, Measurements, PcrIndex, ReportData, Role, TpmQuoteValidator, Validator,
 };

@@ -2,13 +2,6 @@
 //! marking, what survives a reconnection and what a TPM reset clears, and a TPM without the
 //! SHA-256 bank.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use crate::common::swtpm_and_tpm;
 use asterism_swtpm::{ManufactureOptions, PcrBank, SwtpmConfig, SwtpmProcess, manufacture};
 use asterism_testkit::Swtpm;

@@ -5,13 +5,6 @@
 //! test fills every transient slot with `tpm2_createprimary` (tpm2-tools) and then creates
 //! the AK, which needs a slot.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use std::process::Command;
 
 use asterism_testkit::Swtpm;

@@ -1,12 +1,5 @@
 //! Opening a TPM: unsupported and unreachable TPMs fail with errors that say why.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use std::net::TcpListener;
 
 use asterism_tpm::{Layer, Tpm, TpmConfig, TpmError};

@@ -1,13 +1,6 @@
 //! PCR read, extend and event against a real TPM (swtpm), checked against SHA-256 computed
 //! here.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use crate::common::{sha256, swtpm_and_tpm};
 use asterism_tpm::pcr::{self, PCR_CLUSTER_ID};
 use asterism_tpm::{MAX_EVENT_DATA, PcrSelection, Tpm, TpmError};

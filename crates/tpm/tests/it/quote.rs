@@ -1,13 +1,6 @@
 //! Quotes: the TPMS_ATTEST and TPMT_SIGNATURE bytes are what a verifier expects, carry the
 //! qualifying data and the PCR digest, and the signature verifies in software.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use crate::common::{ALG_SHA256, parse_attest, sha256, swtpm_and_tpm, verify_quote_signature};
 use asterism_tpm::pcr;
 use asterism_tpm::{AkAlgorithm, AkConfig, MAX_QUALIFYING_DATA, PcrSelection, Tpm, TpmError};

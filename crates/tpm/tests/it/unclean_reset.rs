@@ -7,13 +7,6 @@
 //! so it never locks out. The swtpm here is killed with SIGKILL each time: no shutdown of
 //! any kind reaches the TPM.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use std::time::{Duration, Instant};
 
 use asterism_swtpm::{SwtpmConfig, SwtpmProcess};

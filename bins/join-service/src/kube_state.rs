@@ -174,6 +174,24 @@ impl KubeState {
     }
 }
 
+impl KubeState {
+    /// Refuses `ak` (hex) for member `name` if it is a member under another name: one key
+    /// is one node. The member records are read whole (the API has no index by key), and
+    /// the check and the later write are two API calls, not one transaction: two joins
+    /// with one key under two names at the same moment could both pass it, which the
+    /// embedded store's transaction rules out.
+    async fn key_free_for(&self, ak: &str, name: &str) -> Result<(), StateError> {
+        let members = self.api.members().await.map_err(state_error)?;
+        match members.into_iter().find(|m| m.ak == ak && m.name != name) {
+            Some(other) => Err(StateError::KeyIsAnotherMember {
+                ak: ak.to_owned(),
+                member: other.name,
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
 impl ClusterState for KubeState {
     /// The disk of another key is refused by the API's check; a new disk for a member
     /// (not re-admitted) whose key it is, by the member rule: every member's first
@@ -234,7 +252,7 @@ impl ClusterState for KubeState {
             Some(m) if !m.accepts(&ak.to_string()) => Err(StateError::MemberKeyChanged {
                 name: name.to_owned(),
             }),
-            _ => Ok(()),
+            _ => self.key_free_for(&ak.to_string(), name).await,
         }
     }
 
@@ -251,6 +269,7 @@ impl ClusterState for KubeState {
                 name: init.name.clone(),
             });
         }
+        self.key_free_for(&ak, &init.name).await?;
         self.api
             .bind_disk(disk.as_str(), &ak, now)
             .await

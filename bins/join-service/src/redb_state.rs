@@ -26,6 +26,8 @@ const DISKS: TableDefinition<&str, &[u8]> = TableDefinition::new("disk_bindings"
 const TOKENS: TableDefinition<&str, &[u8]> = TableDefinition::new("bootstrap_tokens");
 /// The disk each attestation key is bound to (the index of `disk_bindings` by key).
 const AK_DISKS: TableDefinition<&str, &str> = TableDefinition::new("disks_by_ak");
+/// Each member's attestation key (hex) to its name: one key is one node.
+const AK_MEMBERS: TableDefinition<&str, &str> = TableDefinition::new("members_by_ak");
 
 /// A failure of the embedded database (or of encoding what it holds).
 fn store(e: impl Into<Cause>) -> StateError {
@@ -90,6 +92,7 @@ impl std::fmt::Debug for RedbState {
 struct Tables<'txn> {
     disks: redb::Table<'txn, &'static str, &'static [u8]>,
     ak_disks: redb::Table<'txn, &'static str, &'static str>,
+    ak_members: redb::Table<'txn, &'static str, &'static str>,
     members: redb::Table<'txn, &'static str, &'static [u8]>,
     tokens: redb::Table<'txn, &'static str, &'static [u8]>,
 }
@@ -123,6 +126,7 @@ impl<T: Send> PendingWrite for Pending<T> {
                 e @ (StateError::DiskBoundToOtherKey { .. }
                 | StateError::SecondDisk { .. }
                 | StateError::MemberKeyChanged { .. }
+                | StateError::KeyIsAnotherMember { .. }
                 | StateError::NoSuchMember { .. }),
             ) => self.outcome = Some(Err(e)),
             Err(e) => return Err(e),
@@ -186,6 +190,7 @@ fn commit(db: &Database, batch: &mut [Box<dyn PendingWrite>]) -> Result<(), Stat
         let mut tables = Tables {
             disks: txn.open_table(DISKS).map_err(store)?,
             ak_disks: txn.open_table(AK_DISKS).map_err(store)?,
+            ak_members: txn.open_table(AK_MEMBERS).map_err(store)?,
             members: txn.open_table(MEMBERS).map_err(store)?,
             tokens: txn.open_table(TOKENS).map_err(store)?,
         };
@@ -233,6 +238,18 @@ impl RedbState {
                         serde_json::from_slice(record.value()).map_err(store)?;
                     index
                         .insert(record.ak.as_str(), disk.value())
+                        .map_err(store)?;
+                }
+            }
+            // The same for the members' keys.
+            let mut by_ak = txn.open_table(AK_MEMBERS).map_err(store)?;
+            if by_ak.is_empty().map_err(store)? {
+                let members = txn.open_table(MEMBERS).map_err(store)?;
+                for entry in members.iter().map_err(store)? {
+                    let (_, record) = entry.map_err(store)?;
+                    let member: Member = serde_json::from_slice(record.value()).map_err(store)?;
+                    by_ak
+                        .insert(member.ak.as_str(), member.name.as_str())
                         .map_err(store)?;
                 }
             }
@@ -387,6 +404,46 @@ fn put_member(table: &mut redb::Table<&str, &[u8]>, member: &Member) -> Result<(
     Ok(())
 }
 
+/// Refuses `ak` for member `name` if it is a member under another name.
+fn key_free_for(
+    ak_members: &impl ReadableTable<&'static str, &'static str>,
+    ak: &AkFingerprint,
+    name: &str,
+) -> Result<(), StateError> {
+    let ak = ak.to_string();
+    match ak_members.get(ak.as_str()).map_err(store)? {
+        Some(owner) if owner.value() != name => Err(StateError::KeyIsAnotherMember {
+            member: owner.value().to_owned(),
+            ak,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Records `member` and its key in the key index; a key the member had before (replaced
+/// after an operator re-admitted it) leaves the index.
+fn record_member_in(
+    t: &mut Tables<'_>,
+    member: &Member,
+    previous_ak: Option<&str>,
+) -> Result<(), StateError> {
+    put_member(&mut t.members, member)?;
+    if let Some(old) = previous_ak.filter(|old| *old != member.ak) {
+        let owned_by_this = t
+            .ak_members
+            .get(old)
+            .map_err(store)?
+            .is_some_and(|owner| owner.value() == member.name);
+        if owned_by_this {
+            t.ak_members.remove(old).map_err(store)?;
+        }
+    }
+    t.ak_members
+        .insert(member.ak.as_str(), member.name.as_str())
+        .map_err(store)?;
+    Ok(())
+}
+
 /// The admission of `a` in an open transaction: the member's key and the disk binding
 /// first (a refusal writes nothing), then the member, then the token.
 fn admit_in(t: &mut Tables<'_>, a: &Admission) -> Result<ExpiringToken, StateError> {
@@ -397,9 +454,11 @@ fn admit_in(t: &mut Tables<'_>, a: &Admission) -> Result<ExpiringToken, StateErr
             name: p.name.clone(),
         });
     }
+    key_free_for(&t.ak_members, &a.ak, &a.name)?;
     let readmitted = previous.as_ref().is_some_and(|p| p.readmit);
     bind_in(t, a.disk.as_str(), &a.ak, now, readmitted)?;
 
+    let previous_ak = previous.as_ref().map(|p| p.ak.clone());
     let member = match previous {
         Some(p) => {
             if !is_ak(&p.ak, &a.ak) {
@@ -417,7 +476,7 @@ fn admit_in(t: &mut Tables<'_>, a: &Admission) -> Result<ExpiringToken, StateErr
         }
         None => new_member(a.name.clone(), a.role, &a.ak, a.disk.to_string(), now, 1),
     };
-    put_member(&mut t.members, &member)?;
+    record_member_in(t, &member, previous_ak.as_deref())?;
 
     let min_expiry = now.saturating_add(TOKEN_MIN_REMAINING.as_secs());
     let mut reusable = None;
@@ -511,7 +570,7 @@ impl ClusterState for RedbState {
             let table = read.open_table(MEMBERS).map_err(store)?;
             match member_in(&table, &name)? {
                 Some(m) if !m.accepts(&ak) => Err(StateError::MemberKeyChanged { name }),
-                _ => Ok(()),
+                _ => key_free_for(&read.open_table(AK_MEMBERS).map_err(store)?, &ak, &name),
             }
         })
         .await
@@ -528,11 +587,12 @@ impl ClusterState for RedbState {
             if previous.as_ref().is_some_and(|p| !is_ak(&p.ak, &ak)) {
                 return Err(StateError::MemberKeyChanged { name: init.name });
             }
+            key_free_for(&t.ak_members, &ak, &init.name)?;
             bind_in(t, disk.as_str(), &ak, now, false)?;
             if previous.is_none() {
                 let member =
                     new_member(init.name.clone(), init.role, &ak, init.disk.clone(), now, 0);
-                put_member(&mut t.members, &member)?;
+                record_member_in(t, &member, None)?;
             }
             Ok(())
         })
@@ -644,15 +704,22 @@ mod tests {
         // refused, before and in the transaction, and nothing is bound.
         s.check_disk(&d1, &fp("ak-a"), "a").await.unwrap();
         s.admit(admission("a", "ak-a", D1, now)).await.unwrap();
+        // (Under another name the admission is refused first because the key is member
+        // "a": one key is one node.)
         for name in ["a", "victim"] {
             assert!(matches!(
                 s.check_disk(&d2, &fp("ak-a"), name).await,
                 Err(StateError::SecondDisk { .. })
             ));
-            assert!(matches!(
-                s.admit(admission(name, "ak-a", D2, now)).await,
-                Err(StateError::SecondDisk { .. })
-            ));
+            let refused = s.admit(admission(name, "ak-a", D2, now)).await;
+            if name == "a" {
+                assert!(matches!(refused, Err(StateError::SecondDisk { .. })));
+            } else {
+                assert!(matches!(
+                    refused,
+                    Err(StateError::KeyIsAnotherMember { .. })
+                ));
+            }
         }
         s.check_disk(&d2, &fp("ak-v"), "victim").await.unwrap();
         // After an operator's re-admission, the member's key may take a new disk, once.
@@ -684,6 +751,46 @@ mod tests {
         assert!(matches!(
             s.check_rejoin(&d, &fp("ak-b")).await,
             Err(StateError::DiskBoundToOtherKey { .. })
+        ));
+    }
+
+    /// One key is one node, in the admission's own transaction as well as in the check
+    /// before it, and in a store written before the key index existed; a key replaced
+    /// after a re-admission leaves the index, so the machine that had it may join anew.
+    #[tokio::test]
+    async fn a_members_key_is_one_node_also_in_a_store_from_before_the_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let now = UNIX_EPOCH + Duration::from_secs(5_000_000);
+        {
+            let s = RedbState::open(dir.path()).unwrap();
+            s.admit(admission("n", "ak-a", D1, now)).await.unwrap();
+            // The admission's transaction refuses what the check would have.
+            let err = s.admit(admission("m", "ak-a", D1, now)).await.unwrap_err();
+            assert!(
+                matches!(&err, StateError::KeyIsAnotherMember { member, .. } if member == "n"),
+                "{err:?}"
+            );
+        }
+        // As a store from before the index: the table is gone.
+        {
+            let db = redb::Database::open(dir.path().join(RedbState::FILE_NAME)).unwrap();
+            let txn = db.begin_write().unwrap();
+            assert!(txn.delete_table(AK_MEMBERS).unwrap());
+            txn.commit().unwrap();
+        }
+        let s = RedbState::open(dir.path()).unwrap();
+        assert!(matches!(
+            s.check_member("m", &fp("ak-a")).await,
+            Err(StateError::KeyIsAnotherMember { .. })
+        ));
+        s.check_member("n", &fp("ak-a")).await.unwrap();
+        // n's machine is replaced: ak-b takes n over, and ak-a is no member any more.
+        s.allow_readmission("n").await.unwrap();
+        s.admit(admission("n", "ak-b", D2, now)).await.unwrap();
+        s.check_member("m", &fp("ak-a")).await.unwrap();
+        assert!(matches!(
+            s.check_member("m", &fp("ak-b")).await,
+            Err(StateError::KeyIsAnotherMember { .. })
         ));
     }
 

@@ -659,6 +659,12 @@ fn state_error(e: StateError) -> JoinError {
                 "node {name} is a member with another attestation key; an operator must re-admit it (asterism readmit {name})"
             ),
         },
+        StateError::KeyIsAnotherMember { member, .. } => JoinError::Denied {
+            reason: DenyReason::KeyIsAnotherMember,
+            detail: format!(
+                "this attestation key is member {member}: one key is one node, and a node keeps its name"
+            ),
+        },
         e @ StateError::Unavailable(_) => JoinError::ClusterStateUnavailable(e),
         other => JoinError::internal("updating the cluster state", other),
     }

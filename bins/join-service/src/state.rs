@@ -39,6 +39,16 @@ pub enum StateError {
         /// The node.
         name: String,
     },
+    /// The attestation key is a member under another name. One key is one node: a joined
+    /// node's key may not take the name of a node that has not joined (a control-plane
+    /// name among them), whatever address it asks from.
+    #[error("attestation key {ak} is member {member}; a node keeps its one name")]
+    KeyIsAnotherMember {
+        /// The attestation key.
+        ak: String,
+        /// The member it is.
+        member: String,
+    },
     /// A new disk for an attestation key that already has one: a member's first disk is
     /// its only one, and another needs an operator (`asterism readmit`).
     #[error(

@@ -32,6 +32,8 @@ pub const W0: &str = "127.0.10.2";
 pub const W1: &str = "127.0.10.3";
 pub const DISK_A: &str = "aaaaaaaa-0000-4000-8000-00000000000a";
 pub const DISK_B: &str = "bbbbbbbb-0000-4000-8000-00000000000b";
+pub const DISK_C: &str = "cccccccc-0000-4000-8000-00000000000c";
+pub const DISK_D: &str = "dddddddd-0000-4000-8000-00000000000d";
 pub const SALT: &[u8] = b"measurement salt of 32 bytes....";
 
 pub fn instances() -> Vec<InstanceMetadata> {

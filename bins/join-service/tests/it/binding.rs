@@ -226,3 +226,75 @@ async fn the_control_plane_list_names_control_plane_nodes_with_their_disks_signe
     assert_eq!(members[0]["disk"], DISK_A);
     js.stop().await;
 }
+
+/// One attestation key is one node. A joined worker (genuine TPM, measurements and marker)
+/// asks from the address of a node that has not joined, with its own bound disk: as the
+/// control plane it would get the cluster CA's key, as another worker that node's name, and
+/// after an operator re-admits another member, that member's name and a second disk. Each
+/// is refused for the key, before anything is written, and the real nodes still join.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_members_key_cannot_take_another_node_name() {
+    let (a, afp) = soft_node();
+    let (b, bfp) = soft_node();
+    let (c, cfp) = soft_node();
+    let cluster = Cluster::start().await;
+    let js = start_join_service(&cluster, Options::pinning(vec![afp, bfp, cfp])).await;
+    join(
+        js.addr,
+        W0,
+        a.clone(),
+        join_request("worker-0", W0, DISK_A, false),
+    )
+    .await
+    .unwrap();
+
+    for (what, from, request) in [
+        (
+            "the control plane",
+            CP,
+            join_request("cp-0", CP, DISK_A, true),
+        ),
+        (
+            "a worker that has not joined",
+            W1,
+            join_request("worker-1", W1, DISK_A, false),
+        ),
+    ] {
+        let err = join(js.addr, from, a.clone(), request).await.unwrap_err();
+        assert_eq!(err.code(), Code::PermissionDenied, "{what}: {err:?}");
+        assert!(err.message().contains("member worker-0"), "{what}: {err:?}");
+    }
+    // Nothing was claimed: the real nodes join with their own keys and disks.
+    join(js.addr, W1, b, join_request("worker-1", W1, DISK_B, false))
+        .await
+        .unwrap();
+    let cp = join(js.addr, CP, c, join_request("cp-0", CP, DISK_C, true))
+        .await
+        .unwrap();
+    assert!(!cp.control_plane_files.is_empty());
+
+    // An operator re-admits worker-1 (its machine was replaced): the re-admission is for a
+    // new key, not for worker-0's.
+    js.service.readmit("worker-1").await.unwrap();
+    let err = join(
+        js.addr,
+        W1,
+        a.clone(),
+        join_request("worker-1", W1, DISK_D, false),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(err.message().contains("member worker-0"), "{err:?}");
+    let err = rejoin(&js, W0, a, DISK_D).await.unwrap_err();
+    assert!(err.message().contains("never bound"), "{err:?}");
+
+    let metrics = js.http_get("/metrics").await;
+    assert!(
+        metrics.contains(
+            "asterism_join_rejections_total{kind=\"join\",reason=\"key_is_another_member\"} 3"
+        ),
+        "{metrics}"
+    );
+    js.stop().await;
+}

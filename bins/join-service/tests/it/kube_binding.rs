@@ -37,7 +37,44 @@ async fn setup() -> (RecordingServer, KubeState, tempfile::TempDir) {
     let server = RecordingServer::start().await;
     let dir = tempfile::tempdir().unwrap();
     let state = KubeState::new(server.api(dir.path()).await, JoiningNodes::Required);
+    // The member records: worker-0 with RECORDED_AK, cp-0 with another key.
+    server.on(
+        "GET",
+        CONFIG_MAPS,
+        [Reply::recorded(200, "configmap-member-list.json")],
+    );
     (server, state, dir)
+}
+
+/// One key is one node: worker-0's key asking as cp-0 (a member with its own key) or as a
+/// node that has not joined is refused for the key, before any write.
+#[tokio::test]
+async fn a_members_key_cannot_take_another_node_name() {
+    let (server, state, _dir) = setup().await;
+    server.on(
+        "GET",
+        &format!("{CONFIG_MAPS}/asterism-member-worker-9"),
+        [Reply::recorded(404, "status-404-configmap-disk.json")],
+    );
+    let err = state
+        .check_member("worker-9", &fingerprint(RECORDED_AK))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, StateError::KeyIsAnotherMember { member, .. } if member == "worker-0"),
+        "{err:?}"
+    );
+    // Its own name is its own.
+    server.on(
+        "GET",
+        &member_path(),
+        [Reply::recorded(200, "configmap-member-worker-0.json")],
+    );
+    state
+        .check_member("worker-0", &fingerprint(RECORDED_AK))
+        .await
+        .unwrap();
+    assert!(server.writes().is_empty(), "{:?}", server.writes());
 }
 
 /// The recorded member `worker-0`, re-admitted by an operator.

@@ -43,8 +43,8 @@ pub use metrics::Metrics;
 pub use redb_state::RedbState;
 pub use release::{ClusterRelease, ReleaseError};
 pub use serve::{
-    HttpAccess, LIMITS, LISTEN_BACKLOG, Limits, bind_admin_socket, bind_listener, is_loopback,
-    serve, serve_admin, serve_http, serve_http_with,
+    HttpAccess, LIMITS, LISTEN_BACKLOG, Limits, MAX_CONNECTIONS_PER_KEY, bind_admin_socket,
+    bind_listener, is_loopback, serve, serve_admin, serve_http, serve_http_with,
 };
 pub use service::{JoinConfig, JoinService, METADATA_CACHE_TTL};
 pub use state::{Admission, ClusterState, Member, StateError, TOKEN_MIN_REMAINING, TOKEN_TTL};

@@ -42,7 +42,8 @@ pub fn bind_listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
 /// The join service's caps: [`Limits::SERVICE`] with requests of at most 64 KiB (a CSR,
 /// a host key and principals fit easily) and 30 s to answer one, as a join may wait on
 /// the Kubernetes API. Its connections are not counted here: aTLS caps the handshakes in
-/// flight, and each verified connection ends with its lifetime.
+/// flight, each attestation key holds at most [`MAX_CONNECTIONS_PER_KEY`] verified
+/// connections, and each ends with its lifetime.
 pub const LIMITS: Limits = Limits {
     max_request_size: 64 * 1024,
     request_timeout: Some(Duration::from_secs(30)),
@@ -73,7 +74,78 @@ where
         max_connection_age: Some(graceful_age(atls.max_connection_lifetime())),
         ..limits.clone()
     };
-    grpc::serve(atls.incoming(listener), Routes::new(api), &limits, shutdown).await
+    let incoming = per_key_limit(atls.incoming(listener), MAX_CONNECTIONS_PER_KEY);
+    grpc::serve(incoming, Routes::new(api), &limits, shutdown).await
+}
+
+/// Verified connections one attestation key may hold at once. A node needs one; a joined
+/// worker (the insider: genuine TPM, measurements and marker) attests as often as it likes,
+/// and every verified connection holds memory and a file descriptor until its lifetime
+/// ends, so without this one key could hold thousands. A connection beyond it is closed
+/// right after its handshake.
+pub const MAX_CONNECTIONS_PER_KEY: usize = 8;
+
+/// Passes each verified connection on holding one of `max` slots of its peer's key (its
+/// evidence's identity), and closes one whose key holds them all. Keys with no open
+/// connection are forgotten once the map has grown, so it stays proportional to the open
+/// connections.
+fn per_key_limit<S, IO>(
+    incoming: S,
+    max: usize,
+) -> impl futures::Stream<Item = Result<grpc::Limited<IO>, std::io::Error>>
+where
+    S: futures::Stream<Item = Result<IO, std::io::Error>>,
+    IO: tonic::transport::server::Connected<ConnectInfo = asterism_atls::AtlsConnectInfo>,
+{
+    use futures::StreamExt as _;
+    let keys = std::sync::Arc::new(std::sync::Mutex::new(KeySlots::default()));
+    incoming.filter_map(move |accepted| {
+        let keys = keys.clone();
+        async move {
+            let io = match accepted {
+                Ok(io) => io,
+                Err(e) => return Some(Err(e)),
+            };
+            let info = io.connect_info();
+            // Only verified connections come from aTLS; one without a peer would be
+            // refused by the handlers, and holds no key's slot.
+            let Some(peer) = info.peer else {
+                return Some(Ok(grpc::Limited::holding(io, None)));
+            };
+            let key = peer.evidence().identity();
+            let permit = keys.lock().ok()?.acquire(key, max);
+            match permit {
+                Some(permit) => Some(Ok(grpc::Limited::holding(io, Some(permit)))),
+                None => {
+                    tracing::debug!(ak = %key, max, peer = ?info.remote_addr, "closing a verified connection: its attestation key holds the most it may");
+                    None
+                }
+            }
+        }
+    })
+}
+
+/// The slots of each key with open connections.
+#[derive(Default)]
+struct KeySlots {
+    slots: std::collections::HashMap<String, std::sync::Arc<tokio::sync::Semaphore>>,
+    prune_at: usize,
+}
+
+impl KeySlots {
+    /// A slot of `key`'s `max`, or `None` when it holds them all.
+    fn acquire(&mut self, key: &str, max: usize) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        if self.slots.len() >= self.prune_at {
+            self.slots.retain(|_, s| s.available_permits() < max);
+            self.prune_at = (2 * self.slots.len()).max(1024);
+        }
+        let slots = self
+            .slots
+            .entry(key.to_owned())
+            .or_insert_with(|| std::sync::Arc::new(tokio::sync::Semaphore::new(max)))
+            .clone();
+        slots.try_acquire_owned().ok()
+    }
 }
 
 /// When HTTP/2 should start closing a connection that aTLS cuts at `lifetime`: 10 s

@@ -220,10 +220,21 @@ where
     })
 }
 
-/// A connection, holding a slot of the connection limit if there is one.
-struct Limited<IO> {
+/// A connection, holding a slot of a connection limit if there is one; the slot is free
+/// again when the connection is dropped.
+pub struct Limited<IO> {
     io: IO,
     _permit: Option<OwnedSemaphorePermit>,
+}
+
+impl<IO> Limited<IO> {
+    /// `io`, holding `permit` for as long as it lives, or no slot.
+    pub fn holding(io: IO, permit: Option<OwnedSemaphorePermit>) -> Self {
+        Self {
+            io,
+            _permit: permit,
+        }
+    }
 }
 
 impl<IO: Connected> Connected for Limited<IO> {

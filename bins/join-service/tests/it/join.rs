@@ -438,3 +438,65 @@ async fn a_software_node_with_other_pcrs_gets_nothing() {
     assert!(!js.http_get("/metrics").await.contains("kind=\"join\""));
     js.stop().await;
 }
+
+/// A joined worker attests as often as it likes, and each verified connection holds memory
+/// and a file descriptor until its lifetime ends: one attestation key holds at most
+/// `MAX_CONNECTIONS_PER_KEY` at once. The next is closed after its handshake, while another
+/// key is served; once one closes, the key may connect again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_attestation_key_holds_a_bounded_number_of_verified_connections() {
+    use asterism_join_service::MAX_CONNECTIONS_PER_KEY;
+    let (a, afp) = soft_node();
+    let (b, bfp) = soft_node();
+    let cluster = Cluster::start().await;
+    let js = start_join_service(&cluster, Options::pinning(vec![afp, bfp])).await;
+    /// Whether the service answered on `c` (any gRPC answer), or closed the connection.
+    async fn answered(
+        c: &mut asterism_proto::join::api_client::ApiClient<tonic::transport::Channel>,
+    ) -> bool {
+        let asked = c
+            .issue_rejoin_ticket(IssueRejoinTicketRequest {
+                disk_uuid: DISK_A.into(),
+            })
+            .await;
+        match asked {
+            Ok(_) => true,
+            Err(status) => status.code() != Code::Unavailable && status.code() != Code::Unknown,
+        }
+    }
+    let mut held = Vec::new();
+    for i in 0..MAX_CONNECTIONS_PER_KEY {
+        let mut c = client(js.addr, W0, a.clone()).await.unwrap();
+        assert!(
+            answered(&mut c).await,
+            "connection {i} of the key was served"
+        );
+        held.push(c);
+    }
+    let over = client(js.addr, W0, a.clone()).await;
+    if let Ok(mut c) = over {
+        assert!(
+            !answered(&mut c).await,
+            "a connection beyond the cap was served"
+        );
+    }
+    // Another key, from the same address even, is served.
+    let mut other = client(js.addr, W0, b).await.unwrap();
+    assert!(answered(&mut other).await);
+    // One of the key's connections closes: the key may connect again.
+    drop(held.pop());
+    let mut again = None;
+    for _ in 0..50 {
+        let mut c = client(js.addr, W0, a.clone()).await.unwrap();
+        if answered(&mut c).await {
+            again = Some(c);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(
+        again.is_some(),
+        "the key got its slot back after a connection closed"
+    );
+    js.stop().await;
+}

@@ -1133,3 +1133,41 @@ fn a_quote_of_exactly_the_cap_verifies_and_one_byte_more_is_refused() {
         "{err:?}"
     );
 }
+
+/// Where the policy leaves SEPT_VE_DISABLE to the platform (a paravisor handles #VE), the
+/// check passes either way and records which way it was, as `asterism verify` shows it.
+#[test]
+fn sept_ve_disable_left_to_the_platform_passes_and_records_what_the_td_has() {
+    let q = quote();
+    let real = TdQuote::parse(&q).unwrap().report().clone();
+    let policy = TdxPolicy {
+        require_sept_ve_disable: false,
+        ..pinned_policy()
+    };
+    let real_set = real.td_attributes_bits() & (1 << 28) != 0;
+    for flip_bit in [false, true] {
+        let mut report = real.clone();
+        if flip_bit {
+            report.td_attributes = (real.td_attributes_bits() ^ (1 << 28)).to_le_bytes();
+        }
+        let mut ex = Explanation::default();
+        check_fields(
+            &policy,
+            &report,
+            TcbStatus::UpToDate,
+            &[],
+            &report.report_data,
+            &mut ex,
+        )
+        .unwrap();
+        let check = ex
+            .checks
+            .iter()
+            .find(|c| c.field == "td_attributes.sept_ve_disable")
+            .unwrap();
+        assert_eq!(check.outcome, Outcome::Pass);
+        assert!(check.expected.contains("paravisor"), "{}", check.expected);
+        let set = real_set != flip_bit;
+        assert_eq!(check.observed, if set { "set" } else { "clear" });
+    }
+}

@@ -1478,3 +1478,77 @@ fn the_chain_cache_keeps_every_chain_while_it_has_room() {
         );
     }
 }
+
+/// The reported TCB's reserved bytes must be zero, in each product's layout: the Milan
+/// sample's (bytes 2 to 5 on Milan) and its TCB laid out as Turin's (bytes 4 to 6) pass
+/// with them zero and are refused, naming them, with one of them set.
+#[test]
+fn reserved_bytes_of_the_reported_tcb_are_refused_in_each_layout() {
+    let case = milan();
+    let real = SnpReport::parse(&case.report).unwrap();
+    let zero_floor = SnpPolicy {
+        minimum_tcb: PerProduct::same(Some(MinimumTcb::default())),
+        ..any_launch()
+    };
+    let run = |report: &SnpReport, product| {
+        check_fields(
+            report,
+            product,
+            &zero_floor,
+            &case.report_data,
+            &mut Explanation::default(),
+        )
+    };
+    // Turin's layout: FMC, boot loader, TEE, SNP, three reserved bytes, microcode.
+    let mut turin = real.clone();
+    turin.reported_tcb.0 = [0, 3, 0, 8, 0, 0, 0, 115];
+    for (product, base, reserved) in [
+        (Product::Milan, &real, [2usize, 3, 4, 5].as_slice()),
+        (Product::Turin, &turin, [4usize, 5, 6].as_slice()),
+    ] {
+        run(base, product).unwrap_or_else(|e| panic!("{product}: {e}"));
+        for &byte in reserved {
+            let mut report = base.clone();
+            report.reported_tcb.0[byte] = 1;
+            let (field, expected, _) = field_error(run(&report, product).unwrap_err());
+            assert_eq!(
+                (field.as_str(), expected.as_str()),
+                ("reported_tcb.reserved", "zero"),
+                "{product} byte {byte}"
+            );
+        }
+    }
+}
+
+/// A guest whose policy forbids SMT (bit 16 clear) meets a policy that refuses SMT, and
+/// the check records the bit as 0.
+#[test]
+fn a_guest_policy_without_smt_passes_a_policy_that_refuses_smt() {
+    let case = milan();
+    let mut report = SnpReport::parse(&case.report).unwrap();
+    assert!(report.policy.smt_allowed());
+    report.policy.0 &= !(1 << 16);
+    let no_smt = SnpPolicy {
+        allow_smt: false,
+        minimum_tcb: PerProduct {
+            milan: Some(MILAN_SAMPLE_TCB),
+            ..PerProduct::default()
+        },
+        ..any_launch()
+    };
+    let mut explanation = Explanation::default();
+    check_fields(
+        &report,
+        Product::Milan,
+        &no_smt,
+        &case.report_data,
+        &mut explanation,
+    )
+    .unwrap();
+    let smt = explanation
+        .checks
+        .iter()
+        .find(|c| c.field == "policy.smt")
+        .unwrap();
+    assert_eq!((smt.expected.as_str(), smt.observed.as_str()), ("0", "0"));
+}

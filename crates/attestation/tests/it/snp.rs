@@ -1359,3 +1359,196 @@ fn with_the_chain_cached_a_flipped_signature_is_still_refused() {
         );
     }
 }
+
+/// A time before 1970 is as far before the certificates' validity as it is: its seconds
+/// count back from the epoch, and are not read as the same count after it (which would put
+/// 1914-07-04 at 2025-06-01, inside every certificate's validity).
+#[test]
+fn a_time_before_the_epoch_is_before_every_certificate_not_its_mirror_after_it() {
+    for (name, case, leaf) in [("milan", milan(), "VCEK"), ("aws", aws(), "VLEK")] {
+        let before_epoch = UNIX_EPOCH - Duration::from_secs(1_748_736_000);
+        let (which, reason) = cert_error(
+            SnpVerifier::new(no_floor())
+                .verify(&case.report, &case.certs, &case.report_data, before_epoch)
+                .unwrap_err(),
+        );
+        assert!(
+            ["ARK", "ASK", "ASVK", leaf].contains(&which.as_str()),
+            "{name}: {which}"
+        );
+        assert!(reason.contains("valid from"), "{name}: {reason}");
+    }
+}
+
+/// The Milan sample's report made to claim the Turin VCEK's chip and TCB: its chip ID the
+/// VCEK's 8-byte hwID padded with zeros, its reported TCB the VCEK's SPLs in Turin's
+/// layout (FMC 0, boot loader 0, TEE 0, SNP 0, microcode 9), then `edit` applied.
+fn as_turin_vceks_report(edit: impl Fn(&mut [u8])) -> Vec<u8> {
+    let mut report = milan().report;
+    report[0x180..0x188].copy_from_slice(&[0, 0, 0, 0, 0, 0, 0, 9]);
+    report[0x1A0..0x1E0].fill(0);
+    report[0x1A0..0x1A8].copy_from_slice(&[0x1e, 0x55, 0x0a, 0x8e, 0xe5, 0xcf, 0x9f, 0x4d]);
+    edit(&mut report);
+    report
+}
+
+/// A Turin VCEK names an 8-byte chip ID, which the report pads with zeros; its FMC SPL is
+/// compared too. The report claiming exactly the leaf's chip and TCB gets past the leaf
+/// checks to its signature (which the edit broke); a non-zero byte in the padding, or
+/// another FMC, is refused by the leaf check naming the field.
+#[test]
+fn a_turin_vceks_short_chip_id_needs_zero_padding_and_its_fmc_must_match() {
+    let case = milan();
+    let certs = SnpCerts::from_pem(
+        pem("CERTIFICATE", &read("snp-milan/vcek_turin.der")).as_bytes(),
+        Some(&read("snp-milan/cert_chain_turin")),
+    )
+    .unwrap();
+    let verify = |report: &[u8]| {
+        SnpVerifier::new(no_floor()).verify(report, &certs, &case.report_data, now())
+    };
+
+    let matching = as_turin_vceks_report(|_| {});
+    assert!(
+        matches!(verify(&matching), Err(ValidationError::BadSignature(_))),
+        "{:?}",
+        verify(&matching)
+    );
+
+    for padding in [0x1A8, 0x1DF] {
+        let report = as_turin_vceks_report(|r| r[padding] = 1);
+        let (field, expected, observed) = field_error(verify(&report).unwrap_err());
+        assert_eq!(field, "chip_id", "padding byte {padding:#x}");
+        assert_eq!(expected, "VCEK hwID 1e550a8ee5cf9f4d");
+        assert!(observed.starts_with("1e550a8ee5cf9f4d"), "{observed}");
+    }
+
+    let other_fmc = as_turin_vceks_report(|r| r[0x180] = 1);
+    let (field, expected, observed) = field_error(verify(&other_fmc).unwrap_err());
+    assert_eq!(
+        (field.as_str(), expected.as_str(), observed.as_str()),
+        ("reported_tcb.fmc", "VCEK fmcSPL 0", "1")
+    );
+}
+
+/// The verifier reports the CRL bundle it checks intermediates against: the very one it
+/// was given, and none when it was given none.
+#[test]
+fn the_verifier_names_the_crl_bundle_it_checks_against() {
+    use asterism_attestation::revocation::CrlBundle;
+    use std::sync::Arc;
+    let bundle = Arc::new(
+        CrlBundle::from_files(vec![("ark-milan.crl", crl_in_the_name_of_ark_milan())]).unwrap(),
+    );
+    let v = SnpVerifier::new(no_floor()).with_crls(Arc::clone(&bundle));
+    assert!(v.crls().is_some_and(|c| Arc::ptr_eq(c, &bundle)));
+    assert!(SnpVerifier::new(no_floor()).crls().is_none());
+}
+
+/// The cache keeps each chain it verified while it has room: verifying the other chips'
+/// reports in between does not evict the first chain, whose next report costs no chain
+/// verification.
+#[test]
+fn the_chain_cache_keeps_every_chain_while_it_has_room() {
+    let v = SnpVerifier::new(no_floor());
+    let cases = [("milan", milan()), ("azure", azure()), ("aws", aws())];
+    for (name, case) in &cases {
+        let (explanation, result) =
+            v.verify_explained(&case.report, &case.certs, &case.report_data, now());
+        result.unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(
+            explanation.checks.iter().any(|c| c.field == "ARK"),
+            "{name}: first verification took no chain: {explanation:?}"
+        );
+    }
+    for (name, case) in &cases {
+        let (explanation, result) =
+            v.verify_explained(&case.report, &case.certs, &case.report_data, now());
+        result.unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(
+            explanation
+                .checks
+                .iter()
+                .any(|c| c.field == "chain" && c.expected == "verified earlier"),
+            "{name}: chain verified again: {explanation:?}"
+        );
+        assert!(
+            explanation.checks.iter().all(|c| c.field != "ARK"),
+            "{name}: {explanation:?}"
+        );
+    }
+}
+
+/// The reported TCB's reserved bytes must be zero, in each product's layout: the Milan
+/// sample's (bytes 2 to 5 on Milan) and its TCB laid out as Turin's (bytes 4 to 6) pass
+/// with them zero and are refused, naming them, with one of them set.
+#[test]
+fn reserved_bytes_of_the_reported_tcb_are_refused_in_each_layout() {
+    let case = milan();
+    let real = SnpReport::parse(&case.report).unwrap();
+    let zero_floor = SnpPolicy {
+        minimum_tcb: PerProduct::same(Some(MinimumTcb::default())),
+        ..any_launch()
+    };
+    let run = |report: &SnpReport, product| {
+        check_fields(
+            report,
+            product,
+            &zero_floor,
+            &case.report_data,
+            &mut Explanation::default(),
+        )
+    };
+    // Turin's layout: FMC, boot loader, TEE, SNP, three reserved bytes, microcode.
+    let mut turin = real.clone();
+    turin.reported_tcb.0 = [0, 3, 0, 8, 0, 0, 0, 115];
+    for (product, base, reserved) in [
+        (Product::Milan, &real, [2usize, 3, 4, 5].as_slice()),
+        (Product::Turin, &turin, [4usize, 5, 6].as_slice()),
+    ] {
+        run(base, product).unwrap_or_else(|e| panic!("{product}: {e}"));
+        for &byte in reserved {
+            let mut report = base.clone();
+            report.reported_tcb.0[byte] = 1;
+            let (field, expected, _) = field_error(run(&report, product).unwrap_err());
+            assert_eq!(
+                (field.as_str(), expected.as_str()),
+                ("reported_tcb.reserved", "zero"),
+                "{product} byte {byte}"
+            );
+        }
+    }
+}
+
+/// A guest whose policy forbids SMT (bit 16 clear) meets a policy that refuses SMT, and
+/// the check records the bit as 0.
+#[test]
+fn a_guest_policy_without_smt_passes_a_policy_that_refuses_smt() {
+    let case = milan();
+    let mut report = SnpReport::parse(&case.report).unwrap();
+    assert!(report.policy.smt_allowed());
+    report.policy.0 &= !(1 << 16);
+    let no_smt = SnpPolicy {
+        allow_smt: false,
+        minimum_tcb: PerProduct {
+            milan: Some(MILAN_SAMPLE_TCB),
+            ..PerProduct::default()
+        },
+        ..any_launch()
+    };
+    let mut explanation = Explanation::default();
+    check_fields(
+        &report,
+        Product::Milan,
+        &no_smt,
+        &case.report_data,
+        &mut explanation,
+    )
+    .unwrap();
+    let smt = explanation
+        .checks
+        .iter()
+        .find(|c| c.field == "policy.smt")
+        .unwrap();
+    assert_eq!((smt.expected.as_str(), smt.observed.as_str()), ("0", "0"));
+}

@@ -1044,3 +1044,130 @@ fn a_quote_signed_by_a_key_of_the_forgers_own_is_refused_before_any_signature() 
         }
     }
 }
+
+/// A quote whose PCK chain holds no certificate (nothing, or bytes without a PEM section)
+/// is refused at the chain, saying so, before any signature is checked against it.
+#[test]
+fn a_pck_chain_without_a_certificate_is_refused_as_such() {
+    let q = quote();
+    let qe_sig = q[QE_REPORT + 384..QE_REPORT + 448].to_vec();
+    for pem in [&b""[..], b"no PEM section here\0"] {
+        let forged = with_pck(&q, pem, &qe_sig);
+        let (ex, result) = TdxVerifier::new(any_launch()).verify_explained(
+            &forged,
+            &collateral(),
+            &report_data(&q),
+            at(NOW),
+        );
+        let (which, reason) = certificate_of(result.unwrap_err());
+        assert_eq!(
+            (which.as_str(), reason.as_str()),
+            ("PCK", "no certificate in the PEM chain"),
+            "{pem:?}"
+        );
+        let failed = ex.first_failure().unwrap();
+        assert_eq!(failed.field, "pck_chain", "{pem:?}");
+        assert!(
+            ex.checks.iter().all(|c| c.field != "qe_report.signature"),
+            "{ex:?}"
+        );
+    }
+}
+
+/// The collateral's size cap at its exact bound: the real collateral padded with JSON
+/// whitespace to exactly MAX_COLLATERAL_LEN bytes parses (and still verifies the real
+/// quote); one byte more is refused by its size, before it is parsed.
+#[test]
+fn collateral_of_exactly_the_cap_is_read_and_one_byte_more_is_refused() {
+    let mut at_cap = COLLATERAL.to_vec();
+    at_cap.resize(MAX_COLLATERAL_LEN, b' ');
+    let c = TdxCollateral::from_json(&at_cap).unwrap();
+    assert_eq!(c.fmspc().as_deref(), Some("B0C06F000000"));
+    let q = quote();
+    verify(pinned_policy(), &q, &c, NOW).unwrap();
+
+    at_cap.push(b' ');
+    let err = TdxCollateral::from_json(&at_cap).unwrap_err();
+    assert!(
+        matches!(&err, ValidationError::Malformed(m)
+            if m.contains(&format!("{} bytes, more than {MAX_COLLATERAL_LEN}", MAX_COLLATERAL_LEN + 1))),
+        "{err:?}"
+    );
+}
+
+/// A collateral's Debug form names it by the SHA-256 of its JSON (what the verifier's
+/// cache knows it by), and prints none of its contents.
+#[test]
+fn collateral_debug_names_its_digest_only() {
+    use sha2::Digest;
+    let debug = format!("{:?}", collateral());
+    assert_eq!(
+        debug,
+        format!(
+            "TdxCollateral {{ digest: \"{}\", .. }}",
+            hex::encode(sha2::Sha256::digest(COLLATERAL))
+        )
+    );
+}
+
+/// The quote's size cap at its exact bound: the real quote with its PCK chain padded by
+/// blank lines (bytes outside PEM sections, which the chain's reader skips) to exactly
+/// MAX_QUOTE_LEN bytes verifies; one byte more is refused by its size before anything is
+/// parsed.
+#[test]
+fn a_quote_of_exactly_the_cap_verifies_and_one_byte_more_is_refused() {
+    let q = quote();
+    let mut pem = TdQuote::parse(&q).unwrap().pck_chain_pem().to_vec();
+    let qe_sig = q[QE_REPORT + 384..QE_REPORT + 448].to_vec();
+    pem.resize(pem.len() + MAX_QUOTE_LEN - q.len(), b'\n');
+    let at_cap = with_pck(&q, &pem, &qe_sig);
+    assert_eq!(at_cap.len(), MAX_QUOTE_LEN);
+    verify(pinned_policy(), &at_cap, &collateral(), NOW).unwrap();
+
+    pem.push(b'\n');
+    let over = with_pck(&q, &pem, &qe_sig);
+    let err = verify(pinned_policy(), &over, &collateral(), NOW).unwrap_err();
+    assert!(
+        matches!(&err, ValidationError::Malformed(m)
+            if m.contains(&format!("{} bytes, more than the {MAX_QUOTE_LEN}", MAX_QUOTE_LEN + 1))),
+        "{err:?}"
+    );
+}
+
+/// Where the policy leaves SEPT_VE_DISABLE to the platform (a paravisor handles #VE), the
+/// check passes either way and records which way it was, as `asterism verify` shows it.
+#[test]
+fn sept_ve_disable_left_to_the_platform_passes_and_records_what_the_td_has() {
+    let q = quote();
+    let real = TdQuote::parse(&q).unwrap().report().clone();
+    let policy = TdxPolicy {
+        require_sept_ve_disable: false,
+        ..pinned_policy()
+    };
+    let real_set = real.td_attributes_bits() & (1 << 28) != 0;
+    for flip_bit in [false, true] {
+        let mut report = real.clone();
+        if flip_bit {
+            report.td_attributes = (real.td_attributes_bits() ^ (1 << 28)).to_le_bytes();
+        }
+        let mut ex = Explanation::default();
+        check_fields(
+            &policy,
+            &report,
+            TcbStatus::UpToDate,
+            &[],
+            &report.report_data,
+            &mut ex,
+        )
+        .unwrap();
+        let check = ex
+            .checks
+            .iter()
+            .find(|c| c.field == "td_attributes.sept_ve_disable")
+            .unwrap();
+        assert_eq!(check.outcome, Outcome::Pass);
+        assert!(check.expected.contains("paravisor"), "{}", check.expected);
+        let set = real_set != flip_bit;
+        assert_eq!(check.observed, if set { "set" } else { "clear" });
+    }
+}

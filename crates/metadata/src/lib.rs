@@ -31,8 +31,8 @@ mod server;
 pub use client::{DEFAULT_TIMEOUT, HttpMetadata, MAX_RESPONSE_LEN};
 pub use instance::{InstanceMetadata, Role, control_plane_endpoint, find_by_ip};
 pub use server::{
-    HEADER_READ_TIMEOUT, MAX_CONFIG_LEN, MAX_CONNECTION_AGE, MAX_CONNECTIONS, MetadataConfig,
-    MetadataServer, SHUTDOWN_DRAIN, serve,
+    HEADER_READ_TIMEOUT, MAX_CONFIG_LEN, MAX_CONNECTION_AGE, MAX_CONNECTIONS,
+    MAX_CONNECTIONS_PER_SOURCE, MetadataConfig, MetadataServer, SHUTDOWN_DRAIN, serve,
 };
 
 use std::future::Future;

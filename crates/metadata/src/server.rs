@@ -25,6 +25,10 @@ use tokio::task::JoinSet;
 pub const MAX_CONFIG_LEN: u64 = 4 * 1024 * 1024;
 /// Connections served at once; further ones wait in the listen backlog.
 pub const MAX_CONNECTIONS: usize = 256;
+/// Connections one source address may hold at once; the next is closed at once. Without
+/// it one source could hold every connection and keep every node, and the join service,
+/// from the listing.
+pub const MAX_CONNECTIONS_PER_SOURCE: usize = 16;
 /// Deadline for a request's headers.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest a connection may stay open.
@@ -163,6 +167,7 @@ impl MetadataServer {
     ) -> std::io::Result<()> {
         let (stop_tx, stop_rx) = watch::channel(false);
         let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+        let per_source = SourceShares::default();
         let mut connections = JoinSet::new();
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
@@ -185,12 +190,17 @@ impl MetadataServer {
                     continue;
                 }
             };
+            let Some(source) = per_source.take(addr.ip().to_canonical()) else {
+                tracing::debug!(peer = %addr, max = MAX_CONNECTIONS_PER_SOURCE, "closing a connection: its source holds the most it may");
+                continue;
+            };
             // Reap finished connection tasks so the set does not grow without bound.
             while connections.try_join_next().is_some() {}
             let server = self.clone();
             let mut stop = stop_rx.clone();
             connections.spawn(async move {
                 let _permit = permit;
+                let _source = source;
                 let peer = addr.ip().to_canonical();
                 let service = service_fn(move |req: http::Request<Incoming>| {
                     let server = server.clone();
@@ -239,6 +249,46 @@ impl MetadataServer {
             connections.abort_all();
         }
         Ok(())
+    }
+}
+
+/// How many connections each source address holds.
+#[derive(Clone, Default)]
+struct SourceShares(Arc<std::sync::Mutex<std::collections::HashMap<IpAddr, usize>>>);
+
+impl SourceShares {
+    /// A share for a connection from `source`, or `None` when it holds
+    /// [`MAX_CONNECTIONS_PER_SOURCE`].
+    fn take(&self, source: IpAddr) -> Option<SourceShare> {
+        let mut held = self.0.lock().ok()?;
+        let n = held.entry(source).or_default();
+        if *n >= MAX_CONNECTIONS_PER_SOURCE {
+            return None;
+        }
+        *n += 1;
+        Some(SourceShare {
+            shares: self.clone(),
+            source,
+        })
+    }
+}
+
+/// One connection's share of its source; given back when dropped.
+struct SourceShare {
+    shares: SourceShares,
+    source: IpAddr,
+}
+
+impl Drop for SourceShare {
+    fn drop(&mut self) {
+        if let Ok(mut held) = self.shares.0.lock()
+            && let Some(n) = held.get_mut(&self.source)
+        {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.source);
+            }
+        }
     }
 }
 

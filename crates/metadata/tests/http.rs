@@ -222,3 +222,56 @@ fn only_plain_http_urls_are_accepted() {
     }
     assert!(HttpMetadata::new("http://127.0.10.254:8080/").is_ok());
 }
+
+/// Opens a keep-alive connection from `from` and asks for `/self` on it; the stream and
+/// whether an answer came.
+async fn ask_from(addr: SocketAddr, from: &str) -> (tokio::net::TcpStream, bool) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket
+        .bind(SocketAddr::new(from.parse().unwrap(), 0))
+        .unwrap();
+    let mut tcp = socket.connect(addr).await.unwrap();
+    tcp.write_all(b"GET /self HTTP/1.1\r\nhost: m\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 12];
+    let answered = matches!(
+        tokio::time::timeout(Duration::from_secs(5), tcp.read_exact(&mut buf)).await,
+        Ok(Ok(_)) if buf.starts_with(b"HTTP/1.1 ")
+    );
+    (tcp, answered)
+}
+
+/// One source holding connections cannot take the service from the others: it holds at
+/// most `MAX_CONNECTIONS_PER_SOURCE`, the next one is closed, another source is answered,
+/// and a closed connection gives its share back.
+#[tokio::test]
+async fn one_source_holds_a_bounded_share_of_the_connections() {
+    use asterism_metadata::MAX_CONNECTIONS_PER_SOURCE;
+    let server = start(config()).await;
+    let mut held = Vec::new();
+    for i in 0..MAX_CONNECTIONS_PER_SOURCE {
+        let (tcp, answered) = ask_from(server.addr, "127.0.10.2").await;
+        assert!(answered, "connection {i} of the source was answered");
+        held.push(tcp);
+    }
+    let (_over, answered) = ask_from(server.addr, "127.0.10.2").await;
+    assert!(
+        !answered,
+        "a connection beyond the source's share was answered"
+    );
+    let (_other, answered) = ask_from(server.addr, "127.0.10.3").await;
+    assert!(answered, "another source was answered");
+    drop(held.pop());
+    let mut again = false;
+    for _ in 0..50 {
+        if ask_from(server.addr, "127.0.10.2").await.1 {
+            again = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(again, "the source got its share back");
+    drop(held);
+    server.stop().await;
+}

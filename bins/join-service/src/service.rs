@@ -558,12 +558,11 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
         .map_err(|e| JoinError::internal("reading the control-plane files", e))?
     }
 
-    /// Logs and counts the outcome of one request and turns it into a gRPC answer; the
-    /// only place errors become statuses.
     /// One ticket request, from the connection to the signed answer: the peer attested
     /// and within its rate first (a malformed request counts too), then the request decoded
     /// and answered by `issue`, the answer signed on this connection, and the outcome
-    /// counted.
+    /// counted. The peer is read from the connection before the request is taken apart,
+    /// so its verified evidence is borrowed, not copied.
     async fn ticket<W, R, A>(
         &self,
         request: Request<W>,
@@ -574,11 +573,12 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
         A: TicketAnswer,
     {
         let started = Instant::now();
-        let verified = asterism_atls::verified_peer(&request).ok().cloned();
+        let verified = asterism_atls::verified_peer(&request).ok();
         let binding = channel_binding(&request);
-        let who = describe(verified.as_ref());
+        let who = describe(verified);
+        let peer = self.peer(verified);
         let result = async {
-            let peer = self.peer(verified.as_ref())?;
+            let peer = peer?;
             let req = R::try_from(request.into_inner())?;
             let response = issue(&peer, req).await?;
             self.sign(A::PURPOSE, binding, response, A::signature).await
@@ -587,6 +587,8 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
         self.finish(A::KIND, who, started, result)
     }
 
+    /// Logs and counts the outcome of one request and turns it into a gRPC answer; the
+    /// only place errors become statuses.
     fn finish<T>(
         &self,
         kind: &'static str,

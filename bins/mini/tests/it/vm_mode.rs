@@ -10,7 +10,10 @@
 //! verifier a node whose Secure Boot state (PCR 7) differs, naming the event. The
 //! command-line test boots the kernel directly, which is quicker, as do the test of a node
 //! whose settings are refused (it waits, and says why) and that of a node whose settings
-//! are the file on its ESP.
+//! are the file on its ESP. Every node that boots to its bootstrapper has containerd
+//! answering on its socket first; a node with the kubeadm driver sets out to download the
+//! components the version table pins (the download itself needs a network this machine
+//! does not have).
 //!
 //! Needs QEMU, OVMF, the node image (`scripts/build-node-image`) and its reference
 //! measurements (`scripts/boot-node-image`): `ASTERISM_NODE_IMAGE` and

@@ -184,7 +184,7 @@ def predict(args):
         "missing_optional_modules": args.missing_optional_modules.split(),
         "files": {
             "vmlinuz": hashlib.sha256(kernel).hexdigest(),
-            "initramfs.cpio.gz": hashlib.sha256(initrd).hexdigest(),
+            "initramfs.cpio.zst": hashlib.sha256(initrd).hexdigest(),
             "cmdline": hashlib.sha256(cmdline_file).hexdigest(),
         },
         "bootstrapper_sha256": args.bootstrapper_sha256,

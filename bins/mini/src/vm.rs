@@ -328,7 +328,7 @@ impl NodeImage {
         };
         let vmlinuz = file("vmlinuz")?;
         let disk = file("disk.raw")?;
-        let initramfs = file("initramfs.cpio.gz")?;
+        let initramfs = file("initramfs.cpio.zst")?;
         let cmdline = std::fs::read_to_string(file("cmdline")?)?
             .trim()
             .to_string();

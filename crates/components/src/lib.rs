@@ -222,6 +222,11 @@ impl Installer {
         &self,
         checked: &[CheckedComponent],
     ) -> Result<(), ComponentError> {
+        // The whole list first, as checked: what the node will fetch and the hash each must
+        // have, logged even when the first download fails.
+        for c in checked {
+            info!(url = ?c.source, hash = %c.hash, path = %c.install_path.display(), extract = c.extract, "component to install");
+        }
         for c in checked {
             self.install(c).await?;
         }
@@ -267,7 +272,12 @@ impl Installer {
                     .map_err(io_err("cannot write", &c.install_path))?;
                 (tmp, Sha256Hash::of(bytes))
             }
-            Source::Http(uri) => self.download_with_retries(uri, tmp).await?,
+            Source::Http(uri) => {
+                // What is fetched, and the hash it must have, before anything is: a node
+                // that cannot reach the URL still shows what it was told to install.
+                info!(url = %label, hash = %c.hash, path = %c.install_path.display(), "downloading component");
+                self.download_with_retries(uri, tmp).await?
+            }
         };
         if actual != c.hash {
             return Err(ComponentError::HashMismatch {

@@ -10,7 +10,10 @@
 //! verifier a node whose Secure Boot state (PCR 7) differs, naming the event. The
 //! command-line test boots the kernel directly, which is quicker, as do the test of a node
 //! whose settings are refused (it waits, and says why) and that of a node whose settings
-//! are the file on its ESP.
+//! are the file on its ESP. Every node that boots to its bootstrapper has containerd
+//! answering on its socket first; a node with the kubeadm driver sets out to download the
+//! components the version table pins (the download itself needs a network this machine
+//! does not have).
 //!
 //! Needs QEMU, OVMF, the node image (`scripts/build-node-image`) and its reference
 //! measurements (`scripts/boot-node-image`): `ASTERISM_NODE_IMAGE` and
@@ -136,6 +139,40 @@ fn assert_encrypted(image: &Path, plain_texts: &[&[u8]]) {
     }
 }
 
+/// The image's init started containerd before the bootstrapper, and containerd answered on
+/// its socket (ctr, containerd's own client, got the server's version over it) with the
+/// version of the Debian package the image was built from, its CRI plugin loaded.
+fn assert_containerd_answered_before_the_bootstrapper(console: &str, image: &Path, name: &str) {
+    let image_json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(image.join("image.json")).unwrap()).unwrap();
+    let package = image_json["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "containerd")
+        .expect("image.json names the containerd package");
+    // Debian's version (1.6.20~ds1-1+deb12u3) begins with containerd's own (1.6.20).
+    let upstream = package["version"]
+        .as_str()
+        .unwrap()
+        .split(['~', '-', '+'])
+        .next()
+        .unwrap();
+    let answered = format!(
+        "asterism-init: containerd answers on /run/containerd/containerd.sock: version {upstream}"
+    );
+    let at = |needle: &str| {
+        console
+            .find(needle)
+            .unwrap_or_else(|| panic!("{name}: the console says {needle:?}:\n{console}"))
+    };
+    assert!(
+        at(&answered) < at("asterism-init: bootstrapper start"),
+        "{name}: containerd answered before the bootstrapper started"
+    );
+    at("asterism-init: containerd CRI plugin: ok");
+}
+
 #[test]
 fn a_control_plane_and_a_worker_vm_boot_from_the_disk_with_secure_boot_and_the_worker_rejoins_after_a_power_cut()
  {
@@ -183,6 +220,7 @@ fn a_control_plane_and_a_worker_vm_boot_from_the_disk_with_secure_boot_and_the_w
         assert!(cp_console.contains(line), "the console says {line:?}");
     }
     assert_state_on_the_mapped_disk(&cp_console, "control plane");
+    assert_containerd_answered_before_the_bootstrapper(&cp_console, &args.image, "control plane");
     assert_encrypted(
         &cp.dir.join("state.img"),
         &[
@@ -229,6 +267,7 @@ fn a_control_plane_and_a_worker_vm_boot_from_the_disk_with_secure_boot_and_the_w
     );
     assert!(console.contains("asterism-init: eth1 10.42.71.2/24"));
     assert_state_on_the_mapped_disk(&console, "worker");
+    assert_containerd_answered_before_the_bootstrapper(&console, &args.image, "worker");
     assert!(
         !console.contains("join service ready"),
         "only the first control plane runs the services"
@@ -419,6 +458,121 @@ fn a_node_reads_its_settings_from_the_file_on_its_esp() {
     ] {
         assert!(console.contains(line), "{line:?} not in {console}");
     }
+}
+
+/// The console without the terminal's colour sequences (`ESC [ … m`), which the
+/// bootstrapper's log has on the console, a terminal.
+fn without_colours(console: &str) -> String {
+    let mut out = String::with_capacity(console.len());
+    let mut rest = console;
+    while let Some(at) = rest.find("\x1b[") {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 2..];
+        rest = after.find('m').map_or("", |end| &after[end + 1..]);
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The bootstrapper's arguments of a node that runs Kubernetes with kubeadm: the image's
+/// (scripts/node-image/args) with the kubeadm driver instead of none, on the command line
+/// (`asterism.args`, commas between them).
+const KUBEADM_ARGS: &str = "asterism.args=--node-dir=/run,--metadata-url=http://10.0.2.100:8080,\
+--kubernetes-driver=kubeadm,--join-retry-interval=1s,--insecure-fast-disk-kdf,\
+--state-disk-unlock=map,--mkfs=/usr/sbin/mke2fs";
+
+#[test]
+fn a_kubeadm_node_starts_containerd_then_fetches_the_components_the_version_table_pins() {
+    let Some(mut args) = vm_args(BootMode::DirectKernel) else {
+        return;
+    };
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("c");
+    let _teardown = TeardownAt(dir.clone());
+    // The kernel's EFI stub measures the command line into PCR 9, and this one names the
+    // kubeadm driver: PCR 9 is warn-only for this node (the verifier still checks every
+    // other PCR; a_vm_booted_with_a_changed_command_line_is_refused_naming_pcr_9 shows that
+    // it is enforced otherwise).
+    let mut measurements: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(args.measurements()).unwrap()).unwrap();
+    let pcr9 = &mut measurements["measurements"]["9"];
+    let expected = pcr9
+        .get("expected")
+        .unwrap_or(pcr9)
+        .as_str()
+        .expect("the reference has PCR 9")
+        .to_string();
+    *pcr9 = serde_json::json!({"expected": expected, "warnOnly": true});
+    let measurements_file = tmp.path().join("measurements.json");
+    std::fs::write(&measurements_file, measurements.to_string()).unwrap();
+    args.vm_measurements = Some(measurements_file);
+    let mut vmc = VmCluster::create(&dir, 0, 79, bins(), &args).unwrap();
+    vmc.image.cmdline.push(' ');
+    vmc.image.cmdline.push_str(KUBEADM_ARGS);
+    let cp = vmc.vms[0].clone();
+    let mut vm = vmc.boot(&cp).unwrap();
+    runtime()
+        .block_on(vmc.wait_for_init_server(&cp, &mut vm))
+        .unwrap();
+    // `asterism init` sends the default Kubernetes version and its components; the node's
+    // kubeadm driver installs them first, and here, without a way to the internet, its
+    // first download fails and is retried. The init does not finish: the test stops the
+    // VM once the console shows the download step, and the CLI's thread with it.
+    let init_args = vmc.cluster.init_args();
+    std::thread::spawn(move || {
+        let _ = runtime().block_on(asterism::init::run(init_args));
+    });
+    runtime()
+        .block_on(vmc.wait_for_console(
+            &cp,
+            &mut vm,
+            std::time::Duration::from_secs(600),
+            "download attempt failed",
+        ))
+        .unwrap();
+    let console =
+        without_colours(&std::fs::read_to_string(cp.node.dir.join("console.log")).unwrap());
+    assert_containerd_answered_before_the_bootstrapper(&console, &args.image, "kubeadm node");
+
+    // Every component of the default version, with the URL and the hash the version table
+    // pins, is what the driver set out to install; the first is being downloaded.
+    let release = asterism_kubernetes_versions::VersionTable::builtin()
+        .unwrap()
+        .resolve(asterism::init::DEFAULT_REQUEST)
+        .unwrap();
+    let lines: Vec<&str> = console.lines().collect();
+    let said = |what: &str, url: &str, hash: &str| {
+        lines.iter().any(|l| {
+            l.contains(what)
+                && l.contains(&format!("url={url} "))
+                && l.contains(&format!("hash={hash}"))
+        })
+    };
+    let components = release.components();
+    assert!(
+        components.iter().any(|c| c.url.ends_with("/kubelet"))
+            && components.iter().any(|c| c.url.ends_with("/kubeadm")),
+        "kubelet and kubeadm are among the components: {components:?}"
+    );
+    for c in components.iter().filter(|c| c.url.starts_with("https://")) {
+        assert!(
+            said("component to install", &c.url, &c.hash),
+            "the driver names {} with {}:\n{console}",
+            c.url,
+            c.hash
+        );
+    }
+    let first = &components[0];
+    assert!(
+        said("downloading component", &first.url, &first.hash),
+        "the driver downloads {} first:\n{console}",
+        first.url
+    );
+    assert!(
+        !console.contains("kubeadm driver: kubeadm init finished"),
+        "nothing was installed, so kubeadm did not run"
+    );
 }
 
 /// Whether `program` runs here (`--help` or `--version` answers).

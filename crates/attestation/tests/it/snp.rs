@@ -1552,3 +1552,34 @@ fn a_guest_policy_without_smt_passes_a_policy_that_refuses_smt() {
         .unwrap();
     assert_eq!((smt.expected.as_str(), smt.observed.as_str()), ("0", "0"));
 }
+
+/// Each guest-policy and platform-info flag reads its own bit (the SEV-SNP ABI's
+/// ATTESTATION_REPORT layout): set alone it reads true, cleared with every other bit set it
+/// reads false; the ABI version reads bits 15:8 as major and 7:0 as minor.
+#[test]
+fn each_policy_and_platform_flag_reads_its_own_bit() {
+    use asterism_attestation::snp::{GuestPolicy, PlatformInfo};
+    let policy_flags: [(u32, fn(&GuestPolicy) -> bool); 4] = [
+        (16, GuestPolicy::smt_allowed),
+        (18, GuestPolicy::migrate_ma_allowed),
+        (19, GuestPolicy::debug_allowed),
+        (20, GuestPolicy::single_socket_required),
+    ];
+    for (bit, flag) in policy_flags {
+        assert!(flag(&GuestPolicy(1 << bit)), "policy bit {bit} alone");
+        assert!(!flag(&GuestPolicy(!(1 << bit))), "policy without bit {bit}");
+    }
+    assert_eq!(GuestPolicy(0x0003_0a05).abi(), (0x0a, 0x05));
+    assert_eq!(GuestPolicy(0xffff_ffff_ffff_00ff).abi(), (0x00, 0xff));
+    let platform_flags: [(u32, fn(&PlatformInfo) -> bool); 2] = [
+        (0, PlatformInfo::smt_enabled),
+        (1, PlatformInfo::tsme_enabled),
+    ];
+    for (bit, flag) in platform_flags {
+        assert!(flag(&PlatformInfo(1 << bit)), "platform bit {bit} alone");
+        assert!(
+            !flag(&PlatformInfo(!(1 << bit))),
+            "platform info without bit {bit}"
+        );
+    }
+}

@@ -450,45 +450,50 @@ async fn one_attestation_key_holds_a_bounded_number_of_verified_connections() {
     let (b, bfp) = soft_node();
     let cluster = Cluster::start().await;
     let js = start_join_service(&cluster, Options::pinning(vec![afp, bfp])).await;
-    /// Whether the service answered on `c` (any gRPC answer), or closed the connection.
+    /// Whether the service answered on `c`, or closed the connection; and what came back.
     async fn answered(
         c: &mut asterism_proto::join::api_client::ApiClient<tonic::transport::Channel>,
-    ) -> bool {
+    ) -> (bool, String) {
         let asked = c
             .issue_rejoin_ticket(IssueRejoinTicketRequest {
                 disk_uuid: DISK_A.into(),
             })
             .await;
+        // The service's own answers to this request: the disk was never bound, or the
+        // key's rate was spent. A closed connection surfaces as any transport error.
         match asked {
-            Ok(_) => true,
-            Err(status) => status.code() != Code::Unavailable && status.code() != Code::Unknown,
+            Ok(_) => (true, "a ticket".into()),
+            Err(status) => (
+                matches!(
+                    status.code(),
+                    Code::PermissionDenied | Code::ResourceExhausted
+                ),
+                format!("{status:?}"),
+            ),
         }
     }
     let mut held = Vec::new();
     for i in 0..MAX_CONNECTIONS_PER_KEY {
         let mut c = client(js.addr, W0, a.clone()).await.unwrap();
-        assert!(
-            answered(&mut c).await,
-            "connection {i} of the key was served"
-        );
+        let (served, what) = answered(&mut c).await;
+        assert!(served, "connection {i} of the key was served: {what}");
         held.push(c);
     }
     let over = client(js.addr, W0, a.clone()).await;
     if let Ok(mut c) = over {
-        assert!(
-            !answered(&mut c).await,
-            "a connection beyond the cap was served"
-        );
+        let (served, what) = answered(&mut c).await;
+        assert!(!served, "a connection beyond the cap was served: {what}");
     }
     // Another key, from the same address even, is served.
     let mut other = client(js.addr, W0, b).await.unwrap();
-    assert!(answered(&mut other).await);
+    let (served, what) = answered(&mut other).await;
+    assert!(served, "another key was served: {what}");
     // One of the key's connections closes: the key may connect again.
     drop(held.pop());
     let mut again = None;
     for _ in 0..50 {
         let mut c = client(js.addr, W0, a.clone()).await.unwrap();
-        if answered(&mut c).await {
+        if answered(&mut c).await.0 {
             again = Some(c);
             break;
         }

@@ -1559,7 +1559,8 @@ fn a_guest_policy_without_smt_passes_a_policy_that_refuses_smt() {
 #[test]
 fn each_policy_and_platform_flag_reads_its_own_bit() {
     use asterism_attestation::snp::{GuestPolicy, PlatformInfo};
-    let policy_flags: [(u32, fn(&GuestPolicy) -> bool); 4] = [
+    type Flag<T> = fn(&T) -> bool;
+    let policy_flags: [(u32, Flag<GuestPolicy>); 4] = [
         (16, GuestPolicy::smt_allowed),
         (18, GuestPolicy::migrate_ma_allowed),
         (19, GuestPolicy::debug_allowed),
@@ -1571,7 +1572,7 @@ fn each_policy_and_platform_flag_reads_its_own_bit() {
     }
     assert_eq!(GuestPolicy(0x0003_0a05).abi(), (0x0a, 0x05));
     assert_eq!(GuestPolicy(0xffff_ffff_ffff_00ff).abi(), (0x00, 0xff));
-    let platform_flags: [(u32, fn(&PlatformInfo) -> bool); 2] = [
+    let platform_flags: [(u32, Flag<PlatformInfo>); 2] = [
         (0, PlatformInfo::smt_enabled),
         (1, PlatformInfo::tsme_enabled),
     ];

@@ -197,7 +197,7 @@ pub(crate) async fn start_stub(
     cp: &TestNode,
     node: &TestNode,
     seen: Arc<Mutex<Seen>>,
-) -> (u16, Stub) {
+) -> (u16, tokio::sync::oneshot::Sender<()>) {
     start_tampering_stub(ip, cp, node, seen, None).await
 }
 
@@ -208,8 +208,15 @@ async fn start_signing_stub(
     node: &TestNode,
     seen: Arc<Mutex<Seen>>,
     signing: Signing,
-) -> (u16, Stub) {
-    start_stub_with(ip, cp, node, seen, None, signing).await
+) -> (u16, tokio::sync::oneshot::Sender<()>) {
+    start_stub_with(ip, held_issuer(cp), node, seen, None, signing).await
+}
+
+/// One TPM connection of `cp` for its stubs. swtpm serves one connection at a time, and a
+/// stopped stub's server lets go of its connection only some time after its stop signal:
+/// a test that starts several stubs on one node gives them this one.
+fn held_issuer(cp: &TestNode) -> Arc<asterism_tpm::TpmIssuer> {
+    Arc::new(cp.swtpm.held_issuer().unwrap())
 }
 
 /// Like [`start_stub`], with every ticket changed by `tamper`.
@@ -219,27 +226,32 @@ async fn start_tampering_stub(
     node: &TestNode,
     seen: Arc<Mutex<Seen>>,
     tamper: Option<Tamper>,
-) -> (u16, Stub) {
-    start_stub_with(ip, cp, node, seen, tamper, Signing::ControlPlane).await
+) -> (u16, tokio::sync::oneshot::Sender<()>) {
+    start_stub_with(
+        ip,
+        held_issuer(cp),
+        node,
+        seen,
+        tamper,
+        Signing::ControlPlane,
+    )
+    .await
 }
 
 async fn start_stub_with(
     ip: IpAddr,
-    cp: &TestNode,
+    issuer: Arc<asterism_tpm::TpmIssuer>,
     node: &TestNode,
     seen: Arc<Mutex<Seen>>,
     tamper: Option<Tamper>,
     signing: Signing,
-) -> (u16, Stub) {
+) -> (u16, tokio::sync::oneshot::Sender<()>) {
     let listener = tokio::net::TcpListener::bind(SocketAddr::new(ip, 0))
         .await
         .unwrap();
     let port = listener.local_addr().unwrap().port();
-    let server = AtlsServer::new(
-        AtlsConfig::attesting(Arc::new(cp.swtpm.held_issuer().unwrap()))
-            .with_validator(node.validator()),
-    )
-    .unwrap();
+    let server =
+        AtlsServer::new(AtlsConfig::attesting(issuer).with_validator(node.validator())).unwrap();
     let service = StubJoinService {
         ca: ClusterCa::generate(SystemTime::now()).unwrap(),
         seen,
@@ -247,39 +259,14 @@ async fn start_stub_with(
         signing,
     };
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(
+    tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(ApiServer::new(service))
             .serve_with_incoming_shutdown(server.incoming(listener), async {
                 let _ = rx.await;
             }),
     );
-    (
-        port,
-        Stub {
-            _stop: tx,
-            task: Some(task),
-        },
-    )
-}
-
-/// A running stub: dropping it asks the server to stop; [`Stub::stop`] also waits until it
-/// has, so that its TPM connection is closed. swtpm serves one connection at a time, so a
-/// test that starts another stub on the same TPM must stop the first one this way.
-pub(crate) struct Stub {
-    _stop: tokio::sync::oneshot::Sender<()>,
-    task: Option<tokio::task::JoinHandle<Result<(), tonic::transport::Error>>>,
-}
-
-impl Stub {
-    /// Stops the server and waits until it, and the TPM connection it holds, are gone.
-    pub(crate) async fn stop(mut self) {
-        let task = self.task.take().expect("a stub is stopped once");
-        drop(self);
-        task.await
-            .expect("the stub's server task panicked")
-            .expect("the stub's server failed");
-    }
+    (port, tx)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -494,13 +481,21 @@ async fn a_ticket_for_another_cluster_or_with_a_bad_kubelet_certificate_is_refus
             }),
         ),
     ];
+    let issuer = held_issuer(&cp);
     for (i, (what, tamper)) in tampers.into_iter().enumerate() {
         eprintln!("tampered ticket: {what}");
         let t = TestNode::new(&format!("127.0.12.{}", 20 + i));
         let seen = Arc::new(Mutex::new(Seen::default()));
-        let (port, stub) = start_tampering_stub(cp.ip, &cp, &t, seen.clone(), Some(tamper)).await;
+        let (port, _stop) = start_stub_with(
+            cp.ip,
+            issuer.clone(),
+            &t,
+            seen.clone(),
+            Some(tamper),
+            Signing::ControlPlane,
+        )
+        .await;
         refused(&cp, &t, port, cluster_id()).await;
-        stub.stop().await;
         assert!(
             !seen.lock().unwrap().join_peers.is_empty(),
             "{what}: the join service was asked"
@@ -519,6 +514,7 @@ async fn a_worker_posing_as_the_join_service_is_refused_without_the_control_plan
     let worker = TestNode::new("127.0.12.40");
     // The worker joined this cluster: its PCR 15 holds the cluster's marker.
     worker.mark(&cluster_id());
+    let issuer = held_issuer(&worker);
     for (i, signing) in [Signing::Unsigned, Signing::OwnKey, Signing::OtherConnection]
         .into_iter()
         .enumerate()
@@ -526,9 +522,9 @@ async fn a_worker_posing_as_the_join_service_is_refused_without_the_control_plan
         eprintln!("posing worker signs: {signing:?}");
         let t = TestNode::new(&format!("127.0.12.{}", 41 + i));
         let seen = Arc::new(Mutex::new(Seen::default()));
-        let (port, stub) = start_signing_stub(worker.ip, &worker, &t, seen.clone(), signing).await;
+        let (port, _stop) =
+            start_stub_with(worker.ip, issuer.clone(), &t, seen.clone(), None, signing).await;
         refused(&worker, &t, port, cluster_id()).await;
-        stub.stop().await;
         assert!(
             !seen.lock().unwrap().join_peers.is_empty(),
             "{signing:?}: the posing worker passed attestation and was asked"

@@ -110,7 +110,13 @@ async fn waiting_gives_up_at_the_deadline_with_the_last_error() {
         took >= Duration::from_millis(900) && took < Duration::from_secs(5),
         "{took:?}"
     );
-    assert_eq!(server.requests().len() as u32, *attempts);
+    // Every attempt reached the server, except perhaps the last, when the deadline cut it
+    // before its request arrived.
+    let seen = server.requests().len() as u32;
+    assert!(
+        seen == *attempts || seen + 1 == *attempts,
+        "{seen} requests for {attempts} attempts"
+    );
     assert!(err.is_retryable());
 }
 

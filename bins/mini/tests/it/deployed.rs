@@ -767,6 +767,11 @@ fn empty_cluster_state(server: &RecordingServer) {
             SECRETS,
             [Reply::recorded(200, "secret-list-empty.json")],
         )
+        .on(
+            "GET",
+            CONFIG_MAPS,
+            [Reply::recorded(200, "configmap-list-empty.json")],
+        )
         .echo("POST", SECRETS)
         .echo("POST", CONFIG_MAPS);
 }

@@ -6,6 +6,7 @@ use crate::keys::KeySource;
 use crate::service::JoinService;
 use crate::state::{ClusterState, StateError};
 use asterism_atls::AtlsServer;
+use asterism_basics::shares::{Share, Shares};
 use asterism_binkit::grpc;
 pub use asterism_binkit::grpc::Limits;
 use asterism_metadata::Metadata;
@@ -85,20 +86,18 @@ where
 /// right after its handshake.
 pub const MAX_CONNECTIONS_PER_KEY: usize = 8;
 
-/// Passes each verified connection on holding one of `max` slots of its peer's key (its
-/// evidence's identity), and closes one whose key holds them all. Keys with no open
-/// connection are forgotten once the map has grown, so it stays proportional to the open
-/// connections.
+/// Passes each verified connection on holding one of `max` shares of its peer's key (its
+/// evidence's identity), and closes one whose key holds them all.
 fn per_key_limit<S, IO>(
     incoming: S,
     max: usize,
-) -> impl futures::Stream<Item = Result<grpc::Limited<IO>, std::io::Error>>
+) -> impl futures::Stream<Item = Result<grpc::Limited<IO, Share<String>>, std::io::Error>>
 where
     S: futures::Stream<Item = Result<IO, std::io::Error>>,
     IO: tonic::transport::server::Connected<ConnectInfo = asterism_atls::AtlsConnectInfo>,
 {
     use futures::StreamExt as _;
-    let keys = std::sync::Arc::new(std::sync::Mutex::new(KeySlots::default()));
+    let keys = std::sync::Arc::new(Shares::new(max));
     incoming.filter_map(move |accepted| {
         let keys = keys.clone();
         async move {
@@ -108,14 +107,13 @@ where
             };
             let info = io.connect_info();
             // Only verified connections come from aTLS; one without a peer would be
-            // refused by the handlers, and holds no key's slot.
+            // refused by the handlers, and holds no key's share.
             let Some(peer) = info.peer else {
                 return Some(Ok(grpc::Limited::holding(io, None)));
             };
             let key = peer.evidence().identity();
-            let permit = keys.lock().ok()?.acquire(key, max);
-            match permit {
-                Some(permit) => Some(Ok(grpc::Limited::holding(io, Some(permit)))),
+            match keys.take(key.to_owned()) {
+                Some(share) => Some(Ok(grpc::Limited::holding(io, Some(share)))),
                 None => {
                     tracing::debug!(ak = %key, max, peer = ?info.remote_addr, "closing a verified connection: its attestation key holds the most it may");
                     None
@@ -123,29 +121,6 @@ where
             }
         }
     })
-}
-
-/// The slots of each key with open connections.
-#[derive(Default)]
-struct KeySlots {
-    slots: std::collections::HashMap<String, std::sync::Arc<tokio::sync::Semaphore>>,
-    prune_at: usize,
-}
-
-impl KeySlots {
-    /// A slot of `key`'s `max`, or `None` when it holds them all.
-    fn acquire(&mut self, key: &str, max: usize) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        if self.slots.len() >= self.prune_at {
-            self.slots.retain(|_, s| s.available_permits() < max);
-            self.prune_at = (2 * self.slots.len()).max(1024);
-        }
-        let slots = self
-            .slots
-            .entry(key.to_owned())
-            .or_insert_with(|| std::sync::Arc::new(tokio::sync::Semaphore::new(max)))
-            .clone();
-        slots.try_acquire_owned().ok()
-    }
 }
 
 /// When HTTP/2 should start closing a connection that aTLS cuts at `lifetime`: 10 s

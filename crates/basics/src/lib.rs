@@ -1,12 +1,16 @@
 //! The few helpers that libraries and binaries alike need and that would otherwise be
 //! copied into each: an error with its causes on one line ([`error_chain`]), the syntax
-//! of a host name and of a node name ([`is_host_name`], [`is_node_name`]), and reads that refuse more than a cap instead of
-//! truncating ([`read_capped_from`], [`read_file_capped`]).
+//! of a host name and of a node name ([`is_host_name`], [`is_node_name`]), reads that refuse more than a cap instead of
+//! truncating ([`read_capped_from`], [`read_file_capped`]), and a cap on what one key holds
+//! at once ([`shares::Shares`]).
 //!
 //! It must never depend on anything but `std` (scripts/check-deps), so that any crate of
 //! the workspace, the verifier included, can use it without taking on a dependency. Nothing
-//! here logs, reads flags or holds state: binary plumbing belongs in `asterism-binkit`.
+//! here logs, reads flags or keeps state of its own (a [`shares::Shares`] is its caller's):
+//! binary plumbing belongs in `asterism-binkit`.
 #![forbid(unsafe_code)]
+
+pub mod shares;
 
 use std::io::{self, Read};
 use std::path::Path;

@@ -195,7 +195,7 @@ where
         async move {
             let Some((max, slots)) = slots else {
                 return accepted
-                    .map(|io| Limited { io, _permit: None })
+                    .map(|io| Limited { io, _held: None })
                     .map_err(Into::into);
             };
             match accepted {
@@ -206,7 +206,7 @@ where
                     let permit = slots.acquire_owned().await.map_err(BoxError::from)?;
                     Ok(Limited {
                         io,
-                        _permit: Some(permit),
+                        _held: Some(permit),
                     })
                 }
                 Err(err) => {
@@ -220,24 +220,21 @@ where
     })
 }
 
-/// A connection, holding a slot of a connection limit if there is one; the slot is free
-/// again when the connection is dropped.
-pub struct Limited<IO> {
+/// A connection, holding a slot of a connection limit if there is one (a semaphore's
+/// permit, or another guard `G`); the slot is free again when the connection is dropped.
+pub struct Limited<IO, G = OwnedSemaphorePermit> {
     io: IO,
-    _permit: Option<OwnedSemaphorePermit>,
+    _held: Option<G>,
 }
 
-impl<IO> Limited<IO> {
-    /// `io`, holding `permit` for as long as it lives, or no slot.
-    pub fn holding(io: IO, permit: Option<OwnedSemaphorePermit>) -> Self {
-        Self {
-            io,
-            _permit: permit,
-        }
+impl<IO, G> Limited<IO, G> {
+    /// `io`, holding `slot` for as long as it lives, or no slot.
+    pub fn holding(io: IO, slot: Option<G>) -> Self {
+        Self { io, _held: slot }
     }
 }
 
-impl<IO: Connected> Connected for Limited<IO> {
+impl<IO: Connected, G> Connected for Limited<IO, G> {
     type ConnectInfo = IO::ConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
@@ -245,7 +242,7 @@ impl<IO: Connected> Connected for Limited<IO> {
     }
 }
 
-impl<IO: AsyncRead + Unpin> AsyncRead for Limited<IO> {
+impl<IO: AsyncRead + Unpin, G: Unpin> AsyncRead for Limited<IO, G> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -255,7 +252,7 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Limited<IO> {
     }
 }
 
-impl<IO: AsyncWrite + Unpin> AsyncWrite for Limited<IO> {
+impl<IO: AsyncWrite + Unpin, G: Unpin> AsyncWrite for Limited<IO, G> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,

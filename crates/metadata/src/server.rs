@@ -167,7 +167,7 @@ impl MetadataServer {
     ) -> std::io::Result<()> {
         let (stop_tx, stop_rx) = watch::channel(false);
         let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-        let per_source = SourceShares::default();
+        let per_source = asterism_basics::shares::Shares::new(MAX_CONNECTIONS_PER_SOURCE);
         let mut connections = JoinSet::new();
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
@@ -249,46 +249,6 @@ impl MetadataServer {
             connections.abort_all();
         }
         Ok(())
-    }
-}
-
-/// How many connections each source address holds.
-#[derive(Clone, Default)]
-struct SourceShares(Arc<std::sync::Mutex<std::collections::HashMap<IpAddr, usize>>>);
-
-impl SourceShares {
-    /// A share for a connection from `source`, or `None` when it holds
-    /// [`MAX_CONNECTIONS_PER_SOURCE`].
-    fn take(&self, source: IpAddr) -> Option<SourceShare> {
-        let mut held = self.0.lock().ok()?;
-        let n = held.entry(source).or_default();
-        if *n >= MAX_CONNECTIONS_PER_SOURCE {
-            return None;
-        }
-        *n += 1;
-        Some(SourceShare {
-            shares: self.clone(),
-            source,
-        })
-    }
-}
-
-/// One connection's share of its source; given back when dropped.
-struct SourceShare {
-    shares: SourceShares,
-    source: IpAddr,
-}
-
-impl Drop for SourceShare {
-    fn drop(&mut self) {
-        if let Ok(mut held) = self.shares.0.lock()
-            && let Some(n) = held.get_mut(&self.source)
-        {
-            *n -= 1;
-            if *n == 0 {
-                held.remove(&self.source);
-            }
-        }
     }
 }
 

@@ -172,9 +172,7 @@ impl KubeState {
             tracing::debug!(error = %chain(e), "no JoiningNode record written");
         }
     }
-}
 
-impl KubeState {
     /// Refuses `ak` (hex) for member `name` if it is a member under another name: one key
     /// is one node. The member records are read whole (the API has no index by key), and
     /// the check and the later write are two API calls, not one transaction: two joins

@@ -204,6 +204,8 @@ pub struct CvmAkTrust {
 /// REPORT_DATA was that digest), so a peer without genuine evidence can neither add nor
 /// evict an entry. What is kept is a pure function of the bytes; every verification still
 /// compares the bytes in full, checks the hardware report's binding and matches the AK.
+/// Runtime data is parsed only once a hardware report has bound it: before that it is only
+/// hashed, so a peer's unauthenticated JSON costs one SHA-256 and no parse.
 struct RuntimeDataMemo(ExactMemo<(Arc<RuntimeData>, [u8; 64])>);
 
 /// How many nodes' runtime data is kept (about 3 KiB each).
@@ -216,18 +218,30 @@ impl Default for RuntimeDataMemo {
 }
 
 impl RuntimeDataMemo {
-    /// The parsed runtime data and its REPORT_DATA, from the memo or computed.
-    fn get(&self, bytes: &[u8]) -> Result<(Arc<RuntimeData>, [u8; 64], bool), ValidationError> {
-        if let Some((parsed, report_data)) = self.0.get(bytes) {
-            return Ok((parsed, report_data, true));
+    /// The REPORT_DATA that binds `bytes`, and their parse if a hardware report bound these
+    /// exact bytes before. Nothing is parsed here: runtime data no hardware report has
+    /// vouched for is only hashed.
+    fn lookup(&self, bytes: &[u8]) -> ([u8; 64], Option<Arc<RuntimeData>>) {
+        match self.0.get(bytes) {
+            Some((parsed, report_data)) => (report_data, Some(parsed)),
+            None => (hcl::runtime_data_report_data(bytes), None),
         }
-        let parsed = Arc::new(RuntimeData::parse(bytes)?);
-        Ok((parsed, hcl::runtime_data_report_data(bytes), false))
     }
 
-    /// Keeps `bytes` once a hardware report bound them; the oldest entry goes first.
-    fn insert(&self, bytes: &[u8], parsed: Arc<RuntimeData>, report_data: [u8; 64]) {
-        self.0.insert(bytes, (parsed, report_data));
+    /// The parse of `bytes`, which a hardware report has just bound to `report_data`: the
+    /// one [`Self::lookup`] found, or parsed now and kept (the oldest entry goes first).
+    fn bound(
+        &self,
+        bytes: &[u8],
+        report_data: [u8; 64],
+        known: Option<Arc<RuntimeData>>,
+    ) -> Result<Arc<RuntimeData>, ValidationError> {
+        if let Some(parsed) = known {
+            return Ok(parsed);
+        }
+        let parsed = Arc::new(RuntimeData::parse(bytes)?);
+        self.0.insert(bytes, (Arc::clone(&parsed), report_data));
+        Ok(parsed)
     }
 
     #[cfg(test)]
@@ -484,13 +498,12 @@ impl CvmAkTrust {
                         observed: format!("{:?}", HardwareKind::Tdx),
                     });
                 };
-                let (runtime, expected, known) = self.runtime_data.get(hcl.runtime_data())?;
+                let (expected, known) = self.runtime_data.lookup(hcl.runtime_data());
                 let certs = snp_certs(&azure.certs)?;
                 self.verify_snp(report, &certs, &expected, references, now, explanation)?;
-                if !known {
-                    self.runtime_data
-                        .insert(hcl.runtime_data(), Arc::clone(&runtime), expected);
-                }
+                let runtime = self
+                    .runtime_data
+                    .bound(hcl.runtime_data(), expected, known)?;
                 ak_check(explanation, hcl::hcl_ak_matches(&runtime, ak_public))
             }
             PlatformKind::AwsSevSnp(aws) => {
@@ -506,12 +519,11 @@ impl CvmAkTrust {
                 Ok(())
             }
             PlatformKind::AzureTdx(azure) => {
-                let (runtime, expected, known) = self.runtime_data.get(&azure.runtime_data)?;
+                let (expected, known) = self.runtime_data.lookup(&azure.runtime_data);
                 self.verify_tdx(&azure.quote, &expected, references, now, explanation)?;
-                if !known {
-                    self.runtime_data
-                        .insert(&azure.runtime_data, Arc::clone(&runtime), expected);
-                }
+                let runtime = self
+                    .runtime_data
+                    .bound(&azure.runtime_data, expected, known)?;
                 ak_check(explanation, hcl::hcl_ak_matches(&runtime, ak_public))
             }
         }
@@ -681,25 +693,39 @@ mod tests {
     #[test]
     fn the_runtime_data_memo_answers_exactly_what_parsing_and_hashing_give() {
         let memo = RuntimeDataMemo::default();
-        let (parsed, report_data, known) = memo.get(RUNTIME).unwrap();
-        assert!(!known);
-        assert_eq!(*parsed, RuntimeData::parse(RUNTIME).unwrap());
+        let (report_data, known) = memo.lookup(RUNTIME);
+        assert!(known.is_none());
         assert_eq!(report_data, hcl::runtime_data_report_data(RUNTIME));
         assert_eq!(memo.len(), 0, "looking up keeps nothing");
 
-        memo.insert(RUNTIME, Arc::clone(&parsed), report_data);
-        let (again, again_rd, known) = memo.get(RUNTIME).unwrap();
-        assert!(known);
-        assert_eq!((*again == *parsed, again_rd), (true, report_data));
+        let parsed = memo.bound(RUNTIME, report_data, None).unwrap();
+        assert_eq!(*parsed, RuntimeData::parse(RUNTIME).unwrap());
+        let (again_rd, again) = memo.lookup(RUNTIME);
+        assert_eq!(
+            (again.is_some_and(|a| *a == *parsed), again_rd),
+            (true, report_data)
+        );
 
         // Bytes of the same length that differ in one digit of the AK are not the entry.
         let other = other_runtime();
         assert_eq!(other.len(), RUNTIME.len());
-        let (o, o_rd, known) = memo.get(&other).unwrap();
-        assert!(!known);
-        assert_ne!(o.ak, parsed.ak);
+        let (o_rd, known) = memo.lookup(&other);
+        assert!(known.is_none());
         assert_eq!(o_rd, hcl::runtime_data_report_data(&other));
         assert_ne!(o_rd, report_data);
+        let o = memo.bound(&other, o_rd, None).unwrap();
+        assert_ne!(o.ak, parsed.ak);
+    }
+
+    #[test]
+    fn runtime_data_no_report_bound_is_hashed_but_never_parsed() {
+        let memo = RuntimeDataMemo::default();
+        let garbage = b"{ not json";
+        let (report_data, known) = memo.lookup(garbage);
+        assert!(known.is_none());
+        assert_eq!(report_data, hcl::runtime_data_report_data(garbage));
+        assert!(memo.bound(garbage, report_data, None).is_err());
+        assert_eq!(memo.len(), 0, "bytes that do not parse are not kept");
     }
 
     #[test]
@@ -708,11 +734,11 @@ mod tests {
         let parsed = Arc::new(RuntimeData::parse(RUNTIME).unwrap());
         for i in 0..=RUNTIME_DATA_MEMO {
             let key = i.to_be_bytes();
-            memo.insert(&key, Arc::clone(&parsed), [0; 64]);
-            memo.insert(&key, Arc::clone(&parsed), [0; 64]);
+            memo.0.insert(&key, (Arc::clone(&parsed), [0; 64]));
+            memo.0.insert(&key, (Arc::clone(&parsed), [0; 64]));
         }
         assert_eq!(memo.len(), RUNTIME_DATA_MEMO);
-        assert!(!memo.get(&0usize.to_be_bytes()).is_ok_and(|(_, _, k)| k));
-        assert!(memo.get(&RUNTIME_DATA_MEMO.to_be_bytes()).unwrap().2);
+        assert!(memo.lookup(&0usize.to_be_bytes()).1.is_none());
+        assert!(memo.lookup(&RUNTIME_DATA_MEMO.to_be_bytes()).1.is_some());
     }
 }

@@ -444,7 +444,7 @@ fn a_vlek_signed_report_wrapped_as_azure_evidence_is_refused_at_the_signer() {
     // Refused there, not later: neither the chain, the signature nor the binding ran.
     let last = checks.last().unwrap();
     assert_eq!(
-        (last.field.as_str(), last.outcome),
+        (&*last.field, last.outcome),
         ("key_info.signing_key", Outcome::Fail)
     );
     assert!(
@@ -683,6 +683,47 @@ fn an_azure_tdx_quote_that_does_not_bind_the_runtime_data_is_refused() {
             .iter()
             .any(|c| c.field == "report_data" && c.outcome == Outcome::Fail),
         "{checks:#?}"
+    );
+}
+
+#[test]
+fn runtime_data_no_hardware_report_binds_is_refused_at_the_binding_and_never_parsed() {
+    // The real runtime data's length (the HCL report's sizes must add up), but not JSON
+    // from its first byte. Parsing them first would fail
+    // with a parse error; they must instead only be hashed, and refused when the genuine
+    // report's REPORT_DATA does not match that hash.
+    let mut garbage = read("snp-azure/runtimedata.bin");
+    garbage[0] = b'x';
+    let (ev, m) = evidence(Some(azure_snp_kind(&garbage)), Some(azure_ak_public()));
+    let (checks, result) = validator(azure_snp(), m).validate_explained(&ev, &rd());
+    assert!(
+        matches!(result, Err(ValidationError::BindingMismatch)),
+        "Azure SEV-SNP: {result:?}"
+    );
+    assert!(
+        checks
+            .iter()
+            .any(|c| c.field == "report_data" && c.outcome == Outcome::Fail),
+        "{checks:#?}"
+    );
+
+    let (quote, collateral) = dcap_quote();
+    let (_, mut garbage) = azure_td_report();
+    garbage[0] = b'x';
+    let kind = PlatformKind::AzureTdx(AzureTdx {
+        quote: quote.clone(),
+        runtime_data: garbage,
+    });
+    let (ev, m) = evidence(Some(kind), Some(azure_ak_public()));
+    let td = TdQuote::parse(&quote).unwrap().report().clone();
+    let m = m.with_cvm(tdx_launch(&td));
+    let trust = CvmAkTrust::azure_tdx(TdxPolicy::default(), collateral);
+    let validator = TpmQuoteValidator::new(AkTrust::confidential_vm(trust), m.into_provider())
+        .with_clock(tdx_now);
+    let (_, result) = validator.validate_explained(&ev, &rd());
+    assert!(
+        matches!(result, Err(ValidationError::BindingMismatch)),
+        "Azure TDX: {result:?}"
     );
 }
 

@@ -2,6 +2,7 @@
 //! confidential-VM report (launch measurement, TCB parts, policy bits, binding), each with
 //! the expected and the observed value and whether it passed.
 
+use std::borrow::Cow;
 use std::fmt;
 
 /// How one check ended.
@@ -26,15 +27,17 @@ impl fmt::Display for Outcome {
 }
 
 /// One checked field: its name, the value the policy wants and the value the evidence has.
+/// Each is text; fixed words are borrowed, so that recording a check on every verification
+/// allocates only for the values it prints.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Check {
     /// The field, named as in the hardware vendor's specification (for example
     /// `reported_tcb.snp` or `td_attributes.debug`).
-    pub field: String,
+    pub field: Cow<'static, str>,
     /// What the policy wants, in words or as a value (for example `>= 8` or a hex digest).
-    pub expected: String,
+    pub expected: Cow<'static, str>,
     /// What the evidence holds.
-    pub observed: String,
+    pub observed: Cow<'static, str>,
     /// Whether the field passed.
     pub outcome: Outcome,
 }
@@ -42,9 +45,9 @@ pub struct Check {
 impl Check {
     /// A check of `field` that ended with `outcome`.
     pub fn new(
-        field: impl Into<String>,
-        expected: impl Into<String>,
-        observed: impl Into<String>,
+        field: impl Into<Cow<'static, str>>,
+        expected: impl Into<Cow<'static, str>>,
+        observed: impl Into<Cow<'static, str>>,
         outcome: Outcome,
     ) -> Self {
         Self {
@@ -58,9 +61,9 @@ impl Check {
     /// A check that passes when `ok`, and fails otherwise.
     pub fn pass_if(
         ok: bool,
-        field: impl Into<String>,
-        expected: impl Into<String>,
-        observed: impl Into<String>,
+        field: impl Into<Cow<'static, str>>,
+        expected: impl Into<Cow<'static, str>>,
+        observed: impl Into<Cow<'static, str>>,
     ) -> Self {
         let outcome = if ok { Outcome::Pass } else { Outcome::Fail };
         Self::new(field, expected, observed, outcome)
@@ -151,7 +154,7 @@ impl<const N: usize> Reference<N> {
 
     /// Compares `observed` with the reference: pass when equal, otherwise fail or warn as
     /// the mode says. Values print as lower-case hex.
-    pub fn check(&self, field: impl Into<String>, observed: &[u8]) -> Check {
+    pub fn check(&self, field: impl Into<Cow<'static, str>>, observed: &[u8]) -> Check {
         let outcome = if observed == self.value.as_slice() {
             Outcome::Pass
         } else if self.mode == crate::MeasurementMode::WarnOnly {

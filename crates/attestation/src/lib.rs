@@ -137,9 +137,9 @@ pub enum ValidationError {
 impl From<&explain::Check> for ValidationError {
     fn from(c: &explain::Check) -> Self {
         ValidationError::Field {
-            field: c.field.clone(),
-            expected: c.expected.clone(),
-            observed: c.observed.clone(),
+            field: c.field.to_string(),
+            expected: c.expected.to_string(),
+            observed: c.observed.to_string(),
         }
     }
 }

@@ -341,7 +341,7 @@ async fn azure_snp_report_and_thim_certs_verify_and_only_the_foreign_ak_is_refus
     let failed: Vec<_> = checks
         .iter()
         .filter(|c| c.outcome == Outcome::Fail)
-        .map(|c| c.field.as_str())
+        .map(|c| &*c.field)
         .collect();
     assert_eq!(failed, ["runtime_data.keys[HCLAkPub].n"], "{checks:#?}");
 }

@@ -352,7 +352,12 @@ pub(crate) fn refuse(
     which: &str,
     reason: String,
 ) -> ValidationError {
-    explanation.push(Check::pass_if(false, which, "acceptable", reason.clone()));
+    explanation.push(Check::pass_if(
+        false,
+        which.to_owned(),
+        "acceptable",
+        reason.clone(),
+    ));
     cert_error(which, reason)
 }
 

@@ -152,7 +152,20 @@ impl SnpPolicy {
     }
 }
 
-fn at_least(field: &str, min: u8, observed: u8) -> Check {
+/// The field names of one TCB's parts, as checks record them.
+macro_rules! tcb_fields {
+    ($tcb:literal) => {
+        [
+            concat!($tcb, ".fmc"),
+            concat!($tcb, ".bootloader"),
+            concat!($tcb, ".tee"),
+            concat!($tcb, ".snp"),
+            concat!($tcb, ".microcode"),
+        ]
+    };
+}
+
+fn at_least(field: &'static str, min: u8, observed: u8) -> Check {
     Check::pass_if(
         observed >= min,
         field,
@@ -161,12 +174,12 @@ fn at_least(field: &str, min: u8, observed: u8) -> Check {
     )
 }
 
-fn bit_refused(field: &str, allowed: bool, set: bool) -> Check {
+fn bit_refused(field: &'static str, allowed: bool, set: bool) -> Check {
     let expected = if allowed { "0 or 1" } else { "0" };
     Check::pass_if(allowed || !set, field, expected, u8::from(set).to_string())
 }
 
-fn digest_in(field: &str, allowed: Option<&[[u8; 48]]>, observed: &[u8; 48]) -> Check {
+fn digest_in(field: &'static str, allowed: Option<&[[u8; 48]]>, observed: &[u8; 48]) -> Check {
     match allowed {
         None => Check::pass_if(true, field, "any", lower_hex(observed)),
         Some(set) => Check::pass_if(
@@ -212,27 +225,28 @@ pub fn check_fields(
     // can roll back below the floor, is refused as well.
     match policy.minimum_tcb.get(product) {
         Some(min) => {
-            for (name, raw) in [
-                ("reported_tcb", &report.reported_tcb),
-                ("launch_tcb", &report.launch_tcb),
-                ("committed_tcb", &report.committed_tcb),
+            for (
+                raw,
+                [
+                    fmc_field,
+                    bootloader_field,
+                    tee_field,
+                    snp_field,
+                    microcode_field,
+                ],
+            ) in [
+                (&report.reported_tcb, tcb_fields!("reported_tcb")),
+                (&report.launch_tcb, tcb_fields!("launch_tcb")),
+                (&report.committed_tcb, tcb_fields!("committed_tcb")),
             ] {
                 let tcb = raw.parts(product);
                 if let Some(fmc) = tcb.fmc {
-                    explanation.push(at_least(&format!("{name}.fmc"), min.fmc, fmc));
+                    explanation.push(at_least(fmc_field, min.fmc, fmc));
                 }
-                explanation.push(at_least(
-                    &format!("{name}.bootloader"),
-                    min.bootloader,
-                    tcb.bootloader,
-                ));
-                explanation.push(at_least(&format!("{name}.tee"), min.tee, tcb.tee));
-                explanation.push(at_least(&format!("{name}.snp"), min.snp, tcb.snp));
-                explanation.push(at_least(
-                    &format!("{name}.microcode"),
-                    min.microcode,
-                    tcb.microcode,
-                ));
+                explanation.push(at_least(bootloader_field, min.bootloader, tcb.bootloader));
+                explanation.push(at_least(tee_field, min.tee, tcb.tee));
+                explanation.push(at_least(snp_field, min.snp, tcb.snp));
+                explanation.push(at_least(microcode_field, min.microcode, tcb.microcode));
             }
         }
         None => explanation.push(Check::new(

@@ -158,7 +158,7 @@ fn check_leaf_parts(
     }
 
     let tcb = report.reported_tcb.parts(product);
-    let spl = |field: &str, ext: &str, cert: Option<u8>, observed: Option<u8>| {
+    let spl = |field: &'static str, ext: &str, cert: Option<u8>, observed: Option<u8>| {
         Check::pass_if(
             cert == observed,
             field,

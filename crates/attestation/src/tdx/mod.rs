@@ -746,6 +746,9 @@ mod attr {
     pub const RESERVED: u64 = 0b1110 | (0x1ff << 7) | (0b1111 << 23) | (((1u64 << 30) - 1) << 32);
 }
 
+/// The RTMRs' field names, as checks record them.
+const RTMR_FIELDS: [&str; 4] = ["rtmr0", "rtmr1", "rtmr2", "rtmr3"];
+
 /// The field checks of a TD report whose signatures and collateral verified: TCB status,
 /// TD attributes, reference values and REPORT_DATA. Every check runs and is recorded; the
 /// first failure is returned.
@@ -869,7 +872,7 @@ pub fn check_fields(
         };
         ex.push(reference_check(
             want.as_ref(),
-            &format!("rtmr{i}"),
+            RTMR_FIELDS.get(i).copied().unwrap_or("rtmr"),
             got,
             required,
         ));
@@ -925,7 +928,7 @@ enum Required {
 
 fn reference_check(
     want: Option<&Reference<48>>,
-    field: &str,
+    field: &'static str,
     got: &[u8; 48],
     required: Required,
 ) -> Check {

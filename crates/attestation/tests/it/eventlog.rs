@@ -839,7 +839,7 @@ fn without_reference_events_an_h_crtm_pcr0_lists_its_start_before_its_events() {
     let m = Measurements::new([(idx(0), ExpectedPcr::enforce([0x42; 32]))]).unwrap();
     let v = validator(&tpm, m);
     let (checks, _) = v.validate_explained(&tpm.issue(&rd()).unwrap(), &rd());
-    let fields: Vec<&str> = checks.iter().map(|c| c.field.as_str()).collect();
+    let fields: Vec<&str> = checks.iter().map(|c| &*c.field).collect();
     assert_eq!(
         fields,
         [
@@ -1022,7 +1022,7 @@ fn without_reference_events_a_pcr_mismatch_lists_the_events_of_that_pcr() {
     .unwrap();
     let v = validator(&tpm, m);
     let (checks, result) = v.validate_explained(&tpm.issue(&rd()).unwrap(), &rd());
-    let fields: Vec<&str> = checks.iter().map(|c| c.field.as_str()).collect();
+    let fields: Vec<&str> = checks.iter().map(|c| &*c.field).collect();
     assert_eq!(
         fields,
         [

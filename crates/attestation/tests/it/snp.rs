@@ -252,11 +252,7 @@ fn the_explanation_lists_every_checked_field_in_order() {
         now(),
     );
     result.unwrap();
-    let fields: Vec<&str> = explanation
-        .checks
-        .iter()
-        .map(|c| c.field.as_str())
-        .collect();
+    let fields: Vec<&str> = explanation.checks.iter().map(|c| &*c.field).collect();
     for want in [
         "version",
         "key_info.signing_key",
@@ -287,7 +283,7 @@ fn the_explanation_lists_every_checked_field_in_order() {
     assert!(pos("ARK") < pos("ASK") && pos("ASK") < pos("VCEK"));
     assert!(pos("chip_id") < pos("signature") && pos("signature") < pos("report_data"));
     // No launch measurement configured: compared with nothing, shown as a warning.
-    let warned: Vec<_> = explanation.warnings().map(|c| c.field.as_str()).collect();
+    let warned: Vec<_> = explanation.warnings().map(|c| &*c.field).collect();
     assert_eq!(warned, ["measurement"]);
 }
 
@@ -525,7 +521,7 @@ fn a_root_other_than_the_embedded_one_is_refused() {
         );
         // A chain failure ends the explanation: nothing after it was checked.
         let last = explanation.checks.last().unwrap();
-        assert_eq!((last.field.as_str(), last.outcome), ("ARK", Outcome::Fail));
+        assert_eq!((&*last.field, last.outcome), ("ARK", Outcome::Fail));
         assert!(!explanation.checks.iter().any(|c| c.field == "signature"));
         let (which, reason) = cert_error(result.unwrap_err());
         assert_eq!(which, "ARK");
@@ -1087,7 +1083,7 @@ fn one_rejection_lists_every_failed_field() {
         .checks
         .iter()
         .filter(|c| c.outcome == Outcome::Fail)
-        .map(|c| c.field.as_str())
+        .map(|c| &*c.field)
         .collect();
     assert_eq!(
         failed,
@@ -1550,7 +1546,7 @@ fn a_guest_policy_without_smt_passes_a_policy_that_refuses_smt() {
         .iter()
         .find(|c| c.field == "policy.smt")
         .unwrap();
-    assert_eq!((smt.expected.as_str(), smt.observed.as_str()), ("0", "0"));
+    assert_eq!((&*smt.expected, &*smt.observed), ("0", "0"));
 }
 
 /// Each guest-policy and platform-info flag reads its own bit (the SEV-SNP ABI's

@@ -146,7 +146,7 @@ fn accepts_the_real_quote_and_explains_every_check() {
     );
     assert_ne!(parsed.mr_td, [0; 48]);
     assert_ne!(parsed.rtmr[0], parsed.rtmr[1]);
-    let fields: Vec<&str> = ex.checks.iter().map(|c| c.field.as_str()).collect();
+    let fields: Vec<&str> = ex.checks.iter().map(|c| &*c.field).collect();
     assert_eq!(
         fields,
         [
@@ -614,7 +614,7 @@ fn mrtd_and_rtmr_0_to_2_are_required_unless_told_insecure() {
         policy.insecure_no_launch_measurement = Some(InsecureNoLaunchMeasurement::insecure_new());
         let (ex, r) = run(&policy);
         r.unwrap();
-        let warned: Vec<&str> = ex.warnings().map(|c| c.field.as_str()).collect();
+        let warned: Vec<&str> = ex.warnings().map(|c| &*c.field).collect();
         assert_eq!(warned, [field]);
     }
     // RTMR 3 is the platform's to require (Azure does, CvmAkTrust::azure_tdx).
@@ -725,7 +725,7 @@ fn field_checks_all_run_and_the_first_failure_is_returned() {
         .checks
         .iter()
         .filter(|c| c.outcome == Outcome::Fail)
-        .map(|c| c.field.as_str())
+        .map(|c| &*c.field)
         .collect();
     assert_eq!(failed, ["td_attributes.debug", "td_attributes.migratable"]);
     assert_eq!(ex.checks.last().unwrap().field, "report_data");

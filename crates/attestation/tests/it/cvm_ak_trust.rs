@@ -657,23 +657,34 @@ fn tdx_now() -> SystemTime {
     UNIX_EPOCH + Duration::from_secs(1_751_328_000)
 }
 
-#[test]
-fn an_azure_tdx_quote_that_does_not_bind_the_runtime_data_is_refused() {
-    // A genuine quote (verified to Intel's root with its collateral), but its REPORT_DATA
-    // is not SHA-256 of this runtime data: the quote vouches for nothing in it.
+/// Azure TDX evidence of the sample DCAP quote (genuine, verified to Intel's root with its
+/// collateral) beside `runtime_data`, which its REPORT_DATA does not bind, and what it gets.
+fn sample_quote_beside(
+    runtime_data: Vec<u8>,
+) -> (
+    Vec<asterism_attestation::explain::Check>,
+    Result<asterism_attestation::VerifiedEvidence, ValidationError>,
+) {
     let (quote, collateral) = dcap_quote();
-    let (_, runtime) = azure_td_report();
+    let td = TdQuote::parse(&quote).unwrap().report().clone();
     let kind = PlatformKind::AzureTdx(AzureTdx {
-        quote: quote.clone(),
-        runtime_data: runtime,
+        quote,
+        runtime_data,
     });
     let (ev, m) = evidence(Some(kind), Some(azure_ak_public()));
-    let td = TdQuote::parse(&quote).unwrap().report().clone();
     let m = m.with_cvm(tdx_launch(&td));
     let trust = CvmAkTrust::azure_tdx(TdxPolicy::default(), collateral);
     let validator = TpmQuoteValidator::new(AkTrust::confidential_vm(trust), m.into_provider())
         .with_clock(tdx_now);
-    let (checks, result) = validator.validate_explained(&ev, &rd());
+    validator.validate_explained(&ev, &rd())
+}
+
+#[test]
+fn an_azure_tdx_quote_that_does_not_bind_the_runtime_data_is_refused() {
+    // A genuine quote, but its REPORT_DATA is not SHA-256 of this runtime data: the quote
+    // vouches for nothing in it.
+    let (_, runtime) = azure_td_report();
+    let (checks, result) = sample_quote_beside(runtime);
     assert!(
         matches!(result, Err(ValidationError::BindingMismatch)),
         "{result:?}"
@@ -689,9 +700,9 @@ fn an_azure_tdx_quote_that_does_not_bind_the_runtime_data_is_refused() {
 #[test]
 fn runtime_data_no_hardware_report_binds_is_refused_at_the_binding_and_never_parsed() {
     // The real runtime data's length (the HCL report's sizes must add up), but not JSON
-    // from its first byte. Parsing them first would fail
-    // with a parse error; they must instead only be hashed, and refused when the genuine
-    // report's REPORT_DATA does not match that hash.
+    // from its first byte. Parsed first, it would fail with a parse error; it must instead
+    // only be hashed, and be refused when the genuine report's REPORT_DATA does not match
+    // that hash.
     let mut garbage = read("snp-azure/runtimedata.bin");
     garbage[0] = b'x';
     let (ev, m) = evidence(Some(azure_snp_kind(&garbage)), Some(azure_ak_public()));
@@ -707,20 +718,9 @@ fn runtime_data_no_hardware_report_binds_is_refused_at_the_binding_and_never_par
         "{checks:#?}"
     );
 
-    let (quote, collateral) = dcap_quote();
     let (_, mut garbage) = azure_td_report();
     garbage[0] = b'x';
-    let kind = PlatformKind::AzureTdx(AzureTdx {
-        quote: quote.clone(),
-        runtime_data: garbage,
-    });
-    let (ev, m) = evidence(Some(kind), Some(azure_ak_public()));
-    let td = TdQuote::parse(&quote).unwrap().report().clone();
-    let m = m.with_cvm(tdx_launch(&td));
-    let trust = CvmAkTrust::azure_tdx(TdxPolicy::default(), collateral);
-    let validator = TpmQuoteValidator::new(AkTrust::confidential_vm(trust), m.into_provider())
-        .with_clock(tdx_now);
-    let (_, result) = validator.validate_explained(&ev, &rd());
+    let (_, result) = sample_quote_beside(garbage);
     assert!(
         matches!(result, Err(ValidationError::BindingMismatch)),
         "Azure TDX: {result:?}"

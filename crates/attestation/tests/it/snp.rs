@@ -1584,3 +1584,67 @@ fn each_policy_and_platform_flag_reads_its_own_bit() {
         );
     }
 }
+
+/// The key information field's two flags read bits 0 (AUTHOR_KEY_EN) and 1 (MASK_CHIP_KEY):
+/// set alone they read true, cleared with every other bit set they read false.
+#[test]
+fn each_key_information_flag_reads_its_own_bit() {
+    use asterism_attestation::snp::KeyInfo;
+    type Flag = fn(&KeyInfo) -> bool;
+    let flags: [(u32, Flag); 2] = [(0, KeyInfo::author_key_en), (1, KeyInfo::mask_chip_key)];
+    for (bit, flag) in flags {
+        assert!(flag(&KeyInfo(1 << bit)), "key information bit {bit} alone");
+        assert!(
+            !flag(&KeyInfo(!(1 << bit))),
+            "key information without bit {bit}"
+        );
+    }
+}
+
+/// The CPUID family and model name the product at each end of its model range, and no
+/// product just outside them.
+#[test]
+fn cpuid_family_and_model_name_each_product_over_its_whole_model_range() {
+    use asterism_attestation::snp::Cpuid;
+    let product = |family, model| {
+        Cpuid {
+            family,
+            model,
+            stepping: 1,
+        }
+        .product()
+    };
+    for (family, model, want) in [
+        (0x19, 0x00, Some(Product::Milan)),
+        (0x19, 0x0F, Some(Product::Milan)),
+        (0x19, 0x10, Some(Product::Genoa)),
+        (0x19, 0x1F, Some(Product::Genoa)),
+        (0x19, 0xA0, Some(Product::Genoa)),
+        (0x19, 0xAF, Some(Product::Genoa)),
+        (0x1A, 0x00, Some(Product::Turin)),
+        (0x1A, 0x11, Some(Product::Turin)),
+        (0x19, 0x20, None),
+        (0x19, 0x9F, None),
+        (0x19, 0xB0, None),
+        (0x1A, 0x12, None),
+        (0x18, 0x01, None),
+    ] {
+        assert_eq!(product(family, model), want, "{family:#x} {model:#x}");
+    }
+}
+
+/// A parsed report keeps the very bytes it was parsed from.
+#[test]
+fn a_parsed_report_gives_back_the_bytes_it_was_read_from() {
+    for (name, case) in [("milan", milan()), ("azure", azure()), ("aws", aws())] {
+        let report = SnpReport::parse(&case.report).unwrap();
+        assert_eq!(report.as_bytes().as_slice(), case.report, "{name}");
+    }
+}
+
+/// A signer kind displays as its certificate's name in AMD's documents.
+#[test]
+fn a_signer_kind_displays_as_its_certificates_name() {
+    assert_eq!(SignerKind::Vcek.to_string(), "VCEK");
+    assert_eq!(SignerKind::Vlek.to_string(), "VLEK");
+}

@@ -756,4 +756,147 @@ mod tests {
         assert_eq!(der_u8(&[2, 2, 0, 0x01]), None, "not minimal");
         assert_eq!(der_u8(&[4, 1, 1]), None);
     }
+
+    const MILAN_VCEK: &[u8] = include_bytes!("../../tests/data/cvm/snp-milan/vcek_milan.der");
+
+    /// `der` with the `nth` occurrence of `from`, counted from the end (0 the last),
+    /// replaced by `to`.
+    fn replaced_from_end(der: &[u8], nth: usize, from: &[u8], to: &[u8]) -> Vec<u8> {
+        let at = der
+            .windows(from.len())
+            .enumerate()
+            .filter(|(_, w)| *w == from)
+            .map(|(at, _)| at)
+            .nth_back(nth)
+            .unwrap();
+        let mut out = der.to_vec();
+        out.splice(at..at + from.len(), to.iter().copied());
+        out
+    }
+
+    /// The VCEK's signature verifies under the Milan ASK only while its signature algorithm
+    /// says SHA-384, MGF1 with SHA-384 and a 48-byte salt. That algorithm identifier, at
+    /// the certificate's end, is outside what the signature covers, so the signature stays
+    /// the same when it names another hash, another mask hash or another salt length; each
+    /// of these alone is refused.
+    #[test]
+    fn pss_parameters_other_than_sha384_mgf1_sha384_and_a_48_byte_salt_are_refused() {
+        let ask = single_pem(MILAN_ASK.as_bytes()).unwrap();
+        let ask = parse_cert(&ask).unwrap();
+        verify_pss(&ask, &parse_cert(MILAN_VCEK).unwrap()).unwrap();
+        let sha384 = [6, 9, 0x60, 0x86, 0x48, 1, 0x65, 3, 4, 2, 2];
+        let sha256 = [6, 9, 0x60, 0x86, 0x48, 1, 0x65, 3, 4, 2, 1];
+        let (salt_48, salt_32) = ([0xa2, 3, 2, 1, 0x30], [0xa2, 3, 2, 1, 0x20]);
+        for (name, der) in [
+            // The outer identifier names the hash, then MGF1's hash, then the salt length.
+            (
+                "hash SHA-256",
+                replaced_from_end(MILAN_VCEK, 1, &sha384, &sha256),
+            ),
+            (
+                "MGF1 with SHA-256",
+                replaced_from_end(MILAN_VCEK, 0, &sha384, &sha256),
+            ),
+            (
+                "salt 32",
+                replaced_from_end(MILAN_VCEK, 0, &salt_48, &salt_32),
+            ),
+        ] {
+            let vcek = parse_cert(&der).unwrap();
+            assert_eq!(
+                verify_pss(&ask, &vcek).unwrap_err(),
+                "RSASSA-PSS parameters are not SHA-384 with a 48-byte salt",
+                "{name}"
+            );
+        }
+    }
+
+    /// A CA certificate must both say it is a CA and allow certificate signing: either alone
+    /// is refused.
+    #[test]
+    fn a_ca_certificate_needs_both_the_ca_flag_and_certificate_signing() {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair, KeyUsagePurpose};
+        let cert = |is_ca, key_usages| {
+            let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+            params.is_ca = is_ca;
+            params.key_usages = key_usages;
+            params
+                .self_signed(&KeyPair::generate().unwrap())
+                .unwrap()
+                .der()
+                .to_vec()
+        };
+        let ca = || IsCa::Ca(BasicConstraints::Unconstrained);
+        let both = cert(ca(), vec![KeyUsagePurpose::KeyCertSign]);
+        let ca_only = cert(ca(), vec![KeyUsagePurpose::DigitalSignature]);
+        let signs_only = cert(IsCa::ExplicitNoCa, vec![KeyUsagePurpose::KeyCertSign]);
+        check_ca(&parse_cert(&both).unwrap()).unwrap();
+        assert!(check_ca(&parse_cert(&ca_only).unwrap()).is_err());
+        assert!(check_ca(&parse_cert(&signs_only).unwrap()).is_err());
+    }
+
+    /// An SPL of 0x7F is one content byte; 0x80 needs a leading zero byte, and one byte
+    /// 0x80 (a negative number) is refused.
+    #[test]
+    fn an_spl_takes_one_byte_up_to_0x7f_and_two_from_0x80() {
+        assert_eq!(der_u8(&[2, 1, 0x7f]), Some(0x7f));
+        assert_eq!(der_u8(&[2, 1, 0x80]), None);
+        assert_eq!(der_u8(&[2, 2, 0, 0x80]), Some(0x80));
+        assert_eq!(der_u8(&[2, 2, 0, 0x7f]), None);
+    }
+
+    /// A product name is an IA5String or UTF8String whose one length byte is exactly the
+    /// length of the rest, and below 0x80 (a length byte of 0x80 or more is no short form).
+    #[test]
+    fn a_product_name_string_is_read_only_with_its_exact_short_form_length() {
+        assert_eq!(der_string(b"\x16\x05Milan").as_deref(), Some("Milan"));
+        assert_eq!(der_string(b"\x0c\x05Genoa").as_deref(), Some("Genoa"));
+        assert_eq!(
+            der_string(b"\x16\x04Milan"),
+            None,
+            "length short of the rest"
+        );
+        assert_eq!(der_string(b"\x16\x06Milan"), None, "length past the rest");
+        assert_eq!(der_string(b"\x04\x05Milan"), None, "an OCTET STRING");
+        let long = [[0x16, 0x80].as_slice(), &[b'A'; 0x80]].concat();
+        assert_eq!(der_string(&long), None, "length byte 0x80");
+        let short = [[0x16, 0x7f].as_slice(), &[b'A'; 0x7f]].concat();
+        assert_eq!(der_string(&short), Some("A".repeat(0x7f)));
+    }
+
+    /// The signing key must be an EC key on P-384: the VCEK's key is, the same key with its
+    /// curve named P-521 is refused, and so is the ASK's RSA key.
+    #[test]
+    fn a_signing_key_must_be_an_ec_key_on_p384() {
+        let key = leaf_key(&parse_cert(MILAN_VCEK).unwrap()).unwrap();
+        assert_eq!((key.len(), key.first()), (97, Some(&4)));
+        let p384 = [6, 5, 0x2b, 0x81, 4, 0, 0x22];
+        let p521 = [6, 5, 0x2b, 0x81, 4, 0, 0x23];
+        let on_p521 = replaced_from_end(MILAN_VCEK, 0, &p384, &p521);
+        assert!(leaf_key(&parse_cert(&on_p521).unwrap()).is_err());
+        let ask = single_pem(MILAN_ASK.as_bytes()).unwrap();
+        assert!(leaf_key(&parse_cert(&ask).unwrap()).is_err());
+    }
+
+    /// A Turin VCEK given without its chain takes the embedded intermediate that issued it,
+    /// Turin's ASK (not the first embedded ASK, Milan's), and its chain verifies to
+    /// ARK-Turin.
+    #[test]
+    fn a_turin_vcek_without_a_chain_takes_the_embedded_turin_ask() {
+        let vcek = include_bytes!("../../tests/data/cvm/snp-milan/vcek_turin.der");
+        let certs = SnpCerts::from_der(vcek, None, None).unwrap();
+        let chain = verify_chain(
+            &Roots::embedded(),
+            &certs,
+            SignerKind::Vcek,
+            1_748_736_000,
+            &mut Explanation::default(),
+        )
+        .unwrap();
+        assert_eq!(chain.product, Product::Turin);
+        assert_eq!(
+            chain.intermediate_der,
+            single_pem(TURIN_ASK.as_bytes()).unwrap()
+        );
+    }
 }

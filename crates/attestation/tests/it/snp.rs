@@ -1580,3 +1580,201 @@ fn each_policy_and_platform_flag_reads_its_own_bit() {
         );
     }
 }
+
+/// The key information field's two flags read bits 0 (AUTHOR_KEY_EN) and 1 (MASK_CHIP_KEY):
+/// set alone they read true, cleared with every other bit set they read false.
+#[test]
+fn each_key_information_flag_reads_its_own_bit() {
+    use asterism_attestation::snp::KeyInfo;
+    type Flag = fn(&KeyInfo) -> bool;
+    let flags: [(u32, Flag); 2] = [(0, KeyInfo::author_key_en), (1, KeyInfo::mask_chip_key)];
+    for (bit, flag) in flags {
+        assert!(flag(&KeyInfo(1 << bit)), "key information bit {bit} alone");
+        assert!(
+            !flag(&KeyInfo(!(1 << bit))),
+            "key information without bit {bit}"
+        );
+    }
+}
+
+/// The CPUID family and model name the product at each end of its model range, and no
+/// product just outside them.
+#[test]
+fn cpuid_family_and_model_name_each_product_over_its_whole_model_range() {
+    use asterism_attestation::snp::Cpuid;
+    let product = |family, model| {
+        Cpuid {
+            family,
+            model,
+            stepping: 1,
+        }
+        .product()
+    };
+    for (family, model, want) in [
+        (0x19, 0x00, Some(Product::Milan)),
+        (0x19, 0x0F, Some(Product::Milan)),
+        (0x19, 0x10, Some(Product::Genoa)),
+        (0x19, 0x1F, Some(Product::Genoa)),
+        (0x19, 0xA0, Some(Product::Genoa)),
+        (0x19, 0xAF, Some(Product::Genoa)),
+        (0x1A, 0x00, Some(Product::Turin)),
+        (0x1A, 0x11, Some(Product::Turin)),
+        (0x19, 0x20, None),
+        (0x19, 0x9F, None),
+        (0x19, 0xB0, None),
+        (0x1A, 0x12, None),
+        (0x18, 0x01, None),
+    ] {
+        assert_eq!(product(family, model), want, "{family:#x} {model:#x}");
+    }
+}
+
+/// A parsed report keeps the very bytes it was parsed from.
+#[test]
+fn a_parsed_report_gives_back_the_bytes_it_was_read_from() {
+    for (name, case) in [("milan", milan()), ("azure", azure()), ("aws", aws())] {
+        let report = SnpReport::parse(&case.report).unwrap();
+        assert_eq!(report.as_bytes().as_slice(), case.report, "{name}");
+    }
+}
+
+/// A signer kind displays as its certificate's name in AMD's documents.
+#[test]
+fn a_signer_kind_displays_as_its_certificates_name() {
+    assert_eq!(SignerKind::Vcek.to_string(), "VCEK");
+    assert_eq!(SignerKind::Vlek.to_string(), "VLEK");
+}
+
+/// A validity refusal names the certificate's window and the time it was checked at, as
+/// dates: the Milan VCEK (April 2023 to April 2030) used in 2031.
+#[test]
+fn a_validity_refusal_names_the_window_and_the_time_it_was_checked_at() {
+    let case = milan();
+    let (explanation, result) = SnpVerifier::new(no_floor()).verify_explained(
+        &case.report,
+        &case.certs,
+        &case.report_data,
+        at(1_924_992_000),
+    );
+    let window = "valid from Apr  3 19:23:43 2023 +00:00 to Apr  3 19:23:43 2030 +00:00";
+    let checked = "Jan  1 00:00:00 2031 +00:00";
+    assert_eq!(
+        cert_error(result.unwrap_err()),
+        ("VCEK".into(), format!("used at {checked}, but {window}"))
+    );
+    let check = explanation.first_failure().unwrap();
+    assert_eq!(
+        (&*check.field, &*check.expected, &*check.observed),
+        (
+            "VCEK.validity",
+            window,
+            format!("checked at {checked}").as_str()
+        )
+    );
+}
+
+/// The PEM and THIM JSON size cap at its exact bound (64 KiB): the Azure VCEK, its chain
+/// and Azure's THIM JSON, each padded with whitespace to exactly the cap, are read and
+/// verify; one byte more is refused by its size.
+#[test]
+fn pem_and_thim_json_of_exactly_64_kib_are_read_and_one_byte_more_is_refused() {
+    const CAP: usize = 64 * 1024;
+    let case = azure();
+    let (leaf, chain) = (read("snp-azure/vcek.pem"), read("snp-azure/certchain.pem"));
+    let padded = |text: &[u8], len: usize| {
+        let mut text = text.to_vec();
+        text.resize(len, b'\n');
+        text
+    };
+    let from_pem = |(leaf_len, chain_len)| {
+        SnpCerts::from_pem(&padded(&leaf, leaf_len), Some(&padded(&chain, chain_len)))
+    };
+    for (name, at_cap, over) in [
+        ("leaf", (CAP, chain.len()), (CAP + 1, chain.len())),
+        ("chain", (leaf.len(), CAP), (leaf.len(), CAP + 1)),
+    ] {
+        let certs = from_pem(at_cap).unwrap_or_else(|e| panic!("{name}: {e}"));
+        verify(&Case { certs, ..azure() }, no_floor()).unwrap();
+        assert_eq!(
+            from_pem(over),
+            Err(ValidationError::Malformed(format!(
+                "SEV-SNP certificates: {name} PEM: {} bytes, at most {CAP}",
+                CAP + 1
+            )))
+        );
+    }
+
+    let mut json = serde_json::json!({
+        "vcekCert": String::from_utf8(leaf).unwrap(),
+        "certificateChain": String::from_utf8(chain).unwrap(),
+        "tcbm": "5D06000000000002",
+    })
+    .to_string()
+    .into_bytes();
+    json.resize(CAP, b' ');
+    let certs = SnpCerts::from_thim_json(&json).unwrap();
+    assert_eq!(certs.tcbm(), Some(0x5D06_0000_0000_0002));
+    SnpVerifier::new(no_floor())
+        .verify(&case.report, &certs, &case.report_data, now())
+        .unwrap();
+    json.push(b' ');
+    assert_eq!(
+        SnpCerts::from_thim_json(&json),
+        Err(ValidationError::Malformed(format!(
+            "SEV-SNP certificates: THIM JSON: {} bytes, at most {CAP}",
+            CAP + 1
+        )))
+    );
+}
+
+/// Each certificate given as DER may be up to 16 KiB: that many bytes are taken (they are
+/// parsed only at verification), one byte more is refused naming the certificate.
+#[test]
+fn a_certificate_of_exactly_16_kib_is_taken_and_one_byte_more_is_refused() {
+    const CAP: usize = 16 * 1024;
+    let vcek = read("snp-milan/vcek_milan.der");
+    for name in ["leaf", "intermediate", "root"] {
+        let given = |len: usize| {
+            let der = vec![0x30; len];
+            match name {
+                "leaf" => SnpCerts::from_der(&der, None, None),
+                "intermediate" => SnpCerts::from_der(&vcek, Some(&der), None),
+                _ => SnpCerts::from_der(&vcek, None, Some(&der)),
+            }
+        };
+        given(CAP).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(
+            given(CAP + 1),
+            Err(ValidationError::Malformed(format!(
+                "SEV-SNP certificates: {name}: {} bytes, expected 1 to {CAP}",
+                CAP + 1
+            )))
+        );
+    }
+}
+
+/// The signing key's certificate is given back as the DER it was read from, whether it
+/// came as DER, as PEM or in THIM JSON.
+#[test]
+fn the_signing_keys_certificate_is_given_back_as_its_der() {
+    let milan_vcek = read("snp-milan/vcek_milan.der");
+    assert_eq!(
+        SnpCerts::from_der(&milan_vcek, None, None)
+            .unwrap()
+            .leaf_der(),
+        milan_vcek
+    );
+    let azure_vcek = read("snp-azure/vcek.cert");
+    assert_eq!(azure().certs.leaf_der(), azure_vcek);
+    let json = serde_json::json!({
+        "vcekCert": String::from_utf8(read("snp-azure/vcek.pem")).unwrap(),
+        "certificateChain": String::from_utf8(read("snp-azure/certchain.pem")).unwrap(),
+    })
+    .to_string();
+    assert_eq!(
+        SnpCerts::from_thim_json(json.as_bytes())
+            .unwrap()
+            .leaf_der(),
+        azure_vcek
+    );
+}

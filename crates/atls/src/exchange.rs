@@ -91,7 +91,9 @@ async fn drive<S>(
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let mut buf = vec![0u8; 16 * 1024];
+    // Grown to the largest read the machine asks for, up to READ_CHUNK: most frames are a
+    // few hundred bytes to a few KiB, and every connection in its exchange holds this.
+    let mut buf = Vec::new();
     loop {
         out.extend(x.take_output());
         let step = x.step()?;
@@ -102,7 +104,7 @@ where
                 let (mut rd, mut wr) = tokio::io::split(&mut *stream);
                 match step {
                     Step::Read(n) => {
-                        let n = n.min(buf.len());
+                        let n = room(&mut buf, n);
                         let hello = hello.filter(|_| x.awaits_peer_hello());
                         tokio::select! {
                             w = wr.write(out.get(*written..).unwrap_or_default()) => {
@@ -132,7 +134,7 @@ where
         match step {
             Step::Done => return Ok(()),
             Step::Read(n) => {
-                let n = n.min(buf.len());
+                let n = room(&mut buf, n);
                 let hello = hello.filter(|_| x.awaits_peer_hello());
                 let r =
                     until_hello(hello, stream.read(buf.get_mut(..n).unwrap_or_default())).await?;
@@ -145,6 +147,19 @@ where
             },
         }
     }
+}
+
+/// The most one read takes from the TLS stream (a TLS record's plaintext); a larger frame
+/// is read in several.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// Makes `buf` hold at least `min(n, READ_CHUNK)` bytes and returns that length.
+fn room(buf: &mut Vec<u8>, n: usize) -> usize {
+    let n = n.min(READ_CHUNK);
+    if buf.len() < n {
+        buf.resize(n, 0);
+    }
+    n
 }
 
 fn wrote(w: std::io::Result<usize>) -> Result<usize, AtlsError> {

@@ -278,6 +278,25 @@ fn an_ak_the_runtime_data_does_not_name_is_refused() {
     }
 }
 
+/// Asserts that evidence was refused at its binding: `BindingMismatch`, with the
+/// `report_data` check recorded as failed. `what` names the case in a failure.
+fn assert_refused_at_the_binding(
+    what: &str,
+    checks: &[asterism_attestation::explain::Check],
+    result: &Result<asterism_attestation::VerifiedEvidence, ValidationError>,
+) {
+    assert!(
+        matches!(result, Err(ValidationError::BindingMismatch)),
+        "{what}: {result:?}"
+    );
+    assert!(
+        checks
+            .iter()
+            .any(|c| c.field == "report_data" && c.outcome == Outcome::Fail),
+        "{what}: {checks:#?}"
+    );
+}
+
 #[test]
 fn runtime_data_whose_ak_was_swapped_is_refused_by_the_report_data() {
     let mut runtime = read("snp-azure/runtimedata.bin");
@@ -286,15 +305,7 @@ fn runtime_data_whose_ak_was_swapped_is_refused_by_the_report_data() {
     runtime[n] = if runtime[n] == b'A' { b'B' } else { b'A' };
     let (ev, m) = evidence(Some(azure_snp_kind(&runtime)), Some(azure_ak_public()));
     let (checks, result) = validator(azure_snp(), m).validate_explained(&ev, &rd());
-    assert!(
-        matches!(result, Err(ValidationError::BindingMismatch)),
-        "{result:?}"
-    );
-    assert!(
-        checks
-            .iter()
-            .any(|c| c.field == "report_data" && c.outcome == Outcome::Fail)
-    );
+    assert_refused_at_the_binding("Azure SEV-SNP", &checks, &result);
 }
 
 #[test]
@@ -367,20 +378,12 @@ fn the_real_aws_report_is_verified_and_refuses_an_ak_it_was_not_made_for() {
     let (checks, result) = validator(trust, m).validate_explained(&ev, &rd());
     // The report verified to AMD's root (its signature checks passed); its REPORT_DATA
     // names the instance's own AK, not ours.
-    assert!(
-        matches!(result, Err(ValidationError::BindingMismatch)),
-        "{result:?}"
-    );
+    assert_refused_at_the_binding("AWS SEV-SNP", &checks, &result);
     assert!(
         checks
             .iter()
             .any(|c| c.field == "signature" && c.outcome == Outcome::Pass),
         "{checks:#?}"
-    );
-    assert!(
-        checks
-            .iter()
-            .any(|c| c.field == "report_data" && c.outcome == Outcome::Fail)
     );
 }
 
@@ -685,16 +688,7 @@ fn an_azure_tdx_quote_that_does_not_bind_the_runtime_data_is_refused() {
     // vouches for nothing in it.
     let (_, runtime) = azure_td_report();
     let (checks, result) = sample_quote_beside(runtime);
-    assert!(
-        matches!(result, Err(ValidationError::BindingMismatch)),
-        "{result:?}"
-    );
-    assert!(
-        checks
-            .iter()
-            .any(|c| c.field == "report_data" && c.outcome == Outcome::Fail),
-        "{checks:#?}"
-    );
+    assert_refused_at_the_binding("Azure TDX", &checks, &result);
 }
 
 #[test]
@@ -707,24 +701,12 @@ fn runtime_data_no_hardware_report_binds_is_refused_at_the_binding_and_never_par
     garbage[0] = b'x';
     let (ev, m) = evidence(Some(azure_snp_kind(&garbage)), Some(azure_ak_public()));
     let (checks, result) = validator(azure_snp(), m).validate_explained(&ev, &rd());
-    assert!(
-        matches!(result, Err(ValidationError::BindingMismatch)),
-        "Azure SEV-SNP: {result:?}"
-    );
-    assert!(
-        checks
-            .iter()
-            .any(|c| c.field == "report_data" && c.outcome == Outcome::Fail),
-        "{checks:#?}"
-    );
+    assert_refused_at_the_binding("Azure SEV-SNP", &checks, &result);
 
     let (_, mut garbage) = azure_td_report();
     garbage[0] = b'x';
-    let (_, result) = sample_quote_beside(garbage);
-    assert!(
-        matches!(result, Err(ValidationError::BindingMismatch)),
-        "Azure TDX: {result:?}"
-    );
+    let (checks, result) = sample_quote_beside(garbage);
+    assert_refused_at_the_binding("Azure TDX", &checks, &result);
 }
 
 #[test]

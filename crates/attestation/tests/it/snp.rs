@@ -1562,22 +1562,29 @@ fn each_policy_and_platform_flag_reads_its_own_bit() {
         (19, GuestPolicy::debug_allowed),
         (20, GuestPolicy::single_socket_required),
     ];
-    for (bit, flag) in policy_flags {
-        assert!(flag(&GuestPolicy(1 << bit)), "policy bit {bit} alone");
-        assert!(!flag(&GuestPolicy(!(1 << bit))), "policy without bit {bit}");
-    }
+    each_flag_reads_its_own_bit("policy", GuestPolicy, &policy_flags);
     assert_eq!(GuestPolicy(0x0003_0a05).abi(), (0x0a, 0x05));
     assert_eq!(GuestPolicy(0xffff_ffff_ffff_00ff).abi(), (0x00, 0xff));
     let platform_flags: [(u32, Flag<PlatformInfo>); 2] = [
         (0, PlatformInfo::smt_enabled),
         (1, PlatformInfo::tsme_enabled),
     ];
-    for (bit, flag) in platform_flags {
-        assert!(flag(&PlatformInfo(1 << bit)), "platform bit {bit} alone");
-        assert!(
-            !flag(&PlatformInfo(!(1 << bit))),
-            "platform info without bit {bit}"
-        );
+    each_flag_reads_its_own_bit("platform info", PlatformInfo, &platform_flags);
+}
+
+/// A decoder of one flag of a bit field.
+type BitFlag<T> = fn(&T) -> bool;
+
+/// Asserts that each of `flags` reads its own bit of the `what` field `make` builds from
+/// 64 bits: set alone it reads true, cleared with every other bit set it reads false.
+fn each_flag_reads_its_own_bit<T>(
+    what: &str,
+    make: impl Fn(u64) -> T,
+    flags: &[(u32, BitFlag<T>)],
+) {
+    for &(bit, flag) in flags {
+        assert!(flag(&make(1 << bit)), "{what} bit {bit} alone");
+        assert!(!flag(&make(!(1 << bit))), "{what} without bit {bit}");
     }
 }
 
@@ -1588,13 +1595,9 @@ fn each_key_information_flag_reads_its_own_bit() {
     use asterism_attestation::snp::KeyInfo;
     type Flag = fn(&KeyInfo) -> bool;
     let flags: [(u32, Flag); 2] = [(0, KeyInfo::author_key_en), (1, KeyInfo::mask_chip_key)];
-    for (bit, flag) in flags {
-        assert!(flag(&KeyInfo(1 << bit)), "key information bit {bit} alone");
-        assert!(
-            !flag(&KeyInfo(!(1 << bit))),
-            "key information without bit {bit}"
-        );
-    }
+    // The field is 32 bits: the low half of each pattern.
+    let key_info = |bits: u64| KeyInfo(u32::try_from(bits & 0xffff_ffff).unwrap());
+    each_flag_reads_its_own_bit("key information", key_info, &flags);
 }
 
 /// The CPUID family and model name the product at each end of its model range, and no

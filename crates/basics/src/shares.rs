@@ -25,11 +25,12 @@ impl<K: Eq + Hash + Clone> Shares<K> {
     /// A share of `key`, or `None` when it holds `max` already.
     pub fn take(&self, key: K) -> Option<Share<K>> {
         let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
-        let n = held.entry(key.clone()).or_default();
-        if *n >= self.max {
+        let n = held.get(&key).copied().unwrap_or(0);
+        if n >= self.max {
+            // Refused: nothing is recorded, so a refused key leaves no entry behind.
             return None;
         }
-        *n += 1;
+        held.insert(key.clone(), n + 1);
         Some(Share {
             held: self.held.clone(),
             key,
@@ -76,6 +77,15 @@ mod tests {
         let shares = Shares::new(1);
         for i in 0..100 {
             drop(shares.take(i).unwrap());
+        }
+        assert!(shares.held.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_refused_key_leaves_no_entry() {
+        let shares = Shares::new(0);
+        for i in 0..100 {
+            assert!(shares.take(i).is_none());
         }
         assert!(shares.held.lock().unwrap().is_empty());
     }

@@ -181,6 +181,7 @@ def predict(args):
         "kernel_release": args.kernel_release,
         "packages": json.loads(args.packages),
         "modules": json.loads(args.modules),
+        "kubernetes_modules": json.loads(args.kubernetes_modules),
         "missing_optional_modules": args.missing_optional_modules.split(),
         "files": {
             "vmlinuz": hashlib.sha256(kernel).hexdigest(),
@@ -317,7 +318,7 @@ def main():
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("predict")
     for name in ("kernel", "initrd", "cmdline", "kernel-release", "source-date-epoch",
-                 "packages", "modules", "missing-optional-modules", "bootstrapper-sha256",
+                 "packages", "modules", "kubernetes-modules", "missing-optional-modules", "bootstrapper-sha256",
                  "memory-mib", "uki", "osrel", "uki-cmdline", "signing-cert", "disk", "state-label"):
         p.add_argument("--" + name, required=True)
     r = sub.add_parser("reference")

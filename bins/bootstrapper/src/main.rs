@@ -116,9 +116,20 @@ struct Args {
     #[arg(long, value_enum, default_value_t = CloudProviderArg::None)]
     cloud_provider: CloudProviderArg,
 
-    /// kubeadm driver: the systemctl program (enables and starts the kubelet).
+    /// kubeadm driver: who runs the kubelet. `systemd`: its `kubelet.service`, enabled and
+    /// started with `--systemctl`. `supervisor`: the node image's supervisor, which has no
+    /// systemd; the bootstrapper enables it by writing `--kubelet-enable-file`.
+    #[arg(long, value_enum, default_value_t = KubeletServiceArg::Systemd)]
+    kubelet_service: KubeletServiceArg,
+
+    /// kubeadm driver, `--kubelet-service systemd`: the systemctl program.
     #[arg(long, value_name = "PATH", default_value = "systemctl")]
     systemctl: PathBuf,
+
+    /// kubeadm driver, `--kubelet-service supervisor`: the file that lets the image's
+    /// supervisor run the kubelet.
+    #[arg(long, value_name = "PATH", default_value = asterism_kubeadm::runner::SUPERVISOR_ENABLE_FILE)]
+    kubelet_enable_file: PathBuf,
 
     /// kubeadm driver: the ionice program (gives etcd the realtime I/O class on control-plane
     /// nodes after init, join and kubelet start).
@@ -322,9 +333,28 @@ enum Driver {
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
+enum KubeletServiceArg {
+    Systemd,
+    Supervisor,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
 enum CloudProviderArg {
     External,
     None,
+}
+
+/// Who runs the kubelet, from the flags.
+fn kubelet_service(args: &Args) -> asterism_kubeadm::runner::KubeletService {
+    use asterism_kubeadm::runner::KubeletService;
+    match args.kubelet_service {
+        KubeletServiceArg::Systemd => KubeletService::Systemd {
+            systemctl: args.systemctl.clone(),
+        },
+        KubeletServiceArg::Supervisor => KubeletService::Supervisor {
+            enable_file: args.kubelet_enable_file.clone(),
+        },
+    }
 }
 
 /// The kubeadm driver from the flags.
@@ -352,7 +382,7 @@ fn kubeadm_driver(
             ..NodePaths::standard()
         },
         kubeadm: args.kubeadm.clone(),
-        systemctl: args.systemctl.clone(),
+        kubelet_service: kubelet_service(args),
         config_dir: std::env::temp_dir(),
     };
     let config = KubeadmDriverConfig {
@@ -809,6 +839,33 @@ mod tests {
             "127.0.0.1",
         ];
         Args::try_parse_from(base.iter().chain(extra))
+    }
+
+    #[test]
+    fn the_kubelet_runs_under_systemd_unless_the_flags_name_the_images_supervisor() {
+        use asterism_kubeadm::runner::KubeletService;
+        use std::path::Path;
+        let args = with(&["--systemctl", "/bin/sc"]).unwrap();
+        assert!(matches!(
+            kubelet_service(&args),
+            KubeletService::Systemd { systemctl } if systemctl == Path::new("/bin/sc")
+        ));
+        let args = with(&["--kubelet-service", "supervisor"]).unwrap();
+        assert!(matches!(
+            kubelet_service(&args),
+            KubeletService::Supervisor { enable_file }
+                if enable_file == Path::new("/run/asterism/kubelet/enabled")
+        ));
+        let args = with(&[
+            "--kubelet-service=supervisor",
+            "--kubelet-enable-file",
+            "/e",
+        ])
+        .unwrap();
+        assert!(matches!(
+            kubelet_service(&args),
+            KubeletService::Supervisor { enable_file } if enable_file == Path::new("/e")
+        ));
     }
 
     #[test]

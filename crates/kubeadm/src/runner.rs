@@ -535,6 +535,87 @@ impl<C: Commands> Systemd<C> {
     }
 }
 
+/// Where the node image's kubelet supervisor (`scripts/node-image/kubelet-service`) looks
+/// for the bootstrapper's go-ahead.
+pub const SUPERVISOR_ENABLE_FILE: &str = "/run/asterism/kubelet/enabled";
+
+/// How the kubelet runs: systemd's `kubelet.service`, or, on the node image, which has no
+/// systemd, the image's own supervisor. The supervisor waits for the file
+/// [`KubeletService::Supervisor`] names, then runs the kubelet as kubeadm's unit would
+/// (kubeadm's settings files, restarted when it exits or when kubeadm rewrites them).
+#[derive(Debug, Clone)]
+pub enum KubeletService {
+    /// `systemctl` at this path.
+    Systemd {
+        /// The systemctl program.
+        systemctl: PathBuf,
+    },
+    /// The image's supervisor, enabled by writing this file.
+    Supervisor {
+        /// The go-ahead file ([`SUPERVISOR_ENABLE_FILE`]).
+        enable_file: PathBuf,
+    },
+}
+
+impl Default for KubeletService {
+    fn default() -> Self {
+        Self::Systemd {
+            systemctl: "systemctl".into(),
+        }
+    }
+}
+
+/// The kubelet's service, with the means to run `systemctl`.
+#[derive(Debug, Clone)]
+pub enum Kubelet<C> {
+    /// systemd's unit.
+    Systemd(Systemd<C>),
+    /// The image's supervisor: its go-ahead file.
+    Supervisor(PathBuf),
+}
+
+impl<C: Commands> Kubelet<C> {
+    /// The kubelet as `service` says, running `systemctl` (if any) through `commands`.
+    pub fn new(service: &KubeletService, commands: C) -> Self {
+        match service {
+            KubeletService::Systemd { systemctl } => {
+                Self::Systemd(Systemd::new(systemctl.clone(), commands))
+            }
+            KubeletService::Supervisor { enable_file } => Self::Supervisor(enable_file.clone()),
+        }
+    }
+
+    /// Lets the kubelet run for this boot: systemd's unit is enabled (kubeadm starts it);
+    /// the supervisor gets its go-ahead and starts the kubelet once kubeadm has written its
+    /// settings, as kubeadm's own start would.
+    pub async fn enable(&self) -> Result<(), KubeadmError> {
+        match self {
+            Self::Systemd(systemd) => systemd.enable_kubelet().await,
+            Self::Supervisor(file) => enable_supervisor(file),
+        }
+    }
+
+    /// Enables the kubelet and starts it (a reboot of a bootstrapped node, whose settings are
+    /// there already).
+    pub async fn start(&self) -> Result<(), KubeadmError> {
+        match self {
+            Self::Systemd(systemd) => systemd.start_kubelet().await,
+            Self::Supervisor(file) => {
+                enable_supervisor(file)?;
+                info!(file = %file.display(), "the image's supervisor starts the kubelet");
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Writes the supervisor's go-ahead file (atomically; it holds nothing secret).
+fn enable_supervisor(file: &Path) -> Result<(), KubeadmError> {
+    write_atomic(file, b"enabled\n", 0o644)?;
+    info!(file = %file.display(), "enabled the kubelet for the image's supervisor");
+    Ok(())
+}
+
 impl<C: Commands + ?Sized> Commands for &C {
     fn run<'a>(&'a self, cmd: &'a CommandSpec) -> BoxFuture<'a, io::Result<CommandOutput>> {
         (**self).run(cmd)

@@ -13,7 +13,9 @@ use super::config::{
     self, AUDIT_POLICY, ConfigError, InitParams, JoinParams, NodePaths, PrivateConfigFile,
 };
 use super::etcdio::EtcdIoPriority;
-use super::runner::{Commands, InitRun, Kubeadm, KubeadmError, LocalKubeletCert, Systemd};
+use super::runner::{
+    Commands, InitRun, Kubeadm, KubeadmError, Kubelet, KubeletService, LocalKubeletCert,
+};
 use asterism_components::{CheckedComponents, ComponentError, Installer};
 
 pub use asterism_cluster::CONTROL_PLANE_FILES;
@@ -63,8 +65,8 @@ pub struct SetupConfig {
     pub paths: NodePaths,
     /// The kubeadm binary (`/run/state/bin/kubeadm`, installed as a component).
     pub kubeadm: PathBuf,
-    /// The systemctl program.
-    pub systemctl: PathBuf,
+    /// How the kubelet runs (systemd's unit, or the node image's supervisor).
+    pub kubelet_service: KubeletService,
     /// Where private directories for configuration files are made (the system's temporary
     /// directory).
     pub config_dir: PathBuf,
@@ -77,7 +79,7 @@ impl SetupConfig {
         Self {
             paths: NodePaths::standard(),
             kubeadm: "/run/state/bin/kubeadm".into(),
-            systemctl: "systemctl".into(),
+            kubelet_service: KubeletService::default(),
             config_dir,
         }
     }
@@ -88,7 +90,7 @@ impl SetupConfig {
 pub struct KubeadmNode<C> {
     config: SetupConfig,
     kubeadm: Kubeadm<C>,
-    systemd: Systemd<C>,
+    kubelet: Kubelet<C>,
     installer: Installer,
     etcd_io: Option<EtcdIoPriority>,
 }
@@ -98,7 +100,7 @@ impl<C: Commands + Clone> KubeadmNode<C> {
     pub fn new(config: SetupConfig, commands: C, installer: Installer) -> Self {
         Self {
             kubeadm: Kubeadm::new(config.kubeadm.clone(), commands.clone()),
-            systemd: Systemd::new(config.systemctl.clone(), commands),
+            kubelet: Kubelet::new(&config.kubelet_service, commands),
             config,
             installer,
             etcd_io: None,
@@ -139,7 +141,7 @@ impl<C: Commands> KubeadmNode<C> {
         } else {
             self.installer.install_checked(components.checked()).await?;
         }
-        self.systemd.enable_kubelet().await?;
+        self.kubelet.enable().await?;
         Ok(())
     }
 
@@ -296,7 +298,7 @@ impl<C: Commands> KubeadmNode<C> {
     /// prioritises etcd's I/O (on any node, whatever its role: a worker has no etcd, and the
     /// step gives up after its bounded wait).
     pub async fn start_kubelet(&self) -> Result<(), SetupError> {
-        self.systemd.start_kubelet().await?;
+        self.kubelet.start().await?;
         self.prioritize_etcd_io().await;
         Ok(())
     }

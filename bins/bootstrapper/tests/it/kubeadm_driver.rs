@@ -15,6 +15,7 @@ use asterism_bootstrapper::{
 use asterism_components::{Component, DownloadPolicy};
 use asterism_kube_api::{ApiOptions, WaitPolicy};
 use asterism_kubeadm::config::{CloudProvider, NodePaths};
+use asterism_kubeadm::runner::KubeletService;
 use asterism_kubeadm::setup::SetupConfig;
 use asterism_metadata::{InstanceMetadata, Role, StaticMetadata};
 use asterism_testkit::kube_api::{RecordingServer, Reply};
@@ -127,7 +128,9 @@ impl Setup {
                 patches_dir: r.join("opt/kubernetes/patches"),
             },
             kubeadm: bin.path().join("kubeadm"),
-            systemctl: bin.path().join("systemctl"),
+            kubelet_service: KubeletService::Systemd {
+                systemctl: bin.path().join("systemctl"),
+            },
             config_dir: tmp.path().to_path_buf(),
         };
         let metadata = StaticMetadata::new(vec![InstanceMetadata {

@@ -534,6 +534,7 @@ fn a_kubeadm_node_starts_containerd_then_fetches_the_components_the_version_tabl
     let console =
         without_colours(&std::fs::read_to_string(cp.node.dir.join("console.log")).unwrap());
     assert_containerd_answered_before_the_bootstrapper(&console, &args.image, "kubeadm node");
+    assert_kubeadm_node_prepared(&console);
 
     // Every component of the default version, with the URL and the hash the version table
     // pins, is what the driver set out to install; the first is being downloaded.
@@ -572,6 +573,65 @@ fn a_kubeadm_node_starts_containerd_then_fetches_the_components_the_version_tabl
     assert!(
         !console.contains("kubeadm driver: kubeadm init finished"),
         "nothing was installed, so kubeadm did not run"
+    );
+}
+
+/// What the init makes of a kubeadm node besides containerd (scripts/node-image/init,
+/// `prepare_kubernetes_node`): the kernel settings kubeadm's preflight checks, its required
+/// programs each run against the kernel, and the kubelet's supervisor, which has not been
+/// enabled: the bootstrapper enables it only after the components are installed, and here
+/// their download fails.
+fn assert_kubeadm_node_prepared(console: &str) {
+    let line = |prefix: &str| {
+        console
+            .lines()
+            .find(|l| l.contains(prefix))
+            .unwrap_or_else(|| panic!("{prefix:?} not on the console:\n{console}"))
+            .to_string()
+    };
+    let settings = line("asterism-init: kubernetes kernel settings:");
+    assert!(
+        settings.ends_with(
+            "net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1 \
+             net.bridge.bridge-nf-call-ip6tables=1"
+        ),
+        "{settings}"
+    );
+    let programs = line("asterism-init: kubeadm preflight programs:");
+    assert!(
+        programs.contains("(nf_tables), nat table ok;"),
+        "iptables reaches the NAT table: {programs}"
+    );
+    let count = programs
+        .split(", count ")
+        .nth(1)
+        .and_then(|rest| rest.split(';').next())
+        .unwrap_or_default();
+    assert!(
+        count.parse::<u64>().is_ok(),
+        "conntrack reads the connection count: {programs}"
+    );
+    assert!(
+        programs.ends_with("ip mount nsenter ionice ") && !programs.contains("(missing)"),
+        "{programs}"
+    );
+    let config = line("asterism-init: kernel configuration for kubeadm's system verification:");
+    assert!(
+        config.contains(": /boot/config-") && !config.contains("missing"),
+        "{config}"
+    );
+    let _ = line("asterism-init: kubelet supervisor started");
+    assert!(
+        !console.contains("kubelet-service: enabled"),
+        "the supervisor ran before the bootstrapper enabled it:\n{console}"
+    );
+    let supervisor = console.find("kubelet supervisor started").unwrap_or(0);
+    let bootstrapper = console
+        .find("asterism-init: bootstrapper start")
+        .unwrap_or(0);
+    assert!(
+        supervisor < bootstrapper,
+        "the node is prepared before the bootstrapper starts"
     );
 }
 

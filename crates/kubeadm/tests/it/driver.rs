@@ -16,7 +16,7 @@ use asterism_kubeadm::config::{
     AUDIT_POLICY, ApiVersion, BootstrapToken, CloudProvider, InitParams, JoinParams, NodePaths,
 };
 use asterism_kubeadm::etcdio::{EtcdIoPriority, Ionice};
-use asterism_kubeadm::runner::{KubeadmError, ProcessCommands};
+use asterism_kubeadm::runner::{KubeadmError, KubeletService, ProcessCommands};
 use asterism_kubeadm::setup::{
     CONTROL_PLANE_FILES, ControlPlaneFile, JOIN_ATTEMPTS, KubeadmNode, SetupConfig, SetupError,
 };
@@ -34,6 +34,13 @@ struct Node {
 
 impl Node {
     fn new() -> Self {
+        Self::with_kubelet(|stand_in, _| KubeletService::Systemd {
+            systemctl: stand_in.systemctl(),
+        })
+    }
+
+    /// A node whose kubelet runs as `service(stand-in, root)` says.
+    fn with_kubelet(service: impl FnOnce(&StandIn, &Path) -> KubeletService) -> Self {
         let root = tempfile::tempdir().unwrap();
         let tmp = tempfile::tempdir().unwrap();
         let stand_in = StandIn::install();
@@ -46,7 +53,7 @@ impl Node {
                 patches_dir: r.join("opt/kubernetes/patches"),
             },
             kubeadm: stand_in.kubeadm(),
-            systemctl: stand_in.systemctl(),
+            kubelet_service: service(&stand_in, r),
             config_dir: tmp.path().to_path_buf(),
         };
         let installer = Installer::new(DownloadPolicy {
@@ -363,6 +370,42 @@ async fn an_already_bootstrapped_node_starts_the_kubelet() {
             "systemctl start kubelet.service"
         ]
     );
+}
+
+/// The node image's supervisor instead of systemd.
+fn supervised_node() -> Node {
+    Node::with_kubelet(|_, root| KubeletService::Supervisor {
+        enable_file: root.join("run/asterism/kubelet/enabled"),
+    })
+}
+
+#[tokio::test]
+async fn with_the_images_supervisor_its_go_ahead_comes_before_kubeadm_and_systemctl_never_runs() {
+    let node = supervised_node();
+    let (_server, list) = components(&node).await;
+    // kubeadm fails at once: whatever exists afterwards was made before kubeadm ran.
+    node.stand_in.settings(
+        serde_json::json!({"fail": {"init phase preflight": {"code": 1, "stderr": "preflight failed\n"}}}),
+    );
+    node.setup
+        .init(&checked(list), &init_params(&node), false)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        fs::read_to_string(node.path("run/asterism/kubelet/enabled")).unwrap(),
+        "enabled\n"
+    );
+    let argv = node.stand_in.argv();
+    assert!(argv.iter().all(|a| !a.starts_with("systemctl")), "{argv:?}");
+    assert!(argv[0].starts_with("kubeadm init"), "{argv:?}");
+}
+
+#[tokio::test]
+async fn an_already_bootstrapped_node_starts_the_kubelet_through_the_images_supervisor() {
+    let node = supervised_node();
+    node.setup.start_kubelet().await.unwrap();
+    assert!(node.path("run/asterism/kubelet/enabled").exists());
+    assert!(node.stand_in.argv().is_empty());
 }
 
 #[tokio::test]

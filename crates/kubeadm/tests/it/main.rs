@@ -15,3 +15,4 @@ mod driver;
 mod kubeadm;
 #[path = "../kubeadm_support/mod.rs"]
 mod kubeadm_support;
+mod supervisor;

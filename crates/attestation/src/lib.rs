@@ -13,6 +13,29 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::indexing_slicing))]
 
+/// `Display` and `FromStr` for an enum of named values: a value is written as its
+/// `name()`, and a text is read back as the value of `$all` with that name, any other text
+/// being the error `$err(text)`.
+macro_rules! display_and_parse_by_name {
+    ($ty:ty, $err:ident, $all:expr) => {
+        impl ::std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+
+        impl ::std::str::FromStr for $ty {
+            type Err = $err;
+
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                $all.into_iter()
+                    .find(|v| v.name() == s)
+                    .ok_or_else(|| $err(s.to_owned()))
+            }
+        }
+    };
+}
+
 mod binding;
 pub mod cvm_policy;
 pub mod explain;

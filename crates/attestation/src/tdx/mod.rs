@@ -27,7 +27,6 @@ mod collateral;
 mod quote;
 
 use std::fmt;
-use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
@@ -116,29 +115,13 @@ impl TcbStatus {
     }
 }
 
-impl fmt::Display for TcbStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
 /// The name of a TCB status that is not one of Intel's.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("unknown TCB status {0:?}")]
 pub struct UnknownTcbStatus(pub String);
 
-impl FromStr for TcbStatus {
-    type Err = UnknownTcbStatus;
-
-    /// Parses Intel's spelling (`UpToDate`, `SWHardeningNeeded`, `TDRelaunchAdvised`, …).
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::ALL
-            .iter()
-            .find(|(_, n)| *n == s)
-            .map(|(status, _)| *status)
-            .ok_or_else(|| UnknownTcbStatus(s.to_owned()))
-    }
-}
+// Read in Intel's spelling (`UpToDate`, `SWHardeningNeeded`, `TDRelaunchAdvised`, …).
+display_and_parse_by_name!(TcbStatus, UnknownTcbStatus, TcbStatus::ALL.map(|(s, _)| s));
 
 /// What a TDX quote must meet besides its signatures and collateral.
 ///

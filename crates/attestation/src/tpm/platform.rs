@@ -26,7 +26,6 @@ use crate::revocation::CrlBundle;
 use crate::snp::{SignerKind, SnpCerts, SnpPolicy, SnpVerifier};
 use crate::tdx::{TdxCollateral, TdxPolicy, TdxVerifier};
 use std::fmt;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -76,27 +75,12 @@ impl CvmPlatform {
     }
 }
 
-impl fmt::Display for CvmPlatform {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
 /// A platform name that is none of [`CvmPlatform::ALL`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("unknown confidential-VM platform {0:?}; known: azure-sev-snp, azure-tdx, aws-sev-snp")]
 pub struct UnknownPlatform(pub String);
 
-impl FromStr for CvmPlatform {
-    type Err = UnknownPlatform;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::ALL
-            .into_iter()
-            .find(|p| p.name() == s)
-            .ok_or_else(|| UnknownPlatform(s.to_owned()))
-    }
-}
+display_and_parse_by_name!(CvmPlatform, UnknownPlatform, CvmPlatform::ALL);
 
 /// Why a [`CvmAkTrust`] could not be made.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -22,6 +22,20 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::indexing_slicing))]
 
+/// Builder setters: `name(param: Type) => field;` is `pub fn name(mut self, param: Type) ->
+/// Self`, which sets `field` and returns the builder.
+macro_rules! setters {
+    ($($(#[doc = $doc:expr])* $name:ident($param:ident: $ty:ty) => $field:ident;)*) => {
+        $(
+            $(#[doc = $doc])*
+            pub fn $name(mut self, $param: $ty) -> Self {
+                self.$field = $param;
+                self
+            }
+        )*
+    };
+}
+
 mod client;
 mod exchange;
 mod issue;
@@ -222,70 +236,48 @@ impl AtlsConfig {
         self
     }
 
-    /// Cap on one EVIDENCE frame's payload (inclusive), checked on the frame header before
-    /// anything is allocated. Between [`MIN_MAX_FRAME_LEN`] and [`MAX_EVIDENCE_FRAME_LEN`]
-    /// (the default); a smaller cap only makes sense for variants with small evidence.
-    pub fn with_max_frame_len(mut self, bytes: usize) -> Self {
-        self.max_frame_len = bytes;
-        self
-    }
+    setters! {
+        /// Cap on one EVIDENCE frame's payload (inclusive), checked on the frame header before
+        /// anything is allocated. Between [`MIN_MAX_FRAME_LEN`] and [`MAX_EVIDENCE_FRAME_LEN`]
+        /// (the default); a smaller cap only makes sense for variants with small evidence.
+        with_max_frame_len(bytes: usize) => max_frame_len;
 
-    /// Deadline for the evidence exchange after the TLS handshake.
-    pub fn with_exchange_timeout(mut self, timeout: Duration) -> Self {
-        self.exchange_timeout = timeout;
-        self
-    }
+        /// Deadline for the evidence exchange after the TLS handshake.
+        with_exchange_timeout(timeout: Duration) => exchange_timeout;
 
-    /// Deadline for the TLS handshake.
-    pub fn with_handshake_timeout(mut self, timeout: Duration) -> Self {
-        self.handshake_timeout = timeout;
-        self
-    }
+        /// Deadline for the TLS handshake.
+        with_handshake_timeout(timeout: Duration) => handshake_timeout;
 
-    /// Server side: how long a new connection may stay silent before its first byte (the
-    /// TLS ClientHello) arrives; a silent peer is dropped then, instead of holding a
-    /// handshake slot for the whole [`AtlsConfig::with_handshake_timeout`].
-    pub fn with_idle_timeout(mut self, timeout: Duration) -> Self {
-        self.idle_timeout = timeout;
-        self
-    }
+        /// Server side: how long a new connection may stay silent before its first byte (the
+        /// TLS ClientHello) arrives; a silent peer is dropped then, instead of holding a
+        /// handshake slot for the whole [`AtlsConfig::with_handshake_timeout`].
+        with_idle_timeout(timeout: Duration) => idle_timeout;
 
-    /// Server side: how long after the TLS handshake the client's HELLO may take (default
-    /// [`DEFAULT_HELLO_TIMEOUT`]). Counted within the exchange deadline, and much shorter:
-    /// a client sends its HELLO right behind its handshake, so a peer that completes TLS
-    /// and then says nothing is dropped early instead of holding its handshake slot for
-    /// the whole [`AtlsConfig::with_exchange_timeout`].
-    pub fn with_hello_timeout(mut self, timeout: Duration) -> Self {
-        self.hello_timeout = timeout;
-        self
-    }
+        /// Server side: how long after the TLS handshake the client's HELLO may take (default
+        /// [`DEFAULT_HELLO_TIMEOUT`]). Counted within the exchange deadline, and much shorter:
+        /// a client sends its HELLO right behind its handshake, so a peer that completes TLS
+        /// and then says nothing is dropped early instead of holding its handshake slot for
+        /// the whole [`AtlsConfig::with_exchange_timeout`].
+        with_hello_timeout(timeout: Duration) => hello_timeout;
 
-    /// How long a connection whose peer this side verified may live, counted from the
-    /// verification. Then reads see end of stream and writes fail, HTTP/2 closes the
-    /// connection, and the peer must connect and attest again: a measurement revoked in
-    /// the reference values reaches every verified connection within this bound. Servers
-    /// should also set HTTP/2's graceful `max_connection_age` a little below it (see
-    /// [`AtlsServer::max_connection_lifetime`]).
-    pub fn with_max_connection_lifetime(mut self, lifetime: Duration) -> Self {
-        self.max_connection_lifetime = lifetime;
-        self
-    }
+        /// How long a connection whose peer this side verified may live, counted from the
+        /// verification. Then reads see end of stream and writes fail, HTTP/2 closes the
+        /// connection, and the peer must connect and attest again: a measurement revoked in
+        /// the reference values reaches every verified connection within this bound. Servers
+        /// should also set HTTP/2's graceful `max_connection_age` a little below it (see
+        /// [`AtlsServer::max_connection_lifetime`]).
+        with_max_connection_lifetime(lifetime: Duration) => max_connection_lifetime;
 
-    /// Server side: handshakes (TLS and exchange) in progress at once per
-    /// [`AtlsServer::incoming`]. When all are taken, a connection from a source holding
-    /// fewer than the busiest source takes that source's oldest handshake's slot
-    /// ([`pending::PendingSlots`]), so no set of sources can keep another out.
-    pub fn with_max_pending_handshakes(mut self, n: usize) -> Self {
-        self.max_pending_handshakes = n;
-        self
-    }
+        /// Server side: handshakes (TLS and exchange) in progress at once per
+        /// [`AtlsServer::incoming`]. When all are taken, a connection from a source holding
+        /// fewer than the busiest source takes that source's oldest handshake's slot
+        /// ([`pending::PendingSlots`]), so no set of sources can keep another out.
+        with_max_pending_handshakes(n: usize) => max_pending_handshakes;
 
-    /// Server side: handshakes in progress at once from one source (an IPv4 address, or
-    /// an IPv6 /64 since one host commonly holds a whole /64). A connection beyond it is
-    /// closed at once, without taking one of the global slots.
-    pub fn with_max_pending_per_source(mut self, n: usize) -> Self {
-        self.max_pending_per_source = n;
-        self
+        /// Server side: handshakes in progress at once from one source (an IPv4 address, or
+        /// an IPv6 /64 since one host commonly holds a whole /64). A connection beyond it is
+        /// closed at once, without taking one of the global slots.
+        with_max_pending_per_source(n: usize) => max_pending_per_source;
     }
 
     /// Reports every connection [`AtlsServer::incoming`] refuses to `observer`, with a

@@ -11,70 +11,21 @@
     clippy::indexing_slicing
 )]
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use asterism_metadata::node_settings::cloud::{CloudSettings, MAX_AWS_USER_DATA};
 use asterism_metadata::node_settings::{Field, NodeSettings, SettingsError, Source};
+use asterism_testkit::cloud::{self, GceInstance, Handler, answer, header, serve};
 use base64::Engine as _;
-use bytes::Bytes;
-use http::request::Parts;
-use http::{Response, StatusCode};
-use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use http::StatusCode;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpListener;
 
 const CLUSTER_ID: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
 const CP_KEY: &str = "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100";
 const CA: &str = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
-
-type Handler = Arc<dyn Fn(&Parts) -> Response<Full<Bytes>> + Send + Sync>;
-
-/// Serves `handler` on 127.0.0.1 until the test ends.
-async fn serve(handler: Handler) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                return;
-            };
-            let handler = handler.clone();
-            tokio::spawn(async move {
-                let service = service_fn(move |request: http::Request<Incoming>| {
-                    let handler = handler.clone();
-                    async move { Ok::<_, Infallible>(handler(&request.into_parts().0)) }
-                });
-                let _ = http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    addr
-}
-
-fn answer(
-    status: StatusCode,
-    headers: &[(&str, &str)],
-    body: impl Into<Bytes>,
-) -> Response<Full<Bytes>> {
-    let mut response = Response::builder().status(status);
-    for (k, v) in headers {
-        response = response.header(*k, *v);
-    }
-    response.body(Full::new(body.into())).unwrap()
-}
-
-fn header<'a>(parts: &'a Parts, name: &str) -> Option<&'a str> {
-    parts.headers.get(name).and_then(|v| v.to_str().ok())
-}
 
 /// Sends `request` as written and returns the answer's status line.
 async fn raw_status(addr: SocketAddr, request: &str) -> String {
@@ -112,41 +63,16 @@ fn assert_joins(settings: &NodeSettings) {
 
 // --- GCE --------------------------------------------------------------------------------
 
-/// GCE's metadata server, as documented
-/// (<https://cloud.google.com/compute/docs/metadata/querying-metadata>): requests without
-/// `Metadata-Flavor: Google` get 403; answers carry `Metadata-Flavor: Google`;
-/// `?recursive=true` on a directory answers JSON; a missing key answers 404. Keys:
-/// <https://cloud.google.com/compute/docs/metadata/predefined-metadata-keys>.
+/// The GCE stand-in with `attributes`, as worker-7 at 10.128.0.7.
 fn gce(attributes: serde_json::Value, flavor_in_answer: bool) -> Handler {
-    Arc::new(move |parts| {
-        if header(parts, "metadata-flavor") != Some("Google") {
-            return answer(
-                StatusCode::FORBIDDEN,
-                &[],
-                "Missing Metadata-Flavor:Google header.",
-            );
-        }
-        let flavor: &[(&str, &str)] = if flavor_in_answer {
-            &[("metadata-flavor", "Google")]
-        } else {
-            &[]
-        };
-        let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("");
-        match path {
-            "/computeMetadata/v1/instance/attributes/?recursive=true" => answer(
-                StatusCode::OK,
-                &[flavor, &[("content-type", "application/json")][..]].concat(),
-                attributes.to_string(),
-            ),
-            "/computeMetadata/v1/instance/hostname" => {
-                answer(StatusCode::OK, flavor, "worker-7.c.project.internal")
-            }
-            "/computeMetadata/v1/instance/network-interfaces/0/ip" => {
-                answer(StatusCode::OK, flavor, "10.128.0.7")
-            }
-            _ => answer(StatusCode::NOT_FOUND, flavor, "not found"),
-        }
-    })
+    cloud::gce(
+        GceInstance {
+            attributes,
+            hostname: "worker-7.c.project.internal".into(),
+            ip: "10.128.0.7".into(),
+        },
+        flavor_in_answer,
+    )
 }
 
 fn gce_attributes() -> serde_json::Value {

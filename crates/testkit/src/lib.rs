@@ -28,6 +28,8 @@
 //! parser of its own, an oracle independent of the verifier's.
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "cloud")]
+pub mod cloud;
 pub mod cvm;
 #[cfg(feature = "kube-api")]
 pub mod kube_api;

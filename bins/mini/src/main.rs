@@ -35,6 +35,10 @@ enum MiniCommand {
     /// it per connection).
     #[command(hide = true)]
     VmMetadataRelay(mini::vm::RelayArgs),
+    /// VM mode: passes one connection of a guest to its cloud metadata address to a
+    /// stand-in, on stdin and stdout (QEMU starts it per connection).
+    #[command(hide = true)]
+    VmCloudRelay(mini::vm::CloudRelayArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -49,6 +53,7 @@ fn run(command: MiniCommand) -> Result<()> {
         MiniCommand::Status(args) => mini::status(args),
         MiniCommand::Down(args) => mini::down(args),
         MiniCommand::VmMetadataRelay(args) => mini::vm::metadata_relay(&args),
+        MiniCommand::VmCloudRelay(args) => mini::vm::cloud_relay(&args),
         MiniCommand::Timing(args) => mini::timing::report(&args),
     }
 }

@@ -55,6 +55,13 @@ const QEMU: &str = "qemu-system-x86_64";
 const GUEST_USER_IP: &str = "10.0.2.15/24";
 const GUEST_USER_GW: &str = "10.0.2.2";
 const GUEST_METADATA_IP: &str = "10.0.2.100";
+/// A GCE-like VM's first network ([`SettingsChannel::GceMetadata`]): link-local, so that
+/// the metadata server's address is in it; the gateway, and the first address DHCP gives.
+const GCE_GUEST_NET: &str = "169.254.0.0/16";
+const GCE_GUEST_GW: &str = "169.254.0.2";
+const GCE_GUEST_DHCP_START: &str = "169.254.0.15";
+/// GCE's metadata server.
+const GCE_METADATA_IP: &str = "169.254.169.254";
 /// The MACs every VM has; the init sets a per-node MAC on the cluster network. The
 /// firmware's boot options name the NICs' MACs and are measured, so they must not differ.
 const MAC_USER: &str = "52:54:00:12:34:56";
@@ -125,6 +132,13 @@ pub enum SettingsChannel {
     /// the node's disk (written with mtools' `mmd` and `mcopy`). It has no key for the
     /// init's flags: such a node powers off when its bootstrapper exits.
     EspFile,
+    /// GCE's metadata server, a stand-in at this address on the host: the VM's SMBIOS
+    /// names it a Google Compute Engine instance, and its first interface's network is
+    /// 169.254.0.0/16 (by DHCP), where 169.254.169.254:80 reaches the stand-in. The node's
+    /// settings are then what the stand-in serves, as on GCE. That network has no way to
+    /// the local cluster's metadata service, so the bootstrapper finds no identity: for
+    /// testing the settings path, not for a cluster.
+    GceMetadata(std::net::SocketAddr),
 }
 
 /// Settings of VM mode (`mini up --vm`).
@@ -608,10 +622,24 @@ impl VmCluster {
                 esp_settings(ndir, &words, &ak_cert, &join_trust)?;
                 Vec::new()
             }
+            SettingsChannel::GceMetadata(_) => vec![
+                "-smbios".into(),
+                "type=1,manufacturer=Google,product=Google Compute Engine".into(),
+            ],
         };
-        let user_net = format!(
-            "user,id=net0,restrict=on,hostfwd=tcp:{host}:{INIT_PORT}-{guest}:{INIT_PORT},hostfwd=tcp:{host}:{VERIFY_PORT}-{guest}:{VERIFY_PORT},guestfwd=tcp:{GUEST_METADATA_IP}:{METADATA_PORT}-cmd:{relay}"
+        let forwards = format!(
+            "hostfwd=tcp:{host}:{INIT_PORT}-{guest}:{INIT_PORT},hostfwd=tcp:{host}:{VERIFY_PORT}-{guest}:{VERIFY_PORT}"
         );
+        let user_net = match channel {
+            // QEMU forwards a guest's connections only to addresses of the guest's own
+            // network, so the metadata server's network is the guest's.
+            SettingsChannel::GceMetadata(stand_in) => format!(
+                "user,id=net0,restrict=on,net={GCE_GUEST_NET},host={GCE_GUEST_GW},dhcpstart={GCE_GUEST_DHCP_START},{forwards},guestfwd=tcp:{GCE_METADATA_IP}:80-cmd:'{mini}' vm-cloud-relay --to {stand_in}"
+            ),
+            _ => format!(
+                "user,id=net0,restrict=on,{forwards},guestfwd=tcp:{GUEST_METADATA_IP}:{METADATA_PORT}-cmd:{relay}"
+            ),
+        };
         let cluster_net = format!(
             "socket,id=net1,mcast={MCAST_GROUP}:{},localaddr=127.0.0.1",
             MCAST_PORT_BASE + u16::from(self.net)
@@ -1271,6 +1299,45 @@ fn report_timing(vm: &VmNode, timing: Option<&BootTiming>, what: &str) {
             t.init_seconds,
             t.bootstrapper_seconds
         ));
+    }
+}
+
+/// Arguments of the relay QEMU starts for each connection of a guest to its cloud metadata
+/// address (`asterism-mini vm-cloud-relay`, not for people).
+#[derive(clap::Args, Debug)]
+pub struct CloudRelayArgs {
+    /// The stand-in of the cloud's metadata service, IP:PORT.
+    #[arg(long)]
+    pub to: std::net::SocketAddr,
+}
+
+/// The cloud metadata relay (`asterism-mini vm-cloud-relay`): one guest connection, on
+/// stdin and stdout, passed byte for byte to the stand-in at `--to` and back, for at most
+/// [`RELAY_DEADLINE`]. Unlike [`metadata_relay`] it reads nothing: the stand-in sees the
+/// guest's requests as they are, headers included.
+pub fn cloud_relay(args: &CloudRelayArgs) -> Result<()> {
+    std::thread::spawn(|| {
+        std::thread::sleep(RELAY_DEADLINE);
+        std::process::exit(1);
+    });
+    let mut upstream = std::net::TcpStream::connect(args.to)
+        .with_context(|| format!("connecting to {}", args.to))?;
+    let mut to_upstream = upstream.try_clone()?;
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut std::io::stdin().lock(), &mut to_upstream);
+        let _ = to_upstream.shutdown(std::net::Shutdown::Write);
+    });
+    // Each chunk is flushed as it comes: standard output buffers up to a newline, and an
+    // answer's last bytes need not end with one.
+    let mut out = std::io::stdout().lock();
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        let n = upstream.read(&mut chunk)?;
+        if n == 0 {
+            return Ok(());
+        }
+        out.write_all(chunk.get(..n).unwrap_or_default())?;
+        out.flush()?;
     }
 }
 

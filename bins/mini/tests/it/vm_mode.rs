@@ -30,9 +30,11 @@
 )]
 
 use crate::common::{TeardownAt, bins, runtime};
-use asterism_mini::vm::{BootMode, SettingsChannel, VmArgs, VmCluster};
+use asterism_mini::vm::{BootMode, SettingsChannel, VmArgs, VmCluster, VmNode};
+use asterism_testkit::cloud::{self, GceInstance};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 /// Says on stderr, past the test harness's capture, why the test does not run.
 fn skip(why: &str) {
@@ -440,9 +442,22 @@ fn a_node_reads_its_settings_from_the_file_on_its_esp() {
     runtime()
         .block_on(vmc.wait_for_init_server(&cp, &mut vm))
         .unwrap();
+    assert_settings_from_elsewhere(
+        &cp,
+        &[
+            "asterism-init: ESP /dev/vda1 mounted read-only on /boot/efi",
+            "asterism-init: settings from esp",
+            "asterism-init: eth1 10.42.78.1/24",
+        ],
+    );
+}
+
+/// Asserts that QEMU gave `vm` no settings itself (no fw_cfg entry under `opt/asterism`, no
+/// SMBIOS OEM strings), and that its console has each of `lines`.
+fn assert_settings_from_elsewhere(vm: &VmNode, lines: &[&str]) {
     let qemu = std::fs::read(format!(
         "/proc/{}/cmdline",
-        pid_in(&cp.node.dir.join("run/qemu.pid"))
+        pid_in(&vm.node.dir.join("run/qemu.pid"))
     ))
     .unwrap();
     let qemu = String::from_utf8_lossy(&qemu);
@@ -450,14 +465,75 @@ fn a_node_reads_its_settings_from_the_file_on_its_esp() {
         !qemu.contains("opt/asterism") && !qemu.contains("type=11"),
         "{qemu}"
     );
-    let console = std::fs::read_to_string(cp.node.dir.join("console.log")).unwrap();
-    for line in [
-        "asterism-init: ESP /dev/vda1 mounted read-only on /boot/efi",
-        "asterism-init: settings from esp",
-        "asterism-init: eth1 10.42.78.1/24",
-    ] {
+    let console = std::fs::read_to_string(vm.node.dir.join("console.log")).unwrap();
+    for line in lines {
         assert!(console.contains(line), "{line:?} not in {console}");
     }
+}
+
+#[test]
+fn a_gce_node_gets_its_address_by_dhcp_then_its_settings_from_the_metadata_server() {
+    let Some(args) = vm_args(BootMode::DirectKernel) else {
+        return;
+    };
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("c");
+    let _teardown = TeardownAt(dir.clone());
+    // One runtime for the stand-in and the waits: it serves while the test waits.
+    let rt = runtime();
+    let mut vmc = VmCluster::create(&dir, 0, 80, bins(), &args).unwrap();
+    let cp = vmc.vms[0].clone();
+    let hostname = format!("{}.c.asterism-test.internal", cp.node.name);
+    let cluster_ip = cp.cluster_ip.to_string();
+    // What the stand-in was asked: each request's path and whether it said
+    // `Metadata-Flavor: Google` (the stand-in answers 403 to one that did not).
+    let asked: Arc<Mutex<Vec<(String, bool)>>> = Arc::default();
+    let gce = cloud::gce(
+        GceInstance {
+            // No asterism-* attribute: a node that waits to be initialised.
+            attributes: serde_json::json!({"ssh-keys": "someone:ssh-ed25519 AAAA"}),
+            hostname: hostname.clone(),
+            ip: cluster_ip.clone(),
+        },
+        true,
+    );
+    let record = asked.clone();
+    let stand_in = rt.block_on(cloud::serve(Arc::new(move |parts| {
+        let flavor = cloud::header(parts, "metadata-flavor") == Some("Google");
+        record.lock().unwrap().push((parts.uri.to_string(), flavor));
+        gce(parts)
+    })));
+    vmc.control_plane_settings = SettingsChannel::GceMetadata(stand_in);
+    let mut vm = vmc.boot(&cp).unwrap();
+    rt.block_on(vmc.wait_for_console(
+        &cp,
+        &mut vm,
+        std::time::Duration::from_secs(600),
+        "asterism-init: bootstrapper start",
+    ))
+    .unwrap();
+    assert_settings_from_elsewhere(
+        &cp,
+        &[
+            "asterism-init: eth0 by DHCP: 169.254.0.15/16",
+            "asterism-init: settings from gce",
+            &format!("asterism-init: hostname {hostname}"),
+            &format!("asterism-init: eth1 {cluster_ip} "),
+        ],
+    );
+    let asked = asked.lock().unwrap().clone();
+    for path in [
+        "/computeMetadata/v1/instance/attributes/?recursive=true",
+        "/computeMetadata/v1/instance/hostname",
+        "/computeMetadata/v1/instance/network-interfaces/0/ip",
+    ] {
+        assert!(
+            asked.contains(&(path.to_string(), true)),
+            "{path} asked with Metadata-Flavor: {asked:?}"
+        );
+    }
+    assert!(asked.iter().all(|(_, flavor)| *flavor), "{asked:?}");
 }
 
 /// The console without the terminal's colour sequences (`ESC [ … m`), which the

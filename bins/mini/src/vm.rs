@@ -55,13 +55,14 @@ const QEMU: &str = "qemu-system-x86_64";
 const GUEST_USER_IP: &str = "10.0.2.15/24";
 const GUEST_USER_GW: &str = "10.0.2.2";
 const GUEST_METADATA_IP: &str = "10.0.2.100";
-/// A GCE-like VM's first network ([`SettingsChannel::GceMetadata`]): link-local, so that
-/// the metadata server's address is in it; the gateway, and the first address DHCP gives.
-const GCE_GUEST_NET: &str = "169.254.0.0/16";
-const GCE_GUEST_GW: &str = "169.254.0.2";
-const GCE_GUEST_DHCP_START: &str = "169.254.0.15";
-/// GCE's metadata server.
-const GCE_METADATA_IP: &str = "169.254.169.254";
+/// A cloud-like VM's first network ([`SettingsChannel::CloudMetadata`]): link-local, so
+/// that the metadata service's address is in it; the gateway, and the first address DHCP
+/// gives.
+const CLOUD_GUEST_NET: &str = "169.254.0.0/16";
+const CLOUD_GUEST_GW: &str = "169.254.0.2";
+const CLOUD_GUEST_DHCP_START: &str = "169.254.0.15";
+/// The metadata service's address on GCE, Azure and AWS alike.
+const CLOUD_METADATA_IP: &str = "169.254.169.254";
 /// The MACs every VM has; the init sets a per-node MAC on the cluster network. The
 /// firmware's boot options name the NICs' MACs and are measured, so they must not differ.
 const MAC_USER: &str = "52:54:00:12:34:56";
@@ -132,13 +133,36 @@ pub enum SettingsChannel {
     /// the node's disk (written with mtools' `mmd` and `mcopy`). It has no key for the
     /// init's flags: such a node powers off when its bootstrapper exits.
     EspFile,
-    /// GCE's metadata server, a stand-in at this address on the host: the VM's SMBIOS
-    /// names it a Google Compute Engine instance, and its first interface's network is
+    /// A cloud's metadata service, a stand-in at this address on the host: the VM's SMBIOS
+    /// names it an instance of that cloud, and its first interface's network is
     /// 169.254.0.0/16 (by DHCP), where 169.254.169.254:80 reaches the stand-in. The node's
-    /// settings are then what the stand-in serves, as on GCE. That network has no way to
-    /// the local cluster's metadata service, so the bootstrapper finds no identity: for
-    /// testing the settings path, not for a cluster.
-    GceMetadata(std::net::SocketAddr),
+    /// settings are then what the stand-in serves, as on that cloud. That network has no
+    /// way to the local cluster's metadata service, so the bootstrapper finds no identity:
+    /// for testing the settings path, not for a cluster.
+    CloudMetadata(Cloud, std::net::SocketAddr),
+}
+
+/// A cloud whose metadata service a VM may be given ([`SettingsChannel::CloudMetadata`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cloud {
+    /// Google Compute Engine.
+    Gce,
+    /// Microsoft Azure.
+    Azure,
+    /// Amazon EC2.
+    Aws,
+}
+
+impl Cloud {
+    /// The SMBIOS system information (type 1) of the cloud's VMs, which the image's init
+    /// detects the cloud by (`asterism-node-settings --detect`).
+    fn smbios_system(self) -> &'static str {
+        match self {
+            Self::Gce => "type=1,manufacturer=Google,product=Google Compute Engine",
+            Self::Azure => "type=1,manufacturer=Microsoft Corporation,product=Virtual Machine",
+            Self::Aws => "type=1,manufacturer=Amazon EC2,product=m6a.large",
+        }
+    }
 }
 
 /// Settings of VM mode (`mini up --vm`).
@@ -622,10 +646,9 @@ impl VmCluster {
                 esp_settings(ndir, &words, &ak_cert, &join_trust)?;
                 Vec::new()
             }
-            SettingsChannel::GceMetadata(_) => vec![
-                "-smbios".into(),
-                "type=1,manufacturer=Google,product=Google Compute Engine".into(),
-            ],
+            SettingsChannel::CloudMetadata(cloud, _) => {
+                vec!["-smbios".into(), cloud.smbios_system().into()]
+            }
         };
         let forwards = format!(
             "hostfwd=tcp:{host}:{INIT_PORT}-{guest}:{INIT_PORT},hostfwd=tcp:{host}:{VERIFY_PORT}-{guest}:{VERIFY_PORT}"
@@ -633,8 +656,8 @@ impl VmCluster {
         let user_net = match channel {
             // QEMU forwards a guest's connections only to addresses of the guest's own
             // network, so the metadata server's network is the guest's.
-            SettingsChannel::GceMetadata(stand_in) => format!(
-                "user,id=net0,restrict=on,net={GCE_GUEST_NET},host={GCE_GUEST_GW},dhcpstart={GCE_GUEST_DHCP_START},{forwards},guestfwd=tcp:{GCE_METADATA_IP}:80-cmd:'{mini}' vm-cloud-relay --to {stand_in}"
+            SettingsChannel::CloudMetadata(_, stand_in) => format!(
+                "user,id=net0,restrict=on,net={CLOUD_GUEST_NET},host={CLOUD_GUEST_GW},dhcpstart={CLOUD_GUEST_DHCP_START},{forwards},guestfwd=tcp:{CLOUD_METADATA_IP}:80-cmd:'{mini}' vm-cloud-relay --to {stand_in}"
             ),
             _ => format!(
                 "user,id=net0,restrict=on,{forwards},guestfwd=tcp:{GUEST_METADATA_IP}:{METADATA_PORT}-cmd:{relay}"

@@ -12,14 +12,13 @@
 )]
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use asterism_metadata::node_settings::cloud::{CloudSettings, MAX_AWS_USER_DATA};
 use asterism_metadata::node_settings::{Field, NodeSettings, SettingsError, Source};
-use asterism_testkit::cloud::{self, GceInstance, Handler, answer, header, serve};
+use asterism_testkit::cloud::{self, Aws, GceInstance, Handler, aws, azure, serve};
 use base64::Engine as _;
-use http::StatusCode;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpListener;
 
@@ -176,58 +175,8 @@ async fn gce_attributes_with_bad_hex_or_an_unknown_asterism_key_are_refused() {
 
 // --- Azure ------------------------------------------------------------------------------
 
-/// Azure's IMDS, as documented
-/// (<https://learn.microsoft.com/en-us/azure/virtual-machines/instance-metadata-service>):
-/// requests without `Metadata: true` or without `api-version` get 400; `userData`
-/// (<https://learn.microsoft.com/en-us/azure/virtual-machines/user-data>) answers the user
-/// data in base64 with `format=text`; `/metadata/instance` answers the instance document.
-fn azure(user_data: String, instance: serde_json::Value) -> Handler {
-    Arc::new(move |parts| {
-        if header(parts, "metadata") != Some("true") {
-            return answer(
-                StatusCode::BAD_REQUEST,
-                &[],
-                r#"{"error":"Bad request. Required metadata header not specified"}"#,
-            );
-        }
-        let query = parts.uri.query().unwrap_or("");
-        if !query.split('&').any(|kv| kv.starts_with("api-version=")) {
-            return answer(
-                StatusCode::BAD_REQUEST,
-                &[],
-                r#"{"error":"Bad request. api-version was not specified in the request"}"#,
-            );
-        }
-        match (parts.uri.path(), query) {
-            ("/metadata/instance/compute/userData", "api-version=2021-01-01&format=text") => {
-                answer(
-                    StatusCode::OK,
-                    &[("content-type", "text/plain")],
-                    user_data.clone(),
-                )
-            }
-            ("/metadata/instance", "api-version=2021-02-01") => answer(
-                StatusCode::OK,
-                &[("content-type", "application/json")],
-                instance.to_string(),
-            ),
-            _ => answer(StatusCode::NOT_FOUND, &[], "not found"),
-        }
-    })
-}
-
 fn azure_instance() -> serde_json::Value {
-    serde_json::json!({
-        "compute": {"name": "worker-7", "location": "westeurope", "vmSize": "Standard_DC2as_v5"},
-        "network": {"interface": [{
-            "ipv4": {
-                "ipAddress": [{"privateIpAddress": "10.1.0.7", "publicIpAddress": ""}],
-                "subnet": [{"address": "10.1.0.0", "prefix": "24"}]
-            },
-            "ipv6": {"ipAddress": []},
-            "macAddress": "000D3A000000"
-        }]}
-    })
+    cloud::azure_instance("worker-7", "10.1.0.7", 24)
 }
 
 fn b64(bytes: &[u8]) -> String {
@@ -318,61 +267,12 @@ async fn azure_user_data_that_is_not_base64_or_not_a_document_is_refused() {
 
 // --- AWS --------------------------------------------------------------------------------
 
-/// AWS IMDSv2, as documented
-/// (<https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instancedata-data-retrieval.html>):
-/// `PUT /latest/api/token` with `X-aws-ec2-metadata-token-ttl-seconds` (1 to 21600) answers
-/// a token, a PUT without it 400; a GET without a valid `X-aws-ec2-metadata-token` 401
-/// (IMDSv2 required); `user-data` 404 when the instance has none.
-struct Aws {
-    token: &'static str,
-    user_data: Option<Vec<u8>>,
-    puts: Mutex<u32>,
-}
-
-fn aws(state: Arc<Aws>) -> Handler {
-    Arc::new(move |parts| {
-        let path = parts.uri.path();
-        if parts.method == http::Method::PUT {
-            if path != "/latest/api/token" {
-                return answer(StatusCode::FORBIDDEN, &[], "");
-            }
-            let ttl = header(parts, "x-aws-ec2-metadata-token-ttl-seconds")
-                .and_then(|t| t.parse::<u32>().ok());
-            if !ttl.is_some_and(|t| (1..=21600).contains(&t)) {
-                return answer(StatusCode::BAD_REQUEST, &[], "");
-            }
-            *state.puts.lock().unwrap() += 1;
-            return answer(
-                StatusCode::OK,
-                &[("content-type", "text/plain")],
-                state.token,
-            );
-        }
-        if header(parts, "x-aws-ec2-metadata-token") != Some(state.token) {
-            return answer(StatusCode::UNAUTHORIZED, &[], "");
-        }
-        match path {
-            "/latest/user-data" => match &state.user_data {
-                Some(data) => answer(StatusCode::OK, &[], data.clone()),
-                None => answer(StatusCode::NOT_FOUND, &[], ""),
-            },
-            "/latest/meta-data/local-ipv4" => answer(StatusCode::OK, &[], "172.31.5.7"),
-            "/latest/meta-data/hostname" => answer(
-                StatusCode::OK,
-                &[],
-                "ip-172-31-5-7.eu-west-1.compute.internal",
-            ),
-            _ => answer(StatusCode::NOT_FOUND, &[], ""),
-        }
-    })
-}
-
 fn aws_state(user_data: Option<Vec<u8>>) -> Arc<Aws> {
-    Arc::new(Aws {
-        token: "AQAEAGh0dHA6Ly9leGFtcGxlLmNvbS90b2tlbg==",
+    Arc::new(Aws::new(
         user_data,
-        puts: Mutex::new(0),
-    })
+        "ip-172-31-5-7.eu-west-1.compute.internal",
+        "172.31.5.7",
+    ))
 }
 
 #[tokio::test]
@@ -467,8 +367,11 @@ async fn aws_user_data_past_its_cap_or_with_an_unknown_key_is_refused() {
 async fn an_aws_token_that_cannot_be_a_header_is_refused() {
     let state = Arc::new(Aws {
         token: "bad token",
-        user_data: None,
-        puts: Mutex::new(0),
+        ..Aws::new(
+            None,
+            "ip-172-31-5-7.eu-west-1.compute.internal",
+            "172.31.5.7",
+        )
     });
     let addr = serve(aws(state)).await;
     let err = client(Source::Aws, addr).read().await.unwrap_err();

@@ -1,13 +1,13 @@
 //! Loopback stand-ins for a cloud's instance metadata service: an HTTP/1.1 server on
-//! 127.0.0.1 that answers each request with a handler, and GCE's metadata server as its
-//! documentation describes it. The node-settings tests hold Azure's and AWS's beside it.
+//! 127.0.0.1 that answers each request with a handler, and GCE's metadata server, Azure's
+//! IMDS and AWS's IMDSv2 as their documentation describes them.
 
 // Test helpers fail the test loudly.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use http::request::Parts;
@@ -109,6 +109,131 @@ pub fn gce(instance: GceInstance, flavor_in_answer: bool) -> Handler {
                 answer(StatusCode::OK, flavor, instance.ip.clone())
             }
             _ => answer(StatusCode::NOT_FOUND, flavor, "not found"),
+        }
+    })
+}
+
+/// Azure's IMDS, as documented
+/// (<https://learn.microsoft.com/en-us/azure/virtual-machines/instance-metadata-service>):
+/// requests without `Metadata: true` or without `api-version` get 400; `userData`
+/// (<https://learn.microsoft.com/en-us/azure/virtual-machines/user-data>) answers the user
+/// data in base64 with `format=text` (`user_data`, already in base64); `/metadata/instance`
+/// answers the instance document (`instance`; [`azure_instance`] makes one).
+pub fn azure(user_data: String, instance: serde_json::Value) -> Handler {
+    Arc::new(move |parts| {
+        if header(parts, "metadata") != Some("true") {
+            return answer(
+                StatusCode::BAD_REQUEST,
+                &[],
+                r#"{"error":"Bad request. Required metadata header not specified"}"#,
+            );
+        }
+        let query = parts.uri.query().unwrap_or("");
+        if !query.split('&').any(|kv| kv.starts_with("api-version=")) {
+            return answer(
+                StatusCode::BAD_REQUEST,
+                &[],
+                r#"{"error":"Bad request. api-version was not specified in the request"}"#,
+            );
+        }
+        match (parts.uri.path(), query) {
+            ("/metadata/instance/compute/userData", "api-version=2021-01-01&format=text") => {
+                answer(
+                    StatusCode::OK,
+                    &[("content-type", "text/plain")],
+                    user_data.clone(),
+                )
+            }
+            ("/metadata/instance", "api-version=2021-02-01") => answer(
+                StatusCode::OK,
+                &[("content-type", "application/json")],
+                instance.to_string(),
+            ),
+            _ => answer(StatusCode::NOT_FOUND, &[], "not found"),
+        }
+    })
+}
+
+/// Azure's instance document (`/metadata/instance`) of a VM `name` at `ip`/`prefix` on its
+/// first interface.
+pub fn azure_instance(name: &str, ip: &str, prefix: u8) -> serde_json::Value {
+    let subnet = ip.rsplit_once('.').map_or("10.1.0", |(net, _)| net);
+    serde_json::json!({
+        "compute": {"name": name, "location": "westeurope", "vmSize": "Standard_DC2as_v5"},
+        "network": {"interface": [{
+            "ipv4": {
+                "ipAddress": [{"privateIpAddress": ip, "publicIpAddress": ""}],
+                "subnet": [{"address": format!("{subnet}.0"), "prefix": prefix.to_string()}]
+            },
+            "ipv6": {"ipAddress": []},
+            "macAddress": "000D3A000000"
+        }]}
+    })
+}
+
+/// AWS IMDSv2, as documented
+/// (<https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instancedata-data-retrieval.html>):
+/// `PUT /latest/api/token` with `X-aws-ec2-metadata-token-ttl-seconds` (1 to 21600) answers
+/// a token, a PUT without it 400; a GET without a valid `X-aws-ec2-metadata-token` 401
+/// (IMDSv2 required); `user-data` 404 when the instance has none.
+#[derive(Debug)]
+pub struct Aws {
+    /// The session token the PUT answers.
+    pub token: &'static str,
+    /// `user-data`, if the instance has any.
+    pub user_data: Option<Vec<u8>>,
+    /// `meta-data/hostname`.
+    pub hostname: String,
+    /// `meta-data/local-ipv4`.
+    pub local_ipv4: String,
+    /// How many tokens were asked for.
+    pub puts: Mutex<u32>,
+}
+
+impl Aws {
+    /// An instance with `user_data`, named `hostname` at `local_ipv4`.
+    pub fn new(user_data: Option<Vec<u8>>, hostname: &str, local_ipv4: &str) -> Self {
+        Self {
+            token: "AQAEAGh0dHA6Ly9leGFtcGxlLmNvbS90b2tlbg==",
+            user_data,
+            hostname: hostname.to_owned(),
+            local_ipv4: local_ipv4.to_owned(),
+            puts: Mutex::new(0),
+        }
+    }
+}
+
+/// The IMDSv2 stand-in of `state`.
+pub fn aws(state: Arc<Aws>) -> Handler {
+    Arc::new(move |parts| {
+        let path = parts.uri.path();
+        if parts.method == http::Method::PUT {
+            if path != "/latest/api/token" {
+                return answer(StatusCode::FORBIDDEN, &[], "");
+            }
+            let ttl = header(parts, "x-aws-ec2-metadata-token-ttl-seconds")
+                .and_then(|t| t.parse::<u32>().ok());
+            if !ttl.is_some_and(|t| (1..=21600).contains(&t)) {
+                return answer(StatusCode::BAD_REQUEST, &[], "");
+            }
+            *state.puts.lock().unwrap() += 1;
+            return answer(
+                StatusCode::OK,
+                &[("content-type", "text/plain")],
+                state.token,
+            );
+        }
+        if header(parts, "x-aws-ec2-metadata-token") != Some(state.token) {
+            return answer(StatusCode::UNAUTHORIZED, &[], "");
+        }
+        match path {
+            "/latest/user-data" => match &state.user_data {
+                Some(data) => answer(StatusCode::OK, &[], data.clone()),
+                None => answer(StatusCode::NOT_FOUND, &[], ""),
+            },
+            "/latest/meta-data/local-ipv4" => answer(StatusCode::OK, &[], state.local_ipv4.clone()),
+            "/latest/meta-data/hostname" => answer(StatusCode::OK, &[], state.hostname.clone()),
+            _ => answer(StatusCode::NOT_FOUND, &[], ""),
         }
     })
 }

@@ -30,7 +30,7 @@
 )]
 
 use crate::common::{TeardownAt, bins, runtime};
-use asterism_mini::vm::{BootMode, SettingsChannel, VmArgs, VmCluster, VmNode};
+use asterism_mini::vm::{BootMode, Cloud, SettingsChannel, VmArgs, VmCluster, VmNode};
 use asterism_testkit::cloud::{self, GceInstance};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -471,10 +471,23 @@ fn assert_settings_from_elsewhere(vm: &VmNode, lines: &[&str]) {
     }
 }
 
-#[test]
-fn a_gce_node_gets_its_address_by_dhcp_then_its_settings_from_the_metadata_server() {
+/// One request a cloud stand-in was asked: `METHOD path?query`, and its headers.
+type Asked = (String, Vec<(String, String)>);
+
+/// Boots a node whose settings come from `cloud`'s metadata service: the stand-in
+/// `stand_in(host name, cluster address)` makes, recording each request. Waits until the
+/// bootstrapper starts; checks that QEMU gave no settings itself, that the first interface
+/// took a DHCP lease, that the settings came from `source`, and that the host name and the
+/// cluster address (followed by `ip_suffix`) are the stand-in's. Returns the requests.
+fn boot_with_cloud_settings(
+    cloud: Cloud,
+    net: u8,
+    source: &str,
+    ip_suffix: &str,
+    stand_in: impl FnOnce(&str, &str) -> cloud::Handler,
+) -> Vec<Asked> {
     let Some(args) = vm_args(BootMode::DirectKernel) else {
-        return;
+        return Vec::new();
     };
     let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let tmp = tempfile::tempdir().unwrap();
@@ -482,29 +495,26 @@ fn a_gce_node_gets_its_address_by_dhcp_then_its_settings_from_the_metadata_serve
     let _teardown = TeardownAt(dir.clone());
     // One runtime for the stand-in and the waits: it serves while the test waits.
     let rt = runtime();
-    let mut vmc = VmCluster::create(&dir, 0, 80, bins(), &args).unwrap();
+    let mut vmc = VmCluster::create(&dir, 0, net, bins(), &args).unwrap();
     let cp = vmc.vms[0].clone();
-    let hostname = format!("{}.c.asterism-test.internal", cp.node.name);
+    let hostname = format!("{}.internal", cp.node.name);
     let cluster_ip = cp.cluster_ip.to_string();
-    // What the stand-in was asked: each request's path and whether it said
-    // `Metadata-Flavor: Google` (the stand-in answers 403 to one that did not).
-    let asked: Arc<Mutex<Vec<(String, bool)>>> = Arc::default();
-    let gce = cloud::gce(
-        GceInstance {
-            // No asterism-* attribute: a node that waits to be initialised.
-            attributes: serde_json::json!({"ssh-keys": "someone:ssh-ed25519 AAAA"}),
-            hostname: hostname.clone(),
-            ip: cluster_ip.clone(),
-        },
-        true,
-    );
+    let asked: Arc<Mutex<Vec<Asked>>> = Arc::default();
+    let handler = stand_in(&hostname, &cluster_ip);
     let record = asked.clone();
-    let stand_in = rt.block_on(cloud::serve(Arc::new(move |parts| {
-        let flavor = cloud::header(parts, "metadata-flavor") == Some("Google");
-        record.lock().unwrap().push((parts.uri.to_string(), flavor));
-        gce(parts)
+    let addr = rt.block_on(cloud::serve(Arc::new(move |parts| {
+        let headers = parts
+            .headers
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("?").to_string()))
+            .collect();
+        record
+            .lock()
+            .unwrap()
+            .push((format!("{} {}", parts.method, parts.uri), headers));
+        handler(parts)
     })));
-    vmc.control_plane_settings = SettingsChannel::GceMetadata(stand_in);
+    vmc.control_plane_settings = SettingsChannel::CloudMetadata(cloud, addr);
     let mut vm = vmc.boot(&cp).unwrap();
     rt.block_on(vmc.wait_for_console(
         &cp,
@@ -517,23 +527,101 @@ fn a_gce_node_gets_its_address_by_dhcp_then_its_settings_from_the_metadata_serve
         &cp,
         &[
             "asterism-init: eth0 by DHCP: 169.254.0.15/16",
-            "asterism-init: settings from gce",
+            &format!("asterism-init: settings from {source}"),
             &format!("asterism-init: hostname {hostname}"),
-            &format!("asterism-init: eth1 {cluster_ip} "),
+            &format!("asterism-init: eth1 {cluster_ip}{ip_suffix} "),
         ],
     );
-    let asked = asked.lock().unwrap().clone();
+    asked.lock().unwrap().clone()
+}
+
+/// Whether `asked` holds `request` with header `name` set to `value`.
+fn asked_with(asked: &[Asked], request: &str, name: &str, value: &str) -> bool {
+    asked
+        .iter()
+        .any(|(r, headers)| r == request && headers.iter().any(|(k, v)| k == name && v == value))
+}
+
+#[test]
+fn a_gce_node_gets_its_address_by_dhcp_then_its_settings_from_the_metadata_server() {
+    let asked = boot_with_cloud_settings(Cloud::Gce, 80, "gce", "", |hostname, ip| {
+        cloud::gce(
+            GceInstance {
+                // No asterism-* attribute: a node that waits to be initialised.
+                attributes: serde_json::json!({"ssh-keys": "someone:ssh-ed25519 AAAA"}),
+                hostname: hostname.into(),
+                ip: ip.into(),
+            },
+            true,
+        )
+    });
+    if asked.is_empty() {
+        return;
+    }
     for path in [
         "/computeMetadata/v1/instance/attributes/?recursive=true",
         "/computeMetadata/v1/instance/hostname",
         "/computeMetadata/v1/instance/network-interfaces/0/ip",
     ] {
         assert!(
-            asked.contains(&(path.to_string(), true)),
+            asked_with(&asked, &format!("GET {path}"), "metadata-flavor", "Google"),
             "{path} asked with Metadata-Flavor: {asked:?}"
         );
     }
-    assert!(asked.iter().all(|(_, flavor)| *flavor), "{asked:?}");
+}
+
+#[test]
+fn an_azure_node_gets_its_settings_from_imds_with_the_metadata_header() {
+    let asked = boot_with_cloud_settings(Cloud::Azure, 81, "azure", "/24", |hostname, ip| {
+        // No user data: a node that waits to be initialised.
+        cloud::azure(String::new(), cloud::azure_instance(hostname, ip, 24))
+    });
+    if asked.is_empty() {
+        return;
+    }
+    for request in [
+        "GET /metadata/instance/compute/userData?api-version=2021-01-01&format=text",
+        "GET /metadata/instance?api-version=2021-02-01",
+    ] {
+        assert!(
+            asked_with(&asked, request, "metadata", "true"),
+            "{request} asked with Metadata: true: {asked:?}"
+        );
+    }
+}
+
+#[test]
+fn an_aws_node_gets_its_settings_from_imdsv2_with_a_session_token() {
+    let state: Arc<Mutex<Option<Arc<cloud::Aws>>>> = Arc::default();
+    let keep = state.clone();
+    let asked = boot_with_cloud_settings(Cloud::Aws, 82, "aws", "", move |hostname, ip| {
+        // No user data: a node that waits to be initialised.
+        let aws = Arc::new(cloud::Aws::new(None, hostname, ip));
+        *keep.lock().unwrap() = Some(aws.clone());
+        cloud::aws(aws)
+    });
+    if asked.is_empty() {
+        return;
+    }
+    let token = state.lock().unwrap().as_ref().unwrap().token;
+    assert!(
+        asked.iter().any(|(r, headers)| r == "PUT /latest/api/token"
+            && headers
+                .iter()
+                .any(|(k, _)| k == "x-aws-ec2-metadata-token-ttl-seconds")),
+        "a session token asked for: {asked:?}"
+    );
+    for path in ["/latest/meta-data/hostname", "/latest/meta-data/local-ipv4"] {
+        assert!(
+            asked_with(
+                &asked,
+                &format!("GET {path}"),
+                "x-aws-ec2-metadata-token",
+                token
+            ),
+            "{path} asked with the session token: {asked:?}"
+        );
+    }
 }
 
 /// The console without the terminal's colour sequences (`ESC [ … m`), which the

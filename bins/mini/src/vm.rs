@@ -55,12 +55,10 @@ const QEMU: &str = "qemu-system-x86_64";
 const GUEST_USER_IP: &str = "10.0.2.15/24";
 const GUEST_USER_GW: &str = "10.0.2.2";
 const GUEST_METADATA_IP: &str = "10.0.2.100";
-/// A cloud-like VM's first network ([`SettingsChannel::CloudMetadata`]): link-local, so
-/// that the metadata service's address is in it; the gateway, and the first address DHCP
-/// gives.
-const CLOUD_GUEST_NET: &str = "169.254.0.0/16";
-const CLOUD_GUEST_GW: &str = "169.254.0.2";
-const CLOUD_GUEST_DHCP_START: &str = "169.254.0.15";
+/// A cloud-like VM's first network ([`SettingsChannel::CloudMetadata`]), as QEMU's options:
+/// link-local, so that the metadata service's address is in it; the gateway; the first
+/// address DHCP gives.
+const CLOUD_USER_NET: &str = "net=169.254.0.0/16,host=169.254.0.2,dhcpstart=169.254.0.15";
 /// The metadata service's address on GCE, Azure and AWS alike.
 const CLOUD_METADATA_IP: &str = "169.254.169.254";
 /// The MACs every VM has; the init sets a per-node MAC on the cluster network. The
@@ -657,7 +655,7 @@ impl VmCluster {
             // QEMU forwards a guest's connections only to addresses of the guest's own
             // network, so the metadata server's network is the guest's.
             SettingsChannel::CloudMetadata(_, stand_in) => format!(
-                "user,id=net0,restrict=on,net={CLOUD_GUEST_NET},host={CLOUD_GUEST_GW},dhcpstart={CLOUD_GUEST_DHCP_START},{forwards},guestfwd=tcp:{CLOUD_METADATA_IP}:80-cmd:'{mini}' vm-cloud-relay --to {stand_in}"
+                "user,id=net0,restrict=on,{CLOUD_USER_NET},{forwards},guestfwd=tcp:{CLOUD_METADATA_IP}:80-cmd:'{mini}' vm-cloud-relay --to {stand_in}"
             ),
             _ => format!(
                 "user,id=net0,restrict=on,{forwards},guestfwd=tcp:{GUEST_METADATA_IP}:{METADATA_PORT}-cmd:{relay}"

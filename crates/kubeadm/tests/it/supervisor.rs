@@ -117,15 +117,32 @@ impl Node {
         self.starts()
     }
 
-    fn kubeadm_settings(&self, kubeadm_args: &str) {
+    /// The bootstrapper's go-ahead.
+    fn enable(&self) {
+        self.write("run/enabled", "enabled\n");
+    }
+
+    /// kubeadm's flags file, with `kubeadm_args` as `KUBELET_KUBEADM_ARGS`.
+    fn kubeadm_flags(&self, kubeadm_args: &str) {
         self.write(
             "var/lib/kubelet/kubeadm-flags.env",
             &format!("KUBELET_KUBEADM_ARGS=\"{kubeadm_args}\"\n"),
         );
+    }
+
+    /// kubeadm's two settings files: the flags, then the kubelet's configuration.
+    fn kubeadm_settings(&self, kubeadm_args: &str) {
+        self.kubeadm_flags(kubeadm_args);
         self.write(
             "var/lib/kubelet/config.yaml",
             "kind: KubeletConfiguration\n",
         );
+    }
+
+    /// Waits until the supervisor has said `text`.
+    fn wait_logged(&self, text: &str) {
+        self.supervisor()
+            .wait_for_line(text, WAIT, |l| l.contains(text).then_some(()));
     }
 }
 
@@ -161,7 +178,7 @@ fn the_kubelet_waits_for_the_go_ahead_and_kubeadms_settings_then_runs_with_the_d
     );
     std::thread::sleep(Duration::from_millis(800));
     assert!(node.starts().is_empty(), "started before the go-ahead");
-    node.write("run/enabled", "enabled\n");
+    node.enable();
     node.write("etc/default/kubelet", "KUBELET_EXTRA_ARGS='--v=2'\n");
     let starts = node.wait_for_starts(1);
     assert_eq!(
@@ -172,10 +189,7 @@ fn the_kubelet_waits_for_the_go_ahead_and_kubeadms_settings_then_runs_with_the_d
             "--v=2",
         ])
     );
-    node.supervisor()
-        .wait_for_line("the start logged", WAIT, |l| {
-            l.contains("kubelet started: pid").then_some(())
-        });
+    node.wait_logged("kubelet started: pid");
     let log = fs::read_to_string(node.path("run/kubelet.log")).unwrap();
     assert!(log.contains("stand-in kubelet: started"), "{log}");
 }
@@ -183,7 +197,7 @@ fn the_kubelet_waits_for_the_go_ahead_and_kubeadms_settings_then_runs_with_the_d
 #[test]
 fn without_kubeadms_flags_file_the_kubelet_is_not_started() {
     let mut node = Node::new("run");
-    node.write("run/enabled", "enabled\n");
+    node.enable();
     // kubeadm join writes config.yaml before kubeadm-flags.env: a start between the two
     // would miss the container runtime's endpoint.
     node.write(
@@ -191,54 +205,41 @@ fn without_kubeadms_flags_file_the_kubelet_is_not_started() {
         "kind: KubeletConfiguration\n",
     );
     node.start(1 << 20);
-    node.supervisor()
-        .wait_for_line("enabled", WAIT, |l| l.contains("enabled (").then_some(()));
+    node.wait_logged("enabled (");
     std::thread::sleep(Duration::from_millis(800));
     assert!(node.starts().is_empty(), "started without the flags file");
-    node.write(
-        "var/lib/kubelet/kubeadm-flags.env",
-        "KUBELET_KUBEADM_ARGS=\"--a=1\"\n",
-    );
+    node.kubeadm_flags("--a=1");
     assert_eq!(node.wait_for_starts(1)[0], drop_in_args(&["--a=1"]));
 }
 
 #[test]
 fn a_kubelet_that_exits_is_started_again() {
     let mut node = Node::new("exit");
-    node.write("run/enabled", "enabled\n");
+    node.enable();
     node.kubeadm_settings("--a=1");
     node.start(1 << 20);
     let starts = node.wait_for_starts(3);
     assert!(starts.iter().all(|s| *s == drop_in_args(&["--a=1"])));
-    node.supervisor()
-        .wait_for_line("the exit logged", WAIT, |l| {
-            l.contains("kubelet exited with status 3").then_some(())
-        });
+    node.wait_logged("kubelet exited with status 3");
 }
 
 #[test]
 fn a_settings_file_kubeadm_rewrites_restarts_the_kubelet_with_the_new_flags() {
     let mut node = Node::new("run");
-    node.write("run/enabled", "enabled\n");
+    node.enable();
     node.kubeadm_settings("--a=1");
     node.start(1 << 20);
     assert_eq!(node.wait_for_starts(1)[0], drop_in_args(&["--a=1"]));
-    node.write(
-        "var/lib/kubelet/kubeadm-flags.env",
-        "KUBELET_KUBEADM_ARGS=\"--a=2 --b=3\"\n",
-    );
+    node.kubeadm_flags("--a=2 --b=3");
     let starts = node.wait_for_starts(2);
     assert_eq!(starts[1], drop_in_args(&["--a=2", "--b=3"]));
-    node.supervisor()
-        .wait_for_line("the restart logged", WAIT, |l| {
-            l.contains("changed the kubelet's settings").then_some(())
-        });
+    node.wait_logged("changed the kubelet's settings");
 }
 
 #[test]
 fn the_settings_files_are_read_as_data_and_never_run() {
     let mut node = Node::new("run");
-    node.write("run/enabled", "enabled\n");
+    node.enable();
     node.write(
         "var/lib/kubelet/kubeadm-flags.env",
         // `*` would match the files of the working directory if the words were globbed.
@@ -261,7 +262,7 @@ fn the_settings_files_are_read_as_data_and_never_run() {
 #[test]
 fn the_kubelets_log_is_kept_under_its_cap_with_one_older_copy() {
     let mut node = Node::new("noisy");
-    node.write("run/enabled", "enabled\n");
+    node.enable();
     node.kubeadm_settings("--a=1");
     node.start(10_000);
     node.wait_for_starts(1);

@@ -605,10 +605,6 @@ impl VmCluster {
         if mini.contains('\'') {
             bail!("the path of asterism-mini must not contain a quote: {mini}");
         }
-        let relay = format!(
-            "'{mini}' vm-metadata-relay --node-ip {guest} --metadata {}",
-            self.cluster.metadata_addr
-        );
         // The node's settings: words, and the join trust's two files after init.
         let mut words = vec![
             format!("asterism.ip={GUEST_USER_IP}"),
@@ -658,7 +654,8 @@ impl VmCluster {
                 "user,id=net0,restrict=on,{CLOUD_USER_NET},{forwards},guestfwd=tcp:{CLOUD_METADATA_IP}:80-cmd:'{mini}' vm-cloud-relay --to {stand_in}"
             ),
             _ => format!(
-                "user,id=net0,restrict=on,{forwards},guestfwd=tcp:{GUEST_METADATA_IP}:{METADATA_PORT}-cmd:{relay}"
+                "user,id=net0,restrict=on,{forwards},guestfwd=tcp:{GUEST_METADATA_IP}:{METADATA_PORT}-cmd:'{mini}' vm-metadata-relay --node-ip {guest} --metadata {}",
+                self.cluster.metadata_addr
             ),
         };
         let cluster_net = format!(

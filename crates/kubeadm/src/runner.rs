@@ -600,11 +600,8 @@ impl<C: Commands> Kubelet<C> {
     pub async fn start(&self) -> Result<(), KubeadmError> {
         match self {
             Self::Systemd(systemd) => systemd.start_kubelet().await,
-            Self::Supervisor(file) => {
-                enable_supervisor(file)?;
-                info!(file = %file.display(), "the image's supervisor starts the kubelet");
-                Ok(())
-            }
+            // The settings are there: the go-ahead is all the supervisor waits for.
+            Self::Supervisor(file) => enable_supervisor(file),
         }
     }
 }

@@ -21,7 +21,7 @@ use asterism_bootstrapper::{
     NodeDir, Outcome, TpmMarker, UnlockMode,
 };
 use asterism_disk::{DiskConfig, FileSystemConfig, Integrity, Pbkdf, StateDisk, StateFileSystem};
-use asterism_metadata::HttpMetadata;
+use asterism_metadata::AnyMetadata;
 use asterism_metadata::imds::Imds;
 use asterism_tpm::{PcrSelection, Tpm, TpmConfig, TpmIssuer};
 use clap::{Parser, ValueEnum};
@@ -58,7 +58,9 @@ struct Args {
     #[arg(long, value_name = "PATH")]
     ak_cert: Option<PathBuf>,
 
-    /// The metadata service.
+    /// Where this node's record, the control plane and the init secret's hash come from:
+    /// the metadata service (`http://HOST:PORT`), or on GCE `gce://PROJECT/CLUSTER`
+    /// (docs/metadata.md).
     #[arg(long, value_name = "URL", default_value = "http://127.0.10.254:8080")]
     metadata_url: String,
 
@@ -361,8 +363,8 @@ fn kubelet_service(args: &Args) -> asterism_kubeadm::runner::KubeletService {
 fn kubeadm_driver(
     args: &Args,
     dir: &NodeDir,
-    metadata: HttpMetadata,
-) -> anyhow::Result<KubeadmDriver<HttpMetadata>> {
+    metadata: AnyMetadata,
+) -> anyhow::Result<KubeadmDriver<AnyMetadata>> {
     use asterism_bootstrapper::PostInitApi;
     use asterism_kubeadm::config::{CloudProvider, NodePaths};
     use asterism_kubeadm::setup::SetupConfig;
@@ -711,7 +713,7 @@ async fn run(args: Args, logs: LogBuffer) -> anyhow::Result<u8> {
         ..FileSystemConfig::default()
     });
 
-    let metadata = HttpMetadata::new(&args.metadata_url)
+    let metadata = AnyMetadata::from_url(&args.metadata_url)
         .context("--metadata-url")?
         .with_local_address(args.node_ip)
         .with_timeout(args.rpc_timeout);

@@ -46,8 +46,8 @@ pub struct Args {
     /// How long the bring-up may take (the API server, then the join service), in seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 300)]
     pub bring_up_timeout_secs: u64,
-    /// The metadata service the deployed join service asks which node an address is (its
-    /// `--metadata-url`). Needed for the bring-up; the manifests written with
+    /// Where the deployed join service learns which node an address is, and its role (its
+    /// `--metadata-url`: `http://HOST:PORT`, or `gce://PROJECT/CLUSTER` on GCE). Needed for the bring-up; the manifests written with
     /// --skip-bring-up leave it out (the join service then assumes the local cluster's).
     #[arg(long, value_name = "URL")]
     pub metadata_url: Option<String>,
@@ -73,8 +73,13 @@ impl Args {
     pub fn metadata_url(&self) -> anyhow::Result<Option<String>> {
         match (&self.metadata_url, self.skip()) {
             (Some(url), _) => {
-                if !(url.starts_with("http://") || url.starts_with("https://")) {
-                    anyhow::bail!("--metadata-url {url:?} is not an http:// or https:// URL");
+                // What the join service takes (docs/metadata.md): the metadata service over
+                // plain HTTP, or a GCE project's cluster. The service checks the rest at start.
+                if !(url.starts_with("http://") || url.starts_with("gce://")) {
+                    anyhow::bail!(
+                        "--metadata-url {url:?} is neither the metadata service (http://HOST:PORT) \
+                         nor a GCE cluster (gce://PROJECT/CLUSTER)"
+                    );
                 }
                 Ok(Some(url.clone()))
             }
@@ -339,10 +344,11 @@ mod tests {
         assert!(err.contains("--metadata-url"), "{err}");
         args.metadata_url = Some("10.0.0.254:8080".into());
         assert!(args.metadata_url().is_err(), "a URL, with its scheme");
-        args.metadata_url = Some("http://10.0.0.254:8080".into());
-        assert_eq!(
-            args.metadata_url().unwrap().as_deref(),
-            Some("http://10.0.0.254:8080")
-        );
+        args.metadata_url = Some("https://10.0.0.254:8080".into());
+        assert!(args.metadata_url().is_err(), "the service is plain HTTP");
+        for url in ["http://10.0.0.254:8080", "gce://my-project/prod"] {
+            args.metadata_url = Some(url.into());
+            assert_eq!(args.metadata_url().unwrap().as_deref(), Some(url));
+        }
     }
 }

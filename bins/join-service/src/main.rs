@@ -16,7 +16,7 @@ use asterism_join_service::{
     KeyServiceAddress, KeyServiceClient, KubeState, LIMITS, Metrics, RedbState,
 };
 use asterism_kube_api::{ApiOptions, ClusterApi, WaitPolicy};
-use asterism_metadata::HttpMetadata;
+use asterism_metadata::AnyMetadata;
 use asterism_pki::ClusterCa;
 use clap::{Parser, ValueEnum};
 
@@ -52,7 +52,9 @@ struct Args {
     #[arg(long, value_name = "ADDRESS")]
     key_service: KeyServiceAddress,
 
-    /// The metadata service.
+    /// Where the cluster's instances, roles and addresses come from: the metadata service
+    /// (`http://HOST:PORT`), or on GCE the Compute Engine API, `gce://PROJECT/CLUSTER` (the
+    /// instances of PROJECT labelled `asterism-cluster=CLUSTER`; docs/metadata.md).
     #[arg(long, value_name = "URL", default_value = "http://127.0.10.254:8080")]
     metadata_url: String,
 
@@ -249,7 +251,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         Some(init) => cluster_release(init)?,
         None => None,
     };
-    let metadata = HttpMetadata::new(&args.metadata_url)?;
+    let metadata = AnyMetadata::from_url(&args.metadata_url)?;
     let keys = KeyServiceClient::new(&args.key_service)?;
     let metrics = Metrics::new();
     let atls = AtlsServer::new(atls_config(&args, &metrics)?).context("setting up attested TLS")?;
@@ -316,7 +318,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
 /// Everything of the service but its cluster state.
 struct Parts {
     init_node: Option<InitNode>,
-    metadata: HttpMetadata,
+    metadata: AnyMetadata,
     keys: KeyServiceClient,
     ca: ClusterCa,
     config: JoinConfig,

@@ -5,7 +5,7 @@ use bytes::Bytes;
 use http::{Request, StatusCode, Uri};
 use http_body_util::{BodyExt as _, Limited};
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::{Connect, HttpConnector};
 use hyper_util::rt::TokioExecutor;
 use std::net::IpAddr;
 use std::time::Duration;
@@ -63,13 +63,14 @@ where
 }
 
 /// Sends `request`; the body of a 200 answer, at most `cap` bytes, within `timeout`.
-pub(crate) async fn call<B>(
-    client: &Client<HttpConnector, B>,
+pub(crate) async fn call<C, B>(
+    client: &Client<C, B>,
     request: Request<B>,
     cap: usize,
     timeout: Duration,
 ) -> Result<Bytes, CallError>
 where
+    C: Connect + Clone + Send + Sync + 'static,
     B: hyper::body::Body + Send + Unpin + 'static,
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -80,13 +81,14 @@ where
 }
 
 /// [`call`], with the answer's headers.
-pub(crate) async fn call_with_headers<B>(
-    client: &Client<HttpConnector, B>,
+pub(crate) async fn call_with_headers<C, B>(
+    client: &Client<C, B>,
     request: Request<B>,
     cap: usize,
     timeout: Duration,
 ) -> Result<(http::HeaderMap, Bytes), CallError>
 where
+    C: Connect + Clone + Send + Sync + 'static,
     B: hyper::body::Body + Send + Unpin + 'static,
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,

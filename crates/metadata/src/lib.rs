@@ -6,6 +6,9 @@
 //! * The [`Metadata`] trait, the narrow seam every program uses; implemented by
 //!   [`HttpMetadata`] (a client of the metadata service) and [`StaticMetadata`] (in memory,
 //!   for tests).
+//! * [`gce::GceMetadata`]: the cluster's instances and roles from GCE's Compute Engine API,
+//!   by the labels the owner set; [`AnyMetadata`] is the one a program's `--metadata-url`
+//!   names (`http://…` for the metadata service, `gce://PROJECT/CLUSTER` on GCE).
 //! * [`imds::Imds`]: a client for a cloud's instance metadata service, for what a
 //!   confidential VM's evidence needs from it (Azure THIM's VCEK, Azure's TDX quotes).
 //! * [`node_settings`]: a node's own settings (addresses, host name, the cluster to join),
@@ -21,13 +24,16 @@
 //! carry secrets (the init secret's *hash* is public by design).
 #![forbid(unsafe_code)]
 
+mod any;
 mod call;
 mod client;
+pub mod gce;
 pub mod imds;
 mod instance;
 pub mod node_settings;
 mod server;
 
+pub use any::AnyMetadata;
 pub use client::{DEFAULT_TIMEOUT, HttpMetadata, MAX_RESPONSE_LEN};
 pub use instance::{InstanceMetadata, Role, control_plane_endpoint, find_by_ip};
 pub use server::{
@@ -99,6 +105,15 @@ pub enum MetadataError {
     NotUtf8 {
         /// The request path.
         path: &'static str,
+    },
+    /// The response parsed, but says something unusable: a partial or ambiguous listing,
+    /// a token that is not a bearer token, an answer without the header its server sends.
+    #[error("metadata response to GET {path} is refused: {reason}")]
+    Malformed {
+        /// The request path.
+        path: &'static str,
+        /// What is wrong with it.
+        reason: String,
     },
 }
 

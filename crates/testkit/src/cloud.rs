@@ -1,9 +1,10 @@
 //! Loopback stand-ins for a cloud's instance metadata service: an HTTP/1.1 server on
 //! 127.0.0.1 that answers each request with a handler, and GCE's metadata server, Azure's
-//! IMDS and AWS's IMDSv2 as their documentation describes them.
+//! IMDS and AWS's IMDSv2 as their documentation describes them; and GCE's Compute Engine
+//! API over HTTPS with what its metadata server gives a program to call it.
 
 // Test helpers fail the test loudly.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -24,6 +25,42 @@ pub type Handler = Arc<dyn Fn(&Parts) -> Response<Full<Bytes>> + Send + Sync>;
 
 /// Serves `handler` on 127.0.0.1, on the current tokio runtime, until the runtime ends.
 pub async fn serve(handler: Handler) -> SocketAddr {
+    accept_loop(handler, None).await
+}
+
+/// Serves `handler` over HTTPS on 127.0.0.1 with a fresh test CA, until the runtime ends:
+/// the address, and the CA's certificate (PEM), the one root the server's chains to.
+pub async fn serve_https(handler: Handler) -> (SocketAddr, String) {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "test cloud API CA");
+    let ca_pem = ca_params.self_signed(&ca_key).unwrap().pem();
+    let ca = rcgen::Issuer::new(ca_params, ca_key);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.subject_alt_names = vec![rcgen::SanType::IpAddress(std::net::IpAddr::V4(
+        std::net::Ipv4Addr::LOCALHOST,
+    ))];
+    let cert = params.signed_by(&key, &ca).unwrap();
+    let tls = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(
+        vec![cert.der().clone()],
+        rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
+    )
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    (accept_loop(handler, Some(acceptor)).await, ca_pem)
+}
+
+async fn accept_loop(handler: Handler, tls: Option<tokio_rustls::TlsAcceptor>) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -32,14 +69,20 @@ pub async fn serve(handler: Handler) -> SocketAddr {
                 return;
             };
             let handler = handler.clone();
+            let tls = tls.clone();
             tokio::spawn(async move {
                 let service = service_fn(move |request: http::Request<Incoming>| {
                     let handler = handler.clone();
                     async move { Ok::<_, Infallible>(handler(&request.into_parts().0)) }
                 });
-                let _ = http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
+                let http = http1::Builder::new();
+                let _ = match tls {
+                    None => http.serve_connection(TokioIo::new(stream), service).await,
+                    Some(tls) => match tls.accept(stream).await {
+                        Ok(stream) => http.serve_connection(TokioIo::new(stream), service).await,
+                        Err(_) => return,
+                    },
+                };
             });
         }
     });
@@ -83,12 +126,8 @@ pub struct GceInstance {
 /// <https://cloud.google.com/compute/docs/metadata/predefined-metadata-keys>.
 pub fn gce(instance: GceInstance, flavor_in_answer: bool) -> Handler {
     Arc::new(move |parts| {
-        if header(parts, "metadata-flavor") != Some("Google") {
-            return answer(
-                StatusCode::FORBIDDEN,
-                &[],
-                "Missing Metadata-Flavor:Google header.",
-            );
+        if let Some(refused) = without_gce_flavor(parts) {
+            return refused;
         }
         let flavor: &[(&str, &str)] = if flavor_in_answer {
             &[("metadata-flavor", "Google")]
@@ -110,6 +149,17 @@ pub fn gce(instance: GceInstance, flavor_in_answer: bool) -> Handler {
             }
             _ => answer(StatusCode::NOT_FOUND, flavor, "not found"),
         }
+    })
+}
+
+/// GCE's metadata server's answer to a request without `Metadata-Flavor: Google`.
+fn without_gce_flavor(parts: &Parts) -> Option<Response<Full<Bytes>>> {
+    (header(parts, "metadata-flavor") != Some("Google")).then(|| {
+        answer(
+            StatusCode::FORBIDDEN,
+            &[],
+            "Missing Metadata-Flavor:Google header.",
+        )
     })
 }
 
@@ -235,5 +285,194 @@ pub fn aws(state: Arc<Aws>) -> Handler {
             "/latest/meta-data/hostname" => answer(StatusCode::OK, &[], state.hostname.clone()),
             _ => answer(StatusCode::NOT_FOUND, &[], ""),
         }
+    })
+}
+
+/// A GCE project as its Compute Engine API lists it, for [`gce_compute`] and
+/// [`gce_identity`].
+#[derive(Debug)]
+pub struct GceProject {
+    /// The project ID.
+    pub project: String,
+    /// The access token the metadata server hands out and the API requires.
+    pub token: String,
+    /// Its instances, as the API's `Instance` resources ([`gce_api_instance`]).
+    pub instances: Mutex<Vec<serde_json::Value>>,
+    /// Instances per page, at most.
+    pub page_size: usize,
+    /// Whether the API applies the `filter` parameter (the real one does).
+    pub filter: bool,
+    /// Zones the listing reports unreachable.
+    pub unreachables: Vec<String>,
+    /// The path and query of every API call that carried the token.
+    pub calls: Mutex<Vec<String>>,
+    /// How many tokens the metadata server handed out.
+    pub tokens: Mutex<u32>,
+}
+
+impl GceProject {
+    /// Project `project` with `instances`, all on one page.
+    pub fn new(project: &str, instances: Vec<serde_json::Value>) -> Self {
+        Self {
+            project: project.to_owned(),
+            token: "ya29.c.test-access-token".to_owned(),
+            instances: Mutex::new(instances),
+            page_size: 500,
+            filter: true,
+            unreachables: Vec::new(),
+            calls: Mutex::new(Vec::new()),
+            tokens: Mutex::new(0),
+        }
+    }
+}
+
+/// One `Instance` resource as the Compute Engine API gives it
+/// (<https://cloud.google.com/compute/docs/reference/rest/v1/instances>), with `labels`.
+pub fn gce_api_instance(
+    name: &str,
+    zone: &str,
+    ip: &str,
+    labels: &[(&str, &str)],
+) -> serde_json::Value {
+    let labels: serde_json::Map<String, serde_json::Value> = labels
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), serde_json::Value::from(*v)))
+        .collect();
+    serde_json::json!({
+        "kind": "compute#instance",
+        "name": name,
+        "zone": format!("https://www.googleapis.com/compute/v1/projects/p/zones/{zone}"),
+        "status": "RUNNING",
+        "labels": labels,
+        "networkInterfaces": [{
+            "name": "nic0",
+            "networkIP": ip,
+            "aliasIpRanges": [{"ipCidrRange": "10.64.0.0/24", "subnetworkRangeName": "pods"}]
+        }]
+    })
+}
+
+/// GCE's metadata server as a program on instance `name` reads it to call the API:
+/// `instance/name`, the default service account's token
+/// (<https://cloud.google.com/compute/docs/access/authenticate-workloads#applications>: a
+/// JSON document with `access_token`, `expires_in`, `token_type`), and the instance
+/// attribute `asterism-init-secret-hash` when given. Like [`gce`], it refuses requests
+/// without `Metadata-Flavor: Google` and answers with it.
+pub fn gce_identity(
+    project: Arc<GceProject>,
+    name: &str,
+    init_secret_hash: Option<&str>,
+) -> Handler {
+    let name = name.to_owned();
+    let hash = init_secret_hash.map(str::to_owned);
+    Arc::new(move |parts| {
+        if let Some(refused) = without_gce_flavor(parts) {
+            return refused;
+        }
+        let flavor = [("metadata-flavor", "Google")];
+        match parts.uri.path() {
+            "/computeMetadata/v1/instance/name" => answer(StatusCode::OK, &flavor, name.clone()),
+            "/computeMetadata/v1/instance/service-accounts/default/token" => {
+                *project.tokens.lock().unwrap() += 1;
+                let body = serde_json::json!({
+                    "access_token": project.token, "expires_in": 3599, "token_type": "Bearer"
+                });
+                answer(StatusCode::OK, &flavor, body.to_string())
+            }
+            "/computeMetadata/v1/instance/attributes/asterism-init-secret-hash" => match &hash {
+                Some(hash) => answer(StatusCode::OK, &flavor, hash.clone()),
+                None => answer(StatusCode::NOT_FOUND, &flavor, "not found"),
+            },
+            _ => answer(StatusCode::NOT_FOUND, &flavor, "not found"),
+        }
+    })
+}
+
+/// The Compute Engine API's `instances.aggregatedList`
+/// (<https://cloud.google.com/compute/docs/reference/rest/v1/instances/aggregatedList>), as
+/// documented: a call without `Authorization: Bearer <token>` gets 401; another project
+/// 403; `filter=labels.KEY = "VALUE"` keeps the instances so labelled (when
+/// [`GceProject::filter`]); `maxResults` and `pageToken` page the list; instances are
+/// grouped by `zones/<zone>`.
+pub fn gce_compute(project: Arc<GceProject>) -> Handler {
+    Arc::new(move |parts| {
+        let json = [("content-type", "application/json")];
+        let bearer = format!("Bearer {}", project.token);
+        if header(parts, "authorization") != Some(bearer.as_str()) {
+            return answer(
+                StatusCode::UNAUTHORIZED,
+                &json,
+                r#"{"error":{"code":401,"message":"Request is missing required authentication credential.","status":"UNAUTHENTICATED"}}"#,
+            );
+        }
+        let path = parts.uri.path();
+        project
+            .calls
+            .lock()
+            .unwrap()
+            .push(parts.uri.path_and_query().unwrap().to_string());
+        if path
+            != format!(
+                "/compute/v1/projects/{}/aggregated/instances",
+                project.project
+            )
+        {
+            return answer(
+                StatusCode::FORBIDDEN,
+                &json,
+                r#"{"error":{"code":403,"message":"Required 'compute.instances.list' permission","status":"PERMISSION_DENIED"}}"#,
+            );
+        }
+        let query: Vec<(String, String)> = parts
+            .uri
+            .query()
+            .unwrap_or("")
+            .split('&')
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.to_owned(), crate::percent_decode(v)))
+            .collect();
+        let param = |key: &str| query.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone());
+        let label = param("filter").and_then(|f| {
+            let (key, value) = f.strip_prefix("labels.")?.split_once(" = ")?;
+            Some((key.to_owned(), value.trim_matches('"').to_owned()))
+        });
+        let page_size = param("maxResults")
+            .and_then(|n| n.parse::<usize>().ok())
+            .unwrap_or(500)
+            .min(project.page_size);
+        let start = param("pageToken")
+            .and_then(|t| t.strip_prefix("page-")?.parse::<usize>().ok())
+            .unwrap_or(0);
+        let instances: Vec<serde_json::Value> = project
+            .instances
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|i| match (&label, project.filter) {
+                (Some((key, value)), true) => i["labels"][key.as_str()] == value.as_str(),
+                _ => true,
+            })
+            .cloned()
+            .collect();
+        let end = (start + page_size).min(instances.len());
+        let mut items = serde_json::Map::new();
+        for i in &instances[start.min(end)..end] {
+            let zone = i["zone"].as_str().unwrap().rsplit('/').next().unwrap();
+            let scope = items
+                .entry(format!("zones/{zone}"))
+                .or_insert_with(|| serde_json::json!({"instances": []}));
+            scope["instances"].as_array_mut().unwrap().push(i.clone());
+        }
+        let mut body = serde_json::json!({
+            "kind": "compute#instanceAggregatedList",
+            "items": items,
+        });
+        if end < instances.len() {
+            body["nextPageToken"] = format!("page-{end}").into();
+        }
+        if !project.unreachables.is_empty() {
+            body["unreachables"] = project.unreachables.clone().into();
+        }
+        answer(StatusCode::OK, &json, body.to_string())
     })
 }

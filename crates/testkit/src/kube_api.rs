@@ -83,7 +83,7 @@ impl Request {
     pub fn query_param(&self, key: &str) -> Option<String> {
         self.query.split('&').find_map(|kv| {
             let (k, v) = kv.split_once('=')?;
-            (k == key).then(|| percent_decode(v))
+            (k == key).then(|| crate::percent_decode(v))
         })
     }
 
@@ -93,25 +93,6 @@ impl Request {
         let bytes = base64::engine::general_purpose::STANDARD.decode(b64).ok()?;
         String::from_utf8(bytes).ok()
     }
-}
-
-fn percent_decode(s: &str) -> String {
-    let mut out = Vec::with_capacity(s.len());
-    let mut bytes = s.bytes();
-    while let Some(b) = bytes.next() {
-        match b {
-            b'%' => {
-                let hex: Vec<u8> = bytes.by_ref().take(2).collect();
-                let decoded = std::str::from_utf8(&hex)
-                    .ok()
-                    .and_then(|h| u8::from_str_radix(h, 16).ok());
-                out.push(decoded.unwrap_or(b'?'));
-            }
-            b'+' => out.push(b' '),
-            other => out.push(other),
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 struct Route {

@@ -49,3 +49,24 @@ mod tpm_node;
 pub use asterism_swtpm::{SwtpmError, check_swtpm_installed};
 pub use swtpm::{Swtpm, SwtpmBuilder};
 pub use tpm_node::{TpmNode, TpmNodeError, pin};
+
+/// A URL query value, percent-decoded (`+` is a space), for the HTTP stand-ins.
+#[cfg(any(feature = "cloud", feature = "kube-api"))]
+fn percent_decode(s: &str) -> String {
+    let mut out = Vec::with_capacity(s.len());
+    let mut bytes = s.bytes();
+    while let Some(b) = bytes.next() {
+        match b {
+            b'%' => {
+                let hex: Vec<u8> = bytes.by_ref().take(2).collect();
+                let decoded = std::str::from_utf8(&hex)
+                    .ok()
+                    .and_then(|h| u8::from_str_radix(h, 16).ok());
+                out.push(decoded.unwrap_or(b'?'));
+            }
+            b'+' => out.push(b' '),
+            other => out.push(other),
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}

@@ -18,7 +18,7 @@ use asterism_join_service::{
     Metrics, RedbState,
 };
 use asterism_kms::{ClusterKms, KeyId, MasterSecret, Salt};
-use asterism_metadata::{HttpMetadata, InstanceMetadata, MetadataConfig, MetadataServer, Role};
+use asterism_metadata::{AnyMetadata, InstanceMetadata, MetadataConfig, MetadataServer, Role};
 use asterism_pki::{ClusterCa, kubelet_key_and_csr};
 use asterism_proto::join::api_client::ApiClient;
 use asterism_proto::join::{IssueJoinTicketRequest, IssueJoinTicketResponse};
@@ -66,13 +66,29 @@ pub fn zero_measurements() -> Measurements {
 /// Everything but the join service, which tests start (and restart) themselves.
 pub struct Cluster {
     pub dir: tempfile::TempDir,
+    /// The join service's `--metadata-url`.
     pub metadata_url: String,
+    /// With [`Cluster::start_on_gce`], the project its Compute Engine API stand-in lists.
+    pub gce: Option<Arc<asterism_testkit::cloud::GceProject>>,
     pub key_socket: PathBuf,
     stop: watch::Sender<bool>,
 }
 
 impl Cluster {
+    /// The cluster with its instances in the metadata service.
     pub async fn start() -> Self {
+        Self::start_with(false).await
+    }
+
+    /// The cluster with its instances in a GCE project: each instance of [`instances`]
+    /// labelled with the cluster and its role, listed by a Compute Engine API stand-in over
+    /// HTTPS, which the join service calls with the token its metadata server stand-in
+    /// gives (`gce://…`, docs/metadata.md).
+    pub async fn start_on_gce() -> Self {
+        Self::start_with(true).await
+    }
+
+    async fn start_with(gce: bool) -> Self {
         let dir = tempfile::tempdir().unwrap();
         // Cluster CA in the PKI directory.
         let pki = dir.path().join("pki");
@@ -110,9 +126,40 @@ impl Cluster {
             ks.serve(service, &asterism_key_service::LIMITS, stopped(rx))
                 .await
         });
+        let (metadata_url, gce) = if gce {
+            use asterism_testkit::cloud;
+            let labelled = instances()
+                .iter()
+                .map(|i| {
+                    let role = match i.role {
+                        Role::ControlPlane => "control-plane",
+                        _ => "worker",
+                    };
+                    cloud::gce_api_instance(
+                        &i.name,
+                        "europe-west3-a",
+                        &i.vpc_ip,
+                        &[("asterism-cluster", "test"), ("asterism-role", role)],
+                    )
+                })
+                .collect();
+            let project = Arc::new(cloud::GceProject::new("test-project", labelled));
+            let (api, ca_pem) = cloud::serve_https(cloud::gce_compute(project.clone())).await;
+            let server = cloud::serve(cloud::gce_identity(project.clone(), "cp-0", None)).await;
+            let ca = dir.path().join("compute-ca.pem");
+            std::fs::write(&ca, ca_pem).unwrap();
+            let url = format!(
+                "gce://test-project/test?compute=https://{api}&compute-ca={}&metadata-server=http://{server}",
+                ca.display()
+            );
+            (url, Some(project))
+        } else {
+            (metadata_url, None)
+        };
         Self {
             dir,
             metadata_url,
+            gce,
             key_socket,
             stop,
         }
@@ -167,7 +214,7 @@ impl Options {
     }
 }
 
-pub type Service<S = RedbState> = JoinService<HttpMetadata, KeyServiceClient, S>;
+pub type Service<S = RedbState> = JoinService<AnyMetadata, KeyServiceClient, S>;
 
 pub struct Running<S = RedbState> {
     pub addr: SocketAddr,
@@ -229,7 +276,7 @@ pub fn join_service<S: ClusterState>(cluster: &Cluster, state: S, options: Optio
     ))
     .unwrap();
     JoinService::new(
-        HttpMetadata::new(&cluster.metadata_url).unwrap(),
+        AnyMetadata::from_url(&cluster.metadata_url).unwrap(),
         keys,
         state,
         cluster.ca(),

@@ -116,9 +116,27 @@ async fn a_node_attesting_with_swtpm_gets_a_complete_ticket_and_a_rejoin_ticket_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_claiming_control_plane_is_refused_and_a_control_plane_node_gets_the_files() {
+    a_worker_cannot_claim_the_control_plane(Cluster::start().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_gce_the_role_is_the_owners_label_and_a_worker_cannot_claim_the_control_plane() {
+    let cluster = Cluster::start_on_gce().await;
+    let project = cluster.gce.clone().unwrap();
+    a_worker_cannot_claim_the_control_plane(cluster).await;
+    let calls = project.calls.lock().unwrap().clone();
+    assert!(
+        calls
+            .iter()
+            .all(|c| c.contains("labels.asterism-cluster%20%3D%20%22test%22")),
+        "every decision came from the API's listing of this cluster: {calls:?}"
+    );
+    assert!(!calls.is_empty());
+}
+
+async fn a_worker_cannot_claim_the_control_plane(cluster: Cluster) {
     let (worker, wfp) = soft_node();
     let (cp, cfp) = soft_node();
-    let cluster = Cluster::start().await;
     let js = start_join_service(&cluster, Options::pinning(vec![wfp, cfp])).await;
 
     let err = join(

@@ -48,6 +48,27 @@ async fn the_binary_issues_tickets_and_stops_cleanly_on_sigterm() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_gce_the_binary_learns_who_a_node_is_from_the_compute_engine_api() {
+    let (node, fp) = soft_node();
+    let cluster = Cluster::start_on_gce().await;
+    let (child, addr) = spawn(&cluster, &fp, &[]);
+    let ticket = first_ticket(addr, node).await;
+    assert!(!ticket.token.is_empty());
+    let (exit, logs) = stop(child).await;
+    assert!(exit.success(), "{exit:?}\n{logs}");
+    let project = cluster.gce.as_ref().unwrap();
+    assert!(
+        !project.calls.lock().unwrap().is_empty(),
+        "the API was asked"
+    );
+    assert!(logs.contains("gce://test-project/test"), "{logs}");
+    assert!(
+        !logs.contains(&project.token),
+        "the service account's token is never logged"
+    );
+}
+
 /// The init node's record as its bootstrapper writes it at init, with `components`.
 fn write_init_node(cluster: &Cluster, components: Vec<Component>) -> std::path::PathBuf {
     let record = InitNode {

@@ -1,0 +1,188 @@
+//! [`AnyMetadata`]: the metadata a program's `--metadata-url` names, one parser for every
+//! program that takes it.
+
+use crate::gce::{ClusterLabel, GceConfig, GceMetadata, ProjectId};
+use crate::{HttpMetadata, InstanceMetadata, Metadata, MetadataError};
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject as _;
+use std::io::Read as _;
+use std::net::IpAddr;
+
+/// Largest `compute-ca` file read.
+const MAX_CA_FILE: u64 = 1024 * 1024;
+
+/// The cluster's metadata, from where `--metadata-url` says:
+///
+/// * `http://HOST:PORT[/PREFIX]`: the metadata service (`asterism-metadata`, docs/metadata.md);
+/// * `gce://PROJECT/CLUSTER`: GCE's Compute Engine API, the instances of `PROJECT` labelled
+///   `asterism-cluster=CLUSTER` ([`crate::gce`]). Optional query parameters, for a private
+///   endpoint or a test: `compute=https://…` (the API), `compute-ca=PATH` (a PEM bundle of
+///   the roots the API's certificate must chain to, in place of the public roots),
+///   `metadata-server=http://…`.
+#[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)] // one per program, made once at start
+pub enum AnyMetadata {
+    /// The metadata service.
+    Service(HttpMetadata),
+    /// GCE.
+    Gce(GceMetadata),
+}
+
+impl AnyMetadata {
+    /// Parses `url` (type docs).
+    pub fn from_url(url: &str) -> Result<Self, MetadataError> {
+        let invalid = |reason: String| MetadataError::InvalidUrl {
+            url: url.to_owned(),
+            reason,
+        };
+        let Some(rest) = url.strip_prefix("gce://") else {
+            return HttpMetadata::new(url).map(Self::Service);
+        };
+        let (target, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (project, cluster) = target
+            .split_once('/')
+            .ok_or_else(|| invalid("gce://PROJECT/CLUSTER".into()))?;
+        let mut config = GceConfig::new(
+            ProjectId::parse(project).map_err(&invalid)?,
+            ClusterLabel::parse(cluster).map_err(&invalid)?,
+        );
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = pair
+                .split_once('=')
+                .ok_or_else(|| invalid(format!("{pair:?} is not KEY=VALUE")))?;
+            match key {
+                "compute" => config.compute_api = value.to_owned(),
+                "metadata-server" => config.metadata_server = value.to_owned(),
+                "compute-ca" => config.compute_roots = read_roots(value).map_err(&invalid)?,
+                _ => {
+                    return Err(invalid(format!(
+                        "unknown parameter {key:?} (compute, compute-ca, metadata-server)"
+                    )));
+                }
+            }
+        }
+        GceMetadata::new(config).map(Self::Gce)
+    }
+
+    /// Replaces the metadata service's per-call deadline. GCE's calls keep theirs
+    /// ([`crate::gce::CALL_TIMEOUT`]); callers bound the whole of each question as well.
+    #[must_use]
+    pub fn with_timeout(self, timeout: std::time::Duration) -> Self {
+        match self {
+            Self::Service(m) => Self::Service(m.with_timeout(timeout)),
+            other => other,
+        }
+    }
+
+    /// Binds the metadata service's connections to `ip`, which is how it tells nodes
+    /// apart. GCE's API knows its callers by their credentials; it is left as it is.
+    #[must_use]
+    pub fn with_local_address(self, ip: IpAddr) -> Self {
+        match self {
+            Self::Service(m) => Self::Service(m.with_local_address(ip)),
+            other => other,
+        }
+    }
+}
+
+/// The roots of a PEM bundle at `path`.
+fn read_roots(path: &str) -> Result<rustls::RootCertStore, String> {
+    let mut pem = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_CA_FILE + 1).read_to_end(&mut pem))
+        .map_err(|e| format!("compute-ca {path}: {e}"))?;
+    if pem.len() as u64 > MAX_CA_FILE {
+        return Err(format!(
+            "compute-ca {path}: larger than {MAX_CA_FILE} bytes"
+        ));
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(&pem) {
+        let cert = cert.map_err(|e| format!("compute-ca {path}: {e}"))?;
+        roots
+            .add(cert)
+            .map_err(|e| format!("compute-ca {path}: {e}"))?;
+    }
+    if roots.is_empty() {
+        return Err(format!("compute-ca {path}: no certificate"));
+    }
+    Ok(roots)
+}
+
+impl std::fmt::Display for AnyMetadata {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Service(m) => f.write_str(m.base_url()),
+            Self::Gce(m) => {
+                let c = m.config();
+                write!(
+                    f,
+                    "gce://{}/{} (API {})",
+                    c.project.as_str(),
+                    c.cluster.as_str(),
+                    c.compute_api
+                )
+            }
+        }
+    }
+}
+
+impl Metadata for AnyMetadata {
+    async fn self_instance(&self) -> Result<InstanceMetadata, MetadataError> {
+        match self {
+            Self::Service(m) => m.self_instance().await,
+            Self::Gce(m) => m.self_instance().await,
+        }
+    }
+
+    async fn list(&self) -> Result<Vec<InstanceMetadata>, MetadataError> {
+        match self {
+            Self::Service(m) => m.list().await,
+            Self::Gce(m) => m.list().await,
+        }
+    }
+
+    async fn control_plane_endpoint(&self) -> Result<String, MetadataError> {
+        match self {
+            Self::Service(m) => m.control_plane_endpoint().await,
+            Self::Gce(m) => m.control_plane_endpoint().await,
+        }
+    }
+
+    async fn init_secret_hash(&self) -> Result<String, MetadataError> {
+        match self {
+            Self::Service(m) => m.init_secret_hash().await,
+            Self::Gce(m) => m.init_secret_hash().await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn the_url_names_the_service_or_a_gce_cluster() {
+        assert!(matches!(
+            AnyMetadata::from_url("http://10.0.0.254:8080").unwrap(),
+            AnyMetadata::Service(_)
+        ));
+        let gce = AnyMetadata::from_url("gce://my-project/prod").unwrap();
+        assert_eq!(
+            gce.to_string(),
+            "gce://my-project/prod (API https://compute.googleapis.com)"
+        );
+        for bad in [
+            "gce://my-project",
+            "gce://My-Project/prod",
+            "gce://my-project/Prod",
+            "gce://my-project/prod?compute=http://compute.googleapis.com",
+            "gce://my-project/prod?zone=x",
+            "gce://my-project/prod?compute-ca=/nonexistent",
+            "ftp://x",
+        ] {
+            assert!(AnyMetadata::from_url(bad).is_err(), "{bad}");
+        }
+    }
+}

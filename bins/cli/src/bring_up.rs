@@ -47,7 +47,8 @@ pub struct Args {
     #[arg(long, value_name = "SECONDS", default_value_t = 300)]
     pub bring_up_timeout_secs: u64,
     /// Where the deployed join service learns which node an address is, and its role (its
-    /// `--metadata-url`: `http://HOST:PORT`, or `gce://PROJECT/CLUSTER` on GCE). Needed for the bring-up; the manifests written with
+    /// `--metadata-url`: `http://HOST:PORT`, `gce://PROJECT/CLUSTER` on GCE, or
+    /// `file:ROSTER.json`, the owner's roster, which is deployed with the service). Needed for the bring-up; the manifests written with
     /// --skip-bring-up leave it out (the join service then assumes the local cluster's).
     #[arg(long, value_name = "URL")]
     pub metadata_url: Option<String>,
@@ -74,11 +75,15 @@ impl Args {
         match (&self.metadata_url, self.skip()) {
             (Some(url), _) => {
                 // What the join service takes (docs/metadata.md): the metadata service over
-                // plain HTTP, or a GCE project's cluster. The service checks the rest at start.
-                if !(url.starts_with("http://") || url.starts_with("gce://")) {
+                // plain HTTP, a GCE project's cluster, or the owner's roster, which
+                // `deployed_metadata_url` ships. The service checks the rest at start.
+                if !["http://", "gce://", "file:"]
+                    .iter()
+                    .any(|scheme| url.starts_with(scheme))
+                {
                     anyhow::bail!(
-                        "--metadata-url {url:?} is neither the metadata service (http://HOST:PORT) \
-                         nor a GCE cluster (gce://PROJECT/CLUSTER)"
+                        "--metadata-url {url:?} is neither the metadata service (http://HOST:PORT), \
+                         a GCE cluster (gce://PROJECT/CLUSTER) nor a roster (file:PATH)"
                     );
                 }
                 Ok(Some(url.clone()))
@@ -104,6 +109,31 @@ impl Args {
     pub fn images(&self) -> Images {
         Images::from_repository(&self.image_repository, &self.image_tag)
     }
+}
+
+/// The name of the owner's roster among the join service's trust files.
+pub const ROSTER_FILE: &str = "roster.json";
+/// Largest roster shipped: a ConfigMap holds at most 1 MiB in all.
+const MAX_ROSTER: u64 = 512 * 1024;
+
+/// The deployed join service's `--metadata-url` for `url`. A roster (`file:PATH`, a path
+/// on this machine) is read, checked as the join service will check it, and shipped among
+/// its trust files; the service then reads it from there. Other URLs go as they are.
+pub fn deployed_metadata_url(
+    url: Option<String>,
+    trust: &mut JoinServiceTrust,
+) -> Result<Option<String>> {
+    let Some(path) = url.as_deref().and_then(|u| u.strip_prefix("file:")) else {
+        return Ok(url);
+    };
+    let bytes = asterism_binkit::read_capped(Path::new(path), MAX_ROSTER)
+        .with_context(|| format!("the roster {path}"))?;
+    asterism_metadata::MetadataConfig::from_json(&bytes)
+        .with_context(|| format!("the roster {path}"))?;
+    let text =
+        String::from_utf8(bytes).with_context(|| format!("the roster {path} is not text"))?;
+    trust.files.insert(ROSTER_FILE.to_owned(), text);
+    Ok(Some(format!("file:{TRUST_DIR}/{ROSTER_FILE}")))
 }
 
 /// The name of the platform CA's file among the join service's trust files.
@@ -331,6 +361,36 @@ mod tests {
     }
 
     #[test]
+    fn a_roster_is_checked_then_shipped_with_the_join_service_and_other_urls_go_as_they_are() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("roster.json");
+        let good = r#"{"instances":[{"Name":"cp-0","Role":"ControlPlane","VPCIP":"10.0.0.2"}]}"#;
+        std::fs::write(&path, good).unwrap();
+        let mut trust = JoinServiceTrust::default();
+        let url = deployed_metadata_url(Some(format!("file:{}", path.display())), &mut trust)
+            .unwrap()
+            .unwrap();
+        assert_eq!(url, "file:/var/trust/roster.json");
+        assert_eq!(trust.files[ROSTER_FILE], good);
+
+        // Two instances at one address: refused here, before anything is deployed.
+        std::fs::write(
+            &path,
+            r#"{"instances":[{"Name":"a","VPCIP":"10.0.0.2"},{"Name":"b","VPCIP":"10.0.0.2"}]}"#,
+        )
+        .unwrap();
+        let mut trust = JoinServiceTrust::default();
+        let err = deployed_metadata_url(Some(format!("file:{}", path.display())), &mut trust)
+            .unwrap_err();
+        assert!(format!("{err:#}").contains("10.0.0.2"), "{err:#}");
+        assert!(trust.files.is_empty());
+
+        let gce = Some("gce://p/c".to_owned());
+        assert_eq!(deployed_metadata_url(gce.clone(), &mut trust).unwrap(), gce);
+        assert!(trust.files.is_empty());
+    }
+
+    #[test]
     fn the_bring_up_needs_the_join_services_metadata_url() {
         let mut args = Args::skipped("test");
         assert_eq!(
@@ -346,7 +406,11 @@ mod tests {
         assert!(args.metadata_url().is_err(), "a URL, with its scheme");
         args.metadata_url = Some("https://10.0.0.254:8080".into());
         assert!(args.metadata_url().is_err(), "the service is plain HTTP");
-        for url in ["http://10.0.0.254:8080", "gce://my-project/prod"] {
+        for url in [
+            "http://10.0.0.254:8080",
+            "gce://my-project/prod",
+            "file:roster.json",
+        ] {
             args.metadata_url = Some(url.into());
             assert_eq!(args.metadata_url().unwrap().as_deref(), Some(url));
         }

@@ -213,13 +213,15 @@ pub fn deployment_spec(
     measurements: &asterism_attestation::Measurements,
     measurement_salt: &[u8],
 ) -> Result<DeploymentSpec> {
+    let mut trust = bring_up::join_service_trust(&args.trust.ak)?;
+    let metadata_url = bring_up::deployed_metadata_url(after.metadata_url()?, &mut trust)?;
     Ok(DeploymentSpec {
         images: after.images(),
         attestation_config: measurements.to_json(),
         measurement_salt: <[u8; MEASUREMENT_SALT_LEN]>::try_from(measurement_salt)
             .context("the measurement salt")?,
-        trust: bring_up::join_service_trust(&args.trust.ak)?,
-        metadata_url: after.metadata_url()?,
+        trust,
+        metadata_url,
     })
 }
 

@@ -2,11 +2,13 @@
 //! program that takes it.
 
 use crate::gce::{ClusterLabel, GceConfig, GceMetadata, ProjectId};
-use crate::{HttpMetadata, InstanceMetadata, Metadata, MetadataError};
+use crate::instance::control_plane_endpoint;
+use crate::{ConfigError, HttpMetadata, InstanceMetadata, Metadata, MetadataConfig, MetadataError};
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject as _;
 use std::io::Read as _;
 use std::net::IpAddr;
+use std::path::PathBuf;
 
 /// Largest `compute-ca` file read.
 const MAX_CA_FILE: u64 = 1024 * 1024;
@@ -18,7 +20,11 @@ const MAX_CA_FILE: u64 = 1024 * 1024;
 ///   `asterism-cluster=CLUSTER` ([`crate::gce`]). Optional query parameters, for a private
 ///   endpoint or a test: `compute=https://…` (the API), `compute-ca=PATH` (a PEM bundle of
 ///   the roots the API's certificate must chain to, in place of the public roots),
-///   `metadata-server=http://…`.
+///   `metadata-server=http://…`;
+/// * `file:PATH`: the owner's roster, a file in the metadata service's configuration format
+///   (docs/metadata.md), read again for every question, so that a roster the owner updates
+///   counts from the next request. It names no instance as "this node": it is for the join
+///   service, whose decisions need only the list, not for a node's bootstrapper.
 #[derive(Debug, Clone)]
 #[allow(clippy::large_enum_variant)] // one per program, made once at start
 pub enum AnyMetadata {
@@ -26,6 +32,8 @@ pub enum AnyMetadata {
     Service(HttpMetadata),
     /// GCE.
     Gce(GceMetadata),
+    /// The owner's roster file.
+    Roster(PathBuf),
 }
 
 impl AnyMetadata {
@@ -35,6 +43,12 @@ impl AnyMetadata {
             url: url.to_owned(),
             reason,
         };
+        if let Some(path) = url.strip_prefix("file:") {
+            if !path.starts_with('/') {
+                return Err(invalid("file:PATH needs an absolute path".into()));
+            }
+            return Ok(Self::Roster(PathBuf::from(path)));
+        }
         let Some(rest) = url.strip_prefix("gce://") else {
             return HttpMetadata::new(url).map(Self::Service);
         };
@@ -62,6 +76,21 @@ impl AnyMetadata {
             }
         }
         GceMetadata::new(config).map(Self::Gce)
+    }
+
+    /// The roster at `path`, read and checked (off the runtime's threads: a file read).
+    async fn roster(path: &std::path::Path) -> Result<MetadataConfig, MetadataError> {
+        let owned = path.to_owned();
+        tokio::task::spawn_blocking(move || MetadataConfig::load(&owned))
+            .await
+            .map_err(|e| MetadataError::Roster {
+                path: path.to_owned(),
+                source: ConfigError::Invalid(format!("the read did not finish: {e}")),
+            })?
+            .map_err(|source| MetadataError::Roster {
+                path: path.to_owned(),
+                source,
+            })
     }
 
     /// Replaces the metadata service's per-call deadline. GCE's calls keep theirs
@@ -113,6 +142,7 @@ impl std::fmt::Display for AnyMetadata {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Service(m) => f.write_str(m.base_url()),
+            Self::Roster(path) => write!(f, "file:{}", path.display()),
             Self::Gce(m) => {
                 let c = m.config();
                 write!(
@@ -132,6 +162,14 @@ impl Metadata for AnyMetadata {
         match self {
             Self::Service(m) => m.self_instance().await,
             Self::Gce(m) => m.self_instance().await,
+            Self::Roster(path) => Err(MetadataError::Roster {
+                path: path.clone(),
+                source: ConfigError::Invalid(
+                    "a roster names no instance as this node; a node's bootstrapper needs the \
+                     metadata service or its cloud's"
+                        .into(),
+                ),
+            }),
         }
     }
 
@@ -139,6 +177,7 @@ impl Metadata for AnyMetadata {
         match self {
             Self::Service(m) => m.list().await,
             Self::Gce(m) => m.list().await,
+            Self::Roster(path) => Ok(Self::roster(path).await?.instances),
         }
     }
 
@@ -146,6 +185,12 @@ impl Metadata for AnyMetadata {
         match self {
             Self::Service(m) => m.control_plane_endpoint().await,
             Self::Gce(m) => m.control_plane_endpoint().await,
+            Self::Roster(path) => control_plane_endpoint(&Self::roster(path).await?.instances)
+                .map(str::to_owned)
+                .ok_or(MetadataError::Status {
+                    path: "/endpoint",
+                    status: 404,
+                }),
         }
     }
 
@@ -153,6 +198,7 @@ impl Metadata for AnyMetadata {
         match self {
             Self::Service(m) => m.init_secret_hash().await,
             Self::Gce(m) => m.init_secret_hash().await,
+            Self::Roster(path) => Ok(Self::roster(path).await?.init_secret_hash),
         }
     }
 }
@@ -168,6 +214,12 @@ mod tests {
             AnyMetadata::from_url("http://10.0.0.254:8080").unwrap(),
             AnyMetadata::Service(_)
         ));
+        assert_eq!(
+            AnyMetadata::from_url("file:/var/trust/roster.json")
+                .unwrap()
+                .to_string(),
+            "file:/var/trust/roster.json"
+        );
         let gce = AnyMetadata::from_url("gce://my-project/prod").unwrap();
         assert_eq!(
             gce.to_string(),
@@ -181,6 +233,7 @@ mod tests {
             "gce://my-project/prod?zone=x",
             "gce://my-project/prod?compute-ca=/nonexistent",
             "ftp://x",
+            "file:relative/roster.json",
         ] {
             assert!(AnyMetadata::from_url(bad).is_err(), "{bad}");
         }

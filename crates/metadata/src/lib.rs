@@ -106,6 +106,15 @@ pub enum MetadataError {
         /// The request path.
         path: &'static str,
     },
+    /// The owner's roster file (`file:PATH`) cannot be read or is refused.
+    #[error("the roster {} is unusable", path.display())]
+    Roster {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: ConfigError,
+    },
     /// The response parsed, but says something unusable: a partial or ambiguous listing,
     /// a token that is not a bearer token, an answer without the header its server sends.
     #[error("metadata response to GET {path} is refused: {reason}")]

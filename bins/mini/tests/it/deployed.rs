@@ -793,9 +793,42 @@ fn the_node_image_runs_its_bootstrapper_in_the_node_directory_the_manifests_assu
 
 #[test]
 fn the_deployed_services_run_as_deployed_and_admit_a_worker_that_verifies_the_join_service() {
+    deployed_services_admit_a_worker(NET, |cluster| format!("http://{}", cluster.metadata_addr));
+}
+
+/// With the owner's roster (`asterism init --metadata-url file:…`), the join service reads
+/// who a node is and its role from the roster deployed with it, not from the network.
+#[test]
+fn with_the_owners_roster_the_deployed_join_service_reads_roles_from_it() {
+    // A network of its own: the two tests may run at once.
+    let applied = deployed_services_admit_a_worker(48, |cluster| {
+        format!("file:{}", cluster.dir.join("metadata.json").display())
+    });
+    let join = applied.find("DaemonSet", "join-service").unwrap();
+    let args = strings(&join["spec"]["template"]["spec"]["containers"][0]["args"]);
+    assert!(
+        args.contains(&"--metadata-url=file:/var/trust/roster.json".to_owned()),
+        "{args:?}"
+    );
+    let trust = applied.find("ConfigMap", "join-service-trust").unwrap();
+    assert!(
+        trust["data"]["roster.json"]
+            .as_str()
+            .unwrap()
+            .contains("worker-0")
+    );
+}
+
+/// Deploys what `asterism init --metadata-url URL` deploys (URL from the cluster) into a
+/// recording API server, runs its containers as processes, and joins a worker through
+/// them. Returns what was applied.
+fn deployed_services_admit_a_worker(
+    net: u8,
+    metadata_url: impl FnOnce(&LocalCluster) -> String,
+) -> Applied {
     let tmp = tempfile::tempdir().unwrap();
     let rt = runtime();
-    let cluster = LocalCluster::create(&tmp.path().join("c"), 1, NET, bins()).unwrap();
+    let cluster = LocalCluster::create(&tmp.path().join("c"), 1, net, bins()).unwrap();
     let _down = Teardown(&cluster);
     let (_, (_, exit)) = rt.block_on(cluster.init()).unwrap();
     assert_eq!(exit, "ok", "the control plane is initialised");
@@ -805,7 +838,7 @@ fn the_deployed_services_run_as_deployed_and_admit_a_worker_that_verifies_the_jo
     let mut after = bring_up::Args::skipped("");
     after.skip_reason = None;
     after.skip_bring_up = false;
-    after.metadata_url = Some(format!("http://{}", cluster.metadata_addr));
+    after.metadata_url = Some(metadata_url(&cluster));
     let init = cluster.init_args();
     let spec = asterism::init::deployment_spec(
         &init,
@@ -896,6 +929,7 @@ fn the_deployed_services_run_as_deployed_and_admit_a_worker_that_verifies_the_jo
     for pod in &mut pods {
         assert!(!pod.process.has_exited(), "{} still runs", pod.name);
     }
+    applied
 }
 
 /// The deployment of a spec like the golden files', as the API server receives it, and a

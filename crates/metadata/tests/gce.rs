@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use asterism_metadata::{AnyMetadata, Metadata, MetadataError, Role};
 use asterism_testkit::cloud::{
-    GceProject, answer, gce_api_instance, gce_compute, gce_identity, serve, serve_https,
+    GceProject, Handler, answer, gce_api_instance, gce_compute, gce_identity, serve, serve_https,
 };
 use http::StatusCode;
 
@@ -54,7 +54,13 @@ struct Cloud {
 impl Cloud {
     async fn start(project: GceProject, me: &str) -> Self {
         let project = Arc::new(project);
-        let (api, ca_pem) = serve_https(gce_compute(project.clone())).await;
+        let api = gce_compute(project.clone());
+        Self::start_with(project, api, me).await
+    }
+
+    /// A cloud whose API answers with `api` (the metadata server is the stand-in's).
+    async fn start_with(project: Arc<GceProject>, api: Handler, me: &str) -> Self {
+        let (api, ca_pem) = serve_https(api).await;
         let metadata_server = serve(gce_identity(project.clone(), me, Some(HASH))).await;
         let ca = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(ca.path(), ca_pem).unwrap();
@@ -301,4 +307,95 @@ async fn an_answer_that_is_not_the_metadata_servers_or_not_a_bearer_token_is_ref
         refused(&m.list().await.unwrap_err(), why);
     }
     assert!(project.calls.lock().unwrap().is_empty());
+}
+
+/// A compute API that answers every call with `body` (status 200, JSON).
+fn answering(body: String) -> Handler {
+    Arc::new(move |_| {
+        answer(
+            StatusCode::OK,
+            &[("content-type", "application/json")],
+            body.clone(),
+        )
+    })
+}
+
+fn page_of(instances: serde_json::Value) -> serde_json::Value {
+    serde_json::json!({"items": {"zones/europe-west3-a": {"instances": instances}}})
+}
+
+#[tokio::test]
+async fn a_hostile_api_answer_is_refused_whole() {
+    let project = Arc::new(GceProject::new("my-project", vec![]));
+    let mut nameless = cp("", "10.0.0.2");
+    nameless["name"] = "".into();
+    let mut no_address = cp("cp-0", "10.0.0.2");
+    no_address["networkInterfaces"] = serde_json::json!([]);
+    let mut next_smuggles_a_filter = page_of(serde_json::json!([cp("cp-0", "10.0.0.2")]));
+    next_smuggles_a_filter["nextPageToken"] = "x&filter=labels.asterism-cluster%3Dother".into();
+    let mut next_too_long = page_of(serde_json::json!([cp("cp-0", "10.0.0.2")]));
+    next_too_long["nextPageToken"] = "x".repeat(1025).into();
+    let cases = [
+        (page_of(serde_json::json!([nameless])), "without a name"),
+        (page_of(serde_json::json!([no_address])), "no address"),
+        (next_smuggles_a_filter, "next page's token"),
+        (next_too_long, "next page's token"),
+    ];
+    for (body, why) in cases {
+        let cloud = Cloud::start_with(project.clone(), answering(body.to_string()), "cp-0").await;
+        refused(&cloud.metadata().list().await.unwrap_err(), why);
+    }
+}
+
+#[tokio::test]
+async fn answers_larger_than_their_caps_are_refused() {
+    use asterism_metadata::gce::{MAX_PAGE_LEN, MAX_TEXT_ANSWER};
+    let project = Arc::new(GceProject::new("my-project", vec![]));
+    // A page one byte over the cap (valid JSON, padded with spaces), and one at the cap.
+    let page = page_of(serde_json::json!([cp("cp-0", "10.0.0.2")])).to_string();
+    for (len, refused) in [(MAX_PAGE_LEN + 1, true), (MAX_PAGE_LEN, false)] {
+        let body = format!("{page}{}", " ".repeat(len - page.len()));
+        let cloud = Cloud::start_with(project.clone(), answering(body), "cp-0").await;
+        let result = cloud.metadata().list().await;
+        match result {
+            Err(MetadataError::BodyTooLarge { cap, .. }) => {
+                assert!(refused);
+                assert_eq!(cap, MAX_PAGE_LEN);
+            }
+            Ok(list) => assert!(!refused && list.len() == 1),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    // The metadata server's answers: a name one byte over its cap.
+    let name = "n".repeat(MAX_TEXT_ANSWER + 1);
+    let metadata_server = serve(gce_identity(project.clone(), &name, None)).await;
+    let m = AnyMetadata::from_url(&format!(
+        "gce://my-project/prod?metadata-server=http://{metadata_server}"
+    ))
+    .unwrap();
+    let err = m.self_instance().await.unwrap_err();
+    assert!(
+        matches!(err, MetadataError::BodyTooLarge { cap, .. } if cap == MAX_TEXT_ANSWER),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_compute_ca_file_larger_than_its_cap_or_without_a_certificate_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("big.pem");
+    std::fs::write(&big, vec![b'\n'; 1024 * 1024 + 1]).unwrap();
+    let empty = dir.path().join("empty.pem");
+    std::fs::write(&empty, vec![b'\n'; 1024 * 1024]).unwrap();
+    for (path, why) in [(&big, "larger than"), (&empty, "no certificate")] {
+        let err = AnyMetadata::from_url(&format!(
+            "gce://my-project/prod?compute-ca={}",
+            path.display()
+        ))
+        .unwrap_err();
+        assert!(
+            err.to_string().contains(why) || format!("{err:?}").contains(why),
+            "{err:?}"
+        );
+    }
 }

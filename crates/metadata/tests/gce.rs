@@ -345,6 +345,14 @@ async fn a_hostile_api_answer_is_refused_whole() {
         let cloud = Cloud::start_with(project.clone(), answering(body.to_string()), "cp-0").await;
         refused(&cloud.metadata().list().await.unwrap_err(), why);
     }
+    // A token of exactly 1 KiB is followed; an API that never stops paging is cut off.
+    let mut endless = page_of(serde_json::json!([]));
+    endless["nextPageToken"] = "x".repeat(1024).into();
+    let cloud = Cloud::start_with(project.clone(), answering(endless.to_string()), "cp-0").await;
+    refused(
+        &cloud.metadata().list().await.unwrap_err(),
+        "more than 16 pages",
+    );
 }
 
 #[tokio::test]

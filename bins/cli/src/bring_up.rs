@@ -74,17 +74,17 @@ impl Args {
     pub fn metadata_url(&self) -> anyhow::Result<Option<String>> {
         match (&self.metadata_url, self.skip()) {
             (Some(url), _) => {
-                // What the join service takes (docs/metadata.md): the metadata service over
-                // plain HTTP, a GCE project's cluster, or the owner's roster, which
-                // `deployed_metadata_url` ships. The service checks the rest at start.
-                if !["http://", "gce://", "file:"]
-                    .iter()
-                    .any(|scheme| url.starts_with(scheme))
-                {
-                    anyhow::bail!(
-                        "--metadata-url {url:?} is neither the metadata service (http://HOST:PORT), \
-                         a GCE cluster (gce://PROJECT/CLUSTER) nor a roster (file:PATH)"
-                    );
+                // What the join service takes (docs/metadata.md), checked by its own
+                // parser: the metadata service over plain HTTP, or a GCE project's cluster;
+                // or the owner's roster, a file here, which `deployed_metadata_url` ships.
+                if !url.starts_with("file:") {
+                    asterism_metadata::AnyMetadata::check_url(url).with_context(|| {
+                        format!(
+                            "--metadata-url {url:?}: neither the metadata service \
+                             (http://HOST:PORT), a GCE cluster (gce://PROJECT/CLUSTER) nor a \
+                             roster (file:PATH)"
+                        )
+                    })?;
                 }
                 Ok(Some(url.clone()))
             }
@@ -406,6 +406,11 @@ mod tests {
         assert!(args.metadata_url().is_err(), "a URL, with its scheme");
         args.metadata_url = Some("https://10.0.0.254:8080".into());
         assert!(args.metadata_url().is_err(), "the service is plain HTTP");
+        args.metadata_url = Some("gce://My-Project/prod".into());
+        assert!(
+            args.metadata_url().is_err(),
+            "checked as the service checks it"
+        );
         for url in [
             "http://10.0.0.254:8080",
             "gce://my-project/prod",

@@ -28,6 +28,8 @@ pub enum DenyReason {
     SecondDisk,
     /// A member came back with another attestation key and was not re-admitted.
     MemberKeyChanged,
+    /// A member asked for another role than it was admitted in, and was not re-admitted.
+    MemberRoleChanged,
     /// The attestation key is a member under another name.
     KeyIsAnotherMember,
     /// The SSH host certificate would name a host the peer is not.
@@ -46,6 +48,7 @@ impl DenyReason {
             Self::DiskUnbound => "disk_unbound",
             Self::SecondDisk => "second_disk",
             Self::MemberKeyChanged => "member_key_changed",
+            Self::MemberRoleChanged => "member_role_changed",
             Self::KeyIsAnotherMember => "key_is_another_member",
             Self::PrincipalNotAllowed => "principal_not_allowed",
         }

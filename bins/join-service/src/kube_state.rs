@@ -6,7 +6,7 @@ use crate::error::chain;
 use crate::release::{ClusterRelease, ReleaseError};
 use crate::state::{
     Admission, ClusterState, Member, StateError, TOKEN_MIN_REMAINING, TOKEN_TTL, init_node_ak,
-    is_ak,
+    is_ak, role_refusal,
 };
 use asterism_attestation::AkFingerprint;
 use asterism_cluster::{ExpiringToken, InitNode, Role};
@@ -245,12 +245,21 @@ impl ClusterState for KubeState {
         }
     }
 
-    async fn check_member(&self, name: &str, ak: &AkFingerprint) -> Result<(), StateError> {
+    async fn check_member(
+        &self,
+        name: &str,
+        ak: &AkFingerprint,
+        role: Role,
+    ) -> Result<(), StateError> {
         match self.api.member(name).await.map_err(state_error)? {
             Some(m) if !m.accepts(&ak.to_string()) => Err(StateError::MemberKeyChanged {
                 name: name.to_owned(),
             }),
-            _ => self.key_free_for(&ak.to_string(), name).await,
+            Some(m) => match role_refusal(name, &m.role, m.readmit, role) {
+                Some(refused) => Err(refused),
+                None => self.key_free_for(&ak.to_string(), name).await,
+            },
+            None => self.key_free_for(&ak.to_string(), name).await,
         }
     }
 
@@ -295,7 +304,7 @@ impl ClusterState for KubeState {
     /// control-plane join in progress refuses before a token is minted), the token, and the
     /// member record last.
     async fn admit(&self, a: Admission) -> Result<ExpiringToken, StateError> {
-        self.check_member(&a.name, &a.ak).await?;
+        self.check_member(&a.name, &a.ak, a.role).await?;
         self.check_disk(&a.disk, &a.ak, &a.name).await?;
         let ak = a.ak.to_string();
         self.api

@@ -126,6 +126,7 @@ impl<T: Send> PendingWrite for Pending<T> {
                 e @ (StateError::DiskBoundToOtherKey { .. }
                 | StateError::SecondDisk { .. }
                 | StateError::MemberKeyChanged { .. }
+                | StateError::MemberRoleChanged { .. }
                 | StateError::KeyIsAnotherMember { .. }
                 | StateError::NoSuchMember { .. }),
             ) => self.outcome = Some(Err(e)),
@@ -449,10 +450,8 @@ fn record_member_in(
 fn admit_in(t: &mut Tables<'_>, a: &Admission) -> Result<ExpiringToken, StateError> {
     let now = unix(a.now);
     let previous = member_in(&t.members, &a.name)?;
-    if let Some(p) = previous.as_ref().filter(|p| !p.accepts(&a.ak)) {
-        return Err(StateError::MemberKeyChanged {
-            name: p.name.clone(),
-        });
+    if let Some(refused) = previous.as_ref().and_then(|p| p.refusal(&a.ak, a.role)) {
+        return Err(refused);
     }
     key_free_for(&t.ak_members, &a.ak, &a.name)?;
     let readmitted = previous.as_ref().is_some_and(|p| p.readmit);
@@ -563,14 +562,19 @@ impl ClusterState for RedbState {
         .await
     }
 
-    async fn check_member(&self, name: &str, ak: &AkFingerprint) -> Result<(), StateError> {
+    async fn check_member(
+        &self,
+        name: &str,
+        ak: &AkFingerprint,
+        role: Role,
+    ) -> Result<(), StateError> {
         let (name, ak) = (name.to_owned(), *ak);
         self.blocking(move |db| {
             let read = db.begin_read().map_err(store)?;
             let table = read.open_table(MEMBERS).map_err(store)?;
-            match member_in(&table, &name)? {
-                Some(m) if !m.accepts(&ak) => Err(StateError::MemberKeyChanged { name }),
-                _ => key_free_for(&read.open_table(AK_MEMBERS).map_err(store)?, &ak, &name),
+            match member_in(&table, &name)?.and_then(|m| m.refusal(&ak, role)) {
+                Some(refused) => Err(refused),
+                None => key_free_for(&read.open_table(AK_MEMBERS).map_err(store)?, &ak, &name),
             }
         })
         .await
@@ -780,18 +784,49 @@ mod tests {
         }
         let s = RedbState::open(dir.path()).unwrap();
         assert!(matches!(
-            s.check_member("m", &fp("ak-a")).await,
+            s.check_member("m", &fp("ak-a"), Role::Worker).await,
             Err(StateError::KeyIsAnotherMember { .. })
         ));
-        s.check_member("n", &fp("ak-a")).await.unwrap();
+        s.check_member("n", &fp("ak-a"), Role::Worker)
+            .await
+            .unwrap();
         // n's machine is replaced: ak-b takes n over, and ak-a is no member any more.
         s.allow_readmission("n").await.unwrap();
         s.admit(admission("n", "ak-b", D2, now)).await.unwrap();
-        s.check_member("m", &fp("ak-a")).await.unwrap();
+        s.check_member("m", &fp("ak-a"), Role::Worker)
+            .await
+            .unwrap();
         assert!(matches!(
-            s.check_member("m", &fp("ak-b")).await,
+            s.check_member("m", &fp("ak-b"), Role::Worker).await,
             Err(StateError::KeyIsAnotherMember { .. })
         ));
+    }
+
+    #[tokio::test]
+    async fn a_member_keeps_its_role_until_an_operator_readmits_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = RedbState::open(dir.path()).unwrap();
+        let now = UNIX_EPOCH + Duration::from_secs(5_000_000);
+        s.admit(admission("n", "ak-a", D1, now)).await.unwrap();
+        // Same key, same disk, the metadata now says control plane: refused, both by the
+        // check and by the admission's transaction, which writes nothing.
+        let as_cp = Admission {
+            role: Role::ControlPlane,
+            ..admission("n", "ak-a", D1, now)
+        };
+        let refused = |r: Result<(), StateError>| matches!(r, Err(StateError::MemberRoleChanged { ref was, asked: Role::ControlPlane, .. }) if was == "Worker");
+        assert!(refused(
+            s.check_member("n", &fp("ak-a"), Role::ControlPlane).await
+        ));
+        assert!(refused(s.admit(as_cp.clone()).await.map(|_| ())));
+        assert_eq!(s.members().await.unwrap()[0].role, "Worker");
+        // An operator re-admits the node: its next ticket may come in the new role.
+        s.allow_readmission("n").await.unwrap();
+        s.check_member("n", &fp("ak-a"), Role::ControlPlane)
+            .await
+            .unwrap();
+        s.admit(as_cp).await.unwrap();
+        assert_eq!(s.members().await.unwrap()[0].role, "ControlPlane");
     }
 
     #[tokio::test]
@@ -800,10 +835,14 @@ mod tests {
         let s = RedbState::open(dir.path()).unwrap();
         let now = UNIX_EPOCH + Duration::from_secs(5_000_000);
         s.admit(admission("n", "ak-a", D1, now)).await.unwrap();
-        s.check_member("n", &fp("ak-a")).await.unwrap();
-        s.check_member("other", &fp("ak-b")).await.unwrap();
+        s.check_member("n", &fp("ak-a"), Role::Worker)
+            .await
+            .unwrap();
+        s.check_member("other", &fp("ak-b"), Role::Worker)
+            .await
+            .unwrap();
         assert!(matches!(
-            s.check_member("n", &fp("ak-b")).await,
+            s.check_member("n", &fp("ak-b"), Role::Worker).await,
             Err(StateError::MemberKeyChanged { .. })
         ));
         assert!(matches!(
@@ -823,7 +862,9 @@ mod tests {
             Err(StateError::NoSuchMember { .. })
         ));
         assert!(s.allow_readmission("n").await.unwrap().readmit);
-        s.check_member("n", &fp("ak-b")).await.unwrap();
+        s.check_member("n", &fp("ak-b"), Role::Worker)
+            .await
+            .unwrap();
         s.admit(admission("n", "ak-b", D2, now + Duration::from_secs(1)))
             .await
             .unwrap();

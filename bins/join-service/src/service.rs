@@ -398,7 +398,7 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
             .map_err(state_error)?;
         self.inner
             .state
-            .check_member(&instance.name, &peer.ak)
+            .check_member(&instance.name, &peer.ak, instance.role)
             .await
             .map_err(state_error)?;
 
@@ -659,6 +659,12 @@ fn state_error(e: StateError) -> JoinError {
             reason: DenyReason::MemberKeyChanged,
             detail: format!(
                 "node {name} is a member with another attestation key; an operator must re-admit it (asterism readmit {name})"
+            ),
+        },
+        StateError::MemberRoleChanged { name, was, asked } => JoinError::Denied {
+            reason: DenyReason::MemberRoleChanged,
+            detail: format!(
+                "node {name} is a member as {was}, not {asked}; a change of role needs an operator to re-admit it (asterism readmit {name})"
             ),
         },
         StateError::KeyIsAnotherMember { member, .. } => JoinError::Denied {

@@ -39,6 +39,21 @@ pub enum StateError {
         /// The node.
         name: String,
     },
+    /// A member asked for another role than the one it was admitted in, and no operator
+    /// re-admitted it. A worker stays a worker whatever the metadata comes to say: a
+    /// worker that could change its own record (a cloud label it may set) cannot make
+    /// itself the control plane.
+    #[error(
+        "node {name} is a member as {was}, not {asked}; a change of role needs an operator to re-admit it (asterism readmit {name})"
+    )]
+    MemberRoleChanged {
+        /// The node.
+        name: String,
+        /// The role it was admitted in.
+        was: String,
+        /// The role it asked for.
+        asked: Role,
+    },
     /// The attestation key is a member under another name. One key is one node: a joined
     /// node's key may not take the name of a node that has not joined (a control-plane
     /// name among them), whatever address it asks from.
@@ -135,6 +150,27 @@ impl Member {
     pub fn accepts(&self, ak: &AkFingerprint) -> bool {
         is_ak(&self.ak, ak) || self.readmit
     }
+
+    /// Why a join ticket with `ak` in `role` may not update this record, if it may not:
+    /// another key, or another role than the one it was admitted in, unless an operator
+    /// re-admitted the node.
+    pub fn refusal(&self, ak: &AkFingerprint, role: Role) -> Option<StateError> {
+        if !self.accepts(ak) {
+            return Some(StateError::MemberKeyChanged {
+                name: self.name.clone(),
+            });
+        }
+        role_refusal(&self.name, &self.role, self.readmit, role)
+    }
+}
+
+/// Why member `name`, admitted as `was`, may not get a ticket in `role` (unless `readmit`).
+pub(crate) fn role_refusal(name: &str, was: &str, readmit: bool, role: Role) -> Option<StateError> {
+    (!readmit && was != role.to_string()).then(|| StateError::MemberRoleChanged {
+        name: name.to_owned(),
+        was: was.to_owned(),
+        asked: role,
+    })
 }
 
 /// Whether `stored`, an AK identity as the state keeps it (the fingerprint's hex, as
@@ -179,12 +215,14 @@ pub trait ClusterState: Send + Sync + 'static {
         ak: &AkFingerprint,
     ) -> impl Future<Output = Result<(), StateError>> + Send;
 
-    /// Succeeds if node `name` is no member, or a member that [`Member::accepts`] `ak`;
-    /// otherwise [`StateError::MemberKeyChanged`]. Writes nothing.
+    /// Succeeds if node `name` is no member, or a member that [`Member::refusal`] lets have
+    /// a ticket with `ak` in `role`; otherwise [`StateError::MemberKeyChanged`] or
+    /// [`StateError::MemberRoleChanged`]. Writes nothing.
     fn check_member(
         &self,
         name: &str,
         ak: &AkFingerprint,
+        role: Role,
     ) -> impl Future<Output = Result<(), StateError>> + Send;
 
     /// Records the init node: binds its disk to its AK and records it as a member, unless

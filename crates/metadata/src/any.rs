@@ -39,6 +39,17 @@ pub enum AnyMetadata {
 impl AnyMetadata {
     /// Parses `url` (type docs).
     pub fn from_url(url: &str) -> Result<Self, MetadataError> {
+        Self::parse(url, true)
+    }
+
+    /// Checks `url` as [`AnyMetadata::from_url`] does, for a program that will run
+    /// elsewhere (the CLI, for the join service it deploys): a `compute-ca` file is not read
+    /// here, only required to be an absolute path.
+    pub fn check_url(url: &str) -> Result<(), MetadataError> {
+        Self::parse(url, false).map(drop)
+    }
+
+    fn parse(url: &str, read_files: bool) -> Result<Self, MetadataError> {
         let invalid = |reason: String| MetadataError::InvalidUrl {
             url: url.to_owned(),
             reason,
@@ -67,7 +78,13 @@ impl AnyMetadata {
             match key {
                 "compute" => config.compute_api = value.to_owned(),
                 "metadata-server" => config.metadata_server = value.to_owned(),
-                "compute-ca" => config.compute_roots = read_roots(value).map_err(&invalid)?,
+                "compute-ca" if read_files => {
+                    config.compute_roots = read_roots(value).map_err(&invalid)?;
+                }
+                "compute-ca" if !value.starts_with('/') => {
+                    return Err(invalid("compute-ca needs an absolute path".into()));
+                }
+                "compute-ca" => {}
                 _ => {
                     return Err(invalid(format!(
                         "unknown parameter {key:?} (compute, compute-ca, metadata-server)"
@@ -236,6 +253,12 @@ mod tests {
             "file:relative/roster.json",
         ] {
             assert!(AnyMetadata::from_url(bad).is_err(), "{bad}");
+            if !bad.contains("compute-ca") {
+                assert!(AnyMetadata::check_url(bad).is_err(), "{bad}");
+            }
         }
+        // Checked for elsewhere: the CA file is that machine's, not read here.
+        AnyMetadata::check_url("gce://p/c?compute-ca=/etc/ssl/private-api-ca.pem").unwrap();
+        assert!(AnyMetadata::check_url("gce://p/c?compute-ca=ca.pem").is_err());
     }
 }

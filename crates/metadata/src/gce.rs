@@ -31,7 +31,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde::Deserialize;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -61,12 +61,27 @@ pub const MAX_PAGES: usize = 16;
 pub const MAX_TEXT_ANSWER: usize = 8 * 1024;
 /// A token is used until this long before it expires, then fetched again.
 pub const TOKEN_MARGIN: Duration = Duration::from_secs(60);
+/// The longest a token is kept, whatever its answer says: GCE's tokens last an hour.
+pub const TOKEN_MAX_LIFETIME: Duration = Duration::from_secs(3600);
+/// Deadline of a whole listing, every page: under the join service's 30 s per request, so
+/// that a slow API fails a request rather than letting none ever finish.
+pub const LIST_TIMEOUT: Duration = Duration::from_secs(20);
 
 const FLAVOR: (&str, &str) = ("metadata-flavor", "Google");
 /// <https://cloud.google.com/compute/docs/metadata/predefined-metadata-keys>
 const NAME_PATH: &str = "/computeMetadata/v1/instance/name";
 /// <https://cloud.google.com/compute/docs/access/authenticate-workloads#applications>
 const TOKEN_PATH: &str = "/computeMetadata/v1/instance/service-accounts/default/token";
+/// The access scopes of the instance's service account, one per line.
+/// <https://cloud.google.com/compute/docs/access/service-accounts#accesscopesiam>
+const SCOPES_PATH: &str = "/computeMetadata/v1/instance/service-accounts/default/scopes";
+/// Scopes that let the token change instances (their labels among them): refused, so that
+/// no node runs with a token that could make it the control plane.
+/// <https://developers.google.com/identity/protocols/oauth2/scopes#compute>
+pub const WRITE_SCOPES: [&str; 2] = [
+    "https://www.googleapis.com/auth/cloud-platform",
+    "https://www.googleapis.com/auth/compute",
+];
 /// <https://cloud.google.com/compute/docs/metadata/querying-metadata>
 const INIT_SECRET_HASH_PATH: &str =
     "/computeMetadata/v1/instance/attributes/asterism-init-secret-hash";
@@ -78,7 +93,7 @@ const ENDPOINT_PATH: &str =
     "/compute/v1/projects/{project}/aggregated/instances (a control-plane instance)";
 /// Only the fields used, so that a page stays small: the standard `fields` parameter.
 /// <https://cloud.google.com/compute/docs/api/how-tos/performance#partial-response>
-const FIELDS: &str = "items/*/instances(name,zone,labels,networkInterfaces(networkIP,aliasIpRanges)),nextPageToken,unreachables";
+const FIELDS: &str = "items/*/instances(name,zone,labels,networkInterfaces(networkIP,aliasIpRanges)),items/*/warning/code,nextPageToken,unreachables,warning/code";
 
 /// A GCE project ID: lowercase letters, digits, hyphens (and the `domain:` prefix of
 /// domain-scoped projects), starting with a letter.
@@ -211,12 +226,27 @@ struct Page {
     next_page_token: Option<String>,
     #[serde(default)]
     unreachables: Vec<String>,
+    warning: Option<Warning>,
 }
 
 #[derive(Deserialize)]
 struct Scope {
     #[serde(default)]
     instances: Vec<Instance>,
+    warning: Option<Warning>,
+}
+
+/// A listing's or a zone's warning: `UNREACHABLE` says the listing is partial.
+#[derive(Deserialize)]
+struct Warning {
+    #[serde(default)]
+    code: String,
+}
+
+impl Warning {
+    fn partial(w: Option<&Self>) -> bool {
+        w.is_some_and(|w| w.code == "UNREACHABLE")
+    }
 }
 
 /// <https://cloud.google.com/compute/docs/reference/rest/v1/instances>
@@ -365,6 +395,23 @@ impl GceMetadata {
         {
             return Ok(token);
         }
+        // A token that could relabel instances is refused before it is fetched: with it, a
+        // node could label itself the control plane (docs/metadata.md, "On GCE").
+        let scopes = self.metadata_text(SCOPES_PATH).await?;
+        if let Some(scope) = scopes
+            .lines()
+            .map(str::trim)
+            .find(|s| WRITE_SCOPES.contains(s))
+        {
+            return Err(MetadataError::Malformed {
+                path: SCOPES_PATH,
+                reason: format!(
+                    "the service account's token has scope {scope}, which may change instances \
+                     and their labels; give the VMs only the read-only scope \
+                     (gcloud compute instances create … --scopes=compute-ro)"
+                ),
+            });
+        }
         let body = Zeroizing::new(self.metadata_get(TOKEN_PATH).await?.to_vec());
         let answer: TokenAnswer =
             serde_json::from_slice(&body).map_err(|_| MetadataError::Malformed {
@@ -381,12 +428,23 @@ impl GceMetadata {
                 reason: "not a bearer token of printable characters".into(),
             });
         }
-        let lifetime = Duration::from_secs(answer.expires_in).saturating_sub(TOKEN_MARGIN);
+        let lifetime = Duration::from_secs(answer.expires_in)
+            .min(TOKEN_MAX_LIFETIME)
+            .saturating_sub(TOKEN_MARGIN);
         let token = Arc::new(AccessToken(answer.access_token));
-        if let Ok(mut cached) = self.0.token.lock() {
-            *cached = Some((token.clone(), Instant::now() + lifetime));
+        if let (Ok(mut cached), Some(until)) =
+            (self.0.token.lock(), Instant::now().checked_add(lifetime))
+        {
+            *cached = Some((token.clone(), until));
         }
         Ok(token)
+    }
+
+    /// Forgets the cached token (the API refused it), so that the next call fetches one.
+    fn forget_token(&self) {
+        if let Ok(mut cached) = self.0.token.lock() {
+            *cached = None;
+        }
     }
 
     /// One page of the cluster's instances.
@@ -436,7 +494,12 @@ impl GceMetadata {
             })?;
         let body = call::call(&self.0.compute, request, MAX_PAGE_LEN, CALL_TIMEOUT)
             .await
-            .map_err(|e| call_error(LIST_PATH, e))?;
+            .map_err(|e| {
+                if matches!(e, CallError::Status(401 | 403)) {
+                    self.forget_token();
+                }
+                call_error(LIST_PATH, e)
+            })?;
         serde_json::from_slice(&body).map_err(|source| MetadataError::Decode {
             path: LIST_PATH,
             source,
@@ -444,8 +507,12 @@ impl GceMetadata {
     }
 }
 
-/// The record of one listed instance; its labels decide its role.
-fn record(project: &ProjectId, i: Instance) -> Result<InstanceMetadata, MetadataError> {
+/// The record of one listed instance (its labels decide its role), and the addresses of
+/// all its interfaces.
+fn record(
+    project: &ProjectId,
+    i: Instance,
+) -> Result<(InstanceMetadata, Vec<IpAddr>), MetadataError> {
     let malformed = |reason: String| MetadataError::Malformed {
         path: LIST_PATH,
         reason,
@@ -454,6 +521,11 @@ fn record(project: &ProjectId, i: Instance) -> Result<InstanceMetadata, Metadata
     if i.name.is_empty() || zone.is_empty() {
         return Err(malformed("an instance without a name or zone".into()));
     }
+    let addresses: Vec<IpAddr> = i
+        .network_interfaces
+        .iter()
+        .filter_map(|n| n.network_ip.as_deref()?.parse().ok())
+        .collect();
     let nic = i.network_interfaces.into_iter().next();
     let ip = nic
         .as_ref()
@@ -470,7 +542,7 @@ fn record(project: &ProjectId, i: Instance) -> Result<InstanceMetadata, Metadata
         Some("worker") => Role::Worker,
         _ => Role::Unknown,
     };
-    Ok(InstanceMetadata {
+    let record = InstanceMetadata {
         provider_id: format!("gce://{}/{zone}/{}", project.as_str(), i.name),
         name: i.name,
         role,
@@ -484,7 +556,8 @@ fn record(project: &ProjectId, i: Instance) -> Result<InstanceMetadata, Metadata
                     .collect()
             })
             .unwrap_or_default(),
-    })
+    };
+    Ok((record, addresses))
 }
 
 fn call_error(path: &'static str, e: CallError) -> MetadataError {
@@ -493,6 +566,68 @@ fn call_error(path: &'static str, e: CallError) -> MetadataError {
         CallError::Status(status) => MetadataError::Status { path, status },
         CallError::TooLarge { cap } => MetadataError::BodyTooLarge { path, cap },
         CallError::Timeout { after } => MetadataError::Timeout { path, after },
+    }
+}
+
+impl GceMetadata {
+    /// Every page of the listing ([`Metadata::list`]).
+    async fn list_pages(&self) -> Result<Vec<InstanceMetadata>, MetadataError> {
+        let token = self.token().await?;
+        let malformed = |reason: String| MetadataError::Malformed {
+            path: LIST_PATH,
+            reason,
+        };
+        let mut out = Vec::new();
+        // Every address of every interface, to the instance that has it.
+        let mut owners: HashMap<IpAddr, String> = HashMap::new();
+        let mut next: Option<String> = None;
+        for _ in 0..MAX_PAGES {
+            let page = self.page(&token, next.as_deref()).await?;
+            let partial = Warning::partial(page.warning.as_ref())
+                || page
+                    .items
+                    .values()
+                    .any(|s| Warning::partial(s.warning.as_ref()));
+            if partial || !page.unreachables.is_empty() {
+                return Err(malformed(format!(
+                    "the listing is partial: unreachable {:?}",
+                    page.unreachables
+                )));
+            }
+            for scope in page.items.into_values() {
+                for instance in scope.instances {
+                    // The API filtered by the label; checked again here, so that a filter
+                    // the API ignored cannot add another cluster's instance.
+                    if instance.labels.get(CLUSTER_LABEL).map(String::as_str)
+                        != Some(self.0.config.cluster.as_str())
+                    {
+                        continue;
+                    }
+                    let (record, addresses) = record(&self.0.config.project, instance)?;
+                    for ip in addresses {
+                        let owner = owners.entry(ip).or_insert_with(|| record.name.clone());
+                        if *owner != record.name {
+                            return Err(malformed(format!("two instances have address {ip}")));
+                        }
+                    }
+                    out.push(record);
+                }
+            }
+            next = page.next_page_token.filter(|t| !t.is_empty());
+            if next.is_none() {
+                let mut names = HashSet::new();
+                if let Some(twice) = out.iter().find(|i| !names.insert(i.name.as_str())) {
+                    return Err(malformed(format!(
+                        "two instances are named {:?}",
+                        twice.name
+                    )));
+                }
+                return Ok(out);
+            }
+        }
+        Err(malformed(format!(
+            "more than {MAX_PAGES} pages of {PAGE_SIZE} instances"
+        )))
     }
 }
 
@@ -510,56 +645,15 @@ impl Metadata for GceMetadata {
             })
     }
 
-    /// The instances labelled with the cluster, every page; refused whole when partial,
-    /// too long, or ambiguous.
+    /// The instances labelled with the cluster, every page, within [`LIST_TIMEOUT`];
+    /// refused whole when partial, too long, or ambiguous.
     async fn list(&self) -> Result<Vec<InstanceMetadata>, MetadataError> {
-        let token = self.token().await?;
-        let malformed = |reason: String| MetadataError::Malformed {
-            path: LIST_PATH,
-            reason,
-        };
-        let mut out = Vec::new();
-        let mut next: Option<String> = None;
-        for _ in 0..MAX_PAGES {
-            let page = self.page(&token, next.as_deref()).await?;
-            if !page.unreachables.is_empty() {
-                return Err(malformed(format!(
-                    "the listing is partial: unreachable {:?}",
-                    page.unreachables
-                )));
-            }
-            for scope in page.items.into_values() {
-                for instance in scope.instances {
-                    // The API filtered by the label; checked again here, so that a filter
-                    // the API ignored cannot add another cluster's instance.
-                    if instance.labels.get(CLUSTER_LABEL).map(String::as_str)
-                        == Some(self.0.config.cluster.as_str())
-                    {
-                        out.push(record(&self.0.config.project, instance)?);
-                    }
-                }
-            }
-            next = page.next_page_token.filter(|t| !t.is_empty());
-            if next.is_none() {
-                let mut names = HashSet::new();
-                let mut ips = HashSet::new();
-                for i in &out {
-                    if !names.insert(i.name.as_str()) {
-                        return Err(malformed(format!("two instances are named {:?}", i.name)));
-                    }
-                    if !ips.insert(i.vpc_ip.as_str()) {
-                        return Err(malformed(format!(
-                            "two instances have address {}",
-                            i.vpc_ip
-                        )));
-                    }
-                }
-                return Ok(out);
-            }
-        }
-        Err(malformed(format!(
-            "more than {MAX_PAGES} pages of {PAGE_SIZE} instances"
-        )))
+        tokio::time::timeout(LIST_TIMEOUT, self.list_pages())
+            .await
+            .map_err(|_| MetadataError::Timeout {
+                path: LIST_PATH,
+                after: LIST_TIMEOUT,
+            })?
     }
 
     async fn control_plane_endpoint(&self) -> Result<String, MetadataError> {

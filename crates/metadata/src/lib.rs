@@ -20,8 +20,9 @@
 //!   that this library carries no argument parser or log subscriber.
 //!
 //! Metadata is **not** a security boundary on its own: it says who a node claims to be by
-//! its address. The join service combines it with attestation. This crate must never
-//! carry secrets (the init secret's *hash* is public by design).
+//! its address. The join service combines it with attestation. The only secret this crate
+//! holds is GCE's access token for the Compute Engine API, in a type that redacts and
+//! zeroes it (the init secret's *hash* is public by design).
 #![forbid(unsafe_code)]
 
 mod any;

@@ -407,3 +407,107 @@ fn a_compute_ca_file_larger_than_its_cap_or_without_a_certificate_is_refused() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_zone_the_api_could_not_reach_makes_the_listing_partial_and_refused() {
+    let project = Arc::new(GceProject::new("my-project", vec![]));
+    let mut page = page_of(serde_json::json!([cp("cp-0", "10.0.0.2")]));
+    page["items"]["zones/europe-west3-c"] = serde_json::json!({
+        "warning": {"code": "UNREACHABLE", "message": "zone unreachable"}
+    });
+    // A zone with no instance of the cluster only says so: not partial.
+    page["items"]["zones/europe-west3-b"] = serde_json::json!({
+        "warning": {"code": "NO_RESULTS_ON_PAGE", "message": "no results"}
+    });
+    let cloud = Cloud::start_with(project.clone(), answering(page.to_string()), "cp-0").await;
+    refused(&cloud.metadata().list().await.unwrap_err(), "partial");
+    page["items"]
+        .as_object_mut()
+        .unwrap()
+        .remove("zones/europe-west3-c");
+    let cloud = Cloud::start_with(project, answering(page.to_string()), "cp-0").await;
+    assert_eq!(cloud.metadata().list().await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn an_address_on_any_interface_of_another_instance_is_ambiguous() {
+    let mut worker = worker("worker-0", "10.0.0.3");
+    worker["networkInterfaces"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"name": "nic1", "networkIP": "10.0.0.2"}));
+    let cloud = Cloud::start(
+        GceProject::new("my-project", vec![cp("cp-0", "10.0.0.2"), worker]),
+        "cp-0",
+    )
+    .await;
+    refused(
+        &cloud.metadata().list().await.unwrap_err(),
+        "address 10.0.0.2",
+    );
+}
+
+#[tokio::test]
+async fn a_token_the_api_refuses_is_forgotten_and_one_without_a_sane_lifetime_does_not_break() {
+    // The metadata server's token is not the one this API takes: every call is refused,
+    // and each one fetches a fresh token rather than reusing the refused one.
+    let issuing = Arc::new(GceProject::new("my-project", vec![]));
+    let mut other = GceProject::new("my-project", vec![cp("cp-0", "10.0.0.2")]);
+    other.token = "ya29.c.another-token".into();
+    let cloud = Cloud::start_with(issuing.clone(), gce_compute(Arc::new(other)), "cp-0").await;
+    let m = cloud.metadata();
+    for _ in 0..2 {
+        let err = m.list().await.unwrap_err();
+        assert!(
+            matches!(err, MetadataError::Status { status: 401, .. }),
+            "{err}"
+        );
+    }
+    assert_eq!(*issuing.tokens.lock().unwrap(), 2);
+
+    // A lifetime near u64::MAX seconds: kept for at most an hour, no overflow.
+    let project = Arc::new(GceProject::new("my-project", vec![cp("cp-0", "10.0.0.2")]));
+    let (api, ca_pem) = serve_https(gce_compute(project.clone())).await;
+    let ca = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(ca.path(), ca_pem).unwrap();
+    let token = format!(
+        r#"{{"access_token":"{}","expires_in":{},"token_type":"Bearer"}}"#,
+        project.token,
+        u64::MAX
+    );
+    let server = serve(Arc::new(move |_| {
+        answer(
+            StatusCode::OK,
+            &[("metadata-flavor", "Google")],
+            token.clone(),
+        )
+    }))
+    .await;
+    let m = AnyMetadata::from_url(&format!(
+        "gce://my-project/prod?compute=https://{api}&compute-ca={}&metadata-server=http://{server}",
+        ca.path().display()
+    ))
+    .unwrap();
+    assert_eq!(m.list().await.unwrap().len(), 1);
+    assert_eq!(m.list().await.unwrap().len(), 1);
+}
+
+/// The GCE insider: a node whose token may change instances could label itself the control
+/// plane. Such a token is refused before it is fetched, so no node runs with one.
+#[tokio::test]
+async fn a_service_account_whose_token_could_relabel_instances_is_refused() {
+    for scope in asterism_metadata::gce::WRITE_SCOPES {
+        let mut project = GceProject::new("my-project", vec![cp("cp-0", "10.0.0.2")]);
+        project.scopes = vec![
+            "https://www.googleapis.com/auth/devstorage.read_only".into(),
+            scope.into(),
+            "https://www.googleapis.com/auth/logging.write".into(),
+        ];
+        let cloud = Cloud::start(project, "cp-0").await;
+        let m = cloud.metadata();
+        refused(&m.list().await.unwrap_err(), "--scopes=compute-ro");
+        refused(&m.self_instance().await.unwrap_err(), scope);
+        assert_eq!(*cloud.project.tokens.lock().unwrap(), 0);
+        assert!(cloud.calls().is_empty());
+    }
+}

@@ -308,6 +308,8 @@ pub struct GceProject {
     pub calls: Mutex<Vec<String>>,
     /// How many tokens the metadata server handed out.
     pub tokens: Mutex<u32>,
+    /// The access scopes of the instances' service account.
+    pub scopes: Vec<String>,
 }
 
 impl GceProject {
@@ -322,6 +324,7 @@ impl GceProject {
             unreachables: Vec::new(),
             calls: Mutex::new(Vec::new()),
             tokens: Mutex::new(0),
+            scopes: vec!["https://www.googleapis.com/auth/compute.readonly".to_owned()],
         }
     }
 }
@@ -355,7 +358,8 @@ pub fn gce_api_instance(
 /// GCE's metadata server as a program on instance `name` reads it to call the API:
 /// `instance/name`, the default service account's token
 /// (<https://cloud.google.com/compute/docs/access/authenticate-workloads#applications>: a
-/// JSON document with `access_token`, `expires_in`, `token_type`), and the instance
+/// JSON document with `access_token`, `expires_in`, `token_type`), its scopes (one per
+/// line), and the instance
 /// attribute `asterism-init-secret-hash` when given. Like [`gce`], it refuses requests
 /// without `Metadata-Flavor: Google` and answers with it.
 pub fn gce_identity(
@@ -378,6 +382,9 @@ pub fn gce_identity(
                     "access_token": project.token, "expires_in": 3599, "token_type": "Bearer"
                 });
                 answer(StatusCode::OK, &flavor, body.to_string())
+            }
+            "/computeMetadata/v1/instance/service-accounts/default/scopes" => {
+                answer(StatusCode::OK, &flavor, project.scopes.join("\n") + "\n")
             }
             "/computeMetadata/v1/instance/attributes/asterism-init-secret-hash" => match &hash {
                 Some(hash) => answer(StatusCode::OK, &flavor, hash.clone()),

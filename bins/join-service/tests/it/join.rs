@@ -134,6 +134,45 @@ async fn on_gce_the_role_is_the_owners_label_and_a_worker_cannot_claim_the_contr
     assert!(!calls.is_empty());
 }
 
+/// The insider of GCE: a joined worker whose service account may set labels labels itself
+/// `control-plane`. The metadata now says control plane, and the worker asks as one with
+/// its own key and disk: refused, since a member keeps the role it was admitted in until an
+/// operator re-admits it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_gce_a_worker_that_relabels_itself_control_plane_is_refused() {
+    let (worker, wfp) = soft_node();
+    let cluster = Cluster::start_on_gce().await;
+    let js = start_join_service(&cluster, Options::pinning(vec![wfp])).await;
+    join_worker_0(js.addr, worker.clone()).await.unwrap();
+
+    let project = cluster.gce.clone().unwrap();
+    for i in project.instances.lock().unwrap().iter_mut() {
+        if i["name"] == "worker-0" {
+            i["labels"]["asterism-role"] = "control-plane".into();
+        }
+    }
+    // Past the service's one-second reuse of a listing.
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let err = join(
+        js.addr,
+        W0,
+        worker.clone(),
+        join_request("worker-0", W0, DISK_A, true),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    assert!(
+        err.message().contains("is a member as Worker")
+            && err.message().contains("asterism readmit worker-0"),
+        "{err:?}"
+    );
+    assert!(js.http_get("/metrics").await.contains(
+        "asterism_join_rejections_total{kind=\"join\",reason=\"member_role_changed\"} 1"
+    ));
+    js.stop().await;
+}
+
 async fn a_worker_cannot_claim_the_control_plane(cluster: Cluster) {
     let (worker, wfp) = soft_node();
     let (cp, cfp) = soft_node();

@@ -57,7 +57,7 @@ async fn a_members_key_cannot_take_another_node_name() {
         [Reply::recorded(404, "status-404-configmap-disk.json")],
     );
     let err = state
-        .check_member("worker-9", &fingerprint(RECORDED_AK))
+        .check_member("worker-9", &fingerprint(RECORDED_AK), Role::Worker)
         .await
         .unwrap_err();
     assert!(
@@ -71,7 +71,7 @@ async fn a_members_key_cannot_take_another_node_name() {
         [Reply::recorded(200, "configmap-member-worker-0.json")],
     );
     state
-        .check_member("worker-0", &fingerprint(RECORDED_AK))
+        .check_member("worker-0", &fingerprint(RECORDED_AK), Role::Worker)
         .await
         .unwrap();
     assert!(server.writes().is_empty(), "{:?}", server.writes());
@@ -122,7 +122,7 @@ async fn a_member_with_another_key_is_refused_before_any_write() {
         [Reply::recorded(200, "configmap-member-worker-0.json")],
     );
     state
-        .check_member("worker-0", &fingerprint(RECORDED_AK))
+        .check_member("worker-0", &fingerprint(RECORDED_AK), Role::Worker)
         .await
         .unwrap();
     let err = state
@@ -137,6 +137,33 @@ async fn a_member_with_another_key_is_refused_before_any_write() {
         .unwrap_err();
     assert!(
         matches!(err, StateError::MemberKeyChanged { .. }),
+        "{err:?}"
+    );
+    assert!(server.writes().is_empty(), "{:?}", server.writes());
+}
+
+/// The recorded worker-0, same key and disk, asking in the control plane's role (its
+/// metadata changed, a label it could set): refused for the role, before any write.
+#[tokio::test]
+async fn a_member_asking_for_another_role_is_refused_before_any_write() {
+    let (server, state, _dir) = setup().await;
+    server.on(
+        "GET",
+        &member_path(),
+        [Reply::recorded(200, "configmap-member-worker-0.json")],
+    );
+    let err = state
+        .admit(Admission {
+            name: "worker-0".into(),
+            role: Role::ControlPlane,
+            ak: fingerprint(RECORDED_AK),
+            disk: DiskUuid::parse(DISK).unwrap(),
+            now: t0(),
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StateError::MemberRoleChanged { ref was, .. } if was == "Worker"),
         "{err:?}"
     );
     assert!(server.writes().is_empty(), "{:?}", server.writes());
@@ -221,7 +248,7 @@ async fn an_operator_readmission_lets_the_next_ticket_replace_the_key_once() {
             [Reply::recorded(200, "configmap-member-updated.json")],
         );
     state
-        .check_member("worker-0", &fingerprint(OTHER_AK))
+        .check_member("worker-0", &fingerprint(OTHER_AK), Role::Worker)
         .await
         .unwrap();
     let api = server.api(_dir.path()).await;

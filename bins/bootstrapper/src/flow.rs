@@ -43,3 +43,34 @@ pub(crate) async fn pause(stop: &mut watch::Receiver<bool>, interval: Duration) 
     };
     stopped || *stop.borrow()
 }
+
+/// Runs `round` with the attempt's number (from 1) until it gives a value, pausing
+/// `interval` after each round that gives none: the value, or `None` once `stop` is set
+/// (also in the middle of a round, which is then dropped).
+pub(crate) async fn rounds_until<T, F, Fut>(
+    stop: &mut watch::Receiver<bool>,
+    interval: Duration,
+    mut round: F,
+) -> Option<T>
+where
+    F: FnMut(u64) -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let mut attempt: u64 = 0;
+    loop {
+        if *stop.borrow() {
+            return None;
+        }
+        attempt += 1;
+        let got = tokio::select! {
+            got = round(attempt) => got,
+            _ = stop.wait_for(|s| *s) => return None,
+        };
+        if got.is_some() {
+            return got;
+        }
+        if pause(stop, interval).await {
+            return None;
+        }
+    }
+}

@@ -24,7 +24,7 @@ use zeroize::Zeroizing;
 use crate::activation::Activation;
 use crate::dial::Dialer;
 use crate::error::{ResumeError, StepError, blocking};
-use crate::flow::{JoinEnd, pause};
+use crate::flow::{JoinEnd, rounds_until};
 use crate::identity::ThisNode;
 use crate::lock::Holder;
 use crate::node::Node;
@@ -97,23 +97,14 @@ pub(crate) async fn join_client<M: Metadata + 'static>(
         return Ok(JoinEnd::Stopped);
     }
     let dialer = dialer(&node)?;
-    let mut attempt: u64 = 0;
-    let (ticket, kubelet_key) = loop {
-        if *stop.borrow() {
-            return Ok(JoinEnd::Stopped);
-        }
-        attempt += 1;
-        let round = join_round(&node, &dialer, &this, attempt);
-        let got = tokio::select! {
-            got = round => got,
-            _ = stop.wait_for(|s| *s) => return Ok(JoinEnd::Stopped),
-        };
-        if let Some(got) = got {
-            break got;
-        }
-        if pause(&mut stop, node.config.retry_interval).await {
-            return Ok(JoinEnd::Stopped);
-        }
+    let (node_ref, dialer_ref, this_ref) = (&node, &dialer, &this);
+    let Some((ticket, kubelet_key)) =
+        rounds_until(&mut stop, node.config.retry_interval, |attempt| {
+            join_round(node_ref, dialer_ref, this_ref, attempt)
+        })
+        .await
+    else {
+        return Ok(JoinEnd::Stopped);
     };
     let activation = Activation::from_ticket(ticket, kubelet_key, this.identity, node.dir());
 
@@ -236,23 +227,13 @@ pub(crate) async fn rejoin<M: Metadata + 'static>(
     let dialer = dialer(node).map_err(ResumeError::Step)?;
     let uuid = resume.uuid();
     info!(step = "rejoin", uuid = %uuid, "the state disk is initialized: this is a reboot; asking a join service for a rejoin ticket");
-    let mut attempt: u64 = 0;
-    let keys = loop {
-        if *stop.borrow() {
-            return Ok(RejoinEnd::Stopped);
-        }
-        attempt += 1;
-        let round = rejoin_round(node, &dialer, uuid, attempt);
-        let got = tokio::select! {
-            got = round => got,
-            _ = stop.wait_for(|s| *s) => return Ok(RejoinEnd::Stopped),
-        };
-        if let Some(got) = got {
-            break got;
-        }
-        if pause(&mut stop, node.config.retry_interval).await {
-            return Ok(RejoinEnd::Stopped);
-        }
+    let dialer = &dialer;
+    let Some(keys) = rounds_until(&mut stop, node.config.retry_interval, |attempt| {
+        rejoin_round(node, dialer, uuid, attempt)
+    })
+    .await
+    else {
+        return Ok(RejoinEnd::Stopped);
     };
     match resume.resume(keys, Source::RejoinTicket).await {
         Ok(cluster_id) => Ok(RejoinEnd::Rejoined(cluster_id)),

@@ -6,7 +6,7 @@ use crate::error::chain;
 use crate::release::{ClusterRelease, ReleaseError};
 use crate::state::{
     Admission, ClusterState, Member, StateError, TOKEN_MIN_REMAINING, TOKEN_TTL, init_node_ak,
-    is_ak, role_refusal,
+    is_ak,
 };
 use asterism_attestation::AkFingerprint;
 use asterism_cluster::{ExpiringToken, InitNode, Role};
@@ -251,14 +251,9 @@ impl ClusterState for KubeState {
         ak: &AkFingerprint,
         role: Role,
     ) -> Result<(), StateError> {
-        match self.api.member(name).await.map_err(state_error)? {
-            Some(m) if !m.accepts(&ak.to_string()) => Err(StateError::MemberKeyChanged {
-                name: name.to_owned(),
-            }),
-            Some(m) => match role_refusal(name, &m.role, m.readmit, role) {
-                Some(refused) => Err(refused),
-                None => self.key_free_for(&ak.to_string(), name).await,
-            },
+        let record = self.api.member(name).await.map_err(state_error)?;
+        match record.and_then(|r| member(r).refusal(ak, role)) {
+            Some(refused) => Err(refused),
             None => self.key_free_for(&ak.to_string(), name).await,
         }
     }

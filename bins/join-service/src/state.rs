@@ -160,17 +160,12 @@ impl Member {
                 name: self.name.clone(),
             });
         }
-        role_refusal(&self.name, &self.role, self.readmit, role)
+        (!self.readmit && self.role != role.as_str()).then(|| StateError::MemberRoleChanged {
+            name: self.name.clone(),
+            was: self.role.clone(),
+            asked: role,
+        })
     }
-}
-
-/// Why member `name`, admitted as `was`, may not get a ticket in `role` (unless `readmit`).
-pub(crate) fn role_refusal(name: &str, was: &str, readmit: bool, role: Role) -> Option<StateError> {
-    (!readmit && was != role.to_string()).then(|| StateError::MemberRoleChanged {
-        name: name.to_owned(),
-        was: was.to_owned(),
-        asked: role,
-    })
 }
 
 /// Whether `stored`, an AK identity as the state keeps it (the fingerprint's hex, as

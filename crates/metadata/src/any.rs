@@ -6,7 +6,6 @@ use crate::instance::control_plane_endpoint;
 use crate::{ConfigError, HttpMetadata, InstanceMetadata, Metadata, MetadataConfig, MetadataError};
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject as _;
-use std::io::Read as _;
 use std::net::IpAddr;
 use std::path::PathBuf;
 
@@ -133,15 +132,9 @@ impl AnyMetadata {
 
 /// The roots of a PEM bundle at `path`.
 fn read_roots(path: &str) -> Result<rustls::RootCertStore, String> {
-    let mut pem = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(MAX_CA_FILE + 1).read_to_end(&mut pem))
-        .map_err(|e| format!("compute-ca {path}: {e}"))?;
-    if pem.len() as u64 > MAX_CA_FILE {
-        return Err(format!(
-            "compute-ca {path}: larger than {MAX_CA_FILE} bytes"
-        ));
-    }
+    let pem = asterism_basics::read_file_capped(std::path::Path::new(path), MAX_CA_FILE)
+        .map_err(|e| format!("compute-ca {path}: {e}"))?
+        .ok_or_else(|| format!("compute-ca {path}: larger than {MAX_CA_FILE} bytes"))?;
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(&pem) {
         let cert = cert.map_err(|e| format!("compute-ca {path}: {e}"))?;

@@ -1,8 +1,8 @@
 //! The few helpers that libraries and binaries alike need and that would otherwise be
 //! copied into each: an error with its causes on one line ([`error_chain`]), the syntax
 //! of a host name and of a node name ([`is_host_name`], [`is_node_name`]), reads that refuse more than a cap instead of
-//! truncating ([`read_capped_from`], [`read_file_capped`]), and a cap on what one key holds
-//! at once ([`shares::Shares`]).
+//! truncating ([`read_capped_from`], [`read_file_capped`]), a file operation's error with
+//! its path ([`PathError`]), and a cap on what one key holds at once ([`shares::Shares`]).
 //!
 //! It must never depend on anything but `std` (scripts/check-deps), so that any crate of
 //! the workspace, the verifier included, can use it without taking on a dependency. Nothing
@@ -12,8 +12,45 @@
 
 pub mod shares;
 
+use std::fmt;
 use std::io::{self, Read};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// A file operation that failed: what was being done, on which path, and the cause.
+/// Displayed as `cannot create "/a/b"`, the cause kept as its source.
+#[derive(Debug)]
+pub struct PathError {
+    /// What was being done ("cannot create").
+    pub what: &'static str,
+    /// The file or directory.
+    pub path: PathBuf,
+    /// The cause.
+    pub source: io::Error,
+}
+
+impl PathError {
+    /// What `map_err` takes: turns the cause of `what` on `path` into a [`PathError`], and
+    /// with `?`, into any error that converts from one.
+    pub fn at<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Self + 'a {
+        move |source| Self {
+            what,
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+impl fmt::Display for PathError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {:?}", self.what, self.path)
+    }
+}
+
+impl std::error::Error for PathError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
 
 /// An error and its causes on one line, `a: b: c`, for a log line or an error that keeps
 /// a cause from another crate as text (a `Display` of the error alone would drop the
@@ -103,6 +140,13 @@ mod tests {
         let e = Outer(io::Error::other("inner"));
         assert_eq!(error_chain(&e), "outer: inner");
         assert_eq!(error_chain(&io::Error::other("alone")), "alone");
+    }
+
+    #[test]
+    fn a_path_error_says_what_and_where_and_keeps_its_cause() {
+        let e = PathError::at("cannot create", Path::new("/run/x"))(io::Error::other("full"));
+        assert_eq!(e.to_string(), r#"cannot create "/run/x""#);
+        assert_eq!(error_chain(&e), r#"cannot create "/run/x": full"#);
     }
 
     #[test]

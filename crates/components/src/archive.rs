@@ -8,6 +8,8 @@ use std::io::{self, Read};
 use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
 use std::path::{Component as PathPart, Path, PathBuf};
 
+use asterism_basics::PathError;
+
 use crate::place::sync_dir;
 use crate::{ARCHIVE_MODE_MASK, ComponentError, DIR_MODE, DownloadPolicy, io_err};
 
@@ -123,7 +125,7 @@ pub(crate) fn extract_archive(
     };
     let dir_modes = unpack(file, staging.path(), policy).map_err(|e| match e {
         UnpackError::Archive(a) => archive_err(a),
-        UnpackError::Io { what, path, source } => ComponentError::Io { what, path, source },
+        UnpackError::Io(e) => ComponentError::Io(e),
     })?;
     // Final directory modes, deepest first, once nothing more is written into them.
     let mut dirs: Vec<_> = dir_modes.into_iter().collect();
@@ -135,7 +137,7 @@ pub(crate) fn extract_archive(
     }
     merge_into(staging.path(), dest).map_err(|e| match e {
         UnpackError::Archive(a) => archive_err(a),
-        UnpackError::Io { what, path, source } => ComponentError::Io { what, path, source },
+        UnpackError::Io(e) => ComponentError::Io(e),
     })?;
     sync_dir(dest).map_err(io_err("cannot sync", dest))?;
     Ok(())
@@ -144,11 +146,7 @@ pub(crate) fn extract_archive(
 #[derive(Debug)]
 pub(crate) enum UnpackError {
     Archive(ArchiveError),
-    Io {
-        what: &'static str,
-        path: PathBuf,
-        source: io::Error,
-    },
+    Io(PathError),
 }
 
 impl From<ArchiveError> for UnpackError {
@@ -161,11 +159,7 @@ pub(crate) fn uio<'a>(
     what: &'static str,
     path: &'a Path,
 ) -> impl FnOnce(io::Error) -> UnpackError + 'a {
-    move |source| UnpackError::Io {
-        what,
-        path: path.to_path_buf(),
-        source,
-    }
+    move |source| UnpackError::Io(PathError::at(what, path)(source))
 }
 
 /// Refuses `rel` when any of its parents inside `root` is a symlink (an entry must not be

@@ -32,6 +32,8 @@ use std::io::{self, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use asterism_basics::PathError;
+
 use bytes::Bytes;
 use http_body_util::Empty;
 use hyper_rustls::HttpsConnector;
@@ -137,27 +139,15 @@ pub enum ComponentError {
         source: ArchiveError,
     },
     /// A file operation failed.
-    #[error("{what} {path:?}")]
-    Io {
-        /// What was being done.
-        what: &'static str,
-        /// The file or directory.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathError),
 }
 
 pub(crate) fn io_err<'a>(
     what: &'static str,
     path: &'a Path,
 ) -> impl FnOnce(io::Error) -> ComponentError + 'a {
-    move |source| ComponentError::Io {
-        what,
-        path: path.to_path_buf(),
-        source,
-    }
+    move |source| PathError::at(what, path)(source).into()
 }
 
 pub(crate) type HttpsClient = Client<HttpsConnector<HttpConnector>, Empty<Bytes>>;
@@ -297,10 +287,10 @@ impl Installer {
             }
         })
         .await
-        .map_err(|e| ComponentError::Io {
-            what: "the install task failed for",
-            path: c.install_path.clone(),
-            source: io::Error::other(e.to_string()),
+        .map_err(|e| {
+            PathError::at("the install task failed for", &c.install_path)(io::Error::other(
+                e.to_string(),
+            ))
         })??;
         info!(url = %label, path = %c.install_path.display(), extract = c.extract, "installed component");
         Ok(())

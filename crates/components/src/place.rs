@@ -6,6 +6,8 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
 use std::path::Path;
 
+use asterism_basics::PathError;
+
 use crate::{BINARY_MODE, ComponentError, DIR_MODE, io_err};
 
 pub(crate) fn create_dirs(dir: &Path) -> io::Result<()> {
@@ -34,10 +36,7 @@ pub(crate) fn place_file(tmp: tempfile::NamedTempFile, dest: &Path) -> Result<()
             reason: "is a directory",
         });
     }
-    tmp.persist(dest).map_err(|e| ComponentError::Io {
-        what: "cannot rename the download to",
-        path: dest.to_path_buf(),
-        source: e.error,
-    })?;
+    tmp.persist(dest)
+        .map_err(|e| PathError::at("cannot rename the download to", dest)(e.error))?;
     sync_dir(parent).map_err(io_err("cannot sync", parent))
 }

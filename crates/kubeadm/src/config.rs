@@ -16,11 +16,12 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{self, Write as _};
+use std::io::Write as _;
 use std::net::IpAddr;
 use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 
+use asterism_basics::PathError;
 use asterism_kubernetes_versions::KubernetesVersion;
 use serde::Serialize;
 use serde::ser::{SerializeMap as _, SerializeSeq as _};
@@ -76,16 +77,8 @@ pub enum ConfigError {
     #[error("rendering YAML")]
     Yaml(#[source] serde_norway::Error),
     /// Writing the private configuration file failed.
-    #[error("{what} {path:?}")]
-    Io {
-        /// What was being done.
-        what: &'static str,
-        /// The file or directory.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathError),
 }
 
 /// The kubeadm configuration API version.
@@ -721,10 +714,7 @@ pub struct PrivateConfigFile {
 impl PrivateConfigFile {
     /// Creates a private directory under `base` and writes `contents` to `<dir>/<name>`.
     pub fn write(base: &Path, name: &str, contents: &[u8]) -> Result<Self, ConfigError> {
-        let io = |what, path: &Path| {
-            let path = path.to_path_buf();
-            move |source| ConfigError::Io { what, path, source }
-        };
+        let io = PathError::at;
         fs::create_dir_all(base).map_err(io("cannot create directory", base))?;
         let dir = tempfile::Builder::new()
             .prefix("asterism-kubeadm-")
@@ -761,11 +751,10 @@ impl PrivateConfigFile {
     /// too, silently).
     pub fn remove(self) -> Result<(), ConfigError> {
         let path = self.dir.path().to_path_buf();
-        self.dir.close().map_err(|source| ConfigError::Io {
-            what: "cannot remove",
-            path,
-            source,
-        })
+        Ok(self
+            .dir
+            .close()
+            .map_err(PathError::at("cannot remove", &path))?)
     }
 }
 

@@ -7,6 +7,7 @@
 //! [`KubeadmError`] carrying the exit code and the tail of the output. The standard output of
 //! `kubeadm kubeconfig user` (the admin kubeconfig, a secret) is never logged.
 
+use asterism_basics::PathError;
 use std::ffi::OsString;
 use std::fmt;
 use std::fs;
@@ -303,24 +304,12 @@ pub enum KubeadmError {
     #[error("making the node's kubelet certificate")]
     KubeletCert(#[source] asterism_pki::x509::X509Error),
     /// A file step (manifests directory, kubelet certificate) failed.
-    #[error("{what} {path:?}")]
-    Io {
-        /// What was being done.
-        what: &'static str,
-        /// The file or directory.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathError),
 }
 
 fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> KubeadmError + 'a {
-    move |source| KubeadmError::Io {
-        what,
-        path: path.to_path_buf(),
-        source,
-    }
+    move |source| PathError::at(what, path)(source).into()
 }
 
 /// The node's own kubelet certificate, made on the init node from the cluster CA that
@@ -685,11 +674,8 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), K
         })
         .and_then(|()| tmp.as_file().sync_all())
         .map_err(io_err("cannot write", path))?;
-    tmp.persist(path).map_err(|e| KubeadmError::Io {
-        what: "cannot rename into place",
-        path: path.to_path_buf(),
-        source: e.error,
-    })?;
+    tmp.persist(path)
+        .map_err(|e| PathError::at("cannot rename into place", path)(e.error))?;
     fs::File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(io_err("cannot sync", dir))

@@ -622,12 +622,6 @@ pub(crate) fn check_component_paths(
 
 #[cfg(test)]
 mod tests {
-    #![allow(
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::indexing_slicing,
-        clippy::panic
-    )]
     use super::*;
     use asterism_pki::{ClusterCa, KubeletCsr, kubelet_key_and_csr};
     use std::time::{Duration, SystemTime};

@@ -269,7 +269,6 @@ fn fetch(socket: &Path) -> Result<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
     use super::*;
     use asterism_kms::{ControlPlaneSeed, ControlPlaneSigner};
 

@@ -466,7 +466,6 @@ fn main() -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
     use super::*;
     use asterism_kube_api::{DeploymentSpec, Images, JOIN_SERVICE, JoinServiceTrust, Object};
 

@@ -801,7 +801,6 @@ fn disk_rekeyed(kms: &asterism_kms::ClusterKms, n: &Node) -> Result<bool> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
     use super::*;
     use crate::status::handover_summary;
     use asterism_cluster::KubernetesHandover;

@@ -202,7 +202,6 @@ pub fn run(event_log: &Path, pcrs_file: &Path, out: &Path) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
     use super::*;
 
     const LOG: &[u8] =

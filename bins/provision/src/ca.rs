@@ -238,51 +238,22 @@ fn ak_subject_key(public_area: &[u8]) -> Result<SubjectPublicKeyInfo> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
     use super::*;
     use asterism_attestation::tpm::TpmtPublic;
-    use asterism_attestation::tpm::structures::{
-        AsymScheme, ECC_NIST_P256, KdfScheme, ObjectAttributes, PublicParams, SymDefObject, alg,
-    };
+    use asterism_attestation::tpm::structures::{ObjectAttributes, PublicParams};
 
     fn ak_public(params: PublicParams) -> Vec<u8> {
-        TpmtPublic {
-            name_alg: alg::SHA256,
-            attributes: ObjectAttributes(asterism_attestation::tpm::AK_ATTRIBUTES),
-            auth_policy: Vec::new(),
-            params,
-        }
-        .to_bytes()
-        .unwrap()
+        TpmtPublic::ak(params).to_bytes().unwrap()
     }
 
     fn ecc_ak() -> Vec<u8> {
-        ak_public(PublicParams::Ecc {
-            symmetric: SymDefObject::Null,
-            scheme: AsymScheme::Hashed {
-                scheme: alg::ECDSA,
-                hash: alg::SHA256,
-            },
-            curve: ECC_NIST_P256,
-            kdf: KdfScheme::Null,
-            x: vec![0x11; 32],
-            y: vec![0x22; 32],
-        })
+        ak_public(PublicParams::ecdsa_p256(vec![0x11; 32], vec![0x22; 32]))
     }
 
     fn rsa_ak() -> Vec<u8> {
         let mut modulus = vec![0x5a; 256];
         modulus[0] = 0xc3;
-        ak_public(PublicParams::Rsa {
-            symmetric: SymDefObject::Null,
-            scheme: AsymScheme::Hashed {
-                scheme: alg::RSASSA,
-                hash: alg::SHA256,
-            },
-            key_bits: 2048,
-            exponent: 0,
-            modulus,
-        })
+        ak_public(PublicParams::rsassa_sha256(modulus, 0))
     }
 
     #[test]

@@ -389,7 +389,6 @@ fn verify_signed(
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
     use super::*;
     use rcgen::{
         BasicConstraints, CertificateParams, CertificateRevocationListParams, DnType, IsCa, Issuer,

@@ -274,7 +274,6 @@ impl EtcdIoPriority {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
     use super::*;
     use std::os::unix::fs::symlink;
     use std::sync::{Arc, Mutex};

@@ -456,12 +456,6 @@ fn hashed(version: KubernetesVersion, mut c: Component) -> Result<Component, Tab
 
 #[cfg(test)]
 mod tests {
-    #![allow(
-        clippy::unwrap_used,
-        clippy::expect_used,
-        clippy::indexing_slicing,
-        clippy::panic
-    )]
     use super::*;
     use sha2::{Digest as _, Sha256};
 

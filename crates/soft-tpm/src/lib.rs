@@ -13,8 +13,8 @@
 #![forbid(unsafe_code)]
 
 use asterism_attestation::tpm::structures::{
-    AsymScheme, ClockInfo, ECC_NIST_P256, KdfScheme, ObjectAttributes, PcrSelection, PublicParams,
-    QuoteInfo, SymDefObject, TpmsAttest, TpmtPublic, TpmtSignature, alg,
+    ClockInfo, ObjectAttributes, PcrSelection, PublicParams, QuoteInfo, TpmsAttest, TpmtPublic,
+    TpmtSignature, alg,
 };
 use asterism_attestation::tpm::{
     AK_ATTRIBUTES, AkFingerprint, ParseError, TpmQuoteEvidence, VARIANT,
@@ -75,22 +75,7 @@ impl SoftAk {
         let point = key.public_key().as_ref();
         let x = point.get(1..33).unwrap_or_default().to_vec();
         let y = point.get(33..65).unwrap_or_default().to_vec();
-        let public = TpmtPublic {
-            name_alg: alg::SHA256,
-            attributes: Self::AK_ATTRIBUTES,
-            auth_policy: Vec::new(),
-            params: PublicParams::Ecc {
-                symmetric: SymDefObject::Null,
-                scheme: AsymScheme::Hashed {
-                    scheme: alg::ECDSA,
-                    hash: alg::SHA256,
-                },
-                curve: ECC_NIST_P256,
-                kdf: KdfScheme::Null,
-                x,
-                y,
-            },
-        };
+        let public = TpmtPublic::ak(PublicParams::ecdsa_p256(x, y));
         Self::assemble(SoftKey::Ecdsa(key), public, rng)
     }
 
@@ -98,8 +83,6 @@ impl SoftAk {
     pub fn from_rsa_pkcs8(pkcs8: &[u8]) -> Result<Self, SoftError> {
         let key = RsaKeyPair::from_pkcs8(pkcs8).map_err(|e| SoftError::Key(e.to_string()))?;
         let comps: signature::RsaPublicKeyComponents<Vec<u8>> = key.public().into();
-        let key_bits = u16::try_from(comps.n.len() * 8)
-            .map_err(|_| SoftError::Key("RSA key too large".into()))?;
         let e = comps
             .e
             .iter()
@@ -109,21 +92,7 @@ impl SoftAk {
             Ok(e) => e,
             Err(_) => return Err(SoftError::Key("RSA exponent too large".into())),
         };
-        let public = TpmtPublic {
-            name_alg: alg::SHA256,
-            attributes: Self::AK_ATTRIBUTES,
-            auth_policy: Vec::new(),
-            params: PublicParams::Rsa {
-                symmetric: SymDefObject::Null,
-                scheme: AsymScheme::Hashed {
-                    scheme: alg::RSASSA,
-                    hash: alg::SHA256,
-                },
-                key_bits,
-                exponent,
-                modulus: comps.n,
-            },
-        };
+        let public = TpmtPublic::ak(PublicParams::rsassa_sha256(comps.n, exponent));
         Self::assemble(SoftKey::Rsa(key), public, SystemRandom::new())
     }
 

@@ -202,7 +202,6 @@ impl Issuer for TpmIssuer {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::indexing_slicing)] // test code
 
     use super::*;
     use asterism_attestation::tpm::QuoteEvidence;

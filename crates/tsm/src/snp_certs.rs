@@ -187,7 +187,6 @@ pub fn parse_snp_cert_table(blob: &[u8]) -> Result<Vec<(CertKind, Vec<u8>)>, Cer
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
 
     use super::*;
 

@@ -6,13 +6,6 @@
 //! writes `auxblob` and `generation` and answers the report through the FIFO. When the
 //! entry is removed, the stand-in removes its attributes (configfs does so with `rmdir`).
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use std::fs;
 use std::io::Write as _;
 use std::path::Path;

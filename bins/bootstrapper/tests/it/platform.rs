@@ -806,9 +806,7 @@ impl rcgen::PublicKeyData for EcKey {
 /// no noDA), with `unique` filled with `fill`: another fill is another template, so another
 /// key.
 fn gce_ecc_ak_template(fill: u8) -> Vec<u8> {
-    use asterism_attestation::tpm::structures::{
-        AsymScheme, ECC_NIST_P256, KdfScheme, ObjectAttributes, PublicParams, SymDefObject, alg,
-    };
+    use asterism_attestation::tpm::structures::{ObjectAttributes, PublicParams, alg};
     asterism_attestation::tpm::TpmtPublic {
         name_alg: alg::SHA256,
         attributes: ObjectAttributes(
@@ -820,17 +818,7 @@ fn gce_ecc_ak_template(fill: u8) -> Vec<u8> {
                 | ObjectAttributes::SIGN,
         ),
         auth_policy: Vec::new(),
-        params: PublicParams::Ecc {
-            symmetric: SymDefObject::Null,
-            scheme: AsymScheme::Hashed {
-                scheme: alg::ECDSA,
-                hash: alg::SHA256,
-            },
-            curve: ECC_NIST_P256,
-            kdf: KdfScheme::Null,
-            x: vec![fill; 32],
-            y: vec![fill; 32],
-        },
+        params: PublicParams::ecdsa_p256(vec![fill; 32], vec![fill; 32]),
     }
     .to_bytes()
     .unwrap()

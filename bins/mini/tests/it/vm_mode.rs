@@ -22,13 +22,6 @@
 //! Without them the test says so on stderr and passes. Under TCG the boot alone takes 20 s
 //! and more.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use crate::common::{TeardownAt, bins, runtime};
 use asterism_mini::vm::{BootMode, Cloud, SettingsChannel, VmArgs, VmCluster, VmNode};
 use asterism_testkit::cloud::{self, GceInstance};

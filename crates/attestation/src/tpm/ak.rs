@@ -37,6 +37,19 @@ pub const AK_ATTRIBUTES: u32 = REQUIRED_AK_ATTRIBUTES
     | ObjectAttributes::USER_WITH_AUTH
     | ObjectAttributes::NO_DA;
 
+impl TpmtPublic {
+    /// An AK's public area: named with SHA-256, exactly [`AK_ATTRIBUTES`], no auth policy,
+    /// with `params` (see [`PublicParams::ecdsa_p256`] and [`PublicParams::rsassa_sha256`]).
+    pub fn ak(params: PublicParams) -> Self {
+        Self {
+            name_alg: alg::SHA256,
+            attributes: ObjectAttributes(AK_ATTRIBUTES),
+            auth_policy: Vec::new(),
+            params,
+        }
+    }
+}
+
 /// `tcg-kp-AIKCertificate` (2.23.133.8.3), DER value of the OID.
 pub(super) const TCG_KP_AIK_CERTIFICATE: &[u8] = &[0x67, 0x81, 0x05, 0x08, 0x03];
 
@@ -432,35 +445,13 @@ impl AkKey {
 
     /// The one public area the AK policy accepts for this key.
     pub(crate) fn canonical_public(&self) -> TpmtPublic {
-        let params = match self {
-            Self::EcdsaP256(point) => PublicParams::Ecc {
-                symmetric: SymDefObject::Null,
-                scheme: AsymScheme::Hashed {
-                    scheme: alg::ECDSA,
-                    hash: alg::SHA256,
-                },
-                curve: ECC_NIST_P256,
-                kdf: KdfScheme::Null,
-                x: point.get(1..33).unwrap_or_default().to_vec(),
-                y: point.get(33..65).unwrap_or_default().to_vec(),
-            },
-            Self::RsaSsa { n, .. } => PublicParams::Rsa {
-                symmetric: SymDefObject::Null,
-                scheme: AsymScheme::Hashed {
-                    scheme: alg::RSASSA,
-                    hash: alg::SHA256,
-                },
-                key_bits: u16::try_from(n.len() * 8).unwrap_or(u16::MAX),
-                exponent: 0,
-                modulus: n.clone(),
-            },
-        };
-        TpmtPublic {
-            name_alg: alg::SHA256,
-            attributes: ObjectAttributes(AK_ATTRIBUTES),
-            auth_policy: Vec::new(),
-            params,
-        }
+        TpmtPublic::ak(match self {
+            Self::EcdsaP256(point) => PublicParams::ecdsa_p256(
+                point.get(1..33).unwrap_or_default().to_vec(),
+                point.get(33..65).unwrap_or_default().to_vec(),
+            ),
+            Self::RsaSsa { n, .. } => PublicParams::rsassa_sha256(n.clone(), 0),
+        })
     }
 
     /// The AK's identity: a function of the key alone (see [`AkFingerprint`]).

@@ -5,12 +5,6 @@
 //! In the crate, not in `tests/`: the quote's qualifying data is another verifier's nonce
 //! (`0x90 0x09`), not a [`crate::ReportData`], and only the crate's own tests may ask the
 //! validator for a raw binding.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)] // test code
 
 use super::*;
 use crate::measurements::{ExpectedPcr, Measurements, PcrIndex};

@@ -660,7 +660,6 @@ fn snp_certs(certs: &[Vec<u8>]) -> Result<SnpCerts, ValidationError> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::indexing_slicing)]
     use super::*;
 
     const RUNTIME: &[u8] = include_bytes!("../../tests/data/cvm/snp-azure/runtimedata.bin");

@@ -489,6 +489,40 @@ pub enum PublicParams {
     },
 }
 
+impl PublicParams {
+    /// An ECDSA-SHA256 signing key on NIST P-256 with the public point `(x, y)`
+    /// (big-endian coordinates), no symmetric algorithm and no KDF: the ECC AK's parameters.
+    pub fn ecdsa_p256(x: Vec<u8>, y: Vec<u8>) -> Self {
+        Self::Ecc {
+            symmetric: SymDefObject::Null,
+            scheme: AsymScheme::Hashed {
+                scheme: alg::ECDSA,
+                hash: alg::SHA256,
+            },
+            curve: ECC_NIST_P256,
+            kdf: KdfScheme::Null,
+            x,
+            y,
+        }
+    }
+
+    /// An RSASSA-SHA256 signing key with `modulus` (big-endian; `keyBits` is its length,
+    /// saturating) and `exponent` (0: the default 65537), no symmetric algorithm: the RSA
+    /// AK's parameters.
+    pub fn rsassa_sha256(modulus: Vec<u8>, exponent: u32) -> Self {
+        Self::Rsa {
+            symmetric: SymDefObject::Null,
+            scheme: AsymScheme::Hashed {
+                scheme: alg::RSASSA,
+                hash: alg::SHA256,
+            },
+            key_bits: u16::try_from(modulus.len() * 8).unwrap_or(u16::MAX),
+            exponent,
+            modulus,
+        }
+    }
+}
+
 /// `TPMT_PUBLIC` of an asymmetric (RSA or ECC) key, without the TPM2B_PUBLIC size prefix.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TpmtPublic {
@@ -817,17 +851,7 @@ mod tests {
             name_alg: alg::SHA256,
             attributes: ObjectAttributes(0x0005_0072),
             auth_policy: vec![],
-            params: PublicParams::Ecc {
-                symmetric: SymDefObject::Null,
-                scheme: AsymScheme::Hashed {
-                    scheme: alg::ECDSA,
-                    hash: alg::SHA256,
-                },
-                curve: ECC_NIST_P256,
-                kdf: KdfScheme::Null,
-                x: vec![1; 32],
-                y: vec![2; 32],
-            },
+            params: PublicParams::ecdsa_p256(vec![1; 32], vec![2; 32]),
         };
         let b = ecc.to_bytes().unwrap();
         assert_eq!(TpmtPublic::parse(&b).unwrap(), ecc);

@@ -12,12 +12,6 @@
 //!   TPMA_OBJECT bits, the accessors and error messages the validator relies on;
 //! * the `Debug` forms of report data, measurements and verified evidence.
 #![cfg(feature = "insecure-test-attestation")]
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)] // test code
 
 use crate::common::*;
 use asterism_attestation::tpm::structures::{KdfScheme, ObjectAttributes, PublicParams, alg};

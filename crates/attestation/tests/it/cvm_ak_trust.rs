@@ -6,12 +6,6 @@
 //! hardware → AK part passes and the evidence is refused only at the quote's signature
 //! (the next step), and every break of the hardware → AK chain is refused with its own
 //! reason before that.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 
 use crate::common::*;
 use asterism_attestation::explain::Outcome;

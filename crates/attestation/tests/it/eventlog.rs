@@ -1,12 +1,6 @@
 //! The TCG event log: exact parsing of a real log captured from a measured boot (and of
 //! logs built here), its replay against the quoted PCRs, and the naming of the event that
 //! makes a PCR differ. Every refusal is asserted on its own reason.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)] // test code
 
 use crate::common::*;
 use asterism_attestation::explain::Outcome;

@@ -1,13 +1,6 @@
 //! Azure HCL reports and the AWS SEV-SNP AK binding, on real evidence from real hardware
 //! (`tests/data/cvm/`), and every tampering refused with its own reason.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use asterism_attestation::ValidationError;
 use asterism_attestation::explain::Outcome;
 use asterism_attestation::hcl::{
@@ -15,11 +8,7 @@ use asterism_attestation::hcl::{
     RuntimeData, SNP_REPORT_SIZE, TD_REPORT_SIZE, aws_snp_ak_matches, aws_snp_report_data,
     hcl_ak_matches, runtime_data_report_data,
 };
-use asterism_attestation::tpm::AK_ATTRIBUTES;
-use asterism_attestation::tpm::structures::{
-    AsymScheme, ECC_NIST_P256, KdfScheme, ObjectAttributes, PublicParams, SymDefObject, TpmtPublic,
-    alg,
-};
+use asterism_attestation::tpm::structures::{PublicParams, TpmtPublic};
 use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 
@@ -88,44 +77,15 @@ fn swap_ak_in(json: &mut [u8]) {
 
 /// An RSA AK public area with modulus `n` and exponent `exponent` (0: the default).
 fn rsa_public(n: &[u8], exponent: u32) -> Vec<u8> {
-    TpmtPublic {
-        name_alg: alg::SHA256,
-        attributes: ObjectAttributes(AK_ATTRIBUTES),
-        auth_policy: Vec::new(),
-        params: PublicParams::Rsa {
-            symmetric: SymDefObject::Null,
-            scheme: AsymScheme::Hashed {
-                scheme: alg::RSASSA,
-                hash: alg::SHA256,
-            },
-            key_bits: u16::try_from(n.len() * 8).unwrap(),
-            exponent,
-            modulus: n.to_vec(),
-        },
-    }
-    .to_bytes()
-    .unwrap()
+    TpmtPublic::ak(PublicParams::rsassa_sha256(n.to_vec(), exponent))
+        .to_bytes()
+        .unwrap()
 }
 
 fn ecc_public() -> Vec<u8> {
-    TpmtPublic {
-        name_alg: alg::SHA256,
-        attributes: ObjectAttributes(AK_ATTRIBUTES),
-        auth_policy: Vec::new(),
-        params: PublicParams::Ecc {
-            symmetric: SymDefObject::Null,
-            scheme: AsymScheme::Hashed {
-                scheme: alg::ECDSA,
-                hash: alg::SHA256,
-            },
-            curve: ECC_NIST_P256,
-            kdf: KdfScheme::Null,
-            x: vec![1; 32],
-            y: vec![2; 32],
-        },
-    }
-    .to_bytes()
-    .unwrap()
+    TpmtPublic::ak(PublicParams::ecdsa_p256(vec![1; 32], vec![2; 32]))
+        .to_bytes()
+        .unwrap()
 }
 
 /// The AK modulus of the real Azure SNP runtime data, decoded independently of the parser.

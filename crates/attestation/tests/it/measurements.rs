@@ -1,10 +1,4 @@
 //! The expected-measurements file: strict loading, and the shared map a watcher replaces.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)] // test code
 
 use asterism_attestation::{
     ExpectedPcr, MeasurementMode, Measurements, MeasurementsError, MeasurementsProvider, PcrIndex,

@@ -2,12 +2,6 @@
 //! Milan sample from the `sev` project) and their real certificates, at a fixed time inside
 //! their validity. Every tampered copy is refused with its own reason: the test asserts the
 //! error variant and the field or certificate, so removing a check makes its test fail.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)] // test code
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

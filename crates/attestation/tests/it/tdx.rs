@@ -1,11 +1,5 @@
 //! Intel TDX DCAP quote verification on real quotes (v4, and v5 with a TDX 1.5 report) and
 //! their real PCS collateral, each tampering refused with its own reason.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::panic
-)]
 
 use std::time::{Duration, SystemTime};
 

@@ -1,11 +1,5 @@
 //! `tpm-quote` validation: evidence in the real TPM wire format, signed in software, then
 //! tampered with. Every security check has a test here that fails when the check is removed.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)] // test code
 
 use crate::common::*;
 use asterism_attestation::tpm::structures::{

@@ -827,7 +827,6 @@ fn der_sequence(der: &[u8]) -> Result<(), String> {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    #![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
     use super::*;
 
     pub(crate) const CLUSTER_ID: &str =

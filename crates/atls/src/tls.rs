@@ -17,8 +17,20 @@ pub const CHANNEL_BINDING_LABEL: &[u8] = b"EXPORTER-asterism-channel-binding-v1"
 /// ALPN protocol negotiated on every aTLS connection.
 pub const ALPN_H2: &[u8] = b"h2";
 
+/// ring's provider, with ChaCha20-Poly1305 first among the cipher suites. Both ends of an
+/// aTLS connection are ours, so the first suite is the one used: a 256-bit key, as
+/// AES-256-GCM has, and a SHA-256 key schedule where AES-256-GCM's is SHA-384. The key
+/// schedule and the two exporters hash on every connection; SHA-256 runs on the SHA
+/// extensions where the CPU has them, SHA-384 never does (docs/performance.md). Only
+/// suites with 256-bit keys are offered.
 pub(crate) fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    use rustls::crypto::ring::cipher_suite::{
+        TLS13_AES_256_GCM_SHA384, TLS13_CHACHA20_POLY1305_SHA256,
+    };
+    Arc::new(CryptoProvider {
+        cipher_suites: vec![TLS13_CHACHA20_POLY1305_SHA256, TLS13_AES_256_GCM_SHA384],
+        ..rustls::crypto::ring::default_provider()
+    })
 }
 
 /// A fresh ECDSA P-256 key and a self-signed certificate for it.
@@ -123,5 +135,81 @@ impl ServerCertVerifier for CertCarriesNoTrust {
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.algs.supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustls::{ClientConnection, ServerConnection, SupportedCipherSuite};
+
+    /// Runs a handshake in memory; the suite both ends settled on, or the first error.
+    fn handshake(
+        client: ClientConfig,
+        server: ServerConfig,
+    ) -> Result<SupportedCipherSuite, rustls::Error> {
+        let mut c = ClientConnection::new(Arc::new(client), server_name())?;
+        let mut s = ServerConnection::new(Arc::new(server))?;
+        let mut wire = Vec::new();
+        while c.is_handshaking() || s.is_handshaking() {
+            let mut moved = false;
+            while c.wants_write() {
+                wire.clear();
+                c.write_tls(&mut wire)
+                    .map_err(|e| rustls::Error::General(e.to_string()))?;
+                s.read_tls(&mut wire.as_slice())
+                    .map_err(|e| rustls::Error::General(e.to_string()))?;
+                s.process_new_packets()?;
+                moved = true;
+            }
+            while s.wants_write() {
+                wire.clear();
+                s.write_tls(&mut wire)
+                    .map_err(|e| rustls::Error::General(e.to_string()))?;
+                c.read_tls(&mut wire.as_slice())
+                    .map_err(|e| rustls::Error::General(e.to_string()))?;
+                c.process_new_packets()?;
+                moved = true;
+            }
+            if !moved {
+                return Err(rustls::Error::General("the handshake stalled".into()));
+            }
+        }
+        assert_eq!(c.negotiated_cipher_suite(), s.negotiated_cipher_suite());
+        c.negotiated_cipher_suite()
+            .ok_or_else(|| rustls::Error::General("no suite".into()))
+    }
+
+    #[test]
+    fn atls_connections_use_chacha20_poly1305_with_its_sha256_key_schedule() {
+        let suite = handshake(client_config().unwrap(), server_config().unwrap()).unwrap();
+        assert_eq!(
+            suite.suite(),
+            rustls::CipherSuite::TLS13_CHACHA20_POLY1305_SHA256
+        );
+    }
+
+    #[test]
+    fn the_server_refuses_a_client_that_offers_only_a_128_bit_suite() {
+        let provider = Arc::new(CryptoProvider {
+            cipher_suites: vec![rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256],
+            ..rustls::crypto::ring::default_provider()
+        });
+        let algs = provider.signature_verification_algorithms;
+        let mut weak = ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(CertCarriesNoTrust { algs }))
+            .with_no_client_auth();
+        weak.alpn_protocols = vec![ALPN_H2.to_vec()];
+        let error = handshake(weak, server_config().unwrap()).unwrap_err();
+        assert!(
+            matches!(
+                error,
+                rustls::Error::PeerIncompatible(rustls::PeerIncompatible::NoCipherSuitesInCommon)
+            ),
+            "{error:?}"
+        );
     }
 }

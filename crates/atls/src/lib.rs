@@ -311,10 +311,11 @@ impl AtlsConfig {
 /// A peer whose evidence a validator accepted on this very connection.
 ///
 /// Only this crate makes one, and only after verification succeeded; handlers that
-/// release secrets take this type.
+/// release secrets take this type. The evidence is shared: the connection's every
+/// request carries a copy of its connect info, and a copy costs a reference count.
 #[derive(Clone, Debug)]
 pub struct VerifiedPeer {
-    evidence: VerifiedEvidence,
+    evidence: std::sync::Arc<VerifiedEvidence>,
     remote_addr: Option<SocketAddr>,
 }
 

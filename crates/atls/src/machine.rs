@@ -386,7 +386,7 @@ impl Exchange {
                     "peer evidence verified"
                 );
                 Ok(VerifiedPeer {
-                    evidence,
+                    evidence: evidence.into(),
                     remote_addr: self.remote_addr,
                 })
             }

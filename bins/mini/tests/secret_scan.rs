@@ -29,7 +29,7 @@ mod common;
 use asterism_mini::LocalCluster;
 use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE_NO_PAD};
-use common::{Teardown, bins};
+use common::{Teardown, bins, verify_node};
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -157,13 +157,7 @@ fn run_cluster(dir: &Path) {
     );
 
     cluster.start_verify_services().unwrap();
-    rt.block_on(asterism::verify::run(asterism::verify::Args::for_node(
-        &format!("{}:9090", worker.ip),
-        &cluster.workspace,
-        &cluster.platform_ca,
-        &cluster.measurements,
-    )))
-    .unwrap();
+    verify_node(&cluster, &rt, &worker);
 
     println!(
         "{METRICS_BEGIN}\n{}",

@@ -50,6 +50,18 @@ pub fn join_worker(cluster: &LocalCluster, rt: &tokio::runtime::Runtime) {
     assert_eq!(exit, "ok", "{} joins", worker.name);
 }
 
+/// `asterism verify` against `node`'s verify service: fresh evidence from its TPM,
+/// checked against the cluster's measurements (PCR 15 included) and platform CA.
+pub fn verify_node(cluster: &LocalCluster, rt: &tokio::runtime::Runtime, node: &Node) {
+    rt.block_on(asterism::verify::run(asterism::verify::Args::for_node(
+        &format!("{}:9090", node.ip),
+        &cluster.workspace,
+        &cluster.platform_ca,
+        &cluster.measurements,
+    )))
+    .unwrap();
+}
+
 /// A single-threaded runtime for the cluster's async steps.
 pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()

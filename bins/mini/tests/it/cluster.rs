@@ -5,7 +5,7 @@
 //! The binaries are the workspace's own, built next to `asterism` (`cargo test --workspace`
 //! builds them all). Kubernetes cannot run here; the bootstrappers use the `none` driver.
 
-use crate::common::{Teardown, bins, cryptsetup_opens, node_swtpm, runtime};
+use crate::common::{Teardown, bins, cryptsetup_opens, node_swtpm, runtime, verify_node};
 use asterism_mini::{LocalCluster, Node};
 use asterism_testkit::process::wait_for;
 use std::process::Command;
@@ -155,13 +155,7 @@ fn init_two_joins_verify_and_a_reboot_with_rejoin() {
     // `asterism verify` against a worker: fresh evidence, PCR 15 shows this cluster.
     cluster.start_verify_services().unwrap();
     let worker = &cluster.nodes[1];
-    rt.block_on(asterism::verify::run(asterism::verify::Args::for_node(
-        &format!("{}:9090", worker.ip),
-        &cluster.workspace,
-        &cluster.platform_ca,
-        &cluster.measurements,
-    )))
-    .unwrap();
+    verify_node(&cluster, &rt, worker);
 
     // A reboot of worker-0: its TPM resets (PCRs cleared, AK kept), its bootstrapper starts
     // again, gets a rejoin ticket, unlocks the disk and marks PCR 15 again.

@@ -72,7 +72,9 @@ pub struct TestCa {
     pub cert_der: Vec<u8>,
 }
 
-fn ca_params(name: &str) -> CertificateParams {
+/// A CA certificate's parameters: `name` as its common name, any path length, signing
+/// certificates and CRLs.
+pub fn ca_params(name: &str) -> CertificateParams {
     let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
     params.distinguished_name.push(DnType::CommonName, name);
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);

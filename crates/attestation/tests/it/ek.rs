@@ -6,13 +6,14 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::common::ca_params;
 use asterism_attestation::tpm::ek::{EkCaBundle, EkCaBundleError, EkError, certificates_from_nv};
 use asterism_attestation::tpm::structures::{
     AsymScheme, KdfScheme, ObjectAttributes, PublicParams, SymDefObject, TpmtPublic, alg,
 };
 use rcgen::{
-    BasicConstraints, CertificateParams, CustomExtension, DnType, ExtendedKeyUsagePurpose, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose,
+    CertificateParams, CustomExtension, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
 };
 
 fn data(dir: &str) -> PathBuf {
@@ -125,14 +126,6 @@ fn an_empty_bundle_is_refused() {
 
 fn now() -> SystemTime {
     SystemTime::now()
-}
-
-fn ca_params(name: &str) -> CertificateParams {
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.distinguished_name.push(DnType::CommonName, name);
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    params
 }
 
 struct Ca {

@@ -39,12 +39,11 @@ use asterism_attestation::snp::{
 };
 use asterism_attestation::tdx::{TdQuote, TdxCollateral, TdxPolicy, TdxVerifier};
 use asterism_attestation::tpm::structures::{
-    AsymScheme, ClockInfo, ObjectAttributes, PcrSelection, PublicParams, QuoteInfo, SymDefObject,
-    alg,
+    ClockInfo, PcrSelection, PublicParams, QuoteInfo, alg,
 };
 use asterism_attestation::tpm::{
     AkTrust, AwsSnp, AzureSnp, AzureTdx, CvmAkTrust, CvmPlatform, PlatformKind, TdxCollateralSet,
-    TpmQuoteEvidence, TpmQuoteValidator, TpmsAttest, TpmtPublic, TpmtSignature,
+    TpmQuoteEvidence, TpmQuoteValidator, TpmsAttest, TpmtSignature,
 };
 use asterism_attestation::{
     CvmReferences, ExpectedPcr, Measurements, PcrIndex, ReportData, Role, ValidationError,
@@ -110,30 +109,7 @@ impl SoftRsaAk {
 
 /// An RSA AK public area as Azure's vTPM makes it (without noDA).
 fn rsa_ak_public(n: Vec<u8>) -> Vec<u8> {
-    TpmtPublic {
-        name_alg: alg::SHA256,
-        attributes: ObjectAttributes(
-            ObjectAttributes::FIXED_TPM
-                | ObjectAttributes::FIXED_PARENT
-                | ObjectAttributes::SENSITIVE_DATA_ORIGIN
-                | ObjectAttributes::USER_WITH_AUTH
-                | ObjectAttributes::RESTRICTED
-                | ObjectAttributes::SIGN,
-        ),
-        auth_policy: Vec::new(),
-        params: PublicParams::Rsa {
-            symmetric: SymDefObject::Null,
-            scheme: AsymScheme::Hashed {
-                scheme: alg::RSASSA,
-                hash: alg::SHA256,
-            },
-            key_bits: u16::try_from(n.len() * 8).unwrap(),
-            exponent: 0,
-            modulus: n,
-        },
-    }
-    .to_bytes()
-    .unwrap()
+    asterism_testkit::cvm::cloud_ak_public(PublicParams::rsassa_sha256(n, 0))
 }
 
 /// The vTPM AK (`HCLAkPub`) of Azure runtime data, as a public area.

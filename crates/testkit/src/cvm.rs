@@ -1,7 +1,32 @@
 //! The real confidential-VM evidence of `asterism-attestation`'s test data, in the forms
 //! tests outside that crate need.
 
+use asterism_attestation::tpm::TpmtPublic;
+use asterism_attestation::tpm::structures::{ObjectAttributes, PublicParams, alg};
 use std::path::PathBuf;
+
+/// An AK's public area as Azure's and Google's vTPMs make it, encoded: named with SHA-256,
+/// fixedTPM | fixedParent | sensitiveDataOrigin | userWithAuth | restricted | sign, without
+/// the noDA of the AKs `asterism-tpm` creates, with `params` (for example
+/// [`PublicParams::rsassa_sha256`], [`PublicParams::ecdsa_p256`]).
+#[allow(clippy::expect_used)] // a test helper fails the test loudly
+pub fn cloud_ak_public(params: PublicParams) -> Vec<u8> {
+    TpmtPublic {
+        name_alg: alg::SHA256,
+        attributes: ObjectAttributes(
+            ObjectAttributes::FIXED_TPM
+                | ObjectAttributes::FIXED_PARENT
+                | ObjectAttributes::SENSITIVE_DATA_ORIGIN
+                | ObjectAttributes::USER_WITH_AUTH
+                | ObjectAttributes::RESTRICTED
+                | ObjectAttributes::SIGN,
+        ),
+        auth_policy: Vec::new(),
+        params,
+    }
+    .to_bytes()
+    .expect("an AK public area encodes")
+}
 
 /// The directory of the real evidence (`crates/attestation/tests/data/cvm`).
 pub fn cvm_data_dir() -> PathBuf {

@@ -806,22 +806,8 @@ impl rcgen::PublicKeyData for EcKey {
 /// no noDA), with `unique` filled with `fill`: another fill is another template, so another
 /// key.
 fn gce_ecc_ak_template(fill: u8) -> Vec<u8> {
-    use asterism_attestation::tpm::structures::{ObjectAttributes, PublicParams, alg};
-    asterism_attestation::tpm::TpmtPublic {
-        name_alg: alg::SHA256,
-        attributes: ObjectAttributes(
-            ObjectAttributes::FIXED_TPM
-                | ObjectAttributes::FIXED_PARENT
-                | ObjectAttributes::SENSITIVE_DATA_ORIGIN
-                | ObjectAttributes::USER_WITH_AUTH
-                | ObjectAttributes::RESTRICTED
-                | ObjectAttributes::SIGN,
-        ),
-        auth_policy: Vec::new(),
-        params: PublicParams::ecdsa_p256(vec![fill; 32], vec![fill; 32]),
-    }
-    .to_bytes()
-    .unwrap()
+    use asterism_attestation::tpm::structures::PublicParams;
+    asterism_testkit::cvm::cloud_ak_public(PublicParams::ecdsa_p256(vec![fill; 32], vec![fill; 32]))
 }
 
 /// The uncompressed point of an ECC `TPMT_PUBLIC`.

@@ -14,9 +14,7 @@ use asterism_attestation::snp::{MinimumTcb, PerProduct, SignerKind, SnpPolicy, S
 use asterism_attestation::tdx::{
     TcbStatus, TdQuote, TdReport, TdReportKind, TdxCollateral, TdxPolicy, check_fields,
 };
-use asterism_attestation::tpm::structures::{
-    AsymScheme, ObjectAttributes, PublicParams, SymDefObject, TpmtPublic, alg,
-};
+use asterism_attestation::tpm::structures::{PublicParams, TpmtPublic};
 use asterism_attestation::tpm::{
     AkTrust, AwsSnp, AzureSnp, AzureTdx, CvmAkTrust, CvmPlatform, CvmTrustError, MissingReferences,
     PlatformKind, TdxCollateralSet, TpmQuoteEvidence, TpmQuoteValidator,
@@ -83,30 +81,7 @@ fn azure_ak_public() -> Vec<u8> {
     let n = URL_SAFE_NO_PAD
         .decode(json["keys"][0]["n"].as_str().unwrap())
         .unwrap();
-    TpmtPublic {
-        name_alg: alg::SHA256,
-        attributes: ObjectAttributes(
-            ObjectAttributes::FIXED_TPM
-                | ObjectAttributes::FIXED_PARENT
-                | ObjectAttributes::SENSITIVE_DATA_ORIGIN
-                | ObjectAttributes::USER_WITH_AUTH
-                | ObjectAttributes::RESTRICTED
-                | ObjectAttributes::SIGN,
-        ),
-        auth_policy: Vec::new(),
-        params: PublicParams::Rsa {
-            symmetric: SymDefObject::Null,
-            scheme: AsymScheme::Hashed {
-                scheme: alg::RSASSA,
-                hash: alg::SHA256,
-            },
-            key_bits: u16::try_from(n.len() * 8).unwrap(),
-            exponent: 0,
-            modulus: n,
-        },
-    }
-    .to_bytes()
-    .unwrap()
+    asterism_testkit::cvm::cloud_ak_public(PublicParams::rsassa_sha256(n, 0))
 }
 
 /// Evidence: a software quote over `rd()`, with the platform report `kind` and, when

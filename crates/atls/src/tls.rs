@@ -141,36 +141,32 @@ impl ServerCertVerifier for CertCarriesNoTrust {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rustls::{ClientConnection, ServerConnection, SupportedCipherSuite};
+    use rustls::{ClientConnection, Connection, ServerConnection, SupportedCipherSuite};
+
+    /// Moves every record `from` has to send into `to`; whether there was any.
+    fn deliver(from: &mut Connection, to: &mut Connection) -> Result<bool, rustls::Error> {
+        let io = |e: std::io::Error| rustls::Error::General(e.to_string());
+        let mut wire = Vec::new();
+        let mut moved = false;
+        while from.wants_write() {
+            wire.clear();
+            from.write_tls(&mut wire).map_err(io)?;
+            to.read_tls(&mut wire.as_slice()).map_err(io)?;
+            to.process_new_packets()?;
+            moved = true;
+        }
+        Ok(moved)
+    }
 
     /// Runs a handshake in memory; the suite both ends settled on, or the first error.
     fn handshake(
         client: ClientConfig,
         server: ServerConfig,
     ) -> Result<SupportedCipherSuite, rustls::Error> {
-        let mut c = ClientConnection::new(Arc::new(client), server_name())?;
-        let mut s = ServerConnection::new(Arc::new(server))?;
-        let mut wire = Vec::new();
+        let mut c = Connection::from(ClientConnection::new(Arc::new(client), server_name())?);
+        let mut s = Connection::from(ServerConnection::new(Arc::new(server))?);
         while c.is_handshaking() || s.is_handshaking() {
-            let mut moved = false;
-            while c.wants_write() {
-                wire.clear();
-                c.write_tls(&mut wire)
-                    .map_err(|e| rustls::Error::General(e.to_string()))?;
-                s.read_tls(&mut wire.as_slice())
-                    .map_err(|e| rustls::Error::General(e.to_string()))?;
-                s.process_new_packets()?;
-                moved = true;
-            }
-            while s.wants_write() {
-                wire.clear();
-                s.write_tls(&mut wire)
-                    .map_err(|e| rustls::Error::General(e.to_string()))?;
-                c.read_tls(&mut wire.as_slice())
-                    .map_err(|e| rustls::Error::General(e.to_string()))?;
-                c.process_new_packets()?;
-                moved = true;
-            }
+            let moved = deliver(&mut c, &mut s)? | deliver(&mut s, &mut c)?;
             if !moved {
                 return Err(rustls::Error::General("the handshake stalled".into()));
             }

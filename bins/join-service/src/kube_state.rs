@@ -77,6 +77,10 @@ fn state_error(e: ApiError) -> StateError {
     match e {
         ApiError::DiskBoundToOtherKey { uuid } => StateError::DiskBoundToOtherKey { uuid },
         ApiError::MemberKeyChanged { name } => StateError::MemberKeyChanged { name },
+        ApiError::KeyClaimedByOtherNode { member } => StateError::KeyIsAnotherMember {
+            ak: "(recorded in its key claim)".to_owned(),
+            member,
+        },
         e if e.is_retryable() => StateError::Unavailable(Box::new(e)),
         e => StateError::store_caused("the Kubernetes API", e),
     }
@@ -174,10 +178,11 @@ impl KubeState {
     }
 
     /// Refuses `ak` (hex) for member `name` if it is a member under another name: one key
-    /// is one node. The member records are read whole (the API has no index by key), and
-    /// the check and the later write are two API calls, not one transaction: two joins
-    /// with one key under two names at the same moment could both pass it, which the
-    /// embedded store's transaction rules out.
+    /// is one node. The member records are read whole (the API has no index by key). This
+    /// read alone is not atomic with the later writes; what makes the rule hold under
+    /// concurrency is the key's claim ([`ClusterApi::claim_key`]), which [`Self::admit`]
+    /// and [`Self::record_init_node`] take before they write anything else. This check
+    /// also covers members recorded before claims existed.
     async fn key_free_for(&self, ak: &str, name: &str) -> Result<(), StateError> {
         let members = self.api.members().await.map_err(state_error)?;
         match members.into_iter().find(|m| m.ak == ak && m.name != name) {
@@ -273,6 +278,10 @@ impl ClusterState for KubeState {
         }
         self.key_free_for(&ak, &init.name).await?;
         self.api
+            .claim_key(&ak, &init.name, now)
+            .await
+            .map_err(state_error)?;
+        self.api
             .bind_disk(disk.as_str(), &ak, now)
             .await
             .map_err(state_error)?;
@@ -295,13 +304,18 @@ impl ClusterState for KubeState {
     /// Not one transaction, but in an order where each step is safe to repeat and a refusal
     /// comes before any write: the member's key is checked first (a member of another key
     /// writes nothing; `record_member` checks again under its resourceVersion), then the
-    /// disk binding (a disk of another key writes nothing), then the JoiningNode (a
-    /// control-plane join in progress refuses before a token is minted), the token, and the
-    /// member record last.
+    /// disk binding (a disk of another key writes nothing), then the key's claim (the
+    /// atomic step of "one key is one node": of two requests of one key under two names,
+    /// only one claims it), the disk binding, the JoiningNode (a control-plane join in
+    /// progress refuses before a token is minted), the token, and the member record last.
     async fn admit(&self, a: Admission) -> Result<ExpiringToken, StateError> {
         self.check_member(&a.name, &a.ak, a.role).await?;
         self.check_disk(&a.disk, &a.ak, &a.name).await?;
         let ak = a.ak.to_string();
+        self.api
+            .claim_key(&ak, &a.name, a.now)
+            .await
+            .map_err(state_error)?;
         self.api
             .bind_disk(a.disk.as_str(), &ak, a.now)
             .await

@@ -126,6 +126,12 @@ pub enum ApiError {
         /// The disk.
         uuid: String,
     },
+    /// The attestation key is claimed by another node: one key is one node.
+    #[error("the attestation key is claimed by node {member}")]
+    KeyClaimedByOtherNode {
+        /// The node that holds the claim.
+        member: String,
+    },
     /// A member came back with another attestation key and no operator re-admitted it.
     #[error("node {name} is a member with another attestation key and was not re-admitted")]
     MemberKeyChanged {
@@ -198,6 +204,7 @@ impl ApiError {
             | Self::Rejected { .. }
             | Self::Malformed { .. }
             | Self::DiskBoundToOtherKey { .. }
+            | Self::KeyClaimedByOtherNode { .. }
             | Self::MemberKeyChanged { .. }
             | Self::SaltMismatch
             | Self::ComponentsMismatch { .. }

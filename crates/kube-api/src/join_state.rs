@@ -5,6 +5,9 @@
 //! * A disk binding is an **immutable** ConfigMap `asterism-disk-<uuid>` created once: the
 //!   API server's create is the atomic "first writer wins"; a create answered `AlreadyExists`
 //!   reads the winner and refuses another AK.
+//! * A key claim is an **immutable** ConfigMap `asterism-ak-<fingerprint>` created the same
+//!   way: the first node to claim an attestation key holds it, and a request of that key
+//!   under another name is refused, also when two replicas (or two requests) race.
 //! * A member is a ConfigMap `asterism-member-<node>`, updated with its resourceVersion
 //!   (optimistic concurrency; a lost race reads and tries again).
 //! * A JoiningNode is created for a control-plane node (an existing one of another node
@@ -24,6 +27,9 @@ use std::time::{Duration, SystemTime};
 
 /// Name prefix of disk-binding ConfigMaps (the lower-case disk UUID follows).
 pub const DISK_PREFIX: &str = "asterism-disk-";
+/// Name prefix of key-claim ConfigMaps (the AK fingerprint, 64 lower-case hex digits,
+/// follows).
+pub const AK_PREFIX: &str = "asterism-ak-";
 /// Name prefix of member ConfigMaps (the node name follows).
 pub const MEMBER_PREFIX: &str = "asterism-member-";
 /// API group of JoiningNode and NodeVersion.
@@ -44,6 +50,22 @@ pub const CONTROL_PLANE_JOIN_DEADLINE: Duration = Duration::from_secs(10 * 60);
 
 const UPDATE_ATTEMPTS: u32 = 5;
 const MAX_NAME_LEN: usize = 253;
+
+/// An AK fingerprint as it names an object: 64 lower-case hex digits.
+fn check_ak(ak: &str) -> Result<()> {
+    if ak.len() == 64
+        && ak
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
+        Ok(())
+    } else {
+        Err(ApiError::InvalidInput {
+            what: "attestation key fingerprint",
+            detail: "not 64 lower-case hex digits".into(),
+        })
+    }
+}
 
 /// A disk UUID as it names an object: canonical, lower case (`8-4-4-4-12` hex digits).
 fn check_disk_uuid(uuid: &str) -> Result<()> {
@@ -365,6 +387,86 @@ impl ClusterApi {
             Err(e) => match ApiError::from_kube(op, e) {
                 // Another replica bound it meanwhile: theirs stands.
                 ApiError::AlreadyExists { .. } => self.check_disk(disk_uuid, ak).await,
+                other => Err(other),
+            },
+        }
+    }
+
+    /// The node that claimed attestation key `ak` (its fingerprint, lower-case hex), if any.
+    pub async fn key_claim(&self, ak: &str) -> Result<Option<String>> {
+        check_ak(ak)?;
+        let name = format!("{AK_PREFIX}{ak}");
+        let op = format!("get ConfigMap {NAMESPACE}/{name}");
+        let Some(cm) = self
+            .config_maps()
+            .get_opt(&name)
+            .await
+            .map_err(|e| ApiError::from_kube(op, e))?
+        else {
+            return Ok(None);
+        };
+        let claimed = cm
+            .data
+            .as_ref()
+            .and_then(|d| Some((d.get("ak")?, d.get("member")?)));
+        match claimed {
+            Some((a, member)) if a == ak && !member.is_empty() => Ok(Some(member.clone())),
+            _ => Err(ApiError::Malformed {
+                object: format!("ConfigMap {NAMESPACE}/{name}"),
+                detail: "not a claim of this key by a node".to_owned(),
+            }),
+        }
+    }
+
+    /// Claims attestation key `ak` (fingerprint, lower-case hex) for node `member`: succeeds
+    /// if the key is unclaimed (creating its immutable ConfigMap) or claimed by `member`;
+    /// [`ApiError::KeyClaimedByOtherNode`] if another node holds it, also when another
+    /// request's create won a race. Claims are never removed: a key an operator replaced
+    /// (`asterism readmit`) stays its node's.
+    pub async fn claim_key(&self, ak: &str, member: &str, now: SystemTime) -> Result<()> {
+        check_node_name(member)?;
+        let held = |holder: String| {
+            if holder == member {
+                Ok(())
+            } else {
+                Err(ApiError::KeyClaimedByOtherNode { member: holder })
+            }
+        };
+        // Every request of a member finds its claim: read first.
+        if let Some(holder) = self.key_claim(ak).await? {
+            return held(holder);
+        }
+        let name = format!("{AK_PREFIX}{ak}");
+        let cm = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                namespace: Some(NAMESPACE.to_owned()),
+                labels: Some(labels("key-claim")),
+                ..ObjectMeta::default()
+            },
+            immutable: Some(true),
+            data: Some(BTreeMap::from([
+                ("ak".to_owned(), ak.to_owned()),
+                ("member".to_owned(), member.to_owned()),
+                ("claimedAt".to_owned(), rfc3339(now)?),
+            ])),
+            ..ConfigMap::default()
+        };
+        let op = format!("create ConfigMap {NAMESPACE}/{name}");
+        match self.config_maps().create(&PostParams::default(), &cm).await {
+            Ok(_) => {
+                tracing::info!(ak, member, "claimed the attestation key for the node");
+                Ok(())
+            }
+            Err(e) => match ApiError::from_kube(op, e) {
+                // Another request claimed it meanwhile: its claim stands.
+                ApiError::AlreadyExists { .. } => match self.key_claim(ak).await? {
+                    Some(holder) => held(holder),
+                    None => Err(ApiError::Malformed {
+                        object: format!("ConfigMap {NAMESPACE}/{name}"),
+                        detail: "its create was refused as existing, and it is not there".into(),
+                    }),
+                },
                 other => Err(other),
             },
         }

@@ -271,6 +271,140 @@ async fn an_operator_readmission_lets_the_next_ticket_replace_the_key_once() {
     assert!(matches!(err, StateError::NoSuchMember { .. }), "{err:?}");
 }
 
+/// A key that is no member's yet; the recorded key claims are of this key.
+const FRESH_AK: &str = "8f3c1a5e7b9d2f4a6c8e0b1d3f5a7c9e2b4d6f8a0c1e3b5d7f9a2c4e6b8d0f1a";
+
+fn claim_path() -> String {
+    format!("{CONFIG_MAPS}/asterism-ak-{FRESH_AK}")
+}
+
+/// The admission of `FRESH_AK` as worker-9, a node that is no member, with an unbound disk.
+fn fresh_admission() -> Admission {
+    Admission {
+        name: "worker-9".into(),
+        role: Role::Worker,
+        ak: fingerprint(FRESH_AK),
+        disk: DiskUuid::parse(DISK).unwrap(),
+        now: t0(),
+    }
+}
+
+/// Routes what a fresh node's checks read: no member worker-9, an unbound disk.
+fn route_fresh_node(server: &RecordingServer) {
+    server
+        .on(
+            "GET",
+            &format!("{CONFIG_MAPS}/asterism-member-worker-9"),
+            [Reply::recorded(404, "status-404-configmap-member.json")],
+        )
+        .on(
+            "GET",
+            &format!("{CONFIG_MAPS}/asterism-disk-{DISK}"),
+            [Reply::recorded(404, "status-404-configmap-disk.json")],
+        );
+}
+
+/// One key is one node, also under concurrency: two requests of one key under two names
+/// both pass the read-only checks (the key is no member's yet); the key's claim decides.
+/// Here the other request's claim (worker-7) won the create: this one reads it and is
+/// refused, with nothing written but its refused create.
+#[tokio::test]
+async fn of_two_requests_of_one_key_under_two_names_only_the_one_that_claimed_it_goes_on() {
+    let (server, state, _dir) = setup().await;
+    route_fresh_node(&server);
+    server
+        .on(
+            "GET",
+            &claim_path(),
+            [
+                Reply::recorded(404, "status-404-configmap-disk.json"),
+                Reply::recorded(200, "configmap-ak-claim-other-node.json"),
+            ],
+        )
+        .on(
+            "POST",
+            CONFIG_MAPS,
+            [Reply::recorded(
+                409,
+                "status-409-configmap-ak-claim-already-exists.json",
+            )],
+        );
+    let err = state.admit(fresh_admission()).await.unwrap_err();
+    assert!(
+        matches!(err, StateError::KeyIsAnotherMember { ref member, .. } if member == "worker-7"),
+        "{err:?}"
+    );
+    let writes = server.writes();
+    assert_eq!(writes.len(), 1, "only the refused claim: {writes:?}");
+    assert_eq!(
+        writes[0].body["metadata"]["name"],
+        format!("asterism-ak-{FRESH_AK}")
+    );
+}
+
+/// A key another node claimed earlier is refused before any write, under any other name.
+#[tokio::test]
+async fn a_key_claimed_by_another_node_is_refused_before_any_write() {
+    let (server, state, _dir) = setup().await;
+    route_fresh_node(&server);
+    server.on(
+        "GET",
+        &claim_path(),
+        [Reply::recorded(200, "configmap-ak-claim-other-node.json")],
+    );
+    let err = state.admit(fresh_admission()).await.unwrap_err();
+    assert!(
+        matches!(err, StateError::KeyIsAnotherMember { ref member, .. } if member == "worker-7"),
+        "{err:?}"
+    );
+    assert!(server.writes().is_empty());
+}
+
+/// A node's own claim lets it on, without a second create; a claim object that is not a
+/// claim of the key it names is refused as malformed, and a name that is no fingerprint
+/// is refused before any request.
+#[tokio::test]
+async fn a_nodes_own_claim_holds_and_a_malformed_one_does_not() {
+    let (server, _state, dir) = setup().await;
+    let api = server.api(dir.path()).await;
+    server.on(
+        "GET",
+        &claim_path(),
+        [Reply::recorded(200, "configmap-ak-claim-other-node.json")],
+    );
+    api.claim_key(FRESH_AK, "worker-7", t0()).await.unwrap();
+    assert!(server.writes().is_empty(), "the claim exists: no create");
+    let err = api.claim_key(FRESH_AK, "worker-9", t0()).await.unwrap_err();
+    assert!(
+        matches!(err, ApiError::KeyClaimedByOtherNode { ref member } if member == "worker-7"),
+        "{err:?}"
+    );
+
+    let other = FRESH_AK.replace('8', "9");
+    server.on(
+        "GET",
+        &format!("{CONFIG_MAPS}/asterism-ak-{other}"),
+        [Reply::recorded(200, "configmap-ak-claim-other-node.json")],
+    );
+    let err = api.claim_key(&other, "worker-7", t0()).await.unwrap_err();
+    assert!(matches!(err, ApiError::Malformed { .. }), "{err:?}");
+
+    server.clear_requests();
+    for bad in [
+        "",
+        "8F3C",
+        &FRESH_AK.to_uppercase(),
+        &format!("{FRESH_AK}0"),
+    ] {
+        let err = api.claim_key(bad, "worker-7", t0()).await.unwrap_err();
+        assert!(
+            matches!(err, ApiError::InvalidInput { .. }),
+            "{bad}: {err:?}"
+        );
+    }
+    assert!(server.requests().is_empty(), "no request for a bad key");
+}
+
 #[tokio::test]
 async fn the_init_node_binds_its_disk_and_is_recorded_without_tickets() {
     let (server, state, _dir) = setup().await;
@@ -289,6 +423,7 @@ async fn the_init_node_binds_its_disk_and_is_recorded_without_tickets() {
             "POST",
             CONFIG_MAPS,
             [
+                Reply::recorded(201, "configmap-ak-claim-created.json"),
                 Reply::recorded(201, "configmap-disk-binding-created.json"),
                 Reply::recorded(201, "configmap-member-created.json"),
             ],
@@ -302,14 +437,22 @@ async fn the_init_node_binds_its_disk_and_is_recorded_without_tickets() {
     };
     state.record_init_node(&init, t0()).await.unwrap();
     let writes = server.writes();
-    assert_eq!(writes.len(), 2, "{writes:?}");
-    assert_eq!(writes[0].body["data"]["disk"], DISK);
-    assert_eq!(writes[0].body["data"]["ak"], OTHER_AK);
-    assert_eq!(writes[1].body["data"]["ak"], OTHER_AK);
-    assert_eq!(writes[1].body["data"]["tickets"], "0");
-    assert_eq!(writes[1].body["data"]["role"], "ControlPlane");
+    assert_eq!(writes.len(), 3, "{writes:?}");
     assert_eq!(
-        writes[1].body["data"]["disk"], DISK,
+        (
+            &writes[0].body["data"]["ak"],
+            &writes[0].body["data"]["member"]
+        ),
+        (&serde_json::json!(OTHER_AK), &serde_json::json!("worker-0")),
+        "the init node claims its key first"
+    );
+    assert_eq!(writes[1].body["data"]["disk"], DISK);
+    assert_eq!(writes[1].body["data"]["ak"], OTHER_AK);
+    assert_eq!(writes[2].body["data"]["ak"], OTHER_AK);
+    assert_eq!(writes[2].body["data"]["tickets"], "0");
+    assert_eq!(writes[2].body["data"]["role"], "ControlPlane");
+    assert_eq!(
+        writes[2].body["data"]["disk"], DISK,
         "the init member records its disk"
     );
 

@@ -40,6 +40,7 @@ fn empty_cluster(server: &RecordingServer) {
             "POST",
             CONFIG_MAPS,
             [
+                Reply::recorded(201, "configmap-ak-claim-created.json"),
                 Reply::recorded(201, "configmap-disk-binding-created.json"),
                 Reply::recorded(201, "configmap-member-created.json"),
             ],
@@ -130,19 +131,30 @@ async fn a_swtpm_node_gets_a_ticket_whose_token_is_a_bootstrap_token_stored_in_t
         what,
         [
             format!("POST {CONFIG_MAPS}"),
+            format!("POST {CONFIG_MAPS}"),
             format!("PATCH {JOINING_NODES}/worker-0"),
             format!("POST {SECRETS}"),
             format!("POST {CONFIG_MAPS}"),
         ],
-        "bind the disk, the JoiningNode, one token, the member"
+        "claim the key, bind the disk, the JoiningNode, one token, the member"
     );
-    let binding = &writes[0].body;
+    let claim = &writes[0].body;
+    assert_eq!(
+        claim["metadata"]["name"],
+        format!("asterism-ak-{fp}"),
+        "the key's claim names the key"
+    );
+    assert_eq!(
+        (&claim["data"]["member"], claim["immutable"].as_bool()),
+        (&serde_json::json!("worker-0"), Some(true))
+    );
+    let binding = &writes[1].body;
     assert_eq!(
         binding["metadata"]["name"],
         format!("asterism-disk-{DISK_A}")
     );
     assert_eq!(binding["data"]["ak"], fp.to_string());
-    let secret_write = &writes[2];
+    let secret_write = &writes[3];
     assert_eq!(secret_write.body["type"], "bootstrap.kubernetes.io/token");
     assert_eq!(
         secret_write.body["metadata"]["name"],
@@ -168,7 +180,7 @@ async fn a_swtpm_node_gets_a_ticket_whose_token_is_a_bootstrap_token_stored_in_t
         "{expires:?}"
     );
     assert!(expires <= after + fifteen, "{expires:?}");
-    let joining = &writes[1];
+    let joining = &writes[2];
     assert_eq!(
         joining.query_param("fieldManager").as_deref(),
         Some("join-service")
@@ -178,7 +190,7 @@ async fn a_swtpm_node_gets_a_ticket_whose_token_is_a_bootstrap_token_stored_in_t
         joining.body["spec"]["componentsreference"],
         "k8s-components-sha256-6f0f1f3b7a0d4d4e4c5b8a9e2d1c0b9a8f7e6d5c4b3a29181716151413121110"
     );
-    let member = &writes[3].body;
+    let member = &writes[4].body;
     assert_eq!(member["metadata"]["name"], "asterism-member-worker-0");
     assert_eq!(member["data"]["role"], "Worker");
     assert_eq!(
@@ -290,9 +302,10 @@ async fn a_control_plane_node_waits_while_another_one_joins_and_gets_no_token() 
         writes,
         [
             format!("POST {CONFIG_MAPS}"),
+            format!("POST {CONFIG_MAPS}"),
             format!("POST {JOINING_NODES}")
         ],
-        "the disk binding and the refused JoiningNode; no token, no member"
+        "the key's claim, the disk binding and the refused JoiningNode; no token, no member"
     );
     let metrics = js.http_get("/metrics").await;
     assert!(

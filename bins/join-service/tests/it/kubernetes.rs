@@ -148,6 +148,19 @@ async fn a_swtpm_node_gets_a_ticket_whose_token_is_a_bootstrap_token_stored_in_t
         (&claim["data"]["member"], claim["immutable"].as_bool()),
         (&serde_json::json!("worker-0"), Some(true))
     );
+    assert_eq!(
+        (
+            &claim["metadata"]["namespace"],
+            &claim["metadata"]["labels"]["asterism.dev/record"],
+            &claim["metadata"]["labels"]["asterism.dev/managed-by"],
+        ),
+        (
+            &serde_json::json!("kube-system"),
+            &serde_json::json!("key-claim"),
+            &serde_json::json!("join-service"),
+        ),
+        "the claim is the join service's record in kube-system"
+    );
     let binding = &writes[1].body;
     assert_eq!(
         binding["metadata"]["name"],

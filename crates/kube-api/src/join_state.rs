@@ -302,17 +302,20 @@ pub fn node_version_resource() -> ApiResource {
 }
 
 impl ClusterApi {
+    /// The ConfigMap `name` of the join service's namespace, if it exists.
+    async fn config_map(&self, name: &str) -> Result<Option<ConfigMap>> {
+        let op = format!("get ConfigMap {NAMESPACE}/{name}");
+        self.config_maps()
+            .get_opt(name)
+            .await
+            .map_err(|e| ApiError::from_kube(op, e))
+    }
+
     /// The binding of `disk_uuid` (canonical lower case), if any.
     pub async fn disk_binding(&self, disk_uuid: &str) -> Result<Option<DiskBinding>> {
         check_disk_uuid(disk_uuid)?;
         let name = format!("{DISK_PREFIX}{disk_uuid}");
-        let op = format!("get ConfigMap {NAMESPACE}/{name}");
-        let Some(cm) = self
-            .config_maps()
-            .get_opt(&name)
-            .await
-            .map_err(|e| ApiError::from_kube(op, e))?
-        else {
+        let Some(cm) = self.config_map(&name).await? else {
             return Ok(None);
         };
         let malformed = |detail: &str| ApiError::Malformed {
@@ -359,34 +362,49 @@ impl ClusterApi {
             return self.check_disk(disk_uuid, ak).await;
         }
         let name = format!("{DISK_PREFIX}{disk_uuid}");
+        let data = [("disk", disk_uuid), ("ak", ak), ("boundAt", &rfc3339(now)?)];
+        if self.create_once(&name, "disk-binding", data).await? {
+            tracing::info!(
+                disk = disk_uuid,
+                ak,
+                "bound the disk to the attestation key"
+            );
+            Ok(())
+        } else {
+            // Another replica bound it meanwhile: theirs stands.
+            self.check_disk(disk_uuid, ak).await
+        }
+    }
+
+    /// Creates the immutable ConfigMap `name` (record label `record`) holding `data`:
+    /// `true` if this call created it, `false` if it exists (the API server's create is
+    /// atomic: of two writers, one creates and the other learns it lost).
+    async fn create_once<const N: usize>(
+        &self,
+        name: &str,
+        record: &str,
+        data: [(&str, &str); N],
+    ) -> Result<bool> {
         let cm = ConfigMap {
             metadata: ObjectMeta {
-                name: Some(name.clone()),
+                name: Some(name.to_owned()),
                 namespace: Some(NAMESPACE.to_owned()),
-                labels: Some(labels("disk-binding")),
+                labels: Some(labels(record)),
                 ..ObjectMeta::default()
             },
             immutable: Some(true),
-            data: Some(BTreeMap::from([
-                ("disk".to_owned(), disk_uuid.to_owned()),
-                ("ak".to_owned(), ak.to_owned()),
-                ("boundAt".to_owned(), rfc3339(now)?),
-            ])),
+            data: Some(
+                data.into_iter()
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                    .collect(),
+            ),
             ..ConfigMap::default()
         };
         let op = format!("create ConfigMap {NAMESPACE}/{name}");
         match self.config_maps().create(&PostParams::default(), &cm).await {
-            Ok(_) => {
-                tracing::info!(
-                    disk = disk_uuid,
-                    ak,
-                    "bound the disk to the attestation key"
-                );
-                Ok(())
-            }
+            Ok(_) => Ok(true),
             Err(e) => match ApiError::from_kube(op, e) {
-                // Another replica bound it meanwhile: theirs stands.
-                ApiError::AlreadyExists { .. } => self.check_disk(disk_uuid, ak).await,
+                ApiError::AlreadyExists { .. } => Ok(false),
                 other => Err(other),
             },
         }
@@ -396,13 +414,7 @@ impl ClusterApi {
     pub async fn key_claim(&self, ak: &str) -> Result<Option<String>> {
         check_ak(ak)?;
         let name = format!("{AK_PREFIX}{ak}");
-        let op = format!("get ConfigMap {NAMESPACE}/{name}");
-        let Some(cm) = self
-            .config_maps()
-            .get_opt(&name)
-            .await
-            .map_err(|e| ApiError::from_kube(op, e))?
-        else {
+        let Some(cm) = self.config_map(&name).await? else {
             return Ok(None);
         };
         let claimed = cm
@@ -437,38 +449,22 @@ impl ClusterApi {
             return held(holder);
         }
         let name = format!("{AK_PREFIX}{ak}");
-        let cm = ConfigMap {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                namespace: Some(NAMESPACE.to_owned()),
-                labels: Some(labels("key-claim")),
-                ..ObjectMeta::default()
-            },
-            immutable: Some(true),
-            data: Some(BTreeMap::from([
-                ("ak".to_owned(), ak.to_owned()),
-                ("member".to_owned(), member.to_owned()),
-                ("claimedAt".to_owned(), rfc3339(now)?),
-            ])),
-            ..ConfigMap::default()
-        };
-        let op = format!("create ConfigMap {NAMESPACE}/{name}");
-        match self.config_maps().create(&PostParams::default(), &cm).await {
-            Ok(_) => {
-                tracing::info!(ak, member, "claimed the attestation key for the node");
-                Ok(())
-            }
-            Err(e) => match ApiError::from_kube(op, e) {
-                // Another request claimed it meanwhile: its claim stands.
-                ApiError::AlreadyExists { .. } => match self.key_claim(ak).await? {
-                    Some(holder) => held(holder),
-                    None => Err(ApiError::Malformed {
-                        object: format!("ConfigMap {NAMESPACE}/{name}"),
-                        detail: "its create was refused as existing, and it is not there".into(),
-                    }),
-                },
-                other => Err(other),
-            },
+        let data = [
+            ("ak", ak),
+            ("member", member),
+            ("claimedAt", &rfc3339(now)?),
+        ];
+        if self.create_once(&name, "key-claim", data).await? {
+            tracing::info!(ak, member, "claimed the attestation key for the node");
+            return Ok(());
+        }
+        // Another request claimed it meanwhile: its claim stands.
+        match self.key_claim(ak).await? {
+            Some(holder) => held(holder),
+            None => Err(ApiError::Malformed {
+                object: format!("ConfigMap {NAMESPACE}/{name}"),
+                detail: "its create was refused as existing, and it is not there".into(),
+            }),
         }
     }
 

@@ -77,10 +77,6 @@ fn state_error(e: ApiError) -> StateError {
     match e {
         ApiError::DiskBoundToOtherKey { uuid } => StateError::DiskBoundToOtherKey { uuid },
         ApiError::MemberKeyChanged { name } => StateError::MemberKeyChanged { name },
-        ApiError::KeyClaimedByOtherNode { member } => StateError::KeyIsAnotherMember {
-            ak: "(recorded in its key claim)".to_owned(),
-            member,
-        },
         e if e.is_retryable() => StateError::Unavailable(Box::new(e)),
         e => StateError::store_caused("the Kubernetes API", e),
     }
@@ -193,6 +189,20 @@ impl KubeState {
             None => Ok(()),
         }
     }
+
+    /// Claims `ak` (hex) for node `name` ([`ClusterApi::claim_key`]); a key another node
+    /// claimed is [`StateError::KeyIsAnotherMember`].
+    async fn claim_key(&self, ak: &str, name: &str, now: SystemTime) -> Result<(), StateError> {
+        match self.api.claim_key(ak, name, now).await {
+            Err(ApiError::KeyClaimedByOtherNode { member }) => {
+                Err(StateError::KeyIsAnotherMember {
+                    ak: ak.to_owned(),
+                    member,
+                })
+            }
+            other => other.map_err(state_error),
+        }
+    }
 }
 
 impl ClusterState for KubeState {
@@ -277,10 +287,7 @@ impl ClusterState for KubeState {
             });
         }
         self.key_free_for(&ak, &init.name).await?;
-        self.api
-            .claim_key(&ak, &init.name, now)
-            .await
-            .map_err(state_error)?;
+        self.claim_key(&ak, &init.name, now).await?;
         self.api
             .bind_disk(disk.as_str(), &ak, now)
             .await
@@ -312,10 +319,7 @@ impl ClusterState for KubeState {
         self.check_member(&a.name, &a.ak, a.role).await?;
         self.check_disk(&a.disk, &a.ak, &a.name).await?;
         let ak = a.ak.to_string();
-        self.api
-            .claim_key(&ak, &a.name, a.now)
-            .await
-            .map_err(state_error)?;
+        self.claim_key(&ak, &a.name, a.now).await?;
         self.api
             .bind_disk(a.disk.as_str(), &ak, a.now)
             .await

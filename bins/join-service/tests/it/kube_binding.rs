@@ -331,7 +331,7 @@ async fn of_two_requests_of_one_key_under_two_names_only_the_one_that_claimed_it
         );
     let err = state.admit(fresh_admission()).await.unwrap_err();
     assert!(
-        matches!(err, StateError::KeyIsAnotherMember { ref member, .. } if member == "worker-7"),
+        matches!(err, StateError::KeyIsAnotherMember { ref ak, ref member } if member == "worker-7" && ak == FRESH_AK),
         "{err:?}"
     );
     let writes = server.writes();
@@ -354,7 +354,7 @@ async fn a_key_claimed_by_another_node_is_refused_before_any_write() {
     );
     let err = state.admit(fresh_admission()).await.unwrap_err();
     assert!(
-        matches!(err, StateError::KeyIsAnotherMember { ref member, .. } if member == "worker-7"),
+        matches!(err, StateError::KeyIsAnotherMember { ref ak, ref member } if member == "worker-7" && ak == FRESH_AK),
         "{err:?}"
     );
     assert!(server.writes().is_empty());

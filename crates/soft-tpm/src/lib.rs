@@ -13,12 +13,9 @@
 #![forbid(unsafe_code)]
 
 use asterism_attestation::tpm::structures::{
-    ClockInfo, ObjectAttributes, PcrSelection, PublicParams, QuoteInfo, TpmsAttest, TpmtPublic,
-    TpmtSignature, alg,
+    ClockInfo, PcrSelection, PublicParams, QuoteInfo, TpmsAttest, TpmtPublic, TpmtSignature, alg,
 };
-use asterism_attestation::tpm::{
-    AK_ATTRIBUTES, AkFingerprint, ParseError, TpmQuoteEvidence, VARIANT,
-};
+use asterism_attestation::tpm::{AkFingerprint, ParseError, TpmQuoteEvidence, VARIANT};
 use asterism_attestation::{IssueError, Issuer, PcrIndex, ReportData};
 use prost::Message;
 use ring::rand::SystemRandom;
@@ -54,10 +51,6 @@ pub struct SoftAk {
 }
 
 impl SoftAk {
-    /// The attributes of a well-formed AK: fixedTPM, fixedParent, sensitiveDataOrigin,
-    /// userWithAuth, noDA, restricted, sign.
-    pub const AK_ATTRIBUTES: ObjectAttributes = ObjectAttributes(AK_ATTRIBUTES);
-
     /// A fresh random ECDSA P-256 AK.
     pub fn generate_ecdsa_p256() -> Result<Self, SoftError> {
         let rng = SystemRandom::new();

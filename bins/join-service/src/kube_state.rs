@@ -190,17 +190,39 @@ impl KubeState {
         }
     }
 
-    /// Claims `ak` (hex) for node `name` ([`ClusterApi::claim_key`]); a key another node
-    /// claimed is [`StateError::KeyIsAnotherMember`].
-    async fn claim_key(&self, ak: &str, name: &str, now: SystemTime) -> Result<(), StateError> {
-        match self.api.claim_key(ak, name, now).await {
+    /// Claims `ak` (hex) for node `name` and its disk ([`ClusterApi::claim_key`]); a key
+    /// another node claimed is [`StateError::KeyIsAnotherMember`]. One key also binds one
+    /// new disk under concurrency: the claim names the disk of the key's first admission,
+    /// and a claim of another disk lets the request on only if the member's record already
+    /// names this disk (moved there after an operator's re-admission) or the member is
+    /// re-admitted now. Of two simultaneous first requests of one key for two disks, the
+    /// one whose claim lost is refused [`StateError::SecondDisk`] before it binds anything.
+    async fn claim_key(
+        &self,
+        ak: &str,
+        name: &str,
+        disk: &DiskUuid,
+        now: SystemTime,
+    ) -> Result<(), StateError> {
+        let claim = match self.api.claim_key(ak, name, disk.as_str(), now).await {
             Err(ApiError::KeyClaimedByOtherNode { member }) => {
-                Err(StateError::KeyIsAnotherMember {
+                return Err(StateError::KeyIsAnotherMember {
                     ak: ak.to_owned(),
                     member,
-                })
+                });
             }
-            other => other.map_err(state_error),
+            other => other.map_err(state_error)?,
+        };
+        let Some(first) = claim.disk.filter(|d| d != disk.as_str()) else {
+            return Ok(());
+        };
+        match self.api.member(name).await.map_err(state_error)? {
+            Some(m) if m.ak == ak && (m.readmit || m.disk == disk.as_str()) => Ok(()),
+            _ => Err(StateError::SecondDisk {
+                ak: ak.to_owned(),
+                bound: first,
+                requested: disk.as_str().to_owned(),
+            }),
         }
     }
 }
@@ -287,7 +309,7 @@ impl ClusterState for KubeState {
             });
         }
         self.key_free_for(&ak, &init.name).await?;
-        self.claim_key(&ak, &init.name, now).await?;
+        self.claim_key(&ak, &init.name, &disk, now).await?;
         self.api
             .bind_disk(disk.as_str(), &ak, now)
             .await
@@ -319,7 +341,7 @@ impl ClusterState for KubeState {
         self.check_member(&a.name, &a.ak, a.role).await?;
         self.check_disk(&a.disk, &a.ak, &a.name).await?;
         let ak = a.ak.to_string();
-        self.claim_key(&ak, &a.name, a.now).await?;
+        self.claim_key(&ak, &a.name, &a.disk, a.now).await?;
         self.api
             .bind_disk(a.disk.as_str(), &ak, a.now)
             .await

@@ -122,6 +122,16 @@ pub struct DiskBinding {
     pub bound_at: SystemTime,
 }
 
+/// Which node holds an attestation key, and the disk its first admission bound.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyClaim {
+    /// The node that claimed the key.
+    pub member: String,
+    /// The disk (canonical UUID) the claim was made for; `None` in a claim written before
+    /// claims named their disk.
+    pub disk: Option<String>,
+}
+
 /// A node admitted to the cluster, as recorded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemberRecord {
@@ -410,57 +420,82 @@ impl ClusterApi {
         }
     }
 
-    /// The node that claimed attestation key `ak` (its fingerprint, lower-case hex), if any.
-    pub async fn key_claim(&self, ak: &str) -> Result<Option<String>> {
+    /// The claim of attestation key `ak` (its fingerprint, lower-case hex), if any.
+    pub async fn key_claim(&self, ak: &str) -> Result<Option<KeyClaim>> {
         check_ak(ak)?;
         let name = format!("{AK_PREFIX}{ak}");
         let Some(cm) = self.config_map(&name).await? else {
             return Ok(None);
         };
-        let claimed = cm
-            .data
-            .as_ref()
-            .and_then(|d| Some((d.get("ak")?, d.get("member")?)));
-        match claimed {
-            Some((a, member)) if a == ak && !member.is_empty() => Ok(Some(member.clone())),
-            _ => Err(ApiError::Malformed {
-                object: format!("ConfigMap {NAMESPACE}/{name}"),
-                detail: "not a claim of this key by a node".to_owned(),
-            }),
-        }
+        let malformed = |detail: &str| ApiError::Malformed {
+            object: format!("ConfigMap {NAMESPACE}/{name}"),
+            detail: detail.to_owned(),
+        };
+        let data = cm.data.as_ref();
+        let claimed = data.and_then(|d| Some((d.get("ak")?, d.get("member")?)));
+        let member = match claimed {
+            Some((a, member)) if a == ak && !member.is_empty() => member.clone(),
+            _ => return Err(malformed("not a claim of this key by a node")),
+        };
+        let disk = match data.and_then(|d| d.get("disk")) {
+            None => None,
+            Some(disk) if check_disk_uuid(disk).is_ok() => Some(disk.clone()),
+            Some(_) => return Err(malformed("its disk is no canonical UUID")),
+        };
+        Ok(Some(KeyClaim { member, disk }))
     }
 
-    /// Claims attestation key `ak` (fingerprint, lower-case hex) for node `member`: succeeds
-    /// if the key is unclaimed (creating its immutable ConfigMap) or claimed by `member`;
+    /// Claims attestation key `ak` (fingerprint, lower-case hex) for node `member` and its
+    /// disk `disk_uuid` (canonical lower case), and returns the claim that holds: the new
+    /// one if the key was unclaimed (creating its immutable ConfigMap), or the existing one
+    /// of `member`, whose disk may be another (the caller decides whether that is allowed).
     /// [`ApiError::KeyClaimedByOtherNode`] if another node holds it, also when another
     /// request's create won a race. Claims are never removed: a key an operator replaced
     /// (`asterism readmit`) stays its node's.
-    pub async fn claim_key(&self, ak: &str, member: &str, now: SystemTime) -> Result<()> {
+    pub async fn claim_key(
+        &self,
+        ak: &str,
+        member: &str,
+        disk_uuid: &str,
+        now: SystemTime,
+    ) -> Result<KeyClaim> {
         check_node_name(member)?;
-        let held = |holder: String| {
-            if holder == member {
-                Ok(())
+        check_disk_uuid(disk_uuid)?;
+        let held = |claim: KeyClaim| {
+            if claim.member == member {
+                Ok(claim)
             } else {
-                Err(ApiError::KeyClaimedByOtherNode { member: holder })
+                Err(ApiError::KeyClaimedByOtherNode {
+                    member: claim.member,
+                })
             }
         };
         // Every request of a member finds its claim: read first.
-        if let Some(holder) = self.key_claim(ak).await? {
-            return held(holder);
+        if let Some(claim) = self.key_claim(ak).await? {
+            return held(claim);
         }
         let name = format!("{AK_PREFIX}{ak}");
         let data = [
             ("ak", ak),
             ("member", member),
+            ("disk", disk_uuid),
             ("claimedAt", &rfc3339(now)?),
         ];
         if self.create_once(&name, "key-claim", data).await? {
-            tracing::info!(ak, member, "claimed the attestation key for the node");
-            return Ok(());
+            tracing::info!(
+                ak,
+                member,
+                disk = disk_uuid,
+                "claimed the attestation key for the node"
+            );
+            return Ok(KeyClaim {
+                member: member.to_owned(),
+                disk: Some(disk_uuid.to_owned()),
+            });
         }
         // Another request claimed it meanwhile: its claim stands.
         match self.key_claim(ak).await? {
-            Some(holder) => held(holder),
+            Some(claim) => held(claim),
             None => Err(ApiError::Malformed {
                 object: format!("ConfigMap {NAMESPACE}/{name}"),
                 detail: "its create was refused as existing, and it is not there".into(),

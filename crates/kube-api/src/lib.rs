@@ -52,7 +52,7 @@ pub use deploy::{
 pub use error::ApiError;
 pub use join_state::{
     CONTROL_PLANE_JOIN_DEADLINE, CONTROL_PLANE_JOINING_NODE, DISK_PREFIX, DiskBinding,
-    FIELD_MANAGER, JoiningNode, MEMBER_PREFIX, MemberRecord, NODE_VERSION, UPDATE_GROUP,
+    FIELD_MANAGER, JoiningNode, KeyClaim, MEMBER_PREFIX, MemberRecord, NODE_VERSION, UPDATE_GROUP,
     UPDATE_VERSION, WORKER_JOIN_DEADLINE, joining_node_resource, node_version_resource,
 };
 pub use tokens::{

@@ -304,21 +304,16 @@ fn route_fresh_node(server: &RecordingServer) {
         );
 }
 
-/// One key is one node, also under concurrency: two requests of one key under two names
-/// both pass the read-only checks (the key is no member's yet); the key's claim decides.
-/// Here the other request's claim (worker-7) won the create: this one reads it and is
-/// refused, with nothing written but its refused create.
-#[tokio::test]
-async fn of_two_requests_of_one_key_under_two_names_only_the_one_that_claimed_it_goes_on() {
-    let (server, state, _dir) = setup().await;
-    route_fresh_node(&server);
+/// Routes a claim this request loses: no claim when it reads, its create answered `409`,
+/// then `winner`'s claim.
+fn route_lost_claim(server: &RecordingServer, winner: Reply) {
     server
         .on(
             "GET",
             &claim_path(),
             [
                 Reply::recorded(404, "status-404-configmap-disk.json"),
-                Reply::recorded(200, "configmap-ak-claim-other-node.json"),
+                winner,
             ],
         )
         .on(
@@ -329,6 +324,20 @@ async fn of_two_requests_of_one_key_under_two_names_only_the_one_that_claimed_it
                 "status-409-configmap-ak-claim-already-exists.json",
             )],
         );
+}
+
+/// One key is one node, also under concurrency: two requests of one key under two names
+/// both pass the read-only checks (the key is no member's yet); the key's claim decides.
+/// Here the other request's claim (worker-7) won the create: this one reads it and is
+/// refused, with nothing written but its refused create.
+#[tokio::test]
+async fn of_two_requests_of_one_key_under_two_names_only_the_one_that_claimed_it_goes_on() {
+    let (server, state, _dir) = setup().await;
+    route_fresh_node(&server);
+    route_lost_claim(
+        &server,
+        Reply::recorded(200, "configmap-ak-claim-other-node.json"),
+    );
     let err = state.admit(fresh_admission()).await.unwrap_err();
     assert!(
         matches!(err, StateError::KeyIsAnotherMember { ref ak, ref member } if member == "worker-7" && ak == FRESH_AK),
@@ -361,8 +370,8 @@ async fn a_key_claimed_by_another_node_is_refused_before_any_write() {
 }
 
 /// A node's own claim lets it on, without a second create; a claim object that is not a
-/// claim of the key it names is refused as malformed, and a name that is no fingerprint
-/// is refused before any request.
+/// claim of the key it names, or names no canonical disk UUID, is refused as malformed; a
+/// name that is no fingerprint is refused before any request.
 #[tokio::test]
 async fn a_nodes_own_claim_holds_and_a_malformed_one_does_not() {
     let (server, _state, dir) = setup().await;
@@ -372,9 +381,19 @@ async fn a_nodes_own_claim_holds_and_a_malformed_one_does_not() {
         &claim_path(),
         [Reply::recorded(200, "configmap-ak-claim-other-node.json")],
     );
-    api.claim_key(FRESH_AK, "worker-7", t0()).await.unwrap();
+    let claim = api
+        .claim_key(FRESH_AK, "worker-7", DISK, t0())
+        .await
+        .unwrap();
+    assert_eq!(
+        (claim.member.as_str(), claim.disk.as_deref()),
+        ("worker-7", Some("cccccccc-0000-4000-8000-00000000000c"))
+    );
     assert!(server.writes().is_empty(), "the claim exists: no create");
-    let err = api.claim_key(FRESH_AK, "worker-9", t0()).await.unwrap_err();
+    let err = api
+        .claim_key(FRESH_AK, "worker-9", DISK, t0())
+        .await
+        .unwrap_err();
     assert!(
         matches!(err, ApiError::KeyClaimedByOtherNode { ref member } if member == "worker-7"),
         "{err:?}"
@@ -386,7 +405,21 @@ async fn a_nodes_own_claim_holds_and_a_malformed_one_does_not() {
         &format!("{CONFIG_MAPS}/asterism-ak-{other}"),
         [Reply::recorded(200, "configmap-ak-claim-other-node.json")],
     );
-    let err = api.claim_key(&other, "worker-7", t0()).await.unwrap_err();
+    let err = api
+        .claim_key(&other, "worker-7", DISK, t0())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ApiError::Malformed { .. }), "{err:?}");
+
+    // A claim of this key whose disk is no canonical UUID.
+    let mut cm: serde_json::Value =
+        serde_json::from_str(&recorded("configmap-ak-claim-other-node.json")).unwrap();
+    cm["data"]["disk"] = DISK.to_uppercase().into();
+    server.on("GET", &claim_path(), [Reply::json(200, cm.to_string())]);
+    let err = api
+        .claim_key(FRESH_AK, "worker-7", DISK, t0())
+        .await
+        .unwrap_err();
     assert!(matches!(err, ApiError::Malformed { .. }), "{err:?}");
 
     server.clear_requests();
@@ -396,13 +429,132 @@ async fn a_nodes_own_claim_holds_and_a_malformed_one_does_not() {
         &FRESH_AK.to_uppercase(),
         &format!("{FRESH_AK}0"),
     ] {
-        let err = api.claim_key(bad, "worker-7", t0()).await.unwrap_err();
+        let err = api
+            .claim_key(bad, "worker-7", DISK, t0())
+            .await
+            .unwrap_err();
         assert!(
             matches!(err, ApiError::InvalidInput { .. }),
             "{bad}: {err:?}"
         );
     }
     assert!(server.requests().is_empty(), "no request for a bad key");
+}
+
+/// A key whose claim names another disk: worker-9's claim of `bbbbbbbb-…`.
+fn claim_of_another_disk() -> Reply {
+    Reply::recorded(200, "configmap-ak-claim-other-disk.json")
+}
+
+/// One fresh key binds one disk, also under concurrency: two first requests of one key
+/// under one name, for two disks, both pass the read-only checks (no member, both disks
+/// unbound). The claim names the disk of the request whose create won (`bbbbbbbb-…`);
+/// this one, for another disk, is refused before it binds anything, so a node cannot
+/// squat another node's disk and keep its own.
+#[tokio::test]
+async fn of_two_first_requests_of_one_key_for_two_disks_only_the_claimed_disk_goes_on() {
+    let (server, state, _dir) = setup().await;
+    route_fresh_node(&server);
+    route_lost_claim(&server, claim_of_another_disk());
+    let err = state.admit(fresh_admission()).await.unwrap_err();
+    assert!(
+        matches!(err, StateError::SecondDisk { ref bound, ref requested, .. }
+            if bound == "bbbbbbbb-0000-4000-8000-00000000000b" && requested == DISK),
+        "{err:?}"
+    );
+    let writes = server.writes();
+    assert_eq!(writes.len(), 1, "only the refused claim: {writes:?}");
+    assert_eq!(
+        writes[0].body["data"]["disk"], DISK,
+        "the claim names its disk"
+    );
+    assert_eq!(writes[0].body["data"]["member"], "worker-9");
+}
+
+/// worker-9's record with `FRESH_AK` and `disk`, `readmit` if an operator re-admitted it.
+fn fresh_member(disk: &str, readmit: bool) -> Reply {
+    let mut cm: serde_json::Value =
+        serde_json::from_str(&recorded("configmap-member-worker-0.json")).unwrap();
+    cm["metadata"]["name"] = "asterism-member-worker-9".into();
+    cm["data"]["name"] = "worker-9".into();
+    cm["data"]["ak"] = FRESH_AK.into();
+    cm["data"]["disk"] = disk.into();
+    if readmit {
+        cm["data"]["readmit"] = "true".into();
+    }
+    Reply::json(200, cm.to_string())
+}
+
+/// `DISK` bound to `FRESH_AK`.
+fn disk_bound_to_fresh_key() -> Reply {
+    let mut cm: serde_json::Value =
+        serde_json::from_str(&recorded("configmap-disk-binding-created.json")).unwrap();
+    cm["data"]["ak"] = FRESH_AK.into();
+    Reply::json(200, cm.to_string())
+}
+
+/// A claim of another disk lets a request on only where the key's node moved: a member an
+/// operator re-admitted now, or one whose record already names this disk. A disk bound to
+/// the key that its record does not name (what a lost race would have left) is refused by
+/// the claim, with nothing written.
+#[tokio::test]
+async fn a_claim_of_another_disk_holds_unless_the_member_moved_to_this_one() {
+    const CLAIMED: &str = "bbbbbbbb-0000-4000-8000-00000000000b";
+    let (server, state, _dir) = setup().await;
+    let member = format!("{CONFIG_MAPS}/asterism-member-worker-9");
+    let disk = format!("{CONFIG_MAPS}/asterism-disk-{DISK}");
+    server
+        .on("GET", &claim_path(), [claim_of_another_disk()])
+        .on("GET", &member, [fresh_member(CLAIMED, false)])
+        .on("GET", &disk, [disk_bound_to_fresh_key()]);
+    let err = state.admit(fresh_admission()).await.unwrap_err();
+    assert!(
+        matches!(err, StateError::SecondDisk { ref bound, .. } if bound == CLAIMED),
+        "{err:?}"
+    );
+    assert!(server.writes().is_empty(), "{:?}", server.writes());
+
+    // Re-admitted by an operator: the new disk is bound (the first write).
+    server.clear_requests();
+    server
+        .on("GET", &member, [fresh_member(CLAIMED, true)])
+        .on(
+            "GET",
+            &disk,
+            [Reply::recorded(404, "status-404-configmap-disk.json")],
+        )
+        .on(
+            "POST",
+            CONFIG_MAPS,
+            [Reply::recorded(201, "configmap-disk-binding-created.json")],
+        );
+    // The JoiningNode step after the binding finds no NodeVersion here and fails.
+    let err = state.admit(fresh_admission()).await.unwrap_err();
+    assert!(matches!(err, StateError::Store { .. }), "{err:?}");
+    let writes = server.writes();
+    assert_eq!(
+        writes.first().map(|w| w.body["metadata"]["name"].clone()),
+        Some(format!("asterism-disk-{DISK}").into()),
+        "{writes:?}"
+    );
+
+    // Moved there earlier (its record names this disk, bound to its key): past the binding.
+    server.clear_requests();
+    server.on("GET", &member, [fresh_member(DISK, false)]).on(
+        "GET",
+        &disk,
+        [disk_bound_to_fresh_key()],
+    );
+    let err = state.admit(fresh_admission()).await.unwrap_err();
+    assert!(matches!(err, StateError::Store { .. }), "{err:?}");
+    assert!(
+        server
+            .requests()
+            .iter()
+            .any(|r| r.path.ends_with("/nodeversions/constellation-version")),
+        "the JoiningNode step was reached: {:?}",
+        server.requests()
+    );
 }
 
 #[tokio::test]

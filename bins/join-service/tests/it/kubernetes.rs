@@ -145,8 +145,17 @@ async fn a_swtpm_node_gets_a_ticket_whose_token_is_a_bootstrap_token_stored_in_t
         "the key's claim names the key"
     );
     assert_eq!(
-        (&claim["data"]["member"], claim["immutable"].as_bool()),
-        (&serde_json::json!("worker-0"), Some(true))
+        (
+            &claim["data"]["member"],
+            &claim["data"]["disk"],
+            claim["immutable"].as_bool()
+        ),
+        (
+            &serde_json::json!("worker-0"),
+            &serde_json::json!(DISK_A),
+            Some(true)
+        ),
+        "the claim names the node and the disk of its first admission"
     );
     assert_eq!(
         (

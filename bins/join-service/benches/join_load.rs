@@ -24,6 +24,15 @@
 //! the machine); the ratios join/baseline; and the join service's peak resident memory
 //! (VmHWM) after all its runs.
 //!
+//! It also prints the floors of the two CPU-bound figures. The work a ticket must do that a
+//! plain call does not (the evidence check, the CSR check, the kubelet certificate, the SSH
+//! host certificate, the control plane's signature) is timed alone in this process, with the
+//! same library calls the service makes. The floor of the server's CPU per ticket is the
+//! plain call's plus that sum; the floor of the closed burst's ratio is the plain call's CPU
+//! (server and load generator) over the join's with the server at its floor, both
+//! processes sharing the machine's cores. The durable write, the key service's call and the
+//! aTLS frames are not in the floor: they are what is left to cut.
+//!
 //! Run: `cargo bench -p asterism-join-service --profile release --bench join_load`
 //! Environment: `JOIN_BENCH_JOINERS` (K, default 256), `JOIN_BENCH_RATES` (open-loop
 //! rates per second, comma-separated, default `500,750,1000`), `JOIN_BENCH_SERVICE_BIN`
@@ -328,6 +337,110 @@ fn baseline_jobs(n: usize, url: &str) -> Vec<impl Future<Output = ()> + Send + '
         .collect()
 }
 
+/// A ticket's required work beyond a plain call, each part timed alone: (what, time).
+fn required_work(cluster: &Cluster) -> Vec<(&'static str, Duration)> {
+    use asterism_attestation::{AkTrust, ReportData, TpmQuoteValidator, Validator};
+    /// The least time of one call over 5 rounds of 200 calls.
+    fn time(mut f: impl FnMut()) -> Duration {
+        const CALLS: u32 = 200;
+        (0..5)
+            .map(|_| {
+                let start = Instant::now();
+                for _ in 0..CALLS {
+                    f();
+                }
+                start.elapsed() / CALLS
+            })
+            .min()
+            .unwrap()
+    }
+    let tpm = SoftTpm::new(SoftAk::generate_ecdsa_p256().unwrap());
+    let validator = TpmQuoteValidator::new(
+        AkTrust::pinned([tpm.ak().fingerprint()]),
+        zero_measurements().into_provider(),
+    );
+    let binding = ReportData::atls(asterism_attestation::Role::Client, &[7; 32]);
+    let evidence = tpm.issue(&binding).unwrap();
+    let request = join_request("node-floor", &node_ip(0), &disk_uuid(0), false);
+    let csr = asterism_pki::KubeletCsr::parse(&request.certificate_request).unwrap();
+    let host_key = asterism_pki::parse_wire_public_key(&request.host_public_key).unwrap();
+    let principals = request.host_certificate_principals.clone();
+    let ca = cluster.ca();
+    let ssh_ca =
+        asterism_pki::SshCa::from_seed(&asterism_kms::DataKey::new(vec![7; 32]).unwrap()).unwrap();
+    let signer =
+        asterism_kms::ControlPlaneSigner::new(&kms().control_plane_seed().unwrap()).unwrap();
+    let now = std::time::SystemTime::now();
+    vec![
+        (
+            "evidence check",
+            time(|| {
+                validator.validate(&evidence, &binding).unwrap();
+            }),
+        ),
+        (
+            "CSR check",
+            time(|| {
+                asterism_pki::KubeletCsr::parse(&request.certificate_request).unwrap();
+            }),
+        ),
+        (
+            "kubelet certificate",
+            time(|| {
+                ca.sign_kubelet(&csr, now).unwrap();
+            }),
+        ),
+        (
+            "SSH host certificate",
+            time(|| {
+                ssh_ca
+                    .sign_host_certificate(&host_key, &principals, now)
+                    .unwrap();
+            }),
+        ),
+        (
+            "control-plane signature",
+            time(|| {
+                let _ = signer.sign(
+                    asterism_kms::Purpose::JoinTicket,
+                    &asterism_kms::ChannelBinding([7; 32]),
+                    &request.certificate_request,
+                );
+            }),
+        ),
+    ]
+}
+
+/// Prints the required work and the floors it sets (the module's doc says how).
+fn print_floors(work: &[(&str, Duration)], join: &Run, baseline: &Run) {
+    let per = |run: &Run, d: Duration| d.as_secs_f64() * 1000.0 / run.requests as f64;
+    let parts: Vec<String> = work
+        .iter()
+        .map(|(what, d)| format!("{what} {:.1} us", d.as_secs_f64() * 1e6))
+        .collect();
+    let sum_ms: f64 = work.iter().map(|(_, d)| d.as_secs_f64() * 1000.0).sum();
+    let base_server = per(baseline, baseline.server_cpu);
+    let floor_server = base_server + sum_ms;
+    let base_all = base_server + per(baseline, baseline.generator_cpu);
+    let floor_all = floor_server + per(join, join.generator_cpu);
+    println!(
+        "  a ticket's required work beyond a plain call, each alone: {}; sum {:.3} ms",
+        parts.join(", "),
+        sum_ms
+    );
+    println!(
+        "  floor, server CPU per ticket: {floor_server:.3} ms = {:.2}x the plain call's {base_server:.3} ms (measured {:.3} ms = {:.2}x)",
+        floor_server / base_server,
+        per(join, join.server_cpu),
+        per(join, join.server_cpu) / base_server,
+    );
+    println!(
+        "  floor, closed burst requests/s ratio: {:.2} (measured {:.3})",
+        base_all / floor_all,
+        join.per_second() / baseline.per_second(),
+    );
+}
+
 fn stop(mut server: Server) {
     let status = Command::new("kill")
         .args(["-TERM", &server.child.id().to_string()])
@@ -491,6 +604,7 @@ fn main() {
                 j.percentile(0.99).as_secs_f64() / b.percentile(0.99).as_secs_f64(),
             );
         }
+        print_floors(&required_work(&cluster), &join_runs[0], &base_runs[0]);
         println!("  join service memory, started and idle: {idle}");
         println!("  join service memory after its runs:     {loaded}");
         println!("  baseline server memory after its runs:  {baseline_memory}");

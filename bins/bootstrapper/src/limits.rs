@@ -8,15 +8,22 @@
 //!
 //! * at most `max_in_flight` Init calls (`max_pending_handshakes` handshakes) at once in
 //!   all;
-//! * at most `per_peer_in_flight` at once from one IP address;
-//! * per IP address, a token bucket: `per_peer_burst` attempts at once, then one every
+//! * at most `per_peer_in_flight` at once from one source;
+//! * per source, a token bucket: `per_peer_burst` attempts at once, then one every
 //!   `per_peer_interval`.
 //!
-//! A refused connection is closed before the handshake; a refused call gets
-//! `RESOURCE_EXHAUSTED`. The owner, calling from one address a few times, never comes near
-//! the per-address limits; a flood from one address is held to the bucket's rate. The
-//! per-address table holds at most [`MAX_PEERS`] addresses; when it is full of active
-//! ones, new addresses are refused until entries expire.
+//! A source is an IPv4 address or an IPv6 /64 (`asterism_atls::pending::source_of`, as the
+//! aTLS listener counts them): whoever holds a /64 holds all its addresses. A refused
+//! connection is closed before the handshake; a refused call gets `RESOURCE_EXHAUSTED`. The
+//! owner, calling from one address a few times, never comes near the per-source limits; a
+//! flood from one source is held to the bucket's rate.
+//!
+//! The per-source table holds at most [`MAX_PEERS`] sources. It bounds memory, never who
+//! gets in: when it is full, the sources with nothing in progress that were seen longest
+//! ago are forgotten (an eighth of the table at once), and a forgotten source starts again
+//! with a full bucket. A flood from more sources than the table holds therefore cannot
+//! refuse the owner's new address; what all sources together get is bounded by the shared
+//! limits below.
 //!
 //! What all addresses together may hold is shared, not refused, so that no set of
 //! addresses can keep the owner out:
@@ -30,6 +37,7 @@
 //!   the waiting call whose address has had the fewest checks, so the owner's first call
 //!   goes ahead of a flood's hundredth.
 
+use asterism_atls::pending::source_of;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -88,8 +96,8 @@ pub enum Refused {
     /// This address used up its attempts for now.
     #[error("too many attempts from this address; retry later")]
     RateLimited,
-    /// The table of addresses is full.
-    #[error("too many addresses; retry later")]
+    /// Every source in the full table has an attempt in progress.
+    #[error("too many sources with attempts in progress; retry later")]
     TooManyPeers,
 }
 
@@ -169,7 +177,7 @@ impl PeerLimiter {
     }
 
     fn try_acquire_at(self: &Arc<Self>, ip: IpAddr, now: Instant) -> Result<Permit, Refused> {
-        let ip = ip.to_canonical();
+        let ip = source_of(ip);
         let limits = self.limits;
         let burst = f64::from(limits.per_peer_burst);
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
@@ -177,15 +185,10 @@ impl PeerLimiter {
             return Err(Refused::Busy);
         }
         if !state.peers.contains_key(&ip) && state.peers.len() >= MAX_PEERS {
-            // Forget addresses that are idle and whose bucket has refilled: remembering them
-            // changes nothing.
-            let full_after = limits
-                .per_peer_interval
-                .saturating_mul(limits.per_peer_burst);
-            state
-                .peers
-                .retain(|_, p| p.in_flight > 0 || now.duration_since(p.refilled) < full_after);
+            forget_idle(&mut state.peers, limits, now);
             if state.peers.len() >= MAX_PEERS {
+                // Every source has an attempt in progress: more than the shared limits let
+                // run at once, so this does not happen while they hold.
                 return Err(Refused::TooManyPeers);
             }
         }
@@ -215,6 +218,36 @@ impl PeerLimiter {
             limiter: Arc::clone(self),
             ip,
         })
+    }
+}
+
+/// Makes room in a full table: forgets the sources that are idle with a refilled bucket
+/// (remembering them changes nothing), and if that is not an eighth of the table, also the
+/// idle sources seen longest ago, up to an eighth. Forgetting a batch at once keeps the
+/// cost per new source constant under a flood of new sources.
+fn forget_idle(peers: &mut HashMap<IpAddr, Peer>, limits: InitLimits, now: Instant) {
+    let full_after = limits
+        .per_peer_interval
+        .saturating_mul(limits.per_peer_burst);
+    peers.retain(|_, p| p.in_flight > 0 || now.duration_since(p.refilled) < full_after);
+    let batch = MAX_PEERS / 8;
+    if peers.len() + batch <= MAX_PEERS {
+        return;
+    }
+    let mut idle: Vec<(Instant, IpAddr)> = peers
+        .iter()
+        .filter(|(_, p)| p.in_flight == 0)
+        .map(|(ip, p)| (p.refilled, *ip))
+        .collect();
+    let n = (peers.len() + batch - MAX_PEERS).min(idle.len());
+    if n == 0 {
+        return;
+    }
+    if n < idle.len() {
+        idle.select_nth_unstable(n - 1);
+    }
+    for (_, ip) in idle.iter().take(n) {
+        peers.remove(ip);
     }
 }
 
@@ -336,7 +369,7 @@ impl CheckQueue {
     /// `max_running` run and nobody waits; `Busy` when the queue is full or the deadline
     /// passed first.
     pub async fn turn(self: &Arc<Self>, ip: IpAddr) -> Result<CheckTurn, Refused> {
-        let ip = ip.to_canonical();
+        let ip = source_of(ip);
         let (seq, rx) = {
             let mut state = self.lock();
             if state.running < self.max_running && state.waiting.is_empty() {
@@ -436,26 +469,67 @@ mod tests {
         drop(l.try_acquire_at(ip(1), t0).unwrap());
     }
 
+    fn flood_address(i: usize) -> IpAddr {
+        IpAddr::from([10, 1, (i >> 8) as u8, i as u8])
+    }
+
     #[test]
-    fn the_address_table_is_bounded_and_forgets_idle_addresses() {
+    fn the_address_table_is_bounded_and_refuses_only_while_every_source_is_busy() {
         let l = PeerLimiter::new(InitLimits {
             max_in_flight: usize::MAX,
             ..limits()
         });
         let t0 = Instant::now();
-        let mut held = Vec::new();
-        for i in 0..MAX_PEERS {
-            let addr = IpAddr::from([10, 1, (i >> 8) as u8, i as u8]);
-            held.push(l.try_acquire_at(addr, t0).unwrap());
-        }
+        let held: Vec<_> = (0..MAX_PEERS)
+            .map(|i| l.try_acquire_at(flood_address(i), t0).unwrap())
+            .collect();
         assert_eq!(
             l.try_acquire_at(ip(1), t0).unwrap_err(),
             Refused::TooManyPeers
         );
         drop(held);
-        // Once idle with refilled buckets, the addresses are forgotten.
-        let later = t0 + Duration::from_secs(4);
-        drop(l.try_acquire_at(ip(1), later).unwrap());
+        // Idle, the sources seen longest ago make room at once, buckets refilled or not.
+        drop(l.try_acquire_at(ip(1), t0).unwrap());
+        assert!(l.state.lock().unwrap().peers.len() <= MAX_PEERS);
+    }
+
+    /// A flood from more sources than the table holds, each coming back before its bucket
+    /// refills, does not keep a new address out (the owner's), and the table stays bounded.
+    #[test]
+    fn a_flood_from_more_sources_than_the_table_holds_does_not_keep_the_owner_out() {
+        let l = PeerLimiter::new(InitLimits {
+            max_in_flight: usize::MAX,
+            ..limits()
+        });
+        let t0 = Instant::now();
+        for round in 0..3u32 {
+            let now = t0 + Duration::from_millis(100) * round;
+            for i in 0..MAX_PEERS + MAX_PEERS / 2 {
+                // Some of the flood's attempts are refused for its rate; none for the table.
+                let r = l.try_acquire_at(flood_address(i), now);
+                assert_ne!(r.as_ref().err(), Some(&Refused::TooManyPeers));
+            }
+            let owner = l.try_acquire_at(ip(200), now);
+            assert!(owner.is_ok(), "round {round}: {owner:?}");
+            assert!(l.state.lock().unwrap().peers.len() <= MAX_PEERS);
+        }
+    }
+
+    /// An IPv6 /64 is one source: its addresses share one bucket.
+    #[test]
+    fn the_addresses_of_one_ipv6_64_share_a_bucket() {
+        let l = PeerLimiter::new(limits());
+        let t0 = Instant::now();
+        let v6 = |n: u16| IpAddr::from([0x2001, 0xdb8, 0, 1, 0, 0, 0, n]);
+        for n in 0..4 {
+            drop(l.try_acquire_at(v6(n), t0).unwrap());
+        }
+        assert_eq!(
+            l.try_acquire_at(v6(99), t0).unwrap_err(),
+            Refused::RateLimited
+        );
+        let other_64 = IpAddr::from([0x2001, 0xdb8, 0, 2, 0, 0, 0, 1]);
+        drop(l.try_acquire_at(other_64, t0).unwrap());
     }
 
     #[tokio::test]

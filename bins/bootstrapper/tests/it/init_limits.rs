@@ -138,3 +138,53 @@ async fn connections_and_init_calls_from_one_address_are_held_to_its_burst() {
         "{responses:?}"
     );
 }
+
+/// A flood from more addresses than the per-source table holds, each connecting and
+/// closing at once (what keeps the table full of recent sources), does not keep the owner
+/// out: the sources seen longest ago make room, and the owner's new address is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_flood_from_more_addresses_than_the_table_holds_does_not_keep_the_owner_out() {
+    use asterism_bootstrapper::limits::MAX_PEERS;
+    use futures::StreamExt as _;
+    let t = TestNode::new("127.0.16.1");
+    let node = t.node_configured(
+        metadata(&t),
+        TestNode::none_driver(),
+        1,
+        None,
+        LogBuffer::default(),
+        |_| {},
+    );
+    let _run = tokio::spawn(t.run(node, std::future::pending()));
+    wait_listening(&t, "127.0.16.9").await;
+
+    let addr = SocketAddr::new(t.ip, t.init_port());
+    let connected = std::sync::atomic::AtomicUsize::new(0);
+    futures::stream::iter(0..MAX_PEERS + MAX_PEERS / 4)
+        .for_each_concurrent(32, |i| {
+            let connected = &connected;
+            async move {
+                let src = IpAddr::from([127, 17, (i / 250) as u8, (i % 250 + 1) as u8]);
+                let socket = TcpSocket::new_v4().unwrap();
+                socket.bind(SocketAddr::new(src, 0)).unwrap();
+                if socket.connect(addr).await.is_ok() {
+                    connected.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        })
+        .await;
+    assert!(
+        connected.into_inner() > MAX_PEERS,
+        "the flood came from more sources than the table holds"
+    );
+
+    let owner = connect_from(&t, "127.0.16.2").await.unwrap();
+    let responses = init(owner, request(INIT_SECRET)).await.unwrap();
+    assert!(
+        matches!(
+            responses.first().and_then(|r| r.kind.as_ref()),
+            Some(asterism_proto::init::init_response::Kind::InitSuccess(_))
+        ),
+        "{responses:?}"
+    );
+}

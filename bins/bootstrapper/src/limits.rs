@@ -487,6 +487,8 @@ mod tests {
             l.try_acquire_at(ip(1), t0).unwrap_err(),
             Refused::TooManyPeers
         );
+        // A source in the table is not refused for the table: its second attempt goes on.
+        drop(l.try_acquire_at(flood_address(7), t0).unwrap());
         drop(held);
         // Idle, the sources seen longest ago make room at once, buckets refilled or not.
         drop(l.try_acquire_at(ip(1), t0).unwrap());

@@ -8,9 +8,17 @@
 //! Anyone who reaches the port can ask, and each answer costs a TPM quote, so quotes are
 //! held to a token bucket per source address (`--rate-limit-per-second`,
 //! `--rate-limit-burst`): a source over its rate gets `RESOURCE_EXHAUSTED` without a quote.
+//!
+//! Connections are bounded too, since anyone can also hold them open without asking: at
+//! most [`MAX_CONNECTIONS`] in all and [`MAX_CONNECTIONS_PER_SOURCE`] per source, shared
+//! fairly (`asterism_atls::pending`): when all are taken, a connection from a source
+//! holding fewer than the busiest source takes the busiest's oldest, which is closed. No
+//! set of sources can keep the owner's `asterism verify` out. Every connection is closed
+//! after [`LIMITS`]' maximum age, and one that stops answering HTTP/2 pings sooner.
 #![forbid(unsafe_code)]
 
 use anyhow::{Context as _, Result};
+use asterism_atls::pending::{PendingSlot, PendingSlots};
 use asterism_attestation::{Issuer, ReportData};
 use asterism_binkit::RateLimiter;
 use asterism_binkit::grpc::{self, Limits};
@@ -20,9 +28,15 @@ use asterism_tpm::{AkConfig, PcrSelection, TpmConfig, TpmIssuer};
 use clap::Parser;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio_stream::StreamExt as _;
+use tokio_stream::wrappers::TcpListenerStream;
 use tonic::service::Routes;
+use tonic::transport::server::{Connected, TcpConnectInfo};
 
 /// Longest AK certificate read, in bytes.
 const MAX_AK_CERT: u64 = 64 * 1024;
@@ -31,15 +45,100 @@ const MAX_AK_CERT: u64 = 64 * 1024;
 const MAX_NONCE: usize = 64;
 
 /// The verify service's gRPC caps: a request is a nonce (1 KiB is plenty), answered within
-/// 10 s; 4 requests at a time per connection, as each costs a TPM quote. Nothing else is
-/// capped here: the service holds no secret, and the per-source rate limit bounds the
-/// quotes.
+/// 10 s; 4 requests at a time per connection, as each costs a TPM quote; the services'
+/// header cap and keepalive pings; and no connection older than 60 s (an `asterism verify`
+/// takes one quote). How many connections are open is [`MAX_CONNECTIONS`]'s.
 const LIMITS: Limits = Limits {
     max_request_size: 1024,
     request_timeout: Some(Duration::from_secs(10)),
     max_streams_per_connection: Some(4),
-    ..Limits::TONIC_DEFAULTS
+    max_connection_age: Some(Duration::from_secs(60)),
+    max_connection_age_grace: Some(Duration::from_secs(10)),
+    ..Limits::SERVICE
 };
+
+/// Connections open at once, all sources together.
+const MAX_CONNECTIONS: usize = 128;
+/// Connections open at once from one source (an IPv4 address, or an IPv6 /64).
+const MAX_CONNECTIONS_PER_SOURCE: usize = 4;
+
+/// A connection holding one of the fairly shared connection slots; closed (its reads end,
+/// its writes fail) when a connection of a less busy source takes the slot.
+struct Slotted {
+    tcp: tokio::net::TcpStream,
+    slot: PendingSlot,
+}
+
+impl Slotted {
+    fn evicted(&mut self, cx: &mut Context<'_>) -> bool {
+        self.slot.poll_evicted(cx).is_ready()
+    }
+}
+
+impl Connected for Slotted {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.tcp.connect_info()
+    }
+}
+
+impl AsyncRead for Slotted {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        if this.evicted(cx) {
+            return Poll::Ready(Err(std::io::ErrorKind::ConnectionAborted.into()));
+        }
+        Pin::new(&mut this.tcp).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Slotted {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        if this.evicted(cx) {
+            return Poll::Ready(Err(std::io::ErrorKind::ConnectionAborted.into()));
+        }
+        Pin::new(&mut this.tcp).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().tcp).poll_shutdown(cx)
+    }
+}
+
+/// The accepted connections that got a slot; one over its source's share is closed at once.
+fn slotted(
+    listener: tokio::net::TcpListener,
+    slots: Arc<PendingSlots>,
+) -> impl tokio_stream::Stream<Item = std::io::Result<Slotted>> {
+    TcpListenerStream::new(listener).filter_map(move |accepted| {
+        let admitted = accepted.and_then(|tcp| {
+            let peer = tcp.peer_addr()?;
+            Ok(match slots.admit(peer.ip()) {
+                Ok(slot) => Some(Slotted { tcp, slot }),
+                Err(refused) => {
+                    // At debug: a flood must not flood the log too.
+                    tracing::debug!(peer = %peer, %refused, "closed a connection");
+                    None
+                }
+            })
+        });
+        admitted.transpose()
+    })
+}
 
 /// Serves fresh attestation evidence of this node to `asterism verify`.
 #[derive(Parser, Debug)]
@@ -143,8 +242,9 @@ async fn run(args: Args) -> Result<()> {
         limiter: RateLimiter::new(args.rate_limit_per_second, args.rate_limit_burst),
     })
     .max_decoding_message_size(LIMITS.max_request_size);
+    let slots = PendingSlots::new(MAX_CONNECTIONS, MAX_CONNECTIONS_PER_SOURCE);
     grpc::serve(
-        tokio_stream::wrappers::TcpListenerStream::new(listener),
+        slotted(listener, slots),
         Routes::new(api),
         &LIMITS,
         shutdown,

@@ -155,3 +155,80 @@ fn quotes_are_held_to_a_rate_per_source_address() {
     );
     assert_eq!(other, Ok(()), "another address is still served");
 }
+
+/// Whether the server closed `tcp` within `wait` (end of stream or a reset); a connection
+/// still open then is `false`.
+async fn closed_within(tcp: &mut tokio::net::TcpStream, wait: Duration) -> bool {
+    use tokio::io::AsyncReadExt as _;
+    let mut buf = [0u8; 256];
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        match tokio::time::timeout_at(deadline, tcp.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0) | Err(_)) => return true,
+            // The server's HTTP/2 settings: read on.
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+/// Idle connections are bounded per source and in all, and shared fairly: a source's fifth
+/// is closed at once; 40 sources holding 4 each (160, over the 128 in all) keep at most
+/// 128 open, the oldest of the busiest being closed for the newcomers; and the owner,
+/// connecting from a source of its own while they hold on, gets its evidence.
+#[test]
+fn idle_connections_are_bounded_per_source_and_in_all_and_do_not_keep_the_owner_out() {
+    let swtpm = Swtpm::start().unwrap();
+    let (child, addr) = start_verify_service(&swtpm, &[]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        // Up and serving.
+        drop(channel_from("127.0.0.1", addr).await);
+        let connect = |from: String| async move {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind(format!("{from}:0").parse().unwrap()).unwrap();
+            socket.connect(addr).await.unwrap()
+        };
+
+        let mut one_source = Vec::new();
+        for _ in 0..4 {
+            one_source.push(connect("127.0.21.1".into()).await);
+        }
+        let mut fifth = connect("127.0.21.1".into()).await;
+        assert!(
+            closed_within(&mut fifth, Duration::from_secs(5)).await,
+            "a fifth connection from one source is closed"
+        );
+        for tcp in &mut one_source {
+            assert!(!closed_within(tcp, Duration::from_millis(50)).await);
+        }
+        drop(one_source);
+
+        let mut held = Vec::new();
+        for s in 0..40 {
+            for _ in 0..4 {
+                held.push(connect(format!("127.0.22.{}", s + 1)).await);
+            }
+        }
+        let mut open = 0;
+        for tcp in &mut held {
+            if !closed_within(tcp, Duration::from_millis(20)).await {
+                open += 1;
+            }
+        }
+        assert!(open <= 128, "{open} of 160 idle connections still open");
+        assert!(open >= 100, "only {open} open: the cap is 128, not fewer");
+
+        let evidence = ApiClient::new(channel_from("127.0.23.1", addr).await)
+            .get_attestation(GetAttestationRequest {
+                nonce: b"owner".to_vec(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .attestation;
+        assert!(!evidence.is_empty());
+        drop(held);
+    });
+    drop(child);
+}

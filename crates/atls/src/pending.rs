@@ -15,6 +15,7 @@
 //! or an IPv6 /64 prefix, since one host commonly holds a whole /64.
 
 use std::collections::{HashMap, VecDeque};
+use std::future::Future as _;
 use std::net::{IpAddr, Ipv6Addr};
 use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::oneshot;
@@ -85,11 +86,24 @@ impl PendingSlot {
     /// Completes when this slot was taken by another connection (the handshake lost its
     /// place); never completes otherwise.
     pub async fn evicted(&mut self) {
+        std::future::poll_fn(|cx| self.poll_evicted(cx)).await;
+    }
+
+    /// [`PendingSlot::evicted`] as a poll, for a connection wrapper that closes its
+    /// connection when the slot is taken: `Ready` once taken, `Pending` (with `cx` woken
+    /// on eviction) otherwise.
+    pub fn poll_evicted(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
         // The sender is dropped only when the slot leaves the table: by eviction (which
         // sends first) or by this slot's own drop, which cannot run while it is borrowed.
-        if let Some(rx) = &mut self.evicted {
-            let _ = rx.await;
-            self.evicted = None;
+        match &mut self.evicted {
+            Some(rx) => match std::pin::Pin::new(rx).poll(cx) {
+                std::task::Poll::Ready(_) => {
+                    self.evicted = None;
+                    std::task::Poll::Ready(())
+                }
+                std::task::Poll::Pending => std::task::Poll::Pending,
+            },
+            None => std::task::Poll::Ready(()),
         }
     }
 }

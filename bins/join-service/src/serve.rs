@@ -6,6 +6,7 @@ use crate::keys::KeySource;
 use crate::service::JoinService;
 use crate::state::{ClusterState, StateError};
 use asterism_atls::AtlsServer;
+use asterism_atls::pending::PendingSlots;
 use asterism_basics::shares::{Share, Shares};
 use asterism_binkit::grpc;
 pub use asterism_binkit::grpc::Limits;
@@ -18,7 +19,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpSocket, UnixListener};
 use tonic::service::Routes;
@@ -194,13 +195,17 @@ pub fn is_loopback(addr: SocketAddr) -> bool {
 /// A listener the HTTP servers accept connections from.
 trait Accept: Send + 'static {
     type Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static;
-    fn accept_io(&self) -> impl Future<Output = std::io::Result<Option<Self::Io>>> + Send;
+    /// The next connection to serve, with the address it counts against (see
+    /// [`HTTP_CONNECTIONS`]), or `None` for one refused here.
+    fn accept_io(&self)
+    -> impl Future<Output = std::io::Result<Option<(Self::Io, IpAddr)>>> + Send;
 }
 
 impl Accept for TcpListener {
     type Io = tokio::net::TcpStream;
-    async fn accept_io(&self) -> std::io::Result<Option<Self::Io>> {
-        Ok(Some(self.accept().await?.0))
+    async fn accept_io(&self) -> std::io::Result<Option<(Self::Io, IpAddr)>> {
+        let (stream, peer) = self.accept().await?;
+        Ok(Some((stream, peer.ip())))
     }
 }
 
@@ -208,7 +213,7 @@ impl Accept for TcpListener {
 /// socket's mode already keeps others out, and the peer's credentials are checked too.
 impl Accept for UnixListener {
     type Io = tokio::net::UnixStream;
-    async fn accept_io(&self) -> std::io::Result<Option<Self::Io>> {
+    async fn accept_io(&self) -> std::io::Result<Option<(Self::Io, IpAddr)>> {
         let (stream, _) = self.accept().await?;
         let uid = stream.peer_cred()?.uid();
         // std does not expose geteuid; the socket file is ours, so its owner is our
@@ -219,7 +224,8 @@ impl Accept for UnixListener {
             .and_then(|p| std::fs::metadata(p).ok())
             .map(|m| std::os::unix::fs::MetadataExt::uid(&m));
         if uid == 0 || Some(uid) == own {
-            Ok(Some(stream))
+            // One user's connections: they count against one address.
+            Ok(Some((stream, IpAddr::from([0, 0, 0, 0]))))
         } else {
             tracing::warn!(uid, "admin socket: refused a connection of another user");
             Ok(None)
@@ -303,6 +309,12 @@ where
     http_loop(listener, service, Endpoints::Admin, shutdown).await
 }
 
+/// Connections an HTTP listener (metrics and health, or the admin socket) serves at once.
+/// When all are taken, a new connection takes the slot of the oldest connection of the
+/// busiest address, which is closed (`asterism_atls::pending`): connections held open by
+/// one local process cannot keep a health probe, a metrics scrape or the operator out.
+const HTTP_CONNECTIONS: usize = 64;
+
 async fn http_loop<L, M, K, S>(
     listener: L,
     service: JoinService<M, K, S>,
@@ -315,14 +327,12 @@ where
     K: KeySource,
     S: ClusterState,
 {
-    let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(64));
+    // One more per source than in all: a source holding every slot gives up its own
+    // oldest to its next connection instead of being refused.
+    let slots = PendingSlots::new(HTTP_CONNECTIONS, HTTP_CONNECTIONS + 1);
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
-        let permit = tokio::select! {
-            () = &mut shutdown => return Ok(()),
-            p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return Ok(()) },
-        };
-        let stream = tokio::select! {
+        let (stream, source) = tokio::select! {
             () = &mut shutdown => return Ok(()),
             accepted = listener.accept_io() => match accepted {
                 Ok(Some(s)) => s,
@@ -334,10 +344,12 @@ where
                 }
             },
         };
+        let Ok(mut slot) = slots.admit(source) else {
+            continue;
+        };
         let service = service.clone();
         let endpoints = endpoints.clone();
         tokio::spawn(async move {
-            let _permit = permit;
             let handler = service_fn(move |req: http::Request<hyper::body::Incoming>| {
                 let service = service.clone();
                 let endpoints = endpoints.clone();
@@ -355,7 +367,10 @@ where
                 .header_read_timeout(Duration::from_secs(10))
                 .keep_alive(false);
             let conn = builder.serve_connection(TokioIo::new(stream), handler);
-            let _ = tokio::time::timeout(Duration::from_secs(30), conn).await;
+            tokio::select! {
+                () = slot.evicted() => {}
+                _ = tokio::time::timeout(Duration::from_secs(30), conn) => {}
+            }
         });
     }
 }

@@ -229,3 +229,33 @@ async fn the_admin_socket_is_private_and_readmits_members() {
         .unwrap();
     js.stop().await;
 }
+
+/// Idle connections held open on the HTTP listener (more than it serves at once) do not keep
+/// a health probe out: each new connection takes the slot of the oldest, which is closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_on_the_http_listener_do_not_keep_a_health_probe_out() {
+    let (_node, fp) = soft_node();
+    let cluster = Cluster::start().await;
+    let js = start_join_service(&cluster, Options::pinning(vec![fp])).await;
+    let mut held = Vec::new();
+    for _ in 0..80 {
+        held.push(tokio::net::TcpStream::connect(js.http).await.unwrap());
+    }
+    // The oldest were closed for the newer ones.
+    let mut closed = 0;
+    for s in &mut held {
+        let mut b = [0u8; 1];
+        if let Ok(Ok(0) | Err(_)) =
+            tokio::time::timeout(Duration::from_millis(20), s.read(&mut b)).await
+        {
+            closed += 1;
+        }
+    }
+    assert!(closed >= 16, "only {closed} of 80 idle connections closed");
+    let probe = tokio::time::timeout(Duration::from_secs(2), js.http_get("/healthz"))
+        .await
+        .expect("the probe is answered while the idle connections are held");
+    assert_eq!(probe, "ok\n");
+    drop(held);
+    js.stop().await;
+}

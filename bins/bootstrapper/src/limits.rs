@@ -495,6 +495,36 @@ mod tests {
         assert!(l.state.lock().unwrap().peers.len() <= MAX_PEERS);
     }
 
+    /// Making room first forgets every idle source whose bucket has refilled (as of the
+    /// moment it refilled, `per_peer_burst` intervals on), and never a source with an
+    /// attempt in progress, however long ago it was seen.
+    #[test]
+    fn making_room_forgets_refilled_idle_sources_and_keeps_busy_ones() {
+        let l = PeerLimiter::new(InitLimits {
+            max_in_flight: usize::MAX,
+            ..limits()
+        });
+        let t0 = Instant::now();
+        for i in 0..MAX_PEERS {
+            drop(l.try_acquire_at(flood_address(i), t0).unwrap());
+        }
+        // limits(): a burst of 4, one a second: full again 4 s on.
+        let refilled = t0 + Duration::from_secs(4);
+        drop(l.try_acquire_at(ip(1), refilled).unwrap());
+        assert_eq!(l.state.lock().unwrap().peers.len(), 1, "all refilled ones forgotten");
+
+        let held: Vec<_> = (0..MAX_PEERS)
+            .map(|i| l.try_acquire_at(flood_address(i), refilled).unwrap())
+            .collect();
+        let much_later = refilled + Duration::from_secs(60);
+        assert_eq!(
+            l.try_acquire_at(ip(2), much_later).unwrap_err(),
+            Refused::TooManyPeers,
+            "busy sources are kept, however old"
+        );
+        drop(held);
+    }
+
     /// A flood from more sources than the table holds, each coming back before its bucket
     /// refills, does not keep a new address out (the owner's), and the table stays bounded.
     #[test]

@@ -500,19 +500,46 @@ mod tests {
     /// attempt in progress, however long ago it was seen.
     #[test]
     fn making_room_forgets_refilled_idle_sources_and_keeps_busy_ones() {
-        let l = PeerLimiter::new(InitLimits {
-            max_in_flight: usize::MAX,
-            ..limits()
-        });
+        let limiter = || {
+            PeerLimiter::new(InitLimits {
+                max_in_flight: usize::MAX,
+                ..limits()
+            })
+        };
+        let len = |l: &Arc<PeerLimiter>| l.state.lock().unwrap().peers.len();
         let t0 = Instant::now();
+
+        // 2 s on no bucket has refilled: the eighth seen longest ago makes room.
+        let l = limiter();
+        let seen = |i: usize| t0 + Duration::from_micros(i as u64);
+        for i in 0..MAX_PEERS {
+            drop(l.try_acquire_at(flood_address(i), seen(i)).unwrap());
+        }
+        drop(
+            l.try_acquire_at(ip(1), t0 + Duration::from_secs(2))
+                .unwrap(),
+        );
+        assert_eq!(len(&l), MAX_PEERS - MAX_PEERS / 8 + 1);
+        {
+            let state = l.state.lock().unwrap();
+            let kept = |i: usize| state.peers.contains_key(&flood_address(i));
+            assert!(
+                (0..MAX_PEERS / 8).all(|i| !kept(i)),
+                "the oldest eighth went"
+            );
+            assert!((MAX_PEERS / 8..MAX_PEERS).all(kept), "the rest stayed");
+        }
+
+        // limits(): a burst of 4, one a second: full again 4 s on, when all are forgotten.
+        let l = limiter();
         for i in 0..MAX_PEERS {
             drop(l.try_acquire_at(flood_address(i), t0).unwrap());
         }
-        // limits(): a burst of 4, one a second: full again 4 s on.
         let refilled = t0 + Duration::from_secs(4);
         drop(l.try_acquire_at(ip(1), refilled).unwrap());
-        assert_eq!(l.state.lock().unwrap().peers.len(), 1, "all refilled ones forgotten");
+        assert_eq!(len(&l), 1, "all refilled ones forgotten");
 
+        // Sources with an attempt in progress are kept, however long ago they were seen.
         let held: Vec<_> = (0..MAX_PEERS)
             .map(|i| l.try_acquire_at(flood_address(i), refilled).unwrap())
             .collect();
@@ -520,7 +547,6 @@ mod tests {
         assert_eq!(
             l.try_acquire_at(ip(2), much_later).unwrap_err(),
             Refused::TooManyPeers,
-            "busy sources are kept, however old"
         );
         drop(held);
     }

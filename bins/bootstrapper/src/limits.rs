@@ -539,6 +539,23 @@ mod tests {
         drop(l.try_acquire_at(ip(1), refilled).unwrap());
         assert_eq!(len(&l), 1, "all refilled ones forgotten");
 
+        // Half refilled, half not: forgetting the refilled half makes room enough.
+        let l = limiter();
+        for i in 0..MAX_PEERS {
+            let at = if i % 2 == 0 {
+                t0
+            } else {
+                t0 + Duration::from_secs(3)
+            };
+            drop(l.try_acquire_at(flood_address(i), at).unwrap());
+        }
+        drop(l.try_acquire_at(ip(1), refilled).unwrap());
+        assert_eq!(
+            len(&l),
+            MAX_PEERS / 2 + 1,
+            "the refilled half forgotten, no more"
+        );
+
         // Sources with an attempt in progress are kept, however long ago they were seen.
         let held: Vec<_> = (0..MAX_PEERS)
             .map(|i| l.try_acquire_at(flood_address(i), refilled).unwrap())

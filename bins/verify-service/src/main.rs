@@ -18,7 +18,7 @@
 #![forbid(unsafe_code)]
 
 use anyhow::{Context as _, Result};
-use asterism_atls::pending::{PendingSlot, PendingSlots};
+use asterism_atls::pending::{PendingSlot, PendingSlots, source_of};
 use asterism_attestation::{Issuer, ReportData};
 use asterism_binkit::RateLimiter;
 use asterism_binkit::grpc::{self, Limits};
@@ -172,14 +172,7 @@ struct Verify {
 /// address counts as its IPv4 address), or its IPv6 /64, since one host commonly holds a
 /// whole /64. A request without an address (not over TCP) counts as one unknown source.
 fn source(peer: Option<SocketAddr>) -> String {
-    match peer.map(|p| p.ip().to_canonical()) {
-        Some(std::net::IpAddr::V6(v6)) => {
-            let prefix = u128::from(v6) & !((1u128 << 64) - 1);
-            format!("{}/64", std::net::Ipv6Addr::from(prefix))
-        }
-        Some(ip) => ip.to_string(),
-        None => "unknown".to_owned(),
-    }
+    peer.map_or_else(|| "unknown".to_owned(), |p| source_of(p.ip()).to_string())
 }
 
 #[tonic::async_trait]

@@ -16,21 +16,13 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future as _;
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::oneshot;
 
-/// The source an address counts against: the IPv4 address, or the IPv6 /64.
-#[must_use]
-pub fn source_of(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V4(_) => ip,
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
-        },
-    }
-}
+/// The source an address counts against: the IPv4 address, or the IPv6 /64 (one rule for
+/// every per-source limit of the workspace).
+pub use asterism_basics::source_of;
 
 /// Why a connection got no slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -269,14 +261,5 @@ mod tests {
         assert_eq!(slots.in_use(), 3);
         drop(a2);
         assert_eq!(slots.in_use(), 2);
-    }
-
-    #[test]
-    fn ipv6_addresses_count_by_their_64_prefix() {
-        let a: IpAddr = "2001:db8:1:2::1".parse().unwrap();
-        let b: IpAddr = "2001:db8:1:2:ffff::9".parse().unwrap();
-        assert_eq!(source_of(a), source_of(b));
-        let mapped: IpAddr = "::ffff:10.0.0.1".parse().unwrap();
-        assert_eq!(source_of(mapped), IpAddr::from([10, 0, 0, 1]));
     }
 }

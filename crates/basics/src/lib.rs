@@ -2,7 +2,8 @@
 //! copied into each: an error with its causes on one line ([`error_chain`]), the syntax
 //! of a host name and of a node name ([`is_host_name`], [`is_node_name`]), reads that refuse more than a cap instead of
 //! truncating ([`read_capped_from`], [`read_file_capped`]), a file operation's error with
-//! its path ([`PathError`]), and a cap on what one key holds at once ([`shares::Shares`]).
+//! its path ([`PathError`]), the network source an address counts against ([`source_of`]),
+//! and a cap on what one key holds at once ([`shares::Shares`]).
 //!
 //! It must never depend on anything but `std` (scripts/check-deps), so that any crate of
 //! the workspace, the verifier included, can use it without taking on a dependency. Nothing
@@ -14,6 +15,7 @@ pub mod shares;
 
 use std::fmt;
 use std::io::{self, Read};
+use std::net::{IpAddr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 
 /// A file operation that failed: what was being done, on which path, and the cause.
@@ -116,9 +118,36 @@ pub fn read_file_capped(path: &Path, cap: u64) -> io::Result<Option<Vec<u8>>> {
     read_capped_from(std::fs::File::open(path)?, cap)
 }
 
+/// The source an address counts against in per-source limits: an IPv4 address itself (an
+/// IPv4-mapped IPv6 address counts as its IPv4 address), or an IPv6 address's /64, since
+/// one host commonly holds a whole /64.
+#[must_use]
+pub fn source_of(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ipv6_addresses_count_by_their_64_prefix_and_mapped_ipv4_as_ipv4() {
+        let a: IpAddr = "2001:db8:1:2::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:ffff::9".parse().unwrap();
+        let other: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        assert_eq!(source_of(a), source_of(b));
+        assert_ne!(source_of(a), source_of(other));
+        let mapped: IpAddr = "::ffff:10.0.0.1".parse().unwrap();
+        assert_eq!(source_of(mapped), IpAddr::from([10, 0, 0, 1]));
+        let v4 = IpAddr::from([10, 0, 0, 2]);
+        assert_eq!(source_of(v4), v4);
+    }
 
     #[derive(Debug)]
     struct Outer(io::Error);

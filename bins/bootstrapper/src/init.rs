@@ -61,7 +61,7 @@ pub(crate) struct InitService<M> {
     /// `limits`).
     attempts: Arc<crate::limits::PeerLimiter>,
     /// Bounds the bcrypt checks in all: further calls wait their turn.
-    checks: Arc<crate::limits::CheckQueue>,
+    checks: Arc<asterism_binkit::FairQueue>,
 }
 
 impl<M: Metadata + 'static> InitService<M> {
@@ -72,7 +72,7 @@ impl<M: Metadata + 'static> InitService<M> {
         events: mpsc::UnboundedSender<Event>,
     ) -> Self {
         let attempts = crate::limits::PeerLimiter::for_calls(node.config.init_limits);
-        let checks = crate::limits::CheckQueue::new(node.config.init_limits.max_in_flight);
+        let checks = crate::limits::check_queue(node.config.init_limits.max_in_flight);
         Self {
             node,
             secret_hash,

@@ -12,7 +12,7 @@
 //! * per source, a token bucket: `per_peer_burst` attempts at once, then one every
 //!   `per_peer_interval`.
 //!
-//! A source is an IPv4 address or an IPv6 /64 (`asterism_atls::pending::source_of`, as the
+//! A source is an IPv4 address or an IPv6 /64 (`asterism_basics::source_of`, as the
 //! aTLS listener counts them): whoever holds a /64 holds all its addresses. A refused
 //! connection is closed before the handshake; a refused call gets `RESOURCE_EXHAUSTED`. The
 //! owner, calling from one address a few times, never comes near the per-source limits; a
@@ -32,17 +32,17 @@
 //!   aTLS listener (`asterism_atls::pending`): a connection from an address holding fewer
 //!   slots than the busiest takes the busiest's oldest;
 //! * secret checks (bcrypt for Init, a LUKS2 key derivation for Recover): at most
-//!   `max_in_flight` at once, further calls wait in a [`CheckQueue`] of at most
-//!   [`MAX_QUEUED_CHECKS`] for at most [`CHECK_QUEUE_DEADLINE`]; the next check goes to
-//!   the waiting call whose address has had the fewest checks, so the owner's first call
-//!   goes ahead of a flood's hundredth.
+//!   `max_in_flight` at once, further calls wait in a fair queue ([`check_queue`],
+//!   `asterism_binkit::fair_queue`) of at most [`MAX_QUEUED_CHECKS`] for at most
+//!   [`CHECK_QUEUE_DEADLINE`]; the next check goes to the waiting call whose address has
+//!   had the fewest checks, so the owner's first call goes ahead of a flood's hundredth.
 
-use asterism_atls::pending::source_of;
+use asterism_basics::source_of;
+use asterism_binkit::FairQueue;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
-use tokio::sync::oneshot;
 
 /// The most addresses tracked at once.
 pub const MAX_PEERS: usize = 4096;
@@ -144,7 +144,7 @@ impl Drop for Permit {
 
 impl PeerLimiter {
     /// The limiter of Init and Recover calls, per address: how many at once and how
-    /// often. How many in all is the [`CheckQueue`]'s, which makes calls wait instead of
+    /// often. How many in all is the [`check_queue`]'s, which makes calls wait instead of
     /// refusing them.
     #[must_use]
     pub fn for_calls(limits: InitLimits) -> Arc<Self> {
@@ -252,166 +252,12 @@ fn forget_idle(peers: &mut HashMap<IpAddr, Peer>, limits: InitLimits, now: Insta
 }
 
 /// A waiting call: its address and the channel its turn is announced on.
-#[derive(Debug)]
-struct Waiter {
-    ip: IpAddr,
-    seq: u64,
-    turn: oneshot::Sender<()>,
-}
-
-#[derive(Debug, Default)]
-struct QueueState {
-    running: usize,
-    waiting: Vec<Waiter>,
-    /// Checks each address has had (or has been given), to pick the next waiter.
-    served: HashMap<IpAddr, u64>,
-    next_seq: u64,
-}
-
-/// Secret checks in progress and waiting (see the module documentation): at most
-/// `max_running` at once; the others wait, at most [`MAX_QUEUED_CHECKS`] of them, for at
-/// most [`CHECK_QUEUE_DEADLINE`]; each freed turn goes to the waiting call whose address
-/// has had the fewest checks (the earliest among equals).
-#[derive(Debug)]
-pub struct CheckQueue {
-    max_running: usize,
-    max_waiting: usize,
-    deadline: Duration,
-    state: Mutex<QueueState>,
-}
-
-/// A check's turn; the next waiting call gets it when this is dropped.
-#[derive(Debug)]
-pub struct CheckTurn {
-    queue: Arc<CheckQueue>,
-}
-
-impl Drop for CheckTurn {
-    fn drop(&mut self) {
-        self.queue.finish();
-    }
-}
-
-/// Withdraws a waiting call whose future was dropped (the caller went away, or its
-/// deadline passed), or gives back a turn it was given but never took.
-struct Withdraw<'a> {
-    queue: &'a Arc<CheckQueue>,
-    seq: u64,
-    armed: bool,
-}
-
-impl Drop for Withdraw<'_> {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let mut state = self.queue.lock();
-        if let Some(pos) = state.waiting.iter().position(|w| w.seq == self.seq) {
-            state.waiting.swap_remove(pos);
-        } else {
-            // Given a turn that nobody will take: pass it on.
-            state.running = state.running.saturating_sub(1);
-            Self::pass_on(&mut state, self.queue.max_running);
-        }
-    }
-}
-
-impl Withdraw<'_> {
-    /// Gives freed turns to the waiters whose addresses had the fewest checks.
-    fn pass_on(state: &mut QueueState, max_running: usize) {
-        while state.running < max_running {
-            let Some(pos) = state
-                .waiting
-                .iter()
-                .enumerate()
-                .min_by_key(|(_, w)| (state.served.get(&w.ip).copied().unwrap_or(0), w.seq))
-                .map(|(pos, _)| pos)
-            else {
-                return;
-            };
-            let w = state.waiting.swap_remove(pos);
-            *state.served.entry(w.ip).or_insert(0) += 1;
-            state.running += 1;
-            // A waiter whose future is already gone gives the turn back in its `Withdraw`.
-            let _ = w.turn.send(());
-        }
-    }
-}
-
-impl CheckQueue {
-    /// A queue of `max_running` checks at once (at least 1), [`MAX_QUEUED_CHECKS`] waiting
-    /// for at most [`CHECK_QUEUE_DEADLINE`].
-    #[must_use]
-    pub fn new(max_running: usize) -> Arc<Self> {
-        Self::with(max_running, MAX_QUEUED_CHECKS, CHECK_QUEUE_DEADLINE)
-    }
-
-    fn with(max_running: usize, max_waiting: usize, deadline: Duration) -> Arc<Self> {
-        Arc::new(Self {
-            max_running: max_running.max(1),
-            max_waiting,
-            deadline,
-            state: Mutex::new(QueueState::default()),
-        })
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, QueueState> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn finish(&self) {
-        let mut state = self.lock();
-        state.running = state.running.saturating_sub(1);
-        Withdraw::pass_on(&mut state, self.max_running);
-    }
-
-    /// Waits for a check's turn for a call from `ip`: at once when fewer than
-    /// `max_running` run and nobody waits; `Busy` when the queue is full or the deadline
-    /// passed first.
-    pub async fn turn(self: &Arc<Self>, ip: IpAddr) -> Result<CheckTurn, Refused> {
-        let ip = source_of(ip);
-        let (seq, rx) = {
-            let mut state = self.lock();
-            if state.running < self.max_running && state.waiting.is_empty() {
-                state.running += 1;
-                *state.served.entry(ip).or_insert(0) += 1;
-                return Ok(CheckTurn {
-                    queue: Arc::clone(self),
-                });
-            }
-            if state.waiting.len() >= self.max_waiting {
-                return Err(Refused::Busy);
-            }
-            if state.served.len() >= MAX_PEERS {
-                // Forget the counts of addresses with nothing waiting.
-                let QueueState {
-                    served, waiting, ..
-                } = &mut *state;
-                served.retain(|ip, _| waiting.iter().any(|w| w.ip == *ip));
-            }
-            let seq = state.next_seq;
-            state.next_seq = state.next_seq.wrapping_add(1);
-            let (tx, rx) = oneshot::channel();
-            state.waiting.push(Waiter { ip, seq, turn: tx });
-            (seq, rx)
-        };
-        let mut withdraw = Withdraw {
-            queue: self,
-            seq,
-            armed: true,
-        };
-        match tokio::time::timeout(self.deadline, rx).await {
-            Ok(Ok(())) => {
-                withdraw.armed = false;
-                Ok(CheckTurn {
-                    queue: Arc::clone(self),
-                })
-            }
-            // The deadline passed (or the queue dropped the waiter): `withdraw` removes it,
-            // or passes on a turn given at the last moment.
-            _ => Err(Refused::Busy),
-        }
-    }
+/// The secret checks' queue: at most `max_running` at once (at least 1), the others waiting,
+/// at most [`MAX_QUEUED_CHECKS`] of them, for at most [`CHECK_QUEUE_DEADLINE`]; each freed
+/// turn goes to the waiting call whose source has had the fewest checks.
+#[must_use]
+pub fn check_queue(max_running: usize) -> Arc<FairQueue> {
+    FairQueue::new(max_running, MAX_QUEUED_CHECKS, CHECK_QUEUE_DEADLINE)
 }
 
 #[cfg(test)]
@@ -605,50 +451,5 @@ mod tests {
         );
         let other_64 = IpAddr::from([0x2001, 0xdb8, 0, 2, 0, 0, 0, 1]);
         drop(l.try_acquire_at(other_64, t0).unwrap());
-    }
-
-    #[tokio::test]
-    async fn a_check_waits_for_its_turn_and_a_new_address_goes_first() {
-        let q = CheckQueue::with(1, 8, Duration::from_secs(10));
-        let order = Arc::new(Mutex::new(Vec::new()));
-        let running = q.turn(ip(1)).await.unwrap();
-        let spawn = |from: u8| {
-            let (q, order) = (q.clone(), order.clone());
-            tokio::spawn(async move {
-                let turn = q.turn(ip(from)).await.unwrap();
-                order.lock().unwrap().push(from);
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                drop(turn);
-            })
-        };
-        // A flood from address 1 waits; then the owner (address 9) asks.
-        let mut tasks: Vec<_> = (0..3).map(|_| spawn(1)).collect();
-        tokio::task::yield_now().await;
-        tasks.push(spawn(9));
-        tokio::task::yield_now().await;
-        drop(running);
-        for t in tasks {
-            t.await.unwrap();
-        }
-        assert_eq!(*order.lock().unwrap(), vec![9, 1, 1, 1]);
-        assert_eq!(q.lock().running, 0);
-    }
-
-    #[tokio::test]
-    async fn a_full_queue_and_a_passed_deadline_refuse_and_free_their_places() {
-        let q = CheckQueue::with(1, 1, Duration::from_millis(300));
-        let running = q.turn(ip(1)).await.unwrap();
-        let waiting = {
-            let q = q.clone();
-            tokio::spawn(async move { q.turn(ip(2)).await.map(|_| ()) })
-        };
-        tokio::task::yield_now().await;
-        assert_eq!(q.turn(ip(3)).await.unwrap_err(), Refused::Busy);
-        tokio::time::sleep(Duration::from_millis(600)).await;
-        assert_eq!(waiting.await.unwrap().unwrap_err(), Refused::Busy);
-        assert!(q.lock().waiting.is_empty());
-        drop(running);
-        drop(q.turn(ip(3)).await.unwrap());
-        assert_eq!(q.lock().running, 0);
     }
 }

@@ -246,7 +246,7 @@ pub(crate) struct RecoverService<M> {
     /// address.
     attempts: Arc<crate::limits::PeerLimiter>,
     /// Bounds the disk-key checks in all: further calls wait their turn.
-    checks: Arc<crate::limits::CheckQueue>,
+    checks: Arc<asterism_binkit::FairQueue>,
 }
 
 impl<M: Send + Sync + 'static> RecoverService<M> {
@@ -262,7 +262,7 @@ impl<M: Send + Sync + 'static> RecoverService<M> {
             accept_master_secret,
             events,
             attempts: crate::limits::PeerLimiter::for_calls(limits),
-            checks: crate::limits::CheckQueue::new(limits.max_in_flight),
+            checks: crate::limits::check_queue(limits.max_in_flight),
         }
     }
 

@@ -3,8 +3,9 @@
 //! ([`ak_trust`]), an error with its causes on one line ([`error_chain`], from
 //! `asterism-basics`), capped reads and private file writes ([`fs`]), the watcher that
 //! reloads an expected-measurements file ([`measurements`]), a token bucket per peer
-//! ([`ratelimit`]), a service's runtime and exit code ([`service`]), and the one hardened
-//! gRPC serve ([`grpc`]).
+//! ([`ratelimit`]), a queue for costly work shared fairly between sources ([`fair_queue`]),
+//! a service's runtime and exit code ([`service`]), and the one hardened gRPC serve
+//! ([`grpc`]).
 //!
 //! For binaries (and the library halves of binary packages) only. A library crate must
 //! never depend on this one: libraries take values (bytes, measurements, a shutdown future),
@@ -12,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 pub mod ak_trust;
+pub mod fair_queue;
 pub mod fs;
 pub mod grpc;
 pub mod logging;
@@ -21,6 +23,7 @@ pub mod service;
 pub mod signal;
 
 pub use ak_trust::AkTrustArgs;
+pub use fair_queue::FairQueue;
 pub use fs::{FileError, read_capped, write_atomic, write_new, write_private};
 pub use logging::{LogArgs, LogFormat};
 pub use measurements::MeasurementsWatcher;

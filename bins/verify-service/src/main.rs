@@ -8,6 +8,11 @@
 //! Anyone who reaches the port can ask, and each answer costs a TPM quote, so quotes are
 //! held to a token bucket per source address (`--rate-limit-per-second`,
 //! `--rate-limit-burst`): a source over its rate gets `RESOURCE_EXHAUSTED` without a quote.
+//! Many sources, each within its rate, could still keep the TPM busy, so quotes also take
+//! turns in a queue shared fairly between sources (`asterism_binkit::fair_queue`): one
+//! quote at a time, at most [`MAX_QUOTES_WAITING`] waiting for at most
+//! [`QUOTE_QUEUE_DEADLINE`], and each freed turn to the source that has had the fewest
+//! quotes, so the owner's `asterism verify` goes ahead of a flood's hundredth quote.
 //!
 //! Connections are bounded too, since anyone can also hold them open without asking: at
 //! most [`MAX_CONNECTIONS`] in all and [`MAX_CONNECTIONS_PER_SOURCE`] per source, shared
@@ -20,13 +25,13 @@
 use anyhow::{Context as _, Result};
 use asterism_atls::pending::{PendingSlot, PendingSlots, source_of};
 use asterism_attestation::{Issuer, ReportData};
-use asterism_binkit::RateLimiter;
 use asterism_binkit::grpc::{self, Limits};
+use asterism_binkit::{FairQueue, RateLimiter};
 use asterism_proto::verify::api_server::{Api, ApiServer};
 use asterism_proto::verify::{GetAttestationRequest, GetAttestationResponse};
 use asterism_tpm::{AkConfig, PcrSelection, TpmConfig, TpmIssuer};
 use clap::Parser;
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -43,6 +48,14 @@ const MAX_AK_CERT: u64 = 64 * 1024;
 
 /// Longest nonce accepted, in bytes.
 const MAX_NONCE: usize = 64;
+
+/// Quotes that wait for the TPM at once, all sources together; a request beyond them gets
+/// `RESOURCE_EXHAUSTED` at once.
+const MAX_QUOTES_WAITING: usize = 256;
+
+/// How long a quote waits for its turn: less than [`LIMITS`]' request deadline, so that a
+/// caller hears `RESOURCE_EXHAUSTED` (and may retry) rather than a timeout.
+const QUOTE_QUEUE_DEADLINE: Duration = Duration::from_secs(8);
 
 /// The verify service's gRPC caps: a request is a nonce (1 KiB is plenty), answered within
 /// 10 s; 4 requests at a time per connection, as each costs a TPM quote; the services'
@@ -166,6 +179,8 @@ struct Verify {
     issuer: Arc<TpmIssuer>,
     /// Quotes per source address.
     limiter: RateLimiter,
+    /// Quotes at once, all sources together: one, the TPM's turns shared fairly.
+    quotes: Arc<FairQueue>,
 }
 
 /// The key a peer's quotes are counted under: its IPv4 address (an IPv4-mapped IPv6
@@ -195,15 +210,24 @@ impl Api for Verify {
                 "the nonce must have 1..={MAX_NONCE} bytes"
             )));
         }
+        let ip = peer.map_or(Ipv4Addr::UNSPECIFIED.into(), |p| p.ip());
+        let turn = self.quotes.turn(ip).await.map_err(|busy| {
+            tracing::debug!(peer = ?peer, "refused a quote: no turn for the TPM");
+            tonic::Status::resource_exhausted(busy.to_string())
+        })?;
         let issuer = self.issuer.clone();
-        let evidence =
-            tokio::task::spawn_blocking(move || issuer.issue(&ReportData::verify(&nonce)))
-                .await
-                .map_err(|_| tonic::Status::internal("issuing evidence failed"))?
-                .map_err(|e| {
-                    tracing::error!(error = %e, "issuing evidence failed");
-                    tonic::Status::internal("issuing evidence failed")
-                })?;
+        // The turn is held until the TPM is done, even if the caller goes away first.
+        let evidence = tokio::task::spawn_blocking(move || {
+            let evidence = issuer.issue(&ReportData::verify(&nonce));
+            drop(turn);
+            evidence
+        })
+        .await
+        .map_err(|_| tonic::Status::internal("issuing evidence failed"))?
+        .map_err(|e| {
+            tracing::error!(error = %e, "issuing evidence failed");
+            tonic::Status::internal("issuing evidence failed")
+        })?;
         tracing::info!(peer = ?peer, "issued verification evidence");
         Ok(tonic::Response::new(GetAttestationResponse {
             attestation: evidence,
@@ -233,6 +257,7 @@ async fn run(args: Args) -> Result<()> {
     let api = ApiServer::new(Verify {
         issuer: Arc::new(issuer),
         limiter: RateLimiter::new(args.rate_limit_per_second, args.rate_limit_burst),
+        quotes: FairQueue::new(1, MAX_QUOTES_WAITING, QUOTE_QUEUE_DEADLINE),
     })
     .max_decoding_message_size(LIMITS.max_request_size);
     let slots = PendingSlots::new(MAX_CONNECTIONS, MAX_CONNECTIONS_PER_SOURCE);

@@ -156,6 +156,18 @@ fn quotes_are_held_to_a_rate_per_source_address() {
     assert_eq!(other, Ok(()), "another address is still served");
 }
 
+/// The owner's request for evidence over `channel`, which must succeed; the evidence.
+async fn owner_asks(channel: tonic::transport::Channel) -> Vec<u8> {
+    ApiClient::new(channel)
+        .get_attestation(GetAttestationRequest {
+            nonce: b"owner".to_vec(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .attestation
+}
+
 /// Whether the server closed `tcp` within `wait` (end of stream or a reset); a connection
 /// still open then is `false`.
 async fn closed_within(tcp: &mut tokio::net::TcpStream, wait: Duration) -> bool {
@@ -219,16 +231,76 @@ fn idle_connections_are_bounded_per_source_and_in_all_and_do_not_keep_the_owner_
         assert!(open <= 128, "{open} of 160 idle connections still open");
         assert!(open >= 100, "only {open} open: the cap is 128, not fewer");
 
-        let evidence = ApiClient::new(channel_from("127.0.23.1", addr).await)
-            .get_attestation(GetAttestationRequest {
-                nonce: b"owner".to_vec(),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .attestation;
+        let evidence = owner_asks(channel_from("127.0.23.1", addr).await).await;
         assert!(!evidence.is_empty());
         drop(held);
     });
     drop(child);
+}
+
+/// Quotes take turns on the TPM, shared fairly between sources: 4 sources, each within its
+/// rate (a burst of 16 here) and its connections (4, of 4 requests each), queue 64 quotes;
+/// the owner, asking from a source of its own once they are queued, waits for each
+/// flooding source's first quote and the answers already on their way, not for the whole
+/// flood. Without the fair queue (every request to the TPM at once, or turns in arrival
+/// order), the owner's quote is served among the last.
+#[test]
+fn a_flood_of_quotes_from_many_sources_does_not_put_the_owner_behind_it() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    const SOURCES: usize = 4;
+    const CONNECTIONS: usize = 4;
+    const STREAMS: usize = 4;
+    const FLOOD: usize = SOURCES * CONNECTIONS * STREAMS;
+    let swtpm = Swtpm::start().unwrap();
+    let (child, addr) = start_verify_service(&swtpm, &["--rate-limit-burst", "16"]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (before_owner, served) = rt.block_on(async {
+        let done = Arc::new(AtomicUsize::new(0));
+        let mut channels = Vec::new();
+        for s in 0..SOURCES {
+            for _ in 0..CONNECTIONS {
+                channels.push(channel_from(&format!("127.0.24.{}", s + 1), addr).await);
+            }
+        }
+        let owner = channel_from("127.0.25.1", addr).await;
+        let mut flood = Vec::new();
+        for (c, channel) in channels.into_iter().enumerate() {
+            for i in 0..STREAMS {
+                let (channel, done) = (channel.clone(), done.clone());
+                flood.push(tokio::spawn(async move {
+                    let answer = ApiClient::new(channel)
+                        .get_attestation(GetAttestationRequest {
+                            nonce: format!("flood-{c}-{i}").into_bytes(),
+                        })
+                        .await;
+                    if answer.is_ok() {
+                        done.fetch_add(1, Ordering::SeqCst);
+                    }
+                    answer.map(drop).map_err(|s| s.code())
+                }));
+            }
+        }
+        // The flood is queued once the TPM has answered some of it.
+        while done.load(Ordering::SeqCst) < 2 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let sent = done.load(Ordering::SeqCst);
+        let evidence = owner_asks(owner).await;
+        let before_owner = done.load(Ordering::SeqCst) - sent;
+        assert!(!evidence.is_empty());
+        let mut served = 0;
+        for f in flood {
+            if f.await.unwrap().is_ok() {
+                served += 1;
+            }
+        }
+        (before_owner, served)
+    });
+    drop(child);
+    assert_eq!(served, FLOOD, "the flood, within its rate, is served too");
+    assert!(
+        before_owner <= 24,
+        "{before_owner} of {FLOOD} flood quotes were answered while the owner waited"
+    );
 }

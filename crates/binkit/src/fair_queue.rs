@@ -46,6 +46,21 @@ struct QueueState {
 }
 
 impl QueueState {
+    /// Counts a turn given to `source`; first, when the table is full, forgets the counts
+    /// of the sources with nothing waiting.
+    fn count_turn(&mut self, source: IpAddr) {
+        if self.served.len() >= MAX_SOURCES && !self.served.contains_key(&source) {
+            self.forget_idle_sources();
+        }
+        *self.served.entry(source).or_insert(0) += 1;
+    }
+
+    fn forget_idle_sources(&mut self) {
+        let waiting = &self.waiting;
+        self.served
+            .retain(|s, _| waiting.iter().any(|w| w.source == *s));
+    }
+
     /// Gives freed turns to the waiters whose sources had the fewest turns.
     fn pass_on(&mut self, max_running: usize) {
         while self.running < max_running {
@@ -59,7 +74,7 @@ impl QueueState {
                 return;
             };
             let w = self.waiting.swap_remove(pos);
-            *self.served.entry(w.source).or_insert(0) += 1;
+            self.count_turn(w.source);
             self.running += 1;
             // A waiter whose future is already gone gives the turn back in its `Withdraw`.
             let _ = w.turn.send(());
@@ -151,20 +166,13 @@ impl FairQueue {
             let mut state = self.lock();
             if state.running < self.max_running && state.waiting.is_empty() {
                 state.running += 1;
-                *state.served.entry(source).or_insert(0) += 1;
+                state.count_turn(source);
                 return Ok(Turn {
                     queue: Arc::clone(self),
                 });
             }
             if state.waiting.len() >= self.max_waiting {
                 return Err(Busy);
-            }
-            if state.served.len() >= MAX_SOURCES {
-                // Forget the counts of sources with nothing waiting.
-                let QueueState {
-                    served, waiting, ..
-                } = &mut *state;
-                served.retain(|s, _| waiting.iter().any(|w| w.source == *s));
             }
             let seq = state.next_seq;
             state.next_seq = state.next_seq.wrapping_add(1);
@@ -292,5 +300,86 @@ mod tests {
             t.await.unwrap();
         }
         assert_eq!(*order.lock().unwrap(), vec![4, 6]);
+    }
+
+    #[tokio::test]
+    async fn a_freed_turn_goes_to_one_waiter_and_counts_for_its_source() {
+        let q = FairQueue::new(1, 8, Duration::from_secs(10));
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let running = q.turn(ip(9)).await.unwrap();
+        let spawn = |from: u8| {
+            let (q, order) = (q.clone(), order.clone());
+            tokio::spawn(async move {
+                let turn = q.turn(ip(from)).await.unwrap();
+                order.lock().unwrap().push(from);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                drop(turn);
+            })
+        };
+        // Source 1 asks twice, then source 2 once: 1 goes first (earlier), then 2, which
+        // has had fewer turns than 1 by then, then 1 again.
+        let mut tasks = vec![spawn(1)];
+        tokio::task::yield_now().await;
+        tasks.push(spawn(1));
+        tokio::task::yield_now().await;
+        tasks.push(spawn(2));
+        tokio::task::yield_now().await;
+        drop(running);
+        tokio::task::yield_now().await;
+        assert_eq!(
+            (q.running(), q.waiting()),
+            (1, 2),
+            "one turn for one waiter"
+        );
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), vec![1, 2, 1]);
+    }
+
+    #[tokio::test]
+    async fn a_waiter_that_goes_away_leaves_the_others_in_line() {
+        let q = FairQueue::new(1, 8, Duration::from_secs(10));
+        let running = q.turn(ip(1)).await.unwrap();
+        let gone = {
+            let q = q.clone();
+            tokio::spawn(async move { q.turn(ip(2)).await.map(drop) })
+        };
+        tokio::task::yield_now().await;
+        let stays = {
+            let q = q.clone();
+            tokio::spawn(async move { q.turn(ip(3)).await.map(drop) })
+        };
+        tokio::task::yield_now().await;
+        gone.abort();
+        assert!(gone.await.unwrap_err().is_cancelled());
+        assert_eq!(q.waiting(), 1);
+        drop(running);
+        stays.await.unwrap().unwrap();
+        assert_eq!((q.running(), q.waiting()), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn the_turn_counts_stay_bounded_and_keep_the_waiting_sources() {
+        let q = FairQueue::new(1, 8, Duration::from_secs(10));
+        for n in 0..u32::try_from(MAX_SOURCES).unwrap() + 100 {
+            drop(
+                q.turn(IpAddr::from((0x0a00_0000 + n).to_be_bytes()))
+                    .await
+                    .unwrap(),
+            );
+            assert!(q.lock().served.len() <= MAX_SOURCES);
+        }
+        let mut state = q.lock();
+        let (tx, _rx) = oneshot::channel();
+        state.waiting.push(Waiter {
+            source: ip(200),
+            seq: 0,
+            turn: tx,
+        });
+        state.served.insert(ip(200), 7);
+        state.forget_idle_sources();
+        assert_eq!(state.served.len(), 1);
+        assert_eq!(state.served.get(&ip(200)), Some(&7));
     }
 }

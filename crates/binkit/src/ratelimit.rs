@@ -107,6 +107,11 @@ mod tests {
         // A key that has used its burst, seen after the flood's first part.
         assert!(l.allow("drained", t1));
         assert!(!l.allow("drained", t1));
+        assert!(l.allow("later-first", t1));
+        assert!(
+            l.tracked() <= MAX_BUCKETS - MAX_BUCKETS / 8 + 1,
+            "a full table frees an eighth at once"
+        );
         for n in 0..MAX_BUCKETS / 2 {
             assert!(l.allow(&format!("later-{n}"), t1));
             assert!(l.tracked() <= MAX_BUCKETS, "the table grew past its bound");
@@ -114,5 +119,24 @@ mod tests {
         // The keys used longest ago were forgotten, not the drained one seen since.
         assert!(!l.allow("drained", t1), "a recent empty bucket kept");
         assert!(l.allow("flood-0", t1), "an old key starts again full");
+    }
+
+    #[test]
+    fn a_full_table_forgets_refilled_buckets_and_not_one_still_refilling() {
+        // Two at once, then one every 2 s: a bucket is full again 4 s after its last use.
+        let l = RateLimiter::new(0.5, 2);
+        let t0 = Instant::now();
+        for n in 0..MAX_BUCKETS - 1 {
+            assert!(l.allow(&format!("old-{n}"), t0));
+        }
+        let t10 = t0 + Duration::from_secs(10);
+        assert!(l.allow("drained", t10) && l.allow("drained", t10));
+        // Full: the old buckets have refilled and go; the drained one, 2 s later, has one
+        // token back, not a fresh burst.
+        let t12 = t0 + Duration::from_secs(12);
+        assert!(l.allow("new", t12));
+        assert_eq!(l.tracked(), 2);
+        assert!(l.allow("drained", t12));
+        assert!(!l.allow("drained", t12));
     }
 }

@@ -147,7 +147,12 @@ impl AtlsServer {
                     continue;
                 };
                 let mut slot = match slots.admit(addr.ip()) {
-                    Ok(slot) => slot,
+                    Ok(slot) => {
+                        if let Some(from) = slot.took_from() {
+                            tracing::debug!(peer = %addr, evicted = %from, "all handshake slots in use; the busiest source lost its oldest");
+                        }
+                        slot
+                    }
                     Err(refused) => {
                         tracing::debug!(peer = %addr, reason = %refused, "closing the connection before its handshake");
                         server.refused("source_limit");

@@ -3,7 +3,8 @@
 //! of a host name and of a node name ([`is_host_name`], [`is_node_name`]), reads that refuse more than a cap instead of
 //! truncating ([`read_capped_from`], [`read_file_capped`]), a file operation's error with
 //! its path ([`PathError`]), the network source an address counts against ([`source_of`]),
-//! and a cap on what one key holds at once ([`shares::Shares`]).
+//! connection slots shared fairly between sources ([`slots::PendingSlots`]), and a cap on
+//! what one key holds at once ([`shares::Shares`]).
 //!
 //! It must never depend on anything but `std` (scripts/check-deps), so that any crate of
 //! the workspace, the verifier included, can use it without taking on a dependency. Nothing
@@ -12,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 pub mod shares;
+pub mod slots;
 
 use std::fmt;
 use std::io::{self, Read};

@@ -35,7 +35,9 @@ mod service;
 
 pub use listen::{BindError, Listener, SocketFile};
 pub use secret_file::{MAX_SECRET_FILE_LEN, SecretFileError, read_secret_file};
-pub use serve::{BoxError, LIMITS, Limits, ServeError, serve, serve_with_limits};
+pub use serve::{
+    ATLS_CONNECTIONS, ATLS_LIMITS, BoxError, LIMITS, Limits, ServeError, serve, serve_with_limits,
+};
 pub use service::{
     AuthorizationError, DataKeyRequest, KeyService, MAX_KEY_LEN, RequestError, authorize_attested,
 };

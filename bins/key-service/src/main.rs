@@ -105,10 +105,18 @@ async fn run(args: Args) -> anyhow::Result<()> {
             .local_addr()
             .context("cannot read the bound address")?;
         tracing::info!(listen = %address, "key service listening (attested TLS, clients must attest)");
-        asterism_key_service::serve_with_limits(
+        let incoming = asterism_binkit::grpc::fair_share(
             server.incoming(listener),
+            asterism_key_service::ATLS_CONNECTIONS,
+            |tls| {
+                use tonic::transport::server::Connected as _;
+                tls.connect_info().remote_addr.map(|peer| peer.ip())
+            },
+        );
+        asterism_key_service::serve_with_limits(
+            incoming,
             KeyService::attested_only(kms),
-            &LIMITS,
+            &asterism_key_service::ATLS_LIMITS,
             shutdown,
         )
         .await?;

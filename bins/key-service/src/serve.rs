@@ -29,6 +29,24 @@ pub const LIMITS: Limits = Limits {
     ..Limits::SERVICE
 };
 
+/// The key service's caps on attested TLS (`--atls-listen`), which any machine can reach:
+/// [`LIMITS`], with its connections shared fairly between sources instead of a plain cap
+/// ([`ATLS_CONNECTIONS`]).
+pub const ATLS_LIMITS: Limits = Limits {
+    max_connections: None,
+    ..LIMITS
+};
+
+/// Verified connections open at once on attested TLS: 256 in all, as on the Unix socket,
+/// and 8 from one source (an IPv4 address, or an IPv6 /64; a node's bootstrapper holds
+/// one). Every joined node attests as well as any other, so a plain cap would let one
+/// joined node hold every connection and keep the others out; shared fairly, a node from
+/// a source holding fewer takes the busiest source's oldest.
+pub const ATLS_CONNECTIONS: grpc::FairShare = grpc::FairShare {
+    max: 256,
+    per_source: 8,
+};
+
 /// The largest response: a maximal key plus protobuf framing.
 const MAX_RESPONSE_SIZE: usize = MAX_KEY_LEN + 64;
 

@@ -15,17 +15,17 @@
 //! quotes, so the owner's `asterism verify` goes ahead of a flood's hundredth quote.
 //!
 //! Connections are bounded too, since anyone can also hold them open without asking: at
-//! most [`MAX_CONNECTIONS`] in all and [`MAX_CONNECTIONS_PER_SOURCE`] per source, shared
-//! fairly (`asterism_atls::pending`): when all are taken, a connection from a source
+//! most 128 in all and 4 per source ([`CONNECTIONS`]), shared
+//! fairly (`asterism_binkit::grpc::fair_share`): when all are taken, a connection from a source
 //! holding fewer than the busiest source takes the busiest's oldest, which is closed. No
 //! set of sources can keep the owner's `asterism verify` out. Every connection is closed
 //! after [`LIMITS`]' maximum age, and one that stops answering HTTP/2 pings sooner.
 #![forbid(unsafe_code)]
 
 use anyhow::{Context as _, Result};
-use asterism_atls::pending::{PendingSlot, PendingSlots, source_of};
 use asterism_attestation::{Issuer, ReportData};
-use asterism_binkit::grpc::{self, Limits};
+use asterism_basics::source_of;
+use asterism_binkit::grpc::{self, FairShare, Limits};
 use asterism_binkit::{FairQueue, RateLimiter};
 use asterism_proto::verify::api_server::{Api, ApiServer};
 use asterism_proto::verify::{GetAttestationRequest, GetAttestationResponse};
@@ -33,15 +33,10 @@ use asterism_tpm::{AkConfig, PcrSelection, TpmConfig, TpmIssuer};
 use clap::Parser;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::service::Routes;
-use tonic::transport::server::{Connected, TcpConnectInfo};
 
 /// Longest AK certificate read, in bytes.
 const MAX_AK_CERT: u64 = 64 * 1024;
@@ -60,7 +55,7 @@ const QUOTE_QUEUE_DEADLINE: Duration = Duration::from_secs(8);
 /// The verify service's gRPC caps: a request is a nonce (1 KiB is plenty), answered within
 /// 10 s; 4 requests at a time per connection, as each costs a TPM quote; the services'
 /// header cap and keepalive pings; and no connection older than 60 s (an `asterism verify`
-/// takes one quote). How many connections are open is [`MAX_CONNECTIONS`]'s.
+/// takes one quote). How many connections are open is [`CONNECTIONS`]'.
 const LIMITS: Limits = Limits {
     max_request_size: 1024,
     request_timeout: Some(Duration::from_secs(10)),
@@ -70,88 +65,12 @@ const LIMITS: Limits = Limits {
     ..Limits::SERVICE
 };
 
-/// Connections open at once, all sources together.
-const MAX_CONNECTIONS: usize = 128;
-/// Connections open at once from one source (an IPv4 address, or an IPv6 /64).
-const MAX_CONNECTIONS_PER_SOURCE: usize = 4;
-
-/// A connection holding one of the fairly shared connection slots; closed (its reads end,
-/// its writes fail) when a connection of a less busy source takes the slot.
-struct Slotted {
-    tcp: tokio::net::TcpStream,
-    slot: PendingSlot,
-}
-
-impl Slotted {
-    fn evicted(&mut self, cx: &mut Context<'_>) -> bool {
-        self.slot.poll_evicted(cx).is_ready()
-    }
-}
-
-impl Connected for Slotted {
-    type ConnectInfo = TcpConnectInfo;
-
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.tcp.connect_info()
-    }
-}
-
-impl AsyncRead for Slotted {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let this = self.get_mut();
-        if this.evicted(cx) {
-            return Poll::Ready(Err(std::io::ErrorKind::ConnectionAborted.into()));
-        }
-        Pin::new(&mut this.tcp).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Slotted {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        let this = self.get_mut();
-        if this.evicted(cx) {
-            return Poll::Ready(Err(std::io::ErrorKind::ConnectionAborted.into()));
-        }
-        Pin::new(&mut this.tcp).poll_write(cx, buf)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().tcp).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().tcp).poll_shutdown(cx)
-    }
-}
-
-/// The accepted connections that got a slot; one over its source's share is closed at once.
-fn slotted(
-    listener: tokio::net::TcpListener,
-    slots: Arc<PendingSlots>,
-) -> impl tokio_stream::Stream<Item = std::io::Result<Slotted>> {
-    TcpListenerStream::new(listener).filter_map(move |accepted| {
-        let admitted = accepted.and_then(|tcp| {
-            let peer = tcp.peer_addr()?;
-            Ok(match slots.admit(peer.ip()) {
-                Ok(slot) => Some(Slotted { tcp, slot }),
-                Err(refused) => {
-                    // At debug: a flood must not flood the log too.
-                    tracing::debug!(peer = %peer, %refused, "closed a connection");
-                    None
-                }
-            })
-        });
-        admitted.transpose()
-    })
-}
+/// Connections open at once: 128 in all, 4 from one source (an IPv4 address, or an IPv6
+/// /64), shared fairly.
+const CONNECTIONS: FairShare = FairShare {
+    max: 128,
+    per_source: 4,
+};
 
 /// Serves fresh attestation evidence of this node to `asterism verify`.
 #[derive(Parser, Debug)]
@@ -260,15 +179,12 @@ async fn run(args: Args) -> Result<()> {
         quotes: FairQueue::new(1, MAX_QUOTES_WAITING, QUOTE_QUEUE_DEADLINE),
     })
     .max_decoding_message_size(LIMITS.max_request_size);
-    let slots = PendingSlots::new(MAX_CONNECTIONS, MAX_CONNECTIONS_PER_SOURCE);
-    grpc::serve(
-        slotted(listener, slots),
-        Routes::new(api),
-        &LIMITS,
-        shutdown,
-    )
-    .await
-    .context("serving")?;
+    let incoming = grpc::fair_share(TcpListenerStream::new(listener), CONNECTIONS, |tcp| {
+        tcp.peer_addr().ok().map(|peer| peer.ip())
+    });
+    grpc::serve(incoming, Routes::new(api), &LIMITS, shutdown)
+        .await
+        .context("serving")?;
     Ok(())
 }
 

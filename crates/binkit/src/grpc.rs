@@ -5,14 +5,23 @@
 //! Every field is a cap a peer could otherwise push against (requests in flight, header
 //! sizes, idle or everlasting connections). A site leaves a field at `None` only where
 //! its protocol needs tonic's default (say so at the site).
+//!
+//! Where anyone on the network can connect, a plain cap on open connections lets a set
+//! of sources hold them all; such a site wraps its connections in [`fair_share`] first:
+//! at most so many in all and per source, and when all are taken, a connection from a
+//! source holding fewer than the busiest takes the busiest's oldest, which is closed
+//! (`asterism_basics::slots`).
 
 use std::future::Future;
 use std::io;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use asterism_basics::shares::Share;
+use asterism_basics::slots::{PendingSlot, PendingSlots};
 use futures::{Stream, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
@@ -195,7 +204,7 @@ where
         async move {
             let Some((max, slots)) = slots else {
                 return accepted
-                    .map(|io| Limited { io, _held: None })
+                    .map(|io| Limited { io, held: None })
                     .map_err(Into::into);
             };
             match accepted {
@@ -206,7 +215,7 @@ where
                     let permit = slots.acquire_owned().await.map_err(BoxError::from)?;
                     Ok(Limited {
                         io,
-                        _held: Some(permit),
+                        held: Some(permit),
                     })
                 }
                 Err(err) => {
@@ -220,17 +229,92 @@ where
     })
 }
 
-/// A connection, holding a slot of a connection limit if there is one (a semaphore's
-/// permit, or another guard `G`); the slot is free again when the connection is dropped.
-pub struct Limited<IO, G = OwnedSemaphorePermit> {
-    io: IO,
-    _held: Option<G>,
+/// How many connections [`fair_share`] lets in: `max` in all, `per_source` from one
+/// source (an IPv4 address or an IPv6 /64).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FairShare {
+    /// Connections open at once, all sources together.
+    pub max: usize,
+    /// Connections open at once from one source.
+    pub per_source: usize,
 }
 
-impl<IO, G> Limited<IO, G> {
+/// The connections of `incoming` that get a slot of `share`, each holding it until it is
+/// dropped, and closed (reads fail, writes fail) when a connection of a less busy source
+/// takes it; a connection over its source's share is closed at once. `source` tells a
+/// connection's peer address; connections without one count as one source.
+pub fn fair_share<I, IO, E>(
+    incoming: I,
+    share: FairShare,
+    source: impl Fn(&IO) -> Option<IpAddr>,
+) -> impl Stream<Item = Result<Limited<IO, PendingSlot>, BoxError>>
+where
+    I: Stream<Item = Result<IO, E>>,
+    E: Into<BoxError>,
+{
+    let slots = PendingSlots::new(share.max, share.per_source);
+    incoming.filter_map(move |accepted| {
+        let admitted = match accepted {
+            Ok(io) => {
+                let peer = source(&io).unwrap_or(IpAddr::from([0, 0, 0, 0]));
+                match slots.admit(peer) {
+                    Ok(slot) => {
+                        if let Some(from) = slot.took_from() {
+                            // At debug: a flood must not flood the log too.
+                            tracing::debug!(%peer, evicted = %from, "all connection slots in use; closed the busiest source's oldest");
+                        }
+                        Some(Ok(Limited::holding(io, Some(slot))))
+                    }
+                    Err(refused) => {
+                        tracing::debug!(%peer, %refused, "closed a connection");
+                        None
+                    }
+                }
+            }
+            Err(err) => Some(Err(err.into())),
+        };
+        std::future::ready(admitted)
+    })
+}
+
+/// What a connection holds of a connection limit; given back when the connection is
+/// dropped. A slot of a [`fair_share`] can also be taken away, and the connection is then
+/// closed.
+pub trait Slot: Unpin {
+    /// Whether the slot was taken from this connection; registers `cx` to be woken when
+    /// it is, otherwise. Never, by default.
+    fn lost(&mut self, _cx: &mut Context<'_>) -> bool {
+        false
+    }
+}
+
+impl Slot for OwnedSemaphorePermit {}
+
+impl<K: Eq + std::hash::Hash + Unpin> Slot for Share<K> {}
+
+impl Slot for PendingSlot {
+    fn lost(&mut self, cx: &mut Context<'_>) -> bool {
+        self.poll_evicted(cx).is_ready()
+    }
+}
+
+/// A connection, holding a slot of a connection limit if there is one (a semaphore's
+/// permit, a share of one key's, a fairly shared slot); the slot is free again when the
+/// connection is dropped, and the connection fails once its slot is taken.
+pub struct Limited<IO, G = OwnedSemaphorePermit> {
+    io: IO,
+    held: Option<G>,
+}
+
+impl<IO, G: Slot> Limited<IO, G> {
     /// `io`, holding `slot` for as long as it lives, or no slot.
     pub fn holding(io: IO, slot: Option<G>) -> Self {
-        Self { io, _held: slot }
+        Self { io, held: slot }
+    }
+
+    /// Whether the connection lost its slot (see [`Slot::lost`]).
+    fn lost(&mut self, cx: &mut Context<'_>) -> bool {
+        self.held.as_mut().is_some_and(|slot| slot.lost(cx))
     }
 }
 
@@ -242,23 +326,31 @@ impl<IO: Connected, G> Connected for Limited<IO, G> {
     }
 }
 
-impl<IO: AsyncRead + Unpin, G: Unpin> AsyncRead for Limited<IO, G> {
+impl<IO: AsyncRead + Unpin, G: Slot> AsyncRead for Limited<IO, G> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+        let this = self.get_mut();
+        if this.lost(cx) {
+            return Poll::Ready(Err(io::ErrorKind::ConnectionAborted.into()));
+        }
+        Pin::new(&mut this.io).poll_read(cx, buf)
     }
 }
 
-impl<IO: AsyncWrite + Unpin, G: Unpin> AsyncWrite for Limited<IO, G> {
+impl<IO: AsyncWrite + Unpin, G: Slot> AsyncWrite for Limited<IO, G> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+        let this = self.get_mut();
+        if this.lost(cx) {
+            return Poll::Ready(Err(io::ErrorKind::ConnectionAborted.into()));
+        }
+        Pin::new(&mut this.io).poll_write(cx, buf)
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -274,7 +366,11 @@ impl<IO: AsyncWrite + Unpin, G: Unpin> AsyncWrite for Limited<IO, G> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        if this.lost(cx) {
+            return Poll::Ready(Err(io::ErrorKind::ConnectionAborted.into()));
+        }
+        Pin::new(&mut this.io).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {

@@ -7,6 +7,7 @@ use asterism_attestation::{
 };
 use asterism_proto::verify::GetAttestationRequest;
 use asterism_proto::verify::api_client::ApiClient;
+use asterism_testkit::net::{closed_within, tcp_from};
 use asterism_testkit::process::{Process, free_port};
 use asterism_testkit::{Swtpm, pin};
 use asterism_tpm::{AkConfig, PcrSelection, Tpm};
@@ -92,17 +93,16 @@ fn start_verify_service(swtpm: &Swtpm, args: &[&str]) -> (Process, std::net::Soc
 
 /// A gRPC channel to `addr` from the local address `from`.
 async fn channel_from(from: &str, addr: std::net::SocketAddr) -> tonic::transport::Channel {
-    let from: std::net::SocketAddr = format!("{from}:0").parse().unwrap();
+    let from: std::net::IpAddr = from.parse().unwrap();
     let start = Instant::now();
     loop {
         let connected = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
             .unwrap()
             .connect_with_connector(tower::service_fn(
                 move |_: tonic::transport::Uri| async move {
-                    let socket = tokio::net::TcpSocket::new_v4()?;
-                    socket.bind(from)?;
-                    let tcp = socket.connect(addr).await?;
-                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tcp))
+                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                        tcp_from(from, addr).await?,
+                    ))
                 },
             ))
             .await;
@@ -168,22 +168,6 @@ async fn owner_asks(channel: tonic::transport::Channel) -> Vec<u8> {
         .attestation
 }
 
-/// Whether the server closed `tcp` within `wait` (end of stream or a reset); a connection
-/// still open then is `false`.
-async fn closed_within(tcp: &mut tokio::net::TcpStream, wait: Duration) -> bool {
-    use tokio::io::AsyncReadExt as _;
-    let mut buf = [0u8; 256];
-    let deadline = tokio::time::Instant::now() + wait;
-    loop {
-        match tokio::time::timeout_at(deadline, tcp.read(&mut buf)).await {
-            Err(_) => return false,
-            Ok(Ok(0) | Err(_)) => return true,
-            // The server's HTTP/2 settings: read on.
-            Ok(Ok(_)) => {}
-        }
-    }
-}
-
 /// Idle connections are bounded per source and in all, and shared fairly: a source's fifth
 /// is closed at once; 40 sources holding 4 each (160, over the 128 in all) keep at most
 /// 128 open, the oldest of the busiest being closed for the newcomers; and the owner,
@@ -196,11 +180,8 @@ fn idle_connections_are_bounded_per_source_and_in_all_and_do_not_keep_the_owner_
     rt.block_on(async {
         // Up and serving.
         drop(channel_from("127.0.0.1", addr).await);
-        let connect = |from: String| async move {
-            let socket = tokio::net::TcpSocket::new_v4().unwrap();
-            socket.bind(format!("{from}:0").parse().unwrap()).unwrap();
-            socket.connect(addr).await.unwrap()
-        };
+        let connect =
+            |from: String| async move { tcp_from(from.parse().unwrap(), addr).await.unwrap() };
 
         let mut one_source = Vec::new();
         for _ in 0..4 {

@@ -36,6 +36,8 @@ pub mod kube_api;
 pub mod logs;
 pub mod luks;
 pub mod metadata;
+#[cfg(feature = "net")]
+pub mod net;
 pub mod process;
 #[cfg(feature = "tls-relay")]
 pub mod relay;

@@ -10,8 +10,8 @@ use crate::common::*;
 use asterism_atls::{AtlsConfig, AtlsConnector};
 use asterism_bootstrapper::LogBuffer;
 use asterism_bootstrapper::limits::InitLimits;
+use asterism_testkit::net::tcp_from;
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpSocket;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 /// Three per address, then one a minute (no refill during the test).
@@ -29,16 +29,14 @@ fn tight() -> InitLimits {
 async fn connect_from(t: &TestNode, src: &str) -> Result<Channel, tonic::transport::Error> {
     let connector = AtlsConnector::new(AtlsConfig::verifying(t.validator())).unwrap();
     let addr = SocketAddr::new(t.ip, t.init_port());
-    let local = SocketAddr::new(src.parse::<IpAddr>().unwrap(), 0);
+    let local: IpAddr = src.parse().unwrap();
     Endpoint::from_shared(format!("http://{addr}"))
         .unwrap()
         .connect_timeout(Duration::from_secs(10))
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let connector = connector.clone();
             async move {
-                let socket = TcpSocket::new_v4()?;
-                socket.bind(local)?;
-                let tcp = socket.connect(addr).await?;
+                let tcp = tcp_from(local, addr).await?;
                 let stream = connector
                     .connect(tcp, Some(addr))
                     .await
@@ -54,11 +52,7 @@ async fn connect_from(t: &TestNode, src: &str) -> Result<Channel, tonic::transpo
 async fn wait_listening(t: &TestNode, probe: &str) {
     let addr = SocketAddr::new(t.ip, t.init_port());
     for _ in 0..600 {
-        let socket = TcpSocket::new_v4().unwrap();
-        socket
-            .bind(SocketAddr::new(probe.parse().unwrap(), 0))
-            .unwrap();
-        if socket.connect(addr).await.is_ok() {
+        if tcp_from(probe.parse().unwrap(), addr).await.is_ok() {
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -165,9 +159,7 @@ async fn a_flood_from_more_addresses_than_the_table_holds_does_not_keep_the_owne
             let connected = &connected;
             async move {
                 let src = IpAddr::from([127, 17, (i / 250) as u8, (i % 250 + 1) as u8]);
-                let socket = TcpSocket::new_v4().unwrap();
-                socket.bind(SocketAddr::new(src, 0)).unwrap();
-                if socket.connect(addr).await.is_ok() {
+                if tcp_from(src, addr).await.is_ok() {
                     connected.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
             }

@@ -375,12 +375,9 @@ pub async fn client(
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let connector = connector.clone();
             async move {
-                let socket = tokio::net::TcpSocket::new_v4()?;
-                socket.bind(SocketAddr::new(local, 0))?;
-                let tcp = socket.connect(server).await?;
-                // As the bootstrapper dials: without it, Nagle's algorithm holds the
-                // client's second small write until the server's delayed ACK (40 ms).
-                tcp.set_nodelay(true)?;
+                // With Nagle's algorithm off, as the bootstrapper dials: with it, the
+                // client's second small write waits for the server's delayed ACK (40 ms).
+                let tcp = asterism_testkit::net::tcp_from(local, server).await?;
                 let stream = connector
                     .connect(tcp, Some(server))
                     .await

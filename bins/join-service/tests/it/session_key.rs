@@ -58,9 +58,7 @@ async fn join_from(
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let (connector, seen) = (c.clone(), s.clone());
             async move {
-                let socket = tokio::net::TcpSocket::new_v4()?;
-                socket.bind(SocketAddr::new(local, 0))?;
-                let tcp = socket.connect(server).await?;
+                let tcp = asterism_testkit::net::tcp_from(local, server).await?;
                 let stream = connector
                     .connect(tcp, Some(server))
                     .await

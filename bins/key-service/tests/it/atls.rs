@@ -131,6 +131,92 @@ fn the_binary_serves_attested_clients_end_to_end() {
     assert!(!logs.contains(&MEASUREMENT_SECRET_ZERO[..16]), "{logs}");
 }
 
+/// Verified connections are shared fairly between sources: a ninth from one source is
+/// closed, and a joined node, attesting as well as any other, that holds 8 verified
+/// connections idle from each of 33 sources (264, over the 256 in all) does not keep
+/// another node out. With a plain cap, the other node's connection waited behind the held ones.
+#[test]
+fn a_joined_node_holding_every_connection_does_not_keep_another_node_out() {
+    use asterism_atls::AtlsConnector;
+    use asterism_key_service::ATLS_CONNECTIONS;
+    use asterism_testkit::net::{closed_within, tcp_from};
+    let secrets = secrets();
+    let trusted = hex::encode(client_issuer(CLIENT_SEED).public_key());
+    let (mut child, addr) = start_atls_key_service(
+        &secrets,
+        &[
+            "--verify-clients",
+            "insecure-test-ed25519",
+            "--insecure-test-trusted-key",
+            &trusted,
+        ],
+    );
+    let server: std::net::SocketAddr = addr.parse().unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let result = runtime.block_on(async {
+        drop(attested_channel_once_up(&addr, client_issuer(CLIENT_SEED)).await?);
+        let connector = AtlsConnector::new(AtlsConfig::attesting(client_issuer(CLIENT_SEED)))
+            .map_err(|e| e.to_string())?;
+        let connect_from = move |from: String| {
+            let connector = connector.clone();
+            async move {
+                let tcp = tcp_from(from.parse().unwrap(), server).await?;
+                connector
+                    .connect(tcp, Some(server))
+                    .await
+                    .map_err(std::io::Error::other)
+            }
+        };
+        // One source: its share is held, and one more verified connection is closed at once.
+        let mut one_source = Vec::new();
+        for _ in 0..ATLS_CONNECTIONS.per_source {
+            one_source.push(connect_from("127.0.30.1".into()).await.unwrap());
+        }
+        let ninth = match connect_from("127.0.30.1".into()).await {
+            Ok(mut stream) => closed_within(&mut stream, Duration::from_secs(5)).await,
+            Err(_) => true,
+        };
+        let share_kept = !closed_within(&mut one_source[0], Duration::from_millis(100)).await;
+        drop(one_source);
+
+        let sources = ATLS_CONNECTIONS.max / ATLS_CONNECTIONS.per_source + 1;
+        let mut holders = Vec::new();
+        for s in 0..sources {
+            let connect_from = connect_from.clone();
+            holders.push(tokio::spawn(async move {
+                let mut held = Vec::new();
+                for _ in 0..ATLS_CONNECTIONS.per_source {
+                    held.push(connect_from(format!("127.0.31.{}", s + 1)).await?);
+                }
+                Ok::<_, std::io::Error>(held)
+            }));
+        }
+        let mut held = Vec::new();
+        for h in holders {
+            held.extend(h.await.unwrap().map_err(|e| e.to_string())?);
+        }
+        // Another node, from a source of its own, is served while they are held.
+        let key = tokio::time::timeout(Duration::from_secs(20), async {
+            let channel = atls_channel(&addr, CLIENT_SEED)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok::<_, String>(get_key_hex(&mut ApiClient::new(channel), "measurementSecret").await)
+        })
+        .await
+        .map_err(|_| "the other node was not served within 20 s".to_owned())??;
+        drop(held);
+        Ok::<_, String>((ninth, share_kept, key))
+    });
+    let (_, logs) = child.stop(Duration::from_secs(30));
+    let (ninth, share_kept, key) = result.unwrap_or_else(|e| panic!("{e}\n{logs}"));
+    assert!(share_kept, "a source's share stays open");
+    assert!(
+        ninth,
+        "a ninth verified connection from one source is closed"
+    );
+    assert_eq!(key, MEASUREMENT_SECRET_ZERO);
+}
+
 /// A joined worker attests exactly as the control plane does; the identity seed would let it
 /// sign tickets and control-plane lists as the control plane, so the attested listener
 /// never releases it.

@@ -403,9 +403,7 @@ async fn attested_channel(
         .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
             let connector = connector.clone();
             async move {
-                let socket = tokio::net::TcpSocket::new_v4()?;
-                socket.bind(std::net::SocketAddr::new(local, 0))?;
-                let tcp = socket.connect(server).await?;
+                let tcp = asterism_testkit::net::tcp_from(local, server).await?;
                 let stream = connector
                     .connect(tcp, Some(server))
                     .await

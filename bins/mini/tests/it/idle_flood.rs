@@ -15,37 +15,15 @@
 use crate::common;
 use crate::common::{Teardown, bins, runtime};
 use asterism_mini::LocalCluster;
+use asterism_testkit::net::{closed_within, tcp_from};
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 use tokio::io::AsyncReadExt as _;
-use tokio::net::TcpStream;
 
 /// The join service port the bootstrappers dial.
 const JOIN_PORT: u16 = 30090;
 /// More idle connections than the listener has pending-handshake slots in all.
 const IDLE_CONNECTIONS: usize = 520;
-
-/// A TCP connection to `to` from `from` (port chosen by the kernel) that sends nothing.
-async fn idle_connection(from: IpAddr, to: SocketAddr) -> std::io::Result<TcpStream> {
-    let socket = tokio::net::TcpSocket::new_v4()?;
-    socket.bind(SocketAddr::new(from, 0))?;
-    socket.connect(to).await
-}
-
-/// Whether the server closed `stream` (end of file or a reset) within `within`.
-async fn closed_by_server(stream: &mut TcpStream, within: Duration) -> bool {
-    let mut buf = [0u8; 64];
-    let deadline = Instant::now() + within;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(left, stream.read(&mut buf)).await {
-            Ok(Ok(0)) | Ok(Err(_)) => return true,
-            // The server never sends anything first; keep reading until it closes.
-            Ok(Ok(_)) => continue,
-            Err(_) => return false,
-        }
-    }
-}
 
 /// A plain HTTP/1.0 GET of the join service's local metrics endpoint.
 fn http_get(addr: &str, path: &str) -> String {
@@ -81,7 +59,7 @@ fn idle_connections_from_one_address_do_not_keep_a_worker_out() {
             for _ in 0..IDLE_CONNECTIONS {
                 // The kernel completes the TCP handshake from the listen backlog whether or
                 // not the service accepts, so every connect succeeds.
-                out.push(idle_connection(outsider, join).await.unwrap());
+                out.push(tcp_from(outsider, join).await.unwrap());
             }
             out
         })
@@ -94,7 +72,7 @@ fn idle_connections_from_one_address_do_not_keep_a_worker_out() {
     rt.block_on(async {
         for (i, stream) in idle.iter_mut().enumerate() {
             assert!(
-                closed_by_server(stream, Duration::from_secs(20)).await,
+                closed_within(stream, Duration::from_secs(20)).await,
                 "idle connection {i} is still open"
             );
         }
@@ -149,9 +127,7 @@ async fn channel_from(
         .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
             let connector = connector.clone();
             async move {
-                let socket = tokio::net::TcpSocket::new_v4()?;
-                socket.bind(SocketAddr::new(from, 0))?;
-                let tcp = socket.connect(to).await?;
+                let tcp = tcp_from(from, to).await?;
                 let stream = connector
                     .connect(tcp, Some(to))
                     .await

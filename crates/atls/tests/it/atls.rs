@@ -10,6 +10,7 @@ use asterism_atls::{
 use asterism_proto::kms::api_client::ApiClient;
 use asterism_proto::kms::api_server::{Api, ApiServer};
 use asterism_proto::kms::{GetDataKeyRequest, GetDataKeyResponse};
+use asterism_testkit::net::{closed_within, tcp_from};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -587,9 +588,9 @@ fn a_frame_cap_above_what_evidence_needs_is_a_configuration_error() {
 /// An honest attesting client that dials from `local` (a loopback address other than the
 /// attacker's, so that the per-source limit tells them apart).
 async fn honest_connect_from(local: &str, server: &str) -> Result<(), AtlsError> {
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.bind(local.parse().unwrap()).unwrap();
-    let tcp = socket.connect(server.parse().unwrap()).await.unwrap();
+    let tcp = tcp_from(local.parse().unwrap(), server.parse().unwrap())
+        .await
+        .unwrap();
     let connector = AtlsConnector::new(AtlsConfig::attesting(issuer(CLIENT_SEED))).unwrap();
     connector.connect(tcp, None).await.map(|_| ())
 }
@@ -611,7 +612,7 @@ async fn idle_connections_from_one_source_do_not_stall_an_honest_handshake() {
     // handshake waits for the 600 s silence deadline.
     let honest = tokio::time::timeout(
         Duration::from_secs(20),
-        honest_connect_from("127.0.0.2:0", &addr),
+        honest_connect_from("127.0.0.2", &addr),
     )
     .await
     .expect("the honest handshake was stalled by idle connections");
@@ -630,25 +631,6 @@ async fn idle_connections_from_one_source_do_not_stall_an_honest_handshake() {
     assert_eq!(echo.calls.load(Ordering::SeqCst), 0);
 }
 
-/// A TCP connection to `server` from the loopback address `from`.
-async fn tcp_from(from: std::net::IpAddr, server: std::net::SocketAddr) -> TcpStream {
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.bind(std::net::SocketAddr::new(from, 0)).unwrap();
-    socket.connect(server).await.unwrap()
-}
-
-/// Whether the server closed `tls` (end of stream or an error) within `within`.
-async fn closed_within(
-    tls: &mut tokio_rustls::client::TlsStream<TcpStream>,
-    within: Duration,
-) -> bool {
-    let mut b = [0u8; 64];
-    matches!(
-        tokio::time::timeout(within, tls.read(&mut b)).await,
-        Ok(Ok(0) | Err(_))
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_peers_of_32_sources_holding_every_slot_cannot_starve_a_33rd() {
     // 64 slots, 2 per source, and silence deadlines far beyond the test: only the fair
@@ -663,7 +645,7 @@ async fn silent_peers_of_32_sources_holding_every_slot_cannot_starve_a_33rd() {
     let mut silent = Vec::new();
     for source in 1..=32u8 {
         for _ in 0..2 {
-            let tcp = tcp_from([127, 0, 40, source].into(), addr).await;
+            let tcp = tcp_from([127, 0, 40, source].into(), addr).await.unwrap();
             // TLS completes, then nothing: no HELLO.
             silent.push(
                 asterism_testkit::tls::connect_over(
@@ -680,7 +662,7 @@ async fn silent_peers_of_32_sources_holding_every_slot_cannot_starve_a_33rd() {
     // waits in the listen backlog for the 600 s deadlines.
     tokio::time::timeout(
         Duration::from_secs(20),
-        honest_connect_from("127.0.41.1:0", &addr.to_string()),
+        honest_connect_from("127.0.41.1", &addr.to_string()),
     )
     .await
     .expect("the honest handshake was starved by 32 sources' silent connections")

@@ -211,20 +211,31 @@ mod tests {
         IpAddr::from([10, 0, 0, n])
     }
 
+    type Order = Arc<Mutex<Vec<u8>>>;
+
+    /// A task that waits for a turn from address `from`, notes `from` in `order` when it
+    /// gets it, and holds it for `hold`.
+    fn take_turn(
+        q: &Arc<FairQueue>,
+        order: &Order,
+        from: u8,
+        hold: Duration,
+    ) -> tokio::task::JoinHandle<()> {
+        let (q, order) = (q.clone(), order.clone());
+        tokio::spawn(async move {
+            let turn = q.turn(ip(from)).await.unwrap();
+            order.lock().unwrap().push(from);
+            tokio::time::sleep(hold).await;
+            drop(turn);
+        })
+    }
+
     #[tokio::test]
     async fn a_call_waits_for_its_turn_and_a_new_source_goes_first() {
         let q = FairQueue::new(1, 8, Duration::from_secs(10));
         let order = Arc::new(Mutex::new(Vec::new()));
         let running = q.turn(ip(1)).await.unwrap();
-        let spawn = |from: u8| {
-            let (q, order) = (q.clone(), order.clone());
-            tokio::spawn(async move {
-                let turn = q.turn(ip(from)).await.unwrap();
-                order.lock().unwrap().push(from);
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                drop(turn);
-            })
-        };
+        let spawn = |from: u8| take_turn(&q, &order, from, Duration::from_millis(100));
         // A flood from address 1 waits; then the owner (address 9) asks.
         let mut tasks: Vec<_> = (0..3).map(|_| spawn(1)).collect();
         tokio::task::yield_now().await;
@@ -307,15 +318,7 @@ mod tests {
         let q = FairQueue::new(1, 8, Duration::from_secs(10));
         let order = Arc::new(Mutex::new(Vec::new()));
         let running = q.turn(ip(9)).await.unwrap();
-        let spawn = |from: u8| {
-            let (q, order) = (q.clone(), order.clone());
-            tokio::spawn(async move {
-                let turn = q.turn(ip(from)).await.unwrap();
-                order.lock().unwrap().push(from);
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                drop(turn);
-            })
-        };
+        let spawn = |from: u8| take_turn(&q, &order, from, Duration::from_millis(50));
         // Source 1 asks twice, then source 2 once: 1 goes first (earlier), then 2, which
         // has had fewer turns than 1 by then, then 1 again.
         let mut tasks = vec![spawn(1)];

@@ -98,19 +98,25 @@ async fn the_attested_only_handler_refuses_an_unattested_connection() {
     assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
 }
 
-#[test]
-fn the_binary_serves_attested_clients_end_to_end() {
-    let secrets = secrets();
+/// The key-service program on attested TLS, trusting the test client's key (the insecure
+/// test variant); and its address.
+fn start_trusting_the_client(secrets: &Secrets) -> (asterism_testkit::process::Process, String) {
     let trusted = hex::encode(client_issuer(CLIENT_SEED).public_key());
-    let (mut child, addr) = start_atls_key_service(
-        &secrets,
+    start_atls_key_service(
+        secrets,
         &[
             "--verify-clients",
             "insecure-test-ed25519",
             "--insecure-test-trusted-key",
             &trusted,
         ],
-    );
+    )
+}
+
+#[test]
+fn the_binary_serves_attested_clients_end_to_end() {
+    let secrets = secrets();
+    let (mut child, addr) = start_trusting_the_client(&secrets);
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let result = runtime.block_on(async {
         let channel = attested_channel_once_up(&addr, client_issuer(CLIENT_SEED)).await?;
@@ -141,16 +147,7 @@ fn a_joined_node_holding_every_connection_does_not_keep_another_node_out() {
     use asterism_key_service::ATLS_CONNECTIONS;
     use asterism_testkit::net::{closed_within, tcp_from};
     let secrets = secrets();
-    let trusted = hex::encode(client_issuer(CLIENT_SEED).public_key());
-    let (mut child, addr) = start_atls_key_service(
-        &secrets,
-        &[
-            "--verify-clients",
-            "insecure-test-ed25519",
-            "--insecure-test-trusted-key",
-            &trusted,
-        ],
-    );
+    let (mut child, addr) = start_trusting_the_client(&secrets);
     let server: std::net::SocketAddr = addr.parse().unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let result = runtime.block_on(async {

@@ -336,4 +336,40 @@ mod tests {
             "an evicted slot's drop frees nothing more"
         );
     }
+
+    #[test]
+    fn the_holder_last_polled_is_the_one_woken() {
+        let slots = PendingSlots::new(1, 1);
+        let mut held = slots.admit(ip(1, 1)).unwrap();
+        let first = Arc::new(CountingWaker(std::sync::atomic::AtomicUsize::new(0)));
+        let second = Arc::new(CountingWaker(std::sync::atomic::AtomicUsize::new(0)));
+        let first_waker = Waker::from(Arc::clone(&first));
+        let second_waker = Waker::from(Arc::clone(&second));
+        assert!(
+            held.poll_evicted(&mut Context::from_waker(&first_waker))
+                .is_pending()
+        );
+        // The connection moved to another task, which polls now.
+        assert!(
+            held.poll_evicted(&mut Context::from_waker(&second_waker))
+                .is_pending()
+        );
+        drop(slots.admit(ip(1, 2)).unwrap());
+        assert_eq!(second.0.load(Ordering::SeqCst), 1);
+        assert_eq!(first.0.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn the_table_and_its_refusal_say_what_they_are() {
+        let slots = PendingSlots::new(3, 2);
+        let shown = format!("{slots:?}");
+        assert!(
+            shown.contains("capacity: 3") && shown.contains("per_source: 2"),
+            "{shown}"
+        );
+        assert_eq!(
+            SlotRefused::SourceLimit.to_string(),
+            "too many connections in progress from this source"
+        );
+    }
 }

@@ -385,4 +385,26 @@ mod tests {
         assert_eq!(state.served.len(), 1);
         assert_eq!(state.served.get(&ip(200)), Some(&7));
     }
+
+    #[tokio::test]
+    async fn a_new_source_does_not_wipe_the_turns_of_the_others() {
+        let q = FairQueue::new(1, 8, Duration::from_secs(10));
+        let order = Arc::new(Mutex::new(Vec::new()));
+        // Source 1 had three turns, source 2 one, all given at once.
+        for _ in 0..3 {
+            drop(q.turn(ip(1)).await.unwrap());
+        }
+        drop(q.turn(ip(2)).await.unwrap());
+        let running = q.turn(ip(9)).await.unwrap();
+        // Source 1 asks, then source 3, new: 3 goes first.
+        let mut tasks = vec![take_turn(&q, &order, 1, Duration::ZERO)];
+        tokio::task::yield_now().await;
+        tasks.push(take_turn(&q, &order, 3, Duration::ZERO));
+        tokio::task::yield_now().await;
+        drop(running);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), vec![3, 1]);
+    }
 }

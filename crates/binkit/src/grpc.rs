@@ -377,3 +377,121 @@ impl<IO: AsyncWrite + Unpin, G: Slot> AsyncWrite for Limited<IO, G> {
         self.io.is_write_vectored()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _, DuplexStream};
+
+    fn ip(n: u8) -> IpAddr {
+        IpAddr::from([10, 0, 0, n])
+    }
+
+    /// Server ends of in-memory connections from `sources` (in order) after
+    /// [`fair_share`] with `share`, and the client ends of all of them.
+    async fn admitted(
+        share: FairShare,
+        sources: &[u8],
+    ) -> (
+        Vec<(u8, Limited<DuplexStream, PendingSlot>)>,
+        Vec<DuplexStream>,
+    ) {
+        let mut clients = Vec::new();
+        let mut servers = Vec::new();
+        for &s in sources {
+            let (client, server) = tokio::io::duplex(1024);
+            clients.push(client);
+            servers.push(Ok::<_, io::Error>((s, server)));
+        }
+        let tagged = futures::stream::iter(servers);
+        let source = |conn: &(u8, DuplexStream)| Some(ip(conn.0));
+        let admitted: Vec<_> = fair_share(tagged, share, source)
+            .map(|c| {
+                let Limited { io: (s, io), held } = c.unwrap();
+                (s, Limited { io, held })
+            })
+            .collect()
+            .await;
+        (admitted, clients)
+    }
+
+    async fn echo_works(
+        server: &mut Limited<DuplexStream, PendingSlot>,
+        client: &mut DuplexStream,
+    ) -> bool {
+        if server.write_all(b"ping").await.is_err() {
+            return false;
+        }
+        let mut got = [0u8; 4];
+        if client.read_exact(&mut got).await.is_err() || &got != b"ping" {
+            return false;
+        }
+        client.write_all(b"pong").await.unwrap();
+        let mut back = [0u8; 4];
+        server.read_exact(&mut back).await.is_ok() && &back == b"pong"
+    }
+
+    #[tokio::test]
+    async fn a_source_over_its_share_is_closed_and_the_others_pass_through() {
+        let share = FairShare {
+            max: 8,
+            per_source: 2,
+        };
+        let (mut admitted, mut clients) = admitted(share, &[1, 1, 1, 2]).await;
+        let sources: Vec<u8> = admitted.iter().map(|(s, _)| *s).collect();
+        assert_eq!(sources, vec![1, 1, 2], "the third from source 1 is closed");
+        // The refused connection's server end is gone: its client reads end of stream.
+        let mut buf = [0u8; 1];
+        assert_eq!(clients[2].read(&mut buf).await.unwrap(), 0);
+        let (_, server) = &mut admitted[2];
+        assert!(echo_works(server, &mut clients[3]).await);
+    }
+
+    #[tokio::test]
+    async fn a_connection_whose_slot_was_taken_fails_its_reads_and_writes() {
+        let share = FairShare {
+            max: 2,
+            per_source: 2,
+        };
+        // Full with source 1's two; source 2 takes the oldest.
+        let (mut admitted, mut clients) = admitted(share, &[1, 1, 2]).await;
+        let (_, evicted) = &mut admitted[0];
+        let mut buf = [0u8; 4];
+        assert_eq!(
+            evicted.read(&mut buf).await.unwrap_err().kind(),
+            io::ErrorKind::ConnectionAborted
+        );
+        assert_eq!(
+            evicted.write(b"x").await.unwrap_err().kind(),
+            io::ErrorKind::ConnectionAborted
+        );
+        let slices = [io::IoSlice::new(b"x")];
+        assert_eq!(
+            evicted.write_vectored(&slices).await.unwrap_err().kind(),
+            io::ErrorKind::ConnectionAborted
+        );
+        let (_, kept) = &mut admitted[1];
+        assert!(echo_works(kept, &mut clients[1]).await);
+        let (_, newcomer) = &mut admitted[2];
+        assert!(echo_works(newcomer, &mut clients[2]).await);
+        let (_, newcomer) = &mut admitted[2];
+        assert_eq!(newcomer.write_vectored(&slices).await.unwrap(), 1);
+        let mut x = [0u8; 1];
+        clients[2].read_exact(&mut x).await.unwrap();
+        assert_eq!(&x, b"x");
+    }
+
+    #[tokio::test]
+    async fn a_connection_holding_a_permit_passes_through() {
+        let (mut client, server) = tokio::io::duplex(1024);
+        let permit = Arc::new(Semaphore::new(1)).acquire_owned().await.unwrap();
+        let mut limited = Limited::holding(server, Some(permit));
+        limited.write_all(b"ping").await.unwrap();
+        let mut got = [0u8; 4];
+        client.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"ping");
+        client.write_all(b"pong").await.unwrap();
+        limited.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"pong");
+    }
+}

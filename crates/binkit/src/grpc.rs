@@ -490,4 +490,60 @@ mod tests {
         let mut limited = Limited::holding(server, Some(permit));
         assert!(echo_works(&mut limited, &mut client).await);
     }
+
+    /// The connections a listener accepts, as the stream [`serve`] takes.
+    fn accepted(
+        listener: tokio::net::TcpListener,
+    ) -> impl Stream<Item = io::Result<tokio::net::TcpStream>> {
+        futures::stream::unfold(listener, |listener| async move {
+            let accepted = listener.accept().await.map(|(tcp, _)| tcp);
+            Some((accepted, listener))
+        })
+    }
+
+    /// Whether the server closed `tcp` within `wait`, after an HTTP/2 client preface.
+    async fn closed_after_preface(tcp: &mut tokio::net::TcpStream, wait: Duration) -> bool {
+        tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 512];
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            match tokio::time::timeout_at(deadline, tcp.read(&mut buf)).await {
+                Err(_) => return false,
+                Ok(Ok(0) | Err(_)) => return true,
+                Ok(Ok(_)) => {}
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_connection_is_closed_at_its_maximum_age_and_not_before() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = Limits {
+            max_connection_age: Some(Duration::from_secs(1)),
+            max_connection_age_grace: Some(Duration::from_millis(500)),
+            ..Limits::SERVICE
+        };
+        tokio::spawn(async move {
+            serve(
+                accepted(listener),
+                Routes::default(),
+                &limits,
+                std::future::pending(),
+            )
+            .await
+        });
+        let mut young = tokio::net::TcpStream::connect(addr).await.unwrap();
+        assert!(
+            !closed_after_preface(&mut young, Duration::from_millis(500)).await,
+            "open before its age"
+        );
+        let mut old = tokio::net::TcpStream::connect(addr).await.unwrap();
+        assert!(
+            closed_after_preface(&mut old, Duration::from_secs(10)).await,
+            "closed once its age and grace are over"
+        );
+    }
 }

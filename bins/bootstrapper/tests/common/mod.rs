@@ -182,10 +182,28 @@ impl TestNode {
         Arc::new(NoneDriver::new())
     }
 
+    /// `read` on a new connection to the node's swtpm, tried again on failure (at most 20
+    /// times, 100 ms apart). swtpm serves one client at a time, and a test's own read can
+    /// meet a connection of the program under test (an issuer quoting per use) and fail
+    /// with an I/O error under load. Only for reads: a retried extend could extend twice.
+    fn read_tpm<T, E: std::fmt::Debug>(&self, read: impl Fn(&mut Tpm) -> Result<T, E>) -> T {
+        let mut last = String::new();
+        for _ in 0..20 {
+            match Tpm::open(&self.swtpm.config()) {
+                Ok(mut tpm) => match read(&mut tpm) {
+                    Ok(value) => return value,
+                    Err(e) => last = format!("{e:?}"),
+                },
+                Err(e) => last = format!("{e:?}"),
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        panic!("reading the node's TPM failed 20 times; the last time: {last}")
+    }
+
     /// PCR 15 of the node's TPM.
     pub fn pcr15(&self) -> [u8; 32] {
-        let mut tpm = Tpm::open(&self.swtpm.config()).unwrap();
-        asterism_tpm::marker::read_marker_pcr(&mut tpm).unwrap()
+        self.read_tpm(asterism_tpm::marker::read_marker_pcr)
     }
 
     /// A validator that accepts this node's TPM with PCR 15 all zero (a fresh node).
@@ -203,8 +221,7 @@ impl TestNode {
 
     /// This node's PCRs 0–7 and 15 as they are now, those whose index passes `keep`.
     pub fn measurements_with(&self, keep: impl Fn(u32) -> bool) -> Measurements {
-        let mut tpm = Tpm::open(&self.swtpm.config()).unwrap();
-        let pcrs = tpm.read_pcrs(&PcrSelection::all()).unwrap();
+        let pcrs = self.read_tpm(|tpm| tpm.read_pcrs(&PcrSelection::all()));
         let entries: Vec<String> = pcrs
             .iter()
             .filter(|(i, _)| (*i <= 7 || *i == 15) && keep(*i))
@@ -217,8 +234,7 @@ impl TestNode {
     /// A measurements file (JSON) of this node's PCRs as they are now, those whose index
     /// passes `keep`.
     pub fn measurements_json(&self, keep: impl Fn(u32) -> bool) -> String {
-        let mut tpm = Tpm::open(&self.swtpm.config()).unwrap();
-        let pcrs = tpm.read_pcrs(&PcrSelection::all()).unwrap();
+        let pcrs = self.read_tpm(|tpm| tpm.read_pcrs(&PcrSelection::all()));
         let entries: Vec<String> = pcrs
             .iter()
             .filter(|(i, _)| keep(*i))

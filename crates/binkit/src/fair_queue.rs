@@ -9,8 +9,13 @@
 //! among equals): the owner's first call goes ahead of a flood's hundredth, however many
 //! sources the flood comes from.
 //!
-//! What it holds is bounded: at most `max_waiting` calls wait, each at most `deadline`,
-//! and a call that cannot wait gets [`Busy`] at once. It remembers how many turns at most
+//! What it holds is bounded: at most `max_waiting` calls wait, each at most `deadline`.
+//! When all places are taken, a call from a source that weighs less than the heaviest
+//! waiting source takes that source's newest place, and the call that held it gets
+//! [`Busy`]; any other call gets [`Busy`] at once. A source weighs the calls it has waiting,
+//! then the turns it has had: so no set of sources can keep the owner out by filling the
+//! queue, unless every place is held by a different source that has never had a turn, and
+//! each such source is good for one turn only. It remembers how many turns at most
 //! [`MAX_SOURCES`] sources had; beyond that, it forgets the sources with nothing waiting.
 //! A source is an IPv4 address or an IPv6 /64 ([`asterism_basics::source_of`]).
 
@@ -59,6 +64,26 @@ impl QueueState {
         let waiting = &self.waiting;
         self.served
             .retain(|s, _| waiting.iter().any(|w| w.source == *s));
+    }
+
+    /// The waiter to give up its place for a call from `source` when every place is taken:
+    /// the newest waiter of the heaviest source (most calls waiting, then most turns had),
+    /// if that source weighs more than `source` will with its call added. `None` when no
+    /// source is heavier: then the call is refused.
+    fn place_to_take(&self, source: IpAddr) -> Option<usize> {
+        let mut waiting: HashMap<IpAddr, usize> = HashMap::with_capacity(self.waiting.len());
+        for w in &self.waiting {
+            *waiting.entry(w.source).or_insert(0) += 1;
+        }
+        let turns = |s: &IpAddr| self.served.get(s).copied().unwrap_or(0);
+        let weight = |s: &IpAddr| (waiting.get(s).copied().unwrap_or(0), turns(s));
+        let (pos, heaviest) = self
+            .waiting
+            .iter()
+            .enumerate()
+            .max_by_key(|(_, w)| (weight(&w.source), w.seq))?;
+        let (own_waiting, own_turns) = weight(&source);
+        ((own_waiting + 1, own_turns) < weight(&heaviest.source)).then_some(pos)
     }
 
     /// Gives freed turns to the waiters whose sources had the fewest turns.
@@ -110,6 +135,7 @@ impl Drop for Turn {
 struct Withdraw<'a> {
     queue: &'a Arc<FairQueue>,
     seq: u64,
+    turn: oneshot::Receiver<()>,
     armed: bool,
 }
 
@@ -121,8 +147,10 @@ impl Drop for Withdraw<'_> {
         let mut state = self.queue.lock();
         if let Some(pos) = state.waiting.iter().position(|w| w.seq == self.seq) {
             state.waiting.swap_remove(pos);
-        } else {
-            // Given a turn that nobody will take: pass it on.
+        } else if self.turn.try_recv().is_ok() {
+            // Given a turn that nobody will take: pass it on. (Turns are given and places
+            // taken under the lock, so a waiter that is gone either has its turn in the
+            // channel or lost its place, and then holds nothing.)
             state.running = state.running.saturating_sub(1);
             state.pass_on(self.queue.max_running);
         }
@@ -159,7 +187,9 @@ impl FairQueue {
     }
 
     /// Waits for a turn for a call from `ip`: at once when fewer than `max_running` run
-    /// and nobody waits; [`Busy`] when the queue is full or the deadline passed first.
+    /// and nobody waits. [`Busy`] when every place is taken and no heavier source holds
+    /// one, when a lighter source takes this call's place, or when the deadline passes
+    /// first.
     pub async fn turn(self: &Arc<Self>, ip: IpAddr) -> Result<Turn, Busy> {
         let source = source_of(ip);
         let (seq, rx) = {
@@ -172,7 +202,10 @@ impl FairQueue {
                 });
             }
             if state.waiting.len() >= self.max_waiting {
-                return Err(Busy);
+                // Dropping the waiter's sender tells it (its receiver closes) that it lost
+                // its place.
+                let pos = state.place_to_take(source).ok_or(Busy)?;
+                drop(state.waiting.swap_remove(pos));
             }
             let seq = state.next_seq;
             state.next_seq = state.next_seq.wrapping_add(1);
@@ -187,17 +220,19 @@ impl FairQueue {
         let mut withdraw = Withdraw {
             queue: self,
             seq,
+            turn: rx,
             armed: true,
         };
-        match tokio::time::timeout(self.deadline, rx).await {
+        match tokio::time::timeout(self.deadline, &mut withdraw.turn).await {
             Ok(Ok(())) => {
                 withdraw.armed = false;
                 Ok(Turn {
                     queue: Arc::clone(self),
                 })
             }
-            // The deadline passed (or the queue dropped the waiter): `withdraw` removes it,
-            // or passes on a turn given at the last moment.
+            // A lighter source took the place (`withdraw` finds nothing to give back), or
+            // the deadline passed: `withdraw` removes the waiter, or passes on a turn given
+            // at the last moment.
             _ => Err(Busy),
         }
     }
@@ -406,5 +441,106 @@ mod tests {
             t.await.unwrap();
         }
         assert_eq!(*order.lock().unwrap(), vec![3, 1]);
+    }
+
+    /// Spawns a call from `from` that waits for its turn and drops it at once; lets it
+    /// queue before returning.
+    async fn queued(q: &Arc<FairQueue>, from: u8) -> tokio::task::JoinHandle<Result<(), Busy>> {
+        let q = q.clone();
+        let task = tokio::spawn(async move { q.turn(ip(from)).await.map(drop) });
+        tokio::task::yield_now().await;
+        task
+    }
+
+    #[tokio::test]
+    async fn a_lighter_source_takes_the_newest_place_of_the_heaviest_when_all_are_taken() {
+        let q = FairQueue::new(1, 3, Duration::from_secs(10));
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let running = q.turn(ip(1)).await.unwrap();
+        // A flood from source 1 takes every place; the newest is `last`.
+        let mut tasks = Vec::new();
+        for _ in 0..2 {
+            tasks.push(take_turn(&q, &order, 1, Duration::ZERO));
+            tokio::task::yield_now().await;
+        }
+        let last = queued(&q, 1).await;
+        assert_eq!(q.waiting(), 3);
+        // Source 1 cannot push itself further; the owner (source 9) gets a place.
+        assert_eq!(q.turn(ip(1)).await.unwrap_err(), Busy);
+        tasks.push(take_turn(&q, &order, 9, Duration::ZERO));
+        tokio::task::yield_now().await;
+        assert_eq!(
+            last.await.unwrap().unwrap_err(),
+            Busy,
+            "the newest place was taken"
+        );
+        assert_eq!(q.waiting(), 3);
+        drop(running);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), vec![9, 1, 1]);
+        assert_eq!(
+            (q.running(), q.waiting()),
+            (0, 0),
+            "the lost place held no turn"
+        );
+        drop(q.turn(ip(2)).await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_place_goes_only_to_a_source_that_weighs_less_than_its_holder() {
+        let q = FairQueue::new(1, 3, Duration::from_secs(10));
+        let running = q.turn(ip(9)).await.unwrap();
+        // Source 1 waits twice, source 2 once: all places are taken.
+        let waiting = vec![
+            queued(&q, 1).await,
+            queued(&q, 1).await,
+            queued(&q, 2).await,
+        ];
+        // Source 2 with a second call would weigh what source 1 weighs: no gain in
+        // fairness, so no place.
+        assert_eq!(q.turn(ip(2)).await.unwrap_err(), Busy);
+        assert_eq!(q.waiting(), 3);
+        drop(running);
+        for t in waiting {
+            t.await.unwrap().unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn sources_that_have_had_turns_cannot_keep_a_new_source_out() {
+        let q = FairQueue::new(1, 2, Duration::from_secs(10));
+        let order = Arc::new(Mutex::new(Vec::new()));
+        // Sources 2 and 3 have had a turn each, and wait again, one place each.
+        drop(q.turn(ip(2)).await.unwrap());
+        drop(q.turn(ip(3)).await.unwrap());
+        let running = q.turn(ip(1)).await.unwrap();
+        let first = take_turn(&q, &order, 2, Duration::ZERO);
+        tokio::task::yield_now().await;
+        let newest = queued(&q, 3).await;
+        // Source 1 has had a turn too: it weighs what they weigh, and gets no place.
+        assert_eq!(q.turn(ip(1)).await.unwrap_err(), Busy);
+        // Source 9 has had none: it takes source 3's place, the newest.
+        let owner = take_turn(&q, &order, 9, Duration::ZERO);
+        tokio::task::yield_now().await;
+        assert_eq!(newest.await.unwrap().unwrap_err(), Busy);
+        drop(running);
+        first.await.unwrap();
+        owner.await.unwrap();
+        assert_eq!(*order.lock().unwrap(), vec![9, 2]);
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_of_sources_that_never_had_a_turn_refuses_one_more() {
+        let q = FairQueue::new(1, 2, Duration::from_secs(10));
+        let running = q.turn(ip(1)).await.unwrap();
+        let waiting = vec![queued(&q, 2).await, queued(&q, 3).await];
+        assert_eq!(q.turn(ip(4)).await.unwrap_err(), Busy);
+        drop(running);
+        for t in waiting {
+            t.await.unwrap().unwrap();
+        }
+        assert_eq!((q.running(), q.waiting()), (0, 0));
     }
 }

@@ -57,13 +57,14 @@ pub(crate) fn spawn_service(
     pid_file: &Path,
 ) -> Result<Child> {
     let out = log_file(log)?;
-    let child = Command::new(program)
+    let mut command = Command::new(program);
+    command
         .args(args)
         .stdin(Stdio::null())
         .stdout(out.try_clone()?)
         .stderr(out)
-        .process_group(0)
-        .spawn()
+        .process_group(0);
+    let child = asterism_basics::children::spawn(&mut command)
         .with_context(|| format!("starting {}", program.display()))?;
     std::fs::write(pid_file, format!("{}\n", child.id()))
         .with_context(|| format!("writing {}", pid_file.display()))?;

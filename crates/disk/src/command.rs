@@ -476,16 +476,17 @@ pub const CHILD_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:
 /// Spawns the program, feeds standard input and drains both output streams on scoped
 /// threads (so a full pipe can never block it), and polls for its exit until the deadline.
 fn run_with_timeout(inv: &Invocation, timeout: Duration) -> Result<CommandOutput, RunError> {
-    let mut child = Command::new(&inv.program)
+    let mut command = Command::new(&inv.program);
+    command
         .args(&inv.args)
         .env_clear()
         .env("LC_ALL", "C")
         .env("PATH", CHILD_PATH)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(RunError::Spawn)?;
+        .stderr(Stdio::piped());
+    // Started apart from TPM commands in flight (`asterism_basics::children`).
+    let mut child = asterism_basics::children::spawn(&mut command).map_err(RunError::Spawn)?;
     let stdin = child.stdin.take();
     let stdout = child.stdout.take();
     let stderr = child.stderr.take();

@@ -154,13 +154,18 @@ async fn read_tail<R: AsyncRead + Unpin>(mut r: R, max: usize) -> io::Result<(Ve
 impl Commands for ProcessCommands {
     fn run<'a>(&'a self, cmd: &'a CommandSpec) -> BoxFuture<'a, io::Result<CommandOutput>> {
         Box::pin(async move {
-            let mut child = tokio::process::Command::new(&cmd.program)
+            let mut command = tokio::process::Command::new(&cmd.program);
+            command
                 .args(&cmd.args)
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
-                .kill_on_drop(true)
-                .spawn()?;
+                .kill_on_drop(true);
+            // Started apart from TPM commands in flight (`asterism_basics::children`).
+            let mut child = {
+                let _alone = asterism_basics::children::spawning();
+                command.spawn()?
+            };
             let stdout = child
                 .stdout
                 .take()

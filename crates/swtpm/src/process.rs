@@ -240,11 +240,10 @@ impl SwtpmProcess {
             command.arg("--daemon");
         }
         // Errors before swtpm opens its log (a port in use) go to stderr: keep them too.
-        let mut child = command
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log_err)
-            .spawn()
+        command.stdin(Stdio::null()).stdout(log).stderr(log_err);
+        // Started apart from TPM commands in flight (`asterism_basics::children`): a swtpm
+        // that inherited another swtpm's connection would stop that one for its whole life.
+        let mut child = asterism_basics::children::spawn(&mut command)
             .map_err(|e| fatal(io_error("starting swtpm")(e)))?;
         let mut process = SwtpmProcess {
             config: config.clone(),

@@ -41,10 +41,8 @@ pub struct Process {
 impl Process {
     /// Starts `command` with its standard error piped (and its standard input closed).
     pub fn spawn(command: &mut Command) -> Self {
-        let mut child = command
-            .stdin(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
+        command.stdin(Stdio::null()).stderr(Stdio::piped());
+        let mut child = asterism_basics::children::spawn(command)
             .unwrap_or_else(|e| panic!("starting {command:?}: {e}"));
         let pipe = child.stderr.take().expect("stderr is piped");
         let stderr = Arc::new(Mutex::new(String::new()));

@@ -6,6 +6,7 @@ use std::str::FromStr;
 
 use asterism_attestation::hcl::HCL_REPORT_NV_INDEX;
 use asterism_attestation::tpm::ek::{EK_CHAIN_NV_FIRST, EK_CHAIN_NV_LAST};
+use asterism_basics::children::with_c_descriptors;
 use sha1::Sha1;
 use sha2::{Digest as _, Sha256, Sha384, Sha512};
 use tracing::{debug, info, warn};
@@ -145,7 +146,9 @@ impl Tpm {
     pub fn open(config: &TpmConfig) -> Result<Self, TpmError> {
         let tcti = config.to_string();
         let name_conf = tcti_name_conf(config)?;
-        let ctx = Context::new(name_conf).map_err(|error| match error {
+        // The TSS connects to swtpm (and opens a device) without close-on-exec: kept apart
+        // from starting children (`asterism_basics::children`), here and in `run`.
+        let ctx = with_c_descriptors(|| Context::new(name_conf)).map_err(|error| match error {
             tss_esapi::Error::Tss2Error(rc) => TpmError::Open {
                 tcti: tcti.clone(),
                 code: raw_code(rc),
@@ -751,6 +754,15 @@ impl Tpm {
         &mut self,
         operation: &'static str,
         mut command: impl FnMut(&mut Context) -> tss_esapi::Result<T>,
+    ) -> Result<T, TpmError> {
+        with_c_descriptors(|| self.run_apart(operation, &mut command))
+    }
+
+    /// [`Tpm::run`]'s loop, under the lock that keeps children from starting meanwhile.
+    fn run_apart<T>(
+        &mut self,
+        operation: &'static str,
+        command: &mut impl FnMut(&mut Context) -> tss_esapi::Result<T>,
     ) -> Result<T, TpmError> {
         let mut attempts = 0u32;
         loop {

@@ -12,6 +12,7 @@
 )]
 
 mod attestation_key;
+mod children;
 #[path = "../common/mod.rs"]
 mod common;
 mod ek_certificate;

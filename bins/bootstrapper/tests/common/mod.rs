@@ -183,9 +183,9 @@ impl TestNode {
     }
 
     /// `read` on a new connection to the node's swtpm, tried again on failure (at most 20
-    /// times, 100 ms apart). swtpm serves one client at a time, and a test's own read can
-    /// meet a connection of the program under test (an issuer quoting per use) and fail
-    /// with an I/O error under load. Only for reads: a retried extend could extend twice.
+    /// times, 100 ms apart), in case a read meets swtpm between two clients under load.
+    /// (A swtpm that stopped answering for minutes was a child holding its connection:
+    /// `asterism_basics::children`.) Only for reads: a retried extend could extend twice.
     fn read_tpm<T, E: std::fmt::Debug>(&self, read: impl Fn(&mut Tpm) -> Result<T, E>) -> T {
         let mut last = String::new();
         for _ in 0..20 {

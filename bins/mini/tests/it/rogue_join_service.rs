@@ -40,13 +40,14 @@ fn log_of(path: &Path) -> String {
 
 fn spawn(program: &str, args: &[&std::ffi::OsStr], log: &Path) -> Child {
     let out = std::fs::File::create(log).unwrap();
-    Command::new(bins().join(program))
+    let mut command = Command::new(bins().join(program));
+    command
         .args(args)
         .stdin(Stdio::null())
         .stdout(out.try_clone().unwrap())
-        .stderr(out)
-        .spawn()
-        .unwrap()
+        .stderr(out);
+    // Apart from this process's TPM commands (`asterism_basics::children`).
+    asterism_basics::children::spawn(&mut command).unwrap()
 }
 
 fn write_private(path: &Path, bytes: &[u8]) {

@@ -285,3 +285,74 @@ fn a_flood_of_quotes_from_many_sources_does_not_put_the_owner_behind_it() {
         "{before_owner} of {FLOOD} flood quotes were answered while the owner waited"
     );
 }
+
+/// A flood that keeps every place of the quote queue taken does not keep the owner out: 24
+/// sources (4 connections of 4 requests each, 384 in all) hold the queue's 256 places, and
+/// each request refused or answered asks again at once. The owner, asking from a source of
+/// its own with nothing waiting, takes the newest place of the heaviest source and is
+/// answered. With a full queue refusing every newcomer, the owner got `RESOURCE_EXHAUSTED`.
+#[test]
+fn a_flood_that_keeps_the_quote_queue_full_does_not_keep_the_owner_out() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    const SOURCES: usize = 24;
+    const CONNECTIONS: usize = 4;
+    const STREAMS: usize = 4;
+    let swtpm = Swtpm::start().unwrap();
+    let (child, addr) = start_verify_service(
+        &swtpm,
+        &[
+            "--rate-limit-burst",
+            "1000000",
+            "--rate-limit-per-second",
+            "1000000",
+        ],
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let answer = rt.block_on(async {
+        let refused = Arc::new(AtomicUsize::new(0));
+        let mut channels = Vec::new();
+        for s in 0..SOURCES {
+            for _ in 0..CONNECTIONS {
+                channels.push(channel_from(&format!("127.0.26.{}", s + 1), addr).await);
+            }
+        }
+        let owner = channel_from("127.0.27.1", addr).await;
+        let mut flood = Vec::new();
+        for channel in channels {
+            for _ in 0..STREAMS {
+                let (channel, refused) = (channel.clone(), refused.clone());
+                flood.push(tokio::spawn(async move {
+                    loop {
+                        let answer = ApiClient::new(channel.clone())
+                            .get_attestation(GetAttestationRequest {
+                                nonce: b"flood".to_vec(),
+                            })
+                            .await;
+                        if answer.is_err_and(|s| s.code() == tonic::Code::ResourceExhausted) {
+                            refused.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                }));
+            }
+        }
+        // Every place is taken once the service refuses some of the flood.
+        while refused.load(Ordering::SeqCst) < 16 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let answer = ApiClient::new(owner)
+            .get_attestation(GetAttestationRequest {
+                nonce: b"owner".to_vec(),
+            })
+            .await;
+        for f in &flood {
+            f.abort();
+        }
+        answer
+            .map(|a| a.into_inner().attestation)
+            .map_err(|s| s.code())
+    });
+    drop(child);
+    let evidence = answer.expect("the owner was refused while the flood kept the queue full");
+    assert!(!evidence.is_empty());
+}

@@ -801,9 +801,7 @@ mod tests {
         let key = dir.path().join("sa.key");
         let run = |args: &[&str]| {
             assert!(
-                std::process::Command::new("openssl")
-                    .args(args)
-                    .status()
+                asterism_basics::children::status(std::process::Command::new("openssl").args(args))
                     .unwrap()
                     .success()
             );

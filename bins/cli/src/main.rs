@@ -167,11 +167,12 @@ const MINI_PROGRAM: &str = "asterism-mini";
 /// reads too), and returns its exit code as ours.
 fn run_mini(args: &[OsString], log: &str) -> Result<std::process::ExitCode> {
     let program = find_mini()?;
-    let status = std::process::Command::new(&program)
-        .args(args)
-        .env("ASTERISM_LOG", log)
-        .status()
-        .with_context(|| format!("running {}", program.display()))?;
+    let status = asterism_basics::children::status(
+        std::process::Command::new(&program)
+            .args(args)
+            .env("ASTERISM_LOG", log),
+    )
+    .with_context(|| format!("running {}", program.display()))?;
     Ok(match status.code() {
         Some(code) => std::process::ExitCode::from(u8::try_from(code).unwrap_or(1)),
         // Killed by a signal: the shell's convention, 128 + the signal number.

@@ -442,10 +442,10 @@ fn print_floors(work: &[(&str, Duration)], join: &Run, baseline: &Run) {
 }
 
 fn stop(mut server: Server) {
-    let status = Command::new("kill")
-        .args(["-TERM", &server.child.id().to_string()])
-        .status()
-        .unwrap();
+    let status = asterism_basics::children::status(
+        Command::new("kill").args(["-TERM", &server.child.id().to_string()]),
+    )
+    .unwrap();
     assert!(status.success());
     let start = Instant::now();
     loop {
@@ -538,12 +538,13 @@ fn main() {
             command.args(["--pinned-ak", pin]);
         }
         let service = Server {
-            child: command
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()
-                .unwrap(),
+            child: asterism_basics::children::spawn(
+                command
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(log),
+            )
+            .unwrap(),
         };
         let addr: SocketAddr = listen.parse().unwrap();
         let start = Instant::now();
@@ -565,11 +566,10 @@ fn main() {
         stop(service);
 
         // The baseline server.
-        let mut child = Command::new(std::env::current_exe().unwrap())
+        let mut child = asterism_basics::children::spawn(Command::new(std::env::current_exe().unwrap())
             .arg(BASELINE_SERVER_ARG)
             .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
+            .stdout(Stdio::piped()))
             .unwrap();
         let mut line = String::new();
         std::io::BufReader::new(child.stdout.take().unwrap())

@@ -38,11 +38,12 @@ fn fw_cfg(root: &Path) {
 }
 
 fn run(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_asterism-node-settings"))
-        .args(args)
-        .env("RUST_LOG", "info")
-        .output()
-        .unwrap()
+    asterism_basics::children::output(
+        Command::new(env!("CARGO_BIN_EXE_asterism-node-settings"))
+            .args(args)
+            .env("RUST_LOG", "info"),
+    )
+    .unwrap()
 }
 
 #[test]

@@ -36,14 +36,15 @@ fn the_binary_serves_its_config_file_and_stops_on_sigterm() {
         .unwrap()
         .port();
     let addr: SocketAddr = format!("127.0.10.254:{port}").parse().unwrap();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_asterism-metadata"))
-        .args(["--listen", &addr.to_string(), "--config"])
-        .arg(&path)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = asterism_basics::children::spawn(
+        std::process::Command::new(env!("CARGO_BIN_EXE_asterism-metadata"))
+            .args(["--listen", &addr.to_string(), "--config"])
+            .arg(&path)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null()),
+    )
+    .unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let me = rt.block_on(async {
         let c = client(addr, "127.0.10.3");
@@ -57,10 +58,10 @@ fn the_binary_serves_its_config_file_and_stops_on_sigterm() {
         }
     });
     assert_eq!(me.name, "worker-1");
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
+    let status = asterism_basics::children::status(
+        std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]),
+    )
+    .unwrap();
     assert!(status.success());
     let start = std::time::Instant::now();
     let exit = loop {

@@ -76,14 +76,12 @@ pub(crate) fn alive(pid: u32) -> bool {
 }
 
 pub(crate) fn signal(pid: u32, sig: &str) {
-    let _ = Command::new("sh")
-        .args([
-            "-c",
-            &format!("kill -{sig} \"$1\" 2>/dev/null"),
-            "sh",
-            &pid.to_string(),
-        ])
-        .status();
+    let _ = asterism_basics::children::status(Command::new("sh").args([
+        "-c",
+        &format!("kill -{sig} \"$1\" 2>/dev/null"),
+        "sh",
+        &pid.to_string(),
+    ]));
 }
 
 /// `asterism mini down`: stops every process the cluster started; nothing keeps running.

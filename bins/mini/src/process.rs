@@ -14,13 +14,14 @@ use std::time::{Duration, Instant};
 /// Runs a program to completion, its output appended to `log`; fails with the log's tail.
 pub(crate) fn run_logged(program: &Path, args: &[OsString], log: &Path) -> Result<()> {
     let out = log_file(log)?;
-    let status = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(out.try_clone()?)
-        .stderr(out)
-        .status()
-        .with_context(|| format!("running {}", program.display()))?;
+    let status = asterism_basics::children::status(
+        Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out),
+    )
+    .with_context(|| format!("running {}", program.display()))?;
     if !status.success() {
         bail!(
             "{} failed ({status}); its log ends:\n{}",

@@ -281,31 +281,32 @@ fn kvm_works() -> bool {
     let Ok(err_file) = std::fs::File::create(&stderr) else {
         return false;
     };
-    let child = Command::new(QEMU)
-        .args([
-            "-accel", "kvm", "-machine", "q35", "-m", "128", "-display", "none",
-        ])
-        .args([
-            "-monitor",
-            "none",
-            "-serial",
-            "none",
-            "-no-reboot",
-            "-nodefaults",
-        ])
-        .arg("-drive")
-        .arg(format!(
-            "if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}"
-        ))
-        .arg("-drive")
-        .arg(format!(
-            "if=pflash,format=raw,unit=1,file={}",
-            vars.display()
-        ))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(err_file)
-        .spawn();
+    let child = asterism_basics::children::spawn(
+        Command::new(QEMU)
+            .args([
+                "-accel", "kvm", "-machine", "q35", "-m", "128", "-display", "none",
+            ])
+            .args([
+                "-monitor",
+                "none",
+                "-serial",
+                "none",
+                "-no-reboot",
+                "-nodefaults",
+            ])
+            .arg("-drive")
+            .arg(format!(
+                "if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}"
+            ))
+            .arg("-drive")
+            .arg(format!(
+                "if=pflash,format=raw,unit=1,file={}",
+                vars.display()
+            ))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(err_file),
+    );
     let works = match child {
         Ok(mut child) => {
             std::thread::sleep(Duration::from_secs(4));
@@ -387,11 +388,12 @@ impl NodeImage {
 
 /// Checks that QEMU, OVMF and swtpm are installed: what VM mode needs of the machine.
 pub fn check_host() -> Result<()> {
-    let qemu = Command::new(QEMU)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
+    let qemu = asterism_basics::children::status(
+        Command::new(QEMU)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
     if !qemu.is_ok_and(|s| s.success()) {
         bail!("{QEMU} is missing: install the qemu-system-x86 package");
     }
@@ -984,15 +986,15 @@ fn esp_settings(
     let image = format!("{}@@{esp}", disk.display());
     // The directory exists from an earlier boot of this disk: mmd then fails, and mcopy
     // replaces the file.
-    let _ = Command::new("mmd")
-        .args(["-i", &image, "::/asterism"])
-        .output();
-    let copied = Command::new("mcopy")
-        .args(["-o", "-i", &image])
-        .arg(&document)
-        .arg("::/asterism/node-settings.json")
-        .output()
-        .context("running mcopy (mtools)")?;
+    let _ =
+        asterism_basics::children::output(Command::new("mmd").args(["-i", &image, "::/asterism"]));
+    let copied = asterism_basics::children::output(
+        Command::new("mcopy")
+            .args(["-o", "-i", &image])
+            .arg(&document)
+            .arg("::/asterism/node-settings.json"),
+    )
+    .context("running mcopy (mtools)")?;
     if !copied.status.success() {
         bail!(
             "mcopy of the settings to {} failed: {}",
@@ -1114,22 +1116,23 @@ fn qemu_value(path: &Path) -> Result<String> {
 fn start_swtpm(ndir: &Path) -> Result<PathBuf> {
     let socket = ndir.join("run/swtpm.sock");
     let log = ndir.join("log/swtpm.log");
-    let out = Command::new("swtpm")
-        .arg("socket")
-        .arg("--tpm2")
-        // With --daemon, a relative state directory would be relative to `/`.
-        .arg("--tpmstate")
-        .arg(format!("dir={}", abs(&ndir.join("tpm"))?.display()))
-        .arg("--ctrl")
-        .arg(format!("type=unixio,path={}", socket.display()))
-        .arg("--log")
-        .arg(format!("file={}", log.display()))
-        .arg("--pid")
-        .arg(format!("file={}", ndir.join("run/swtpm.pid").display()))
-        .arg("--daemon")
-        .stdin(Stdio::null())
-        .output()
-        .context("starting swtpm")?;
+    let out = asterism_basics::children::output(
+        Command::new("swtpm")
+            .arg("socket")
+            .arg("--tpm2")
+            // With --daemon, a relative state directory would be relative to `/`.
+            .arg("--tpmstate")
+            .arg(format!("dir={}", abs(&ndir.join("tpm"))?.display()))
+            .arg("--ctrl")
+            .arg(format!("type=unixio,path={}", socket.display()))
+            .arg("--log")
+            .arg(format!("file={}", log.display()))
+            .arg("--pid")
+            .arg(format!("file={}", ndir.join("run/swtpm.pid").display()))
+            .arg("--daemon")
+            .stdin(Stdio::null()),
+    )
+    .context("starting swtpm")?;
     if !out.status.success() {
         bail!(
             "swtpm failed to start ({}): {}{}",

@@ -53,12 +53,13 @@ fn no_secret_reaches_a_log_an_error_output_or_the_metrics() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("c");
-    let child = Command::new(std::env::current_exe().unwrap())
-        .args([TEST_NAME, "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD_DIR, &dir)
-        .env("ASTERISM_LOG", "trace")
-        .output()
-        .unwrap();
+    let child = asterism_basics::children::output(
+        Command::new(std::env::current_exe().unwrap())
+            .args([TEST_NAME, "--exact", "--nocapture", "--test-threads=1"])
+            .env(CHILD_DIR, &dir)
+            .env("ASTERISM_LOG", "trace"),
+    )
+    .unwrap();
     let stdout = String::from_utf8_lossy(&child.stdout).into_owned();
     // Stop whatever the child left running (it stops the cluster itself when it passes).
     if dir.join("run").exists() {

@@ -41,13 +41,14 @@ struct Run {
 
 /// Runs `asterism-provision args…`, killing it after a minute.
 fn provision(args: &[&str]) -> Run {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_asterism-provision"))
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = asterism_basics::children::spawn(
+        Command::new(env!("CARGO_BIN_EXE_asterism-provision"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    )
+    .unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {

@@ -17,7 +17,7 @@
 //! This is the one piece of process-wide state in this crate.
 
 use std::io;
-use std::process::{Child, Command};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 use std::time::{Duration, Instant};
 
@@ -57,18 +57,28 @@ fn spawning_within(wait: Duration) -> Option<RwLockWriteGuard<'static, ()>> {
     }
 }
 
-/// [`Command::spawn`] while no [`with_c_descriptors`] call runs (see [`spawning`]).
+/// [`Command::spawn`] while no [`with_c_descriptors`] call runs (see [`spawning`]). The
+/// workspace's lints send every start of a child here (clippy.toml).
+#[allow(clippy::disallowed_methods)]
 pub fn spawn(command: &mut Command) -> io::Result<Child> {
     let _alone = spawning();
     command.spawn()
 }
 
-/// [`Command::output`] under [`spawning`]: the child is started alone and then waited for
-/// without the lock.
-pub fn output(command: &mut Command) -> io::Result<std::process::Output> {
+/// [`Command::status`], the child started by [`spawn`]: standard input, output and error
+/// are inherited unless set.
+pub fn status(command: &mut Command) -> io::Result<ExitStatus> {
+    spawn(command)?.wait()
+}
+
+/// [`Command::output`], the child started by [`spawn`] and waited for without the lock.
+/// Unlike [`Command::output`], it sets what it needs whatever was set before: standard input
+/// closed, output and error captured.
+pub fn output(command: &mut Command) -> io::Result<Output> {
     command
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     spawn(command)?.wait_with_output()
 }
 

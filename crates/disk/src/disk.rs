@@ -991,14 +991,15 @@ mod tests {
 
     /// Asks the cryptsetup program directly, not through this crate.
     fn opens(disk: &StateDisk, passphrase: &DataKey) -> bool {
-        let mut child = Command::new("cryptsetup")
-            .args(["open", "--test-passphrase", "--key-file", "-"])
-            .arg(disk.path())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut child = asterism_basics::children::spawn(
+            Command::new("cryptsetup")
+                .args(["open", "--test-passphrase", "--key-file", "-"])
+                .arg(disk.path())
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+        )
+        .unwrap();
         child
             .stdin
             .take()

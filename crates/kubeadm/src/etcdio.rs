@@ -446,16 +446,18 @@ mod tests {
     #[tokio::test]
     async fn ionice_sets_the_priority_of_a_real_process_where_the_kernel_allows_it() {
         use crate::runner::ProcessCommands;
-        let Ok(mut child) = std::process::Command::new("sleep").arg("30").spawn() else {
+        let Ok(mut child) =
+            asterism_basics::children::spawn(std::process::Command::new("sleep").arg("30"))
+        else {
             eprintln!("skipped: no sleep program");
             return;
         };
         let pid = child.id();
         let ionice = Ionice::new("ionice", ProcessCommands::default());
         let set = ionice.set(pid, ETCD_IO_PRIORITY).await;
-        let shown = std::process::Command::new("ionice")
-            .args(["-p", &pid.to_string()])
-            .output();
+        let shown = asterism_basics::children::output(
+            std::process::Command::new("ionice").args(["-p", &pid.to_string()]),
+        );
         child.kill().unwrap();
         child.wait().unwrap();
         match set {

@@ -164,7 +164,9 @@ impl Commands for ProcessCommands {
             // Started apart from TPM commands in flight (`asterism_basics::children`).
             let mut child = {
                 let _alone = asterism_basics::children::spawning();
-                command.spawn()?
+                #[allow(clippy::disallowed_methods)]
+                let child = command.spawn()?;
+                child
             };
             let stdout = child
                 .stdout

@@ -92,12 +92,13 @@ pub fn check_swtpm_installed(with_setup: bool) -> Result<(), SwtpmError> {
         programs.extend(["swtpm_setup", "swtpm_localca"]);
     }
     for program in programs {
-        let probe = Command::new(program)
-            .arg("--help")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
+        let probe = asterism_basics::children::status(
+            Command::new(program)
+                .arg("--help")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+        );
         match probe {
             Ok(_) => {}
             Err(error) if error.kind() == io::ErrorKind::NotFound => {

@@ -386,12 +386,13 @@ impl SwtpmProcess {
         );
         // No signal API without `unsafe`: the `kill` program sends it. The process was just
         // recognised as our swtpm by its command line.
-        let killed = Command::new("kill")
-            .args(["-KILL", &pid.to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
+        let killed = asterism_basics::children::status(
+            Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+        );
         if let Err(error) = killed {
             return Err(SwtpmError::Stop {
                 pid,

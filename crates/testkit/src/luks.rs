@@ -14,14 +14,15 @@ use std::process::{Command, Stdio};
 /// Whether `key` opens the LUKS image at `image` (`cryptsetup open --test-passphrase`, the
 /// key on stdin).
 pub fn opens(image: &Path, key: &[u8]) -> bool {
-    let mut child = Command::new("cryptsetup")
-        .args(["open", "--test-passphrase", "--key-file", "-"])
-        .arg(image)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("running cryptsetup");
+    let mut child = asterism_basics::children::spawn(
+        Command::new("cryptsetup")
+            .args(["open", "--test-passphrase", "--key-file", "-"])
+            .arg(image)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    )
+    .expect("running cryptsetup");
     child
         .stdin
         .take()
@@ -33,22 +34,21 @@ pub fn opens(image: &Path, key: &[u8]) -> bool {
 
 /// Token 0 of the image, as `cryptsetup token export` prints it.
 pub fn token0(image: &Path) -> String {
-    let out = Command::new("cryptsetup")
-        .args(["token", "export", "--token-id", "0"])
-        .arg(image)
-        .output()
-        .expect("running cryptsetup");
+    let out = asterism_basics::children::output(
+        Command::new("cryptsetup")
+            .args(["token", "export", "--token-id", "0"])
+            .arg(image),
+    )
+    .expect("running cryptsetup");
     assert!(out.status.success(), "cryptsetup token export: {out:?}");
     String::from_utf8(out.stdout).expect("cryptsetup prints UTF-8")
 }
 
 /// The LUKS UUID of the image.
 pub fn uuid(image: &Path) -> String {
-    let out = Command::new("cryptsetup")
-        .arg("luksUUID")
-        .arg(image)
-        .output()
-        .expect("running cryptsetup");
+    let out =
+        asterism_basics::children::output(Command::new("cryptsetup").arg("luksUUID").arg(image))
+            .expect("running cryptsetup");
     String::from_utf8(out.stdout)
         .expect("cryptsetup prints UTF-8")
         .trim()

@@ -101,10 +101,13 @@ impl Process {
     /// Sends SIGTERM (with the shell's built-in `kill`, so that no separate package is
     /// needed).
     pub fn terminate(&self) {
-        let status = Command::new("sh")
-            .args(["-c", "kill -TERM \"$1\"", "sh", &self.id().to_string()])
-            .status()
-            .expect("running sh");
+        let status = asterism_basics::children::status(Command::new("sh").args([
+            "-c",
+            "kill -TERM \"$1\"",
+            "sh",
+            &self.id().to_string(),
+        ]))
+        .expect("running sh");
         assert!(status.success(), "kill -TERM {}", self.id());
     }
 

@@ -68,19 +68,16 @@ fn stand_in_binary() -> &'static Path {
                 cargo.env(key, value);
             }
         }
-        let out = cargo
-            .current_dir(&workspace)
-            .args([
-                "build",
-                "--quiet",
-                "--message-format=json",
-                "-p",
-                "asterism-kubeadm",
-                "--bin",
-                "asterism-kubeadm-stand-in",
-            ])
-            .output()
-            .unwrap();
+        let out = asterism_basics::children::output(cargo.current_dir(&workspace).args([
+            "build",
+            "--quiet",
+            "--message-format=json",
+            "-p",
+            "asterism-kubeadm",
+            "--bin",
+            "asterism-kubeadm-stand-in",
+        ]))
+        .unwrap();
         assert!(
             out.status.success(),
             "building the kubeadm stand-in failed: {}",

@@ -12,29 +12,30 @@ use tokio::sync::watch;
 /// The binary with every required flag; only the arguments are checked before these files
 /// are read.
 fn join_service(extra: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_asterism-join-service"))
-        .args([
-            "--listen",
-            "127.0.0.1:0",
-            "--key-service",
-            "unix:/nonexistent",
-        ])
-        .args([
-            "--pki-dir",
-            "/nonexistent",
-            "--measurement-salt-file",
-            "/nonexistent",
-        ])
-        .args([
-            "--measurements",
-            "/nonexistent",
-            "--state-dir",
-            "/nonexistent",
-        ])
-        .args(extra)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
+    asterism_basics::children::output(
+        Command::new(env!("CARGO_BIN_EXE_asterism-join-service"))
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--key-service",
+                "unix:/nonexistent",
+            ])
+            .args([
+                "--pki-dir",
+                "/nonexistent",
+                "--measurement-salt-file",
+                "/nonexistent",
+            ])
+            .args([
+                "--measurements",
+                "/nonexistent",
+                "--state-dir",
+                "/nonexistent",
+            ])
+            .args(extra)
+            .stdin(Stdio::null()),
+    )
+    .unwrap()
 }
 
 #[test]

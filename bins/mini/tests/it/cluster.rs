@@ -13,11 +13,12 @@ use std::time::Duration;
 
 /// Number of LUKS2 keyslots in the node's disk header, read by the cryptsetup program.
 fn keyslots(node: &Node) -> usize {
-    let out = Command::new("cryptsetup")
-        .args(["luksDump", "--dump-json-metadata"])
-        .arg(node.dir.join("state.img"))
-        .output()
-        .unwrap();
+    let out = asterism_basics::children::output(
+        Command::new("cryptsetup")
+            .args(["luksDump", "--dump-json-metadata"])
+            .arg(node.dir.join("state.img")),
+    )
+    .unwrap();
     assert!(out.status.success());
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     json["keyslots"].as_object().unwrap().len()
@@ -78,11 +79,12 @@ fn handed_the_default_release_and_installed_nothing(
         assert!(line.ends_with(&summary), "{line}");
     }
 
-    let out = Command::new(bins().join("asterism-mini"))
-        .args(["status", "--json", "--dir"])
-        .arg(&cluster.dir)
-        .output()
-        .unwrap();
+    let out = asterism_basics::children::output(
+        Command::new(bins().join("asterism-mini"))
+            .args(["status", "--json", "--dir"])
+            .arg(&cluster.dir),
+    )
+    .unwrap();
     assert!(out.status.success(), "{out:?}");
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let nodes = json["cluster"]["nodes"].as_array().unwrap();

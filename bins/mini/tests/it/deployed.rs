@@ -653,16 +653,17 @@ fn prepare(ds: &Value, applied: &Applied, host: &Host) -> Result<Vec<Prepared>, 
 /// Whether `probe` passes now.
 fn probe_passes(probe: &Probe, env: &[(String, String)], workdir: &Path) -> bool {
     match probe {
-        Probe::Exec(command) => Command::new(&command[0])
-            .args(&command[1..])
-            .env_clear()
-            .envs(env.iter().map(|(k, v)| (k, v)))
-            .current_dir(workdir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success()),
+        Probe::Exec(command) => asterism_basics::children::status(
+            Command::new(&command[0])
+                .args(&command[1..])
+                .env_clear()
+                .envs(env.iter().map(|(k, v)| (k, v)))
+                .current_dir(workdir)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+        )
+        .is_ok_and(|s| s.success()),
         Probe::Http { addr, path } => {
             http_status(addr, path).is_some_and(|s| (200..400).contains(&s))
         }

@@ -17,11 +17,12 @@ fn join_service_log(cluster: &LocalCluster) -> String {
 
 /// The UUID in the node's LUKS2 header, read by the cryptsetup program.
 fn luks_uuid(node: &Node) -> String {
-    let out = Command::new("cryptsetup")
-        .arg("luksUUID")
-        .arg(node.dir.join("state.img"))
-        .output()
-        .unwrap();
+    let out = asterism_basics::children::output(
+        Command::new("cryptsetup")
+            .arg("luksUUID")
+            .arg(node.dir.join("state.img")),
+    )
+    .unwrap();
     assert!(out.status.success(), "{out:?}");
     String::from_utf8(out.stdout).unwrap().trim().to_owned()
 }
@@ -38,12 +39,13 @@ fn member<'a>(members: &'a serde_json::Value, name: &str) -> &'a serde_json::Val
 /// `ssh-keygen -L` of the node's host certificate: its principals, validity and serial as
 /// OpenSSH reads them.
 fn host_certificate(node: &Node) -> String {
-    let out = Command::new("ssh-keygen")
-        .arg("-L")
-        .arg("-f")
-        .arg(node.dir.join("state/ssh/ssh_host_cert.pub"))
-        .output()
-        .unwrap();
+    let out = asterism_basics::children::output(
+        Command::new("ssh-keygen")
+            .arg("-L")
+            .arg("-f")
+            .arg(node.dir.join("state/ssh/ssh_host_cert.pub")),
+    )
+    .unwrap();
     assert!(out.status.success(), "{out:?}");
     String::from_utf8(out.stdout).unwrap()
 }
@@ -77,12 +79,13 @@ fn a_worker_naming_the_control_planes_disk_gets_nothing_and_the_control_plane_st
     // its admin socket: the control plane, recorded at init, stays the only member of the
     // workspace's record; the joined worker is not added.
     let sync = |extra: &[&std::ffi::OsStr]| {
-        Command::new(bins().join("asterism"))
-            .args(["control-plane", "sync", "--workspace"])
-            .arg(&cluster.workspace)
-            .args(extra)
-            .output()
-            .unwrap()
+        asterism_basics::children::output(
+            Command::new(bins().join("asterism"))
+                .args(["control-plane", "sync", "--workspace"])
+                .arg(&cluster.workspace)
+                .args(extra),
+        )
+        .unwrap()
     };
     let out = sync(&[
         "--admin-socket".as_ref(),
@@ -145,11 +148,12 @@ fn a_worker_naming_the_control_planes_disk_gets_nothing_and_the_control_plane_st
     // attacker owns its disk; the UUID is in the control plane's plaintext header).
     let mut attacker = worker.clone();
     attacker.reset_tpm().unwrap();
-    let status = Command::new("cryptsetup")
-        .args(["luksUUID", "-q", "--uuid", &cp_disk])
-        .arg(attacker.dir.join("state.img"))
-        .status()
-        .unwrap();
+    let status = asterism_basics::children::status(
+        Command::new("cryptsetup")
+            .args(["luksUUID", "-q", "--uuid", &cp_disk])
+            .arg(attacker.dir.join("state.img")),
+    )
+    .unwrap();
     assert!(status.success());
     let before = join_service_log(&cluster).len();
     let _attack = cluster.start_bootstrapper(&attacker).unwrap();
@@ -216,11 +220,12 @@ fn a_joined_worker_cannot_squat_the_disk_of_a_node_that_has_not_joined() {
         "the victim's disk is formatted",
         Duration::from_secs(60),
         || {
-            Command::new("cryptsetup")
-                .arg("isLuks")
-                .arg(victim.dir.join("state.img"))
-                .status()
-                .is_ok_and(|s| s.success())
+            asterism_basics::children::status(
+                Command::new("cryptsetup")
+                    .arg("isLuks")
+                    .arg(victim.dir.join("state.img")),
+            )
+            .is_ok_and(|s| s.success())
         },
     );
     victim.kill_bootstrapper().unwrap();
@@ -321,15 +326,16 @@ fn a_worker_with_a_new_tpm_waits_for_asterism_readmit() {
         std::fs::create_dir_all(worker.dir.join(gone)).unwrap();
     }
     std::fs::remove_file(worker.dir.join("state.img")).unwrap();
-    let out = Command::new(bins().join("asterism-provision"))
-        .args(["node", "--state-dir"])
-        .arg(worker.dir.join("tpm"))
-        .arg("--ca-dir")
-        .arg(cluster.dir.join("platform-ca"))
-        .arg("--out")
-        .arg(worker.dir.join("attestation"))
-        .output()
-        .unwrap();
+    let out = asterism_basics::children::output(
+        Command::new(bins().join("asterism-provision"))
+            .args(["node", "--state-dir"])
+            .arg(worker.dir.join("tpm"))
+            .arg("--ca-dir")
+            .arg(cluster.dir.join("platform-ca"))
+            .arg("--out")
+            .arg(worker.dir.join("attestation")),
+    )
+    .unwrap();
     assert!(out.status.success(), "{out:?}");
     let swtpm = asterism_swtpm::SwtpmProcess::start_detached(&cfg).unwrap();
     let mut renewed = worker.clone();
@@ -345,11 +351,12 @@ fn a_worker_with_a_new_tpm_waits_for_asterism_readmit() {
     assert_eq!(member(&cluster.members(), "worker-0")["ak"], old_ak);
 
     // The operator re-admits it, over the admin socket.
-    let out = Command::new(bins().join("asterism"))
-        .args(["readmit", "worker-0", "--admin-socket"])
-        .arg(cluster.admin_socket())
-        .output()
-        .unwrap();
+    let out = asterism_basics::children::output(
+        Command::new(bins().join("asterism"))
+            .args(["readmit", "worker-0", "--admin-socket"])
+            .arg(cluster.admin_socket()),
+    )
+    .unwrap();
     assert!(out.status.success(), "{out:?}");
     let log = join_service_log(&cluster);
     assert!(
@@ -369,11 +376,12 @@ fn a_worker_with_a_new_tpm_waits_for_asterism_readmit() {
     assert_eq!(member(&m, "worker-0")["readmit"], false, "{m}");
 
     // Another re-admission of an unknown node is refused by the service.
-    let out = Command::new(bins().join("asterism"))
-        .args(["readmit", "worker-9", "--admin-socket"])
-        .arg(cluster.admin_socket())
-        .output()
-        .unwrap();
+    let out = asterism_basics::children::output(
+        Command::new(bins().join("asterism"))
+            .args(["readmit", "worker-9", "--admin-socket"])
+            .arg(cluster.admin_socket()),
+    )
+    .unwrap();
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("no member"),

@@ -9,10 +9,10 @@ use std::path::Path;
 use std::process::Command;
 
 fn provision(args: &[&dyn AsRef<std::ffi::OsStr>]) {
-    let out = Command::new(bins().join("asterism-provision"))
-        .args(args.iter().map(|a| a.as_ref()))
-        .output()
-        .unwrap();
+    let out = asterism_basics::children::output(
+        Command::new(bins().join("asterism-provision")).args(args.iter().map(|a| a.as_ref())),
+    )
+    .unwrap();
     assert!(
         out.status.success(),
         "asterism-provision {:?}: {}",

@@ -317,11 +317,12 @@ fn a_node_whose_pcrs_differ_gets_nothing_and_is_recovered_after_a_clean_boot() {
 /// (the public key is next to it, `.pub`).
 fn custodian_key(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
     let key = dir.join(name);
-    let status = std::process::Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-C", name, "-f"])
-        .arg(&key)
-        .status()
-        .unwrap();
+    let status = asterism_basics::children::status(
+        std::process::Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", "", "-C", name, "-f"])
+            .arg(&key),
+    )
+    .unwrap();
     assert!(status.success());
     key
 }

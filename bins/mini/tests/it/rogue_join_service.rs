@@ -149,16 +149,18 @@ fn pcr15(node: &Node) -> [u8; 32] {
 /// Token 0 and the keyslot count of `node`'s disk, read by the cryptsetup program.
 fn disk_header(node: &Node) -> (String, usize) {
     let image = node.dir.join("state.img");
-    let token = Command::new("cryptsetup")
-        .args(["token", "export", "--token-id", "0"])
-        .arg(&image)
-        .output()
-        .unwrap();
-    let dump = Command::new("cryptsetup")
-        .args(["luksDump", "--dump-json-metadata"])
-        .arg(&image)
-        .output()
-        .unwrap();
+    let token = asterism_basics::children::output(
+        Command::new("cryptsetup")
+            .args(["token", "export", "--token-id", "0"])
+            .arg(&image),
+    )
+    .unwrap();
+    let dump = asterism_basics::children::output(
+        Command::new("cryptsetup")
+            .args(["luksDump", "--dump-json-metadata"])
+            .arg(&image),
+    )
+    .unwrap();
     let json: serde_json::Value = serde_json::from_slice(&dump.stdout).unwrap();
     (
         String::from_utf8(token.stdout).unwrap(),
@@ -223,9 +225,7 @@ fn a_join_service_of_another_cluster_is_refused_by_a_fresh_worker() {
         .parse()
         .unwrap();
     assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
+        asterism_basics::children::status(Command::new("kill").args(["-TERM", &pid.to_string()]))
             .unwrap()
             .success()
     );

@@ -794,20 +794,19 @@ fn assert_kubeadm_node_prepared(console: &str) {
 
 /// Whether `program` runs here (`--help` or `--version` answers).
 fn have(program: &str) -> bool {
-    std::process::Command::new(program)
-        .arg("--version")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok()
+    asterism_basics::children::status(
+        std::process::Command::new(program)
+            .arg("--version")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null()),
+    )
+    .is_ok()
 }
 
 /// Runs `program` with `args` and asserts that it succeeded.
 fn run_ok(program: &str, args: &[&std::ffi::OsStr]) {
-    let out = std::process::Command::new(program)
-        .args(args)
-        .output()
-        .unwrap();
+    let out =
+        asterism_basics::children::output(std::process::Command::new(program).args(args)).unwrap();
     assert!(out.status.success(), "{program}: {out:?}");
 }
 

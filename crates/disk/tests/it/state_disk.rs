@@ -71,14 +71,15 @@ fn key(text: &str) -> DataKey {
 
 /// Runs the cryptsetup program directly with `stdin`.
 fn cryptsetup(args: &[&str], device: &Path, stdin: &[u8]) -> std::process::Output {
-    let mut child = Command::new("cryptsetup")
-        .args(args)
-        .arg(device)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = asterism_basics::children::spawn(
+        Command::new("cryptsetup")
+            .args(args)
+            .arg(device)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    )
+    .unwrap();
     child.stdin.take().unwrap().write_all(stdin).unwrap();
     child.wait_with_output().unwrap()
 }
@@ -320,12 +321,13 @@ fn kernel_has_device_mapper() -> bool {
         return true;
     }
     // dm_mod as a module that the first open of /dev/mapper/control would load.
-    Command::new("modprobe")
-        .args(["--dry-run", "--quiet", "dm_mod"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+    asterism_basics::children::status(
+        Command::new("modprobe")
+            .args(["--dry-run", "--quiet", "dm_mod"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    )
+    .is_ok_and(|s| s.success())
 }
 
 #[test]

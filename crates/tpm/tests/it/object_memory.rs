@@ -13,11 +13,11 @@ use asterism_tpm::{AkConfig, Tpm};
 /// Runs a tpm2-tools program against `swtpm`: `None` when tpm2-tools is not installed,
 /// otherwise whether it succeeded and what it printed (stdout, stderr).
 fn tpm2_tool(swtpm: &Swtpm, args: &[&str]) -> Option<(bool, String, String)> {
-    let output = match Command::new(args[0])
-        .args(&args[1..])
-        .args(["-T", &swtpm.tcti()])
-        .output()
-    {
+    let output = match asterism_basics::children::output(
+        Command::new(args[0])
+            .args(&args[1..])
+            .args(["-T", &swtpm.tcti()]),
+    ) {
         Ok(output) => output,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => return None,
         Err(error) => panic!("running {}: {error}", args[0]),

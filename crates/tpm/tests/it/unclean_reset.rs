@@ -16,10 +16,10 @@ use asterism_tpm::{AkConfig, PcrSelection, Tpm};
 const RESETS: usize = 6;
 
 fn kill_hard(pid: u32) {
-    let status = std::process::Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
-        .status()
-        .unwrap();
+    let status = asterism_basics::children::status(
+        std::process::Command::new("kill").args(["-KILL", &pid.to_string()]),
+    )
+    .unwrap();
     assert!(status.success());
     let start = Instant::now();
     while std::path::Path::new(&format!("/proc/{pid}")).exists()

@@ -158,14 +158,34 @@ fn quotes_are_held_to_a_rate_per_source_address() {
 
 /// The owner's request for evidence over `channel`, which must succeed; the evidence.
 async fn owner_asks(channel: tonic::transport::Channel) -> Vec<u8> {
+    owner_tries(channel).await.unwrap()
+}
+
+/// The owner's request for evidence, and its answer: the evidence or the status code.
+async fn owner_tries(channel: tonic::transport::Channel) -> Result<Vec<u8>, tonic::Code> {
     ApiClient::new(channel)
         .get_attestation(GetAttestationRequest {
             nonce: b"owner".to_vec(),
         })
         .await
-        .unwrap()
-        .into_inner()
-        .attestation
+        .map(|answer| answer.into_inner().attestation)
+        .map_err(|status| status.code())
+}
+
+/// `connections` gRPC channels from each of `sources` addresses, `{prefix}.1` onwards.
+async fn channels_from(
+    prefix: &str,
+    sources: usize,
+    connections: usize,
+    addr: std::net::SocketAddr,
+) -> Vec<tonic::transport::Channel> {
+    let mut channels = Vec::new();
+    for s in 0..sources {
+        for _ in 0..connections {
+            channels.push(channel_from(&format!("{prefix}.{}", s + 1), addr).await);
+        }
+    }
+    channels
 }
 
 /// Idle connections are bounded per source and in all, and shared fairly: a source's fifth
@@ -238,12 +258,7 @@ fn a_flood_of_quotes_from_many_sources_does_not_put_the_owner_behind_it() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (before_owner, served) = rt.block_on(async {
         let done = Arc::new(AtomicUsize::new(0));
-        let mut channels = Vec::new();
-        for s in 0..SOURCES {
-            for _ in 0..CONNECTIONS {
-                channels.push(channel_from(&format!("127.0.24.{}", s + 1), addr).await);
-            }
-        }
+        let channels = channels_from("127.0.24", SOURCES, CONNECTIONS, addr).await;
         let owner = channel_from("127.0.25.1", addr).await;
         let mut flood = Vec::new();
         for (c, channel) in channels.into_iter().enumerate() {
@@ -311,12 +326,7 @@ fn a_flood_that_keeps_the_quote_queue_full_does_not_keep_the_owner_out() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let answer = rt.block_on(async {
         let refused = Arc::new(AtomicUsize::new(0));
-        let mut channels = Vec::new();
-        for s in 0..SOURCES {
-            for _ in 0..CONNECTIONS {
-                channels.push(channel_from(&format!("127.0.26.{}", s + 1), addr).await);
-            }
-        }
+        let channels = channels_from("127.0.26", SOURCES, CONNECTIONS, addr).await;
         let owner = channel_from("127.0.27.1", addr).await;
         let mut flood = Vec::new();
         for channel in channels {
@@ -340,17 +350,11 @@ fn a_flood_that_keeps_the_quote_queue_full_does_not_keep_the_owner_out() {
         while refused.load(Ordering::SeqCst) < 16 {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        let answer = ApiClient::new(owner)
-            .get_attestation(GetAttestationRequest {
-                nonce: b"owner".to_vec(),
-            })
-            .await;
+        let answer = owner_tries(owner).await;
         for f in &flood {
             f.abort();
         }
         answer
-            .map(|a| a.into_inner().attestation)
-            .map_err(|s| s.code())
     });
     drop(child);
     let evidence = answer.expect("the owner was refused while the flood kept the queue full");

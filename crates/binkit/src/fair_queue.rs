@@ -265,6 +265,15 @@ mod tests {
         })
     }
 
+    /// Spawns a call from `from` that waits for its turn and drops it at once; lets it
+    /// queue before returning.
+    async fn queued(q: &Arc<FairQueue>, from: u8) -> tokio::task::JoinHandle<Result<(), Busy>> {
+        let q = q.clone();
+        let task = tokio::spawn(async move { q.turn(ip(from)).await.map(drop) });
+        tokio::task::yield_now().await;
+        task
+    }
+
     #[tokio::test]
     async fn a_call_waits_for_its_turn_and_a_new_source_goes_first() {
         let q = FairQueue::new(1, 8, Duration::from_secs(10));
@@ -290,11 +299,7 @@ mod tests {
         let q = FairQueue::new(2, 8, Duration::from_secs(10));
         let a = q.turn(ip(1)).await.unwrap();
         let b = q.turn(ip(2)).await.unwrap();
-        let third = {
-            let q = q.clone();
-            tokio::spawn(async move { q.turn(ip(3)).await.map(drop) })
-        };
-        tokio::task::yield_now().await;
+        let third = queued(&q, 3).await;
         assert_eq!((q.running(), q.waiting()), (2, 1));
         drop(a);
         third.await.unwrap().unwrap();
@@ -306,11 +311,7 @@ mod tests {
     async fn a_full_queue_and_a_passed_deadline_refuse_and_free_their_places() {
         let q = FairQueue::new(1, 1, Duration::from_millis(300));
         let running = q.turn(ip(1)).await.unwrap();
-        let waiting = {
-            let q = q.clone();
-            tokio::spawn(async move { q.turn(ip(2)).await.map(drop) })
-        };
-        tokio::task::yield_now().await;
+        let waiting = queued(&q, 2).await;
         assert_eq!(q.turn(ip(3)).await.unwrap_err(), Busy);
         tokio::time::sleep(Duration::from_millis(600)).await;
         assert_eq!(waiting.await.unwrap().unwrap_err(), Busy);
@@ -379,16 +380,8 @@ mod tests {
     async fn a_waiter_that_goes_away_leaves_the_others_in_line() {
         let q = FairQueue::new(1, 8, Duration::from_secs(10));
         let running = q.turn(ip(1)).await.unwrap();
-        let gone = {
-            let q = q.clone();
-            tokio::spawn(async move { q.turn(ip(2)).await.map(drop) })
-        };
-        tokio::task::yield_now().await;
-        let stays = {
-            let q = q.clone();
-            tokio::spawn(async move { q.turn(ip(3)).await.map(drop) })
-        };
-        tokio::task::yield_now().await;
+        let gone = queued(&q, 2).await;
+        let stays = queued(&q, 3).await;
         gone.abort();
         assert!(gone.await.unwrap_err().is_cancelled());
         assert_eq!(q.waiting(), 1);
@@ -441,15 +434,6 @@ mod tests {
             t.await.unwrap();
         }
         assert_eq!(*order.lock().unwrap(), vec![3, 1]);
-    }
-
-    /// Spawns a call from `from` that waits for its turn and drops it at once; lets it
-    /// queue before returning.
-    async fn queued(q: &Arc<FairQueue>, from: u8) -> tokio::task::JoinHandle<Result<(), Busy>> {
-        let q = q.clone();
-        let task = tokio::spawn(async move { q.turn(ip(from)).await.map(drop) });
-        tokio::task::yield_now().await;
-        task
     }
 
     #[tokio::test]

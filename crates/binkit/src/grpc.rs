@@ -506,15 +506,7 @@ mod tests {
         tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
             .await
             .unwrap();
-        let mut buf = [0u8; 512];
-        let deadline = tokio::time::Instant::now() + wait;
-        loop {
-            match tokio::time::timeout_at(deadline, tcp.read(&mut buf)).await {
-                Err(_) => return false,
-                Ok(Ok(0) | Err(_)) => return true,
-                Ok(Ok(_)) => {}
-            }
-        }
+        asterism_testkit::net::closed_within(tcp, wait).await
     }
 
     #[tokio::test]

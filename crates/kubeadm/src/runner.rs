@@ -162,11 +162,10 @@ impl Commands for ProcessCommands {
                 .stderr(Stdio::piped())
                 .kill_on_drop(true);
             // Started apart from TPM commands in flight (`asterism_basics::children`).
+            #[allow(clippy::disallowed_methods)]
             let mut child = {
                 let _alone = asterism_basics::children::spawning();
-                #[allow(clippy::disallowed_methods)]
-                let child = command.spawn()?;
-                child
+                command.spawn()?
             };
             let stdout = child
                 .stdout

@@ -142,7 +142,7 @@ pub fn manufacture(state_dir: &Path, options: &ManufactureOptions) -> Result<(),
         .clone()
         .unwrap_or_else(|| state_dir.join(SETUP_LOG_FILE));
     debug!(state_dir = %state_dir.display(), %banks, "manufacturing TPM with swtpm_setup");
-    let status = asterism_basics::children::spawn(
+    let status = asterism_basics::children::status(
         Command::new("swtpm_setup")
             .arg("--tpm2")
             .arg("--tpmstate")
@@ -157,7 +157,6 @@ pub fn manufacture(state_dir: &Path, options: &ManufactureOptions) -> Result<(),
             .stdout(Stdio::null())
             .stderr(Stdio::null()),
     )
-    .and_then(|mut child| child.wait())
     .map_err(io_error("running swtpm_setup"))?;
     if status.success() {
         info!(state_dir = %state_dir.display(), "manufactured TPM (EKs and EK certificates)");

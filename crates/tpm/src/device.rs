@@ -147,7 +147,7 @@ impl Tpm {
         let tcti = config.to_string();
         let name_conf = tcti_name_conf(config)?;
         // The TSS connects to swtpm (and opens a device) without close-on-exec: kept apart
-        // from starting children (`asterism_basics::children`), here and in `run`.
+        // from starting children (`asterism_basics::children`), here and in `run`'s attempts.
         let ctx = with_c_descriptors(|| Context::new(name_conf)).map_err(|error| match error {
             tss_esapi::Error::Tss2Error(rc) => TpmError::Open {
                 tcti: tcti.clone(),
@@ -755,19 +755,11 @@ impl Tpm {
         operation: &'static str,
         mut command: impl FnMut(&mut Context) -> tss_esapi::Result<T>,
     ) -> Result<T, TpmError> {
-        with_c_descriptors(|| self.run_apart(operation, &mut command))
-    }
-
-    /// [`Tpm::run`]'s loop, under the lock that keeps children from starting meanwhile.
-    fn run_apart<T>(
-        &mut self,
-        operation: &'static str,
-        command: &mut impl FnMut(&mut Context) -> tss_esapi::Result<T>,
-    ) -> Result<T, TpmError> {
         let mut attempts = 0u32;
         loop {
             attempts += 1;
-            let code = match command(&mut self.ctx) {
+            // Each attempt, not the pause between them, keeps children from starting.
+            let code = match with_c_descriptors(|| command(&mut self.ctx)) {
                 Ok(value) => return Ok(value),
                 Err(tss_esapi::Error::WrapperError(kind)) => {
                     return Err(TpmError::Binding {
@@ -790,7 +782,7 @@ impl Tpm {
             };
             warn!(operation, %code, attempts, ?delay, "transient TPM failure; retrying");
             if action == RetryAction::FlushAndRetry {
-                self.flush_transient_objects();
+                with_c_descriptors(|| self.flush_transient_objects());
             }
             std::thread::sleep(delay);
         }

@@ -223,12 +223,23 @@ fn idle_connections_are_bounded_per_source_and_in_all_and_do_not_keep_the_owner_
                 held.push(connect(format!("127.0.22.{}", s + 1)).await);
             }
         }
-        let mut open = 0;
-        for tcp in &mut held {
-            if !closed_within(tcp, Duration::from_millis(20)).await {
-                open += 1;
+        // A connect returns once the kernel has the connection; the service may accept
+        // the last ones (and close the oldest for them) a little later on a busy machine.
+        // So look again at those still open until the bound holds or 10 s have passed.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let mut still_open = Vec::new();
+            for mut tcp in held {
+                if !closed_within(&mut tcp, Duration::from_millis(20)).await {
+                    still_open.push(tcp);
+                }
+            }
+            held = still_open;
+            if held.len() <= 128 || Instant::now() > deadline {
+                break;
             }
         }
+        let open = held.len();
         assert!(open <= 128, "{open} of 160 idle connections still open");
         assert!(open >= 100, "only {open} open: the cap is 128, not fewer");
 

@@ -1,5 +1,6 @@
 //! The dialling side of aTLS and its tonic glue.
 
+use crate::server::within;
 use crate::stream::{AtlsConnectInfo, AtlsStream};
 use crate::{AtlsConfig, AtlsError, VerifiedPeer, exchange, server, tls};
 use asterism_attestation::Role;
@@ -48,28 +49,13 @@ impl AtlsConnector {
     where
         IO: AsyncRead + AsyncWrite + Unpin,
     {
-        let mut tls = tokio::time::timeout(
-            self.cfg.handshake_timeout,
-            self.tls.connect(tls::server_name(), io),
-        )
-        .await
-        .map_err(|_| AtlsError::Timeout {
-            stage: "TLS handshake",
-            after: self.cfg.handshake_timeout,
-        })?
-        .map_err(server::tls_io_error)?;
-        server::require_h2(tls.get_ref().1)?;
-        let exporter = server::export(tls.get_ref().1)?;
-        let channel_binding = server::export_with(tls.get_ref().1, tls::CHANNEL_BINDING_LABEL)?;
-        let peer = tokio::time::timeout(
-            self.cfg.exchange_timeout,
-            exchange::run(&mut tls, Role::Client, &exporter, &self.cfg, remote_addr),
-        )
-        .await
-        .map_err(|_| AtlsError::Timeout {
-            stage: "attestation exchange",
-            after: self.cfg.exchange_timeout,
-        })??;
+        let handshake = self.tls.connect(tls::server_name(), io);
+        let mut tls = within(self.cfg.handshake_timeout, "TLS handshake", handshake)
+            .await?
+            .map_err(server::tls_io_error)?;
+        let (exporter, channel_binding) = server::bindings(tls.get_ref().1)?;
+        let exchange = exchange::run(&mut tls, Role::Client, &exporter, &self.cfg, remote_addr);
+        let peer = within(self.cfg.exchange_timeout, "attestation exchange", exchange).await??;
         if let (Some(p), Ok(mut last)) = (&peer, self.last_peer.lock()) {
             *last = Some(p.clone());
         }
@@ -86,13 +72,13 @@ impl AtlsConnector {
 
     /// Connects to `addr` over TCP and runs aTLS on it.
     pub async fn connect_tcp(&self, addr: &str) -> Result<AtlsStream<TcpStream>, AtlsError> {
-        let tcp = tokio::time::timeout(self.cfg.handshake_timeout, TcpStream::connect(addr))
-            .await
-            .map_err(|_| AtlsError::Timeout {
-                stage: "TCP connect",
-                after: self.cfg.handshake_timeout,
-            })?
-            .map_err(AtlsError::Io)?;
+        let tcp = within(
+            self.cfg.handshake_timeout,
+            "TCP connect",
+            TcpStream::connect(addr),
+        )
+        .await?
+        .map_err(AtlsError::Io)?;
         let _ = tcp.set_nodelay(true);
         let remote = tcp.peer_addr().ok();
         self.connect(tcp, remote).await

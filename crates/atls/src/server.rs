@@ -62,25 +62,13 @@ impl AtlsServer {
     where
         IO: AsyncRead + AsyncWrite + Unpin,
     {
-        let mut tls = tokio::time::timeout(self.cfg.handshake_timeout, self.tls.accept(io))
-            .await
-            .map_err(|_| AtlsError::Timeout {
-                stage: "TLS handshake",
-                after: self.cfg.handshake_timeout,
-            })?
+        let handshake = self.tls.accept(io);
+        let mut tls = within(self.cfg.handshake_timeout, "TLS handshake", handshake)
+            .await?
             .map_err(tls_io_error)?;
-        require_h2(tls.get_ref().1)?;
-        let exporter = export(tls.get_ref().1)?;
-        let channel_binding = export_with(tls.get_ref().1, tls::CHANNEL_BINDING_LABEL)?;
-        let peer = tokio::time::timeout(
-            self.cfg.exchange_timeout,
-            exchange::run(&mut tls, Role::Server, &exporter, &self.cfg, remote_addr),
-        )
-        .await
-        .map_err(|_| AtlsError::Timeout {
-            stage: "attestation exchange",
-            after: self.cfg.exchange_timeout,
-        })??;
+        let (exporter, channel_binding) = bindings(tls.get_ref().1)?;
+        let exchange = exchange::run(&mut tls, Role::Server, &exporter, &self.cfg, remote_addr);
+        let peer = within(self.cfg.exchange_timeout, "attestation exchange", exchange).await??;
         Ok(AtlsStream::new(
             tokio_rustls::TlsStream::Server(tls),
             AtlsConnectInfo {
@@ -233,7 +221,30 @@ async fn first_byte(tcp: &TcpStream, idle: Duration) -> Result<(), AtlsError> {
 /// Refuses a connection that did not negotiate ALPN `h2`. rustls already refuses a
 /// ClientHello whose ALPN list lacks `h2` (`no_application_protocol`); this also refuses
 /// one that offered no ALPN at all, which rustls would accept.
-pub(crate) fn require_h2<D>(conn: &rustls::ConnectionCommon<D>) -> Result<(), AtlsError> {
+/// `future`'s output, or [`AtlsError::Timeout`] naming `stage` once `after` has passed.
+pub(crate) async fn within<T>(
+    after: Duration,
+    stage: &'static str,
+    future: impl Future<Output = T>,
+) -> Result<T, AtlsError> {
+    tokio::time::timeout(after, future)
+        .await
+        .map_err(|_| AtlsError::Timeout { stage, after })
+}
+
+/// What both sides take from a finished TLS handshake before the exchange: it must have
+/// negotiated h2; then the exporter value the evidence binds to, and the channel binding.
+pub(crate) fn bindings<D>(
+    conn: &rustls::ConnectionCommon<D>,
+) -> Result<([u8; 32], [u8; 32]), AtlsError> {
+    require_h2(conn)?;
+    Ok((
+        export(conn)?,
+        export_with(conn, tls::CHANNEL_BINDING_LABEL)?,
+    ))
+}
+
+fn require_h2<D>(conn: &rustls::ConnectionCommon<D>) -> Result<(), AtlsError> {
     if conn.alpn_protocol() == Some(tls::ALPN_H2) {
         Ok(())
     } else {

@@ -51,52 +51,56 @@ pub const CONTROL_PLANE_JOIN_DEADLINE: Duration = Duration::from_secs(10 * 60);
 const UPDATE_ATTEMPTS: u32 = 5;
 const MAX_NAME_LEN: usize = 253;
 
-/// An AK fingerprint as it names an object: 64 lower-case hex digits.
-fn check_ak(ak: &str) -> Result<()> {
-    if ak.len() == 64
-        && ak
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    {
+/// `Ok` if `valid`, else the invalid input `what`, described by `detail`.
+fn require(valid: bool, what: &'static str, detail: impl FnOnce() -> String) -> Result<()> {
+    if valid {
         Ok(())
     } else {
         Err(ApiError::InvalidInput {
-            what: "attestation key fingerprint",
-            detail: "not 64 lower-case hex digits".into(),
+            what,
+            detail: detail(),
         })
     }
+}
+
+/// Whether `b` is a lower-case hex digit.
+fn is_lower_hex(b: u8) -> bool {
+    b.is_ascii_digit() || (b'a'..=b'f').contains(&b)
+}
+
+/// An AK fingerprint as it names an object: 64 lower-case hex digits.
+fn check_ak(ak: &str) -> Result<()> {
+    require(
+        ak.len() == 64 && ak.bytes().all(is_lower_hex),
+        "attestation key fingerprint",
+        || "not 64 lower-case hex digits".into(),
+    )
 }
 
 /// A disk UUID as it names an object: canonical, lower case (`8-4-4-4-12` hex digits).
 fn check_disk_uuid(uuid: &str) -> Result<()> {
-    let ok = uuid.len() == 36
+    let canonical = uuid.len() == 36
         && uuid.bytes().enumerate().all(|(i, b)| match i {
             8 | 13 | 18 | 23 => b == b'-',
-            _ => b.is_ascii_digit() || (b'a'..=b'f').contains(&b),
+            _ => is_lower_hex(b),
         });
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::InvalidInput {
-            what: "disk UUID",
-            detail: "not a canonical lower-case UUID".into(),
-        })
-    }
+    require(canonical, "disk UUID", || {
+        "not a canonical lower-case UUID".into()
+    })
 }
 
 /// A node name as it names an object: a DNS-1123 subdomain short enough for the prefix.
 fn check_node_name(name: &str) -> Result<()> {
-    if name.len() + MEMBER_PREFIX.len() <= MAX_NAME_LEN && asterism_basics::is_node_name(name) {
-        Ok(())
-    } else {
-        Err(ApiError::InvalidInput {
-            what: "node name",
-            detail: format!(
+    require(
+        name.len() + MEMBER_PREFIX.len() <= MAX_NAME_LEN && asterism_basics::is_node_name(name),
+        "node name",
+        || {
+            format!(
                 "{name:?} is not a DNS-1123 subdomain of at most {} characters",
                 MAX_NAME_LEN - MEMBER_PREFIX.len()
-            ),
-        })
-    }
+            )
+        },
+    )
 }
 
 /// The ConfigMap `object` that holds a new member record.

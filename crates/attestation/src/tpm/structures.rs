@@ -678,6 +678,26 @@ fn write_sym(w: &mut Writer, sym: &SymDefObject) -> Result<(), ParseError> {
     Ok(())
 }
 
+/// The asymmetric schemes that carry a hash algorithm (`TPMS_SCHEME_HASH`), and nothing more.
+const HASHED_ASYM_SCHEMES: [u16; 8] = [
+    alg::RSASSA,
+    alg::RSAPSS,
+    alg::OAEP,
+    alg::ECDSA,
+    alg::ECDH,
+    alg::ECMQV,
+    alg::SM2,
+    alg::ECSCHNORR,
+];
+
+/// The key derivation schemes that carry a hash algorithm, and nothing more.
+const HASHED_KDF_SCHEMES: [u16; 4] = [
+    alg::MGF1,
+    alg::KDF1_SP800_56A,
+    alg::KDF2,
+    alg::KDF1_SP800_108,
+];
+
 fn parse_scheme(r: &mut Reader<'_>) -> Result<AsymScheme, ParseError> {
     match r.u16("parameters.scheme.scheme")? {
         alg::NULL => Ok(AsymScheme::Null),
@@ -686,14 +706,7 @@ fn parse_scheme(r: &mut Reader<'_>) -> Result<AsymScheme, ParseError> {
             hash: r.u16("parameters.scheme.hashAlg")?,
             count: r.u16("parameters.scheme.count")?,
         }),
-        scheme @ (alg::RSASSA
-        | alg::RSAPSS
-        | alg::OAEP
-        | alg::ECDSA
-        | alg::ECDH
-        | alg::ECMQV
-        | alg::SM2
-        | alg::ECSCHNORR) => Ok(AsymScheme::Hashed {
+        scheme if HASHED_ASYM_SCHEMES.contains(&scheme) => Ok(AsymScheme::Hashed {
             scheme,
             hash: r.u16("parameters.scheme.hashAlg")?,
         }),
@@ -715,17 +728,7 @@ fn write_scheme(w: &mut Writer, scheme: &AsymScheme) -> Result<(), ParseError> {
             w.u16(count);
         }
         AsymScheme::Hashed { scheme, hash } => {
-            if !matches!(
-                scheme,
-                alg::RSASSA
-                    | alg::RSAPSS
-                    | alg::OAEP
-                    | alg::ECDSA
-                    | alg::ECDH
-                    | alg::ECMQV
-                    | alg::SM2
-                    | alg::ECSCHNORR
-            ) {
+            if !HASHED_ASYM_SCHEMES.contains(&scheme) {
                 return Err(ParseError::Unsupported {
                     structure: "TPMT_PUBLIC",
                     field: "parameters.scheme.scheme",
@@ -742,12 +745,10 @@ fn write_scheme(w: &mut Writer, scheme: &AsymScheme) -> Result<(), ParseError> {
 fn parse_kdf(r: &mut Reader<'_>) -> Result<KdfScheme, ParseError> {
     match r.u16("parameters.kdf.scheme")? {
         alg::NULL => Ok(KdfScheme::Null),
-        scheme @ (alg::MGF1 | alg::KDF1_SP800_56A | alg::KDF2 | alg::KDF1_SP800_108) => {
-            Ok(KdfScheme::Hashed {
-                scheme,
-                hash: r.u16("parameters.kdf.hashAlg")?,
-            })
-        }
+        scheme if HASHED_KDF_SCHEMES.contains(&scheme) => Ok(KdfScheme::Hashed {
+            scheme,
+            hash: r.u16("parameters.kdf.hashAlg")?,
+        }),
         other => Err(ParseError::Unsupported {
             structure: r.structure(),
             field: "parameters.kdf.scheme",
@@ -760,10 +761,7 @@ fn write_kdf(w: &mut Writer, kdf: &KdfScheme) -> Result<(), ParseError> {
     match *kdf {
         KdfScheme::Null => w.u16(alg::NULL),
         KdfScheme::Hashed { scheme, hash } => {
-            if !matches!(
-                scheme,
-                alg::MGF1 | alg::KDF1_SP800_56A | alg::KDF2 | alg::KDF1_SP800_108
-            ) {
+            if !HASHED_KDF_SCHEMES.contains(&scheme) {
                 return Err(ParseError::Unsupported {
                     structure: "TPMT_PUBLIC",
                     field: "parameters.kdf.scheme",

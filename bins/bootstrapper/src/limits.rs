@@ -39,7 +39,7 @@
 
 use asterism_basics::source_of;
 use asterism_binkit::FairQueue;
-use std::collections::HashMap;
+use asterism_binkit::ratelimit::{BucketTable, Rate};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -102,16 +102,10 @@ pub enum Refused {
 }
 
 #[derive(Debug)]
-struct Peer {
-    tokens: f64,
-    refilled: Instant,
-    in_flight: usize,
-}
-
-#[derive(Debug, Default)]
 struct State {
     in_flight: usize,
-    peers: HashMap<IpAddr, Peer>,
+    /// Per source: its bucket, and its attempts in progress.
+    peers: BucketTable<IpAddr, usize>,
 }
 
 /// Counts attempts per address and in all; see the module documentation.
@@ -136,8 +130,8 @@ impl Drop for Permit {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         state.in_flight = state.in_flight.saturating_sub(1);
-        if let Some(peer) = state.peers.get_mut(&self.ip) {
-            peer.in_flight = peer.in_flight.saturating_sub(1);
+        if let Some(in_flight) = state.peers.get_mut(&self.ip) {
+            *in_flight = in_flight.saturating_sub(1);
         }
     }
 }
@@ -165,9 +159,13 @@ impl PeerLimiter {
     }
 
     fn new(limits: InitLimits) -> Arc<Self> {
+        let rate = Rate::one_per(limits.per_peer_interval, limits.per_peer_burst);
         Arc::new(Self {
             limits,
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State {
+                in_flight: 0,
+                peers: BucketTable::new(rate, MAX_PEERS),
+            }),
         })
     }
 
@@ -178,41 +176,25 @@ impl PeerLimiter {
 
     fn try_acquire_at(self: &Arc<Self>, ip: IpAddr, now: Instant) -> Result<Permit, Refused> {
         let ip = source_of(ip);
-        let limits = self.limits;
-        let burst = f64::from(limits.per_peer_burst);
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if state.in_flight >= limits.max_in_flight {
+        let mut guard = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let state = &mut *guard;
+        if state.in_flight >= self.limits.max_in_flight {
             return Err(Refused::Busy);
         }
-        if !state.peers.contains_key(&ip) && state.peers.len() >= MAX_PEERS {
-            forget_idle(&mut state.peers, limits, now);
-            if state.peers.len() >= MAX_PEERS {
-                // Every source has an attempt in progress: more than the shared limits let
-                // run at once, so this does not happen while they hold.
-                return Err(Refused::TooManyPeers);
-            }
-        }
-        let peer = state.peers.entry(ip).or_insert(Peer {
-            tokens: burst,
-            refilled: now,
-            in_flight: 0,
-        });
-        let interval = limits.per_peer_interval.as_secs_f64();
-        if interval > 0.0 {
-            let earned = now.duration_since(peer.refilled).as_secs_f64() / interval;
-            peer.tokens = (peer.tokens + earned).min(burst);
-        } else {
-            peer.tokens = burst;
-        }
-        peer.refilled = now;
-        if peer.in_flight >= limits.per_peer_in_flight {
+        // A full table forgets only sources with nothing in progress: when every source
+        // has an attempt in progress (more than the shared limits let run at once, so not
+        // while they hold), a new one is refused.
+        let (bucket, in_flight) = state
+            .peers
+            .entry(ip, now, |in_flight| *in_flight == 0)
+            .ok_or(Refused::TooManyPeers)?;
+        if *in_flight >= self.limits.per_peer_in_flight {
             return Err(Refused::PeerBusy);
         }
-        if peer.tokens < 1.0 {
+        if !bucket.try_take() {
             return Err(Refused::RateLimited);
         }
-        peer.tokens -= 1.0;
-        peer.in_flight += 1;
+        *in_flight += 1;
         state.in_flight += 1;
         Ok(Permit {
             limiter: Arc::clone(self),
@@ -221,37 +203,6 @@ impl PeerLimiter {
     }
 }
 
-/// Makes room in a full table: forgets the sources that are idle with a refilled bucket
-/// (remembering them changes nothing), and if that is not an eighth of the table, also the
-/// idle sources seen longest ago, up to an eighth. Forgetting a batch at once keeps the
-/// cost per new source constant under a flood of new sources.
-fn forget_idle(peers: &mut HashMap<IpAddr, Peer>, limits: InitLimits, now: Instant) {
-    let full_after = limits
-        .per_peer_interval
-        .saturating_mul(limits.per_peer_burst);
-    peers.retain(|_, p| p.in_flight > 0 || now.duration_since(p.refilled) < full_after);
-    let batch = MAX_PEERS / 8;
-    if peers.len() + batch <= MAX_PEERS {
-        return;
-    }
-    let mut idle: Vec<(Instant, IpAddr)> = peers
-        .iter()
-        .filter(|(_, p)| p.in_flight == 0)
-        .map(|(ip, p)| (p.refilled, *ip))
-        .collect();
-    let n = (peers.len() + batch - MAX_PEERS).min(idle.len());
-    if n == 0 {
-        return;
-    }
-    if n < idle.len() {
-        idle.select_nth_unstable(n - 1);
-    }
-    for (_, ip) in idle.iter().take(n) {
-        peers.remove(ip);
-    }
-}
-
-/// A waiting call: its address and the channel its turn is announced on.
 /// The secret checks' queue: at most `max_running` at once (at least 1), the others waiting,
 /// at most [`MAX_QUEUED_CHECKS`] of them, for at most [`CHECK_QUEUE_DEADLINE`]; each freed
 /// turn goes to the waiting call whose source has had the fewest checks.
@@ -368,7 +319,7 @@ mod tests {
         assert_eq!(len(&l), MAX_PEERS - MAX_PEERS / 8 + 1);
         {
             let state = l.state.lock().unwrap();
-            let kept = |i: usize| state.peers.contains_key(&flood_address(i));
+            let kept = |i: usize| state.peers.contains(&flood_address(i));
             assert!(
                 (0..MAX_PEERS / 8).all(|i| !kept(i)),
                 "the oldest eighth went"

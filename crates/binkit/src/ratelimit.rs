@@ -1,34 +1,197 @@
-//! A token bucket per key: the join service's per attested identity, the verify service's
-//! per source address.
+//! Token buckets per key: the join service's per attested identity, the verify service's
+//! per source address ([`RateLimiter`]), and the bootstrapper's per source beside what each
+//! source has in progress ([`BucketTable`] with a count of its own).
 
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// Buckets kept before idle ones are dropped.
+/// Buckets [`RateLimiter`] keeps before idle ones are dropped.
 const MAX_BUCKETS: usize = 10_000;
 
+/// A token bucket's rule: `burst` tokens at once, then `per_second` more each second.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rate {
+    burst: f64,
+    per_second: f64,
+}
+
+impl Rate {
+    /// `burst` at once (at least 1), then `per_second` a second.
+    #[must_use]
+    pub fn per_second(per_second: f64, burst: u32) -> Self {
+        Self {
+            burst: f64::from(burst.max(1)),
+            per_second: per_second.max(0.0),
+        }
+    }
+
+    /// `burst` at once (at least 1), then one per `interval`; a zero interval refills at
+    /// once.
+    #[must_use]
+    pub fn one_per(interval: Duration, burst: u32) -> Self {
+        let per_second = if interval.is_zero() {
+            f64::INFINITY
+        } else {
+            1.0 / interval.as_secs_f64()
+        };
+        Self::per_second(per_second, burst)
+    }
+
+    /// How long an emptied bucket takes to be full again.
+    fn full_after(&self) -> Duration {
+        Duration::try_from_secs_f64(self.burst / self.per_second).unwrap_or(Duration::MAX)
+    }
+}
+
+/// One key's bucket.
+#[derive(Debug, Clone, Copy)]
+pub struct TokenBucket {
+    tokens: f64,
+    refilled: Instant,
+}
+
+impl TokenBucket {
+    /// Takes one token; false if there is none.
+    pub fn try_take(&mut self) -> bool {
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Adds what `rate` earned since the last refill, at most up to its burst.
+    fn refill(&mut self, rate: Rate, now: Instant) {
+        let elapsed = now.saturating_duration_since(self.refilled).as_secs_f64();
+        let earned = if rate.per_second.is_infinite() {
+            rate.burst
+        } else {
+            elapsed * rate.per_second
+        };
+        self.tokens = (self.tokens + earned).min(rate.burst);
+        self.refilled = now;
+    }
+}
+
+/// A token bucket per key, and a `V` beside it (what the key has in progress, say), for at
+/// most `max` keys. When the table is full and a new key comes, it forgets first the idle
+/// keys whose buckets have refilled (which changes nothing), then, if that freed less than
+/// an eighth, the idle keys seen longest ago until an eighth is free; a key whose `V` is
+/// not idle is never forgotten. So a flood of new keys costs constant time per key,
+/// amortised, and bounded memory; a forgotten key starts again with a full bucket, which is
+/// why what all keys together may do must be bounded elsewhere.
+#[derive(Debug)]
+pub struct BucketTable<K, V = ()> {
+    rate: Rate,
+    max: usize,
+    entries: HashMap<K, (TokenBucket, V)>,
+}
+
+impl<K: Hash + Eq + Clone, V: Default> BucketTable<K, V> {
+    /// An empty table of at most `max` keys (at least 8), each held to `rate`.
+    #[must_use]
+    pub fn new(rate: Rate, max: usize) -> Self {
+        Self {
+            rate,
+            max: max.max(8),
+            entries: HashMap::new(),
+        }
+    }
+
+    /// `key`'s bucket, refilled as of `now`, and its `V`; a new key starts with a full
+    /// bucket and `V::default()`. `None` if the table is full of keys that `idle` says are
+    /// not idle.
+    pub fn entry(
+        &mut self,
+        key: K,
+        now: Instant,
+        idle: impl Fn(&V) -> bool,
+    ) -> Option<(&mut TokenBucket, &mut V)> {
+        if self.entries.len() >= self.max && !self.entries.contains_key(&key) {
+            self.make_room(now, &idle);
+            if self.entries.len() >= self.max {
+                return None;
+            }
+        }
+        let (bucket, value) = self.entries.entry(key).or_insert_with(|| {
+            let bucket = TokenBucket {
+                tokens: self.rate.burst,
+                refilled: now,
+            };
+            (bucket, V::default())
+        });
+        bucket.refill(self.rate, now);
+        Some((bucket, value))
+    }
+
+    /// `key`'s `V`, if the table holds `key`.
+    pub fn get_mut(&mut self, key: &K) -> Option<&mut V> {
+        self.entries.get_mut(key).map(|(_, value)| value)
+    }
+
+    /// Whether the table holds `key`.
+    pub fn contains(&self, key: &K) -> bool {
+        self.entries.contains_key(key)
+    }
+
+    /// How many keys the table holds.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether the table holds no key.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Frees an eighth of a full table if its idle keys allow: idle keys with refilled
+    /// buckets first, then idle keys seen longest ago.
+    fn make_room(&mut self, now: Instant, idle: &impl Fn(&V) -> bool) {
+        let full_after = self.rate.full_after();
+        self.entries.retain(|_, (bucket, value)| {
+            !idle(value) || now.saturating_duration_since(bucket.refilled) < full_after
+        });
+        let keep = self.max - self.max / 8;
+        if self.entries.len() <= keep {
+            return;
+        }
+        let mut by_age: Vec<(Instant, K)> = self
+            .entries
+            .iter()
+            .filter(|(_, (_, value))| idle(value))
+            .map(|(key, (bucket, _))| (bucket.refilled, key.clone()))
+            .collect();
+        let forget = (self.entries.len() - keep).min(by_age.len());
+        if forget == 0 {
+            return;
+        }
+        if forget < by_age.len() {
+            by_age.select_nth_unstable_by_key(forget - 1, |(seen, _)| *seen);
+        }
+        for (_, key) in by_age.iter().take(forget) {
+            self.entries.remove(key);
+        }
+    }
+}
+
 /// Token buckets keyed by a peer's identity (an attested AK, a source address): `rate`
-/// requests per second sustained, bursts of `burst`. At most 10,000 keys are tracked: when
-/// the table is full, the buckets that have refilled completely are forgotten (which
-/// changes nothing), then, if that freed less than an eighth, the buckets used longest ago
-/// until an eighth is free. So a flood of new keys costs constant time per key, amortised,
-/// and bounded memory; a forgotten key starts again with a full bucket, which is why what
-/// all keys together may do is bounded elsewhere (the verify service's quote queue).
+/// requests per second sustained, bursts of `burst`, for at most 10,000 keys (a
+/// [`BucketTable`], whose keys are all idle: a full table forgets refilled buckets, then
+/// those used longest ago). What all keys together may do is bounded elsewhere (the verify
+/// service's quote queue).
 #[derive(Debug)]
 pub struct RateLimiter {
-    rate: f64,
-    burst: f64,
-    buckets: Mutex<HashMap<String, (f64, Instant)>>,
+    buckets: Mutex<BucketTable<String>>,
 }
 
 impl RateLimiter {
     /// A limiter allowing `rate` requests per second with bursts of `burst`.
     pub fn new(rate: f64, burst: u32) -> Self {
         Self {
-            rate: rate.max(0.0),
-            burst: f64::from(burst.max(1)),
-            buckets: Mutex::new(HashMap::new()),
+            buckets: Mutex::new(BucketTable::new(Rate::per_second(rate, burst), MAX_BUCKETS)),
         }
     }
 
@@ -37,40 +200,9 @@ impl RateLimiter {
         let Ok(mut buckets) = self.buckets.lock() else {
             return false;
         };
-        if buckets.len() >= MAX_BUCKETS && !buckets.contains_key(key) {
-            self.make_room(&mut buckets, now);
-        }
-        let (tokens, last) = buckets.entry(key.to_owned()).or_insert((self.burst, now));
-        let elapsed = now.saturating_duration_since(*last).as_secs_f64();
-        *tokens = (*tokens + elapsed * self.rate).min(self.burst);
-        *last = now;
-        if *tokens >= 1.0 {
-            *tokens -= 1.0;
-            true
-        } else {
-            false
-        }
-    }
-}
-
-impl RateLimiter {
-    /// Frees at least an eighth of a full table: refilled buckets first, then those used
-    /// longest ago.
-    fn make_room(&self, buckets: &mut HashMap<String, (f64, Instant)>, now: Instant) {
-        let full_after = Duration::from_secs_f64(self.burst / self.rate.max(1e-9));
-        buckets.retain(|_, (_, last)| now.saturating_duration_since(*last) < full_after);
-        let keep = MAX_BUCKETS - MAX_BUCKETS / 8;
-        if buckets.len() > keep {
-            let mut by_age: Vec<(Instant, String)> = buckets
-                .iter()
-                .map(|(key, (_, last))| (*last, key.clone()))
-                .collect();
-            let forget = buckets.len() - keep;
-            by_age.select_nth_unstable_by_key(forget - 1, |(last, _)| *last);
-            for (_, key) in by_age.iter().take(forget) {
-                buckets.remove(key);
-            }
-        }
+        buckets
+            .entry(key.to_owned(), now, |()| true)
+            .is_some_and(|(bucket, ())| bucket.try_take())
     }
 
     #[cfg(test)]

@@ -6,13 +6,13 @@ use crate::keys::KeySource;
 use crate::service::JoinService;
 use crate::state::{ClusterState, StateError};
 use asterism_atls::AtlsServer;
-use asterism_atls::pending::PendingSlots;
 use asterism_basics::shares::{Share, Shares};
 use asterism_binkit::grpc;
 pub use asterism_binkit::grpc::Limits;
 use asterism_metadata::Metadata;
 use asterism_proto::join::api_server::ApiServer;
 use bytes::Bytes;
+use futures::{Stream, StreamExt as _};
 use http::{Method, Response, StatusCode, header};
 use http_body_util::Full;
 use hyper::service::service_fn;
@@ -195,25 +195,29 @@ pub fn is_loopback(addr: SocketAddr) -> bool {
 /// A listener the HTTP servers accept connections from.
 trait Accept: Send + 'static {
     type Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static;
-    /// The next connection to serve, with the address it counts against (see
-    /// [`HTTP_CONNECTIONS`]), or `None` for one refused here.
-    fn accept_io(&self)
-    -> impl Future<Output = std::io::Result<Option<(Self::Io, IpAddr)>>> + Send;
+    /// The next connection to serve, or `None` for one refused here.
+    fn accept_io(&self) -> impl Future<Output = std::io::Result<Option<Self::Io>>> + Send;
+    /// The address a connection counts against (see [`HTTP_CONNECTIONS`]); `None` counts
+    /// as one address for all.
+    fn source(io: &Self::Io) -> Option<IpAddr>;
 }
 
 impl Accept for TcpListener {
     type Io = tokio::net::TcpStream;
-    async fn accept_io(&self) -> std::io::Result<Option<(Self::Io, IpAddr)>> {
-        let (stream, peer) = self.accept().await?;
-        Ok(Some((stream, peer.ip())))
+    async fn accept_io(&self) -> std::io::Result<Option<Self::Io>> {
+        Ok(Some(self.accept().await?.0))
+    }
+    fn source(io: &Self::Io) -> Option<IpAddr> {
+        io.peer_addr().ok().map(|peer| peer.ip())
     }
 }
 
 /// The admin socket: only connections of this process's user (or root) are served; the
 /// socket's mode already keeps others out, and the peer's credentials are checked too.
+/// One user's connections count against one address.
 impl Accept for UnixListener {
     type Io = tokio::net::UnixStream;
-    async fn accept_io(&self) -> std::io::Result<Option<(Self::Io, IpAddr)>> {
+    async fn accept_io(&self) -> std::io::Result<Option<Self::Io>> {
         let (stream, _) = self.accept().await?;
         let uid = stream.peer_cred()?.uid();
         // std does not expose geteuid; the socket file is ours, so its owner is our
@@ -224,13 +228,28 @@ impl Accept for UnixListener {
             .and_then(|p| std::fs::metadata(p).ok())
             .map(|m| std::os::unix::fs::MetadataExt::uid(&m));
         if uid == 0 || Some(uid) == own {
-            // One user's connections: they count against one address.
-            Ok(Some((stream, IpAddr::from([0, 0, 0, 0]))))
+            Ok(Some(stream))
         } else {
             tracing::warn!(uid, "admin socket: refused a connection of another user");
             Ok(None)
         }
     }
+    fn source(_: &Self::Io) -> Option<IpAddr> {
+        None
+    }
+}
+
+/// The connections `listener` accepts, those refused by its own check left out.
+fn accepted<L: Accept>(listener: L) -> impl Stream<Item = std::io::Result<L::Io>> {
+    futures::stream::unfold(listener, |listener| async move {
+        loop {
+            match listener.accept_io().await {
+                Ok(None) => {}
+                Ok(Some(io)) => return Some((Ok(io), listener)),
+                Err(e) => return Some((Err(e), listener)),
+            }
+        }
+    })
 }
 
 /// Which endpoints a listener serves.
@@ -311,8 +330,9 @@ where
 
 /// Connections an HTTP listener (metrics and health, or the admin socket) serves at once.
 /// When all are taken, a new connection takes the slot of the oldest connection of the
-/// busiest address, which is closed (`asterism_atls::pending`): connections held open by
-/// one local process cannot keep a health probe, a metrics scrape or the operator out.
+/// busiest address, which is closed (`asterism_binkit::grpc::fair_share`): connections
+/// held open by one local process cannot keep a health probe, a metrics scrape or the
+/// operator out.
 const HTTP_CONNECTIONS: usize = 64;
 
 async fn http_loop<L, M, K, S>(
@@ -329,23 +349,25 @@ where
 {
     // One more per source than in all: a source holding every slot gives up its own
     // oldest to its next connection instead of being refused.
-    let slots = PendingSlots::new(HTTP_CONNECTIONS, HTTP_CONNECTIONS + 1);
+    let share = grpc::FairShare {
+        max: HTTP_CONNECTIONS,
+        per_source: HTTP_CONNECTIONS + 1,
+    };
+    let incoming = grpc::fair_share(accepted(listener), share, L::source);
+    let mut incoming = std::pin::pin!(incoming);
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
-        let (stream, source) = tokio::select! {
+        let stream = tokio::select! {
             () = &mut shutdown => return Ok(()),
-            accepted = listener.accept_io() => match accepted {
-                Ok(Some(s)) => s,
-                Ok(None) => continue,
-                Err(e) => {
+            next = incoming.next() => match next {
+                None => return Ok(()),
+                Some(Ok(stream)) => stream,
+                Some(Err(e)) => {
                     tracing::warn!(error = %e, "HTTP listener: accept failed");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
             },
-        };
-        let Ok(mut slot) = slots.admit(source) else {
-            continue;
         };
         let service = service.clone();
         let endpoints = endpoints.clone();
@@ -366,11 +388,9 @@ where
                 .timer(TokioTimer::new())
                 .header_read_timeout(Duration::from_secs(10))
                 .keep_alive(false);
+            // A connection whose slot is taken fails its reads and writes, which ends it.
             let conn = builder.serve_connection(TokioIo::new(stream), handler);
-            tokio::select! {
-                () = slot.evicted() => {}
-                _ = tokio::time::timeout(Duration::from_secs(30), conn) => {}
-            }
+            let _ = tokio::time::timeout(Duration::from_secs(30), conn).await;
         });
     }
 }

@@ -7,7 +7,7 @@ use asterism_attestation::{
 };
 use asterism_proto::verify::GetAttestationRequest;
 use asterism_proto::verify::api_client::ApiClient;
-use asterism_testkit::net::{closed_within, tcp_from};
+use asterism_testkit::net::{closed_within, open_after, tcp_from};
 use asterism_testkit::process::{Process, free_port};
 use asterism_testkit::{Swtpm, pin};
 use asterism_tpm::{AkConfig, PcrSelection, Tpm};
@@ -223,22 +223,7 @@ fn idle_connections_are_bounded_per_source_and_in_all_and_do_not_keep_the_owner_
                 held.push(connect(format!("127.0.22.{}", s + 1)).await);
             }
         }
-        // A connect returns once the kernel has the connection; the service may accept
-        // the last ones (and close the oldest for them) a little later on a busy machine.
-        // So look again at those still open until the bound holds or 10 s have passed.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let mut still_open = Vec::new();
-            for mut tcp in held {
-                if !closed_within(&mut tcp, Duration::from_millis(20)).await {
-                    still_open.push(tcp);
-                }
-            }
-            held = still_open;
-            if held.len() <= 128 || Instant::now() > deadline {
-                break;
-            }
-        }
+        let held = open_after(held, 128, Duration::from_secs(10)).await;
         let open = held.len();
         assert!(open <= 128, "{open} of 160 idle connections still open");
         assert!(open >= 100, "only {open} open: the cap is 128, not fewer");

@@ -34,3 +34,27 @@ pub async fn closed_within(stream: &mut (impl AsyncRead + Unpin), wait: Duration
         }
     }
 }
+
+/// The streams of `streams` the server has not closed, once at most `bound` are left or
+/// `wait` has passed. A server may close connections a little after the client's connects
+/// returned (they return once the kernel holds the connection, before the server accepts
+/// it), so the streams still open are looked at again, 20 ms each, until the bound holds.
+pub async fn open_after<S: AsyncRead + Unpin>(
+    mut streams: Vec<S>,
+    bound: usize,
+    wait: Duration,
+) -> Vec<S> {
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let mut open = Vec::with_capacity(streams.len());
+        for mut stream in streams {
+            if !closed_within(&mut stream, Duration::from_millis(20)).await {
+                open.push(stream);
+            }
+        }
+        streams = open;
+        if streams.len() <= bound || tokio::time::Instant::now() >= deadline {
+            return streams;
+        }
+    }
+}

@@ -243,15 +243,8 @@ async fn idle_connections_on_the_http_listener_do_not_keep_a_health_probe_out() 
         held.push(tokio::net::TcpStream::connect(js.http).await.unwrap());
     }
     // The oldest were closed for the newer ones.
-    let mut closed = 0;
-    for s in &mut held {
-        let mut b = [0u8; 1];
-        if let Ok(Ok(0) | Err(_)) =
-            tokio::time::timeout(Duration::from_millis(20), s.read(&mut b)).await
-        {
-            closed += 1;
-        }
-    }
+    let held = asterism_testkit::net::open_after(held, 64, Duration::from_secs(10)).await;
+    let closed = 80 - held.len();
     assert!(closed >= 16, "only {closed} of 80 idle connections closed");
     let probe = tokio::time::timeout(Duration::from_secs(2), js.http_get("/healthz"))
         .await

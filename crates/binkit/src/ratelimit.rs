@@ -164,13 +164,9 @@ impl<K: Hash + Eq + Clone, V: Default> BucketTable<K, V> {
             .filter(|(_, (_, value))| idle(value))
             .map(|(key, (bucket, _))| (bucket.refilled, key.clone()))
             .collect();
-        let forget = (self.entries.len() - keep).min(by_age.len());
-        if forget == 0 {
-            return;
-        }
-        if forget < by_age.len() {
-            by_age.select_nth_unstable_by_key(forget - 1, |(seen, _)| *seen);
-        }
+        // Once per eighth of the table's new keys: a sort is cheap enough.
+        by_age.sort_unstable_by_key(|(seen, _)| *seen);
+        let forget = self.entries.len() - keep;
         for (_, key) in by_age.iter().take(forget) {
             self.entries.remove(key);
         }
@@ -270,5 +266,73 @@ mod tests {
         assert_eq!(l.tracked(), 2);
         assert!(l.allow("drained", t12));
         assert!(!l.allow("drained", t12));
+    }
+
+    #[test]
+    fn one_per_interval_earns_one_token_each_interval_and_a_zero_interval_refills_at_once() {
+        let mut t = BucketTable::<u8>::new(Rate::one_per(Duration::from_secs(2), 3), 8);
+        let t0 = Instant::now();
+        let mut take = |at: Instant| t.entry(1, at, |()| true).unwrap().0.try_take();
+        assert!((0..3).all(|_| take(t0)));
+        assert!(!take(t0));
+        assert!(
+            !take(t0 + Duration::from_secs(1)),
+            "half an interval earns nothing"
+        );
+        assert!(take(t0 + Duration::from_secs(2)));
+        assert!(!take(t0 + Duration::from_secs(2)));
+
+        let mut t = BucketTable::<u8>::new(Rate::one_per(Duration::ZERO, 2), 8);
+        assert!((0..100).all(|_| t.entry(1, t0, |()| true).unwrap().0.try_take()));
+    }
+
+    /// A key whose count says it is busy is never forgotten: a table full of busy keys
+    /// refuses a new one, and takes it once one of them is idle again.
+    #[test]
+    fn a_full_table_keeps_its_busy_keys_and_refuses_a_new_one_while_all_are_busy() {
+        let mut t = BucketTable::<u32, usize>::new(Rate::per_second(1.0, 1), 8);
+        let t0 = Instant::now();
+        let idle = |busy: &usize| *busy == 0;
+        for key in 0..8 {
+            *t.entry(key, t0, idle).unwrap().1 += 1;
+        }
+        let later = t0 + Duration::from_secs(60);
+        assert!(t.entry(100, later, idle).is_none(), "every key is busy");
+        assert!(t.entry(3, later, idle).is_some(), "a key held goes on");
+        *t.get_mut(&3).unwrap() -= 1;
+        assert!(t.entry(100, later, idle).is_some());
+        assert!(!t.contains(&3), "the idle key made room");
+        assert!((0..8).filter(|k| *k != 3).all(|k| t.contains(&k)));
+        assert_eq!(t.len(), 8);
+        assert!(t.get_mut(&3).is_none());
+    }
+
+    /// Room is made only when the table is full and the key is new: a refilled key stays
+    /// while there is room, and a known key in a full table forgets no other.
+    #[test]
+    fn a_table_forgets_only_when_full_and_the_key_is_new() {
+        let mut t = BucketTable::<u32>::new(Rate::per_second(1.0, 1), 8);
+        let t0 = Instant::now();
+        assert!(t.is_empty());
+        assert!(t.entry(0, t0, |()| true).unwrap().0.try_take());
+        // Full again 1 s after its last use: from then on, it counts as refilled.
+        let refilled = t0 + Duration::from_secs(1);
+        for key in 1..8 {
+            assert!(t.entry(key, refilled, |()| true).is_some());
+        }
+        assert!(t.contains(&0), "a refilled key kept while there was room");
+        assert!(t.entry(0, refilled, |()| true).is_some());
+        assert_eq!(t.len(), 8, "a known key made no room");
+        assert!(t.entry(8, refilled, |()| true).is_some());
+        assert!(!t.is_empty() && t.len() <= 8);
+
+        // A full table whose keys were all used 1 s ago, the time a bucket of 1 takes to
+        // refill, forgets them all for a new key.
+        let mut t = BucketTable::<u32>::new(Rate::per_second(1.0, 1), 8);
+        for key in 0..8 {
+            assert!(t.entry(key, t0, |()| true).unwrap().0.try_take());
+        }
+        assert!(t.entry(8, refilled, |()| true).is_some());
+        assert_eq!(t.len(), 1);
     }
 }

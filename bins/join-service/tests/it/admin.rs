@@ -251,5 +251,24 @@ async fn idle_connections_on_the_http_listener_do_not_keep_a_health_probe_out() 
         .expect("the probe is answered while the idle connections are held");
     assert_eq!(probe, "ok\n");
     drop(held);
+
+    // Connections count per address: while one address fills every slot, the slot taken
+    // for its next connection is its own oldest, not that of another address's connection,
+    // even an older one.
+    let connect = |from: &str| asterism_testkit::net::tcp_from(from.parse().unwrap(), js.http);
+    let mut other = connect("127.0.44.2").await.unwrap();
+    let mut busy = Vec::new();
+    for _ in 0..80 {
+        busy.push(connect("127.0.44.1").await.unwrap());
+    }
+    let busy = asterism_testkit::net::open_after(busy, 63, Duration::from_secs(10)).await;
+    // At most 63: the other's slot, and any the first part's closed connections still
+    // held, are not the busy address's.
+    assert!(busy.len() >= 48, "only {} kept", busy.len());
+    assert!(
+        !asterism_testkit::net::closed_within(&mut other, Duration::from_millis(100)).await,
+        "the other address's connection was closed for the busy one's"
+    );
+    drop(busy);
     js.stop().await;
 }

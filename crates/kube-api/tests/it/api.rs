@@ -810,6 +810,54 @@ async fn a_new_member_is_created_and_members_are_listed_by_label() {
     assert!(matches!(err, ApiError::InvalidInput { .. }), "{err:?}");
 }
 
+/// What names an object (an AK fingerprint, a disk UUID) is checked before any request:
+/// only its one canonical spelling can reach an object name.
+#[tokio::test]
+async fn fingerprints_and_disk_uuids_that_cannot_name_an_object_are_refused_before_any_request() {
+    let (server, api, _dir) = setup().await;
+    let bad_aks = [
+        AK[..63].to_owned(),
+        format!("{AK}0"),
+        AK.to_uppercase(),
+        format!("{}g", &AK[..63]),
+        format!("../{}", &AK[..61]),
+    ];
+    for ak in &bad_aks {
+        let err = api.key_claim(ak).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ApiError::InvalidInput {
+                    what: "attestation key fingerprint",
+                    ..
+                }
+            ),
+            "{ak}: {err:?}"
+        );
+    }
+    let bad_disks = [
+        DISK[..35].to_owned(),
+        format!("{DISK}0"),
+        DISK.to_uppercase(),
+        DISK.replace('-', "_"),
+        DISK.replace('a', "g"),
+    ];
+    for disk in &bad_disks {
+        let err = api.disk_binding(disk).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ApiError::InvalidInput {
+                    what: "disk UUID",
+                    ..
+                }
+            ),
+            "{disk}: {err:?}"
+        );
+    }
+    assert!(server.requests().is_empty());
+}
+
 // --- Error mapping ----------------------------------------------------------------------------
 
 #[tokio::test]

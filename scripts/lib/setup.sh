@@ -3,8 +3,9 @@
 
 # Debian packages: the TPM emulator and tools (tests and local clusters), the TSS2
 # libraries the `asterism-tpm` crate links, cryptsetup for LUKS2 state disks (the program,
-# and the library the `asterism-cryptsetup` crate links).
-SYSTEM_PACKAGES=(swtpm swtpm-tools tpm2-tools libtss2-dev cryptsetup-bin libcryptsetup-dev pkg-config)
+# and the library the `asterism-cryptsetup` crate links), and curl (a test that reaches the
+# join service's admin socket as another user).
+SYSTEM_PACKAGES=(swtpm swtpm-tools tpm2-tools libtss2-dev cryptsetup-bin libcryptsetup-dev pkg-config curl)
 
 # Steps are timed. `step NAME` ends the step before it (printing its wall time) and starts
 # the next; `step_end` ends the last one. When STEP_LOG names a file, every step of this

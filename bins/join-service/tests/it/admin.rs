@@ -156,6 +156,88 @@ async fn unix_http(path: &std::path::Path, request: &str) -> String {
     out
 }
 
+/// `GET /v1/members` on the admin socket at `path` by curl running as user and group
+/// `uid`: the answer's body, or `None` if the socket closed the connection unanswered.
+fn members_as(uid: u32, path: &std::path::Path) -> Option<String> {
+    let out = asterism_basics::children::output(
+        Command::new("setpriv")
+            .args([
+                format!("--reuid={uid}"),
+                format!("--regid={uid}"),
+                "--clear-groups".into(),
+                "--".into(),
+                "curl".into(),
+                "-sS".into(),
+                "--max-time".into(),
+                "10".into(),
+                "--unix-socket".into(),
+            ])
+            .arg(path)
+            .arg("http://admin/v1/members"),
+    )
+    .expect("setpriv and curl (scripts/lib/setup.sh installs curl)");
+    // curl's exit codes 52 (closed without a reply) and 56 (reset: the request was sent
+    // and closed unread).
+    match out.status.code() {
+        Some(0) => Some(String::from_utf8(out.stdout).unwrap()),
+        Some(52 | 56) => None,
+        _ => panic!("curl failed: {}", String::from_utf8_lossy(&out.stderr)),
+    }
+}
+
+/// The admin socket checks who connects, not only its file's mode: with the mode opened to
+/// all, another user's connection is closed unanswered, the socket's owner's and root's
+/// are served. Needs root, to run the client as another user.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_socket_serves_its_owner_and_root_only_whatever_its_mode() {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    if std::fs::metadata("/proc/self").unwrap().uid() != 0 {
+        eprintln!("not run: connecting as another user needs root");
+        return;
+    }
+    const NOBODY: u32 = 65534;
+    let (_node, fp) = soft_node();
+    let cluster = Cluster::start().await;
+    let js = start_join_service(&cluster, Options::pinning(vec![fp])).await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = dir.path().join("admin.sock");
+    let listener = asterism_join_service::bind_admin_socket(&path).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let (stop, rx) = watch::channel(false);
+    let server = tokio::spawn(asterism_join_service::serve_admin(
+        listener,
+        js.service.clone(),
+        async move {
+            let mut rx = rx;
+            let _ = rx.wait_for(|s| *s).await;
+        },
+    ));
+    let ask = |uid: u32| {
+        let path = path.clone();
+        tokio::task::spawn_blocking(move || members_as(uid, &path))
+    };
+
+    assert_eq!(ask(NOBODY).await.unwrap(), None, "another user was served");
+    let root = ask(0).await.unwrap().expect("root is served");
+    // Owned by the other user, the socket serves that user.
+    std::os::unix::fs::chown(&path, Some(NOBODY), Some(NOBODY)).unwrap();
+    let owner = ask(NOBODY)
+        .await
+        .unwrap()
+        .expect("the socket's owner is served");
+    assert_eq!(owner, root);
+    assert!(ask(0).await.unwrap().is_some(), "root is still served");
+
+    stop.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    js.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_socket_is_private_and_readmits_members() {
     use std::os::unix::fs::PermissionsExt as _;

@@ -100,6 +100,39 @@ async fn without_a_token_the_member_lists_are_only_on_the_admin_socket() {
     js.stop().await;
 }
 
+/// A listener's server, spawned with a shutdown signal and run until [`Running::stop`].
+struct Running {
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Running {
+    /// Spawns `serve(shutdown)`; `shutdown` completes at [`Running::stop`].
+    fn spawn<F>(serve: impl FnOnce(futures::future::BoxFuture<'static, ()>) -> F) -> Self
+    where
+        F: std::future::Future<Output = std::io::Result<()>> + Send + 'static,
+    {
+        let (stop, mut rx) = watch::channel(false);
+        let shutdown = Box::pin(async move {
+            let _ = rx.wait_for(|s| *s).await;
+        });
+        Self {
+            stop,
+            task: tokio::spawn(serve(shutdown)),
+        }
+    }
+
+    /// Stops the server, which must end without error within 10 s.
+    async fn stop(self) {
+        self.stop.send(true).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_a_token_the_members_and_metrics_need_it_and_health_does_not() {
     let (node, fp) = soft_node();
@@ -108,16 +141,14 @@ async fn with_a_token_the_members_and_metrics_need_it_and_health_does_not() {
     join_worker_0(js.addr, node).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let (stop, rx) = watch::channel(false);
-    let server = tokio::spawn(asterism_join_service::serve_http_with(
-        listener,
-        js.service.clone(),
-        HttpAccess::bearer("s3cret-token"),
-        async move {
-            let mut rx = rx;
-            let _ = rx.wait_for(|s| *s).await;
-        },
-    ));
+    let server = Running::spawn(|shutdown| {
+        asterism_join_service::serve_http_with(
+            listener,
+            js.service.clone(),
+            HttpAccess::bearer("s3cret-token"),
+            shutdown,
+        )
+    });
     for path in ["/v1/members", "/metrics"] {
         for auth in [
             "",
@@ -143,8 +174,7 @@ async fn with_a_token_the_members_and_metrics_need_it_and_health_does_not() {
     }
     let r = http(addr, "GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n").await;
     assert!(r.starts_with("HTTP/1.1 200"), "{r}");
-    stop.send(true).unwrap();
-    server.await.unwrap().unwrap();
+    server.stop().await;
     js.stop().await;
 }
 
@@ -204,15 +234,9 @@ async fn the_admin_socket_serves_its_owner_and_root_only_whatever_its_mode() {
     let path = dir.path().join("admin.sock");
     let listener = asterism_join_service::bind_admin_socket(&path).unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
-    let (stop, rx) = watch::channel(false);
-    let server = tokio::spawn(asterism_join_service::serve_admin(
-        listener,
-        js.service.clone(),
-        async move {
-            let mut rx = rx;
-            let _ = rx.wait_for(|s| *s).await;
-        },
-    ));
+    let server = Running::spawn(|shutdown| {
+        asterism_join_service::serve_admin(listener, js.service.clone(), shutdown)
+    });
     let ask = |uid: u32| {
         let path = path.clone();
         tokio::task::spawn_blocking(move || members_as(uid, &path))
@@ -229,12 +253,7 @@ async fn the_admin_socket_serves_its_owner_and_root_only_whatever_its_mode() {
     assert_eq!(owner, root);
     assert!(ask(0).await.unwrap().is_some(), "root is still served");
 
-    stop.send(true).unwrap();
-    tokio::time::timeout(Duration::from_secs(10), server)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    server.stop().await;
     js.stop().await;
 }
 
@@ -258,15 +277,9 @@ async fn the_admin_socket_is_private_and_readmits_members() {
     std::fs::write(&file, b"").unwrap();
     assert!(asterism_join_service::bind_admin_socket(&file).is_err());
 
-    let (stop, rx) = watch::channel(false);
-    let server = tokio::spawn(asterism_join_service::serve_admin(
-        listener,
-        js.service.clone(),
-        async move {
-            let mut rx = rx;
-            let _ = rx.wait_for(|s| *s).await;
-        },
-    ));
+    let server = Running::spawn(|shutdown| {
+        asterism_join_service::serve_admin(listener, js.service.clone(), shutdown)
+    });
     let post = |name: &str| {
         format!("POST /v1/members/{name}/readmit HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n")
     };
@@ -304,12 +317,7 @@ async fn the_admin_socket_is_private_and_readmits_members() {
     let r = unix_http(&path, "GET /v1/members HTTP/1.1\r\nhost: x\r\n\r\n").await;
     assert!(r.contains(&newfp.to_string()), "{r}");
 
-    stop.send(true).unwrap();
-    tokio::time::timeout(Duration::from_secs(10), server)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    server.stop().await;
     js.stop().await;
 }
 

@@ -815,6 +815,7 @@ async fn a_new_member_is_created_and_members_are_listed_by_label() {
 #[tokio::test]
 async fn fingerprints_and_disk_uuids_that_cannot_name_an_object_are_refused_before_any_request() {
     let (server, api, _dir) = setup().await;
+    let invalid = |err: &ApiError, input: &str| matches!(err, ApiError::InvalidInput { what, .. } if *what == input);
     let bad_aks = [
         AK[..63].to_owned(),
         format!("{AK}0"),
@@ -825,13 +826,7 @@ async fn fingerprints_and_disk_uuids_that_cannot_name_an_object_are_refused_befo
     for ak in &bad_aks {
         let err = api.key_claim(ak).await.unwrap_err();
         assert!(
-            matches!(
-                err,
-                ApiError::InvalidInput {
-                    what: "attestation key fingerprint",
-                    ..
-                }
-            ),
+            invalid(&err, "attestation key fingerprint"),
             "{ak}: {err:?}"
         );
     }
@@ -844,16 +839,7 @@ async fn fingerprints_and_disk_uuids_that_cannot_name_an_object_are_refused_befo
     ];
     for disk in &bad_disks {
         let err = api.disk_binding(disk).await.unwrap_err();
-        assert!(
-            matches!(
-                err,
-                ApiError::InvalidInput {
-                    what: "disk UUID",
-                    ..
-                }
-            ),
-            "{disk}: {err:?}"
-        );
+        assert!(invalid(&err, "disk UUID"), "{disk}: {err:?}");
     }
     assert!(server.requests().is_empty());
 }

@@ -14,10 +14,16 @@
 //! spawn waits at most [`SPAWN_WAIT`] for the commands in flight, then starts the child
 //! anyway: a hung TPM must not stop a process from starting children.
 //!
+//! A waiting spawn holds back new calls (not nested ones), so that callers who start one
+//! command as soon as the last has finished, or whose commands overlap, cannot keep it
+//! waiting until its deadline and then have it start the child while a socket is open.
+//!
 //! This is the one piece of process-wide state in this crate.
 
+use std::cell::Cell;
 use std::io;
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 use std::time::{Duration, Instant};
 
@@ -26,13 +32,61 @@ pub const SPAWN_WAIT: Duration = Duration::from_secs(5);
 
 static C_DESCRIPTORS: RwLock<()> = RwLock::new(());
 
+/// How many spawns are waiting for the calls in flight to finish.
+static SPAWNS_WAITING: AtomicUsize = AtomicUsize::new(0);
+
+/// How often a new call looks again whether a spawn still waits.
+const YIELD_POLL: Duration = Duration::from_micros(200);
+
+thread_local! {
+    /// How many [`with_c_descriptors`] calls this thread is inside.
+    static DEPTH: Cell<usize> = const { Cell::new(0) };
+}
+
 /// Runs `f`, which may open descriptors without close-on-exec (a TSS call), while no child
-/// is being started. Calls may nest (a starting child never queues ahead of them), but `f`
-/// must not start a child itself: its [`spawn`] would wait [`SPAWN_WAIT`] for `f`.
+/// is being started. A call that is not nested in another first lets a waiting spawn go
+/// ahead. Calls may nest (a nested call never waits for a spawn, which could not go ahead
+/// anyway), but `f` must not start a child itself: its [`spawn`] would wait [`SPAWN_WAIT`]
+/// for `f`. Nor should `f` wait for another thread's call, which would wait behind a
+/// waiting spawn, which waits for `f`, until the spawn's deadline.
 pub fn with_c_descriptors<T>(f: impl FnOnce() -> T) -> T {
+    let outermost = DEPTH.with(Cell::get) == 0;
+    if outermost {
+        // Bounded: a spawn stops waiting at its deadline.
+        while SPAWNS_WAITING.load(Ordering::SeqCst) > 0 {
+            std::thread::sleep(YIELD_POLL);
+        }
+    }
     let _open: RwLockReadGuard<'_, ()> =
         C_DESCRIPTORS.read().unwrap_or_else(PoisonError::into_inner);
+    DEPTH.with(|depth| depth.set(depth.get() + 1));
+    let _depth = Leave;
     f()
+}
+
+/// Counts a [`with_c_descriptors`] call out of its thread's depth, also when `f` panics.
+struct Leave;
+
+impl Drop for Leave {
+    fn drop(&mut self) {
+        DEPTH.with(|depth| depth.set(depth.get() - 1));
+    }
+}
+
+/// Counts a spawn as waiting while it lives.
+struct Waiting;
+
+impl Waiting {
+    fn start() -> Self {
+        SPAWNS_WAITING.fetch_add(1, Ordering::SeqCst);
+        Waiting
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        SPAWNS_WAITING.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Starting children: while the guard lives, no [`with_c_descriptors`] call runs. Waits at
@@ -43,10 +97,11 @@ pub fn spawning() -> Option<RwLockWriteGuard<'static, ()>> {
     spawning_within(SPAWN_WAIT)
 }
 
-/// Polls instead of queueing, so that waiting children never block new calls (nor a
-/// nested one, which would deadlock behind a queued writer).
+/// Polls instead of queueing on the lock, so that a nested call never waits behind a queued
+/// writer (which would deadlock); new calls wait for [`SPAWNS_WAITING`] instead.
 fn spawning_within(wait: Duration) -> Option<RwLockWriteGuard<'static, ()>> {
     let deadline = Instant::now() + wait;
+    let _waiting = Waiting::start();
     loop {
         match C_DESCRIPTORS.try_write() {
             Ok(guard) => return Some(guard),
@@ -85,11 +140,18 @@ pub fn output(command: &mut Command) -> io::Result<Output> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::{Arc, Barrier};
+    use std::sync::atomic::AtomicBool;
+    use std::sync::{Arc, Barrier, Mutex, MutexGuard};
+
+    /// The lock and the count of waiting spawns are one per process: these tests take turns.
+    fn alone() -> MutexGuard<'static, ()> {
+        static TURN: Mutex<()> = Mutex::new(());
+        TURN.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 
     #[test]
     fn a_spawn_waits_for_the_calls_in_flight() {
+        let _turn = alone();
         let inside = Arc::new(AtomicBool::new(false));
         let entered = Arc::new(Barrier::new(2));
         let call = {
@@ -116,6 +178,7 @@ mod tests {
 
     #[test]
     fn a_spawn_gives_up_waiting_at_its_deadline() {
+        let _turn = alone();
         with_c_descriptors(|| {
             assert!(spawning_within(Duration::from_millis(50)).is_none());
         });
@@ -123,6 +186,7 @@ mod tests {
 
     #[test]
     fn calls_run_side_by_side_and_children_start_after_them() {
+        let _turn = alone();
         let (tx, rx) = std::sync::mpsc::channel();
         with_c_descriptors(|| {
             // A second call on another thread runs while this one is in flight.
@@ -132,5 +196,66 @@ mod tests {
         });
         let out = output(Command::new("true").arg("x")).unwrap();
         assert!(out.status.success());
+    }
+
+    #[test]
+    fn a_spawn_is_not_kept_waiting_by_calls_that_overlap_without_pause() {
+        let _turn = alone();
+        let stop = Arc::new(AtomicBool::new(false));
+        let calls: Vec<_> = (0..2u64)
+            .map(|n| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    // Two threads whose calls overlap: at no moment is no call in flight.
+                    std::thread::sleep(Duration::from_millis(n));
+                    let mut made = 0u32;
+                    while !stop.load(Ordering::SeqCst) {
+                        with_c_descriptors(|| std::thread::sleep(Duration::from_millis(2)));
+                        made += 1;
+                    }
+                    made
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(20));
+        let guard = spawning_within(Duration::from_secs(5));
+        let got = guard.is_some();
+        drop(guard);
+        stop.store(true, Ordering::SeqCst);
+        let made: Vec<u32> = calls.into_iter().map(|c| c.join().unwrap()).collect();
+        assert!(made.iter().all(|&m| m > 0), "the calls ran: {made:?}");
+        assert!(got, "the calls kept the spawn waiting until its deadline");
+    }
+
+    #[test]
+    fn a_nested_call_runs_while_a_spawn_waits_for_its_outer_call() {
+        let _turn = alone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let nested_ran = with_c_descriptors(|| {
+            let spawner = std::thread::spawn(move || {
+                let got = spawning_within(Duration::from_secs(2)).is_some();
+                tx.send(got).unwrap();
+            });
+            let since = Instant::now();
+            while SPAWNS_WAITING.load(Ordering::SeqCst) == 0 {
+                assert!(
+                    since.elapsed() < Duration::from_secs(10),
+                    "the spawn never waited"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            // Waiting here for the spawn would keep the outer call, and so the spawn,
+            // waiting until its deadline.
+            let ran = with_c_descriptors(|| true);
+            drop(spawner);
+            ran
+        });
+        assert!(nested_ran);
+        assert_eq!(
+            rx.recv_timeout(Duration::from_secs(10)),
+            Ok(true),
+            "the nested call waited for the spawn, which waited for it"
+        );
+        assert_eq!(DEPTH.with(Cell::get), 0, "the calls were counted out");
     }
 }

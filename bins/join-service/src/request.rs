@@ -5,7 +5,7 @@
 
 use crate::error::JoinError;
 use crate::release::ClusterRelease;
-use asterism_cluster::{BootstrapToken, Role};
+use asterism_cluster::{BootstrapToken, ControlPlaneFile, Role};
 use asterism_kms::{DataKey, DiskUuid};
 use asterism_pki::{KubeletCsr, parse_wire_public_key};
 use asterism_proto::join::{
@@ -13,7 +13,6 @@ use asterism_proto::join::{
     IssueRejoinTicketRequest, IssueRejoinTicketResponse,
 };
 use std::net::SocketAddr;
-use zeroize::Zeroizing;
 
 /// The SSH host key of a joining node.
 pub(crate) type HostKey = ssh_key::PublicKey;
@@ -83,23 +82,6 @@ impl TryFrom<IssueRejoinTicketRequest> for RejoinRequest {
     }
 }
 
-/// A control-plane certificate or key, relative to kubeadm's certificate directory.
-pub(crate) struct ControlPlaneFile {
-    /// One of [`asterism_cluster::CONTROL_PLANE_FILES`].
-    pub name: &'static str,
-    /// The content (secret for keys).
-    pub data: Zeroizing<Vec<u8>>,
-}
-
-impl std::fmt::Debug for ControlPlaneFile {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ControlPlaneFile")
-            .field("name", &self.name)
-            .field("len", &self.data.len())
-            .finish_non_exhaustive()
-    }
-}
-
 /// What a join ticket carries.
 pub(crate) struct JoinTicket<'a> {
     /// The node's state-disk key.
@@ -146,7 +128,7 @@ impl From<JoinTicket<'_>> for IssueJoinTicketResponse {
                 .control_plane_files
                 .into_iter()
                 .map(|f| ControlPlaneCertOrKey {
-                    name: f.name.to_owned(),
+                    name: f.name,
                     data: f.data.to_vec(),
                 })
                 .collect(),

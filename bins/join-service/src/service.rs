@@ -6,12 +6,14 @@ use crate::error::{DenyReason, JoinError, chain};
 use crate::keys::KeySource;
 use crate::metrics::Metrics;
 use crate::release::ClusterRelease;
-use crate::request::{ControlPlaneFile, JoinRequest, JoinTicket, RejoinRequest, RejoinTicket};
+use crate::request::{JoinRequest, JoinTicket, RejoinRequest, RejoinTicket};
 use crate::state::{Admission, ClusterState, Member, StateError};
 use asterism_atls::{AtlsConnectInfo, VerifiedPeer};
 use asterism_attestation::AkFingerprint;
 use asterism_binkit::RateLimiter;
-use asterism_cluster::{API_SERVER_PORT, CONTROL_PLANE_FILES, REQUIRED_CONTROL_PLANE_FILES, Role};
+use asterism_cluster::{
+    API_SERVER_PORT, CONTROL_PLANE_FILES, ControlPlaneFile, REQUIRED_CONTROL_PLANE_FILES, Role,
+};
 use asterism_kms::{
     ChannelBinding, ControlPlaneSigner, DataKey, KeyId, Purpose, STATE_DISK_KEY_LEN,
 };
@@ -535,7 +537,7 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
                 let path = dir.join(name);
                 match read_capped(&path) {
                     Ok(data) => out.push(ControlPlaneFile {
-                        name,
+                        name: name.to_owned(),
                         data: Zeroizing::new(data),
                     }),
                     Err(e)
@@ -873,8 +875,8 @@ mod tests {
         let pki = tempfile::tempdir().unwrap();
         let state = tempfile::tempdir().unwrap();
         let s = service(Arc::default(), pki.path(), state.path());
-        let names = |files: &[ControlPlaneFile]| -> Vec<&'static str> {
-            files.iter().map(|f| f.name).collect()
+        let names = |files: &[ControlPlaneFile]| -> Vec<String> {
+            files.iter().map(|f| f.name.clone()).collect()
         };
 
         // Nothing there: the CA files are missing.

@@ -47,6 +47,25 @@ pub const CONTROL_PLANE_FILES: [&str; 8] = [
     "etcd/ca.crt",
 ];
 
+/// One of the [`CONTROL_PLANE_FILES`] as the join service sends it and the bootstrapper
+/// hands it to kubeadm. Its `Debug` shows the name and the length, never the content.
+pub struct ControlPlaneFile {
+    /// The name relative to the certificate directory (`ca.key`, `etcd/ca.crt`). The
+    /// receiver checks it (kubeadm's set-up takes only a plain relative path).
+    pub name: String,
+    /// The content (secret for keys).
+    pub data: zeroize::Zeroizing<Vec<u8>>,
+}
+
+impl std::fmt::Debug for ControlPlaneFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlPlaneFile")
+            .field("name", &self.name)
+            .field("len", &self.data.len())
+            .finish_non_exhaustive()
+    }
+}
+
 /// Of [`CONTROL_PLANE_FILES`], the ones that must exist; the others are sent when present
 /// (in local mode, without Kubernetes, only the cluster CA exists).
 pub const REQUIRED_CONTROL_PLANE_FILES: [&str; 2] = ["ca.crt", "ca.key"];
@@ -54,6 +73,20 @@ pub const REQUIRED_CONTROL_PLANE_FILES: [&str; 2] = ["ca.crt", "ca.key"];
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_control_plane_file_shows_its_name_and_length_never_its_content() {
+        let file = ControlPlaneFile {
+            name: "ca.key".into(),
+            data: zeroize::Zeroizing::new(b"-----BEGIN PRIVATE KEY-----secret".to_vec()),
+        };
+        let shown = format!("{file:?}");
+        assert!(shown.contains("ca.key") && shown.contains("33"), "{shown}");
+        assert!(
+            !shown.contains("secret") && !shown.contains("BEGIN"),
+            "{shown}"
+        );
+    }
 
     #[test]
     fn the_required_control_plane_files_are_control_plane_files() {

@@ -18,7 +18,7 @@ use super::runner::{
 };
 use asterism_components::{CheckedComponents, ComponentError, Installer};
 
-pub use asterism_cluster::CONTROL_PLANE_FILES;
+pub use asterism_cluster::{CONTROL_PLANE_FILES, ControlPlaneFile};
 
 /// How often a join is tried, back to back: joining sometimes fails transiently (a download,
 /// the API server not answering yet), and a failed join makes the node reset its disk.
@@ -39,23 +39,6 @@ pub enum SetupError {
     /// A control-plane file name is not a plain relative path.
     #[error("control-plane file name {0:?} is not a plain relative path")]
     ControlPlaneFileName(String),
-}
-
-/// A control-plane certificate or key for `<kubernetes dir>/pki/<name>`.
-pub struct ControlPlaneFile {
-    /// The name relative to the certificate directory (`ca.key`, `etcd/ca.crt`).
-    pub name: String,
-    /// The content (secret for keys).
-    pub data: Zeroizing<Vec<u8>>,
-}
-
-impl std::fmt::Debug for ControlPlaneFile {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ControlPlaneFile")
-            .field("name", &self.name)
-            .field("len", &self.data.len())
-            .finish()
-    }
 }
 
 /// Where the setup finds its programs and puts its files.

@@ -9,6 +9,7 @@ use asterism_atls::AtlsServer;
 use asterism_basics::shares::{Share, Shares};
 use asterism_binkit::grpc;
 pub use asterism_binkit::grpc::Limits;
+use asterism_binkit::socket::{PrivateSocket, SocketError};
 use asterism_metadata::Metadata;
 use asterism_proto::join::api_server::ApiServer;
 use bytes::Bytes;
@@ -21,7 +22,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
-use tokio::net::{TcpListener, TcpSocket, UnixListener};
+use tokio::net::{TcpListener, TcpSocket};
 use tonic::service::Routes;
 
 /// Listen backlog of [`bind_listener`]. A burst of nodes connecting at once waits in it;
@@ -215,17 +216,16 @@ impl Accept for TcpListener {
 /// The admin socket: only connections of this process's user (or root) are served; the
 /// socket's mode already keeps others out, and the peer's credentials are checked too.
 /// One user's connections count against one address.
-impl Accept for UnixListener {
+impl Accept for PrivateSocket {
     type Io = tokio::net::UnixStream;
     async fn accept_io(&self) -> std::io::Result<Option<Self::Io>> {
-        let (stream, _) = self.accept().await?;
+        let (stream, _) = self.listener.accept().await?;
         let uid = stream.peer_cred()?.uid();
         // std does not expose geteuid; the socket file is ours, so its owner is our
-        // effective user.
-        let own = self
-            .local_addr()?
-            .as_pathname()
-            .and_then(|p| std::fs::metadata(p).ok())
+        // effective user. (The listener's own address is where it was bound, in a
+        // directory since removed; the file is at the socket's path.)
+        let own = std::fs::metadata(self.file.path())
+            .ok()
             .map(|m| std::os::unix::fs::MetadataExt::uid(&m));
         if uid == 0 || Some(uid) == own {
             Ok(Some(stream))
@@ -293,30 +293,19 @@ where
     http_loop(listener, service, Endpoints::Public(access), shutdown).await
 }
 
-/// Binds the admin socket at `path` (a stale socket there is replaced), mode 0600: keep it
-/// in a directory only the service's user can enter.
-pub fn bind_admin_socket(path: &std::path::Path) -> std::io::Result<UnixListener> {
-    use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path)?,
-        Ok(_) => {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::AlreadyExists,
-                format!("{} exists and is no socket", path.display()),
-            ));
-        }
-        Err(_) => {}
-    }
-    let listener = UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    Ok(listener)
+/// Binds the admin socket at `path` with mode 0600 from its first moment
+/// ([`asterism_binkit::socket`]): a stale socket there is replaced, a socket another join
+/// service still answers on, or any other file, is refused.
+pub fn bind_admin_socket(path: &std::path::Path) -> Result<PrivateSocket, SocketError> {
+    asterism_binkit::socket::bind_private(path)
 }
 
 /// Serves the operator's endpoints on the admin socket until `shutdown` completes:
 /// `GET /v1/members`, and `POST /v1/members/<name>/readmit` (`asterism readmit`), which
-/// lets a member that comes back with another attestation key receive a ticket once.
+/// lets a member that comes back with another attestation key receive a ticket once. The
+/// socket file is removed afterwards.
 pub async fn serve_admin<M, K, S>(
-    listener: UnixListener,
+    socket: PrivateSocket,
     service: JoinService<M, K, S>,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()>
@@ -325,7 +314,7 @@ where
     K: KeySource,
     S: ClusterState,
 {
-    http_loop(listener, service, Endpoints::Admin, shutdown).await
+    http_loop(socket, service, Endpoints::Admin, shutdown).await
 }
 
 /// Connections an HTTP listener (metrics and health, or the admin socket) serves at once.

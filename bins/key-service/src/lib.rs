@@ -33,7 +33,8 @@ mod secret_file;
 mod serve;
 mod service;
 
-pub use listen::{BindError, Listener, SocketFile};
+pub use asterism_binkit::socket::{SocketError, SocketFile};
+pub use listen::{BindError, Listener};
 pub use secret_file::{MAX_SECRET_FILE_LEN, SecretFileError, read_secret_file};
 pub use serve::{
     ATLS_CONNECTIONS, ATLS_LIMITS, BoxError, LIMITS, Limits, ServeError, serve, serve_with_limits,

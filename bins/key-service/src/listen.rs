@@ -10,10 +10,8 @@
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
 
+use asterism_binkit::socket::{PrivateSocket, SocketError, SocketFile, bind_private};
 use asterism_kms::KeyServiceAddress;
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
@@ -24,26 +22,9 @@ use crate::service::KeyService;
 /// Why binding failed.
 #[derive(Debug, thiserror::Error)]
 pub enum BindError {
-    /// The socket path has no parent directory or no file name.
-    #[error("the socket path {} has no parent directory or file name", .0.display())]
-    BadPath(PathBuf),
-    /// Something other than a socket is at the socket path.
-    #[error("refusing to replace {}: it exists and is not a socket", .0.display())]
-    NotASocket(PathBuf),
-    /// A running server answers on the socket path.
-    #[error("{} is in use: a running server accepts connections on it", .0.display())]
-    InUse(PathBuf),
-    /// A file-system step failed.
-    #[error("cannot {action} {}", path.display())]
-    Io {
-        /// What was being done.
-        action: &'static str,
-        /// On which path.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
+    /// The Unix socket could not be bound (`asterism_binkit::socket`).
+    #[error(transparent)]
+    Socket(#[from] SocketError),
     /// A TCP address: plaintext on TCP is open to every local user.
     #[error(
         "refusing plaintext gRPC on {addr}: any local user could connect to a TCP port and derive every key; listen on a Unix socket (unix:/path, created mode 0600) instead"
@@ -52,15 +33,6 @@ pub enum BindError {
         /// The address.
         addr: SocketAddr,
     },
-}
-
-fn io_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> BindError {
-    let path = path.to_owned();
-    move |source| BindError::Io {
-        action,
-        path,
-        source,
-    }
 }
 
 /// A bound listener, ready to serve.
@@ -83,7 +55,13 @@ impl Listener {
     /// left alone and reported.
     pub async fn bind(address: &KeyServiceAddress) -> Result<Listener, BindError> {
         match address {
-            KeyServiceAddress::Unix(path) => bind_unix(path),
+            KeyServiceAddress::Unix(path) => {
+                let PrivateSocket { listener, file } = bind_private(path)?;
+                Ok(Listener::Unix {
+                    listener,
+                    socket: file,
+                })
+            }
             KeyServiceAddress::Tcp(addr) => Err(BindError::PlaintextTcp { addr: *addr }),
         }
     }
@@ -92,7 +70,7 @@ impl Listener {
     /// the actual port when port 0 was asked for).
     pub fn local_addr(&self) -> io::Result<KeyServiceAddress> {
         match self {
-            Self::Unix { socket, .. } => Ok(KeyServiceAddress::Unix(socket.path.clone())),
+            Self::Unix { socket, .. } => Ok(KeyServiceAddress::Unix(socket.path().to_owned())),
         }
     }
 
@@ -114,98 +92,4 @@ impl Listener {
             }
         }
     }
-}
-
-/// The socket file of a bound Unix listener. Dropping it removes the file, if the file at
-/// the path is still this socket.
-#[derive(Debug)]
-pub struct SocketFile {
-    path: PathBuf,
-    dev: u64,
-    ino: u64,
-}
-
-impl SocketFile {
-    /// The socket path.
-    #[must_use]
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-}
-
-impl Drop for SocketFile {
-    fn drop(&mut self) {
-        let ours = std::fs::symlink_metadata(&self.path)
-            .map(|m| m.file_type().is_socket() && m.dev() == self.dev && m.ino() == self.ino)
-            .unwrap_or(false);
-        if ours && let Err(err) = std::fs::remove_file(&self.path) {
-            tracing::warn!(path = %self.path.display(), error = %err, "cannot remove the socket file");
-        }
-    }
-}
-
-fn bind_unix(path: &Path) -> Result<Listener, BindError> {
-    let (Some(parent), Some(_)) = (path.parent(), path.file_name()) else {
-        return Err(BindError::BadPath(path.to_owned()));
-    };
-    let parent = if parent.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        parent
-    };
-
-    remove_stale_socket(path)?;
-
-    // Bind inside a private directory so that nobody can connect before the mode is set.
-    let nonce = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    let private_dir = parent.join(format!(".{}.{:x}", std::process::id(), nonce));
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&private_dir)
-        .map_err(io_err("create the private directory", &private_dir))?;
-    let staged = private_dir.join("s");
-    let result = (|| {
-        let listener = UnixListener::bind(&staged).map_err(io_err("bind", &staged))?;
-        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))
-            .map_err(io_err("set mode 0600 on", &staged))?;
-        std::fs::rename(&staged, path).map_err(io_err("move the socket to", path))?;
-        Ok(listener)
-    })();
-    let cleanup = std::fs::remove_dir_all(&private_dir);
-    let listener = result?;
-    if let Err(err) = cleanup {
-        tracing::warn!(path = %private_dir.display(), error = %err, "cannot remove the private directory");
-    }
-
-    let meta = std::fs::symlink_metadata(path).map_err(io_err("inspect", path))?;
-    tracing::debug!(path = %path.display(), "bound unix socket with mode 0600");
-    Ok(Listener::Unix {
-        listener,
-        socket: SocketFile {
-            path: path.to_owned(),
-            dev: meta.dev(),
-            ino: meta.ino(),
-        },
-    })
-}
-
-/// Removes a socket left behind at `path` by a server that is gone. Refuses if anything
-/// other than a socket is there, or if a server still answers on it.
-fn remove_stale_socket(path: &Path) -> Result<(), BindError> {
-    let meta = match std::fs::symlink_metadata(path) {
-        Ok(meta) => meta,
-        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(err) => return Err(io_err("inspect", path)(err)),
-    };
-    if !meta.file_type().is_socket() {
-        return Err(BindError::NotASocket(path.to_owned()));
-    }
-    if std::os::unix::net::UnixStream::connect(path).is_ok() {
-        return Err(BindError::InUse(path.to_owned()));
-    }
-    tracing::info!(path = %path.display(), "removing a stale socket");
-    std::fs::remove_file(path).map_err(io_err("remove the stale socket", path))
 }

@@ -271,9 +271,11 @@ async fn the_admin_socket_is_private_and_readmits_members() {
 
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("admin.sock");
-    // A stale socket of an earlier run is replaced; a regular file is not.
+    // A stale socket of an earlier run is replaced; a regular file is not, nor the socket
+    // of a service still running.
     drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
     let listener = asterism_join_service::bind_admin_socket(&path).unwrap();
+    assert!(asterism_join_service::bind_admin_socket(&path).is_err());
     let mode = std::fs::metadata(&path).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600);
     let file = dir.path().join("file");
@@ -321,6 +323,7 @@ async fn the_admin_socket_is_private_and_readmits_members() {
     assert!(r.contains(&newfp.to_string()), "{r}");
 
     server.stop().await;
+    assert!(!path.exists(), "the stopped service left its socket file");
     js.stop().await;
 }
 

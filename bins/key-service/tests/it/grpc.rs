@@ -7,7 +7,9 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use crate::common::*;
-use asterism_key_service::{BindError, KeyService, LIMITS, Limits, Listener, MAX_KEY_LEN, serve};
+use asterism_key_service::{
+    BindError, KeyService, LIMITS, Limits, Listener, MAX_KEY_LEN, SocketError, serve,
+};
 use asterism_kms::KeyServiceAddress;
 use asterism_kms::{ClusterKms, MasterSecret, Salt};
 use asterism_proto::kms::api_client::ApiClient;
@@ -349,7 +351,10 @@ async fn a_file_that_is_not_a_socket_is_never_replaced() {
     let err = Listener::bind(&KeyServiceAddress::Unix(path.clone()))
         .await
         .unwrap_err();
-    assert!(matches!(err, BindError::NotASocket(_)), "{err}");
+    assert!(
+        matches!(err, BindError::Socket(SocketError::NotASocket(_))),
+        "{err}"
+    );
     assert_eq!(std::fs::read(&path).unwrap(), b"precious");
 }
 
@@ -360,7 +365,10 @@ async fn a_live_socket_is_never_taken_over() {
     let err = Listener::bind(&KeyServiceAddress::Unix(path.clone()))
         .await
         .unwrap_err();
-    assert!(matches!(err, BindError::InUse(_)), "{err}");
+    assert!(
+        matches!(err, BindError::Socket(SocketError::InUse(_))),
+        "{err}"
+    );
     // The first server still answers.
     let mut client = ApiClient::new(unix_channel(&path, TIMEOUT).await);
     assert_eq!(

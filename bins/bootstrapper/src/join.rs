@@ -12,12 +12,13 @@ use std::sync::Arc;
 
 use asterism_binkit::error_chain;
 use asterism_cluster::Role;
-use asterism_kms::{ClusterId, DiskUuid, Purpose};
+use asterism_kms::{ChannelBinding, ClusterId, DiskUuid, Purpose};
 use asterism_metadata::Metadata;
 use asterism_proto::join::api_client::ApiClient;
 use asterism_proto::join::{IssueJoinTicketRequest, IssueRejoinTicketRequest};
 use prost::Message as _;
 use tokio::sync::watch;
+use tonic::transport::Channel;
 use tracing::{debug, info, warn};
 use zeroize::Zeroizing;
 
@@ -44,6 +45,24 @@ fn dialer<M>(node: &Node<M>) -> Result<Dialer, StepError> {
 /// This round's join service endpoints: the control-plane endpoint, then every
 /// control-plane instance's VPC IP; empty or unparsable hosts are skipped, and so is this
 /// node's own address.
+/// Dials the join service at `addr` and makes one call on the channel: the answer, and the
+/// binding of the connection it came on (which the ticket's checks need).
+async fn ask<M, R>(
+    dialer: &Dialer,
+    addr: SocketAddr,
+    node: &Node<M>,
+    call: impl AsyncFnOnce(ApiClient<Channel>) -> Result<tonic::Response<R>, tonic::Status>,
+) -> Result<(R, Option<ChannelBinding>), StepError> {
+    let dialed = dialer.dial(addr, node.config.rpc_timeout).await?;
+    let answer = call(ApiClient::new(dialed.channel.clone()))
+        .await
+        .map_err(|status| StepError::JoinService {
+            endpoint: addr,
+            status,
+        })?;
+    Ok((answer.into_inner(), dialed.binding()))
+}
+
 async fn endpoints<M: Metadata>(node: &Node<M>) -> Vec<SocketAddr> {
     let timeout = node.config.rpc_timeout;
     let mut hosts: Vec<IpAddr> = Vec::new();
@@ -161,17 +180,9 @@ async fn join_round<M: Metadata>(
             host_certificate_principals: principals.clone(),
         };
         info!(step = "join", attempt, endpoint = %addr, "asking the join service for a join ticket");
-        let response = async {
-            let dialed = dialer.dial(addr, node.config.rpc_timeout).await?;
-            let r = ApiClient::new(dialed.channel.clone())
-                .issue_join_ticket(request)
-                .await
-                .map_err(|status| StepError::JoinService {
-                    endpoint: addr,
-                    status,
-                })?;
-            Ok::<_, StepError>((r, dialed.binding()))
-        };
+        let response = ask(dialer, addr, node, async |mut api| {
+            api.issue_join_ticket(request).await
+        });
         match response.await {
             Ok((r, binding)) => {
                 let for_node = ForNode {
@@ -187,7 +198,7 @@ async fn join_round<M: Metadata>(
                     binding,
                     components_dirs: &node.config.components_dirs,
                 };
-                match ticket::check(r.into_inner(), &for_node) {
+                match ticket::check(r, &for_node) {
                     Ok(ticket) => {
                         info!(step = "join", endpoint = %addr, "received a join ticket");
                         return Some((ticket, csr.key_pem));
@@ -259,22 +270,14 @@ async fn rejoin_round<M: Metadata>(
     for addr in endpoints {
         node.config.join_service.warn_if_insecure("rejoin");
         info!(step = "rejoin", attempt, endpoint = %addr, "asking for a rejoin ticket");
-        let response = async {
-            let dialed = dialer.dial(addr, node.config.rpc_timeout).await?;
-            let r = ApiClient::new(dialed.channel.clone())
-                .issue_rejoin_ticket(IssueRejoinTicketRequest {
-                    disk_uuid: uuid.as_str().to_owned(),
-                })
-                .await
-                .map_err(|status| StepError::JoinService {
-                    endpoint: addr,
-                    status,
-                })?;
-            Ok::<_, StepError>((r, dialed.binding()))
+        let request = IssueRejoinTicketRequest {
+            disk_uuid: uuid.as_str().to_owned(),
         };
+        let response = ask(dialer, addr, node, async |mut api| {
+            api.issue_rejoin_ticket(request).await
+        });
         match response.await {
-            Ok((r, binding)) => {
-                let mut r = r.into_inner();
+            Ok((mut r, binding)) => {
                 let signature = std::mem::take(&mut r.control_plane_signature);
                 let signed = Zeroizing::new(r.encode_to_vec());
                 let keys: Result<_, TicketError> = node

@@ -328,23 +328,20 @@ struct Parts {
 }
 
 async fn serve_with<S: ClusterState>(args: &Args, parts: Parts, state: S) -> anyhow::Result<()> {
-    let Parts {
-        init_node,
-        metadata,
-        keys,
-        ca,
-        config,
-        atls,
-        metrics,
-        stop_rx,
-    } = parts;
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
-    if let Some(init) = &init_node {
+    if let Some(init) = &parts.init_node {
         record_init_node(init, &state).await?;
     }
-    let service = JoinService::new(metadata, keys, state, ca, config, metrics)?;
+    let service = JoinService::new(
+        parts.metadata,
+        parts.keys,
+        state,
+        parts.ca,
+        parts.config,
+        parts.metrics,
+    )?;
 
     let listener = asterism_join_service::bind_listener(args.listen)
         .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -368,7 +365,7 @@ async fn serve_with<S: ClusterState>(args: &Args, parts: Parts, state: S) -> any
                 l,
                 service.clone(),
                 access,
-                stopped(stop_rx.clone()),
+                stopped(parts.stop_rx.clone()),
             )))
         }
         None => None,
@@ -381,15 +378,21 @@ async fn serve_with<S: ClusterState>(args: &Args, parts: Parts, state: S) -> any
             Some(tokio::spawn(asterism_join_service::serve_admin(
                 l,
                 service.clone(),
-                stopped(stop_rx.clone()),
+                stopped(parts.stop_rx.clone()),
             )))
         }
         None => None,
     };
     tracing::info!(listen = %listener.local_addr()?, key_service = ?args.key_service, metadata = %args.metadata_url, "join service listening (attested TLS, nodes must attest)");
-    asterism_join_service::serve(listener, atls, service, &LIMITS, stopped(stop_rx))
-        .await
-        .context("the gRPC server failed")?;
+    asterism_join_service::serve(
+        listener,
+        parts.atls,
+        service,
+        &LIMITS,
+        stopped(parts.stop_rx),
+    )
+    .await
+    .context("the gRPC server failed")?;
     for h in [http, admin].into_iter().flatten() {
         let _ = h.await;
     }

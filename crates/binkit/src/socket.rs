@@ -192,6 +192,10 @@ mod tests {
         assert!(matches!(err, SocketError::NotASocket(_)), "{err}");
         assert_eq!(std::fs::read(&file).unwrap(), b"precious");
 
+        // A path that cannot be looked at is an error, not a free path.
+        let err = bind_private(&file.join("s.sock")).unwrap_err();
+        assert!(err.to_string().starts_with("cannot inspect"), "{err}");
+
         let err = bind_private(Path::new("/")).unwrap_err();
         assert!(matches!(err, SocketError::BadPath(_)), "{err}");
     }

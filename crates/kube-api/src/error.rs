@@ -182,6 +182,14 @@ pub enum ApiError {
 }
 
 impl ApiError {
+    /// What makes the [`ApiError::Malformed`] errors of one `object` from their details.
+    pub(crate) fn malformed_in(object: String) -> impl Fn(&str) -> ApiError {
+        move |detail| ApiError::Malformed {
+            object: object.clone(),
+            detail: detail.to_owned(),
+        }
+    }
+
     /// Whether the same call may succeed later without anyone changing the cluster: the API
     /// server is unreachable, overloaded or failing, a race was lost, or another control-plane
     /// node is joining.

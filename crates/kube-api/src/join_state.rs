@@ -188,14 +188,10 @@ impl MemberRecord {
     }
 
     fn from_config_map(cm: &ConfigMap) -> Result<Self> {
-        let object = format!(
+        let malformed = ApiError::malformed_in(format!(
             "ConfigMap {NAMESPACE}/{}",
             cm.metadata.name.as_deref().unwrap_or_default()
-        );
-        let malformed = |detail: &str| ApiError::Malformed {
-            object: object.clone(),
-            detail: detail.to_owned(),
-        };
+        ));
         let data = cm.data.as_ref().ok_or_else(|| malformed("no data"))?;
         let field = |k: &str| {
             data.get(k)
@@ -332,10 +328,7 @@ impl ClusterApi {
         let Some(cm) = self.config_map(&name).await? else {
             return Ok(None);
         };
-        let malformed = |detail: &str| ApiError::Malformed {
-            object: format!("ConfigMap {NAMESPACE}/{name}"),
-            detail: detail.to_owned(),
-        };
+        let malformed = ApiError::malformed_in(format!("ConfigMap {NAMESPACE}/{name}"));
         let data = cm.data.as_ref().ok_or_else(|| malformed("no data"))?;
         let ak = data
             .get("ak")
@@ -431,10 +424,7 @@ impl ClusterApi {
         let Some(cm) = self.config_map(&name).await? else {
             return Ok(None);
         };
-        let malformed = |detail: &str| ApiError::Malformed {
-            object: format!("ConfigMap {NAMESPACE}/{name}"),
-            detail: detail.to_owned(),
-        };
+        let malformed = ApiError::malformed_in(format!("ConfigMap {NAMESPACE}/{name}"));
         let data = cm.data.as_ref();
         let claimed = data.and_then(|d| Some((d.get("ak")?, d.get("member")?)));
         let member = match claimed {

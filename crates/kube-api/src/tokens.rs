@@ -64,10 +64,7 @@ pub fn token_secret(token: &ExpiringToken) -> Result<Secret> {
 /// expiration.
 pub fn token_from_secret(secret: &Secret) -> Result<ExpiringToken> {
     let name = secret.metadata.name.clone().unwrap_or_default();
-    let malformed = |detail: &str| ApiError::Malformed {
-        object: format!("Secret {NAMESPACE}/{name}"),
-        detail: detail.to_owned(),
-    };
+    let malformed = ApiError::malformed_in(format!("Secret {NAMESPACE}/{name}"));
     if secret.type_.as_deref() != Some(BOOTSTRAP_TOKEN_TYPE) {
         return Err(malformed("not of type bootstrap.kubernetes.io/token"));
     }

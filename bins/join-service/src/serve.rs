@@ -222,11 +222,8 @@ impl Accept for PrivateSocket {
         let (stream, _) = self.listener.accept().await?;
         let uid = stream.peer_cred()?.uid();
         // std does not expose geteuid; the socket file is ours, so its owner is our
-        // effective user. (The listener's own address is where it was bound, in a
-        // directory since removed; the file is at the socket's path.)
-        let own = std::fs::metadata(self.file.path())
-            .ok()
-            .map(|m| std::os::unix::fs::MetadataExt::uid(&m));
+        // effective user. Nobody's but root's when another file stands at the path.
+        let own = self.file.owner();
         if uid == 0 || Some(uid) == own {
             Ok(Some(stream))
         } else {

@@ -3,8 +3,9 @@
 //! The key service's gRPC socket and the join service's admin socket serve whoever connects
 //! (the admin socket checks its peer's user as well), so the file's mode is their first
 //! gate. [`bind_private`] binds the socket inside a fresh directory of mode 0700, sets the
-//! socket's mode to 0600 there, and only then moves it to its path: at no moment can
-//! another user connect through a wider mode. A socket left at the path by a server that
+//! socket's mode to 0600 there, and only then links it to its path (a link never replaces
+//! a file): at no moment can another user connect through a wider mode. The staged path
+//! is about 20 bytes longer than the socket's, within the 107 bytes a socket path may have. A socket left at the path by a server that
 //! is gone is replaced; a socket a running server still answers on, or anything that is not
 //! a socket, is left alone and reported. The [`SocketFile`] removes the socket when dropped,
 //! if the file at the path is still that socket.
@@ -62,12 +63,26 @@ impl SocketFile {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// The user who owns the socket file, if the file at the path is still this socket
+    /// (not a link, nor another file put there since).
+    #[must_use]
+    pub fn owner(&self) -> Option<u32> {
+        std::fs::symlink_metadata(&self.path)
+            .ok()
+            .filter(|m| self.is(m))
+            .map(|m| m.uid())
+    }
+
+    fn is(&self, meta: &std::fs::Metadata) -> bool {
+        meta.file_type().is_socket() && meta.dev() == self.dev && meta.ino() == self.ino
+    }
 }
 
 impl Drop for SocketFile {
     fn drop(&mut self) {
         let ours = std::fs::symlink_metadata(&self.path)
-            .map(|m| m.file_type().is_socket() && m.dev() == self.dev && m.ino() == self.ino)
+            .map(|m| self.is(&m))
             .unwrap_or(false);
         if ours && let Err(err) = std::fs::remove_file(&self.path) {
             tracing::warn!(path = %self.path.display(), error = %err, "cannot remove the socket file");
@@ -103,21 +118,23 @@ pub fn bind_private(path: &Path) -> Result<PrivateSocket, SocketError> {
             &private_dir,
         ))?;
     let staged = private_dir.join("s");
-    let result = (|| -> Result<UnixListener, SocketError> {
+    let result = (|| -> Result<(UnixListener, std::fs::Metadata), SocketError> {
         let listener =
             UnixListener::bind(&staged).map_err(PathError::at("cannot bind", &staged))?;
         std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(PRIVATE_MODE))
             .map_err(PathError::at("cannot set mode 0600 on", &staged))?;
-        std::fs::rename(&staged, path).map_err(PathError::at("cannot move the socket to", path))?;
-        Ok(listener)
+        // The inode, taken before the socket is reachable at `path`, where another file
+        // could stand by the time it is looked at.
+        let meta =
+            std::fs::symlink_metadata(&staged).map_err(PathError::at("cannot inspect", &staged))?;
+        place(&staged, path)?;
+        Ok((listener, meta))
     })();
     let cleanup = std::fs::remove_dir_all(&private_dir);
-    let listener = result?;
+    let (listener, meta) = result?;
     if let Err(err) = cleanup {
         tracing::warn!(path = %private_dir.display(), error = %err, "cannot remove the private directory");
     }
-
-    let meta = std::fs::symlink_metadata(path).map_err(PathError::at("cannot inspect", path))?;
     tracing::debug!(path = %path.display(), "bound unix socket with mode 0600");
     Ok(PrivateSocket {
         listener,
@@ -129,8 +146,24 @@ pub fn bind_private(path: &Path) -> Result<PrivateSocket, SocketError> {
     })
 }
 
+/// Links the socket at `staged` to `path`. A link, unlike a rename, never replaces what
+/// is there: a file or a live socket that appeared at `path` since it was checked is
+/// left alone, and the check runs once more (a stale socket is then removed).
+fn place(staged: &Path, path: &Path) -> Result<(), SocketError> {
+    for _ in 0..2 {
+        match std::fs::hard_link(staged, path) {
+            Ok(()) => return Ok(()),
+            Err(err) if err.kind() == io::ErrorKind::AlreadyExists => remove_stale_socket(path)?,
+            Err(err) => return Err(PathError::at("cannot link the socket to", path)(err).into()),
+        }
+    }
+    Err(SocketError::InUse(path.to_owned()))
+}
+
 /// Removes a socket left behind at `path` by a server that is gone. Refuses if anything
-/// other than a socket is there, or if a server still answers on it.
+/// other than a socket is there, or if a server may still answer on it: only a refused
+/// connection means that none does (another user's live socket that this one may not
+/// connect to is not stale).
 fn remove_stale_socket(path: &Path) -> Result<(), SocketError> {
     let meta = match std::fs::symlink_metadata(path) {
         Ok(meta) => meta,
@@ -140,8 +173,10 @@ fn remove_stale_socket(path: &Path) -> Result<(), SocketError> {
     if !meta.file_type().is_socket() {
         return Err(SocketError::NotASocket(path.to_owned()));
     }
-    if std::os::unix::net::UnixStream::connect(path).is_ok() {
-        return Err(SocketError::InUse(path.to_owned()));
+    match std::os::unix::net::UnixStream::connect(path) {
+        Err(err) if err.kind() == io::ErrorKind::ConnectionRefused => {}
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(()),
+        _ => return Err(SocketError::InUse(path.to_owned())),
     }
     tracing::info!(path = %path.display(), "removing a stale socket");
     std::fs::remove_file(path).map_err(PathError::at("cannot remove the stale socket", path))?;
@@ -151,6 +186,10 @@ fn remove_stale_socket(path: &Path) -> Result<(), SocketError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn mode_owner(path: &Path) -> u32 {
+        std::fs::symlink_metadata(path).unwrap().uid()
+    }
 
     fn mode(path: &Path) -> u32 {
         std::fs::symlink_metadata(path)
@@ -168,6 +207,10 @@ mod tests {
         let socket = bind_private(&path).unwrap();
         assert_eq!(mode(&path), 0o600);
         assert_eq!(socket.file.path(), path);
+        // Bound elsewhere (in the private directory), never at the path with another mode.
+        let bound = socket.listener.local_addr().unwrap();
+        assert_ne!(bound.as_pathname(), Some(path.as_path()));
+        assert_eq!(socket.file.owner(), Some(mode_owner(&path)));
         // Only the socket is left: the private directory it was bound in is gone.
         let entries: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
         assert_eq!(entries.len(), 1);
@@ -208,9 +251,35 @@ mod tests {
         // Another server replaces the file (ours stays bound to the unlinked inode).
         std::fs::remove_file(&path).unwrap();
         let theirs = bind_private(&path).unwrap();
+        assert_eq!(
+            ours.file.owner(),
+            None,
+            "another file is not ours to vouch for"
+        );
         drop(ours);
         assert!(path.exists(), "another server's socket was removed");
         drop(theirs);
         assert!(!path.exists());
+    }
+
+    #[tokio::test]
+    async fn a_file_that_appears_before_the_socket_is_linked_is_never_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let staged = dir.path().join("staged");
+        let _listener = UnixListener::bind(&staged).unwrap();
+        let path = dir.path().join("s.sock");
+        std::fs::write(&path, b"precious").unwrap();
+        let err = place(&staged, &path).unwrap_err();
+        assert!(matches!(err, SocketError::NotASocket(_)), "{err}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"precious");
+        // A live socket there is not replaced either.
+        std::fs::remove_file(&path).unwrap();
+        let live = UnixListener::bind(&path).unwrap();
+        let err = place(&staged, &path).unwrap_err();
+        assert!(matches!(err, SocketError::InUse(_)), "{err}");
+        drop(live);
+        // Now stale: removed, and the socket is linked.
+        place(&staged, &path).unwrap();
+        std::os::unix::net::UnixStream::connect(&path).unwrap();
     }
 }

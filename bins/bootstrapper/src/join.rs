@@ -42,9 +42,6 @@ fn dialer<M>(node: &Node<M>) -> Result<Dialer, StepError> {
     )?)
 }
 
-/// This round's join service endpoints: the control-plane endpoint, then every
-/// control-plane instance's VPC IP; empty or unparsable hosts are skipped, and so is this
-/// node's own address.
 /// Dials the join service at `addr` and makes one call on the channel: the answer, and the
 /// binding of the connection it came on (which the ticket's checks need).
 async fn ask<M, R>(
@@ -63,6 +60,9 @@ async fn ask<M, R>(
     Ok((answer.into_inner(), dialed.binding()))
 }
 
+/// This round's join service endpoints: the control-plane endpoint, then every
+/// control-plane instance's VPC IP; empty or unparsable hosts are skipped, and so is this
+/// node's own address.
 async fn endpoints<M: Metadata>(node: &Node<M>) -> Vec<SocketAddr> {
     let timeout = node.config.rpc_timeout;
     let mut hosts: Vec<IpAddr> = Vec::new();

@@ -45,15 +45,18 @@ thread_local! {
 
 /// Runs `f`, which may open descriptors without close-on-exec (a TSS call), while no child
 /// is being started. A call that is not nested in another first lets a waiting spawn go
-/// ahead. Calls may nest (a nested call never waits for a spawn, which could not go ahead
+/// ahead (waiting [`SPAWN_WAIT`] at most, also while spawns follow one another; a spawn
+/// that waits for a hung call holds new calls back for as long). Calls may nest (a nested call never waits for a spawn, which could not go ahead
 /// anyway), but `f` must not start a child itself: its [`spawn`] would wait [`SPAWN_WAIT`]
 /// for `f`. Nor should `f` wait for another thread's call, which would wait behind a
 /// waiting spawn, which waits for `f`, until the spawn's deadline.
 pub fn with_c_descriptors<T>(f: impl FnOnce() -> T) -> T {
     let outermost = DEPTH.with(Cell::get) == 0;
     if outermost {
-        // Bounded: a spawn stops waiting at its deadline.
-        while SPAWNS_WAITING.load(Ordering::SeqCst) > 0 {
+        // Spawns that follow one another could keep the count above zero: a call waits
+        // [`SPAWN_WAIT`] at most, as a spawn does.
+        let deadline = Instant::now() + SPAWN_WAIT;
+        while SPAWNS_WAITING.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
             std::thread::sleep(YIELD_POLL);
         }
     }
@@ -202,13 +205,18 @@ mod tests {
     fn a_spawn_is_not_kept_waiting_by_calls_that_overlap_without_pause() {
         let _turn = alone();
         let stop = Arc::new(AtomicBool::new(false));
+        let started = Arc::new(Barrier::new(3));
         let calls: Vec<_> = (0..2u64)
             .map(|n| {
-                let stop = stop.clone();
+                let (stop, started) = (stop.clone(), started.clone());
                 std::thread::spawn(move || {
                     // Two threads whose calls overlap: at no moment is no call in flight.
                     std::thread::sleep(Duration::from_millis(n));
-                    let mut made = 0u32;
+                    with_c_descriptors(|| {
+                        started.wait();
+                        std::thread::sleep(Duration::from_millis(2));
+                    });
+                    let mut made = 1u32;
                     while !stop.load(Ordering::SeqCst) {
                         with_c_descriptors(|| std::thread::sleep(Duration::from_millis(2)));
                         made += 1;
@@ -217,7 +225,8 @@ mod tests {
                 })
             })
             .collect();
-        std::thread::sleep(Duration::from_millis(20));
+        // Both threads are inside a call, so the spawn starts while calls are in flight.
+        started.wait();
         let guard = spawning_within(Duration::from_secs(5));
         let got = guard.is_some();
         drop(guard);
@@ -257,5 +266,19 @@ mod tests {
             "the nested call waited for the spawn, which waited for it"
         );
         assert_eq!(DEPTH.with(Cell::get), 0, "the calls were counted out");
+    }
+
+    #[test]
+    fn a_call_that_panics_is_counted_out_of_its_thread() {
+        let _turn = alone();
+        let panicked = std::panic::catch_unwind(|| with_c_descriptors(|| panic!("in the call")));
+        assert!(panicked.is_err());
+        assert_eq!(
+            DEPTH.with(Cell::get),
+            0,
+            "the thread's later calls would count as nested"
+        );
+        // The lock was released too: a spawn gets it.
+        assert!(spawning_within(Duration::from_secs(2)).is_some());
     }
 }

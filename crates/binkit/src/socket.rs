@@ -282,4 +282,22 @@ mod tests {
         place(&staged, &path).unwrap();
         std::os::unix::net::UnixStream::connect(&path).unwrap();
     }
+
+    #[tokio::test]
+    async fn a_socket_that_does_not_refuse_a_connection_is_not_stale() {
+        let dir = tempfile::tempdir().unwrap();
+        // A datagram socket: a stream connection fails, but not as refused.
+        let path = dir.path().join("d.sock");
+        let _datagram = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+        let err = remove_stale_socket(&path).unwrap_err();
+        assert!(matches!(err, SocketError::InUse(_)), "{err}");
+        assert!(path.exists(), "a socket that may be live was removed");
+    }
+
+    #[tokio::test]
+    async fn a_link_that_fails_for_another_reason_is_an_error_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = place(&dir.path().join("absent"), &dir.path().join("s.sock")).unwrap_err();
+        assert!(err.to_string().starts_with("cannot link"), "{err}");
+    }
 }

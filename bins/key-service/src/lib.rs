@@ -33,7 +33,7 @@ mod secret_file;
 mod serve;
 mod service;
 
-pub use asterism_binkit::socket::{SocketError, SocketFile};
+pub use asterism_binkit::socket::{PrivateSocket, SocketError, SocketFile};
 pub use listen::{BindError, Listener};
 pub use secret_file::{MAX_SECRET_FILE_LEN, SecretFileError, read_secret_file};
 pub use serve::{

@@ -11,9 +11,8 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 
-use asterism_binkit::socket::{PrivateSocket, SocketError, SocketFile, bind_private};
+use asterism_binkit::socket::{PrivateSocket, SocketError, bind_private};
 use asterism_kms::KeyServiceAddress;
-use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
 
 use crate::serve::{Limits, ServeError, serve_with_limits};
@@ -39,29 +38,18 @@ pub enum BindError {
 #[derive(Debug)]
 pub enum Listener {
     /// A Unix socket; the socket file is removed when this is dropped.
-    Unix {
-        /// The listener.
-        listener: UnixListener,
-        /// The socket file.
-        socket: SocketFile,
-    },
+    Unix(PrivateSocket),
 }
 
 impl Listener {
     /// Binds `address`, which must be a Unix socket ([`BindError::PlaintextTcp`]
     /// otherwise). The socket is created with mode 0600 (it is bound inside a fresh 0700
-    /// directory, restricted and then moved into place, so it is never reachable with
+    /// directory, restricted and then linked into place, so it is never reachable with
     /// wider permissions); a stale socket at the path is replaced, anything else there is
-    /// left alone and reported.
+    /// left alone and reported ([`asterism_binkit::socket::bind_private`]).
     pub async fn bind(address: &KeyServiceAddress) -> Result<Listener, BindError> {
         match address {
-            KeyServiceAddress::Unix(path) => {
-                let PrivateSocket { listener, file } = bind_private(path)?;
-                Ok(Listener::Unix {
-                    listener,
-                    socket: file,
-                })
-            }
+            KeyServiceAddress::Unix(path) => Ok(Listener::Unix(bind_private(path)?)),
             KeyServiceAddress::Tcp(addr) => Err(BindError::PlaintextTcp { addr: *addr }),
         }
     }
@@ -70,7 +58,7 @@ impl Listener {
     /// the actual port when port 0 was asked for).
     pub fn local_addr(&self) -> io::Result<KeyServiceAddress> {
         match self {
-            Self::Unix { socket, .. } => Ok(KeyServiceAddress::Unix(socket.path().to_owned())),
+            Self::Unix(socket) => Ok(KeyServiceAddress::Unix(socket.file.path().to_owned())),
         }
     }
 
@@ -83,11 +71,11 @@ impl Listener {
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), ServeError> {
         match self {
-            Self::Unix { listener, socket } => {
+            Self::Unix(PrivateSocket { listener, file }) => {
                 let result =
                     serve_with_limits(UnixListenerStream::new(listener), service, limits, shutdown)
                         .await;
-                drop(socket);
+                drop(file);
                 result
             }
         }

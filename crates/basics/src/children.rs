@@ -46,9 +46,9 @@ thread_local! {
 /// Runs `f`, which may open descriptors without close-on-exec (a TSS call), while no child
 /// is being started. A call that is not nested in another first lets a waiting spawn go
 /// ahead (waiting [`SPAWN_WAIT`] at most, also while spawns follow one another; a spawn
-/// that waits for a hung call holds new calls back for as long). Calls may nest (a nested call never waits for a spawn, which could not go ahead
-/// anyway), but `f` must not start a child itself: its [`spawn`] would wait [`SPAWN_WAIT`]
-/// for `f`. Nor should `f` wait for another thread's call, which would wait behind a
+/// that waits for a hung call holds new calls back for as long). Calls may nest (a nested
+/// call never waits for a spawn, which could not go ahead anyway), but `f` must not start
+/// a child itself: its [`spawn`] would wait [`SPAWN_WAIT`] for `f`. Nor should `f` wait for another thread's call, which would wait behind a
 /// waiting spawn, which waits for `f`, until the spawn's deadline.
 pub fn with_c_descriptors<T>(f: impl FnOnce() -> T) -> T {
     let outermost = DEPTH.with(Cell::get) == 0;

@@ -727,9 +727,12 @@ impl VmCluster {
             "emulator,id=tpm0,chardev=chrtpm".into(),
             "-device".into(),
             "tpm-tis,tpmdev=tpm0".into(),
+            // A write or read the host cannot do (a full disk) is an I/O error in the guest,
+            // which the bootstrapper reports, rather than QEMU's default for a full disk: to
+            // pause the VM without a word.
             "-drive".into(),
             format!(
-                "if=none,id=disk0,format=raw,file={}",
+                "if=none,id=disk0,format=raw,werror=report,rerror=report,file={}",
                 qemu_value(&ndir.join(NODE_DISK))?
             ),
             "-device".into(),
@@ -873,8 +876,9 @@ impl VmCluster {
             }
             if start.elapsed() > deadline {
                 bail!(
-                    "the console of {} did not say {needle:?} within {deadline:?}; it ({}) ends:\n{}",
+                    "the console of {} did not say {needle:?} within {deadline:?}; {}; it ({}) ends:\n{}",
                     vm.node.name,
+                    host_view(running, &vm.node.dir),
                     console.display(),
                     tail(&console)
                 );
@@ -882,6 +886,55 @@ impl VmCluster {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+}
+
+/// What the host sees of a VM whose console went quiet: whether QEMU still ran the guest
+/// (its CPU time since it started; a paused or stuck QEMU uses none) and the free space where
+/// the VM's disk and console are written (a full disk stops the console's file growing).
+fn host_view(running: &RunningVm, dir: &Path) -> String {
+    let wall = running.started.elapsed().as_secs_f64();
+    let cpu = match qemu_cpu_seconds(running.qemu.id()) {
+        Some(cpu) => format!(
+            "QEMU (pid {}) runs and has used {cpu:.1} s of CPU in {wall:.1} s",
+            running.qemu.id()
+        ),
+        None => format!("QEMU's (pid {}) CPU time is unknown", running.qemu.id()),
+    };
+    let space = match free_bytes(dir) {
+        Some(free) => format!(
+            "the filesystem of {} has {} MiB free",
+            dir.display(),
+            free / (1 << 20)
+        ),
+        None => format!("the free space of {} is unknown", dir.display()),
+    };
+    format!("{cpu}; {space}")
+}
+
+/// A process's CPU time from `/proc/<pid>/schedstat` (its first field, in nanoseconds).
+fn qemu_cpu_seconds(pid: u32) -> Option<f64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).ok()?;
+    let nanos: u64 = text.split_whitespace().next()?.parse().ok()?;
+    #[allow(clippy::cast_precision_loss)] // seconds for a message
+    Some(nanos as f64 / 1e9)
+}
+
+/// The bytes free to an unprivileged writer on the filesystem of `dir`, as `df` reports them.
+fn free_bytes(dir: &Path) -> Option<u64> {
+    let out = asterism_basics::children::output(Command::new("df").arg("-Pk").arg(dir)).ok()?;
+    parse_df_available(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// The available space of `df -Pk`'s one filesystem line (its fourth column, in KiB), in bytes.
+fn parse_df_available(out: &str) -> Option<u64> {
+    let kib: u64 = out
+        .lines()
+        .nth(1)?
+        .split_whitespace()
+        .nth(3)?
+        .parse()
+        .ok()?;
+    kib.checked_mul(1024)
 }
 
 /// QEMU's options that give a node its settings by fw_cfg: the words in
@@ -1474,6 +1527,35 @@ mod tests {
         assert_eq!(t.init_seconds, 0.5);
         assert_eq!(t.bootstrapper_seconds, 5.0);
         assert!(boot_timing("asterism-init: start uptime=1\n", 5.0, BootMode::Uefi).is_none());
+    }
+
+    #[test]
+    fn df_gives_the_available_space_of_its_one_filesystem() {
+        let out = "Filesystem     1024-blocks      Used Available Capacity Mounted on\n\
+                   /dev/sda1        263174212  77578356  18874368      81% /\n";
+        assert_eq!(parse_df_available(out), Some(18_874_368 * 1024));
+        assert_eq!(
+            parse_df_available("Filesystem 1024-blocks Used Available\n"),
+            None
+        );
+        assert_eq!(parse_df_available("header\n/dev/x 1 2 lots 3% /\n"), None);
+    }
+
+    #[test]
+    fn a_running_qemu_is_seen_with_its_cpu_time_and_the_free_space() {
+        // A `sleep` stands in for QEMU: a live process with a schedstat file.
+        let child = asterism_basics::children::spawn(Command::new("sleep").arg("30")).unwrap();
+        let mut running = RunningVm {
+            qemu: child,
+            started: Instant::now(),
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let view = host_view(&running, dir.path());
+        let _ = running.qemu.kill();
+        let _ = running.qemu.wait();
+        assert!(view.contains("runs and has used"), "{view}");
+        assert!(view.contains(" MiB free"), "{view}");
+        assert!(qemu_cpu_seconds(running.qemu.id()).is_none());
     }
 
     #[test]

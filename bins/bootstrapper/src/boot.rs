@@ -14,6 +14,7 @@ use tracing::{info, warn};
 use crate::effects::{DiskOps, NodeMarker, StateMount};
 use crate::error::{StepError, blocking};
 use crate::files::{self, FileError, exists};
+use asterism_basics::PathError;
 use asterism_cluster::NodeDir;
 
 /// What kind of boot this is.
@@ -48,28 +49,20 @@ pub fn prepare_state_image(path: &Path, size: u64) -> Result<(), FileError> {
         .open(path)
     {
         Ok(file) => {
-            file.set_len(size).map_err(|source| FileError::Io {
-                action: "size the state disk image",
-                path: path.to_path_buf(),
-                source,
-            })?;
+            file.set_len(size)
+                .map_err(PathError::at("cannot size the state disk image", path))?;
             info!(image = %path.display(), size, "created a new state disk image");
             Ok(())
         }
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
             std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(
-                |source| FileError::Io {
-                    action: "restrict the state disk image to its owner",
-                    path: path.to_path_buf(),
-                    source,
-                },
-            )
+                PathError::at("cannot restrict the state disk image to its owner", path),
+            )?;
+            Ok(())
         }
-        Err(source) => Err(FileError::Io {
-            action: "create the state disk image",
-            path: path.to_path_buf(),
-            source,
-        }),
+        Err(source) => {
+            Err(PathError::at("cannot create the state disk image", path)(source).into())
+        }
     }
 }
 
@@ -126,11 +119,8 @@ async fn format_fresh(
     let state = dir.state();
     if exists(&state) {
         // `state/` stands for the file system on the disk: a new disk has none of it.
-        std::fs::remove_dir_all(&state).map_err(|source| FileError::Io {
-            action: "empty the state directory",
-            path: state.clone(),
-            source,
-        })?;
+        std::fs::remove_dir_all(&state)
+            .map_err(PathError::at("cannot empty the state directory", &state))?;
         warn!(dir = %state.display(), "emptied the state directory of the previous disk");
     }
     files::create_dirs(&state)?;
@@ -179,11 +169,7 @@ async fn mount_new(
     })
     .await?;
     std::fs::set_permissions(&state, std::fs::Permissions::from_mode(files::DIR_MODE)).map_err(
-        |source| FileError::Io {
-            action: "restrict the mounted state directory",
-            path: state.clone(),
-            source,
-        },
+        PathError::at("cannot restrict the mounted state directory", &state),
     )?;
     Ok(())
 }

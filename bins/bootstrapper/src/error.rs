@@ -18,6 +18,7 @@ use crate::node_state::NodeStateError;
 use crate::pki::PkiError;
 use crate::ticket::TicketError;
 use crate::trust::ClusterMismatch;
+use asterism_basics::PathError;
 
 /// A step of a flow failed.
 #[derive(Debug, thiserror::Error)]
@@ -150,4 +151,11 @@ where
         .await
         .map_err(StepError::Task)?
         .map_err(Into::into)
+}
+
+/// A file operation that failed is a [`StepError::File`].
+impl From<PathError> for StepError {
+    fn from(error: PathError) -> Self {
+        Self::File(error.into())
+    }
 }

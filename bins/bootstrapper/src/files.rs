@@ -5,9 +5,10 @@
 //! Files created with `O_EXCL` would make a retry after a partial write fail. Here a write either leaves the old content or the complete new
 //! content, and writing the same file again simply replaces it.
 
+use asterism_basics::PathError;
 use std::fs::{self, DirBuilder, File};
 use std::os::unix::fs::DirBuilderExt as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// Mode of secret files (keys, node state).
 pub const SECRET_MODE: u32 = 0o600;
@@ -26,11 +27,8 @@ pub fn create_dirs(dir: &Path) -> Result<(), FileError> {
         .recursive(true)
         .mode(DIR_MODE)
         .create(dir)
-        .map_err(|source| FileError::Io {
-            action: "create directory",
-            path: dir.to_path_buf(),
-            source,
-        })
+        .map_err(PathError::at("cannot create directory", dir))?;
+    Ok(())
 }
 
 /// Writes `bytes` to `path` atomically with file mode `mode`, creating missing parent
@@ -76,11 +74,12 @@ pub fn write_all_atomic(files: &[FileToWrite<'_>]) -> Result<(), FileError> {
             .into_iter()
             .map(|h| {
                 h.join().unwrap_or_else(|_| {
-                    Err(FileError::Io {
-                        action: "write (the writer thread failed)",
-                        path: PathBuf::from("."),
-                        source: std::io::Error::other("thread panicked"),
-                    })
+                    Err(
+                        PathError::at("cannot write (the writer thread failed)", Path::new("."))(
+                            std::io::Error::other("thread panicked"),
+                        )
+                        .into(),
+                    )
                 })
             })
             .collect()

@@ -5,6 +5,7 @@
 //! Secrets are written so that no other user can read them at any moment, and so that a
 //! crash leaves either the old file or the new one.
 
+use asterism_basics::PathError;
 use std::fs::{self, OpenOptions};
 use std::io::{self, Write as _};
 use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
@@ -16,17 +17,10 @@ pub const PRIVATE_MODE: u32 = 0o600;
 /// Why a file could not be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
-    /// The operating system refused an operation on `path`.
-    #[error("cannot {action} {}", path.display())]
-    Io {
-        /// What was attempted (`read`, `create`, `write`, `rename a temporary file to`).
-        action: &'static str,
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
+    /// The operating system refused an operation on a file (what was attempted, the path,
+    /// the cause).
+    #[error(transparent)]
+    Io(#[from] PathError),
     /// The file is larger than its cap.
     #[error("{} is larger than {cap} bytes", path.display())]
     TooLarge {
@@ -43,22 +37,11 @@ pub enum FileError {
     },
 }
 
-impl FileError {
-    fn io(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> Self {
-        let path = path.to_owned();
-        move |source| Self::Io {
-            action,
-            path,
-            source,
-        }
-    }
-}
-
 /// Reads `path` whole if it holds at most `cap` bytes; a larger file is an error, never
 /// truncated.
 pub fn read_capped(path: &Path, cap: u64) -> Result<Vec<u8>, FileError> {
     asterism_basics::read_file_capped(path, cap)
-        .map_err(FileError::io("read", path))?
+        .map_err(PathError::at("cannot read", path))?
         .ok_or_else(|| FileError::TooLarge {
             path: path.to_owned(),
             cap,
@@ -80,7 +63,8 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> Result<(), FileError> {
 pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FileError> {
     let tmp = temporary_name(path);
     let result = write_synced(&tmp, bytes, mode).and_then(|()| {
-        fs::rename(&tmp, path).map_err(FileError::io("rename a temporary file to", path))
+        fs::rename(&tmp, path).map_err(PathError::at("cannot rename a temporary file to", path))?;
+        Ok(())
     });
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
@@ -106,15 +90,16 @@ fn write_synced(path: &Path, bytes: &[u8], mode: u32) -> Result<(), FileError> {
                     path: path.to_owned(),
                 }
             } else {
-                FileError::io("create", path)(source)
+                PathError::at("cannot create", path)(source).into()
             }
         })?;
     // The umask may have cleared bits; the mode is part of the contract.
     file.set_permissions(fs::Permissions::from_mode(mode))
-        .map_err(FileError::io("set the mode of", path))?;
+        .map_err(PathError::at("cannot set the mode of", path))?;
     file.write_all(bytes)
         .and_then(|()| file.sync_all())
-        .map_err(FileError::io("write", path))
+        .map_err(PathError::at("cannot write", path))?;
+    Ok(())
 }
 
 /// `.<name>.tmp-<pid>-<random>` next to `path`: unique among processes and among calls.
@@ -149,7 +134,7 @@ mod tests {
         ));
         assert!(matches!(
             read_capped(&dir.path().join("missing"), 5),
-            Err(FileError::Io { .. })
+            Err(FileError::Io(_))
         ));
         assert_eq!(read_capped_from(&b"abc"[..], 2).unwrap(), None);
         assert_eq!(

@@ -1,7 +1,7 @@
 //! Dialling a join service over aTLS from the node's own address.
 //!
 //! The join service tells nodes apart by source address (as cloud services do by VPC IP),
-//! so the TCP connection is bound to the node's IP before it connects.
+//! so the TCP connection leaves from the node's IP (`AtlsConnector::from_address`).
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
@@ -11,7 +11,6 @@ use asterism_attestation::Issuer;
 use asterism_kms::ChannelBinding;
 use hyper_util::rt::TokioIo;
 use std::sync::{Arc, Mutex, PoisonError};
-use tokio::net::TcpSocket;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 /// Why a join service could not be reached.
@@ -69,7 +68,7 @@ impl Dialer {
             cfg = cfg.with_validator(v);
         }
         Ok(Self {
-            connector: AtlsConnector::new(cfg)?,
+            connector: AtlsConnector::new(cfg)?.from_address(local_ip),
             local_ip,
             timeout,
         })
@@ -96,33 +95,17 @@ impl Dialer {
         let binding: Arc<Mutex<Option<ChannelBinding>>> = Arc::default();
         let cell = binding.clone();
         let connector = self.connector.clone();
-        let local = SocketAddr::new(self.local_ip, 0);
-        let connect_timeout = self.timeout;
         let endpoint = Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|_| DialError::Endpoint(addr.to_string()))?
-            .connect_timeout(connect_timeout)
+            .connect_timeout(self.timeout)
             .timeout(rpc_timeout);
         let channel = endpoint
             .connect_with_connector(tower::service_fn(move |_: Uri| {
                 let connector = connector.clone();
                 let cell = cell.clone();
                 async move {
-                    let socket = if local.is_ipv4() {
-                        TcpSocket::new_v4()
-                    } else {
-                        TcpSocket::new_v6()
-                    }
-                    .map_err(AtlsError::Io)?;
-                    socket.bind(local).map_err(AtlsError::Io)?;
-                    let tcp = tokio::time::timeout(connect_timeout, socket.connect(addr))
-                        .await
-                        .map_err(|_| AtlsError::Timeout {
-                            stage: "TCP connect",
-                            after: connect_timeout,
-                        })?
-                        .map_err(AtlsError::Io)?;
-                    let _ = tcp.set_nodelay(true);
-                    let stream = connector.connect(tcp, Some(addr)).await?;
+                    // From the node's address, within the handshake timeout (`timeout`).
+                    let stream = connector.connect_tcp(&addr.to_string()).await?;
                     // The latest connection's: an answer that came on an earlier one fails
                     // its signature check, which is safe.
                     *cell.lock().unwrap_or_else(PoisonError::into_inner) =

@@ -44,14 +44,13 @@ use asterism_soft_tpm::{SoftAk, SoftTpm};
 use asterism_testkit::TpmNode;
 use asterism_tpm::TpmIssuer;
 use common::*;
-use hyper_util::rt::TokioIo;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tonic::transport::{Endpoint, Uri};
+use tonic::transport::Endpoint;
 
 const WARM_UP: usize = 16;
 
@@ -162,26 +161,14 @@ async fn run(service_tpm: &TpmNode, delay: Duration, refresh: Duration) -> Run {
     let join_one = |(issuer, req): (Arc<dyn Issuer>, IssueJoinTicketRequest)| {
         let service_validator = service_validator.clone();
         async move {
+            let local: IpAddr = req.host_certificate_principals[0].parse().unwrap();
             let connector =
                 AtlsConnector::new(AtlsConfig::attesting(issuer).with_validator(service_validator))
-                    .unwrap();
-            let local: IpAddr = req.host_certificate_principals[0].parse().unwrap();
+                    .unwrap()
+                    .from_address(local);
             let channel = Endpoint::from_shared(format!("http://{addr}"))
                 .unwrap()
-                .connect_with_connector(tower::service_fn(move |_: Uri| {
-                    let connector = connector.clone();
-                    async move {
-                        let socket = tokio::net::TcpSocket::new_v4()?;
-                        socket.bind(SocketAddr::new(local, 0))?;
-                        let tcp = socket.connect(addr).await?;
-                        tcp.set_nodelay(true)?;
-                        let stream = connector
-                            .connect(tcp, Some(addr))
-                            .await
-                            .map_err(std::io::Error::other)?;
-                        Ok::<_, std::io::Error>(TokioIo::new(stream))
-                    }
-                }))
+                .connect_with_connector(connector)
                 .await
                 .unwrap();
             ApiClient::new(channel)

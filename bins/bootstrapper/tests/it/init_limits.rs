@@ -11,8 +11,7 @@ use asterism_atls::{AtlsConfig, AtlsConnector};
 use asterism_bootstrapper::LogBuffer;
 use asterism_bootstrapper::limits::InitLimits;
 use asterism_testkit::net::tcp_from;
-use hyper_util::rt::TokioIo;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::{Channel, Endpoint};
 
 /// Three per address, then one a minute (no refill during the test).
 fn tight() -> InitLimits {
@@ -27,23 +26,14 @@ fn tight() -> InitLimits {
 
 /// An aTLS channel to `t`'s InitServer from the source address `src`, verifying the node.
 async fn connect_from(t: &TestNode, src: &str) -> Result<Channel, tonic::transport::Error> {
-    let connector = AtlsConnector::new(AtlsConfig::verifying(t.validator())).unwrap();
+    let connector = AtlsConnector::new(AtlsConfig::verifying(t.validator()))
+        .unwrap()
+        .from_address(src.parse().unwrap());
     let addr = SocketAddr::new(t.ip, t.init_port());
-    let local: IpAddr = src.parse().unwrap();
     Endpoint::from_shared(format!("http://{addr}"))
         .unwrap()
         .connect_timeout(Duration::from_secs(10))
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let connector = connector.clone();
-            async move {
-                let tcp = tcp_from(local, addr).await?;
-                let stream = connector
-                    .connect(tcp, Some(addr))
-                    .await
-                    .map_err(std::io::Error::other)?;
-                Ok::<_, std::io::Error>(TokioIo::new(stream))
-            }
-        }))
+        .connect_with_connector(connector)
         .await
 }
 

@@ -3,7 +3,7 @@
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::sync::Arc;
@@ -23,9 +23,8 @@ use asterism_pki::{ClusterCa, kubelet_key_and_csr};
 use asterism_proto::join::api_client::ApiClient;
 use asterism_proto::join::{IssueJoinTicketRequest, IssueJoinTicketResponse};
 use asterism_testkit::process::Process;
-use hyper_util::rt::TokioIo;
 use tokio::sync::watch;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::{Channel, Endpoint};
 
 pub const CP: &str = "127.0.10.1";
 pub const W0: &str = "127.0.10.2";
@@ -367,24 +366,13 @@ pub async fn client(
     from: &str,
     issuer: Arc<dyn Issuer>,
 ) -> Result<ApiClient<Channel>, tonic::transport::Error> {
-    let connector = AtlsConnector::new(AtlsConfig::attesting(issuer)).unwrap();
-    let local: IpAddr = from.parse().unwrap();
+    let connector = AtlsConnector::new(AtlsConfig::attesting(issuer))
+        .unwrap()
+        .from_address(from.parse().unwrap());
     let channel = Endpoint::from_shared(format!("http://{server}"))
         .unwrap()
         .timeout(Duration::from_secs(30))
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let connector = connector.clone();
-            async move {
-                // With Nagle's algorithm off, as the bootstrapper dials: with it, the
-                // client's second small write waits for the server's delayed ACK (40 ms).
-                let tcp = asterism_testkit::net::tcp_from(local, server).await?;
-                let stream = connector
-                    .connect(tcp, Some(server))
-                    .await
-                    .map_err(std::io::Error::other)?;
-                Ok::<_, std::io::Error>(TokioIo::new(stream))
-            }
-        }))
+        .connect_with_connector(connector)
         .await?;
     Ok(ApiClient::new(channel))
 }

@@ -12,12 +12,11 @@ use asterism_proto::join::IssueJoinTicketRequest;
 use asterism_proto::join::api_client::ApiClient;
 use asterism_testkit::TpmNode;
 use asterism_tpm::TpmIssuer;
-use hyper_util::rt::TokioIo;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tonic::transport::{Endpoint, Uri};
+use tonic::transport::Endpoint;
 
 /// The real swtpm issuer, counting its quotes.
 struct Counting {
@@ -48,32 +47,21 @@ async fn join_from(
     if let Some(v) = verify {
         cfg = cfg.with_validator(v);
     }
-    let connector = AtlsConnector::new(cfg).unwrap();
-    let seen = Arc::new(Mutex::new(None));
-    let local: IpAddr = from.parse().unwrap();
-    let (c, s) = (connector.clone(), seen.clone());
+    // A connector of its own: the peer it last verified is the one of this call.
+    let connector = AtlsConnector::new(cfg)
+        .unwrap()
+        .from_address(from.parse().unwrap());
     let channel = Endpoint::from_shared(format!("http://{server}"))
         .unwrap()
         .timeout(Duration::from_secs(30))
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let (connector, seen) = (c.clone(), s.clone());
-            async move {
-                let tcp = asterism_testkit::net::tcp_from(local, server).await?;
-                let stream = connector
-                    .connect(tcp, Some(server))
-                    .await
-                    .map_err(std::io::Error::other)?;
-                *seen.lock().unwrap() = stream.peer().cloned();
-                Ok::<_, std::io::Error>(TokioIo::new(stream))
-            }
-        }))
+        .connect_with_connector(connector.clone())
         .await
         .unwrap();
     ApiClient::new(channel)
         .issue_join_ticket(req)
         .await
         .expect("a join ticket");
-    seen.lock().unwrap().clone()
+    connector.last_verified_peer()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

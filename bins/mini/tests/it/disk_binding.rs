@@ -402,23 +402,13 @@ async fn attested_channel(
     let connector = asterism_atls::AtlsConnector::new(asterism_atls::AtlsConfig::attesting(
         std::sync::Arc::new(issuer),
     ))
-    .unwrap();
-    let local: std::net::IpAddr = node.ip.parse().unwrap();
+    .unwrap()
+    .from_address(node.ip.parse().unwrap());
     let server: std::net::SocketAddr = format!("{join_service}:30090").parse().unwrap();
     tonic::transport::Endpoint::from_shared(format!("http://{server}"))
         .unwrap()
         .timeout(Duration::from_secs(30))
-        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-            let connector = connector.clone();
-            async move {
-                let tcp = asterism_testkit::net::tcp_from(local, server).await?;
-                let stream = connector
-                    .connect(tcp, Some(server))
-                    .await
-                    .map_err(std::io::Error::other)?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
-            }
-        }))
+        .connect_with_connector(connector)
         .await
         .map_err(|e| tonic::Status::unavailable(format!("{e:?}")))
 }

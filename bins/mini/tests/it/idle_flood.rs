@@ -120,21 +120,13 @@ async fn channel_from(
     validator: std::sync::Arc<dyn asterism_atls::Validator>,
 ) -> Result<tonic::transport::Channel, tonic::transport::Error> {
     let connector =
-        asterism_atls::AtlsConnector::new(asterism_atls::AtlsConfig::verifying(validator)).unwrap();
+        asterism_atls::AtlsConnector::new(asterism_atls::AtlsConfig::verifying(validator))
+            .unwrap()
+            .from_address(from);
     tonic::transport::Endpoint::from_shared(format!("http://{to}"))
         .unwrap()
         .connect_timeout(Duration::from_secs(10))
-        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-            let connector = connector.clone();
-            async move {
-                let tcp = tcp_from(from, to).await?;
-                let stream = connector
-                    .connect(tcp, Some(to))
-                    .await
-                    .map_err(std::io::Error::other)?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
-            }
-        }))
+        .connect_with_connector(connector)
         .await
 }
 

@@ -585,6 +585,42 @@ fn a_frame_cap_above_what_evidence_needs_is_a_configuration_error() {
     assert!(matches!(AtlsServer::new(cfg), Err(AtlsError::Config(_))));
 }
 
+/// A connector made [`AtlsConnector::from_address`] dials from that address, by itself and
+/// as tonic's connector; a local address of the other family is an error, not a dial from
+/// another address.
+#[tokio::test]
+async fn a_connector_from_an_address_dials_from_it() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let local: std::net::IpAddr = "127.0.0.7".parse().unwrap();
+    let connector = AtlsConnector::new(AtlsConfig::attesting(issuer(CLIENT_SEED)))
+        .unwrap()
+        .from_address(local);
+    let accept = || tokio::time::timeout(Duration::from_secs(10), listener.accept());
+
+    let direct = {
+        let connector = connector.clone();
+        tokio::spawn(async move { connector.connect_tcp(&addr.to_string()).await.map(|_| ()) })
+    };
+    let (_direct, peer) = accept().await.expect("a connection").unwrap();
+    assert_eq!(peer.ip(), local);
+    direct.abort();
+
+    let through_tonic =
+        tokio::spawn(async move { call(&format!("http://{addr}"), connector).await });
+    let (_tonic, peer) = accept().await.expect("a connection").unwrap();
+    assert_eq!(peer.ip(), local);
+    through_tonic.abort();
+
+    let v6 = AtlsConnector::new(AtlsConfig::attesting(issuer(CLIENT_SEED)))
+        .unwrap()
+        .from_address("::1".parse().unwrap());
+    match v6.connect_tcp(&addr.to_string()).await {
+        Err(AtlsError::Io(e)) => assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{e}"),
+        other => panic!("{other:?}"),
+    }
+}
+
 /// An honest attesting client that dials from `local` (a loopback address other than the
 /// attacker's, so that the per-source limit tells them apart).
 async fn honest_connect_from(local: &str, server: &str) -> Result<(), AtlsError> {

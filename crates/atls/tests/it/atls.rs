@@ -596,6 +596,10 @@ async fn a_connector_from_an_address_dials_from_it() {
     let connector = AtlsConnector::new(AtlsConfig::attesting(issuer(CLIENT_SEED)))
         .unwrap()
         .from_address(local);
+    assert!(
+        format!("{connector:?}").contains("127.0.0.7"),
+        "{connector:?}"
+    );
     let accept = || tokio::time::timeout(Duration::from_secs(10), listener.accept());
 
     let direct = {

@@ -49,8 +49,9 @@ use asterism_attestation::{
     CvmReferences, ExpectedPcr, Measurements, PcrIndex, ReportData, Role, ValidationError,
     Validator,
 };
+use asterism_testkit::cvm::{aws_snp_report, read_cvm};
 use base64::Engine as _;
-use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use prost::Message;
 use ring::rand::{SecureRandom, SystemRandom};
 use ring::signature::{self, EcdsaKeyPair, KeyPair, RsaKeyPair, UnparsedPublicKey};
@@ -62,15 +63,10 @@ use x509_parser::prelude::{FromDer, X509Certificate};
 #[path = "support/mod.rs"]
 mod support;
 
-const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/cvm");
 const RSA_AK_PEM: &[u8] = include_bytes!("../tests/data/test-ak-rsa2048.pk8.pem");
 /// Wall time of one measurement; each figure is the best of `ROUNDS`, interleaved.
 const RUN: Duration = Duration::from_millis(400);
 const ROUNDS: usize = 5;
-
-fn read(path: &str) -> Vec<u8> {
-    std::fs::read(format!("{DATA}/{path}")).unwrap()
-}
 
 /// The best rate of each closure over `ROUNDS` interleaved rounds of `RUN`.
 fn best(fs: &mut [&mut dyn FnMut()]) -> Vec<f64> {
@@ -221,16 +217,6 @@ fn snp_policy() -> SnpPolicy {
     }
 }
 
-fn aws_report() -> Vec<u8> {
-    STANDARD
-        .decode(
-            String::from_utf8(read("snp-aws/report.txt"))
-                .unwrap()
-                .trim(),
-        )
-        .unwrap()
-}
-
 fn snp_launch(report: &[u8]) -> CvmReferences {
     CvmReferences {
         snp_launch_measurement: Some(Reference::enforce(
@@ -257,14 +243,14 @@ fn azure_snp_hcl(body: &[u8], runtime: &[u8]) -> Vec<u8> {
 
 /// The v4 DCAP sample quote, without the zero padding that follows it in the file.
 fn dcap_quote() -> Vec<u8> {
-    let mut quote = read("tdx-dcap/tdx_quote");
+    let mut quote = read_cvm("tdx-dcap/tdx_quote");
     let sig_len = u32::from_le_bytes(quote[632..636].try_into().unwrap()) as usize;
     quote.truncate(636 + sig_len);
     quote
 }
 
 fn tdx_collateral() -> TdxCollateral {
-    TdxCollateral::from_json(&read("tdx-dcap/tdx_quote_collateral.json")).unwrap()
+    TdxCollateral::from_json(&read_cvm("tdx-dcap/tdx_quote_collateral.json")).unwrap()
 }
 
 /// One variant through the validator, with the reason real evidence stops at.
@@ -288,10 +274,10 @@ fn variants() -> Vec<Variant> {
     };
 
     // Azure SEV-SNP: the HCL report and the VCEK with its ASK, as the evidence carries them.
-    let runtime = read("snp-azure/runtimedata.bin");
-    let body = read("snp-azure/attestation.bin");
-    let mut certs = pem_der(&read("snp-azure/vcek.pem"));
-    certs.push(pem_der(&read("snp-azure/certchain.pem")).remove(0));
+    let runtime = read_cvm("snp-azure/runtimedata.bin");
+    let body = read_cvm("snp-azure/attestation.bin");
+    let mut certs = pem_der(&read_cvm("snp-azure/vcek.pem"));
+    certs.push(pem_der(&read_cvm("snp-azure/certchain.pem")).remove(0));
     let azure_snp = Variant {
         name: "Azure SEV-SNP vTPM",
         validator: validator(
@@ -313,9 +299,9 @@ fn variants() -> Vec<Variant> {
     };
 
     // AWS SEV-SNP: the report and the VLEK with its ASVK.
-    let report = aws_report();
-    let mut certs = pem_der(&read("snp-aws/vlek.pem"));
-    certs.push(pem_der(&read("snp-aws/certchain.pem")).remove(0));
+    let report = aws_snp_report();
+    let mut certs = pem_der(&read_cvm("snp-aws/vlek.pem"));
+    certs.push(pem_der(&read_cvm("snp-aws/certchain.pem")).remove(0));
     let aws_snp = Variant {
         name: "AWS SEV-SNP (NitroTPM)",
         validator: validator(
@@ -335,7 +321,7 @@ fn variants() -> Vec<Variant> {
 
     // Azure TDX: the DCAP sample quote, with the runtime data of the Azure TDX HCL report.
     let quote = dcap_quote();
-    let hcl_bytes = read("tdx-azure-hcl/hclreport.bin");
+    let hcl_bytes = read_cvm("tdx-azure-hcl/hclreport.bin");
     let runtime = HclReport::parse(&hcl_bytes)
         .unwrap()
         .runtime_data()
@@ -381,9 +367,9 @@ struct Bare {
 }
 
 fn bare() -> Bare {
-    let body = read("snp-azure/attestation.bin");
+    let body = read_cvm("snp-azure/attestation.bin");
     let report = SnpReport::parse(&body[..hcl::SNP_REPORT_SIZE]).unwrap();
-    let vcek = pem_der(&read("snp-azure/vcek.pem")).remove(0);
+    let vcek = pem_der(&read_cvm("snp-azure/vcek.pem")).remove(0);
     let (_, leaf) = X509Certificate::from_der(&vcek).unwrap();
     let p384_key = leaf.public_key().subject_public_key.data.to_vec();
     let signed = report.signed_bytes().to_vec();
@@ -449,7 +435,7 @@ fn full_paths() {
     // What the runtime-data memo saves once a hardware report bound the runtime data:
     // hashing it (it is parsed only after a report bound it, so the sample TDX quote's
     // path, which binds other data, hashes it and never parses it or fills the memo).
-    let runtime = HclReport::parse(&read("tdx-azure-hcl/hclreport.bin"))
+    let runtime = HclReport::parse(&read_cvm("tdx-azure-hcl/hclreport.bin"))
         .unwrap()
         .runtime_data()
         .to_vec();
@@ -539,19 +525,19 @@ fn forgeries() {
     for (name, body, certs) in [
         (
             "AWS SEV-SNP (VLEK)",
-            aws_report(),
+            aws_snp_report(),
             SnpCerts::from_pem(
-                &read("snp-aws/vlek.pem"),
-                Some(&read("snp-aws/certchain.pem")),
+                &read_cvm("snp-aws/vlek.pem"),
+                Some(&read_cvm("snp-aws/certchain.pem")),
             )
             .unwrap(),
         ),
         (
             "Azure SEV-SNP (VCEK)",
-            read("snp-azure/attestation.bin"),
+            read_cvm("snp-azure/attestation.bin"),
             SnpCerts::from_pem(
-                &read("snp-azure/vcek.pem"),
-                Some(&read("snp-azure/certchain.pem")),
+                &read_cvm("snp-azure/vcek.pem"),
+                Some(&read_cvm("snp-azure/certchain.pem")),
             )
             .unwrap(),
         ),
@@ -598,7 +584,7 @@ fn forgeries() {
         // a chip it has not seen (the real certificates, a verifier that saw none), and a
         // leaf whose bytes were changed (its signature), which never verifies and so never
         // caches.
-        let mut leaf = pem_der(&read(if name.starts_with("AWS") {
+        let mut leaf = pem_der(&read_cvm(if name.starts_with("AWS") {
             "snp-aws/vlek.pem"
         } else {
             "snp-azure/vcek.pem"
@@ -611,7 +597,7 @@ fn forgeries() {
         } else {
             "snp-azure/certchain.pem"
         };
-        let intermediate = pem_der(&read(chain)).remove(0);
+        let intermediate = pem_der(&read_cvm(chain)).remove(0);
         let altered = SnpCerts::from_der(&leaf, Some(&intermediate), None).unwrap();
         let r = best(&mut [
             &mut || {
@@ -708,7 +694,7 @@ fn forgeries() {
 
     // TDX through the validator: a quote whose platform (FMSPC) has no collateral in the
     // bundle, against the same evidence with its own platform's collateral.
-    let json = String::from_utf8(read("tdx-dcap/tdx_quote_collateral.json")).unwrap();
+    let json = String::from_utf8(read_cvm("tdx-dcap/tdx_quote_collateral.json")).unwrap();
     let other =
         TdxCollateral::from_json(json.replace("B0C06F000000", "00906ED50000").as_bytes()).unwrap();
     let mut all = variants();

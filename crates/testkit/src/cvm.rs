@@ -1,8 +1,10 @@
 //! The real confidential-VM evidence of `asterism-attestation`'s test data, in the forms
 //! tests outside that crate need.
 
+use asterism_attestation::snp::{MinimumTcb, PerProduct, SnpPolicy};
 use asterism_attestation::tpm::TpmtPublic;
 use asterism_attestation::tpm::structures::{ObjectAttributes, PublicParams, alg};
+use base64::Engine as _;
 use std::path::PathBuf;
 
 /// An AK's public area as Azure's and Google's vTPMs make it, encoded: named with SHA-256,
@@ -34,6 +36,46 @@ pub fn cvm_data_dir() -> PathBuf {
         env!("CARGO_MANIFEST_DIR"),
         "/../attestation/tests/data/cvm"
     ))
+}
+
+/// A file of the real evidence, by its path below [`cvm_data_dir`] (`snp-azure/vcek.pem`).
+#[allow(clippy::panic)] // a test helper fails the test loudly
+pub fn read_cvm(path: &str) -> Vec<u8> {
+    let file = cvm_data_dir().join(path);
+    std::fs::read(&file).unwrap_or_else(|e| panic!("reading {}: {e}", file.display()))
+}
+
+/// The real AWS SEV-SNP report (`snp-aws/report.txt`, stored in base64), decoded.
+#[allow(clippy::expect_used)] // a test helper fails the test loudly
+pub fn aws_snp_report() -> Vec<u8> {
+    let text = String::from_utf8(read_cvm("snp-aws/report.txt")).expect("the report is text");
+    base64::engine::general_purpose::STANDARD
+        .decode(text.trim())
+        .expect("the report is base64")
+}
+
+/// The real Azure SEV-SNP report's own TCB (boot loader 2, TEE 0, SNP 6, microcode 93):
+/// older than the default Milan floor, and the lowest of the three real reports, so each of
+/// them meets it.
+const AZURE_SNP_TCB: MinimumTcb = MinimumTcb {
+    bootloader: 2,
+    tee: 0,
+    snp: 6,
+    microcode: 93,
+    fmc: 0,
+};
+
+/// The default SEV-SNP policy with the Milan floor at [`AZURE_SNP_TCB`], which the default
+/// floor refuses; no floor for Genoa and Turin, as by default. The floors have tests of
+/// their own (`asterism-attestation`'s `tests/it/snp.rs`).
+pub fn snp_policy_at_the_azure_tcb() -> SnpPolicy {
+    SnpPolicy {
+        minimum_tcb: PerProduct {
+            milan: Some(AZURE_SNP_TCB),
+            ..PerProduct::default()
+        },
+        ..SnpPolicy::default()
+    }
 }
 
 /// The real Azure SEV-SNP HCL report, whole (1820 bytes): its test files hold it without

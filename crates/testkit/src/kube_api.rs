@@ -23,6 +23,23 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+/// The API paths the recorded responses answer, as the clients under test request them.
+pub mod paths {
+    /// Namespaces (the API's reachability check lists them).
+    pub const NAMESPACES: &str = "/api/v1/namespaces";
+    /// ConfigMaps in `kube-system`.
+    pub const CONFIG_MAPS: &str = "/api/v1/namespaces/kube-system/configmaps";
+    /// Secrets in `kube-system` (bootstrap tokens).
+    pub const SECRETS: &str = "/api/v1/namespaces/kube-system/secrets";
+    /// DaemonSets in `kube-system`.
+    pub const DAEMON_SETS: &str = "/apis/apps/v1/namespaces/kube-system/daemonsets";
+    /// The JoiningNode objects.
+    pub const JOINING_NODES: &str = "/apis/update.edgeless.systems/v1alpha1/joiningnodes";
+    /// The cluster's NodeVersion object.
+    pub const NODE_VERSION: &str =
+        "/apis/update.edgeless.systems/v1alpha1/nodeversions/constellation-version";
+}
+
 /// The directory of the recorded responses.
 pub fn recorded_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("recorded")
@@ -256,7 +273,7 @@ impl RecordingServer {
     /// Routes the creation of `kube-system/join-config` by `apply_join_config`: it does not
     /// exist yet, and the create succeeds (recorded answers).
     pub fn route_new_join_config(&self) -> &Self {
-        const CONFIG_MAPS: &str = "/api/v1/namespaces/kube-system/configmaps";
+        use paths::CONFIG_MAPS;
         self.on(
             "GET",
             &format!("{CONFIG_MAPS}/join-config"),

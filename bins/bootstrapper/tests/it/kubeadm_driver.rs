@@ -18,9 +18,9 @@ use asterism_kubeadm::config::{CloudProvider, NodePaths};
 use asterism_kubeadm::runner::KubeletService;
 use asterism_kubeadm::setup::SetupConfig;
 use asterism_metadata::{InstanceMetadata, Role, StaticMetadata};
+use asterism_testkit::kube_api::paths::CONFIG_MAPS;
 use asterism_testkit::kube_api::{RecordingServer, Reply};
 
-const CONFIG_MAPS: &str = "/api/v1/namespaces/kube-system/configmaps";
 const NODE: &str = "/api/v1/nodes/cp-0";
 const ANNOTATION: &str = "constellation.edgeless.systems/kubernetes-components";
 

@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use asterism_attestation::explain::Outcome;
 use asterism_attestation::explain::Reference;
 use asterism_attestation::hcl::{HCL_REPORT_NV_INDEX, HardwareKind, HardwareReport, HclReport};
-use asterism_attestation::snp::{MinimumTcb, PerProduct, SnpPolicy, SnpReport};
+use asterism_attestation::snp::SnpReport;
 use asterism_attestation::tpm::{
     AkTrust, AzureSnp, AzureTdx, CvmAkTrust, CvmPlatform, PlatformKind, TpmQuoteValidator,
 };
@@ -28,6 +28,7 @@ use asterism_attestation::{
 use asterism_bootstrapper::platform::{self, PlatformError};
 use asterism_metadata::imds::{DEFAULT_IMDS_URL, Imds, ImdsError, MAX_IMDS_BODY};
 use asterism_testkit::Swtpm;
+use asterism_testkit::cvm::{read_cvm, snp_policy_at_the_azure_tcb};
 use asterism_tpm::{AkAlgorithm, AkConfig, PcrSelection, Tpm, TpmIssuer};
 use asterism_tsm::{CertKind, ConfigfsTsm, TsmError};
 use base64::Engine as _;
@@ -36,15 +37,6 @@ use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full};
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
-
-const DATA: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../crates/attestation/tests/data/cvm"
-);
-
-fn read(path: &str) -> Vec<u8> {
-    std::fs::read(format!("{DATA}/{path}")).unwrap()
-}
 
 fn pem_der(pem: &[u8]) -> Vec<Vec<u8>> {
     x509_parser::pem::Pem::iter_from_buffer(pem)
@@ -152,8 +144,8 @@ impl StandIn {
 /// THIM's answer built from the real certificates of the Azure SNP test data.
 fn thim_json() -> String {
     serde_json::json!({
-        "vcekCert": String::from_utf8(read("snp-azure/vcek.pem")).unwrap(),
-        "certificateChain": String::from_utf8(read("snp-azure/certchain.pem")).unwrap(),
+        "vcekCert": String::from_utf8(read_cvm("snp-azure/vcek.pem")).unwrap(),
+        "certificateChain": String::from_utf8(read_cvm("snp-azure/certchain.pem")).unwrap(),
         "tcbm": "DB18000000000004",
     })
     .to_string()
@@ -162,8 +154,8 @@ fn thim_json() -> String {
 /// [VCEK, ASK], DER, of the Azure SNP test data.
 fn azure_vcek_and_ask() -> Vec<Vec<u8>> {
     vec![
-        pem_der(&read("snp-azure/vcek.pem")).remove(0),
-        pem_der(&read("snp-azure/certchain.pem")).remove(0),
+        pem_der(&read_cvm("snp-azure/vcek.pem")).remove(0),
+        pem_der(&read_cvm("snp-azure/certchain.pem")).remove(0),
     ]
 }
 
@@ -295,22 +287,9 @@ async fn azure_snp_report_and_thim_certs_verify_and_only_the_foreign_ak_is_refus
     let issuer = issuer.with_platform_report(kind);
     let rd = ReportData::atls(Role::Client, &[7; 32]);
     let evidence = issuer.issue(&rd).unwrap();
-    let policy = SnpPolicy {
-        // The Milan floor at the test report's own TCB (boot loader 2, TEE 0, SNP 6,
-        // microcode 93), which the default floor refuses (the floors are tested on their
-        // own in asterism-attestation).
-        minimum_tcb: PerProduct {
-            milan: Some(MinimumTcb {
-                bootloader: 2,
-                tee: 0,
-                snp: 6,
-                microcode: 93,
-                fmc: 0,
-            }),
-            ..PerProduct::default()
-        },
-        ..SnpPolicy::default()
-    };
+    // The Milan floor at the test report's own TCB, which the default floor refuses (the
+    // floors are tested on their own in asterism-attestation).
+    let policy = snp_policy_at_the_azure_tcb();
     let trust = CvmAkTrust::sev_snp(CvmPlatform::AzureSevSnp, policy).unwrap();
     let m = Measurements::new([(PcrIndex::new(0).unwrap(), ExpectedPcr::enforce(pcr0))])
         .unwrap()
@@ -361,7 +340,7 @@ async fn azure_snp_refuses_an_hcl_report_that_does_not_parse_before_asking_thim(
 #[tokio::test]
 async fn azure_snp_refuses_a_tdx_hcl_report_before_asking_thim() {
     let imds = StandIn::start(vec![Reply::Ok(thim_json())]).await;
-    let err = platform::azure_sev_snp(read("tdx-azure-hcl/hclreport.bin"), &imds.imds())
+    let err = platform::azure_sev_snp(read_cvm("tdx-azure-hcl/hclreport.bin"), &imds.imds())
         .await
         .unwrap_err();
     assert!(
@@ -527,12 +506,12 @@ fn the_imds_url_must_be_plain_http_with_a_host() {
 
 #[tokio::test]
 async fn azure_tdx_asks_for_a_quote_of_the_td_report_in_base64url() {
-    let hcl = read("tdx-azure-hcl/hclreport.bin");
+    let hcl = read_cvm("tdx-azure-hcl/hclreport.bin");
     let parsed = HclReport::parse(&hcl).unwrap();
     let HardwareReport::Tdx(td_report) = parsed.hardware_report() else {
         panic!("the test data holds a TD report");
     };
-    let quote = read("tdx-dcap/tdx_quote");
+    let quote = read_cvm("tdx-dcap/tdx_quote");
     let answer = serde_json::json!({ "quote": URL_SAFE_NO_PAD.encode(&quote) }).to_string();
     let imds = StandIn::start(vec![Reply::Status(503), Reply::Ok(answer)]).await;
 
@@ -562,7 +541,7 @@ async fn azure_tdx_asks_for_a_quote_of_the_td_report_in_base64url() {
 
 #[tokio::test]
 async fn azure_tdx_refuses_a_quote_that_is_not_base64url() {
-    let hcl = read("tdx-azure-hcl/hclreport.bin");
+    let hcl = read_cvm("tdx-azure-hcl/hclreport.bin");
     let imds = StandIn::start(vec![Reply::Ok(r#"{"quote": "+/+/"}"#.into())]).await;
     let err = platform::azure_tdx(&hcl, &imds.imds()).await.unwrap_err();
     assert!(
@@ -607,8 +586,8 @@ fn cert_table(certs: &[(CertKind, &[u8])]) -> Vec<u8> {
 
 #[test]
 fn the_vlek_and_its_asvk_are_taken_from_the_certificate_table() {
-    let vlek = pem_der(&read("snp-aws/vlek.pem")).remove(0);
-    let chain = pem_der(&read("snp-aws/certchain.pem"));
+    let vlek = pem_der(&read_cvm("snp-aws/vlek.pem")).remove(0);
+    let chain = pem_der(&read_cvm("snp-aws/certchain.pem"));
     let (asvk, ark) = (&chain[0], &chain[1]);
     // The host's order need not be the evidence's; the ARK is left out.
     let blob = cert_table(&[
@@ -627,8 +606,8 @@ fn the_vlek_and_its_asvk_are_taken_from_the_certificate_table() {
 
 #[test]
 fn a_certificate_table_without_a_vlek_is_refused() {
-    let vcek = pem_der(&read("snp-azure/vcek.pem")).remove(0);
-    let ask = pem_der(&read("snp-azure/certchain.pem")).remove(0);
+    let vcek = pem_der(&read_cvm("snp-azure/vcek.pem")).remove(0);
+    let ask = pem_der(&read_cvm("snp-azure/certchain.pem")).remove(0);
     let blob = cert_table(&[(CertKind::Vcek, &vcek), (CertKind::Ask, &ask)]);
     match platform::vlek_certs(&blob) {
         Err(PlatformError::NoVlek { found }) => {

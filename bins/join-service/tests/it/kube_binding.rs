@@ -11,10 +11,10 @@ use asterism_join_service::{
 use asterism_kms::DiskUuid;
 use asterism_kube_api::ApiError;
 use asterism_metadata::Role;
+use asterism_testkit::kube_api::paths::{CONFIG_MAPS, NODE_VERSION};
 use asterism_testkit::kube_api::{RecordingServer, Reply, recorded};
 use std::time::{Duration, SystemTime};
 
-const CONFIG_MAPS: &str = "/api/v1/namespaces/kube-system/configmaps";
 const DISK: &str = "aaaaaaaa-0000-4000-8000-00000000000a";
 /// The AK of the recorded member `worker-0`.
 const RECORDED_AK: &str = "4d2a9f0e1b3c5d7e9f1a2b4c6d8e0f1a3b5c7d9e1f2a4b6c8d0e2f4a6b8c0d2e";
@@ -623,8 +623,6 @@ async fn the_init_node_binds_its_disk_and_is_recorded_without_tickets() {
     assert!(server.writes().is_empty());
 }
 
-const NODE_VERSION: &str =
-    "/apis/update.edgeless.systems/v1alpha1/nodeversions/constellation-version";
 /// The recorded components ConfigMap: one kubelet of v1.33.4.
 const COMPONENTS: &str =
     "k8s-components-sha256-5d4cc820b37f3d1fd0c6e04ed50a56ead8d497ecfd3c25c749855ed9d852837d";

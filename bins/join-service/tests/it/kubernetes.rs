@@ -9,15 +9,10 @@ use std::time::{Duration, SystemTime};
 use crate::common::*;
 use asterism_join_service::{JoiningNodes, KubeState};
 use asterism_testkit::TpmNode;
+use asterism_testkit::kube_api::paths::{CONFIG_MAPS, JOINING_NODES, NODE_VERSION, SECRETS};
 use asterism_testkit::kube_api::{RecordingServer, Reply};
 use asterism_testkit::process::Process;
 use tonic::Code;
-
-const CONFIG_MAPS: &str = "/api/v1/namespaces/kube-system/configmaps";
-const SECRETS: &str = "/api/v1/namespaces/kube-system/secrets";
-const JOINING_NODES: &str = "/apis/update.edgeless.systems/v1alpha1/joiningnodes";
-const NODE_VERSION: &str =
-    "/apis/update.edgeless.systems/v1alpha1/nodeversions/constellation-version";
 
 fn disk_path(disk: &str) -> String {
     format!("{CONFIG_MAPS}/asterism-disk-{disk}")

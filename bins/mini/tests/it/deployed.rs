@@ -36,6 +36,7 @@ use asterism::bring_up::{self, Plan};
 use asterism_cluster::NodeDir;
 use asterism_kube_api::{DeploymentSpec, Images, JoinServiceTrust, KeyServiceSecret};
 use asterism_mini::{LocalCluster, Node};
+use asterism_testkit::kube_api::paths::{CONFIG_MAPS, SECRETS};
 use asterism_testkit::kube_api::{RecordingServer, Reply};
 use asterism_testkit::process::Process;
 use base64::Engine as _;
@@ -55,8 +56,6 @@ const TPM_DEVICE: &str = "device:/dev/tpmrm0";
 /// The bootstrapper's node directory on a node booted from the image, which the manifests'
 /// host paths assume (`scripts/node-image/args`).
 const NODE_DIR_ON_A_NODE: &str = "/run";
-const CONFIG_MAPS: &str = "/api/v1/namespaces/kube-system/configmaps";
-const SECRETS: &str = "/api/v1/namespaces/kube-system/secrets";
 
 /// The node the pods run on, as this machine provides it.
 struct Host {

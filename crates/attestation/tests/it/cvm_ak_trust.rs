@@ -10,7 +10,7 @@
 use crate::common::*;
 use asterism_attestation::explain::Outcome;
 use asterism_attestation::hcl::{self, HardwareReport, HclReport, RuntimeData};
-use asterism_attestation::snp::{MinimumTcb, PerProduct, SignerKind, SnpPolicy, SnpReport};
+use asterism_attestation::snp::{SignerKind, SnpPolicy, SnpReport};
 use asterism_attestation::tdx::{
     TcbStatus, TdQuote, TdReport, TdReportKind, TdxCollateral, TdxPolicy, check_fields,
 };
@@ -23,16 +23,11 @@ use asterism_attestation::{
     CvmReferences, InsecureNoLaunchMeasurement, Measurements, ReportData, Role, ValidationError,
     explain::Reference,
 };
+use asterism_testkit::cvm::{aws_snp_report, read_cvm, snp_policy_at_the_azure_tcb};
 use base64::Engine as _;
-use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use prost::Message;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/cvm");
-
-fn read(path: &str) -> Vec<u8> {
-    std::fs::read(format!("{DATA}/{path}")).unwrap()
-}
 
 /// 2025-06-01: inside the validity of every SNP certificate in the test data.
 fn snp_now() -> SystemTime {
@@ -45,7 +40,7 @@ fn rd() -> ReportData {
 
 /// The Azure SNP files hold the HCL report without its 32-byte header: put it back.
 fn azure_snp_hcl(runtime: &[u8]) -> Vec<u8> {
-    let body = read("snp-azure/attestation.bin");
+    let body = read_cvm("snp-azure/attestation.bin");
     let mut out = b"HCLA".to_vec();
     out.extend_from_slice(&2u32.to_le_bytes());
     let size = 32 + body.len() + runtime.len();
@@ -66,8 +61,8 @@ fn pem_der(pem: &[u8]) -> Vec<Vec<u8>> {
 }
 
 fn azure_snp_kind(runtime: &[u8]) -> PlatformKind {
-    let mut certs = pem_der(&read("snp-azure/vcek.pem"));
-    certs.push(pem_der(&read("snp-azure/certchain.pem")).remove(0)); // the ASK
+    let mut certs = pem_der(&read_cvm("snp-azure/vcek.pem"));
+    certs.push(pem_der(&read_cvm("snp-azure/certchain.pem")).remove(0)); // the ASK
     PlatformKind::AzureSevSnp(AzureSnp {
         hcl_report: azure_snp_hcl(runtime),
         certs,
@@ -77,7 +72,7 @@ fn azure_snp_kind(runtime: &[u8]) -> PlatformKind {
 /// The real Azure vTPM AK as a public area (as Azure's vTPM makes it: without noDA).
 fn azure_ak_public() -> Vec<u8> {
     let json: serde_json::Value =
-        serde_json::from_slice(&read("snp-azure/runtimedata.bin")).unwrap();
+        serde_json::from_slice(&read_cvm("snp-azure/runtimedata.bin")).unwrap();
     let n = URL_SAFE_NO_PAD
         .decode(json["keys"][0]["n"].as_str().unwrap())
         .unwrap();
@@ -110,16 +105,6 @@ fn validator(trust: CvmAkTrust, m: Measurements) -> TpmQuoteValidator {
     TpmQuoteValidator::new(AkTrust::confidential_vm(trust), m.into_provider()).with_clock(snp_now)
 }
 
-fn aws_report() -> Vec<u8> {
-    STANDARD
-        .decode(
-            String::from_utf8(read("snp-aws/report.txt"))
-                .unwrap()
-                .trim(),
-        )
-        .unwrap()
-}
-
 fn snp_launch(report: &[u8]) -> CvmReferences {
     let measurement = SnpReport::parse(&report[..hcl::SNP_REPORT_SIZE])
         .unwrap()
@@ -135,7 +120,7 @@ fn snp_launch(report: &[u8]) -> CvmReferences {
 /// 264, MRSEAM at 280, MRSIGNERSEAM at 328, ATTRIBUTES at 376), TDINFO at 512
 /// (ATTRIBUTES, XFAM, MRTD, MRCONFIGID, MROWNER, MROWNERCONFIG, RTMR 0 to 3).
 fn azure_td_report() -> (TdReport, Vec<u8>) {
-    let hcl_bytes = read("tdx-azure-hcl/hclreport.bin");
+    let hcl_bytes = read_cvm("tdx-azure-hcl/hclreport.bin");
     let report = HclReport::parse(&hcl_bytes).unwrap();
     let HardwareReport::Tdx(td) = report.hardware_report() else {
         panic!("not TDX");
@@ -174,38 +159,19 @@ fn tdx_launch(report: &TdReport) -> CvmReferences {
 /// The reference values of the real reports, for each platform.
 fn references_for(platform: CvmPlatform) -> CvmReferences {
     match platform {
-        CvmPlatform::AzureSevSnp => snp_launch(&read("snp-azure/attestation.bin")),
-        CvmPlatform::AwsSevSnp => snp_launch(&aws_report()),
+        CvmPlatform::AzureSevSnp => snp_launch(&read_cvm("snp-azure/attestation.bin")),
+        CvmPlatform::AwsSevSnp => snp_launch(&aws_snp_report()),
         CvmPlatform::AzureTdx => tdx_launch(&azure_td_report().0),
     }
 }
 
-/// The default policy with the Milan floor at the Azure report's own TCB (boot loader 2,
-/// TEE 0, SNP 6, microcode 93), which the default floor refuses; the AWS report is above
-/// it. The TCB minimums have tests of their own, in tests/snp.rs.
-fn policy() -> SnpPolicy {
-    SnpPolicy {
-        minimum_tcb: PerProduct {
-            milan: Some(MinimumTcb {
-                bootloader: 2,
-                tee: 0,
-                snp: 6,
-                microcode: 93,
-                fmc: 0,
-            }),
-            ..PerProduct::default()
-        },
-        ..SnpPolicy::default()
-    }
-}
-
 fn azure_snp() -> CvmAkTrust {
-    CvmAkTrust::sev_snp(CvmPlatform::AzureSevSnp, policy()).unwrap()
+    CvmAkTrust::sev_snp(CvmPlatform::AzureSevSnp, snp_policy_at_the_azure_tcb()).unwrap()
 }
 
 #[test]
 fn the_real_azure_snp_report_vouches_for_its_ak_and_only_the_quote_signature_is_left() {
-    let runtime = read("snp-azure/runtimedata.bin");
+    let runtime = read_cvm("snp-azure/runtimedata.bin");
     let (ev, m) = evidence(Some(azure_snp_kind(&runtime)), Some(azure_ak_public()));
     let (checks, result) = validator(azure_snp(), m).validate_explained(&ev, &rd());
     // Hardware → AK passed (every check recorded, none failed); the quote was signed by our
@@ -232,7 +198,7 @@ fn the_real_azure_snp_report_vouches_for_its_ak_and_only_the_quote_signature_is_
 
 #[test]
 fn an_ak_the_runtime_data_does_not_name_is_refused() {
-    let runtime = read("snp-azure/runtimedata.bin");
+    let runtime = read_cvm("snp-azure/runtimedata.bin");
     // The software AK signs and presents itself: a valid quote, but not the vTPM's AK.
     let (ev, m) = evidence(Some(azure_snp_kind(&runtime)), None);
     let err = validator(azure_snp(), m)
@@ -268,7 +234,7 @@ fn assert_refused_at_the_binding(
 
 #[test]
 fn runtime_data_whose_ak_was_swapped_is_refused_by_the_report_data() {
-    let mut runtime = read("snp-azure/runtimedata.bin");
+    let mut runtime = read_cvm("snp-azure/runtimedata.bin");
     let text = String::from_utf8(runtime.clone()).unwrap();
     let n = text.find("\"n\":\"").unwrap() + 5;
     runtime[n] = if runtime[n] == b'A' { b'B' } else { b'A' };
@@ -279,7 +245,7 @@ fn runtime_data_whose_ak_was_swapped_is_refused_by_the_report_data() {
 
 #[test]
 fn a_launch_measurement_from_the_measurements_file_is_enforced() {
-    let runtime = read("snp-azure/runtimedata.bin");
+    let runtime = read_cvm("snp-azure/runtimedata.bin");
     let (ev, m) = evidence(Some(azure_snp_kind(&runtime)), Some(azure_ak_public()));
     let m = m.with_cvm(CvmReferences {
         snp_launch_measurement: Some(Reference::enforce([0x5a; 48])),
@@ -310,14 +276,8 @@ fn evidence_without_the_platform_report_or_with_another_platforms_is_refused() {
     );
 
     let aws = PlatformKind::AwsSevSnp(AwsSnp {
-        report: STANDARD
-            .decode(
-                String::from_utf8(read("snp-aws/report.txt"))
-                    .unwrap()
-                    .trim(),
-            )
-            .unwrap(),
-        certs: pem_der(&read("snp-aws/vlek.pem")),
+        report: aws_snp_report(),
+        certs: pem_der(&read_cvm("snp-aws/vlek.pem")),
     });
     let (ev, m) = evidence(Some(aws), Some(azure_ak_public()));
     let err = validator(azure_snp(), m)
@@ -332,18 +292,12 @@ fn evidence_without_the_platform_report_or_with_another_platforms_is_refused() {
 
 #[test]
 fn the_real_aws_report_is_verified_and_refuses_an_ak_it_was_not_made_for() {
-    let report = STANDARD
-        .decode(
-            String::from_utf8(read("snp-aws/report.txt"))
-                .unwrap()
-                .trim(),
-        )
-        .unwrap();
-    let mut certs = pem_der(&read("snp-aws/vlek.pem"));
-    certs.push(pem_der(&read("snp-aws/certchain.pem")).remove(0)); // the ASVK
+    let report = aws_snp_report();
+    let mut certs = pem_der(&read_cvm("snp-aws/vlek.pem"));
+    certs.push(pem_der(&read_cvm("snp-aws/certchain.pem")).remove(0)); // the ASVK
     let kind = PlatformKind::AwsSevSnp(AwsSnp { report, certs });
     let (ev, m) = evidence(Some(kind), None);
-    let trust = CvmAkTrust::sev_snp(CvmPlatform::AwsSevSnp, policy()).unwrap();
+    let trust = CvmAkTrust::sev_snp(CvmPlatform::AwsSevSnp, snp_policy_at_the_azure_tcb()).unwrap();
     let (checks, result) = validator(trust, m).validate_explained(&ev, &rd());
     // The report verified to AMD's root (its signature checks passed); its REPORT_DATA
     // names the instance's own AK, not ours.
@@ -381,14 +335,14 @@ fn azure_tdx_without_collateral_is_refused_and_the_platform_names_parse() {
 /// the real Azure runtime data: what an attacker with a report from another cloud, or from
 /// an EPYC host of their own, could present as an Azure vTPM (the HCL header is unsigned).
 fn aws_report_as_azure_evidence() -> PlatformKind {
-    let azure = read("snp-azure/attestation.bin");
-    let mut body = aws_report();
+    let azure = read_cvm("snp-azure/attestation.bin");
+    let mut body = aws_snp_report();
     body.extend_from_slice(&azure[hcl::SNP_REPORT_SIZE..]); // the runtime data header
-    let runtime = read("snp-azure/runtimedata.bin");
+    let runtime = read_cvm("snp-azure/runtimedata.bin");
     let mut hcl_report = azure_snp_hcl(&runtime);
     hcl_report[32..32 + body.len()].copy_from_slice(&body);
-    let mut certs = pem_der(&read("snp-aws/vlek.pem"));
-    certs.push(pem_der(&read("snp-aws/certchain.pem")).remove(0)); // the ASVK
+    let mut certs = pem_der(&read_cvm("snp-aws/vlek.pem"));
+    certs.push(pem_der(&read_cvm("snp-aws/certchain.pem")).remove(0)); // the ASVK
     PlatformKind::AzureSevSnp(AzureSnp { hcl_report, certs })
 }
 
@@ -399,7 +353,7 @@ fn a_vlek_signed_report_wrapped_as_azure_evidence_is_refused_at_the_signer() {
         Some(azure_ak_public()),
     );
     // Even with the AWS launch pinned, so that nothing but the signer can refuse it.
-    let m = m.with_cvm(snp_launch(&aws_report()));
+    let m = m.with_cvm(snp_launch(&aws_snp_report()));
     let (checks, result) = validator(azure_snp(), m).validate_explained(&ev, &rd());
     match &result {
         Err(ValidationError::Field {
@@ -429,16 +383,16 @@ fn a_vlek_signed_report_wrapped_as_azure_evidence_is_refused_at_the_signer() {
 
 #[test]
 fn a_vcek_signed_report_is_refused_as_aws_evidence() {
-    let azure = read("snp-azure/attestation.bin");
-    let mut certs = pem_der(&read("snp-azure/vcek.pem"));
-    certs.push(pem_der(&read("snp-azure/certchain.pem")).remove(0));
+    let azure = read_cvm("snp-azure/attestation.bin");
+    let mut certs = pem_der(&read_cvm("snp-azure/vcek.pem"));
+    certs.push(pem_der(&read_cvm("snp-azure/certchain.pem")).remove(0));
     let kind = PlatformKind::AwsSevSnp(AwsSnp {
         report: azure[..hcl::SNP_REPORT_SIZE].to_vec(),
         certs,
     });
     let (ev, m) = evidence(Some(kind), None);
     let m = m.with_cvm(snp_launch(&azure));
-    let trust = CvmAkTrust::sev_snp(CvmPlatform::AwsSevSnp, policy()).unwrap();
+    let trust = CvmAkTrust::sev_snp(CvmPlatform::AwsSevSnp, snp_policy_at_the_azure_tcb()).unwrap();
     let err = validator(trust, m)
         .validate_explained(&ev, &rd())
         .1
@@ -460,7 +414,7 @@ fn the_platform_fixes_the_signer_whatever_the_policy_allows() {
     assert_eq!(CvmPlatform::AzureTdx.snp_signer(), None);
     let vlek_only = SnpPolicy {
         allow_vcek: false,
-        ..policy()
+        ..snp_policy_at_the_azure_tcb()
     };
     assert_eq!(
         CvmAkTrust::sev_snp(CvmPlatform::AzureSevSnp, vlek_only.clone()).unwrap_err(),
@@ -471,12 +425,12 @@ fn the_platform_fixes_the_signer_whatever_the_policy_allows() {
     );
     CvmAkTrust::sev_snp(CvmPlatform::AwsSevSnp, vlek_only).unwrap();
     assert_eq!(
-        CvmAkTrust::sev_snp(CvmPlatform::AzureTdx, policy()).unwrap_err(),
+        CvmAkTrust::sev_snp(CvmPlatform::AzureTdx, snp_policy_at_the_azure_tcb()).unwrap_err(),
         CvmTrustError::NotSevSnp(CvmPlatform::AzureTdx)
     );
     let azure = azure_snp();
     assert!(azure.snp_policy().allow_vcek && !azure.snp_policy().allow_vlek);
-    let aws = CvmAkTrust::sev_snp(CvmPlatform::AwsSevSnp, policy()).unwrap();
+    let aws = CvmAkTrust::sev_snp(CvmPlatform::AwsSevSnp, snp_policy_at_the_azure_tcb()).unwrap();
     assert!(!aws.snp_policy().allow_vcek && aws.snp_policy().allow_vlek);
 }
 
@@ -511,17 +465,17 @@ fn every_snp_mode_refuses_to_start_and_to_verify_without_a_launch_measurement() 
     for (platform, kind) in [
         (
             CvmPlatform::AzureSevSnp,
-            azure_snp_kind(&read("snp-azure/runtimedata.bin")),
+            azure_snp_kind(&read_cvm("snp-azure/runtimedata.bin")),
         ),
         (
             CvmPlatform::AwsSevSnp,
             PlatformKind::AwsSevSnp(AwsSnp {
-                report: aws_report(),
-                certs: pem_der(&read("snp-aws/vlek.pem")),
+                report: aws_snp_report(),
+                certs: pem_der(&read_cvm("snp-aws/vlek.pem")),
             }),
         ),
     ] {
-        let trust = CvmAkTrust::sev_snp(platform, policy()).unwrap();
+        let trust = CvmAkTrust::sev_snp(platform, snp_policy_at_the_azure_tcb()).unwrap();
         let none = CvmReferences::default();
         // Start: the binaries ask the trust before they serve.
         assert_eq!(
@@ -550,7 +504,7 @@ fn every_snp_mode_refuses_to_start_and_to_verify_without_a_launch_measurement() 
         // Every verification: the measurements file may have changed since the start.
         let (ev, m) = evidence(Some(kind), Some(azure_ak_public()));
         let m = m.with_cvm(warn_only);
-        let trust = CvmAkTrust::sev_snp(platform, policy()).unwrap();
+        let trust = CvmAkTrust::sev_snp(platform, snp_policy_at_the_azure_tcb()).unwrap();
         let (checks, result) = validator(trust, m).validate_explained(&ev, &rd());
         assert!(
             matches!(&result, Err(ValidationError::Field { field, .. })
@@ -563,7 +517,7 @@ fn every_snp_mode_refuses_to_start_and_to_verify_without_a_launch_measurement() 
 
 #[test]
 fn the_insecure_option_accepts_a_missing_launch_measurement_with_a_warning() {
-    let runtime = read("snp-azure/runtimedata.bin");
+    let runtime = read_cvm("snp-azure/runtimedata.bin");
     let (ev, m) = evidence(Some(azure_snp_kind(&runtime)), Some(azure_ak_public()));
     let m = m.with_cvm(CvmReferences {
         snp_host_data: Some(Reference::warn_only([0; 32])),
@@ -616,11 +570,12 @@ fn azure_tdx_requires_mrtd_and_all_four_rtmrs() {
 
 /// A v4 DCAP quote as the evidence's Azure TDX quote, with its collateral.
 fn dcap_quote() -> (Vec<u8>, TdxCollateralSet) {
-    let mut quote = read("tdx-dcap/tdx_quote");
+    let mut quote = read_cvm("tdx-dcap/tdx_quote");
     let sig_at = 48 + 584 + 4;
     let sig_len = u32::from_le_bytes(quote[sig_at - 4..sig_at].try_into().unwrap()) as usize;
     quote.truncate(sig_at + sig_len);
-    let collateral = TdxCollateral::from_json(&read("tdx-dcap/tdx_quote_collateral.json")).unwrap();
+    let collateral =
+        TdxCollateral::from_json(&read_cvm("tdx-dcap/tdx_quote_collateral.json")).unwrap();
     (quote, TdxCollateralSet::new(vec![collateral]).unwrap())
 }
 
@@ -666,7 +621,7 @@ fn runtime_data_no_hardware_report_binds_is_refused_at_the_binding_and_never_par
     // from its first byte. Parsed first, it would fail with a parse error; it must instead
     // only be hashed, and be refused when the genuine report's REPORT_DATA does not match
     // that hash.
-    let mut garbage = read("snp-azure/runtimedata.bin");
+    let mut garbage = read_cvm("snp-azure/runtimedata.bin");
     garbage[0] = b'x';
     let (ev, m) = evidence(Some(azure_snp_kind(&garbage)), Some(azure_ak_public()));
     let (checks, result) = validator(azure_snp(), m).validate_explained(&ev, &rd());
@@ -755,7 +710,7 @@ fn azure_tdx_ak_public(runtime: &[u8]) -> Vec<u8> {
 #[test]
 fn a_leaf_alone_is_chained_through_the_embedded_intermediate() {
     // Azure serves the VCEK without its ASK; the verifier has AMD's ASKs built in.
-    let runtime = read("snp-azure/runtimedata.bin");
+    let runtime = read_cvm("snp-azure/runtimedata.bin");
     let PlatformKind::AzureSevSnp(mut azure) = azure_snp_kind(&runtime) else {
         unreachable!()
     };
@@ -792,7 +747,7 @@ fn a_leaf_alone_is_chained_through_the_embedded_intermediate() {
 /// The sample collateral with its TCB info naming another FMSPC (its signature no longer
 /// holds; enough to count sets).
 fn collateral_for_another_platform() -> TdxCollateral {
-    let json = String::from_utf8(read("tdx-dcap/tdx_quote_collateral.json")).unwrap();
+    let json = String::from_utf8(read_cvm("tdx-dcap/tdx_quote_collateral.json")).unwrap();
     let other = json.replace("B0C06F000000", "00906ED50000");
     assert_ne!(json, other);
     TdxCollateral::from_json(other.as_bytes()).unwrap()
@@ -804,7 +759,7 @@ fn collateral_sets_count_what_they_hold() {
     assert_eq!((empty.len(), empty.is_empty()), (0, true));
     let (_, one) = dcap_quote();
     assert_eq!((one.len(), one.is_empty()), (1, false));
-    let c = TdxCollateral::from_json(&read("tdx-dcap/tdx_quote_collateral.json")).unwrap();
+    let c = TdxCollateral::from_json(&read_cvm("tdx-dcap/tdx_quote_collateral.json")).unwrap();
     let two = TdxCollateralSet::new(vec![c.clone(), collateral_for_another_platform()]).unwrap();
     assert_eq!((two.len(), two.is_empty()), (2, false));
     let trust = CvmAkTrust::azure_tdx(TdxPolicy::default(), two);
@@ -817,7 +772,7 @@ fn collateral_sets_count_what_they_hold() {
 #[test]
 fn the_quote_is_verified_only_against_its_own_platforms_collateral() {
     let (quote, _) = dcap_quote();
-    let c = TdxCollateral::from_json(&read("tdx-dcap/tdx_quote_collateral.json")).unwrap();
+    let c = TdxCollateral::from_json(&read_cvm("tdx-dcap/tdx_quote_collateral.json")).unwrap();
     let (_, runtime) = azure_td_report();
     let td = TdQuote::parse(&quote).unwrap().report().clone();
     let verify = |set: TdxCollateralSet| {
@@ -861,8 +816,9 @@ fn the_newest_tcb_info_of_a_platform_decides_whatever_the_order() {
     // Two real collateral sets of the same FMSPC: TCB evaluation 17 (valid on 2025-07-01,
     // under which the v4 sample quote's platform is UpToDate) and 20 (issued 2026-10-08).
     let (quote, _) = dcap_quote();
-    let c17 = TdxCollateral::from_json(&read("tdx-dcap/tdx_quote_collateral.json")).unwrap();
-    let c20 = TdxCollateral::from_json(&read("tdx-dcap/tdx_quote_td15ex_collateral.json")).unwrap();
+    let c17 = TdxCollateral::from_json(&read_cvm("tdx-dcap/tdx_quote_collateral.json")).unwrap();
+    let c20 =
+        TdxCollateral::from_json(&read_cvm("tdx-dcap/tdx_quote_td15ex_collateral.json")).unwrap();
     assert_eq!(c17.fmspc(), c20.fmspc());
     assert_eq!(c17.freshness().unwrap().0, 17);
     assert_eq!(c20.freshness().unwrap().0, 20);
@@ -926,12 +882,12 @@ fn cvm_references_are_empty_only_without_any_value() {
 
 #[test]
 fn the_real_azure_snp_report_verifies_end_to_end_with_a_floor_at_its_own_tcb() {
-    let azure = read("snp-azure/attestation.bin");
+    let azure = read_cvm("snp-azure/attestation.bin");
     let report = SnpReport::parse(&azure[..hcl::SNP_REPORT_SIZE]).unwrap();
     let tcb = report
         .reported_tcb
         .parts(asterism_attestation::snp::Product::Milan);
-    let runtime = read("snp-azure/runtimedata.bin");
+    let runtime = read_cvm("snp-azure/runtimedata.bin");
 
     // The default Milan floor refuses it: its boot loader SPL predates the floor.
     let default = CvmAkTrust::sev_snp(CvmPlatform::AzureSevSnp, SnpPolicy::default()).unwrap();

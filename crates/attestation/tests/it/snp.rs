@@ -11,6 +11,7 @@ use asterism_attestation::snp::{
     SnpCerts, SnpPolicy, SnpReport, SnpVerifier, check_fields, kds,
 };
 use asterism_attestation::{InsecureNoLaunchMeasurement, ValidationError};
+use asterism_testkit::cvm::snp_policy_at_the_azure_tcb;
 use base64::Engine;
 use sha2::Digest;
 
@@ -107,24 +108,12 @@ const MILAN_SAMPLE_TCB: MinimumTcb = MinimumTcb {
     fmc: 0,
 };
 
-/// The Azure report's own TCB (boot loader 2, TEE 0, SNP 6, microcode 93): older than the
-/// default Milan floor, and the lowest of the three real reports, so each of them meets it.
-const AZURE_TCB: MinimumTcb = MinimumTcb {
-    bootloader: 2,
-    tee: 0,
-    snp: 6,
-    microcode: 93,
-    fmc: 0,
-};
-
-/// A policy whose Milan floor is the Azure report's own TCB (that report predates the
-/// default Milan floor); no floor for Genoa and Turin, as by default.
+/// Any launch, and the Milan floor at the Azure report's own TCB (older than the default
+/// Milan floor, and the lowest of the three real reports); no floor for Genoa and Turin, as
+/// by default.
 fn no_floor() -> SnpPolicy {
     SnpPolicy {
-        minimum_tcb: PerProduct {
-            milan: Some(AZURE_TCB),
-            ..PerProduct::default()
-        },
+        minimum_tcb: snp_policy_at_the_azure_tcb().minimum_tcb,
         ..any_launch()
     }
 }

@@ -7,14 +7,11 @@ use asterism_kube_api::{
     ApiError, ApiOptions, ClusterApi, JoinConfigChange, JoiningNode, TokenPolicy, WaitPolicy,
 };
 use asterism_proto::components::Component;
+use asterism_testkit::kube_api::paths::{CONFIG_MAPS, JOINING_NODES, NAMESPACES, SECRETS};
 use asterism_testkit::kube_api::{RecordingServer, Reply, recorded};
 use base64::Engine as _;
 use std::time::{Duration, Instant, SystemTime};
 
-const NAMESPACES: &str = "/api/v1/namespaces";
-const CONFIG_MAPS: &str = "/api/v1/namespaces/kube-system/configmaps";
-const SECRETS: &str = "/api/v1/namespaces/kube-system/secrets";
-const JOINING_NODES: &str = "/apis/update.edgeless.systems/v1alpha1/joiningnodes";
 const DISK: &str = "aaaaaaaa-0000-4000-8000-00000000000a";
 const AK: &str = "5e1b3d5f7a9c1e3b5d7f9a1c3e5b7d9f1a3c5e7b9d1f3a5c7e9b1d3f5a7c9e0b";
 const SALT: [u8; 32] = [7; 32];

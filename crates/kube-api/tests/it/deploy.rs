@@ -7,14 +7,13 @@ use asterism_kube_api::{
     ApiError, ClusterApi, DeploymentSpec, Images, JoinServiceTrust, KeyServiceSecret, Object,
     RolloutStatus, WaitPolicy, deployment,
 };
+use asterism_testkit::kube_api::paths::{CONFIG_MAPS, DAEMON_SETS};
 use asterism_testkit::kube_api::{RecordingServer, Reply, Request};
 use base64::Engine as _;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-const CONFIG_MAPS: &str = "/api/v1/namespaces/kube-system/configmaps";
-const DAEMON_SETS: &str = "/apis/apps/v1/namespaces/kube-system/daemonsets";
 const MASTER_SECRET: [u8; 32] = [0x5a; 32];
 const SALT: [u8; 32] = [0xa5; 32];
 const MEASUREMENT_SALT: [u8; 32] = [7; 32];

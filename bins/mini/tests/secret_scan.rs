@@ -16,13 +16,7 @@
 //! child itself, inherits `ASTERISM_LOG=trace`, and so that the child's own output can be
 //! searched too.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing,
-    clippy::print_stdout
-)]
+#![cfg(test)] // all of it test code: clippy.toml's test allowances cover its helpers too
 
 mod common;
 

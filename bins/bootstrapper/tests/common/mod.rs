@@ -1,7 +1,7 @@
 //! A node for the tests: a real swtpm, a real LUKS2 image file driven by cryptsetup, real
 //! aTLS on loopback, real bcrypt; metadata in memory.
 
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(dead_code)]
 
 pub mod init_helpers;
 

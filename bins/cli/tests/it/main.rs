@@ -1,15 +1,6 @@
-//! The integration tests of `cli`, in one test program: each module was a program
-//! of its own, and linking one program instead of one each saves most of the suite's
-//! link time (docs/testing.md). Modules keep their own set-up; tests run in parallel
-//! threads, as they did within each program.
+//! The integration tests of `cli`: one test program of modules, one link for all (docs/testing.md).
 
-// Tests may panic: a failed assertion is how they fail.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
+#![cfg(test)] // all of it test code: clippy.toml's test allowances cover its helpers too
 
 mod bring_up;
 mod recover_shares;

@@ -1,7 +1,7 @@
 //! A cluster in one process for the tests: metadata service, key service on a Unix
 //! socket, the join service over aTLS, and clients bound to node addresses.
 
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(dead_code)]
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

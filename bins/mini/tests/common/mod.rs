@@ -2,7 +2,7 @@
 //! a teardown that stops a cluster even when a test fails, a runtime, and an independent
 //! key check with the cryptsetup program (`asterism_testkit::luks`).
 
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(dead_code)]
 
 use asterism_mini::{LocalCluster, Node};
 

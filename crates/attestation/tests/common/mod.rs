@@ -1,11 +1,5 @@
 //! Shared test helpers: a software platform CA, log capture, measurement fixtures.
-#![allow(
-    dead_code,
-    missing_docs,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic
-)]
+#![allow(dead_code, missing_docs)]
 
 use asterism_attestation::{ExpectedPcr, Measurements, PcrIndex};
 use asterism_soft_tpm::{SoftAk, SoftTpm};

@@ -1,13 +1,7 @@
 //! Shared helpers of the component tests, and of asterism-kubeadm's tests (which include
 //! this file): a scripted HTTP server on 127.0.0.1 and tarballs built in the test (also
 //! malicious ones).
-#![allow(
-    dead_code,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
+#![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::io::Write as _;

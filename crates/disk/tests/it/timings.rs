@@ -2,8 +2,6 @@
 //! parameters. Ignored by default (it takes about half a minute); run it with
 //! `cargo test -p asterism-disk --test timings -- --ignored --nocapture`.
 
-#![allow(clippy::print_stdout)]
-
 use std::fs::File;
 use std::time::Instant;
 

@@ -1,7 +1,7 @@
 //! Helpers of the kubeadm and driver tests: the components tests' HTTP server and tarballs
 //! (one file, included from asterism-components' tests), and the recording kubeadm stand-in
 //! installed into a directory as `kubeadm` and `systemctl`.
-#![allow(dead_code, unused_imports, clippy::unwrap_used)]
+#![allow(dead_code, unused_imports)]
 
 use std::path::PathBuf;
 

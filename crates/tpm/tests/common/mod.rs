@@ -6,13 +6,7 @@
 //! test, a misreading of the TPM specification in either shows up as a disagreement instead
 //! of passing both.
 
-#![allow(
-    dead_code,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
+#![allow(dead_code)]
 
 use asterism_testkit::Swtpm;
 use asterism_tpm::Tpm;

@@ -1,4 +1,4 @@
-//! The integration tests of `disk`: one test program of modules, one link for all (docs/testing.md).
+//! The integration tests of `disk`, as modules of one test program (docs/testing.md).
 
 #![cfg(test)] // all of it test code: clippy.toml's test allowances cover its helpers too
 

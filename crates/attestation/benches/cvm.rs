@@ -49,9 +49,7 @@ use asterism_attestation::{
     CvmReferences, ExpectedPcr, Measurements, PcrIndex, ReportData, Role, ValidationError,
     Validator,
 };
-use asterism_testkit::cvm::{aws_snp_report, read_cvm};
-use base64::Engine as _;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use asterism_testkit::cvm::{aws_snp_report, azure_ak_public, azure_snp_hcl_of, read_cvm};
 use prost::Message;
 use ring::rand::{SecureRandom, SystemRandom};
 use ring::signature::{self, EcdsaKeyPair, KeyPair, RsaKeyPair, UnparsedPublicKey};
@@ -106,18 +104,6 @@ impl SoftRsaAk {
 /// An RSA AK public area as Azure's vTPM makes it (without noDA).
 fn rsa_ak_public(n: Vec<u8>) -> Vec<u8> {
     asterism_testkit::cvm::cloud_ak_public(PublicParams::rsassa_sha256(n, 0))
-}
-
-/// The vTPM AK (`HCLAkPub`) of Azure runtime data, as a public area.
-fn azure_ak_public(runtime: &[u8]) -> Vec<u8> {
-    let json: serde_json::Value = serde_json::from_slice(runtime).unwrap();
-    let key = json["keys"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|k| k["kid"] == "HCLAkPub")
-        .unwrap();
-    rsa_ak_public(URL_SAFE_NO_PAD.decode(key["n"].as_str().unwrap()).unwrap())
 }
 
 /// PCR `i` holds `[i; 32]`; all 24 are quoted.
@@ -228,19 +214,6 @@ fn snp_launch(report: &[u8]) -> CvmReferences {
     }
 }
 
-/// The Azure SNP files hold the HCL report without its 32-byte header: put it back.
-fn azure_snp_hcl(body: &[u8], runtime: &[u8]) -> Vec<u8> {
-    let mut out = b"HCLA".to_vec();
-    out.extend_from_slice(&2u32.to_le_bytes());
-    let size = 32 + body.len() + runtime.len();
-    out.extend_from_slice(&u32::try_from(size).unwrap().to_le_bytes());
-    out.extend_from_slice(&2u32.to_le_bytes());
-    out.extend_from_slice(&[0u8; 16]);
-    out.extend_from_slice(body);
-    out.extend_from_slice(runtime);
-    out
-}
-
 /// The v4 DCAP sample quote, without the zero padding that follows it in the file.
 fn dcap_quote() -> Vec<u8> {
     let mut quote = read_cvm("tdx-dcap/tdx_quote");
@@ -290,7 +263,7 @@ fn variants() -> Vec<Variant> {
             &rd,
             azure_ak_public(&runtime),
             PlatformKind::AzureSevSnp(AzureSnp {
-                hcl_report: azure_snp_hcl(&body, &runtime),
+                hcl_report: azure_snp_hcl_of(&body, &runtime),
                 certs,
             }),
         ),

@@ -30,6 +30,26 @@ pub fn cloud_ak_public(params: PublicParams) -> Vec<u8> {
     .expect("an AK public area encodes")
 }
 
+/// The vTPM AK that Azure runtime data names (the RSA JWK `HCLAkPub`), as a public area
+/// the way Azure's vTPM makes it ([`cloud_ak_public`]). Read with `serde_json`, apart from
+/// the verifier's own runtime-data parser.
+#[allow(clippy::expect_used)] // a test helper fails the test loudly
+pub fn azure_ak_public(runtime: &[u8]) -> Vec<u8> {
+    let json: serde_json::Value = serde_json::from_slice(runtime).expect("runtime data is JSON");
+    let n = json
+        .get("keys")
+        .and_then(serde_json::Value::as_array)
+        .expect("runtime data has keys")
+        .iter()
+        .find(|k| k.get("kid").and_then(serde_json::Value::as_str) == Some("HCLAkPub"))
+        .and_then(|k| k.get("n")?.as_str())
+        .expect("runtime data names HCLAkPub with its modulus");
+    let n = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(n)
+        .expect("the modulus is base64url");
+    cloud_ak_public(PublicParams::rsassa_sha256(n, 0))
+}
+
 /// The directory of the real evidence (`crates/attestation/tests/data/cvm`).
 pub fn cvm_data_dir() -> PathBuf {
     PathBuf::from(concat!(
@@ -78,20 +98,27 @@ pub fn snp_policy_at_the_azure_tcb() -> SnpPolicy {
     }
 }
 
-/// The real Azure SEV-SNP HCL report, whole (1820 bytes): its test files hold it without
-/// the 32-byte header (`HCLA`, version 2, size, request type 2, reserved), which this puts
-/// back in front of the SNP report and the runtime data.
+/// The real Azure SEV-SNP HCL report, whole (1820 bytes): [`azure_snp_hcl_of`] its SNP
+/// report and runtime data.
 pub fn azure_snp_hcl_report() -> std::io::Result<Vec<u8>> {
     let dir = cvm_data_dir().join("snp-azure");
     let body = std::fs::read(dir.join("attestation.bin"))?;
     let runtime = std::fs::read(dir.join("runtimedata.bin"))?;
+    Ok(azure_snp_hcl_of(&body, &runtime))
+}
+
+/// An Azure SEV-SNP HCL report of `body` (the SNP report and its padding, as
+/// `snp-azure/attestation.bin` holds it) and `runtime` (its runtime data). The test files
+/// hold the report without its 32-byte header (`HCLA`, version 2, size, request type 2,
+/// reserved), which this puts back in front.
+pub fn azure_snp_hcl_of(body: &[u8], runtime: &[u8]) -> Vec<u8> {
     let size = u32::try_from(32 + body.len() + runtime.len()).unwrap_or(u32::MAX);
     let mut out = b"HCLA".to_vec();
     out.extend_from_slice(&2u32.to_le_bytes());
     out.extend_from_slice(&size.to_le_bytes());
     out.extend_from_slice(&2u32.to_le_bytes());
     out.extend_from_slice(&[0u8; 16]);
-    out.extend_from_slice(&body);
-    out.extend_from_slice(&runtime);
-    Ok(out)
+    out.extend_from_slice(body);
+    out.extend_from_slice(runtime);
+    out
 }

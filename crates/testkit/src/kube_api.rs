@@ -289,6 +289,33 @@ impl RecordingServer {
         )
     }
 
+    /// Routes a first admission of `node` with the disk `disk_uuid`, as the join service's
+    /// cluster state makes it: neither the disk's binding nor the member exists yet, and
+    /// the three creates succeed in their order (the AK's claim, the disk's binding, the
+    /// member: recorded answers).
+    pub fn route_first_admission(&self, node: &str, disk_uuid: &str) -> &Self {
+        use paths::CONFIG_MAPS;
+        self.on(
+            "GET",
+            &format!("{CONFIG_MAPS}/asterism-disk-{disk_uuid}"),
+            [Reply::recorded(404, "status-404-configmap-disk.json")],
+        )
+        .on(
+            "GET",
+            &format!("{CONFIG_MAPS}/asterism-member-{node}"),
+            [Reply::recorded(404, "status-404-configmap-member.json")],
+        )
+        .on(
+            "POST",
+            CONFIG_MAPS,
+            [
+                Reply::recorded(201, "configmap-ak-claim-created.json"),
+                Reply::recorded(201, "configmap-disk-binding-created.json"),
+                Reply::recorded(201, "configmap-member-created.json"),
+            ],
+        )
+    }
+
     /// Every request so far, in order.
     pub fn requests(&self) -> Vec<Request> {
         self.state.lock().unwrap().requests.clone()

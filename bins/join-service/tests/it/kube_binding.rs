@@ -560,26 +560,7 @@ async fn a_claim_of_another_disk_holds_unless_the_member_moved_to_this_one() {
 #[tokio::test]
 async fn the_init_node_binds_its_disk_and_is_recorded_without_tickets() {
     let (server, state, _dir) = setup().await;
-    server
-        .on(
-            "GET",
-            &member_path(),
-            [Reply::recorded(404, "status-404-configmap-member.json")],
-        )
-        .on(
-            "GET",
-            &format!("{CONFIG_MAPS}/asterism-disk-{DISK}"),
-            [Reply::recorded(404, "status-404-configmap-disk.json")],
-        )
-        .on(
-            "POST",
-            CONFIG_MAPS,
-            [
-                Reply::recorded(201, "configmap-ak-claim-created.json"),
-                Reply::recorded(201, "configmap-disk-binding-created.json"),
-                Reply::recorded(201, "configmap-member-created.json"),
-            ],
-        );
+    server.route_first_admission("worker-0", DISK);
     let init = InitNode {
         disk: DISK.into(),
         ak: OTHER_AK.into(),

@@ -21,29 +21,11 @@ fn disk_path(disk: &str) -> String {
 /// A cluster where nothing is stored yet: no disk binding, no member, no token.
 fn empty_cluster(server: &RecordingServer) {
     server
+        .route_first_admission("worker-0", DISK_A)
         .on(
             "GET",
             "/api/v1/namespaces",
             [Reply::recorded(200, "namespace-list.json")],
-        )
-        .on(
-            "GET",
-            &disk_path(DISK_A),
-            [Reply::recorded(404, "status-404-configmap-disk.json")],
-        )
-        .on(
-            "POST",
-            CONFIG_MAPS,
-            [
-                Reply::recorded(201, "configmap-ak-claim-created.json"),
-                Reply::recorded(201, "configmap-disk-binding-created.json"),
-                Reply::recorded(201, "configmap-member-created.json"),
-            ],
-        )
-        .on(
-            "GET",
-            &format!("{CONFIG_MAPS}/asterism-member-worker-0"),
-            [Reply::recorded(404, "status-404-configmap-member.json")],
         )
         .on(
             "GET",

@@ -14,7 +14,6 @@ use asterism_attestation::snp::{SignerKind, SnpPolicy, SnpReport};
 use asterism_attestation::tdx::{
     TcbStatus, TdQuote, TdReport, TdReportKind, TdxCollateral, TdxPolicy, check_fields,
 };
-use asterism_attestation::tpm::structures::{PublicParams, TpmtPublic};
 use asterism_attestation::tpm::{
     AkTrust, AwsSnp, AzureSnp, AzureTdx, CvmAkTrust, CvmPlatform, CvmTrustError, MissingReferences,
     PlatformKind, TdxCollateralSet, TpmQuoteEvidence, TpmQuoteValidator,
@@ -24,8 +23,6 @@ use asterism_attestation::{
     explain::Reference,
 };
 use asterism_testkit::cvm::{aws_snp_report, read_cvm, snp_policy_at_the_azure_tcb};
-use base64::Engine as _;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use prost::Message;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -38,18 +35,9 @@ fn rd() -> ReportData {
     ReportData::atls(Role::Server, &[0x11; 32])
 }
 
-/// The Azure SNP files hold the HCL report without its 32-byte header: put it back.
+/// The real Azure SEV-SNP report with `runtime` as its runtime data.
 fn azure_snp_hcl(runtime: &[u8]) -> Vec<u8> {
-    let body = read_cvm("snp-azure/attestation.bin");
-    let mut out = b"HCLA".to_vec();
-    out.extend_from_slice(&2u32.to_le_bytes());
-    let size = 32 + body.len() + runtime.len();
-    out.extend_from_slice(&u32::try_from(size).unwrap().to_le_bytes());
-    out.extend_from_slice(&2u32.to_le_bytes());
-    out.extend_from_slice(&[0u8; 16]);
-    out.extend_from_slice(&body);
-    out.extend_from_slice(runtime);
-    out
+    asterism_testkit::cvm::azure_snp_hcl_of(&read_cvm("snp-azure/attestation.bin"), runtime)
 }
 
 fn pem_der(pem: &[u8]) -> Vec<Vec<u8>> {
@@ -71,12 +59,7 @@ fn azure_snp_kind(runtime: &[u8]) -> PlatformKind {
 
 /// The real Azure vTPM AK as a public area (as Azure's vTPM makes it: without noDA).
 fn azure_ak_public() -> Vec<u8> {
-    let json: serde_json::Value =
-        serde_json::from_slice(&read_cvm("snp-azure/runtimedata.bin")).unwrap();
-    let n = URL_SAFE_NO_PAD
-        .decode(json["keys"][0]["n"].as_str().unwrap())
-        .unwrap();
-    asterism_testkit::cvm::cloud_ak_public(PublicParams::rsassa_sha256(n, 0))
+    asterism_testkit::cvm::azure_ak_public(&read_cvm("snp-azure/runtimedata.bin"))
 }
 
 /// Evidence: a software quote over `rd()`, with the platform report `kind` and, when
@@ -662,7 +645,7 @@ fn the_real_azure_td_report_passes_the_field_checks_and_binds_its_ak() {
     // Runtime data → AK: the real AK is the runtime data's HCLAkPub.
     hcl::hcl_ak_matches(
         &RuntimeData::parse(&runtime).unwrap(),
-        &azure_tdx_ak_public(&runtime),
+        &asterism_testkit::cvm::azure_ak_public(&runtime),
     )
     .unwrap();
     // The default (a TD whose own kernel takes #VE) would refuse it.
@@ -684,27 +667,6 @@ fn the_real_azure_td_report_passes_the_field_checks_and_binds_its_ak() {
         matches!(&err, ValidationError::Field { field, .. } if field == "td_attributes.sept_ve_disable"),
         "{err:?}"
     );
-}
-
-/// The Azure TDX vTPM's AK as a public area, from its runtime data.
-fn azure_tdx_ak_public(runtime: &[u8]) -> Vec<u8> {
-    let json: serde_json::Value = serde_json::from_slice(runtime).unwrap();
-    let key = json["keys"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|k| k["kid"] == "HCLAkPub")
-        .unwrap();
-    let n = URL_SAFE_NO_PAD.decode(key["n"].as_str().unwrap()).unwrap();
-    let mut public = TpmtPublic::parse(&azure_ak_public()).unwrap();
-    if let PublicParams::Rsa {
-        modulus, key_bits, ..
-    } = &mut public.params
-    {
-        *key_bits = u16::try_from(n.len() * 8).unwrap();
-        *modulus = n;
-    }
-    public.to_bytes().unwrap()
 }
 
 #[test]

@@ -502,16 +502,22 @@ mod tests {
     // ---- against the TPM: software MakeCredential, swtpm ActivateCredential ----
 
     use asterism_testkit::Swtpm;
-    use asterism_tpm::{AkAlgorithm, AkConfig, EkCertSlot, Tpm};
+    use asterism_tpm::{AkAlgorithm, AkConfig, AttestationKey, EkCertSlot, Tpm};
 
-    #[test]
-    fn the_tpm_recovers_a_credential_made_in_software_for_each_ek_template() {
+    /// A fresh swtpm, open, with an ECC P-256 AK loaded, and the AK's name.
+    fn tpm_with_ak() -> (Swtpm, Tpm, AttestationKey, Vec<u8>) {
         let swtpm = Swtpm::start().unwrap();
         let mut tpm = Tpm::open(&swtpm.config()).unwrap();
         let ak = tpm
             .load_attestation_key(&AkConfig::new(AkAlgorithm::EccP256))
             .unwrap();
         let name = object_name(ak.public_area()).unwrap();
+        (swtpm, tpm, ak, name)
+    }
+
+    #[test]
+    fn the_tpm_recovers_a_credential_made_in_software_for_each_ek_template() {
+        let (_swtpm, mut tpm, ak, name) = tpm_with_ak();
         for slot in [EkCertSlot::Rsa2048, EkCertSlot::EccP256] {
             let ek = TpmtPublic::parse(&tpm.read_ek_public(slot).unwrap()).unwrap();
             let credential = Credential::random().unwrap();
@@ -526,12 +532,7 @@ mod tests {
 
     #[test]
     fn the_tpm_refuses_a_credential_made_for_another_key_name_or_another_ek() {
-        let swtpm = Swtpm::start().unwrap();
-        let mut tpm = Tpm::open(&swtpm.config()).unwrap();
-        let ak = tpm
-            .load_attestation_key(&AkConfig::new(AkAlgorithm::EccP256))
-            .unwrap();
-        let name = object_name(ak.public_area()).unwrap();
+        let (_swtpm, mut tpm, ak, name) = tpm_with_ak();
         let slot = EkCertSlot::Rsa2048;
         let ek = TpmtPublic::parse(&tpm.read_ek_public(slot).unwrap()).unwrap();
         let credential = Credential::random().unwrap();

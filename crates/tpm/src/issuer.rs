@@ -81,14 +81,7 @@ impl TpmIssuer {
         ak_cert_chain: Vec<Vec<u8>>,
     ) -> Result<Self, TpmError> {
         let key = tpm.load_attestation_key(ak)?;
-        Ok(Self {
-            ak_public: key.public_area().to_vec(),
-            device: Mutex::new(Device::Held(Box::new(tpm), key)),
-            selection,
-            ak_cert_chain,
-            platform: None,
-            event_log: None,
-        })
+        Ok(Self::with_key(tpm, key, selection, ak_cert_chain))
     }
 
     /// Quotes with `key`, an AK already loaded on `tpm` (e.g. a cloud's AK made from its NV

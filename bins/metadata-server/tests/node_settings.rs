@@ -37,6 +37,40 @@ fn fw_cfg(root: &Path) {
     );
 }
 
+/// A temporary directory holding a fw_cfg tree with every setting (`fw_cfg/`), and the
+/// tree's path.
+fn fw_cfg_dir() -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("fw_cfg");
+    fw_cfg(&root);
+    (dir, root.to_str().unwrap().to_owned())
+}
+
+/// The standard output of a run that must have succeeded (its standard error if not).
+fn succeeded(out: Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Each of `lines` is a whole line of `stdout`.
+fn assert_lines(stdout: &str, lines: &[&str]) {
+    for line in lines {
+        assert!(
+            stdout.lines().any(|l| l == *line),
+            "{line} not in:\n{stdout}"
+        );
+    }
+}
+
+/// [`run`] with `args`, writing the settings' files into `out_dir`.
+fn run_writing_files(args: &[&str], out_dir: &Path) -> Output {
+    run(&[args, &["--write-files", out_dir.to_str().unwrap()]].concat())
+}
+
 fn run(args: &[&str]) -> Output {
     asterism_basics::children::output(
         Command::new(env!("CARGO_BIN_EXE_asterism-node-settings"))
@@ -48,38 +82,23 @@ fn run(args: &[&str]) -> Output {
 
 #[test]
 fn fw_cfg_settings_print_as_the_inits_shell_variables_with_the_blobs_as_files() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("fw_cfg");
-    fw_cfg(&root);
+    let (dir, root) = fw_cfg_dir();
     let out_dir = dir.path().join("attestation");
-    let out = run(&[
-        "--source",
-        "auto",
-        "--fw-cfg-root",
-        root.to_str().unwrap(),
-        "--write-files",
-        out_dir.to_str().unwrap(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_writing_files(&["--source", "auto", "--fw-cfg-root", &root], &out_dir);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let stdout = succeeded(out);
+    assert_lines(
+        &stdout,
+        &[
+            "settings_source='fw-cfg'",
+            "ip_addr='10.0.2.15/24'",
+            "gw='10.0.2.2'",
+            "node_ip='10.0.3.7/24'",
+            "hostname_='worker-7'",
+            &format!("cluster_id='{CLUSTER_ID}'"),
+            &format!("control_plane_key='{CP_KEY}'"),
+        ],
     );
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    for line in [
-        "settings_source='fw-cfg'",
-        "ip_addr='10.0.2.15/24'",
-        "gw='10.0.2.2'",
-        "node_ip='10.0.3.7/24'",
-        "hostname_='worker-7'",
-        &format!("cluster_id='{CLUSTER_ID}'"),
-        &format!("control_plane_key='{CP_KEY}'"),
-    ] {
-        assert!(
-            stdout.lines().any(|l| l == line),
-            "{line} not in:\n{stdout}"
-        );
-    }
     assert_eq!(
         std::fs::read_to_string(out_dir.join("join-platform-ca.pem")).unwrap(),
         CA
@@ -88,29 +107,21 @@ fn fw_cfg_settings_print_as_the_inits_shell_variables_with_the_blobs_as_files() 
         std::fs::read(out_dir.join("ak-cert.der")).unwrap(),
         [0x30, 3, 2, 1, 7]
     );
-    let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("BEGIN CERTIFICATE"), "{stderr}");
 }
 
 #[test]
 fn the_json_output_is_an_esp_settings_file_that_reads_back_the_same() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("fw_cfg");
-    fw_cfg(&root);
+    let (dir, root) = fw_cfg_dir();
     let out = run(&[
         "--source",
         "fw-cfg",
         "--fw-cfg-root",
-        root.to_str().unwrap(),
+        &root,
         "--format",
         "json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let mut doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut doc: serde_json::Value = serde_json::from_str(&succeeded(out)).unwrap();
     assert_eq!(doc["source"], "fw-cfg");
     doc.as_object_mut().unwrap().remove("source");
     let esp = dir.path().join("node-settings.json");
@@ -123,37 +134,23 @@ fn the_json_output_is_an_esp_settings_file_that_reads_back_the_same() {
         "--format",
         "json",
     ]);
-    assert!(
-        again.status.success(),
-        "{}",
-        String::from_utf8_lossy(&again.stderr)
-    );
-    let mut doc2: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
+    let mut doc2: serde_json::Value = serde_json::from_str(&succeeded(again)).unwrap();
     doc2.as_object_mut().unwrap().remove("source");
     assert_eq!(doc, doc2);
 }
 
 #[test]
 fn a_hostile_source_prints_and_writes_nothing_and_names_the_field() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("fw_cfg");
-    fw_cfg(&root);
+    let (dir, root) = fw_cfg_dir();
     // A valid everything but one bad value, read after the blobs would have been.
     put(
-        &root,
+        Path::new(&root),
         "opt/asterism/params",
         format!("asterism.hostname=worker-7 asterism.cluster-id={CLUSTER_ID} asterism.control-plane-key=zz")
             .as_bytes(),
     );
     let out_dir = dir.path().join("attestation");
-    let out = run(&[
-        "--source",
-        "fw-cfg",
-        "--fw-cfg-root",
-        root.to_str().unwrap(),
-        "--write-files",
-        out_dir.to_str().unwrap(),
-    ]);
+    let out = run_writing_files(&["--source", "fw-cfg", "--fw-cfg-root", &root], &out_dir);
     assert_eq!(out.status.code(), Some(1));
     assert!(out.stdout.is_empty());
     assert!(!out_dir.exists(), "nothing written");
@@ -163,34 +160,39 @@ fn a_hostile_source_prints_and_writes_nothing_and_names_the_field() {
 
 #[test]
 fn shell_output_with_blobs_needs_a_directory_for_them() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("fw_cfg");
-    fw_cfg(&root);
-    let out = run(&[
-        "--source",
-        "fw-cfg",
-        "--fw-cfg-root",
-        root.to_str().unwrap(),
-    ]);
+    let (_dir, root) = fw_cfg_dir();
+    let out = run(&["--source", "fw-cfg", "--fw-cfg-root", &root]);
     assert_eq!(out.status.code(), Some(1));
     assert!(out.stdout.is_empty());
 }
 
+/// Arguments that point every source of settings at the path `none`, which does not
+/// exist, but the SMBIOS entries at `entries`: the host's own sources are never read.
+fn smbios_only<'a>(none: &'a str, entries: &'a str) -> Vec<&'a str> {
+    vec![
+        "--fw-cfg-root",
+        none,
+        "--dmi-id",
+        none,
+        "--dmi-entries",
+        entries,
+        "--esp-file",
+        none,
+    ]
+}
+
+/// A temporary directory, and the paths of `none` (never made) and `entries` in it.
+fn smbios_dir() -> (tempfile::TempDir, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| dir.path().join(name).to_str().unwrap().to_owned();
+    let (none, entries) = (path("none"), path("entries"));
+    (dir, none, entries)
+}
+
 #[test]
 fn no_detectable_source_is_an_error() {
-    let dir = tempfile::tempdir().unwrap();
-    let none = dir.path().join("none");
-    let p = none.to_str().unwrap();
-    let out = run(&[
-        "--fw-cfg-root",
-        p,
-        "--dmi-entries",
-        p,
-        "--dmi-id",
-        p,
-        "--esp-file",
-        p,
-    ]);
+    let (_dir, none, _) = smbios_dir();
+    let out = run(&smbios_only(&none, &none));
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no node settings source"));
 }
@@ -209,44 +211,21 @@ fn smbios(root: &Path, strings: &[&str]) {
 
 #[test]
 fn detect_names_the_source_without_reading_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let none = dir.path().join("none");
-    let entries = dir.path().join("entries");
+    let (_dir, none, entries) = smbios_dir();
     // Not even valid settings: detection does not read them.
-    smbios(&entries, &["asterism.hostname=-bad-"]);
-    let out = run(&[
-        "--detect",
-        "--fw-cfg-root",
-        none.to_str().unwrap(),
-        "--dmi-id",
-        none.to_str().unwrap(),
-        "--dmi-entries",
-        entries.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{out:?}");
-    assert_eq!(String::from_utf8(out.stdout).unwrap(), "smbios\n");
-    let out = run(&[
-        "--detect",
-        "--fw-cfg-root",
-        none.to_str().unwrap(),
-        "--dmi-id",
-        none.to_str().unwrap(),
-        "--dmi-entries",
-        none.to_str().unwrap(),
-        "--esp-file",
-        none.to_str().unwrap(),
-    ]);
+    smbios(Path::new(&entries), &["asterism.hostname=-bad-"]);
+    let out = run(&[&["--detect"][..], &smbios_only(&none, &entries)].concat());
+    assert_eq!(succeeded(out), "smbios\n");
+    let out = run(&[&["--detect"][..], &smbios_only(&none, &none)].concat());
     assert_eq!(out.status.code(), Some(1));
     assert!(out.stdout.is_empty());
 }
 
 #[test]
 fn smbios_oem_strings_print_the_settings_and_the_inits_flags() {
-    let dir = tempfile::tempdir().unwrap();
-    let none = dir.path().join("none");
-    let entries = dir.path().join("entries");
+    let (dir, none, entries) = smbios_dir();
     smbios(
-        &entries,
+        Path::new(&entries),
         &[
             "asterism.node-ip=10.42.7.2/24",
             "asterism.hostname=worker-0",
@@ -255,29 +234,17 @@ fn smbios_oem_strings_print_the_settings_and_the_inits_flags() {
         ],
     );
     let out_dir = dir.path().join("attestation");
-    let out = run(&[
-        "--fw-cfg-root",
-        none.to_str().unwrap(),
-        "--dmi-id",
-        none.to_str().unwrap(),
-        "--dmi-entries",
-        entries.to_str().unwrap(),
-        "--write-files",
-        out_dir.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{out:?}");
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    for line in [
-        "settings_source='smbios'",
-        "node_ip='10.42.7.2/24'",
-        "hostname_='worker-0'",
-        "keep_running='1'",
-    ] {
-        assert!(
-            stdout.lines().any(|l| l == line),
-            "{line} not in:\n{stdout}"
-        );
-    }
+    let out = run_writing_files(&smbios_only(&none, &entries), &out_dir);
+    let stdout = succeeded(out);
+    assert_lines(
+        &stdout,
+        &[
+            "settings_source='smbios'",
+            "node_ip='10.42.7.2/24'",
+            "hostname_='worker-0'",
+            "keep_running='1'",
+        ],
+    );
     assert!(!stdout.contains("reference="), "{stdout}");
     assert_eq!(
         std::fs::read(out_dir.join("ak-cert.der")).unwrap(),

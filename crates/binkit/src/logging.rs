@@ -109,9 +109,7 @@ pub fn init(format: LogFormat, directives: &str) {
     // per-layer filter lets the registry create every span and only then asks the filter.
     // That was about 5 % of the join service's CPU under load (docs/performance.md).
     let filter = EnvFilter::new(directives);
-    let fmt = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
+    let fmt = stderr_layer();
     let registry = tracing_subscriber::registry().with(filter);
     let installed = match format {
         LogFormat::Human => registry.with(fmt).try_init(),
@@ -129,9 +127,7 @@ where
     L: Layer<Registry> + Send + Sync + 'static,
 {
     let filter = EnvFilter::new(directives);
-    let fmt = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
+    let fmt = stderr_layer();
     let registry = tracing_subscriber::registry().with(extra);
     let installed = match format {
         LogFormat::Human => registry.with(fmt.with_filter(filter)).try_init(),
@@ -142,6 +138,18 @@ where
     if let Err(err) = installed {
         eprintln!("cannot install the log subscriber: {err}");
     }
+}
+
+/// The output layer: lines on stderr, coloured only on a terminal.
+fn stderr_layer<S>() -> tracing_subscriber::fmt::Layer<
+    S,
+    tracing_subscriber::fmt::format::DefaultFields,
+    tracing_subscriber::fmt::format::Format,
+    fn() -> std::io::Stderr,
+> {
+    tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr as fn() -> std::io::Stderr)
+        .with_ansi(std::io::stderr().is_terminal())
 }
 
 #[cfg(test)]

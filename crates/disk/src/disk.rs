@@ -954,7 +954,6 @@ mod tests {
     //! `replace_passphrase`, as a crash or power loss would, and run it again. Real
     //! cryptsetup on image files.
 
-    use std::fs::File;
     use std::io::Write as _;
     use std::process::{Command, Stdio};
 
@@ -973,12 +972,7 @@ mod tests {
     const BACKENDS: [Backend; 2] = [Backend::Library, Backend::Program];
 
     fn fixture(backend: Backend) -> Fixture {
-        let dir = tempfile::tempdir().unwrap();
-        let image = dir.path().join("state.img");
-        File::create(&image)
-            .unwrap()
-            .set_len(32 * 1024 * 1024)
-            .unwrap();
+        let (dir, image) = asterism_testkit::luks::blank_image();
         let config = DiskConfig {
             backend,
             pbkdf: Pbkdf::FAST_FOR_TESTS,

@@ -1,5 +1,5 @@
 //! What the cryptsetup program itself says about a LUKS2 image, independently of our
-//! crates: whether a key opens it, its token 0, its UUID.
+//! crates: whether a key opens it, its token 0, its UUID; and a blank image to make one.
 //!
 //! Tests that check a disk step ask the program, not `asterism-cryptsetup`, so that a bug
 //! shared by our bindings and our checks cannot hide itself.
@@ -8,8 +8,20 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::io::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+
+/// A temporary directory holding `state.img`, a sparse file of 32 MiB: room for a LUKS2
+/// header (with integrity's) and a small file system, as a test's state disk.
+pub fn blank_image() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.img");
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(32 * 1024 * 1024)
+        .unwrap();
+    (dir, path)
+}
 
 /// Whether `key` opens the LUKS image at `image` (`cryptsetup open --test-passphrase`, the
 /// key on stdin).

@@ -2,7 +2,7 @@
 //! image file. Keys are checked with the cryptsetup program directly wherever the claim is
 //! about the disk rather than about this crate.
 
-use std::fs::{self, File};
+use std::fs;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -23,12 +23,7 @@ struct Image {
 
 impl Image {
     fn new() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("state.img");
-        File::create(&path)
-            .unwrap()
-            .set_len(32 * 1024 * 1024)
-            .unwrap();
+        let (dir, path) = asterism_testkit::luks::blank_image();
         Self { dir, path }
     }
 

@@ -1,19 +1,13 @@
 //! How long a format and a re-key take with the reference PBKDF parameters and with the test
 //! parameters. Ignored by default (it takes about half a minute); run it with
-//! `cargo test -p asterism-disk --test timings -- --ignored --nocapture`.
+//! `cargo test -p asterism-disk --test it timings -- --ignored --nocapture`.
 
-use std::fs::File;
 use std::time::Instant;
 
 use asterism_disk::{Backend, DiskConfig, Pbkdf, StateDisk, generate_initial_passphrase};
 
 fn measure(name: &str, backend: Backend, pbkdf: Pbkdf) {
-    let dir = tempfile::tempdir().unwrap();
-    let image = dir.path().join("state.img");
-    File::create(&image)
-        .unwrap()
-        .set_len(32 * 1024 * 1024)
-        .unwrap();
+    let (dir, image) = asterism_testkit::luks::blank_image();
     let config = DiskConfig {
         backend,
         pbkdf,

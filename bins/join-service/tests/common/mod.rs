@@ -422,6 +422,18 @@ pub async fn join(
 }
 
 /// A software-TPM issuer whose AK tests pin.
+/// `N` fresh software nodes, a cluster, and its join service trusting exactly their AKs
+/// (pinned, [`Options::pinning`]). Keep the cluster while the service runs: it holds the
+/// service's directories.
+pub async fn pinned_cluster<const N: usize>()
+-> (Cluster, Running, [(Arc<dyn Issuer>, AkFingerprint); N]) {
+    let nodes: [_; N] = std::array::from_fn(|_| soft_node());
+    let cluster = Cluster::start().await;
+    let pinned = nodes.iter().map(|(_, fp)| *fp).collect();
+    let js = start_join_service(&cluster, Options::pinning(pinned)).await;
+    (cluster, js, nodes)
+}
+
 pub fn soft_node() -> (Arc<dyn Issuer>, AkFingerprint) {
     use asterism_soft_tpm::{SoftAk, SoftTpm};
     let tpm = SoftTpm::new(SoftAk::generate_ecdsa_p256().unwrap());

@@ -81,9 +81,7 @@ async fn http(addr: std::net::SocketAddr, request: &str) -> String {
 /// name every member's AK and the control plane's disks. The admin socket serves them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_token_the_member_lists_are_only_on_the_admin_socket() {
-    let (node, fp) = soft_node();
-    let cluster = Cluster::start().await;
-    let js = start_join_service(&cluster, Options::pinning(vec![fp])).await;
+    let (_cluster, js, [(node, _fp)]) = pinned_cluster().await;
     join_worker_0(js.addr, node).await.unwrap();
     for path in ["/v1/members", "/v1/control-plane"] {
         let r = http(js.http, &format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n")).await;
@@ -135,9 +133,7 @@ impl Running {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_a_token_the_members_and_metrics_need_it_and_health_does_not() {
-    let (node, fp) = soft_node();
-    let cluster = Cluster::start().await;
-    let js = start_join_service(&cluster, Options::pinning(vec![fp])).await;
+    let (_cluster, js, [(node, _fp)]) = pinned_cluster().await;
     join_worker_0(js.addr, node).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -228,9 +224,7 @@ async fn the_admin_socket_serves_its_owner_and_root_only_whatever_its_mode() {
         return;
     }
     const NOBODY: u32 = 65534;
-    let (_node, fp) = soft_node();
-    let cluster = Cluster::start().await;
-    let js = start_join_service(&cluster, Options::pinning(vec![fp])).await;
+    let (_cluster, js, [(_node, _fp)]) = pinned_cluster().await;
     let dir = tempfile::tempdir().unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let path = dir.path().join("admin.sock");
@@ -263,10 +257,7 @@ async fn the_admin_socket_serves_its_owner_and_root_only_whatever_its_mode() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_socket_is_private_and_readmits_members() {
     use std::os::unix::fs::PermissionsExt as _;
-    let (old, oldfp) = soft_node();
-    let (new, newfp) = soft_node();
-    let cluster = Cluster::start().await;
-    let js = start_join_service(&cluster, Options::pinning(vec![oldfp, newfp])).await;
+    let (_cluster, js, [(old, _oldfp), (new, newfp)]) = pinned_cluster().await;
     join_worker_0(js.addr, old).await.unwrap();
 
     let dir = tempfile::tempdir().unwrap();
@@ -331,9 +322,7 @@ async fn the_admin_socket_is_private_and_readmits_members() {
 /// a health probe out: each new connection takes the slot of the oldest, which is closed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_on_the_http_listener_do_not_keep_a_health_probe_out() {
-    let (_node, fp) = soft_node();
-    let cluster = Cluster::start().await;
-    let js = start_join_service(&cluster, Options::pinning(vec![fp])).await;
+    let (_cluster, js, [(_node, _fp)]) = pinned_cluster().await;
     let mut held = Vec::new();
     for _ in 0..80 {
         held.push(tokio::net::TcpStream::connect(js.http).await.unwrap());

@@ -26,10 +26,7 @@ async fn rejoin(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rejoin_for_an_unbound_disk_is_refused_and_claims_nothing() {
-    let (a, afp) = soft_node();
-    let (b, bfp) = soft_node();
-    let cluster = Cluster::start().await;
-    let js = start_join_service(&cluster, Options::pinning(vec![afp, bfp])).await;
+    let (_cluster, js, [(a, _afp), (b, _bfp)]) = pinned_cluster().await;
 
     let err = rejoin(&js, W0, a.clone(), DISK_A).await.unwrap_err();
     assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
@@ -88,10 +85,7 @@ async fn the_init_nodes_disk_key_goes_to_the_init_node_only() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_with_another_key_is_refused_until_an_operator_readmits_it() {
-    let (old, oldfp) = soft_node();
-    let (new, newfp) = soft_node();
-    let cluster = Cluster::start().await;
-    let js = start_join_service(&cluster, Options::pinning(vec![oldfp, newfp])).await;
+    let (_cluster, js, [(old, oldfp), (new, newfp)]) = pinned_cluster().await;
     join_worker_0(js.addr, old).await.unwrap();
 
     // worker-0's address, a fresh disk, another (trusted) TPM.
@@ -128,10 +122,7 @@ async fn a_member_with_another_key_is_refused_until_an_operator_readmits_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_joined_worker_cannot_squat_the_disk_of_a_node_that_has_not_joined() {
-    let (attacker, afp) = soft_node();
-    let (victim, vfp) = soft_node();
-    let cluster = Cluster::start().await;
-    let js = start_join_service(&cluster, Options::pinning(vec![afp, vfp])).await;
+    let (_cluster, js, [(attacker, _afp), (victim, _vfp)]) = pinned_cluster().await;
     join_worker_0(js.addr, attacker.clone()).await.unwrap();
 
     // Under its own name, the victim's disk UUID (read from the disk's plaintext LUKS2
@@ -189,10 +180,7 @@ async fn a_joined_worker_cannot_squat_the_disk_of_a_node_that_has_not_joined() {
 async fn the_control_plane_list_names_control_plane_nodes_with_their_disks_signed_by_the_identity()
 {
     use base64::Engine as _;
-    let (cp, cpfp) = soft_node();
-    let (worker, wfp) = soft_node();
-    let cluster = Cluster::start().await;
-    let js = start_join_service(&cluster, Options::pinning(vec![cpfp, wfp])).await;
+    let (_cluster, js, [(cp, cpfp), (worker, _wfp)]) = pinned_cluster().await;
     join(js.addr, CP, cp, join_request("cp-0", CP, DISK_A, true))
         .await
         .unwrap();
@@ -234,11 +222,7 @@ async fn the_control_plane_list_names_control_plane_nodes_with_their_disks_signe
 /// is refused for the key, before anything is written, and the real nodes still join.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_members_key_cannot_take_another_node_name() {
-    let (a, afp) = soft_node();
-    let (b, bfp) = soft_node();
-    let (c, cfp) = soft_node();
-    let cluster = Cluster::start().await;
-    let js = start_join_service(&cluster, Options::pinning(vec![afp, bfp, cfp])).await;
+    let (_cluster, js, [(a, _afp), (b, _bfp), (c, _cfp)]) = pinned_cluster().await;
     join(
         js.addr,
         W0,

@@ -218,9 +218,7 @@ async fn a_worker_cannot_claim_the_control_plane(cluster: Cluster) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_csr_naming_another_node_or_address_is_refused() {
-    let (node, fp) = soft_node();
-    let cluster = Cluster::start().await;
-    let js = start_join_service(&cluster, Options::pinning(vec![fp])).await;
+    let (_cluster, js, [(node, _fp)]) = pinned_cluster().await;
     let err = join(
         js.addr,
         W0,
@@ -246,9 +244,7 @@ async fn a_csr_naming_another_node_or_address_is_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_address_outside_the_metadata_is_refused() {
-    let (node, fp) = soft_node();
-    let cluster = Cluster::start().await;
-    let js = start_join_service(&cluster, Options::pinning(vec![fp])).await;
+    let (_cluster, js, [(node, _fp)]) = pinned_cluster().await;
     let err = join(
         js.addr,
         "127.0.10.77",
@@ -271,10 +267,7 @@ async fn an_address_outside_the_metadata_is_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_disk_belongs_to_the_first_attestation_key_and_retries_are_idempotent() {
-    let (a, afp) = soft_node();
-    let (b, bfp) = soft_node();
-    let cluster = Cluster::start().await;
-    let js = start_join_service(&cluster, Options::pinning(vec![afp, bfp])).await;
+    let (_cluster, js, [(a, afp), (b, _bfp)]) = pinned_cluster().await;
 
     let first = join_worker_0(js.addr, a.clone()).await.unwrap();
     // Another node (another AK) asks for the same disk: join and rejoin refused.
@@ -315,10 +308,7 @@ async fn a_disk_belongs_to_the_first_attestation_key_and_retries_are_idempotent(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_and_the_token_survive_a_restart() {
-    let (a, afp) = soft_node();
-    let (b, bfp) = soft_node();
-    let cluster = Cluster::start().await;
-    let js = start_join_service(&cluster, Options::pinning(vec![afp, bfp])).await;
+    let (cluster, js, [(a, afp), (b, bfp)]) = pinned_cluster().await;
     let first = join(js.addr, W0, a, join_request("worker-0", W0, DISK_A, false))
         .await
         .unwrap();
@@ -372,9 +362,7 @@ async fn a_peer_over_its_rate_is_told_to_slow_down() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_tickets_and_rejections_by_reason() {
-    let (node, fp) = soft_node();
-    let cluster = Cluster::start().await;
-    let js = start_join_service(&cluster, Options::pinning(vec![fp])).await;
+    let (_cluster, js, [(node, _fp)]) = pinned_cluster().await;
     join_worker_0(js.addr, node.clone()).await.unwrap();
     join(
         js.addr,
@@ -503,10 +491,7 @@ async fn a_software_node_with_other_pcrs_gets_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_attestation_key_holds_a_bounded_number_of_verified_connections() {
     use asterism_join_service::MAX_CONNECTIONS_PER_KEY;
-    let (a, afp) = soft_node();
-    let (b, bfp) = soft_node();
-    let cluster = Cluster::start().await;
-    let js = start_join_service(&cluster, Options::pinning(vec![afp, bfp])).await;
+    let (_cluster, js, [(a, _afp), (b, _bfp)]) = pinned_cluster().await;
     /// Whether the service answered on `c`, or closed the connection; and what came back.
     async fn answered(
         c: &mut asterism_proto::join::api_client::ApiClient<tonic::transport::Channel>,

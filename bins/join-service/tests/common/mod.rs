@@ -400,11 +400,20 @@ pub async fn join_worker_0(
     server: SocketAddr,
     issuer: Arc<dyn Issuer>,
 ) -> Result<IssueJoinTicketResponse, tonic::Status> {
+    join_worker_0_with_disk(server, issuer, DISK_A).await
+}
+
+/// worker-0's join request from its address, with the disk `disk` (a disk UUID).
+pub async fn join_worker_0_with_disk(
+    server: SocketAddr,
+    issuer: Arc<dyn Issuer>,
+    disk: &str,
+) -> Result<IssueJoinTicketResponse, tonic::Status> {
     join(
         server,
         W0,
         issuer,
-        join_request("worker-0", W0, DISK_A, false),
+        join_request("worker-0", W0, disk, false),
     )
     .await
 }
@@ -421,7 +430,6 @@ pub async fn join(
     c.issue_join_ticket(req).await.map(|r| r.into_inner())
 }
 
-/// A software-TPM issuer whose AK tests pin.
 /// `N` fresh software nodes, a cluster, and its join service trusting exactly their AKs
 /// (pinned, [`Options::pinning`]). Keep the cluster while the service runs: it holds the
 /// service's directories.
@@ -434,6 +442,7 @@ pub async fn pinned_cluster<const N: usize>()
     (cluster, js, nodes)
 }
 
+/// A software-TPM issuer whose AK tests pin.
 pub fn soft_node() -> (Arc<dyn Issuer>, AkFingerprint) {
     use asterism_soft_tpm::{SoftAk, SoftTpm};
     let tpm = SoftTpm::new(SoftAk::generate_ecdsa_p256().unwrap());

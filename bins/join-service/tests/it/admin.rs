@@ -290,26 +290,14 @@ async fn the_admin_socket_is_private_and_readmits_members() {
     .await;
     assert!(r.starts_with("HTTP/1.1 405"), "{r}");
     // Refused until re-admitted.
-    let err = join(
-        js.addr,
-        W0,
-        new.clone(),
-        join_request("worker-0", W0, DISK_B, false),
-    )
-    .await
-    .unwrap_err();
+    let err = join_worker_0_with_disk(js.addr, new.clone(), DISK_B)
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
     let r = unix_http(&path, &post("worker-0")).await;
     assert!(r.starts_with("HTTP/1.1 200"), "{r}");
     assert!(r.contains("\"readmit\":true"), "{r}");
-    join(
-        js.addr,
-        W0,
-        new,
-        join_request("worker-0", W0, DISK_B, false),
-    )
-    .await
-    .unwrap();
+    join_worker_0_with_disk(js.addr, new, DISK_B).await.unwrap();
     let r = unix_http(&path, "GET /v1/members HTTP/1.1\r\nhost: x\r\n\r\n").await;
     assert!(r.contains(&newfp.to_string()), "{r}");
 

@@ -89,14 +89,9 @@ async fn a_member_with_another_key_is_refused_until_an_operator_readmits_it() {
     join_worker_0(js.addr, old).await.unwrap();
 
     // worker-0's address, a fresh disk, another (trusted) TPM.
-    let err = join(
-        js.addr,
-        W0,
-        new.clone(),
-        join_request("worker-0", W0, DISK_B, false),
-    )
-    .await
-    .unwrap_err();
+    let err = join_worker_0_with_disk(js.addr, new.clone(), DISK_B)
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
     assert!(err.message().contains("readmit worker-0"), "{err:?}");
     // Nothing was written: the new disk stays unbound.
@@ -105,14 +100,9 @@ async fn a_member_with_another_key_is_refused_until_an_operator_readmits_it() {
 
     let member = js.service.readmit("worker-0").await.unwrap();
     assert_eq!(member.ak, oldfp.to_string());
-    join(
-        js.addr,
-        W0,
-        new.clone(),
-        join_request("worker-0", W0, DISK_B, false),
-    )
-    .await
-    .unwrap();
+    join_worker_0_with_disk(js.addr, new.clone(), DISK_B)
+        .await
+        .unwrap();
     let members: serde_json::Value =
         serde_json::from_str(&js.admin_get("/v1/members").await).unwrap();
     assert_eq!(members[0]["ak"], newfp.to_string());
@@ -127,14 +117,9 @@ async fn a_joined_worker_cannot_squat_the_disk_of_a_node_that_has_not_joined() {
 
     // Under its own name, the victim's disk UUID (read from the disk's plaintext LUKS2
     // header): a second disk for a member, refused.
-    let err = join(
-        js.addr,
-        W0,
-        attacker.clone(),
-        join_request("worker-0", W0, DISK_B, false),
-    )
-    .await
-    .unwrap_err();
+    let err = join_worker_0_with_disk(js.addr, attacker.clone(), DISK_B)
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
     assert!(err.message().contains("second"), "{err:?}");
     assert!(err.message().contains("readmit"), "{err:?}");
@@ -184,14 +169,9 @@ async fn the_control_plane_list_names_control_plane_nodes_with_their_disks_signe
     join(js.addr, CP, cp, join_request("cp-0", CP, DISK_A, true))
         .await
         .unwrap();
-    join(
-        js.addr,
-        W0,
-        worker,
-        join_request("worker-0", W0, DISK_B, false),
-    )
-    .await
-    .unwrap();
+    join_worker_0_with_disk(js.addr, worker, DISK_B)
+        .await
+        .unwrap();
     let envelope: serde_json::Value =
         serde_json::from_str(&js.admin_get("/v1/control-plane").await).unwrap();
     let payload = base64::engine::general_purpose::STANDARD
@@ -223,14 +203,9 @@ async fn the_control_plane_list_names_control_plane_nodes_with_their_disks_signe
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_members_key_cannot_take_another_node_name() {
     let (_cluster, js, [(a, _afp), (b, _bfp), (c, _cfp)]) = pinned_cluster().await;
-    join(
-        js.addr,
-        W0,
-        a.clone(),
-        join_request("worker-0", W0, DISK_A, false),
-    )
-    .await
-    .unwrap();
+    join_worker_0_with_disk(js.addr, a.clone(), DISK_A)
+        .await
+        .unwrap();
 
     for (what, from, request) in [
         (

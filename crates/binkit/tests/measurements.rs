@@ -3,43 +3,13 @@
 
 #![cfg(test)] // all of it test code: clippy.toml's test allowances cover its helpers too
 
-use asterism_attestation::{MeasurementsProvider, PcrIndex};
+use asterism_attestation::MeasurementsProvider;
 use asterism_binkit::fs::FileError;
 use asterism_binkit::measurements::{MeasurementsWatcher, WatchError};
-use std::sync::{Arc, Mutex};
+use asterism_testkit::measurements::{
+    HEX_AA as A, HEX_ZERO as Z, measurements_file as doc, pcr as idx,
+};
 use std::time::Duration;
-use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
-
-fn idx(i: u8) -> PcrIndex {
-    PcrIndex::new(i).unwrap()
-}
-
-const A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
-const Z: &str = "0000000000000000000000000000000000000000000000000000000000000000";
-
-fn doc(entries: &str) -> String {
-    format!(r#"{{"measurements": {{{entries}}}}}"#)
-}
-
-#[derive(Clone, Default)]
-struct Errors(Arc<Mutex<Vec<String>>>);
-
-struct Text(String);
-impl tracing::field::Visit for Text {
-    fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
-        self.0.push_str(&format!("{}={v:?} ", f.name()));
-    }
-}
-
-impl<S: tracing::Subscriber> Layer<S> for Errors {
-    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
-        if *event.metadata().level() == tracing::Level::ERROR {
-            let mut t = Text(String::new());
-            event.record(&mut t);
-            self.0.lock().unwrap().push(t.0);
-        }
-    }
-}
 
 fn write(path: &std::path::Path, s: &str) {
     // Write then rename, as a config-map update does, so a reader never sees half a file.
@@ -53,9 +23,8 @@ fn hot_reload_picks_up_a_change_and_a_bad_file_keeps_the_previous_value() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("measurements.json");
     write(&path, &doc(&format!(r#""4": "{A}""#)));
-    let errors = Errors::default();
-    let subscriber = tracing_subscriber::registry().with(errors.clone());
-    tracing::subscriber::with_default(subscriber, || {
+    let (logs, _guard) = asterism_testkit::logs::capture_from_now();
+    {
         let watcher = MeasurementsWatcher::open(&path).unwrap();
         let src = watcher.measurements();
         assert_eq!(src.current().get(idx(4)).unwrap().expected, [0xaa; 32]);
@@ -75,9 +44,13 @@ fn hot_reload_picks_up_a_change_and_a_bad_file_keeps_the_previous_value() {
         // The same bad bytes are not parsed (nor logged) again.
         assert!(watcher.check_now().is_ok_and(|changed| !changed));
         assert_eq!(src.current().get(idx(4)).unwrap().expected, [0; 32]);
-        let logged = errors.0.lock().unwrap().clone();
-        assert_eq!(logged.len(), 1, "{logged:?}");
-        assert!(logged[0].contains("31 bytes"), "{logged:?}");
+        let errors: Vec<_> = logs
+            .all()
+            .into_iter()
+            .filter(|(level, _)| *level == tracing::Level::ERROR)
+            .collect();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].1.contains("31 bytes"), "{errors:?}");
 
         // A vanished file, too.
         std::fs::remove_file(&path).unwrap();
@@ -91,7 +64,7 @@ fn hot_reload_picks_up_a_change_and_a_bad_file_keeps_the_previous_value() {
         write(&path, &doc(&format!(r#""4": "{A}", "9": "{A}""#)));
         assert!(watcher.check_now().unwrap());
         assert_eq!(src.current().len(), 2);
-    });
+    }
 }
 
 #[tokio::test]

@@ -35,6 +35,7 @@ pub mod cvm;
 pub mod kube_api;
 pub mod logs;
 pub mod luks;
+pub mod measurements;
 pub mod metadata;
 #[cfg(feature = "net")]
 pub mod net;

@@ -1,20 +1,12 @@
 //! The expected-measurements file: strict loading, and the shared map a watcher replaces.
 
 use asterism_attestation::{
-    ExpectedPcr, MeasurementMode, Measurements, MeasurementsError, MeasurementsProvider, PcrIndex,
+    ExpectedPcr, MeasurementMode, Measurements, MeasurementsError, MeasurementsProvider,
     SharedMeasurements,
 };
-
-fn idx(i: u8) -> PcrIndex {
-    PcrIndex::new(i).unwrap()
-}
-
-const A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
-const Z: &str = "0000000000000000000000000000000000000000000000000000000000000000";
-
-fn doc(entries: &str) -> String {
-    format!(r#"{{"measurements": {{{entries}}}}}"#)
-}
+use asterism_testkit::measurements::{
+    HEX_AA as A, HEX_ZERO as Z, measurements_file as doc, pcr as idx,
+};
 
 #[test]
 fn loads_the_documented_format_including_bare_hex_strings() {

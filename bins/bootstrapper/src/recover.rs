@@ -491,6 +491,13 @@ mod tests {
     }
 
     /// A node whose state is in `state/` (which stands for the disk).
+    impl Fixture {
+        /// The owner's recovery with the cluster's right keys.
+        async fn recover(&self) -> Result<ClusterId, ResumeError> {
+            self.resume.resume(keys_of(&kms()), Source::Recovery).await
+        }
+    }
+
     fn fixture(trust: JoinServiceTrust) -> Fixture {
         fixture_with(trust, false, RecordingMount::default())
     }
@@ -570,11 +577,7 @@ mod tests {
         assert!(f.marks.0.lock().unwrap().is_empty());
         assert!(!f.node.lock.is_taken());
         // The node kept waiting: the right keys still bring it back.
-        let id = f
-            .resume
-            .resume(keys_of(&kms()), Source::Recovery)
-            .await
-            .unwrap();
+        let id = f.recover().await.unwrap();
         assert_eq!(id, cluster_of(&kms()));
         assert_eq!(*f.marks.0.lock().unwrap(), [id]);
     }
@@ -591,10 +594,7 @@ mod tests {
         );
         assert!(f.marks.0.lock().unwrap().is_empty());
         assert!(!f.node.lock.is_taken());
-        f.resume
-            .resume(keys_of(&kms()), Source::Recovery)
-            .await
-            .unwrap();
+        f.recover().await.unwrap();
         // The disk key was right both times: the disk is unlocked (mapped) once only.
         assert_eq!(f.disk.unlocks.load(Ordering::SeqCst), 1);
         assert_eq!(f.marks.0.lock().unwrap().len(), 1);
@@ -603,11 +603,8 @@ mod tests {
     #[tokio::test]
     async fn a_repeated_call_after_success_is_refused_and_changes_nothing() {
         let f = fixture(JoinServiceTrust::insecure_skip_verification());
-        f.resume
-            .resume(keys_of(&kms()), Source::Recovery)
-            .await
-            .unwrap();
-        let again = f.resume.resume(keys_of(&kms()), Source::Recovery).await;
+        f.recover().await.unwrap();
+        let again = f.recover().await;
         assert!(matches!(again, Err(ResumeError::AlreadyDone)), "{again:?}");
         // The loser of the race (a rejoin ticket arriving after the recovery) likewise.
         let late = f.resume.resume(keys_of(&kms()), Source::RejoinTicket).await;
@@ -654,11 +651,7 @@ mod tests {
         let state = f.node.dir().state();
         // Before the mount, the node state is nowhere but on the disk.
         assert!(!f.node.dir().node_state().exists());
-        let id = f
-            .resume
-            .resume(keys_of(&kms()), Source::Recovery)
-            .await
-            .unwrap();
+        let id = f.recover().await.unwrap();
         assert_eq!(id, cluster_of(&kms()));
         assert_eq!(
             *f.mount.log.lock().unwrap(),
@@ -678,7 +671,7 @@ mod tests {
             ..RecordingMount::default()
         };
         let f = fixture_with(trusting_cluster(cluster_of(&kms())), true, mount);
-        let refused = f.resume.resume(keys_of(&kms()), Source::Recovery).await;
+        let refused = f.recover().await;
         assert!(
             matches!(
                 &refused,

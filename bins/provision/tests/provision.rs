@@ -373,6 +373,14 @@ fn the_marker_is_seen_by_other_processes_until_the_tpm_resets() {
     let dir = tempfile::tempdir().unwrap();
     let mut swtpm = SwtpmProcess::start(&SwtpmConfig::new(dir.path()).unwrap()).unwrap();
     let tcti = swtpm.tcti();
+    let mark = [
+        "node-marker",
+        "mark",
+        "--tpm",
+        &tcti,
+        "--cluster-id",
+        CLUSTER_ID,
+    ];
     let status = |extra: &[&str]| {
         let mut args = vec!["node-marker", "status", "--tpm", tcti.as_str()];
         args.extend_from_slice(extra);
@@ -380,14 +388,7 @@ fn the_marker_is_seen_by_other_processes_until_the_tpm_resets() {
     };
 
     assert_eq!(status(&[]).stdout, "not-bootstrapped\n");
-    let marked = ok(&[
-        "node-marker",
-        "mark",
-        "--tpm",
-        &tcti,
-        "--cluster-id",
-        CLUSTER_ID,
-    ]);
+    let marked = ok(&mark);
     assert_eq!(marked.stdout, "bootstrapped\n");
     assert!(marked.stderr.contains(MARKED_PCR15), "{}", marked.stderr);
 
@@ -412,14 +413,7 @@ fn the_marker_is_seen_by_other_processes_until_the_tpm_resets() {
     }
 
     // Marking is one-shot.
-    let error = fails(&[
-        "node-marker",
-        "mark",
-        "--tpm",
-        &tcti,
-        "--cluster-id",
-        CLUSTER_ID,
-    ]);
+    let error = fails(&mark);
     assert!(error.contains("marked already"), "{error}");
 
     // Only a TPM reset (swtpm restart, a reboot) clears it.

@@ -390,12 +390,7 @@ fn a_salt_changed_in_the_record_derives_another_cluster_and_is_refused() {
     json["salt"] = B64.encode([0x11; 32]).into();
     std::fs::write(&record, serde_json::to_vec(&json).unwrap()).unwrap();
     let kms = read_shares(&custody.workspace, &custody.shares(&[1, 2])).unwrap();
-    let err = check_cluster(&custody.workspace, &kms).unwrap_err();
-    assert!(
-        err.to_string()
-            .starts_with("the master secret is not this workspace's"),
-        "{err:#}"
-    );
+    assert_not_this_clusters(&custody.workspace, &kms);
 }
 
 #[test]
@@ -410,12 +405,7 @@ fn shares_of_another_clusters_workspace_are_refused_by_the_cluster_check() {
     )
     .unwrap();
     let kms = read_shares(&custody.workspace, &other.shares(&[1, 2])).unwrap();
-    let err = check_cluster(&custody.workspace, &kms).unwrap_err();
-    assert!(
-        err.to_string()
-            .starts_with("the master secret is not this workspace's"),
-        "{err:#}"
-    );
+    assert_not_this_clusters(&custody.workspace, &kms);
 }
 
 #[test]
@@ -470,4 +460,14 @@ fn shares_and_a_master_secret_file_are_not_given_together() {
         Err(e) => e,
     };
     assert_eq!(err.kind(), clap::error::ErrorKind::ArgumentConflict);
+}
+
+/// The cluster check refuses `kms` for `workspace`: its master secret is another's.
+fn assert_not_this_clusters(workspace: &Path, kms: &ClusterKms) {
+    let err = check_cluster(workspace, kms).unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("the master secret is not this workspace's"),
+        "{err:#}"
+    );
 }

@@ -59,9 +59,18 @@ async fn start(config: MetadataConfig) -> Running {
 }
 
 fn client(addr: SocketAddr, from: &str) -> HttpMetadata {
-    HttpMetadata::new(&format!("http://{addr}"))
-        .unwrap()
-        .with_local_address(from.parse::<IpAddr>().unwrap())
+    plain_client(addr).with_local_address(from.parse::<IpAddr>().unwrap())
+}
+
+/// A client of the server at `addr`, from any local address.
+fn plain_client(addr: SocketAddr) -> HttpMetadata {
+    HttpMetadata::new(&format!("http://{addr}")).unwrap()
+}
+
+/// The error of a listing from a server that answers with `response` (`None`: never).
+async fn list_error(response: Option<Vec<u8>>) -> MetadataError {
+    let addr = raw_server(response).await;
+    plain_client(addr).list().await.unwrap_err()
 }
 
 #[tokio::test]
@@ -147,11 +156,7 @@ async fn the_client_checks_the_http_status_unlike_the_original() {
         .into_bytes(),
     ))
     .await;
-    let err = HttpMetadata::new(&format!("http://{addr}"))
-        .unwrap()
-        .self_instance()
-        .await
-        .unwrap_err();
+    let err = plain_client(addr).self_instance().await.unwrap_err();
     assert!(
         matches!(err, MetadataError::Status { status: 500, .. }),
         "{err:?}"
@@ -164,31 +169,20 @@ async fn a_response_above_one_mebibyte_is_refused_declared_or_streamed() {
     let mut declared =
         format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", big.len()).into_bytes();
     declared.extend_from_slice(&big);
-    let addr = raw_server(Some(declared)).await;
-    let err = HttpMetadata::new(&format!("http://{addr}"))
-        .unwrap()
-        .list()
-        .await
-        .unwrap_err();
+    let err = list_error(Some(declared)).await;
     assert!(matches!(err, MetadataError::BodyTooLarge { .. }), "{err:?}");
 
     // Without a length: the body is read until the connection closes, and cut at the cap.
     let mut streamed = b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n".to_vec();
     streamed.extend_from_slice(&big);
-    let addr = raw_server(Some(streamed)).await;
-    let err = HttpMetadata::new(&format!("http://{addr}"))
-        .unwrap()
-        .list()
-        .await
-        .unwrap_err();
+    let err = list_error(Some(streamed)).await;
     assert!(matches!(err, MetadataError::BodyTooLarge { .. }), "{err:?}");
 }
 
 #[tokio::test]
 async fn a_silent_server_hits_the_deadline() {
     let addr = raw_server(None).await;
-    let err = HttpMetadata::new(&format!("http://{addr}"))
-        .unwrap()
+    let err = plain_client(addr)
         .with_timeout(Duration::from_millis(300))
         .list()
         .await
@@ -198,15 +192,10 @@ async fn a_silent_server_hits_the_deadline() {
 
 #[tokio::test]
 async fn malformed_json_is_a_decode_error() {
-    let addr = raw_server(Some(
+    let err = list_error(Some(
         b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n[1,2]".to_vec(),
     ))
     .await;
-    let err = HttpMetadata::new(&format!("http://{addr}"))
-        .unwrap()
-        .list()
-        .await
-        .unwrap_err();
     assert!(matches!(err, MetadataError::Decode { .. }), "{err:?}");
 }
 
@@ -226,11 +215,9 @@ fn only_plain_http_urls_are_accepted() {
 /// Opens a keep-alive connection from `from` and asks for `/self` on it; the stream and
 /// whether an answer came.
 async fn ask_from(addr: SocketAddr, from: &str) -> (tokio::net::TcpStream, bool) {
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket
-        .bind(SocketAddr::new(from.parse().unwrap(), 0))
+    let mut tcp = asterism_testkit::net::tcp_from(from.parse().unwrap(), addr)
+        .await
         .unwrap();
-    let mut tcp = socket.connect(addr).await.unwrap();
     tcp.write_all(b"GET /self HTTP/1.1\r\nhost: m\r\n\r\n")
         .await
         .unwrap();

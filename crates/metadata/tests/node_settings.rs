@@ -34,6 +34,12 @@ async fn raw_status(addr: SocketAddr, request: &str) -> String {
         .to_owned()
 }
 
+/// What reading the settings from `origin`, served by `handler`, fails with.
+async fn read_error(origin: Source, handler: Handler) -> SettingsError {
+    let addr = serve(handler).await;
+    client(origin, addr).read().await.unwrap_err()
+}
+
 fn client(origin: Source, addr: SocketAddr) -> CloudSettings {
     CloudSettings::new(origin, &format!("http://{addr}"))
         .unwrap()
@@ -102,8 +108,7 @@ async fn the_gce_stand_in_refuses_a_request_without_metadata_flavor() {
 
 #[tokio::test]
 async fn a_gce_answer_without_metadata_flavor_is_not_the_metadata_servers() {
-    let addr = serve(gce(gce_attributes(), false)).await;
-    let err = client(Source::Gce, addr).read().await.unwrap_err();
+    let err = read_error(Source::Gce, gce(gce_attributes(), false)).await;
     assert!(
         matches!(&err, SettingsError::Http { origin: Source::Gce, reason, .. } if reason.contains("Metadata-Flavor")),
         "{err}"
@@ -114,8 +119,7 @@ async fn a_gce_answer_without_metadata_flavor_is_not_the_metadata_servers() {
 async fn gce_attributes_with_bad_hex_or_an_unknown_asterism_key_are_refused() {
     let mut bad_hex = gce_attributes();
     bad_hex["asterism-cluster-id"] = CLUSTER_ID.replace('a', "g").into();
-    let addr = serve(gce(bad_hex, true)).await;
-    let err = client(Source::Gce, addr).read().await.unwrap_err();
+    let err = read_error(Source::Gce, gce(bad_hex, true)).await;
     assert!(
         matches!(
             err,
@@ -130,8 +134,7 @@ async fn gce_attributes_with_bad_hex_or_an_unknown_asterism_key_are_refused() {
 
     let mut unknown = gce_attributes();
     unknown["asterism-args"] = "--insecure".into();
-    let addr = serve(gce(unknown, true)).await;
-    let err = client(Source::Gce, addr).read().await.unwrap_err();
+    let err = read_error(Source::Gce, gce(unknown, true)).await;
     assert!(
         matches!(
             err,
@@ -145,8 +148,7 @@ async fn gce_attributes_with_bad_hex_or_an_unknown_asterism_key_are_refused() {
 
     let mut network = gce_attributes();
     network["asterism-node-ip"] = "10.9.9.9".into();
-    let addr = serve(gce(network, true)).await;
-    let err = client(Source::Gce, addr).read().await.unwrap_err();
+    let err = read_error(Source::Gce, gce(network, true)).await;
     assert!(
         matches!(
             err,
@@ -163,8 +165,7 @@ async fn gce_attributes_with_bad_hex_or_an_unknown_asterism_key_are_refused() {
         .as_object_mut()
         .unwrap()
         .remove("asterism-join-measurements");
-    let addr = serve(gce(partial, true)).await;
-    let err = client(Source::Gce, addr).read().await.unwrap_err();
+    let err = read_error(Source::Gce, gce(partial, true)).await;
     assert!(matches!(err, SettingsError::Incomplete { .. }), "{err}");
 }
 
@@ -212,8 +213,7 @@ async fn the_azure_stand_in_refuses_a_request_without_metadata_true() {
 
 #[tokio::test]
 async fn azure_user_data_that_is_not_base64_or_not_a_document_is_refused() {
-    let addr = serve(azure("not base64!".into(), azure_instance())).await;
-    let err = client(Source::Azure, addr).read().await.unwrap_err();
+    let err = read_error(Source::Azure, azure("not base64!".into(), azure_instance())).await;
     assert!(
         matches!(
             err,
@@ -225,8 +225,11 @@ async fn azure_user_data_that_is_not_base64_or_not_a_document_is_refused() {
         "{err}"
     );
 
-    let addr = serve(azure(b64(b"#!/bin/sh\nreboot\n"), azure_instance())).await;
-    let err = client(Source::Azure, addr).read().await.unwrap_err();
+    let err = read_error(
+        Source::Azure,
+        azure(b64(b"#!/bin/sh\nreboot\n"), azure_instance()),
+    )
+    .await;
     assert!(
         matches!(
             err,
@@ -240,14 +243,12 @@ async fn azure_user_data_that_is_not_base64_or_not_a_document_is_refused() {
 
     let mut instance = azure_instance();
     instance["network"]["interface"] = serde_json::json!([]);
-    let addr = serve(azure(String::new(), instance)).await;
-    let err = client(Source::Azure, addr).read().await.unwrap_err();
+    let err = read_error(Source::Azure, azure(String::new(), instance)).await;
     assert!(matches!(err, SettingsError::Malformed { .. }), "{err}");
 
     let mut instance = azure_instance();
     instance["compute"]["name"] = "worker 7; reboot".into();
-    let addr = serve(azure(String::new(), instance)).await;
-    let err = client(Source::Azure, addr).read().await.unwrap_err();
+    let err = read_error(Source::Azure, azure(String::new(), instance)).await;
     assert!(
         matches!(
             err,
@@ -313,8 +314,11 @@ async fn the_aws_stand_in_refuses_a_get_without_a_token_and_a_put_without_a_ttl(
 async fn aws_user_data_past_its_cap_or_with_an_unknown_key_is_refused() {
     let mut big = document();
     big["join-platform-ca"] = format!("{CA}{}", " ".repeat(MAX_AWS_USER_DATA)).into();
-    let addr = serve(aws(aws_state(Some(big.to_string().into_bytes())))).await;
-    let err = client(Source::Aws, addr).read().await.unwrap_err();
+    let err = read_error(
+        Source::Aws,
+        aws(aws_state(Some(big.to_string().into_bytes()))),
+    )
+    .await;
     assert!(
         matches!(
             err,
@@ -329,8 +333,11 @@ async fn aws_user_data_past_its_cap_or_with_an_unknown_key_is_refused() {
 
     let mut unknown = document();
     unknown["args"] = "--insecure-skip-join-service-verification".into();
-    let addr = serve(aws(aws_state(Some(unknown.to_string().into_bytes())))).await;
-    let err = client(Source::Aws, addr).read().await.unwrap_err();
+    let err = read_error(
+        Source::Aws,
+        aws(aws_state(Some(unknown.to_string().into_bytes()))),
+    )
+    .await;
     assert!(
         matches!(
             err,
@@ -344,8 +351,11 @@ async fn aws_user_data_past_its_cap_or_with_an_unknown_key_is_refused() {
 
     let mut hostname = document();
     hostname["hostname"] = "elsewhere".into();
-    let addr = serve(aws(aws_state(Some(hostname.to_string().into_bytes())))).await;
-    let err = client(Source::Aws, addr).read().await.unwrap_err();
+    let err = read_error(
+        Source::Aws,
+        aws(aws_state(Some(hostname.to_string().into_bytes()))),
+    )
+    .await;
     assert!(
         matches!(
             err,
@@ -368,8 +378,7 @@ async fn an_aws_token_that_cannot_be_a_header_is_refused() {
             "172.31.5.7",
         )
     });
-    let addr = serve(aws(state)).await;
-    let err = client(Source::Aws, addr).read().await.unwrap_err();
+    let err = read_error(Source::Aws, aws(state)).await;
     assert!(
         matches!(&err, SettingsError::Http { method: "PUT", reason, .. } if reason.contains("token")),
         "{err}"

@@ -71,6 +71,15 @@ fn localca_bundle(swtpm: &Swtpm, root: bool, issuer: bool) -> (tempfile::TempDir
     (dir, bundle)
 }
 
+/// The RSA EK's certificate (swtpm_setup writes one) and its public area.
+fn rsa_ek(tpm: &mut Tpm) -> (Vec<u8>, Vec<u8>) {
+    let cert = tpm
+        .read_ek_certificate(EkCertSlot::Rsa2048)
+        .unwrap()
+        .expect("swtpm_setup writes an RSA EK certificate");
+    (cert, tpm.read_ek_public(EkCertSlot::Rsa2048).unwrap())
+}
+
 fn pem_to_der(path: &Path) -> Vec<u8> {
     use rustls_pki_types::CertificateDer;
     use rustls_pki_types::pem::PemObject as _;
@@ -116,11 +125,7 @@ fn the_ek_public_area_is_the_same_key_every_time() {
 fn the_intermediate_can_come_from_the_ek_chain_nv_indices() {
     let (swtpm, mut tpm) = swtpm_and_tpm(true);
     let (_dir, root_only) = localca_bundle(&swtpm, true, false);
-    let cert = tpm
-        .read_ek_certificate(EkCertSlot::Rsa2048)
-        .unwrap()
-        .unwrap();
-    let ek = tpm.read_ek_public(EkCertSlot::Rsa2048).unwrap();
+    let (cert, ek) = rsa_ek(&mut tpm);
     assert_eq!(tpm.read_ek_certificate_chain().unwrap(), vec![]);
 
     // Without its chain, the refusal names the CA the bundle lacks.
@@ -183,11 +188,7 @@ fn swtpms_ek_certificate_is_untrusted_by_the_tpm_vendors_bundle() {
     // 2025-06-01, inside every vendor file's validity.
     let bundle =
         EkCaBundle::load_dir(&vendors, UNIX_EPOCH + Duration::from_secs(1_748_736_000)).unwrap();
-    let cert = tpm
-        .read_ek_certificate(EkCertSlot::Rsa2048)
-        .unwrap()
-        .unwrap();
-    let ek = tpm.read_ek_public(EkCertSlot::Rsa2048).unwrap();
+    let (cert, ek) = rsa_ek(&mut tpm);
     let err = bundle
         .verify(&cert, &[], &ek, SystemTime::now())
         .unwrap_err();

@@ -18,6 +18,40 @@ pub fn bins() -> PathBuf {
 }
 
 /// Stops every process of the cluster, even when the test fails.
+/// A local cluster in a temporary directory (`workers` workers, loopback network
+/// `127.0.<net>.0/24`), stopped when dropped, even when the test fails, and then deleted.
+pub struct TestCluster {
+    cluster: LocalCluster,
+    dir: tempfile::TempDir,
+}
+
+impl TestCluster {
+    pub fn create(workers: usize, net: u8) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let cluster = LocalCluster::create(&dir.path().join("c"), workers, net, bins()).unwrap();
+        Self { cluster, dir }
+    }
+
+    /// A directory for the test's own files, beside the cluster's and deleted with it.
+    pub fn scratch_dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+}
+
+impl std::ops::Deref for TestCluster {
+    type Target = LocalCluster;
+
+    fn deref(&self) -> &LocalCluster {
+        &self.cluster
+    }
+}
+
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        let _ = self.cluster.down();
+    }
+}
+
 pub struct Teardown<'a>(pub &'a LocalCluster);
 
 impl Drop for Teardown<'_> {

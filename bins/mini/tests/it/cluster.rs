@@ -5,7 +5,7 @@
 //! The binaries are the workspace's own, built next to `asterism` (`cargo test --workspace`
 //! builds them all). Kubernetes cannot run here; the bootstrappers use the `none` driver.
 
-use crate::common::{Teardown, bins, cryptsetup_opens, node_swtpm, runtime, verify_node};
+use crate::common::{TestCluster, bins, cryptsetup_opens, node_swtpm, runtime, verify_node};
 use asterism_mini::{LocalCluster, Node};
 use asterism_testkit::process::wait_for;
 use std::process::Command;
@@ -108,9 +108,7 @@ fn handed_the_default_release_and_installed_nothing(
 
 #[test]
 fn init_two_joins_verify_and_a_reboot_with_rejoin() {
-    let tmp = tempfile::tempdir().unwrap();
-    let cluster = LocalCluster::create(&tmp.path().join("c"), 2, 21, bins()).unwrap();
-    let _teardown = Teardown(&cluster);
+    let cluster = TestCluster::create(2, 21);
     let rt = runtime();
 
     let (done, cp) = rt.block_on(cluster.init()).unwrap();
@@ -194,9 +192,7 @@ fn init_two_joins_verify_and_a_reboot_with_rejoin() {
 
 #[test]
 fn a_node_whose_pcrs_differ_is_refused_and_receives_nothing() {
-    let tmp = tempfile::tempdir().unwrap();
-    let cluster = LocalCluster::create(&tmp.path().join("c"), 1, 22, bins()).unwrap();
-    let _teardown = Teardown(&cluster);
+    let cluster = TestCluster::create(1, 22);
     let rt = runtime();
     rt.block_on(cluster.init()).unwrap();
     cluster.start_key_service().unwrap();
@@ -248,9 +244,7 @@ fn a_node_whose_pcrs_differ_is_refused_and_receives_nothing() {
 
 #[test]
 fn nodes_join_after_the_join_service_is_killed_and_restarted() {
-    let tmp = tempfile::tempdir().unwrap();
-    let cluster = LocalCluster::create(&tmp.path().join("c"), 2, 23, bins()).unwrap();
-    let _teardown = Teardown(&cluster);
+    let cluster = TestCluster::create(2, 23);
     let rt = runtime();
     let (done, cp) = rt.block_on(cluster.init()).unwrap();
     cluster.start_key_service().unwrap();

@@ -5,7 +5,7 @@
 //! squat the disk of a node that has not joined yet; SSH host certificates name the node
 //! only, and expire.
 
-use crate::common::{Teardown, bins, cryptsetup_opens, join_worker, runtime};
+use crate::common::{TestCluster, bins, cryptsetup_opens, join_worker, runtime};
 use asterism_mini::{LocalCluster, Node};
 use asterism_testkit::process::wait_for;
 use std::process::Command;
@@ -52,9 +52,7 @@ fn host_certificate(node: &Node) -> String {
 
 #[test]
 fn a_worker_naming_the_control_planes_disk_gets_nothing_and_the_control_plane_still_rejoins() {
-    let tmp = tempfile::tempdir().unwrap();
-    let cluster = LocalCluster::create(&tmp.path().join("c"), 1, 41, bins()).unwrap();
-    let _teardown = Teardown(&cluster);
+    let cluster = TestCluster::create(1, 41);
     let rt = runtime();
     let (_, cp) = rt.block_on(cluster.init()).unwrap();
     assert_eq!(cp.1, "ok");
@@ -116,7 +114,7 @@ fn a_worker_naming_the_control_planes_disk_gets_nothing_and_the_control_plane_st
         serde_json::to_vec(&forged).unwrap(),
     )
     .into();
-    let forged_file = tmp.path().join("forged-control-plane.json");
+    let forged_file = cluster.scratch_dir().join("forged-control-plane.json");
     std::fs::write(&forged_file, serde_json::to_vec(&envelope).unwrap()).unwrap();
     let out = sync(&["--from".as_ref(), forged_file.as_os_str()]);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -202,9 +200,7 @@ fn a_worker_naming_the_control_planes_disk_gets_nothing_and_the_control_plane_st
 
 #[test]
 fn a_joined_worker_cannot_squat_the_disk_of_a_node_that_has_not_joined() {
-    let tmp = tempfile::tempdir().unwrap();
-    let cluster = LocalCluster::create(&tmp.path().join("c"), 2, 43, bins()).unwrap();
-    let _teardown = Teardown(&cluster);
+    let cluster = TestCluster::create(2, 43);
     let rt = runtime();
     let (_, cp) = rt.block_on(cluster.init()).unwrap();
     assert_eq!(cp.1, "ok");
@@ -302,9 +298,7 @@ async fn rejoin_as(node: &Node, join_service: &str, disk: &str) -> Result<Vec<u8
 
 #[test]
 fn a_worker_with_a_new_tpm_waits_for_asterism_readmit() {
-    let tmp = tempfile::tempdir().unwrap();
-    let cluster = LocalCluster::create(&tmp.path().join("c"), 1, 42, bins()).unwrap();
-    let _teardown = Teardown(&cluster);
+    let cluster = TestCluster::create(1, 42);
     let rt = runtime();
     rt.block_on(cluster.init()).unwrap();
     join_worker(&cluster, &rt);

@@ -3,8 +3,7 @@
 //! joins: the four `asterism-provision enroll` steps as real processes against the worker's
 //! running swtpm, whose EK certificate the cluster's TPM manufacturer CA signed.
 
-use crate::common::{Teardown, bins, runtime};
-use asterism_mini::LocalCluster;
+use crate::common::{TestCluster, bins, runtime};
 use std::path::Path;
 use std::process::Command;
 
@@ -25,9 +24,7 @@ fn provision(args: &[&dyn AsRef<std::ffi::OsStr>]) {
 
 #[test]
 fn a_machine_enrolled_by_its_endorsement_key_gets_its_ak_certificate_and_joins() {
-    let tmp = tempfile::tempdir().unwrap();
-    let cluster = LocalCluster::create(&tmp.path().join("c"), 1, 45, bins()).unwrap();
-    let _teardown = Teardown(&cluster);
+    let cluster = TestCluster::create(1, 45);
     let rt = runtime();
     let (_, cp) = rt.block_on(cluster.init()).unwrap();
     assert_eq!(cp.1, "ok");
@@ -40,7 +37,7 @@ fn a_machine_enrolled_by_its_endorsement_key_gets_its_ak_certificate_and_joins()
 
     // The owner's bundle: the TPM manufacturer's root and EK-signing CA, certificates only.
     let ca_dir = cluster.platform_ca.parent().unwrap();
-    let owner = tmp.path().join("owner");
+    let owner = cluster.scratch_dir().join("owner");
     let bundle = owner.join("ek-bundle");
     std::fs::create_dir_all(&bundle).unwrap();
     for (from, to) in [

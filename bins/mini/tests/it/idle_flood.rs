@@ -13,7 +13,7 @@
 //! `asterism init`, the key service and the join service.
 
 use crate::common;
-use crate::common::{Teardown, bins, runtime};
+use crate::common::{TestCluster, bins, runtime};
 use asterism_mini::LocalCluster;
 use asterism_testkit::net::{closed_within, tcp_from};
 use std::net::{IpAddr, SocketAddr};
@@ -38,9 +38,7 @@ fn http_get(addr: &str, path: &str) -> String {
 
 #[test]
 fn idle_connections_from_one_address_do_not_keep_a_worker_out() {
-    let tmp = tempfile::tempdir().unwrap();
-    let cluster = LocalCluster::create(&tmp.path().join("c"), 1, 35, bins()).unwrap();
-    let _teardown = Teardown(&cluster);
+    let cluster = TestCluster::create(1, 35);
     let rt = runtime();
 
     let (_done, cp) = rt.block_on(cluster.init()).unwrap();

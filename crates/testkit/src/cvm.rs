@@ -85,8 +85,8 @@ const AZURE_SNP_TCB: MinimumTcb = MinimumTcb {
     fmc: 0,
 };
 
-/// The default SEV-SNP policy with the Milan floor at [`AZURE_SNP_TCB`], which the default
-/// floor refuses; no floor for Genoa and Turin, as by default. The floors have tests of
+/// The default SEV-SNP policy with the Milan floor at the real Azure report's own TCB,
+/// which the default floor refuses; no floor for Genoa and Turin, as by default. The floors have tests of
 /// their own (`asterism-attestation`'s `tests/it/snp.rs`).
 pub fn snp_policy_at_the_azure_tcb() -> SnpPolicy {
     SnpPolicy {

@@ -74,6 +74,15 @@ pub async fn get_key_hex(client: &mut ApiClient<Channel>, id: &str) -> String {
     hex::encode(get_key(client, id, 32).await.unwrap())
 }
 
+/// The service behind `channel` answers with the measurement secret of the zero secrets.
+pub async fn assert_serves_the_zero_secrets(channel: Channel) {
+    let mut client = ApiClient::new(channel);
+    assert_eq!(
+        get_key_hex(&mut client, "measurementSecret").await,
+        MEASUREMENT_SECRET_ZERO
+    );
+}
+
 /// A directory with a master secret and a salt of 32 zero bytes, both mode 0600: the
 /// secrets the `*_ZERO` keys are derived from.
 pub struct Secrets {

@@ -116,12 +116,7 @@ async fn serve_accepts_any_connection_stream() {
     let task = tokio::spawn(serve(TcpListenerStream::new(listener), zero_kms(), async {
         let _ = stopped.await;
     }));
-    let mut client = ApiClient::new(tcp_channel(addr, TIMEOUT).await);
-    assert_eq!(
-        get_key_hex(&mut client, "measurementSecret").await,
-        MEASUREMENT_SECRET_ZERO
-    );
-    drop(client);
+    assert_serves_the_zero_secrets(tcp_channel(addr, TIMEOUT).await).await;
     let _ = stop.send(());
     tokio::time::timeout(TIMEOUT, task)
         .await
@@ -197,12 +192,7 @@ async fn serve_accepts_wrapped_connections_with_their_own_connect_info() {
         }))
         .await
         .unwrap();
-    let mut client = ApiClient::new(channel);
-    assert_eq!(
-        get_key_hex(&mut client, "measurementSecret").await,
-        MEASUREMENT_SECRET_ZERO
-    );
-    drop(client);
+    assert_serves_the_zero_secrets(channel).await;
     let _ = stop.send(());
     tokio::time::timeout(TIMEOUT, task)
         .await
@@ -334,12 +324,7 @@ async fn stale_socket_is_replaced() {
         .await
         .unwrap();
     let server = spawn(listener, LIMITS);
-    let mut client = ApiClient::new(unix_channel(&path, TIMEOUT).await);
-    assert_eq!(
-        get_key_hex(&mut client, "measurementSecret").await,
-        MEASUREMENT_SECRET_ZERO
-    );
-    drop(client);
+    assert_serves_the_zero_secrets(unix_channel(&path, TIMEOUT).await).await;
     server.stop().await;
 }
 
@@ -370,12 +355,7 @@ async fn a_live_socket_is_never_taken_over() {
         "{err}"
     );
     // The first server still answers.
-    let mut client = ApiClient::new(unix_channel(&path, TIMEOUT).await);
-    assert_eq!(
-        get_key_hex(&mut client, "measurementSecret").await,
-        MEASUREMENT_SECRET_ZERO
-    );
-    drop(client);
+    assert_serves_the_zero_secrets(unix_channel(&path, TIMEOUT).await).await;
     server.stop().await;
 }
 

@@ -289,11 +289,9 @@ impl RecordingServer {
         )
     }
 
-    /// Routes a first admission of `node` with the disk `disk_uuid`, as the join service's
-    /// cluster state makes it: neither the disk's binding nor the member exists yet, and
-    /// the three creates succeed in their order (the AK's claim, the disk's binding, the
-    /// member: recorded answers).
-    pub fn route_first_admission(&self, node: &str, disk_uuid: &str) -> &Self {
+    /// Routes the join service's lookups of a node it has never seen: no member `node`, no
+    /// binding of the disk `disk_uuid` (recorded answers).
+    pub fn route_unknown_node(&self, node: &str, disk_uuid: &str) -> &Self {
         use paths::CONFIG_MAPS;
         self.on(
             "GET",
@@ -305,7 +303,15 @@ impl RecordingServer {
             &format!("{CONFIG_MAPS}/asterism-member-{node}"),
             [Reply::recorded(404, "status-404-configmap-member.json")],
         )
-        .on(
+    }
+
+    /// Routes a first admission of `node` with the disk `disk_uuid`, as the join service's
+    /// cluster state makes it: [`RecordingServer::route_unknown_node`], then the three
+    /// creates succeed in their order (the AK's claim, the disk's binding, the member:
+    /// recorded answers).
+    pub fn route_first_admission(&self, node: &str, disk_uuid: &str) -> &Self {
+        use paths::CONFIG_MAPS;
+        self.route_unknown_node(node, disk_uuid).on(
             "POST",
             CONFIG_MAPS,
             [

@@ -291,17 +291,7 @@ fn fresh_admission() -> Admission {
 
 /// Routes what a fresh node's checks read: no member worker-9, an unbound disk.
 fn route_fresh_node(server: &RecordingServer) {
-    server
-        .on(
-            "GET",
-            &format!("{CONFIG_MAPS}/asterism-member-worker-9"),
-            [Reply::recorded(404, "status-404-configmap-member.json")],
-        )
-        .on(
-            "GET",
-            &format!("{CONFIG_MAPS}/asterism-disk-{DISK}"),
-            [Reply::recorded(404, "status-404-configmap-disk.json")],
-        );
+    server.route_unknown_node("worker-9", DISK);
 }
 
 /// Routes a claim this request loses: no claim when it reads, its create answered `409`,

@@ -801,7 +801,7 @@ mod tests {
         let key = dir.path().join("sa.key");
         let run = |args: &[&str]| {
             assert!(
-                asterism_basics::children::status(std::process::Command::new("openssl").args(args))
+                asterism_children::status(std::process::Command::new("openssl").args(args))
                     .unwrap()
                     .success()
             );

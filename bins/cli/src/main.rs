@@ -167,7 +167,7 @@ const MINI_PROGRAM: &str = "asterism-mini";
 /// reads too), and returns its exit code as ours.
 fn run_mini(args: &[OsString], log: &str) -> Result<std::process::ExitCode> {
     let program = find_mini()?;
-    let status = asterism_basics::children::status(
+    let status = asterism_children::status(
         std::process::Command::new(&program)
             .args(args)
             .env("ASTERISM_LOG", log),

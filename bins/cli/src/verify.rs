@@ -742,9 +742,7 @@ mod tests {
             assert_eq!(&pcrs[nine..nine + 32], tpm.pcr(idx(9)).as_slice());
             let args: Vec<&str> = line.split_whitespace().skip(1).collect();
             let run = |args: &[&str]| {
-                asterism_basics::children::output(
-                    std::process::Command::new("tpm2_checkquote").args(args),
-                )
+                asterism_children::output(std::process::Command::new("tpm2_checkquote").args(args))
             };
             let Ok(ok) = run(&args) else {
                 eprintln!("tpm2_checkquote is not installed; only the files were checked");

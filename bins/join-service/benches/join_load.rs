@@ -442,7 +442,7 @@ fn print_floors(work: &[(&str, Duration)], join: &Run, baseline: &Run) {
 }
 
 fn stop(mut server: Server) {
-    let status = asterism_basics::children::status(
+    let status = asterism_children::status(
         Command::new("kill").args(["-TERM", &server.child.id().to_string()]),
     )
     .unwrap();
@@ -538,7 +538,7 @@ fn main() {
             command.args(["--pinned-ak", pin]);
         }
         let service = Server {
-            child: asterism_basics::children::spawn(
+            child: asterism_children::spawn(
                 command
                     .stdin(Stdio::null())
                     .stdout(Stdio::null())
@@ -566,7 +566,7 @@ fn main() {
         stop(service);
 
         // The baseline server.
-        let mut child = asterism_basics::children::spawn(Command::new(std::env::current_exe().unwrap())
+        let mut child = asterism_children::spawn(Command::new(std::env::current_exe().unwrap())
             .arg(BASELINE_SERVER_ARG)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped()))

@@ -72,7 +72,7 @@ fn run_writing_files(args: &[&str], out_dir: &Path) -> Output {
 }
 
 fn run(args: &[&str]) -> Output {
-    asterism_basics::children::output(
+    asterism_children::output(
         Command::new(env!("CARGO_BIN_EXE_asterism-node-settings"))
             .args(args)
             .env("RUST_LOG", "info"),

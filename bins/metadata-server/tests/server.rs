@@ -36,7 +36,7 @@ fn the_binary_serves_its_config_file_and_stops_on_sigterm() {
         .unwrap()
         .port();
     let addr: SocketAddr = format!("127.0.10.254:{port}").parse().unwrap();
-    let mut child = asterism_basics::children::spawn(
+    let mut child = asterism_children::spawn(
         std::process::Command::new(env!("CARGO_BIN_EXE_asterism-metadata"))
             .args(["--listen", &addr.to_string(), "--config"])
             .arg(&path)
@@ -58,7 +58,7 @@ fn the_binary_serves_its_config_file_and_stops_on_sigterm() {
         }
     });
     assert_eq!(me.name, "worker-1");
-    let status = asterism_basics::children::status(
+    let status = asterism_children::status(
         std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]),
     )
     .unwrap();

@@ -76,7 +76,7 @@ pub(crate) fn alive(pid: u32) -> bool {
 }
 
 pub(crate) fn signal(pid: u32, sig: &str) {
-    let _ = asterism_basics::children::status(Command::new("sh").args([
+    let _ = asterism_children::status(Command::new("sh").args([
         "-c",
         &format!("kill -{sig} \"$1\" 2>/dev/null"),
         "sh",

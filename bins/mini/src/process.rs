@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 /// Runs a program to completion, its output appended to `log`; fails with the log's tail.
 pub(crate) fn run_logged(program: &Path, args: &[OsString], log: &Path) -> Result<()> {
     let out = log_file(log)?;
-    let status = asterism_basics::children::status(
+    let status = asterism_children::status(
         Command::new(program)
             .args(args)
             .stdin(Stdio::null())
@@ -65,7 +65,7 @@ pub(crate) fn spawn_service(
         .stdout(out.try_clone()?)
         .stderr(out)
         .process_group(0);
-    let child = asterism_basics::children::spawn(&mut command)
+    let child = asterism_children::spawn(&mut command)
         .with_context(|| format!("starting {}", program.display()))?;
     std::fs::write(pid_file, format!("{}\n", child.id()))
         .with_context(|| format!("writing {}", pid_file.display()))?;

@@ -281,7 +281,7 @@ fn kvm_works() -> bool {
     let Ok(err_file) = std::fs::File::create(&stderr) else {
         return false;
     };
-    let child = asterism_basics::children::spawn(
+    let child = asterism_children::spawn(
         Command::new(QEMU)
             .args([
                 "-accel", "kvm", "-machine", "q35", "-m", "128", "-display", "none",
@@ -388,7 +388,7 @@ impl NodeImage {
 
 /// Checks that QEMU, OVMF and swtpm are installed: what VM mode needs of the machine.
 pub fn check_host() -> Result<()> {
-    let qemu = asterism_basics::children::status(
+    let qemu = asterism_children::status(
         Command::new(QEMU)
             .arg("--version")
             .stdout(Stdio::null())
@@ -921,7 +921,7 @@ fn qemu_cpu_seconds(pid: u32) -> Option<f64> {
 
 /// The bytes free to an unprivileged writer on the filesystem of `dir`, as `df` reports them.
 fn free_bytes(dir: &Path) -> Option<u64> {
-    let out = asterism_basics::children::output(Command::new("df").arg("-Pk").arg(dir)).ok()?;
+    let out = asterism_children::output(Command::new("df").arg("-Pk").arg(dir)).ok()?;
     parse_df_available(&String::from_utf8_lossy(&out.stdout))
 }
 
@@ -1039,9 +1039,8 @@ fn esp_settings(
     let image = format!("{}@@{esp}", disk.display());
     // The directory exists from an earlier boot of this disk: mmd then fails, and mcopy
     // replaces the file.
-    let _ =
-        asterism_basics::children::output(Command::new("mmd").args(["-i", &image, "::/asterism"]));
-    let copied = asterism_basics::children::output(
+    let _ = asterism_children::output(Command::new("mmd").args(["-i", &image, "::/asterism"]));
+    let copied = asterism_children::output(
         Command::new("mcopy")
             .args(["-o", "-i", &image])
             .arg(&document)
@@ -1169,7 +1168,7 @@ fn qemu_value(path: &Path) -> Result<String> {
 fn start_swtpm(ndir: &Path) -> Result<PathBuf> {
     let socket = ndir.join("run/swtpm.sock");
     let log = ndir.join("log/swtpm.log");
-    let out = asterism_basics::children::output(
+    let out = asterism_children::output(
         Command::new("swtpm")
             .arg("socket")
             .arg("--tpm2")
@@ -1544,7 +1543,7 @@ mod tests {
     #[test]
     fn a_running_qemu_is_seen_with_its_cpu_time_and_the_free_space() {
         // A `sleep` stands in for QEMU: a live process with a schedstat file.
-        let child = asterism_basics::children::spawn(Command::new("sleep").arg("30")).unwrap();
+        let child = asterism_children::spawn(Command::new("sleep").arg("30")).unwrap();
         let mut running = RunningVm {
             qemu: child,
             started: Instant::now(),

@@ -47,7 +47,7 @@ fn no_secret_reaches_a_log_an_error_output_or_the_metrics() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("c");
-    let child = asterism_basics::children::output(
+    let child = asterism_children::output(
         Command::new(std::env::current_exe().unwrap())
             .args([TEST_NAME, "--exact", "--nocapture", "--test-threads=1"])
             .env(CHILD_DIR, &dir)

@@ -36,7 +36,7 @@ struct Run {
 
 /// Runs `asterism-provision args…`, killing it after a minute.
 fn provision(args: &[&str]) -> Run {
-    let mut child = asterism_basics::children::spawn(
+    let mut child = asterism_children::spawn(
         Command::new(env!("CARGO_BIN_EXE_asterism-provision"))
             .args(args)
             .stdin(Stdio::null())

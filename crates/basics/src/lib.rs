@@ -3,18 +3,16 @@
 //! of a host name and of a node name ([`is_host_name`], [`is_node_name`]), reads that refuse more than a cap instead of
 //! truncating ([`read_capped_from`], [`read_file_capped`]), a file operation's error with
 //! its path ([`PathError`]), the network source an address counts against ([`source_of`]),
-//! connection slots shared fairly between sources ([`slots::PendingSlots`]), a cap on
-//! what one key holds at once ([`shares::Shares`]), and children started apart from the
-//! C libraries' inheritable descriptors ([`children`]).
+//! connection slots shared fairly between sources ([`slots::PendingSlots`]), and a cap on
+//! what one key holds at once ([`shares::Shares`]).
 //!
 //! It must never depend on anything but `std` (scripts/check-deps), so that any crate of
 //! the workspace, the verifier included, can use it without taking on a dependency. Nothing
 //! here logs or reads flags, and nothing keeps state of its own (a [`shares::Shares`] is its
-//! caller's) but the one process-wide lock of [`children`], which only works if every
-//! crate shares it: binary plumbing belongs in `asterism-binkit`.
+//! caller's): binary plumbing belongs in `asterism-binkit`. Children that must not inherit
+//! the C libraries' descriptors are started by `asterism-children`.
 #![forbid(unsafe_code)]
 
-pub mod children;
 pub mod shares;
 pub mod slots;
 

@@ -18,9 +18,9 @@
 //!   disabled for the whole process before the first call: an untrusted disk must not be
 //!   able to make this process load code.
 //!
-//! This is the only Asterism crate with `unsafe` code, all of it in calls into the library,
-//! each with its reason. Nothing here uses device-mapper: mapping a disk is left to the
-//! `cryptsetup` program.
+//! With `asterism-children`, this is one of two Asterism crates with `unsafe` code, all of it
+//! here in calls into the library, each with its reason. Nothing here uses device-mapper:
+//! mapping a disk is left to the `cryptsetup` program.
 
 // The reason this crate exists: every `unsafe` block below is a call into the C library,
 // documented with why it is sound (`clippy::undocumented_unsafe_blocks` is denied).

@@ -485,8 +485,7 @@ fn run_with_timeout(inv: &Invocation, timeout: Duration) -> Result<CommandOutput
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    // Started apart from TPM commands in flight (`asterism_basics::children`).
-    let mut child = asterism_basics::children::spawn(&mut command).map_err(RunError::Spawn)?;
+    let mut child = asterism_children::spawn(&mut command).map_err(RunError::Spawn)?;
     let stdin = child.stdin.take();
     let stdout = child.stdout.take();
     let stderr = child.stderr.take();

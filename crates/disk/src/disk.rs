@@ -985,7 +985,7 @@ mod tests {
 
     /// Asks the cryptsetup program directly, not through this crate.
     fn opens(disk: &StateDisk, passphrase: &DataKey) -> bool {
-        let mut child = asterism_basics::children::spawn(
+        let mut child = asterism_children::spawn(
             Command::new("cryptsetup")
                 .args(["open", "--test-passphrase", "--key-file", "-"])
                 .arg(disk.path())

@@ -446,8 +446,7 @@ mod tests {
     #[tokio::test]
     async fn ionice_sets_the_priority_of_a_real_process_where_the_kernel_allows_it() {
         use crate::runner::ProcessCommands;
-        let Ok(mut child) =
-            asterism_basics::children::spawn(std::process::Command::new("sleep").arg("30"))
+        let Ok(mut child) = asterism_children::spawn(std::process::Command::new("sleep").arg("30"))
         else {
             eprintln!("skipped: no sleep program");
             return;
@@ -455,7 +454,7 @@ mod tests {
         let pid = child.id();
         let ionice = Ionice::new("ionice", ProcessCommands::default());
         let set = ionice.set(pid, ETCD_IO_PRIORITY).await;
-        let shown = asterism_basics::children::output(
+        let shown = asterism_children::output(
             std::process::Command::new("ionice").args(["-p", &pid.to_string()]),
         );
         child.kill().unwrap();

@@ -154,19 +154,18 @@ async fn read_tail<R: AsyncRead + Unpin>(mut r: R, max: usize) -> io::Result<(Ve
 impl Commands for ProcessCommands {
     fn run<'a>(&'a self, cmd: &'a CommandSpec) -> BoxFuture<'a, io::Result<CommandOutput>> {
         Box::pin(async move {
-            let mut command = tokio::process::Command::new(&cmd.program);
+            let mut command = std::process::Command::new(&cmd.program);
             command
                 .args(&cmd.args)
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .kill_on_drop(true);
-            // Started apart from TPM commands in flight (`asterism_basics::children`).
+                .stderr(Stdio::piped());
+            asterism_children::inherit_only_stdio(&mut command);
+            let mut command = tokio::process::Command::from(command);
+            command.kill_on_drop(true);
+            // The child inherits only its standard streams: set up above.
             #[allow(clippy::disallowed_methods)]
-            let mut child = {
-                let _alone = asterism_basics::children::spawning();
-                command.spawn()?
-            };
+            let mut child = command.spawn()?;
             let stdout = child
                 .stdout
                 .take()
@@ -708,6 +707,16 @@ mod tests {
             redact("--certificate-key=ff00"),
             "--certificate-key=<redacted>"
         );
+    }
+
+    #[tokio::test]
+    async fn a_command_inherits_no_descriptor_that_a_c_library_left_open() {
+        use std::os::fd::AsRawFd as _;
+        let (read, _write) = asterism_children::testing::pipe_without_close_on_exec().unwrap();
+        let check = asterism_children::testing::is_open(read.as_raw_fd());
+        let spec = CommandSpec::new(Path::new("sh"), &["-c", &check]);
+        let out = ProcessCommands::default().run(&spec).await.unwrap();
+        assert_eq!(out.code, Some(1), "the command inherited the descriptor");
     }
 
     #[test]

@@ -92,7 +92,7 @@ pub fn check_swtpm_installed(with_setup: bool) -> Result<(), SwtpmError> {
         programs.extend(["swtpm_setup", "swtpm_localca"]);
     }
     for program in programs {
-        let probe = asterism_basics::children::status(
+        let probe = asterism_children::status(
             Command::new(program)
                 .arg("--help")
                 .stdin(Stdio::null())

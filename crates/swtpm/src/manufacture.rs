@@ -142,7 +142,7 @@ pub fn manufacture(state_dir: &Path, options: &ManufactureOptions) -> Result<(),
         .clone()
         .unwrap_or_else(|| state_dir.join(SETUP_LOG_FILE));
     debug!(state_dir = %state_dir.display(), %banks, "manufacturing TPM with swtpm_setup");
-    let status = asterism_basics::children::status(
+    let status = asterism_children::status(
         Command::new("swtpm_setup")
             .arg("--tpm2")
             .arg("--tpmstate")

@@ -241,9 +241,9 @@ impl SwtpmProcess {
         }
         // Errors before swtpm opens its log (a port in use) go to stderr: keep them too.
         command.stdin(Stdio::null()).stdout(log).stderr(log_err);
-        // Started apart from TPM commands in flight (`asterism_basics::children`): a swtpm
-        // that inherited another swtpm's connection would stop that one for its whole life.
-        let mut child = asterism_basics::children::spawn(&mut command)
+        // Inheriting only its standard streams (`asterism_children`): a swtpm that inherited
+        // another swtpm's connection would stop that one for its whole life.
+        let mut child = asterism_children::spawn(&mut command)
             .map_err(|e| fatal(io_error("starting swtpm")(e)))?;
         let mut process = SwtpmProcess {
             config: config.clone(),
@@ -386,7 +386,7 @@ impl SwtpmProcess {
         );
         // No signal API without `unsafe`: the `kill` program sends it. The process was just
         // recognised as our swtpm by its command line.
-        let killed = asterism_basics::children::status(
+        let killed = asterism_children::status(
             Command::new("kill")
                 .args(["-KILL", &pid.to_string()])
                 .stdin(Stdio::null())

@@ -26,7 +26,7 @@ pub fn blank_image() -> (tempfile::TempDir, PathBuf) {
 /// Whether `key` opens the LUKS image at `image` (`cryptsetup open --test-passphrase`, the
 /// key on stdin).
 pub fn opens(image: &Path, key: &[u8]) -> bool {
-    let mut child = asterism_basics::children::spawn(
+    let mut child = asterism_children::spawn(
         Command::new("cryptsetup")
             .args(["open", "--test-passphrase", "--key-file", "-"])
             .arg(image)
@@ -46,7 +46,7 @@ pub fn opens(image: &Path, key: &[u8]) -> bool {
 
 /// Token 0 of the image, as `cryptsetup token export` prints it.
 pub fn token0(image: &Path) -> String {
-    let out = asterism_basics::children::output(
+    let out = asterism_children::output(
         Command::new("cryptsetup")
             .args(["token", "export", "--token-id", "0"])
             .arg(image),
@@ -58,9 +58,8 @@ pub fn token0(image: &Path) -> String {
 
 /// The LUKS UUID of the image.
 pub fn uuid(image: &Path) -> String {
-    let out =
-        asterism_basics::children::output(Command::new("cryptsetup").arg("luksUUID").arg(image))
-            .expect("running cryptsetup");
+    let out = asterism_children::output(Command::new("cryptsetup").arg("luksUUID").arg(image))
+        .expect("running cryptsetup");
     String::from_utf8(out.stdout)
         .expect("cryptsetup prints UTF-8")
         .trim()

@@ -42,7 +42,7 @@ impl Process {
     /// Starts `command` with its standard error piped (and its standard input closed).
     pub fn spawn(command: &mut Command) -> Self {
         command.stdin(Stdio::null()).stderr(Stdio::piped());
-        let mut child = asterism_basics::children::spawn(command)
+        let mut child = asterism_children::spawn(command)
             .unwrap_or_else(|e| panic!("starting {command:?}: {e}"));
         let pipe = child.stderr.take().expect("stderr is piped");
         let stderr = Arc::new(Mutex::new(String::new()));
@@ -101,7 +101,7 @@ impl Process {
     /// Sends SIGTERM (with the shell's built-in `kill`, so that no separate package is
     /// needed).
     pub fn terminate(&self) {
-        let status = asterism_basics::children::status(Command::new("sh").args([
+        let status = asterism_children::status(Command::new("sh").args([
             "-c",
             "kill -TERM \"$1\"",
             "sh",

@@ -6,7 +6,6 @@ use std::str::FromStr;
 
 use asterism_attestation::hcl::HCL_REPORT_NV_INDEX;
 use asterism_attestation::tpm::ek::{EK_CHAIN_NV_FIRST, EK_CHAIN_NV_LAST};
-use asterism_basics::children::with_c_descriptors;
 use sha1::Sha1;
 use sha2::{Digest as _, Sha256, Sha384, Sha512};
 use tracing::{debug, info, warn};
@@ -146,9 +145,9 @@ impl Tpm {
     pub fn open(config: &TpmConfig) -> Result<Self, TpmError> {
         let tcti = config.to_string();
         let name_conf = tcti_name_conf(config)?;
-        // The TSS connects to swtpm (and opens a device) without close-on-exec: kept apart
-        // from starting children (`asterism_basics::children`), here and in `run`'s attempts.
-        let ctx = with_c_descriptors(|| Context::new(name_conf)).map_err(|error| match error {
+        // The TSS connects to swtpm (and opens a device) without close-on-exec: children
+        // start through `asterism_children`, which keeps them from inheriting either.
+        let ctx = Context::new(name_conf).map_err(|error| match error {
             tss_esapi::Error::Tss2Error(rc) => TpmError::Open {
                 tcti: tcti.clone(),
                 code: raw_code(rc),
@@ -758,8 +757,7 @@ impl Tpm {
         let mut attempts = 0u32;
         loop {
             attempts += 1;
-            // Each attempt, not the pause between them, keeps children from starting.
-            let code = match with_c_descriptors(|| command(&mut self.ctx)) {
+            let code = match command(&mut self.ctx) {
                 Ok(value) => return Ok(value),
                 Err(tss_esapi::Error::WrapperError(kind)) => {
                     return Err(TpmError::Binding {
@@ -782,7 +780,7 @@ impl Tpm {
             };
             warn!(operation, %code, attempts, ?delay, "transient TPM failure; retrying");
             if action == RetryAction::FlushAndRetry {
-                with_c_descriptors(|| self.flush_transient_objects());
+                self.flush_transient_objects();
             }
             std::thread::sleep(delay);
         }

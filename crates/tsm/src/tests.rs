@@ -45,8 +45,7 @@ impl Entries for StandIn {
         fs::write(entry.join("provider"), format!("{}\n", self.provider))?;
         fs::write(entry.join("generation"), "0\n")?;
         fs::write(entry.join("privlevel_floor"), "0\n")?;
-        let status =
-            asterism_basics::children::status(Command::new("mkfifo").arg(entry.join("outblob")))?;
+        let status = asterism_children::status(Command::new("mkfifo").arg(entry.join("outblob")))?;
         assert!(status.success(), "mkfifo failed");
 
         let entry = entry.to_owned();

@@ -185,7 +185,7 @@ impl TestNode {
     /// `read` on a new connection to the node's swtpm, tried again on failure (at most 20
     /// times, 100 ms apart), in case a read meets swtpm between two clients under load.
     /// (A swtpm that stopped answering for minutes was a child holding its connection:
-    /// `asterism_basics::children`.) Only for reads: a retried extend could extend twice.
+    /// `asterism_children`.) Only for reads: a retried extend could extend twice.
     fn read_tpm<T, E: std::fmt::Debug>(&self, read: impl Fn(&mut Tpm) -> Result<T, E>) -> T {
         let mut last = String::new();
         for _ in 0..20 {

@@ -68,7 +68,7 @@ fn stand_in_binary() -> &'static Path {
                 cargo.env(key, value);
             }
         }
-        let out = asterism_basics::children::output(cargo.current_dir(&workspace).args([
+        let out = asterism_children::output(cargo.current_dir(&workspace).args([
             "build",
             "--quiet",
             "--message-format=json",

@@ -201,7 +201,7 @@ fn nv_writes(swtpm: &Swtpm, index: u32, data: &[u8]) -> bool {
         ],
     ];
     for args in steps {
-        let output = match asterism_basics::children::output(
+        let output = match asterism_children::output(
             Command::new(args[0])
                 .args(&args[1..])
                 .args(["-T", &swtpm.tcti()]),
@@ -756,7 +756,7 @@ fn on_azure_trusted_launch_the_vtpms_ak_and_its_certificate_verify_to_the_cloud_
 
 /// Undefines NV index `index` of `swtpm` with tpm2-tools (installed: the caller wrote it).
 fn nv_undefines(swtpm: &Swtpm, index: u32) {
-    let output = asterism_basics::children::output(
+    let output = asterism_children::output(
         Command::new("tpm2_nvundefine")
             .arg(format!("{index:#x}"))
             .args(["-C", "o", "-T", &swtpm.tcti()]),

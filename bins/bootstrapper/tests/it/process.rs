@@ -146,10 +146,9 @@ async fn sigterm_before_the_lock_stops_gracefully_with_exit_4() {
     let (metadata, _stop) = metadata_server(&t).await;
     let mut child = spawn(&t, metadata);
     let _ = t.init_channel().await;
-    let status = asterism_basics::children::status(
-        Command::new("kill").args(["-TERM", &child.id().to_string()]),
-    )
-    .unwrap();
+    let status =
+        asterism_children::status(Command::new("kill").args(["-TERM", &child.id().to_string()]))
+            .unwrap();
     assert!(status.success());
     let (code, stderr) = wait(&mut child, Duration::from_secs(30));
     assert_eq!(code, 4, "{stderr}");
@@ -160,7 +159,7 @@ async fn sigterm_before_the_lock_stops_gracefully_with_exit_4() {
 #[test]
 fn hosting_the_cluster_services_needs_a_mapped_disk() {
     let dir = tempfile::tempdir().unwrap();
-    let out = asterism_basics::children::output(
+    let out = asterism_children::output(
         Command::new(env!("CARGO_BIN_EXE_asterism-bootstrapper"))
             .arg("--node-dir")
             .arg(dir.path().join("node"))

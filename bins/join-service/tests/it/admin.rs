@@ -12,7 +12,7 @@ use tokio::sync::watch;
 /// The binary with every required flag; only the arguments are checked before these files
 /// are read.
 fn join_service(extra: &[&str]) -> std::process::Output {
-    asterism_basics::children::output(
+    asterism_children::output(
         Command::new(env!("CARGO_BIN_EXE_asterism-join-service"))
             .args([
                 "--listen",
@@ -185,7 +185,7 @@ async fn unix_http(path: &std::path::Path, request: &str) -> String {
 /// `GET /v1/members` on the admin socket at `path` by curl running as user and group
 /// `uid`: the answer's body, or `None` if the socket closed the connection unanswered.
 fn members_as(uid: u32, path: &std::path::Path) -> Option<String> {
-    let out = asterism_basics::children::output(
+    let out = asterism_children::output(
         Command::new("setpriv")
             .args([
                 format!("--reuid={uid}"),

@@ -105,7 +105,7 @@ fn refuses_to_serve_plaintext_on_any_tcp_address_loopback_included() {
 
 #[test]
 fn has_no_flag_that_takes_a_secret_value() {
-    let output = asterism_basics::children::output(Command::new(BIN).arg("--help")).unwrap();
+    let output = asterism_children::output(Command::new(BIN).arg("--help")).unwrap();
     let help = String::from_utf8(output.stdout).unwrap();
     assert!(help.contains("--master-secret-file"), "{help}");
     for flag in ["--master-secret ", "--master-secret=", "--salt ", "--key "] {

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 /// Number of LUKS2 keyslots in the node's disk header, read by the cryptsetup program.
 fn keyslots(node: &Node) -> usize {
-    let out = asterism_basics::children::output(
+    let out = asterism_children::output(
         Command::new("cryptsetup")
             .args(["luksDump", "--dump-json-metadata"])
             .arg(node.dir.join("state.img")),
@@ -79,7 +79,7 @@ fn handed_the_default_release_and_installed_nothing(
         assert!(line.ends_with(&summary), "{line}");
     }
 
-    let out = asterism_basics::children::output(
+    let out = asterism_children::output(
         Command::new(bins().join("asterism-mini"))
             .args(["status", "--json", "--dir"])
             .arg(&cluster.dir),

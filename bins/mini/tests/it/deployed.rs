@@ -652,7 +652,7 @@ fn prepare(ds: &Value, applied: &Applied, host: &Host) -> Result<Vec<Prepared>, 
 /// Whether `probe` passes now.
 fn probe_passes(probe: &Probe, env: &[(String, String)], workdir: &Path) -> bool {
     match probe {
-        Probe::Exec(command) => asterism_basics::children::status(
+        Probe::Exec(command) => asterism_children::status(
             Command::new(&command[0])
                 .args(&command[1..])
                 .env_clear()

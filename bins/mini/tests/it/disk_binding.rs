@@ -17,7 +17,7 @@ fn join_service_log(cluster: &LocalCluster) -> String {
 
 /// The UUID in the node's LUKS2 header, read by the cryptsetup program.
 fn luks_uuid(node: &Node) -> String {
-    let out = asterism_basics::children::output(
+    let out = asterism_children::output(
         Command::new("cryptsetup")
             .arg("luksUUID")
             .arg(node.dir.join("state.img")),
@@ -39,7 +39,7 @@ fn member<'a>(members: &'a serde_json::Value, name: &str) -> &'a serde_json::Val
 /// `ssh-keygen -L` of the node's host certificate: its principals, validity and serial as
 /// OpenSSH reads them.
 fn host_certificate(node: &Node) -> String {
-    let out = asterism_basics::children::output(
+    let out = asterism_children::output(
         Command::new("ssh-keygen")
             .arg("-L")
             .arg("-f")
@@ -77,7 +77,7 @@ fn a_worker_naming_the_control_planes_disk_gets_nothing_and_the_control_plane_st
     // its admin socket: the control plane, recorded at init, stays the only member of the
     // workspace's record; the joined worker is not added.
     let sync = |extra: &[&std::ffi::OsStr]| {
-        asterism_basics::children::output(
+        asterism_children::output(
             Command::new(bins().join("asterism"))
                 .args(["control-plane", "sync", "--workspace"])
                 .arg(&cluster.workspace)
@@ -146,7 +146,7 @@ fn a_worker_naming_the_control_planes_disk_gets_nothing_and_the_control_plane_st
     // attacker owns its disk; the UUID is in the control plane's plaintext header).
     let mut attacker = worker.clone();
     attacker.reset_tpm().unwrap();
-    let status = asterism_basics::children::status(
+    let status = asterism_children::status(
         Command::new("cryptsetup")
             .args(["luksUUID", "-q", "--uuid", &cp_disk])
             .arg(attacker.dir.join("state.img")),
@@ -216,7 +216,7 @@ fn a_joined_worker_cannot_squat_the_disk_of_a_node_that_has_not_joined() {
         "the victim's disk is formatted",
         Duration::from_secs(60),
         || {
-            asterism_basics::children::status(
+            asterism_children::status(
                 Command::new("cryptsetup")
                     .arg("isLuks")
                     .arg(victim.dir.join("state.img")),
@@ -320,7 +320,7 @@ fn a_worker_with_a_new_tpm_waits_for_asterism_readmit() {
         std::fs::create_dir_all(worker.dir.join(gone)).unwrap();
     }
     std::fs::remove_file(worker.dir.join("state.img")).unwrap();
-    let out = asterism_basics::children::output(
+    let out = asterism_children::output(
         Command::new(bins().join("asterism-provision"))
             .args(["node", "--state-dir"])
             .arg(worker.dir.join("tpm"))
@@ -345,7 +345,7 @@ fn a_worker_with_a_new_tpm_waits_for_asterism_readmit() {
     assert_eq!(member(&cluster.members(), "worker-0")["ak"], old_ak);
 
     // The operator re-admits it, over the admin socket.
-    let out = asterism_basics::children::output(
+    let out = asterism_children::output(
         Command::new(bins().join("asterism"))
             .args(["readmit", "worker-0", "--admin-socket"])
             .arg(cluster.admin_socket()),
@@ -370,7 +370,7 @@ fn a_worker_with_a_new_tpm_waits_for_asterism_readmit() {
     assert_eq!(member(&m, "worker-0")["readmit"], false, "{m}");
 
     // Another re-admission of an unknown node is refused by the service.
-    let out = asterism_basics::children::output(
+    let out = asterism_children::output(
         Command::new(bins().join("asterism"))
             .args(["readmit", "worker-9", "--admin-socket"])
             .arg(cluster.admin_socket()),

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::Command;
 
 fn provision(args: &[&dyn AsRef<std::ffi::OsStr>]) {
-    let out = asterism_basics::children::output(
+    let out = asterism_children::output(
         Command::new(bins().join("asterism-provision")).args(args.iter().map(|a| a.as_ref())),
     )
     .unwrap();

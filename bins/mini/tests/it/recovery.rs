@@ -317,7 +317,7 @@ fn a_node_whose_pcrs_differ_gets_nothing_and_is_recovered_after_a_clean_boot() {
 /// (the public key is next to it, `.pub`).
 fn custodian_key(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
     let key = dir.join(name);
-    let status = asterism_basics::children::status(
+    let status = asterism_children::status(
         std::process::Command::new("ssh-keygen")
             .args(["-q", "-t", "ed25519", "-N", "", "-C", name, "-f"])
             .arg(&key),

@@ -46,8 +46,7 @@ fn spawn(program: &str, args: &[&std::ffi::OsStr], log: &Path) -> Child {
         .stdin(Stdio::null())
         .stdout(out.try_clone().unwrap())
         .stderr(out);
-    // Apart from this process's TPM commands (`asterism_basics::children`).
-    asterism_basics::children::spawn(&mut command).unwrap()
+    asterism_children::spawn(&mut command).unwrap()
 }
 
 fn write_private(path: &Path, bytes: &[u8]) {
@@ -149,13 +148,13 @@ fn pcr15(node: &Node) -> [u8; 32] {
 /// Token 0 and the keyslot count of `node`'s disk, read by the cryptsetup program.
 fn disk_header(node: &Node) -> (String, usize) {
     let image = node.dir.join("state.img");
-    let token = asterism_basics::children::output(
+    let token = asterism_children::output(
         Command::new("cryptsetup")
             .args(["token", "export", "--token-id", "0"])
             .arg(&image),
     )
     .unwrap();
-    let dump = asterism_basics::children::output(
+    let dump = asterism_children::output(
         Command::new("cryptsetup")
             .args(["luksDump", "--dump-json-metadata"])
             .arg(&image),
@@ -225,7 +224,7 @@ fn a_join_service_of_another_cluster_is_refused_by_a_fresh_worker() {
         .parse()
         .unwrap();
     assert!(
-        asterism_basics::children::status(Command::new("kill").args(["-TERM", &pid.to_string()]))
+        asterism_children::status(Command::new("kill").args(["-TERM", &pid.to_string()]))
             .unwrap()
             .success()
     );

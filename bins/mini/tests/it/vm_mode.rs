@@ -794,7 +794,7 @@ fn assert_kubeadm_node_prepared(console: &str) {
 
 /// Whether `program` runs here (`--help` or `--version` answers).
 fn have(program: &str) -> bool {
-    asterism_basics::children::status(
+    asterism_children::status(
         std::process::Command::new(program)
             .arg("--version")
             .stdout(std::process::Stdio::null())
@@ -805,8 +805,7 @@ fn have(program: &str) -> bool {
 
 /// Runs `program` with `args` and asserts that it succeeded.
 fn run_ok(program: &str, args: &[&std::ffi::OsStr]) {
-    let out =
-        asterism_basics::children::output(std::process::Command::new(program).args(args)).unwrap();
+    let out = asterism_children::output(std::process::Command::new(program).args(args)).unwrap();
     assert!(out.status.success(), "{program}: {out:?}");
 }
 

@@ -66,7 +66,7 @@ fn key(text: &str) -> DataKey {
 
 /// Runs the cryptsetup program directly with `stdin`.
 fn cryptsetup(args: &[&str], device: &Path, stdin: &[u8]) -> std::process::Output {
-    let mut child = asterism_basics::children::spawn(
+    let mut child = asterism_children::spawn(
         Command::new("cryptsetup")
             .args(args)
             .arg(device)
@@ -316,7 +316,7 @@ fn kernel_has_device_mapper() -> bool {
         return true;
     }
     // dm_mod as a module that the first open of /dev/mapper/control would load.
-    asterism_basics::children::status(
+    asterism_children::status(
         Command::new("modprobe")
             .args(["--dry-run", "--quiet", "dm_mod"])
             .stdout(Stdio::null())

@@ -3,9 +3,10 @@
 //! The TSS opens a socket for each command to swtpm, without close-on-exec, and swtpm serves
 //! one connection at a time until its client closes it. A child that inherits the socket
 //! keeps it open for its whole life, and every later command on that swtpm waits for the
-//! child to exit. `asterism_basics::children` keeps children from starting while a command
-//! is in flight; this test starts long-lived children (`sleep`) while another thread reads
-//! the TPM without pause, then reads it again while they live.
+//! child to exit. `asterism_children` starts every child with only its standard streams;
+//! this test starts long-lived children (`sleep`) while another thread reads the TPM without
+//! pause, then reads it again while they live. (Started with `Command::spawn` instead, the
+//! children hold the connection and the test fails.)
 
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -40,7 +41,7 @@ fn children_started_while_the_tpm_is_read_do_not_hold_its_connection() {
     for _ in 0..CHILDREN {
         let mut sleep = Command::new("sleep");
         sleep.arg("120").stdin(Stdio::null());
-        children.push(asterism_basics::children::spawn(&mut sleep).unwrap());
+        children.push(asterism_children::spawn(&mut sleep).unwrap());
         std::thread::sleep(Duration::from_millis(5));
     }
     stop.store(true, Ordering::SeqCst);

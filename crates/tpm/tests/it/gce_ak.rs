@@ -175,16 +175,15 @@ fn a_template_that_makes_no_attestation_key_is_refused_naming_its_index() {
 /// The transient handles loaded in `swtpm`, as tpm2-tools lists them; `None` when tpm2-tools
 /// is not installed.
 fn transient_handles(swtpm: &Swtpm) -> Option<String> {
-    let output =
-        match asterism_basics::children::output(std::process::Command::new("tpm2_getcap").args([
-            "handles-transient",
-            "-T",
-            &swtpm.tcti(),
-        ])) {
-            Ok(output) => output,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
-            Err(e) => panic!("running tpm2_getcap: {e}"),
-        };
+    let output = match asterism_children::output(std::process::Command::new("tpm2_getcap").args([
+        "handles-transient",
+        "-T",
+        &swtpm.tcti(),
+    ])) {
+        Ok(output) => output,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(e) => panic!("running tpm2_getcap: {e}"),
+    };
     assert!(output.status.success(), "tpm2_getcap failed");
     Some(String::from_utf8_lossy(&output.stdout).into_owned())
 }

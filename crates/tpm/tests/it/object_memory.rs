@@ -13,7 +13,7 @@ use asterism_tpm::{AkConfig, Tpm};
 /// Runs a tpm2-tools program against `swtpm`: `None` when tpm2-tools is not installed,
 /// otherwise whether it succeeded and what it printed (stdout, stderr).
 fn tpm2_tool(swtpm: &Swtpm, args: &[&str]) -> Option<(bool, String, String)> {
-    let output = match asterism_basics::children::output(
+    let output = match asterism_children::output(
         Command::new(args[0])
             .args(&args[1..])
             .args(["-T", &swtpm.tcti()]),

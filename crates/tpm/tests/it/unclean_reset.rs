@@ -16,7 +16,7 @@ use asterism_tpm::{AkConfig, PcrSelection, Tpm};
 const RESETS: usize = 6;
 
 fn kill_hard(pid: u32) {
-    let status = asterism_basics::children::status(
+    let status = asterism_children::status(
         std::process::Command::new("kill").args(["-KILL", &pid.to_string()]),
     )
     .unwrap();

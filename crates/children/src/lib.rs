@@ -101,7 +101,7 @@ pub mod testing {
 
     /// A pipe whose two ends are not close-on-exec: (read end, write end).
     pub fn pipe_without_close_on_exec() -> io::Result<(OwnedFd, OwnedFd)> {
-        let mut ends = [-1; 2];
+        let mut ends = [0; 2];
         // SAFETY: `pipe` writes two descriptors into the two-element array it is given.
         if unsafe { libc::pipe(ends.as_mut_ptr()) } != 0 {
             return Err(io::Error::last_os_error());

@@ -490,7 +490,6 @@ mod tests {
         }
     }
 
-    /// A node whose state is in `state/` (which stands for the disk).
     impl Fixture {
         /// The owner's recovery with the cluster's right keys.
         async fn recover(&self) -> Result<ClusterId, ResumeError> {
@@ -498,6 +497,7 @@ mod tests {
         }
     }
 
+    /// A node whose state is in `state/` (which stands for the disk).
     fn fixture(trust: JoinServiceTrust) -> Fixture {
         fixture_with(trust, false, RecordingMount::default())
     }

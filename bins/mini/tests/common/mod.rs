@@ -17,7 +17,6 @@ pub fn bins() -> PathBuf {
         .to_path_buf()
 }
 
-/// Stops every process of the cluster, even when the test fails.
 /// A local cluster in a temporary directory (`workers` workers, loopback network
 /// `127.0.<net>.0/24`), stopped when dropped, even when the test fails, and then deleted.
 pub struct TestCluster {
@@ -52,6 +51,7 @@ impl Drop for TestCluster {
     }
 }
 
+/// Stops every process of the cluster, even when the test fails.
 pub struct Teardown<'a>(pub &'a LocalCluster);
 
 impl Drop for Teardown<'_> {

@@ -331,6 +331,34 @@ fn may_bind(
     }
 }
 
+/// [`ClusterState::check_disk`] in a read transaction, given the record of the node that
+/// asks (`member`), which decides whether its key may take a second disk.
+fn disk_free_in(
+    read: &redb::ReadTransaction,
+    disk: &DiskUuid,
+    ak: &AkFingerprint,
+    member: Option<&Member>,
+) -> Result<(), StateError> {
+    let readmitted = member.is_some_and(|m| m.readmit);
+    let disks = read.open_table(DISKS).map_err(store)?;
+    let ak_disks = read.open_table(AK_DISKS).map_err(store)?;
+    may_bind(&disks, &ak_disks, disk.as_str(), ak, readmitted).map(|_| ())
+}
+
+/// [`ClusterState::check_member`] in a read transaction, given node `name`'s record.
+fn member_free_in(
+    read: &redb::ReadTransaction,
+    name: &str,
+    ak: &AkFingerprint,
+    role: Role,
+    member: Option<&Member>,
+) -> Result<(), StateError> {
+    match member.and_then(|m| m.refusal(ak, role)) {
+        Some(refused) => Err(refused),
+        None => key_free_for(&read.open_table(AK_MEMBERS).map_err(store)?, ak, name),
+    }
+}
+
 /// Binds `disk` to `ak` unless it is bound; refuses (before writing anything) if another
 /// key holds it, or if `ak` has another disk and `second_disk_allowed` is false.
 fn bind_in(
@@ -534,14 +562,11 @@ impl ClusterState for RedbState {
         ak: &AkFingerprint,
         name: &str,
     ) -> Result<(), StateError> {
-        let (disk, ak, name) = (disk.as_str().to_owned(), *ak, name.to_owned());
+        let (disk, ak, name) = (disk.clone(), *ak, name.to_owned());
         self.blocking(move |db| {
             let read = db.begin_read().map_err(store)?;
-            let members = read.open_table(MEMBERS).map_err(store)?;
-            let readmitted = member_in(&members, &name)?.is_some_and(|m| m.readmit);
-            let disks = read.open_table(DISKS).map_err(store)?;
-            let ak_disks = read.open_table(AK_DISKS).map_err(store)?;
-            may_bind(&disks, &ak_disks, &disk, &ak, readmitted).map(|_| ())
+            let member = member_in(&read.open_table(MEMBERS).map_err(store)?, &name)?;
+            disk_free_in(&read, &disk, &ak, member.as_ref())
         })
         .await
     }
@@ -571,11 +596,21 @@ impl ClusterState for RedbState {
         let (name, ak) = (name.to_owned(), *ak);
         self.blocking(move |db| {
             let read = db.begin_read().map_err(store)?;
-            let table = read.open_table(MEMBERS).map_err(store)?;
-            match member_in(&table, &name)?.and_then(|m| m.refusal(&ak, role)) {
-                Some(refused) => Err(refused),
-                None => key_free_for(&read.open_table(AK_MEMBERS).map_err(store)?, &ak, &name),
-            }
+            let member = member_in(&read.open_table(MEMBERS).map_err(store)?, &name)?;
+            member_free_in(&read, &name, &ak, role, member.as_ref())
+        })
+        .await
+    }
+
+    /// Both checks in one read transaction, reading the member once: one hand-off to a
+    /// blocking thread per join instead of two.
+    async fn check_admission(&self, a: &Admission) -> Result<(), StateError> {
+        let (name, ak, role, disk) = (a.name.clone(), a.ak, a.role, a.disk.clone());
+        self.blocking(move |db| {
+            let read = db.begin_read().map_err(store)?;
+            let member = member_in(&read.open_table(MEMBERS).map_err(store)?, &name)?;
+            disk_free_in(&read, &disk, &ak, member.as_ref())?;
+            member_free_in(&read, &name, &ak, role, member.as_ref())
         })
         .await
     }
@@ -735,6 +770,56 @@ mod tests {
         drop(s);
         let s = RedbState::open(dir.path()).unwrap();
         s.admit(admission("a", "ak-a", D2, now)).await.unwrap();
+    }
+
+    /// The check before a ticket's signatures refuses what the admission would, each
+    /// refusal of both kinds, and writes nothing.
+    #[tokio::test]
+    async fn the_check_before_signing_refuses_what_the_admission_would() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = RedbState::open(dir.path()).unwrap();
+        let now = UNIX_EPOCH + Duration::from_secs(5_000_000);
+        s.admit(admission("a", "ak-a", D1, now)).await.unwrap();
+        type Is = fn(&StateError) -> bool;
+        let refused: [(Admission, Is); 5] = [
+            // Member checks, for requests the disk checks let through: a's record with
+            // another key or role; a's key under another name, with a's own disk.
+            (admission("a", "ak-b", D2, now), |e| {
+                matches!(e, StateError::MemberKeyChanged { .. })
+            }),
+            (
+                Admission {
+                    role: Role::ControlPlane,
+                    ..admission("a", "ak-a", D1, now)
+                },
+                |e| matches!(e, StateError::MemberRoleChanged { .. }),
+            ),
+            (admission("m", "ak-a", D1, now), |e| {
+                matches!(e, StateError::KeyIsAnotherMember { .. })
+            }),
+            // Disk checks: a's disk for another key; a second disk for a's key.
+            (admission("n", "ak-b", D1, now), |e| {
+                matches!(e, StateError::DiskBoundToOtherKey { .. })
+            }),
+            (admission("a", "ak-a", D2, now), |e| {
+                matches!(e, StateError::SecondDisk { .. })
+            }),
+        ];
+        for (a, is) in refused {
+            let checked = s.check_admission(&a).await.unwrap_err();
+            assert!(is(&checked), "{a:?}: {checked:?}");
+            let admitted = s.admit(a.clone()).await.unwrap_err();
+            assert!(is(&admitted), "{a:?}: {admitted:?}");
+        }
+        s.check_admission(&admission("a", "ak-a", D1, now))
+            .await
+            .unwrap();
+        s.check_admission(&admission("n", "ak-b", D2, now))
+            .await
+            .unwrap();
+        let members = s.members().await.unwrap();
+        assert_eq!(members.len(), 1);
+        assert_eq!(members[0].tickets, 1);
     }
 
     #[tokio::test]

@@ -393,21 +393,23 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
                 ),
             });
         }
+        let now = SystemTime::now();
+        let admission = Admission {
+            name: instance.name.clone(),
+            role: instance.role,
+            ak: peer.ak,
+            disk: disk.clone(),
+            now,
+        };
         self.inner
             .state
-            .check_disk(&disk, &peer.ak, &instance.name)
-            .await
-            .map_err(state_error)?;
-        self.inner
-            .state
-            .check_member(&instance.name, &peer.ak, instance.role)
+            .check_admission(&admission)
             .await
             .map_err(state_error)?;
 
         // Keys, certificates, files.
         let (cluster_keys, disk_key) =
             futures::try_join!(self.cluster_keys(), self.key(KeyId::Disk(disk.clone())),)?;
-        let now = SystemTime::now();
         let host_certificate = cluster_keys
             .ssh_ca
             .sign_host_certificate(&host_key, &principals, now)
@@ -434,13 +436,7 @@ impl<M: Metadata, K: KeySource, S: ClusterState> JoinService<M, K, S> {
         let token = self
             .inner
             .state
-            .admit(Admission {
-                name: instance.name.clone(),
-                role: instance.role,
-                ak: peer.ak,
-                disk: disk.clone(),
-                now,
-            })
+            .admit(admission)
             .await
             .map_err(state_error)?
             .token;

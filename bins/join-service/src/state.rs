@@ -220,6 +220,20 @@ pub trait ClusterState: Send + Sync + 'static {
         role: Role,
     ) -> impl Future<Output = Result<(), StateError>> + Send;
 
+    /// Succeeds if [`ClusterState::admit`] of `a` would, as the state is now: the checks of
+    /// [`ClusterState::check_disk`], then of [`ClusterState::check_member`]. Writes
+    /// nothing. A join runs it before it signs anything, so a refused node costs no
+    /// signature and no key; `admit` checks again in its own transaction.
+    fn check_admission(
+        &self,
+        a: &Admission,
+    ) -> impl Future<Output = Result<(), StateError>> + Send {
+        async move {
+            self.check_disk(&a.disk, &a.ak, &a.name).await?;
+            self.check_member(&a.name, &a.ak, a.role).await
+        }
+    }
+
     /// Records the init node: binds its disk to its AK and records it as a member, unless
     /// both are already there. Fails with [`StateError::DiskBoundToOtherKey`] or
     /// [`StateError::MemberKeyChanged`] (writing nothing) if the state says otherwise.

@@ -29,6 +29,18 @@ fn t0() -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_secs(1_772_445_600)
 }
 
+/// The admission of node `name` in `role` with the AK `ak_hex` names, of the disk `DISK`, at
+/// [`t0`].
+fn admission(name: &str, role: Role, ak_hex: &str) -> Admission {
+    Admission {
+        name: name.into(),
+        role,
+        ak: fingerprint(ak_hex),
+        disk: DiskUuid::parse(DISK).unwrap(),
+        now: t0(),
+    }
+}
+
 fn member_path() -> String {
     format!("{CONFIG_MAPS}/asterism-member-worker-0")
 }
@@ -54,10 +66,28 @@ async fn a_members_key_cannot_take_another_node_name() {
     server.on(
         "GET",
         &format!("{CONFIG_MAPS}/asterism-member-worker-9"),
+        [
+            Reply::recorded(404, "status-404-configmap-disk.json"),
+            Reply::recorded(404, "status-404-configmap-disk.json"),
+            Reply::recorded(404, "status-404-configmap-disk.json"),
+        ],
+    );
+    server.on(
+        "GET",
+        &format!("{CONFIG_MAPS}/asterism-disk-{DISK}"),
         [Reply::recorded(404, "status-404-configmap-disk.json")],
     );
     let err = state
         .check_member("worker-9", &fingerprint(RECORDED_AK), Role::Worker)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, StateError::KeyIsAnotherMember { member, .. } if member == "worker-0"),
+        "{err:?}"
+    );
+    // The check before a ticket's signatures says so too (the disk is unbound).
+    let err = state
+        .check_admission(&admission("worker-9", Role::Worker, RECORDED_AK))
         .await
         .unwrap_err();
     assert!(
@@ -126,13 +156,7 @@ async fn a_member_with_another_key_is_refused_before_any_write() {
         .await
         .unwrap();
     let err = state
-        .admit(Admission {
-            name: "worker-0".into(),
-            role: Role::Worker,
-            ak: fingerprint(OTHER_AK),
-            disk: DiskUuid::parse(DISK).unwrap(),
-            now: t0(),
-        })
+        .admit(admission("worker-0", Role::Worker, OTHER_AK))
         .await
         .unwrap_err();
     assert!(
@@ -153,13 +177,7 @@ async fn a_member_asking_for_another_role_is_refused_before_any_write() {
         [Reply::recorded(200, "configmap-member-worker-0.json")],
     );
     let err = state
-        .admit(Admission {
-            name: "worker-0".into(),
-            role: Role::ControlPlane,
-            ak: fingerprint(RECORDED_AK),
-            disk: DiskUuid::parse(DISK).unwrap(),
-            now: t0(),
-        })
+        .admit(admission("worker-0", Role::ControlPlane, RECORDED_AK))
         .await
         .unwrap_err();
     assert!(
@@ -193,22 +211,11 @@ async fn a_member_asking_for_a_second_disk_is_refused_before_any_write() {
             Reply::recorded(404, "status-404-configmap-disk.json"),
         ],
     );
-    let disk = DiskUuid::parse(DISK).unwrap();
-    let err = state
-        .check_disk(&disk, &fingerprint(RECORDED_AK), "worker-0")
-        .await
-        .unwrap_err();
+    let admission = admission("worker-0", Role::Worker, RECORDED_AK);
+    // Refused before a ticket's signatures, and in the admission itself.
+    let err = state.check_admission(&admission).await.unwrap_err();
     assert!(matches!(err, StateError::SecondDisk { .. }), "{err:?}");
-    let err = state
-        .admit(Admission {
-            name: "worker-0".into(),
-            role: Role::Worker,
-            ak: fingerprint(RECORDED_AK),
-            disk,
-            now: t0(),
-        })
-        .await
-        .unwrap_err();
+    let err = state.admit(admission).await.unwrap_err();
     assert!(matches!(err, StateError::SecondDisk { .. }), "{err:?}");
     assert!(server.writes().is_empty(), "{:?}", server.writes());
 }
@@ -280,13 +287,7 @@ fn claim_path() -> String {
 
 /// The admission of `FRESH_AK` as worker-9, a node that is no member, with an unbound disk.
 fn fresh_admission() -> Admission {
-    Admission {
-        name: "worker-9".into(),
-        role: Role::Worker,
-        ak: fingerprint(FRESH_AK),
-        disk: DiskUuid::parse(DISK).unwrap(),
-        now: t0(),
-    }
+    admission("worker-9", Role::Worker, FRESH_AK)
 }
 
 /// Routes what a fresh node's checks read: no member worker-9, an unbound disk.

@@ -766,6 +766,7 @@ mod tests {
         s.check_disk(&d2, &fp("ak-a"), "a").await.unwrap();
         s.admit(admission("a", "ak-a", D2, now)).await.unwrap();
         s.check_rejoin(&d2, &fp("ak-a")).await.unwrap();
+        assert_eq!(s.members().await.unwrap()[0].disk, D2);
         // The index survives reopening.
         drop(s);
         let s = RedbState::open(dir.path()).unwrap();
@@ -1062,6 +1063,7 @@ mod tests {
             .unwrap();
         assert_eq!(a.token.expose_secret(), b.token.expose_secret());
         assert_eq!(a.expires, t0 + TOKEN_TTL);
+        assert_eq!(b.expires, a.expires);
         // 10 min 1 s later the token has less than 5 min left: a new one.
         let c = s
             .admit(admission(
@@ -1073,6 +1075,11 @@ mod tests {
             .await
             .unwrap();
         assert_ne!(a.token.expose_secret(), c.token.expose_secret());
+        // Of two tokens with time enough left (a clock set back sees both so), the one
+        // that lasts longer.
+        let d = s.admit(admission("b", "ak-b", D2, t0)).await.unwrap();
+        assert_eq!(d.token.expose_secret(), c.token.expose_secret());
+        assert_eq!(d.expires, c.expires);
     }
 
     fn pending<T: Send + 'static>(

@@ -71,11 +71,12 @@ impl AtlsConnector {
             .map_err(server::tls_io_error)?;
         let (exporter, channel_binding) = server::bindings(tls.get_ref().1)?;
         let exchange = exchange::run(&mut tls, Role::Client, &exporter, &self.cfg, remote_addr);
-        let peer = within(self.cfg.exchange_timeout, "attestation exchange", exchange).await??;
+        let (peer, last_frames) =
+            within(self.cfg.exchange_timeout, "attestation exchange", exchange).await??;
         if let (Some(p), Ok(mut last)) = (&peer, self.last_peer.lock()) {
             *last = Some(p.clone());
         }
-        Ok(AtlsStream::new(
+        AtlsStream::new(
             tokio_rustls::TlsStream::Client(tls),
             AtlsConnectInfo {
                 remote_addr,
@@ -83,7 +84,8 @@ impl AtlsConnector {
                 channel_binding,
             },
             self.cfg.max_connection_lifetime,
-        ))
+            &last_frames,
+        )
     }
 
     /// Connects to `addr` over TCP and runs aTLS on it.

@@ -11,15 +11,17 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Runs the exchange for `role` on `stream`, whose TLS exporter value is `exporter`.
 ///
-/// Returns the verified peer when this side verifies, `None` when it does not.
-/// On error the caller drops (closes) the connection.
+/// Returns the verified peer when this side verifies (`None` when it does not), and this
+/// side's last frames, not yet written: the caller queues them ahead of the application's
+/// first bytes ([`crate::stream::AtlsStream`]), so that a VERDICT and HTTP/2's first frames
+/// leave in one write. On error the caller drops (closes) the connection.
 pub(crate) async fn run<S>(
     stream: &mut S,
     role: Role,
     exporter: &[u8; 32],
     cfg: &Arc<AtlsConfig>,
     remote_addr: Option<SocketAddr>,
-) -> Result<Option<VerifiedPeer>, AtlsError>
+) -> Result<(Option<VerifiedPeer>, Vec<u8>), AtlsError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -38,7 +40,10 @@ where
         after: cfg.hello_timeout,
     });
     match drive(stream, &mut x, cfg, hello, &mut out, &mut written).await {
-        Ok(()) => Ok(x.into_verified()),
+        Ok(()) => {
+            let last = out.split_off(written.min(out.len()));
+            Ok((x.into_verified(), last))
+        }
         Err(e) => {
             // What was not yet sent, then the failure VERDICT when the protocol calls for
             // one; best effort.
@@ -97,7 +102,14 @@ where
     loop {
         out.extend(x.take_output());
         let step = x.step()?;
-        if *written < out.len() {
+        // What is left at the end goes out with the application's first bytes; a server's
+        // HELLO that can wait goes out with its VERDICT.
+        let holds = match step {
+            Step::Done => true,
+            Step::Read(_) => x.output_can_wait(),
+            Step::Issue(_) => false,
+        };
+        if *written < out.len() && !holds {
             // Write while also reading what the machine asks for, so that two sides
             // sending large frames at once never wait on each other's socket buffers.
             {

@@ -147,6 +147,15 @@ impl Exchange {
         self.state == State::AwaitPeerHello
     }
 
+    /// Whether this side's unsent frames may wait for its next ones: a server that sends no
+    /// evidence, now reading the client's EVIDENCE. A client sends its evidence right behind
+    /// its HELLO without waiting for the server's (docs/atls.md §3), so the server's HELLO can
+    /// go out with its VERDICT, in one write.
+    #[must_use]
+    pub fn output_can_wait(&self) -> bool {
+        self.role == Role::Server && !self.sends && self.state == State::AwaitPeerEvidence
+    }
+
     /// What to do next.
     pub fn step(&mut self) -> Result<Step, AtlsError> {
         match self.state {

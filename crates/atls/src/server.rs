@@ -68,8 +68,9 @@ impl AtlsServer {
             .map_err(tls_io_error)?;
         let (exporter, channel_binding) = bindings(tls.get_ref().1)?;
         let exchange = exchange::run(&mut tls, Role::Server, &exporter, &self.cfg, remote_addr);
-        let peer = within(self.cfg.exchange_timeout, "attestation exchange", exchange).await??;
-        Ok(AtlsStream::new(
+        let (peer, last_frames) =
+            within(self.cfg.exchange_timeout, "attestation exchange", exchange).await??;
+        AtlsStream::new(
             tokio_rustls::TlsStream::Server(tls),
             AtlsConnectInfo {
                 remote_addr,
@@ -77,7 +78,8 @@ impl AtlsServer {
                 channel_binding,
             },
             self.cfg.max_connection_lifetime,
-        ))
+            &last_frames,
+        )
     }
 
     /// Accepts connections from `listener` and yields those whose exchange succeeded, for

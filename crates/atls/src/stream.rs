@@ -2,7 +2,7 @@
 
 use crate::VerifiedPeer;
 use std::future::Future;
-use std::io;
+use std::io::{self, Write as _};
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -29,27 +29,53 @@ pub struct AtlsConnectInfo {
 /// When this side verified the peer, the stream ends at the verified-connection lifetime
 /// ([`crate::AtlsConfig::with_max_connection_lifetime`]): reads then see end of stream and
 /// writes fail, so the peer has to attest again on a new connection.
+///
+/// The exchange's last frames (a VERDICT, and a server's HELLO that waited for it) are
+/// queued in the TLS session unwritten, and leave with the application's first write: an
+/// HTTP/2 server's SETTINGS, a client's preface. An application that reads first sends
+/// them with its first read.
 pub struct AtlsStream<IO> {
     inner: tokio_rustls::TlsStream<IO>,
     info: AtlsConnectInfo,
     expires: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Until a flush went through: the exchange's last frames may still be queued.
+    queued: bool,
 }
 
 impl<IO> AtlsStream<IO> {
+    /// The stream after a successful exchange, with `last_frames` queued in the session.
     pub(crate) fn new(
-        inner: tokio_rustls::TlsStream<IO>,
+        mut inner: tokio_rustls::TlsStream<IO>,
         info: AtlsConnectInfo,
         lifetime: std::time::Duration,
-    ) -> Self {
+        last_frames: &[u8],
+    ) -> Result<Self, crate::AtlsError> {
+        let queued = !last_frames.is_empty();
+        if queued {
+            // Buffered as TLS records in the session, not written: the session's send
+            // buffer is empty here and holds far more than a HELLO and a VERDICT.
+            let n = match &mut inner {
+                tokio_rustls::TlsStream::Server(s) => s.get_mut().1.writer().write(last_frames),
+                tokio_rustls::TlsStream::Client(c) => c.get_mut().1.writer().write(last_frames),
+            }
+            .map_err(crate::AtlsError::Io)?;
+            if n != last_frames.len() {
+                return Err(crate::AtlsError::Protocol(format!(
+                    "the TLS session took {n} of the exchange's last {} bytes",
+                    last_frames.len()
+                )));
+            }
+        }
         let expires = info
             .peer
             .is_some()
             .then(|| Box::pin(tokio::time::sleep(lifetime)));
-        Self {
+        Ok(Self {
             inner,
             info,
             expires,
-        }
+            queued,
+        })
     }
 
     /// Whether the verified-connection lifetime is over; registers the waker otherwise.
@@ -88,6 +114,16 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for AtlsStream<IO> {
             // End of stream: HTTP/2 closes the connection as if the peer had.
             return Poll::Ready(Ok(()));
         }
+        if self.queued {
+            // The peer may be waiting for the exchange's last frames before it sends
+            // anything: send them before reading. A flush that cannot finish yet does not
+            // hold the read back; it is tried again on the next one.
+            match Pin::new(&mut self.inner).poll_flush(cx) {
+                Poll::Ready(Ok(())) => self.queued = false,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => {}
+            }
+        }
         Pin::new(&mut self.inner).poll_read(cx, buf)
     }
 }
@@ -120,7 +156,11 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for AtlsStream<IO> {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        let flushed = Pin::new(&mut self.inner).poll_flush(cx);
+        if matches!(flushed, Poll::Ready(Ok(()))) {
+            self.queued = false;
+        }
+        flushed
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

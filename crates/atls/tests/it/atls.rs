@@ -971,3 +971,63 @@ async fn the_listener_reports_each_refusal_with_its_reason() {
     }
     assert_eq!(*seen.lock().unwrap(), ["silent_peer", "evidence_required"]);
 }
+
+/// A server application that reads before it writes: the exchange's last frames (the
+/// server's HELLO and VERDICT, held to leave with the application's first bytes) go out
+/// with its first read. The client waits for that VERDICT before it sends anything, so a
+/// server that held them until its first write would never hear from it.
+#[tokio::test]
+async fn a_server_that_reads_first_still_sends_its_verdict() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = AtlsServer::new(AtlsConfig::verifying(validator_for(CLIENT_SEED))).unwrap();
+    let task = tokio::spawn(async move {
+        let (tcp, peer) = listener.accept().await.unwrap();
+        let mut stream = server.accept(tcp, Some(peer)).await.unwrap();
+        let mut ping = [0u8; 4];
+        stream.read_exact(&mut ping).await.unwrap();
+        stream.write_all(b"pong").await.unwrap();
+        stream.flush().await.unwrap();
+        ping
+    });
+    let connector = AtlsConnector::new(AtlsConfig::attesting(issuer(CLIENT_SEED))).unwrap();
+    let within = |f| tokio::time::timeout(Duration::from_secs(10), f);
+    let mut client = within(connector.connect_tcp(&addr.to_string()))
+        .await
+        .expect("the client's exchange ends: the server's VERDICT arrived")
+        .unwrap();
+    client.write_all(b"ping").await.unwrap();
+    client.flush().await.unwrap();
+    let mut pong = [0u8; 4];
+    client.read_exact(&mut pong).await.unwrap();
+    assert_eq!(&pong, b"pong");
+    assert_eq!(&task.await.unwrap(), b"ping");
+}
+
+/// An issuer that takes its time, as a real TPM's quote does.
+struct Slow(Arc<InsecureTestIssuer>, Duration);
+
+impl Issuer for Slow {
+    fn variant(&self) -> &'static str {
+        self.0.variant()
+    }
+    fn issue(&self, rd: &ReportData) -> Result<Vec<u8>, IssueError> {
+        std::thread::sleep(self.1);
+        self.0.issue(rd)
+    }
+}
+
+/// The client sends its HELLO at once and its evidence when its issuer is done, without
+/// waiting for the server's HELLO; a server that sends no evidence holds its HELLO until
+/// its VERDICT. Evidence slower than the server's HELLO deadline still gets through: that
+/// deadline is for the client's HELLO alone.
+#[tokio::test]
+async fn evidence_slower_than_the_hello_deadline_is_still_accepted() {
+    let cfg = AtlsConfig::verifying(validator_for(CLIENT_SEED))
+        .with_hello_timeout(Duration::from_millis(200));
+    let (uri, echo) = serve(cfg).await;
+    let slow = Arc::new(Slow(issuer(CLIENT_SEED), Duration::from_millis(600)));
+    let connector = AtlsConnector::new(AtlsConfig::attesting(slow)).unwrap();
+    call(&uri, connector).await.unwrap();
+    assert_eq!(echo.calls.load(Ordering::SeqCst), 1);
+}

@@ -206,3 +206,82 @@ async fn produce(
     let evidence = issue::issue(issuer, ReportData::atls(req.role, &req.exporter)).await?;
     Ok((variant, evidence))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use asterism_attestation::test_ed25519::{InsecureTestIssuer, InsecureTestValidator};
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    /// A stream that counts the bytes written to it.
+    struct Counting<S> {
+        inner: S,
+        wrote: usize,
+    }
+
+    impl<S: AsyncRead + Unpin> AsyncRead for Counting<S> {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            Pin::new(&mut self.inner).poll_read(cx, buf)
+        }
+    }
+
+    impl<S: AsyncWrite + Unpin> AsyncWrite for Counting<S> {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+            if let Poll::Ready(Ok(n)) = r {
+                self.wrote += n;
+            }
+            r
+        }
+        fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Pin::new(&mut self.inner).poll_flush(cx)
+        }
+        fn poll_shutdown(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            Pin::new(&mut self.inner).poll_shutdown(cx)
+        }
+    }
+
+    /// A server that verifies and sends no evidence writes nothing during the exchange: its
+    /// HELLO and its VERDICT come back as the last frames, for the application's first write.
+    #[tokio::test]
+    async fn a_verifying_server_holds_its_hello_and_verdict_for_one_write() {
+        let seed = [7u8; 32];
+        let issuer = Arc::new(InsecureTestIssuer::from_seed(&seed).unwrap());
+        let validator = Arc::new(InsecureTestValidator::new([issuer.public_key()]));
+        let server_cfg = Arc::new(AtlsConfig::verifying(validator));
+        let client_cfg = Arc::new(AtlsConfig::attesting(issuer));
+        let exporter = [9u8; 32];
+        let (a, mut client_io) = tokio::io::duplex(64 * 1024);
+        let mut server_io = Counting { inner: a, wrote: 0 };
+
+        let server = async {
+            let (peer, last) = run(&mut server_io, Role::Server, &exporter, &server_cfg, None)
+                .await
+                .unwrap();
+            let wrote_during = server_io.wrote;
+            // What the application's first write would carry.
+            server_io.write_all(&last).await.unwrap();
+            (peer, last, wrote_during)
+        };
+        let client = run(&mut client_io, Role::Client, &exporter, &client_cfg, None);
+        let ((peer, last, wrote_during), client) = tokio::join!(server, client);
+        client.unwrap();
+        assert!(peer.is_some());
+        assert_eq!(wrote_during, 0, "the server wrote during the exchange");
+        assert_eq!(last.first(), Some(&crate::wire::FRAME_HELLO));
+        // HELLO: type, 4-byte length, version, flags.
+        assert_eq!(last.get(7), Some(&crate::wire::FRAME_VERDICT));
+    }
+}

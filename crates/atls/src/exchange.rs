@@ -253,15 +253,31 @@ mod tests {
         }
     }
 
+    /// An issuer that takes its time, so that the client's evidence arrives after the
+    /// server could have written its HELLO.
+    struct Slow(InsecureTestIssuer);
+
+    impl asterism_attestation::Issuer for Slow {
+        fn variant(&self) -> &'static str {
+            self.0.variant()
+        }
+        fn issue(&self, rd: &ReportData) -> Result<Vec<u8>, asterism_attestation::IssueError> {
+            std::thread::sleep(Duration::from_millis(100));
+            self.0.issue(rd)
+        }
+    }
+
     /// A server that verifies and sends no evidence writes nothing during the exchange: its
     /// HELLO and its VERDICT come back as the last frames, for the application's first write.
+    /// The client's evidence comes late, so a server that wrote its HELLO at once would have
+    /// written it before the evidence arrived.
     #[tokio::test]
     async fn a_verifying_server_holds_its_hello_and_verdict_for_one_write() {
         let seed = [7u8; 32];
-        let issuer = Arc::new(InsecureTestIssuer::from_seed(&seed).unwrap());
+        let issuer = InsecureTestIssuer::from_seed(&seed).unwrap();
         let validator = Arc::new(InsecureTestValidator::new([issuer.public_key()]));
         let server_cfg = Arc::new(AtlsConfig::verifying(validator));
-        let client_cfg = Arc::new(AtlsConfig::attesting(issuer));
+        let client_cfg = Arc::new(AtlsConfig::attesting(Arc::new(Slow(issuer))));
         let exporter = [9u8; 32];
         let (a, mut client_io) = tokio::io::duplex(64 * 1024);
         let mut server_io = Counting { inner: a, wrote: 0 };

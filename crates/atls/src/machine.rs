@@ -387,13 +387,25 @@ impl Exchange {
         };
         match result {
             Ok(evidence) => {
-                tracing::info!(
-                    variant = evidence.variant(),
-                    identity = evidence.identity(),
-                    session_key = frame.variant == session::VARIANT,
-                    peer = ?self.remote_addr,
-                    "peer evidence verified"
-                );
+                // A client's record of whom it trusted is this line, at info. A server
+                // verifies every connection, and its service logs what it grants or
+                // refuses with the same identity; one line per request is enough there.
+                macro_rules! verified {
+                    ($level:expr) => {
+                        tracing::event!(
+                            $level,
+                            variant = evidence.variant(),
+                            identity = evidence.identity(),
+                            session_key = frame.variant == session::VARIANT,
+                            peer = ?self.remote_addr,
+                            "peer evidence verified"
+                        )
+                    };
+                }
+                match self.role {
+                    Role::Client => verified!(tracing::Level::INFO),
+                    Role::Server => verified!(tracing::Level::DEBUG),
+                }
                 Ok(VerifiedPeer {
                     evidence: evidence.into(),
                     remote_addr: self.remote_addr,

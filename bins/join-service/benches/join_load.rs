@@ -197,6 +197,8 @@ struct Run {
     /// This process: the clients (and, for the join service, the key and metadata
     /// services).
     generator_cpu: Duration,
+    /// The arrivals per second asked for (open loop), or none (a burst).
+    offered: Option<f64>,
 }
 
 impl Run {
@@ -220,6 +222,19 @@ impl Run {
             per_request(self.server_cpu),
             per_request(self.generator_cpu),
         );
+        // Server and load generator share this machine: at `offered` per second, their
+        // CPU per request says how many of its CPUs the rate needs. Near or above all of
+        // them, latency is queueing.
+        let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+        let busy = (self.server_cpu + self.generator_cpu).as_secs_f64() / self.wall.as_secs_f64();
+        let needed = self.offered.map_or(String::new(), |rate| {
+            let both = per_request(self.server_cpu) + per_request(self.generator_cpu);
+            format!(
+                "; {rate}/s at these costs needs {:.2}",
+                both * rate / 1000.0
+            )
+        });
+        println!("  {:<30} CPUs busy {busy:.2} of {cpus}{needed}", "");
     }
 }
 
@@ -275,6 +290,10 @@ where
         latencies,
         server_cpu: server.cpu().saturating_sub(cpu_before.0),
         generator_cpu: cpu_of("self").saturating_sub(cpu_before.1),
+        offered: match arrivals {
+            Arrivals::Burst => None,
+            Arrivals::Rate(r) => Some(r),
+        },
     }
 }
 

@@ -21,7 +21,9 @@
 //!
 //! It prints, per run: achieved requests/s, p50 and p99 latency, and the CPU time per
 //! request of the server process and of this process (the load generator, which shares
-//! the machine); the ratios join/baseline; and the join service's peak resident memory
+//! the machine); under it, how many CPUs the two kept busy, and for an open loop how many
+//! its rate needs at those costs (near all of the machine's, the p99 is queueing, not the
+//! service); the ratios join/baseline; and the join service's peak resident memory
 //! (VmHWM) after all its runs.
 //!
 //! It also prints the floors of the two CPU-bound figures. The work a ticket must do that a

@@ -228,12 +228,12 @@ impl Run {
         // CPU per request says how many of its CPUs the rate needs. Near or above all of
         // them, latency is queueing.
         let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
-        let busy = (self.server_cpu + self.generator_cpu).as_secs_f64() / self.wall.as_secs_f64();
+        let both = self.server_cpu + self.generator_cpu;
+        let busy = both.as_secs_f64() / self.wall.as_secs_f64();
         let needed = self.offered.map_or(String::new(), |rate| {
-            let both = per_request(self.server_cpu) + per_request(self.generator_cpu);
             format!(
                 "; {rate}/s at these costs needs {:.2}",
-                both * rate / 1000.0
+                per_request(both) * rate / 1000.0
             )
         });
         println!("  {:<30} CPUs busy {busy:.2} of {cpus}{needed}", "");

@@ -273,6 +273,17 @@ impl RedbState {
         })
     }
 
+    /// Runs the point read `f` on the calling task. A point read touches a few pages that
+    /// redb's cache (or the kernel's page cache) holds, and takes microseconds: less than a
+    /// hand-off to a blocking thread, which wakes that thread and then this task again.
+    /// Reads that scan a whole table go through `blocking`.
+    fn read_now<T>(
+        &self,
+        f: impl FnOnce(&Database) -> Result<T, StateError>,
+    ) -> Result<T, StateError> {
+        f(&self.db)
+    }
+
     async fn blocking<T: Send + 'static>(
         &self,
         f: impl FnOnce(&Database) -> Result<T, StateError> + Send + 'static,
@@ -562,18 +573,16 @@ impl ClusterState for RedbState {
         ak: &AkFingerprint,
         name: &str,
     ) -> Result<(), StateError> {
-        let (disk, ak, name) = (disk.clone(), *ak, name.to_owned());
-        self.blocking(move |db| {
+        self.read_now(|db| {
             let read = db.begin_read().map_err(store)?;
-            let member = member_in(&read.open_table(MEMBERS).map_err(store)?, &name)?;
-            disk_free_in(&read, &disk, &ak, member.as_ref())
+            let member = member_in(&read.open_table(MEMBERS).map_err(store)?, name)?;
+            disk_free_in(&read, disk, ak, member.as_ref())
         })
-        .await
     }
 
     async fn check_rejoin(&self, disk: &DiskUuid, ak: &AkFingerprint) -> Result<(), StateError> {
         let (disk, ak) = (disk.as_str().to_owned(), *ak);
-        self.blocking(move |db| {
+        self.read_now(|db| {
             let read = db.begin_read().map_err(store)?;
             let table = read.open_table(DISKS).map_err(store)?;
             match record_in::<DiskRecord>(&table, &disk)? {
@@ -584,7 +593,6 @@ impl ClusterState for RedbState {
                 Some(_) => Ok(()),
             }
         })
-        .await
     }
 
     async fn check_member(
@@ -593,26 +601,21 @@ impl ClusterState for RedbState {
         ak: &AkFingerprint,
         role: Role,
     ) -> Result<(), StateError> {
-        let (name, ak) = (name.to_owned(), *ak);
-        self.blocking(move |db| {
+        self.read_now(|db| {
             let read = db.begin_read().map_err(store)?;
-            let member = member_in(&read.open_table(MEMBERS).map_err(store)?, &name)?;
-            member_free_in(&read, &name, &ak, role, member.as_ref())
+            let member = member_in(&read.open_table(MEMBERS).map_err(store)?, name)?;
+            member_free_in(&read, name, ak, role, member.as_ref())
         })
-        .await
     }
 
-    /// Both checks in one read transaction, reading the member once: one hand-off to a
-    /// blocking thread per join instead of two.
+    /// Both checks in one read transaction, reading the member once.
     async fn check_admission(&self, a: &Admission) -> Result<(), StateError> {
-        let (name, ak, role, disk) = (a.name.clone(), a.ak, a.role, a.disk.clone());
-        self.blocking(move |db| {
+        self.read_now(|db| {
             let read = db.begin_read().map_err(store)?;
-            let member = member_in(&read.open_table(MEMBERS).map_err(store)?, &name)?;
-            disk_free_in(&read, &disk, &ak, member.as_ref())?;
-            member_free_in(&read, &name, &ak, role, member.as_ref())
+            let member = member_in(&read.open_table(MEMBERS).map_err(store)?, &a.name)?;
+            disk_free_in(&read, &a.disk, &a.ak, member.as_ref())?;
+            member_free_in(&read, &a.name, &a.ak, a.role, member.as_ref())
         })
-        .await
     }
 
     async fn record_init_node(&self, init: &InitNode, now: SystemTime) -> Result<(), StateError> {

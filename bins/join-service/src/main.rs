@@ -457,11 +457,12 @@ fn main() -> ExitCode {
         "asterism_metadata",
         "asterism_kube_api",
     ]);
-    // The store's reads and writes run on blocking threads. Its writes take one lock, so a
-    // burst of joiners would otherwise start up to tokio's default of 512 threads that
-    // wait on it, each with its stack and, in glibc, its own malloc arena (42 threads and
-    // 18 MiB of heap after a 256-joiner burst; docs/performance.md). Eight keep the reads
-    // concurrent.
+    // Blocking threads serve the store's listing of members, the control-plane files and
+    // the measurements' reloads (the store's point reads run on the calling task, its
+    // writes on its writer thread). A burst of work for them would otherwise start up to
+    // tokio's default of 512 threads, each with its stack and, in glibc, its own malloc
+    // arena (42 threads and 18 MiB of heap after a 256-joiner burst when the store's
+    // writes ran there; docs/performance.md). Eight keep that work concurrent.
     asterism_binkit::service::Runtime::default()
         .with_max_blocking_threads(8)
         .main("join service", run(args))

@@ -275,7 +275,9 @@ impl RedbState {
 
     /// Runs the point read `f` on the calling task. A point read touches a few pages that
     /// redb's cache (or the kernel's page cache) holds, and takes microseconds: less than a
-    /// hand-off to a blocking thread, which wakes that thread and then this task again.
+    /// hand-off to a blocking thread, which wakes that thread and then this task again. It
+    /// does not wait for the writer thread's commit: redb takes its locks there only around
+    /// copies in memory and the `pwrite`s, and syncs the file holding none a reader needs.
     /// Reads that scan a whole table go through `blocking`.
     fn read_now<T>(
         &self,

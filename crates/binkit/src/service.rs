@@ -71,10 +71,16 @@ impl Runtime {
     /// Runs `run` on this runtime and returns the exit code: what `run` returned, or 1
     /// when the runtime cannot start or `run` fails (logged as `"<name> failed"` with the
     /// error's chain of causes).
-    pub fn main<T: Exit>(
+    ///
+    /// `run` is spawned as a task on the runtime's workers, not polled by the thread that
+    /// waits for it. A server's accept loop is usually part of `run`; on the waiting thread,
+    /// every connection handed to it would wake a third thread, through the kernel, and
+    /// switch to it. A panic in `run` is carried on to this thread, as if `run` had been
+    /// polled here.
+    pub fn main<T: Exit + Send + 'static>(
         self,
         name: &str,
-        run: impl Future<Output = anyhow::Result<T>>,
+        run: impl Future<Output = anyhow::Result<T>> + Send + 'static,
     ) -> ExitCode {
         let mut builder = tokio::runtime::Builder::new_multi_thread();
         if let Some(n) = self.worker_threads {
@@ -90,7 +96,14 @@ impl Runtime {
                 return ExitCode::FAILURE;
             }
         };
-        match runtime.block_on(run) {
+        let outcome = runtime.block_on(async {
+            match tokio::spawn(run).await {
+                Ok(outcome) => outcome,
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                Err(e) => Err(anyhow::Error::new(e).context("the service's task was cancelled")),
+            }
+        });
+        match outcome {
             Ok(done) => done.exit_code(),
             Err(e) => {
                 tracing::error!(error = format!("{e:#}"), "{name} failed");
@@ -102,7 +115,10 @@ impl Runtime {
 
 /// Runs a service's `run` future on a multi-threaded runtime with one worker per CPU and
 /// returns its exit code ([`Runtime::main`]).
-pub fn main<T: Exit>(name: &str, run: impl Future<Output = anyhow::Result<T>>) -> ExitCode {
+pub fn main<T: Exit + Send + 'static>(
+    name: &str,
+    run: impl Future<Output = anyhow::Result<T>> + Send + 'static,
+) -> ExitCode {
     Runtime::default().main(name, run)
 }
 
@@ -147,6 +163,33 @@ mod tests {
             });
         assert_eq!(code, ExitCode::SUCCESS);
         assert_eq!(most.load(Ordering::SeqCst), 2, "six sleepers, two threads");
+    }
+
+    #[test]
+    fn run_is_polled_by_a_worker_not_by_the_thread_that_waits() {
+        let waiting = std::thread::current().id();
+        let code = main("t", async move {
+            anyhow::ensure!(
+                std::thread::current().id() != waiting,
+                "run was polled by the waiting thread"
+            );
+            Ok(())
+        });
+        assert_eq!(code, ExitCode::SUCCESS);
+    }
+
+    #[test]
+    fn a_panic_in_run_reaches_the_caller() {
+        let caught = std::panic::catch_unwind(|| {
+            main("t", async {
+                if true {
+                    panic!("run panicked");
+                }
+                Ok(())
+            })
+        });
+        let payload = caught.expect_err("the panic reaches main's caller");
+        assert_eq!(payload.downcast_ref::<&str>(), Some(&"run panicked"));
     }
 
     #[test]

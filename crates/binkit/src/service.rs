@@ -99,8 +99,12 @@ impl Runtime {
         let outcome = runtime.block_on(async {
             match tokio::spawn(run).await {
                 Ok(outcome) => outcome,
-                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-                Err(e) => Err(anyhow::Error::new(e).context("the service's task was cancelled")),
+                Err(e) => match e.try_into_panic() {
+                    Ok(panic) => std::panic::resume_unwind(panic),
+                    Err(e) => {
+                        Err(anyhow::Error::new(e).context("the service's task was cancelled"))
+                    }
+                },
             }
         });
         match outcome {
@@ -163,6 +167,23 @@ mod tests {
             });
         assert_eq!(code, ExitCode::SUCCESS);
         assert_eq!(most.load(Ordering::SeqCst), 2, "six sleepers, two threads");
+    }
+
+    #[test]
+    fn the_runtime_has_the_workers_asked_for() {
+        let workers = || async {
+            Ok(u8::try_from(
+                tokio::runtime::Handle::current().metrics().num_workers(),
+            )?)
+        };
+        assert_eq!(
+            Runtime::with_worker_threads(1).main("t", workers()),
+            ExitCode::from(1)
+        );
+        assert_eq!(
+            Runtime::with_worker_threads(3).main("t", workers()),
+            ExitCode::from(3)
+        );
     }
 
     #[test]

@@ -583,15 +583,17 @@ impl ClusterState for RedbState {
     }
 
     async fn check_rejoin(&self, disk: &DiskUuid, ak: &AkFingerprint) -> Result<(), StateError> {
-        let (disk, ak) = (disk.as_str().to_owned(), *ak);
+        let disk = disk.as_str();
         self.read_now(|db| {
             let read = db.begin_read().map_err(store)?;
             let table = read.open_table(DISKS).map_err(store)?;
-            match record_in::<DiskRecord>(&table, &disk)? {
-                None => Err(StateError::DiskUnbound { uuid: disk }),
-                Some(r) if !is_ak(&r.ak, &ak) => {
-                    Err(StateError::DiskBoundToOtherKey { uuid: disk })
-                }
+            match record_in::<DiskRecord>(&table, disk)? {
+                None => Err(StateError::DiskUnbound {
+                    uuid: disk.to_owned(),
+                }),
+                Some(r) if !is_ak(&r.ak, ak) => Err(StateError::DiskBoundToOtherKey {
+                    uuid: disk.to_owned(),
+                }),
                 Some(_) => Ok(()),
             }
         })
